@@ -1,0 +1,176 @@
+"""The contract between a calibrator and the accountant.
+
+A calibrator is pure mathematics: it never sees the ledger (DESIGN.md, "The
+flow of one calibration"). The accountant
+
+1. validates the parameters (``Calibrator.Params``, a pydantic model),
+2. asks ``cost(params, shape)``: the privacy cost from the parameters and the
+   public shape of the data alone, never from the data,
+3. charges it, then calls ``calibrate(data, params, rng)``,
+4. records the release with ``guarantee(params, shape)``: the coverage
+   guarantee is a function of public quantities only, so ``privcal audit
+   verify`` can recompute it from the stored parameters.
+
+Randomness: ``rng`` is a ``random.Random``; in production it is
+``secrets.SystemRandom()`` (a CSPRNG), tests pass ``random.Random(seed)``.
+Exact samplers use ``rng.randrange``/``rng.getrandbits``; bulk simulation takes
+a numpy Generator from :func:`numpy_rng`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from privcal.costs import ApproxDP, LocalDP, PureDP, ZCDP
+
+PrivacyModel = Literal["none", "central-zcdp", "central-pure", "local", "federated"]
+PRIVACY_MODEL_LABELS: dict[str, str] = {
+    "none": "none (non-private)",
+    "central-zcdp": "central zCDP",
+    "central-pure": "central pure DP",
+    "local": "local DP",
+    "federated": "federated",
+}
+
+
+class CalibratorParams(BaseModel):
+    """Base of every calibrator's parameter model. Unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: float = Field(gt=0, lt=1, allow_inf_nan=False, description="miscoverage level α in (0, 1)")
+
+
+class DataShape(BaseModel):
+    """Public facts about the calibration data that costs and guarantees may depend on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: int = Field(ge=1, description="number of calibration points (or participating subjects)")
+    k: int | None = Field(default=None, ge=2, description="number of classes, when probabilities are given")
+    group_sizes: tuple[int, ...] | None = Field(
+        default=None, description="per-agent sizes for federated methods, in agent order"
+    )
+
+
+class CoverageGuarantee(BaseModel):
+    """What a release promises about P(Y ∈ C(X)) for a fresh exchangeable test point.
+
+    ``lower`` holds with probability at least ``1 - failure_probability`` over
+    ``over`` (for split conformal the failure probability is 0: the bound is
+    marginal over calibration data and test point).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: float = Field(description="nominal level 1 − α")
+    lower: float = Field(description="guaranteed lower bound on coverage")
+    upper: float | None = Field(default=None, description="upper bound where one is known")
+    failure_probability: float = Field(
+        default=0.0, ge=0, le=1, description="probability that the lower bound does not hold"
+    )
+    over: str = Field(description="what the probability is over, in words")
+    rank: int | None = Field(default=None, description="the order statistic used, when there is one")
+    statement: str = Field(description="one sentence a person can read")
+    details: dict[str, float | int | str | None] = Field(
+        default_factory=dict, description="every public quantity the bound depends on (τ, N, Δ, …)"
+    )
+
+
+@dataclass(frozen=True)
+class CalibrationInput:
+    """The data a calibrator sees. Which fields are set depends on ``Calibrator.inputs``.
+
+    - ``scores``: shape (n,), float, no NaN (−inf/+inf allowed only where documented);
+    - ``probs``: shape (n, k), rows summing to 1; ``labels``: shape (n,), ints in [0, k)
+      (for ``ldp-label`` these are the users' randomized labels);
+    - ``agents``: shape (n,), the agent (federated) each score belongs to;
+    - ``subjects``: shape (n,), the data-subject id of each row (local DP).
+    """
+
+    scores: np.ndarray | None = None
+    probs: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    agents: np.ndarray | None = None
+    subjects: np.ndarray | None = None
+    score_name: str | None = None
+
+    @property
+    def n(self) -> int:
+        for a in (self.scores, self.labels, self.probs, self.agents):
+            if a is not None:
+                return int(a.shape[0])
+        raise ValueError("empty calibration input")
+
+
+class CalibrationResult(BaseModel):
+    """What ``calibrate`` returns: the released threshold (may be +inf) and diagnostics.
+
+    ``diagnostics`` must hold only DP outputs or public quantities: it is stored
+    in the ledger.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    threshold: float
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class Calibrator(Protocol):
+    """A pluggable conformal calibrator (see the module docstring for the flow)."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    privacy_model: ClassVar[PrivacyModel]
+    Params: ClassVar[type[CalibratorParams]]
+    #: which ``CalibrationInput`` fields ``calibrate`` needs: {"scores"} or {"probs", "labels"}, …
+    inputs: ClassVar[frozenset[str]]
+    summary: ClassVar[str]
+
+    def cost(self, params: Any, shape: DataShape) -> PureDP | ZCDP | ApproxDP | LocalDP | None:
+        """The privacy cost of one run; ``None`` for a non-private method. Never reads data."""
+        ...
+
+    def guarantee(self, params: Any, shape: DataShape) -> CoverageGuarantee:
+        """The coverage guarantee of a run, from public quantities only (recomputable by audit)."""
+        ...
+
+    def calibrate(
+        self, data: CalibrationInput, params: Any, rng: random.Random
+    ) -> CalibrationResult:
+        """Compute the threshold. Raise ``privcal.errors.InvalidInput`` for unusable data."""
+        ...
+
+
+def default_rng() -> random.Random:
+    """The production source of randomness: the operating system's CSPRNG."""
+    return secrets.SystemRandom()
+
+
+def numpy_rng(rng: random.Random) -> np.random.Generator:
+    """A numpy Generator for bulk sampling, seeded with 128 bits drawn from ``rng``.
+
+    With ``secrets.SystemRandom`` the seed comes from OS entropy; with a seeded
+    ``random.Random`` the whole run is reproducible.
+    """
+    return np.random.default_rng(rng.getrandbits(128))
+
+
+def conformal_rank(n: int, alpha: float) -> int:
+    """r = ⌈(n+1)(1−α)⌉ in exact rational arithmetic (SPEC §2).
+
+    ``Fraction(str(alpha))`` makes α the decimal the user typed; float
+    arithmetic is off by one for about 1 in 2000 (n, α) pairs.
+    """
+    from fractions import Fraction
+
+    a = Fraction(str(alpha))
+    return math.ceil((n + 1) * (1 - a))

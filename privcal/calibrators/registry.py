@@ -1,0 +1,111 @@
+"""Find calibrators by name: the built-ins, plus third-party ones from the entry-point group
+``privcal.calibrators`` (discovered lazily, on first lookup of a name that is not built in).
+
+A plugin is a distribution that declares, in its ``pyproject.toml``::
+
+    [project.entry-points."privcal.calibrators"]
+    my-method = "my_package.module:MyCalibrator"
+
+where ``MyCalibrator`` is a class (or instance) satisfying
+:class:`privcal.calibrators.base.Calibrator`. Built-in names cannot be shadowed:
+a plugin using one is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+
+from privcal.calibrators.base import Calibrator
+from privcal.errors import NotFound
+
+ENTRY_POINT_GROUP = "privcal.calibrators"
+
+#: name → "module:attribute"; imported only when asked for.
+BUILTINS: dict[str, str] = {
+    "split": "privcal.calibrators.split:SplitConformal",
+    "pcoqs": "privcal.calibrators.pcoqs:PCOQS",
+    "exponq": "privcal.calibrators.exponq:ExponQ",
+    "ldp-label": "privcal.calibrators.ldp_label:LDPLabel",
+    "ldp-score": "privcal.calibrators.ldp_score:LDPScore",
+    "fedcp-qq": "privcal.calibrators.fedcp_qq:FedCPQQ",
+    "fedcp2-qq": "privcal.calibrators.fedcp2_qq:FedCP2QQ",
+}
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A calibrator and where it came from (recorded in every release)."""
+
+    calibrator: Calibrator
+    distribution: str
+    distribution_version: str
+
+
+def _instantiate(obj: object, where: str) -> Calibrator:
+    inst = obj() if isinstance(obj, type) else obj
+    if not isinstance(inst, Calibrator):
+        raise TypeError(f"{where} does not implement the privcal Calibrator protocol")
+    return inst
+
+
+def _load_builtin(name: str) -> Registered:
+    module, attr = BUILTINS[name].split(":")
+    cal = _instantiate(getattr(importlib.import_module(module), attr), BUILTINS[name])
+    return Registered(cal, "privcal", _privcal_version())
+
+
+def _privcal_version() -> str:
+    try:
+        return metadata.version("privcal")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        from privcal import __version__
+
+        return __version__
+
+
+@cache
+def _plugin_entry_points() -> dict[str, metadata.EntryPoint]:
+    found: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTINS:
+            warnings.warn(
+                f"ignoring plugin calibrator {ep.name!r} from {ep.value}: "
+                "built-in calibrator names cannot be shadowed",
+                stacklevel=2,
+            )
+            continue
+        found.setdefault(ep.name, ep)
+    return found
+
+
+@cache
+def get(name: str) -> Registered:
+    """The calibrator called ``name``; raises :class:`NotFound` listing what exists."""
+    if name in BUILTINS:
+        return _load_builtin(name)
+    ep = _plugin_entry_points().get(name)
+    if ep is None:
+        known = ", ".join(sorted(names()))
+        raise NotFound(f"unknown calibrator {name!r} (known: {known})")
+    cal = _instantiate(ep.load(), ep.value)
+    dist = ep.dist
+    return Registered(
+        cal,
+        dist.metadata["Name"] if dist is not None else ep.module,
+        dist.version if dist is not None else "unknown",
+    )
+
+
+def names() -> list[str]:
+    """Every calibrator name: the built-ins first, then plugins, each group sorted."""
+    return list(BUILTINS) + sorted(_plugin_entry_points())
+
+
+def clear_cache() -> None:
+    """Forget discovered plugins (after installing one in a running process)."""
+    get.cache_clear()
+    _plugin_entry_points.cache_clear()
