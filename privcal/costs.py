@@ -16,11 +16,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ApproxDP", "Cost", "LocalDP", "PureDP", "ZCDP", "parse_cost"]
+__all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "parse_cost"]
 
 
 def _exact(value: object) -> Decimal:
-    """Turn a float into the decimal a person typed (its shortest repr), never its binary expansion."""
+    """A float as the decimal a person typed (its shortest repr), never its binary expansion."""
     if isinstance(value, float):
         value = repr(value)
     try:
@@ -80,7 +80,7 @@ class ZCDP(_Cost):
 
 
 class ApproxDP(_Cost):
-    """(ε, δ)-differential privacy (central), e.g. the amplified guarantee of a shuffled protocol."""
+    """(ε, δ)-differential privacy (central), e.g. the amplified guarantee of a shuffle."""
 
     kind: Literal["approx"] = "approx"
     eps: Decimal

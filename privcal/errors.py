@@ -31,11 +31,13 @@ class LedgerError(PrivcalError):
 
 
 class BudgetRefused(PrivcalError):
-    """The accountant refused a charge: it would exceed a scope's cap, or the notions are incompatible."""
+    """A charge was refused: it would exceed a scope's cap, or the notions are incompatible."""
 
     exit_code = 3
 
-    def __init__(self, message: str, *, scope: str = "", asked: str = "", remaining: str = "") -> None:
+    def __init__(
+        self, message: str, *, scope: str = "", asked: str = "", remaining: str = ""
+    ) -> None:
         super().__init__(message)
         self.scope = scope
         self.asked = asked

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from privcal.costs import ApproxDP, LocalDP, PureDP, ZCDP
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
 PrivacyModel = Literal["none", "central-zcdp", "central-pure", "local", "federated"]
 PRIVACY_MODEL_LABELS: dict[str, str] = {
@@ -45,7 +45,9 @@ class CalibratorParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    alpha: float = Field(gt=0, lt=1, allow_inf_nan=False, description="miscoverage level α in (0, 1)")
+    alpha: float = Field(
+        gt=0, lt=1, allow_inf_nan=False, description="miscoverage level α in (0, 1)"
+    )
 
 
 class DataShape(BaseModel):
@@ -54,7 +56,9 @@ class DataShape(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     n: int = Field(ge=1, description="number of calibration points (or participating subjects)")
-    k: int | None = Field(default=None, ge=2, description="number of classes, when probabilities are given")
+    k: int | None = Field(
+        default=None, ge=2, description="number of classes, when probabilities are given"
+    )
     group_sizes: tuple[int, ...] | None = Field(
         default=None, description="per-agent sizes for federated methods, in agent order"
     )
@@ -77,7 +81,9 @@ class CoverageGuarantee(BaseModel):
         default=0.0, ge=0, le=1, description="probability that the lower bound does not hold"
     )
     over: str = Field(description="what the probability is over, in words")
-    rank: int | None = Field(default=None, description="the order statistic used, when there is one")
+    rank: int | None = Field(
+        default=None, description="the order statistic used, when there is one"
+    )
     statement: str = Field(description="one sentence a person can read")
     details: dict[str, float | int | str | None] = Field(
         default_factory=dict, description="every public quantity the bound depends on (τ, N, Δ, …)"

@@ -10,11 +10,12 @@ from privcal.cli.app import main
 
 _COMMAND_MODULES = (
     "ledger_cmds",  # dataset, budget, charge, release, audit, db
-    "calibrate_cmds",  # methods, calibrate, predict, evaluate, quickstart
+    "calibrate_cmds",  # methods, calibrate, predict, evaluate
     "amplify_cmds",  # amplify
     "fed_cmds",  # fed plan
     "local_cmds",  # advise
     "session_cmds",  # session open/submit/status/close
+    "quickstart_cmds",  # quickstart
 )
 
 for _name in _COMMAND_MODULES:

@@ -1,0 +1,6 @@
+"""Storage: SQLAlchemy models, engines per backend, the ledger and its hash-chained audit log."""
+
+from privcal.storage.ledger import Ledger
+from privcal.storage.records import AuditHeadInfo, ReleaseRecord, VerifyReport
+
+__all__ = ["AuditHeadInfo", "Ledger", "ReleaseRecord", "VerifyReport"]

@@ -1,0 +1,354 @@
+"""From a method name and arrays to a calibrator, validated parameters and a ``CalibrationInput``.
+
+This is the part of the flow of one calibration (DESIGN.md) that happens
+before anything is charged: parameters are validated, data are checked and
+turned into scores, and the public shape of the data is derived. Errors here
+are :class:`~privcal.errors.InvalidInput` one-liners, and nothing is written.
+
+It also holds what a released threshold is used for: prediction sets and
+their evaluation on held-out data.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+from scipy.stats import beta as beta_dist
+
+from privcal.calibrators import registry
+from privcal.calibrators.base import (
+    CalibrationInput,
+    Calibrator,
+    CalibratorParams,
+    DataShape,
+)
+from privcal.calibrators.scores import SCORES, label_scores, prediction_sets
+from privcal.calibrators.validation import (
+    check_labels,
+    check_lengths,
+    check_probs,
+    check_scores,
+)
+from privcal.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything needed to charge and run one calibration."""
+
+    registered: registry.Registered
+    params: CalibratorParams
+    data: CalibrationInput
+    shape: DataShape
+    score: dict[str, Any] | None
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return self.registered.calibrator
+
+
+def validate_params(calibrator: Calibrator, values: dict[str, Any]) -> CalibratorParams:
+    """The calibrator's parameter model, or a one-line error naming the bad parameter."""
+    try:
+        return calibrator.Params.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "parameters"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"{calibrator.name} takes no parameter {where!r}"
+            raise InvalidInput(msg) from None
+        raise InvalidInput(f"{calibrator.name}: invalid {where}: {msg}") from None
+
+
+def _ids(a: Any, what: str, n: int) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise InvalidInput(f"{what} must be a 1-D array of {n} ids, got shape {arr.shape}")
+    out = np.array(
+        [
+            str(int(v)) if isinstance(v, float | np.floating) and float(v).is_integer() else str(v)
+            for v in arr
+        ],
+        dtype=object,
+    )
+    if any(s == "" or s == "nan" for s in out):
+        raise InvalidInput(f"{what}: empty or NaN id")
+    return out
+
+
+def prepare(
+    method: str | Calibrator,
+    params: dict[str, Any],
+    *,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    score: str | None = None,
+    score_options: dict[str, Any] | None = None,
+    agents: Any = None,
+    subjects: Any = None,
+    rng: random.Random | None = None,
+) -> Prepared:
+    """Validate everything about one calibration request, touching no ledger.
+
+    Scores come either precomputed (``scores``) or from ``probs`` + ``labels``
+    with a score function named by ``score`` (SPEC §1). ``ldp-label`` takes the
+    probabilities and the users' noisy labels directly. Local-DP methods need a
+    subject id per row (``subjects``; default: the row number); federated ones
+    an agent id per score (``agents``), and their agents are the subjects.
+    """
+    if isinstance(method, str):
+        reg = registry.get(method)
+    else:
+        reg = registry.Registered(method, type(method).__module__.split(".")[0], "unknown")
+    cal = reg.calibrator
+    p = validate_params(cal, params)
+    needs = set(cal.inputs)
+    score_record: dict[str, Any] | None = None
+
+    if "probs" in needs:
+        if probs is None or labels is None:
+            raise InvalidInput(
+                f"{cal.name} needs --probs and --labels (n×k probabilities, n labels)"
+            )
+        if scores is not None:
+            raise InvalidInput(f"{cal.name} works on probabilities, not precomputed --scores")
+        pr = check_probs(probs)
+        y = check_labels(labels, pr.shape[1])
+        check_lengths(probs=pr, labels=y)
+        data_scores = None
+        k: int | None = pr.shape[1]
+    else:
+        pr, y = None, None
+        k = None
+        if scores is not None:
+            if probs is not None or labels is not None:
+                raise InvalidInput("give either --scores, or --probs with --labels, not both")
+            data_scores = check_scores(scores)
+        elif probs is not None and labels is not None:
+            if score is None:
+                raise InvalidInput("with --probs and --labels, name a score: --score lac|aps|raps")
+            if score not in SCORES:
+                raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
+            opts = dict(score_options or {})
+            data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
+            score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
+            if SCORES[score].kind == "classification":
+                k = int(np.asarray(probs).shape[1])
+        else:
+            raise InvalidInput(f"{cal.name} needs --scores, or --probs with --labels and --score")
+    n = int(data_scores.shape[0]) if data_scores is not None else int(y.shape[0])  # type: ignore[union-attr]
+
+    agent_ids = None
+    group_sizes: tuple[int, ...] | None = None
+    if "agents" in needs:
+        if agents is None:
+            raise InvalidInput(f"{cal.name} needs the agent of every score (--agent-of FILE)")
+        agent_ids = _ids(agents, "agent ids", n)
+        _, counts = np.unique(agent_ids.astype(str), return_counts=True)
+        group_sizes = tuple(int(c) for c in counts)
+    elif agents is not None:
+        raise InvalidInput(f"{cal.name} is not federated; it takes no agent ids")
+
+    subject_ids = None
+    if cal.privacy_model == "local":
+        subject_ids = (
+            _ids(subjects, "subject ids", n)
+            if subjects is not None
+            else np.array([str(i) for i in range(n)], dtype=object)
+        )
+    elif cal.privacy_model == "federated" and agent_ids is not None:
+        subject_ids = agent_ids
+    elif subjects is not None:
+        raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
+
+    if getattr(p, "k", None) is not None and k is not None and p.k != k:  # type: ignore[attr-defined]
+        raise InvalidInput(f"{cal.name}: k={p.k} but the probabilities have {k} columns")  # type: ignore[attr-defined]
+    if score_record is None and getattr(p, "score", None) is not None:
+        score_record = {"name": p.score, "options": dict(SCORES[p.score].options)}  # type: ignore[attr-defined]
+
+    data = CalibrationInput(
+        scores=data_scores,
+        probs=pr,
+        labels=y,
+        agents=agent_ids,
+        subjects=subject_ids,
+        score_name=score_record["name"] if score_record else None,
+    )
+    shape = DataShape(n=n, k=k, group_sizes=group_sizes)
+    return Prepared(reg, p, data, shape, score_record)
+
+
+class Evaluation(BaseModel):
+    """Held-out metrics of a released threshold (P-COQS paper, Definition 3)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n: int
+    coverage: float
+    mean_set_size: float
+    singleton_fraction: float
+    empty_fraction: float
+    guaranteed_lower: float
+    meets_guarantee: bool
+    coverage_upper_95: float
+    consistent_with_guarantee: bool
+    note: str
+
+
+def sets_for(
+    score: dict[str, Any] | None,
+    threshold: float,
+    probs: Any,
+    *,
+    rng: random.Random | None = None,
+    score_name: str | None = None,
+) -> np.ndarray:
+    """Prediction sets (boolean n×k) for a released threshold and the score it was calibrated on."""
+    name = score_name or (score or {}).get("name")
+    if name is None:
+        raise InvalidInput(
+            "this release was calibrated on precomputed scores; say which score they were (--score)"
+        )
+    options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name else {}
+    return prediction_sets(name, probs, threshold, rng=rng, **options)
+
+
+def evaluate_sets(sets: np.ndarray, labels: Any, lower: float) -> Evaluation:
+    """Empirical coverage, mean set size and singleton fraction, against the guaranteed ``lower``.
+
+    ``consistent_with_guarantee`` asks whether the test sample could come from a
+    coverage ≥ lower: the one-sided 95% Clopper–Pearson upper bound of the
+    empirical coverage is at least ``lower``.
+    """
+    y = check_labels(labels, sets.shape[1], min_rows=1)
+    check_lengths(sets=sets, labels=y)
+    hits = sets[np.arange(y.shape[0]), y]
+    n = int(y.shape[0])
+    covered = int(hits.sum())
+    sizes = sets.sum(axis=1)
+    upper = 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
+    cov = covered / n
+    return Evaluation(
+        n=n,
+        coverage=cov,
+        mean_set_size=float(sizes.mean()),
+        singleton_fraction=float((sizes == 1).mean()),
+        empty_fraction=float((sizes == 0).mean()),
+        guaranteed_lower=lower,
+        meets_guarantee=cov >= lower,
+        coverage_upper_95=upper,
+        consistent_with_guarantee=upper >= lower or math.isclose(upper, lower),
+        note=(
+            "empirical coverage on a finite test set fluctuates around the true coverage; "
+            "'consistent' means the 95% upper confidence bound reaches the guaranteed level"
+        ),
+    )
+
+
+def calibrate(
+    accountant: Any,
+    method: str | Calibrator,
+    params: dict[str, Any],
+    *,
+    dataset: str,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    score: str | None = None,
+    score_options: dict[str, Any] | None = None,
+    agents: Any = None,
+    subjects: Any = None,
+    shuffled: bool = False,
+    assume_unlinkable_features: bool = False,
+    requester: str | None = None,
+    idempotency_key: str | None = None,
+    rng: random.Random | None = None,
+) -> Any:
+    """Validate, charge, calibrate and record one release (see :meth:`Accountant.calibrate`)."""
+    from privcal.accountant.amplification import shuffled_guarantee
+
+    ds = accountant.dataset(dataset)  # an unknown dataset fails before any data work
+    prep = prepare(
+        method, params, scores=scores, probs=probs, labels=labels, score=score,
+        score_options=score_options, agents=agents, subjects=subjects, rng=rng,
+    )  # fmt: skip
+    privacy_extra: dict[str, Any] = {}
+    central_cost = None
+    if shuffled:
+        central_cost, privacy_extra = shuffled_guarantee(
+            prep.calibrator.name, prep.params, prep.shape, ds.reporting_delta,
+            assume_unlinkable_features=assume_unlinkable_features,
+        )  # fmt: skip
+        if ds.notion != "approx":
+            central_cost = None  # recorded, but only an (ε, δ) budget can be charged with it
+    elif assume_unlinkable_features:
+        raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
+    return accountant.run(
+        prep.calibrator,
+        prep.params,
+        prep.data,
+        dataset=dataset,
+        requester=requester,
+        idempotency_key=idempotency_key,
+        rng=rng,
+        registered=prep.registered,
+        privacy_extra=privacy_extra or None,
+        central_cost=central_cost,
+        extra_diagnostics={"score": prep.score} if prep.score else None,
+    )
+
+
+def dry_run(
+    accountant: Any,
+    method: str | Calibrator,
+    params: dict[str, Any],
+    *,
+    dataset: str,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    agents: Any = None,
+    subjects: Any = None,
+    shuffled: bool = False,
+    assume_unlinkable_features: bool = False,
+    **_ignored: Any,
+) -> Any:
+    """The cost of a calibration and what would remain, from the data's *shape* only.
+
+    Only the number of rows (and classes, and agents) is read, never a value.
+    """
+    reg = registry.get(method) if isinstance(method, str) else None
+    cal = reg.calibrator if reg else method  # type: ignore[union-attr]
+    p = validate_params(cal, params)  # type: ignore[arg-type]
+    accountant.dataset(dataset)
+    n = None
+    for a in (scores, labels, probs):
+        if a is not None:
+            n = int(np.shape(a)[0])
+            break
+    if n is None:
+        raise InvalidInput(
+            "a dry run needs the input file to know n (--scores or --probs/--labels)"
+        )
+    k = int(np.shape(probs)[1]) if probs is not None and np.ndim(probs) == 2 else None
+    sizes = None
+    if agents is not None:
+        _, counts = np.unique(np.asarray(agents).astype(str), return_counts=True)
+        sizes = tuple(int(c) for c in counts)
+    shape = DataShape(n=n, k=k, group_sizes=sizes)
+    return accountant.dry_run(cal, p, shape, dataset)
+
+
+def release_sets(
+    release: Any, probs: Any, *, score_name: str | None = None, rng: random.Random | None = None
+) -> np.ndarray:
+    """Prediction sets of a stored release for new probabilities (boolean n×k)."""
+    score = (release.diagnostics or {}).get("score")
+    return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)

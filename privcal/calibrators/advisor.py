@@ -1,0 +1,309 @@
+"""Which local-DP calibrator for a given (n, k, ε)? The guideline of Penso et al. (seed 004,
+§4.1 "LDP-CP-L vs. LDP-CP-S", and the Δ_L/Δ_S comparison of §5, Fig. 5) made computable.
+
+Both slacks scale as 1/√n (Δ_L = C_L(k, ε, δ)/√n, Δ_S = C_S(ε, δ, T)·√T/√n when T | n), so
+Δ_S/Δ_L does not depend on n and the choice is a function of (k, ε, δ, T) alone: LDP-CP-L's
+slack grows with k through β = k/(k−1+e^ε), LDP-CP-S's does not depend on k (SPEC §7).
+
+Two comparisons are offered:
+
+- ``bound="proven"``: privcal's recorded Δ_L (SPEC §6) against Δ_S — what the releases
+  actually guarantee;
+- ``bound="paper"``: the paper's Δ_paper (Theorem 1) against Δ_S — reproduces the SPEC §7
+  guideline (δ = 0.001, T = 10: LDP-CP-S wins for k ≥ 12 at ε = 2 and k ≥ 70 at ε = 4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from privcal.calibrators.ldp_label import label_slack
+from privcal.calibrators.ldp_score import best_rounds, rr_range, score_slack
+from privcal.errors import InvalidInput
+
+__all__ = [
+    "Advice",
+    "Bound",
+    "advise",
+    "crossover_k",
+    "min_epsilon_label",
+    "min_epsilon_score",
+    "min_n_label",
+    "min_n_score",
+    "slack_ratio",
+]
+
+Bound = Literal["proven", "paper"]
+
+
+def _check(
+    n: int | None = None,
+    k: int | None = None,
+    eps: float | None = None,
+    delta: float | None = None,
+    slack: float | None = None,
+    alpha: float | None = None,
+    rounds: int | None = None,
+) -> None:
+    def bad_int(v: object, lo: int) -> bool:
+        return isinstance(v, bool) or not isinstance(v, int) or v < lo
+
+    if n is not None and bad_int(n, 1):
+        raise InvalidInput(f"n must be an integer ≥ 1, got {n!r}")
+    if k is not None and bad_int(k, 2):
+        raise InvalidInput(f"k must be an integer ≥ 2, got {k!r}")
+    if rounds is not None and bad_int(rounds, 1):
+        raise InvalidInput(f"rounds must be an integer ≥ 1, got {rounds!r}")
+    if eps is not None and not (math.isfinite(eps) and eps > 0):
+        raise InvalidInput(f"ε must be a finite number > 0, got {eps!r}")
+    if delta is not None and not (0 < delta < 1):
+        raise InvalidInput(f"δ must be in (0, 1), got {delta!r}")
+    if alpha is not None and not (0 < alpha < 1):
+        raise InvalidInput(f"α must be in (0, 1), got {alpha!r}")
+    if slack is not None and not (math.isfinite(slack) and slack > 0):
+        raise InvalidInput(f"slack must be a finite number > 0, got {slack!r}")
+
+
+def _label_value(n: float, k: int, eps: float, delta: float, bound: Bound) -> float:
+    sl = label_slack(1, k, eps, delta)  # every term is (n = 1 value)/√n
+    return (sl.delta_L if bound == "proven" else sl.delta_paper) / math.sqrt(n)
+
+
+def slack_ratio(
+    k: int, epsilon: float, delta: float = 0.001, rounds: int = 10, bound: Bound = "paper"
+) -> float:
+    """Δ_S/Δ_L with n' = n/T (independent of n): < 1 means LDP-CP-S has the smaller slack."""
+    _check(k=k, eps=epsilon, delta=delta, rounds=rounds)
+    # Δ_S = c·√(T·ln(2T/δ)/(2n)); evaluate both at n = 1
+    d_s = rr_range(epsilon) * math.sqrt(rounds * math.log(2 * rounds / delta) / 2)
+    return d_s / _label_value(1, k, epsilon, delta, bound)
+
+
+def crossover_k(
+    epsilon: float,
+    delta: float = 0.001,
+    rounds: int = 10,
+    bound: Bound = "paper",
+    k_max: int = 10**9,
+) -> int | None:
+    """The smallest k ≥ 2 for which LDP-CP-S has the strictly smaller slack (for every n
+    with T | n), or None if none up to ``k_max``. Δ_L increases with k (β does), so the
+    ratio decreases and the set of winning k is an interval [k*, ∞): bisect."""
+    _check(eps=epsilon, delta=delta, rounds=rounds)
+    if slack_ratio(2, epsilon, delta, rounds, bound) < 1:
+        return 2
+    if slack_ratio(k_max, epsilon, delta, rounds, bound) >= 1:
+        return None
+    lo, hi = 2, k_max  # ratio(lo) ≥ 1 > ratio(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if slack_ratio(mid, epsilon, delta, rounds, bound) < 1:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _smallest_ok(x: float, ok: object) -> float:
+    """Nudge a closed-form root up by ulps until the (monotone) check passes."""
+    for _ in range(64):
+        if ok(x):  # type: ignore[operator]
+            return x
+        x = math.nextafter(x, math.inf)
+    raise ArithmeticError("closed-form root did not verify")  # pragma: no cover
+
+
+def min_epsilon_label(
+    n: int, k: int, slack: float, delta: float = 0.001, bound: Bound = "proven"
+) -> float | None:
+    """The smallest ε for which LDP-CP-L's slack (Δ_L, or Δ_paper) is ≤ ``slack``; None if
+    unreachable even as ε → ∞ (then β → 0 and the slack tends to t_n, resp. √(ln(4/δ)/2n)).
+
+    Closed form: Δ_L = s ⇔ β = (s − t_n)/(s + t_r); Δ_paper = s ⇔ h = t/s, β = (1−h)/(1+h);
+    and β = k/(k−1+e^ε) ⇔ ε = ln(1 + k(1−β)/β).
+    """
+    _check(n=n, k=k, delta=delta, slack=slack)
+    base = label_slack(n, k, 1.0, delta)
+    if bound == "proven":
+        if slack <= base.t_n:
+            return None
+        beta = (slack - base.t_n) / (slack + base.t_r)
+    else:
+        h = base.t_n / slack  # t_n = √(ln(4/δ)/(2n)) is also Δ_paper's numerator
+        if h >= 1:
+            return None
+        beta = (1 - h) / (1 + h)
+    eps = math.log1p(k * (1 - beta) / beta)
+
+    def ok(e: float) -> bool:
+        sl = label_slack(n, k, e, delta)
+        return (sl.delta_L if bound == "proven" else sl.delta_paper) <= slack
+
+    return _smallest_ok(eps, ok)
+
+
+def min_epsilon_score(n: int, slack: float, delta: float = 0.001, rounds: int = 10) -> float | None:
+    """The smallest ε with Δ_S(n' = ⌊n/T⌋, T, ε, δ) ≤ ``slack``; None if unreachable (c → 1
+    as ε → ∞). Closed form: c = s/√(ln(2T/δ)/(2n')), ε = ln((c+1)/(c−1))."""
+    _check(n=n, delta=delta, slack=slack, rounds=rounds)
+    if n < rounds:
+        return None
+    g = n // rounds
+    c = slack / math.sqrt(math.log(2 * rounds / delta) / (2 * g))
+    if c <= 1:
+        return None
+    eps = math.log1p(2 / (c - 1))
+    return _smallest_ok(eps, lambda e: score_slack(g, rounds, e, delta) <= slack)
+
+
+def _min_n(value_at: object, c: float, slack: float) -> int:
+    """Smallest n with value_at(n) ≤ slack for value_at(n) ≈ c/√n (non-increasing)."""
+    n = max(1, math.ceil((c / slack) ** 2))
+    while value_at(n) > slack:  # type: ignore[operator]
+        n += 1
+    while n > 1 and value_at(n - 1) <= slack:  # type: ignore[operator]
+        n -= 1
+    return n
+
+
+def min_n_label(
+    k: int, epsilon: float, slack: float, delta: float = 0.001, bound: Bound = "proven"
+) -> int:
+    """The smallest n for which LDP-CP-L's slack is ≤ ``slack`` (it is C/√n)."""
+    _check(k=k, eps=epsilon, delta=delta, slack=slack)
+    c = _label_value(1, k, epsilon, delta, bound)
+
+    def value_at(n: int) -> float:
+        sl = label_slack(n, k, epsilon, delta)
+        return sl.delta_L if bound == "proven" else sl.delta_paper
+
+    return _min_n(value_at, c, slack)
+
+
+def min_n_score(epsilon: float, slack: float, delta: float = 0.001, rounds: int = 10) -> int:
+    """The smallest n (a multiple of T: n = T·n') with Δ_S ≤ ``slack`` for T rounds."""
+    _check(eps=epsilon, delta=delta, slack=slack, rounds=rounds)
+    c = rr_range(epsilon) * math.sqrt(math.log(2 * rounds / delta) / 2)
+    g = _min_n(lambda m: score_slack(m, rounds, epsilon, delta), c, slack)
+    return rounds * g
+
+
+class MethodAdvice(BaseModel):
+    """One method's slack and what it takes to reach a requested slack."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: Literal["ldp-label", "ldp-score"]
+    privacy: str
+    slack: float = Field(description="the recorded slack Δ (proven)")
+    target: float = Field(description="calibration target 1−α+Δ of the guaranteed mode")
+    trivial: bool = Field(description="target > 1: the guaranteed mode returns every label")
+    rounds: int | None = None
+    group_size: int | None = None
+    min_epsilon: float | None = Field(default=None, description="smallest ε reaching the slack")
+    min_n: int | None = Field(default=None, description="smallest n reaching the slack")
+    details: dict[str, float | int | None] = Field(default_factory=dict)
+
+
+class Advice(BaseModel):
+    """The result of :func:`advise`; serialisable (``model_dump(mode="json")``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n: int
+    k: int
+    epsilon: float
+    alpha: float
+    delta: float
+    requested_slack: float | None
+    label: MethodAdvice
+    score: MethodAdvice
+    recommended: Literal["ldp-label", "ldp-score"] = Field(
+        description="the method with the smaller proven slack (so the smaller sets)"
+    )
+    recommended_paper: Literal["ldp-label", "ldp-score"] = Field(
+        description="the same comparison with the paper's Δ_paper for LDP-CP-L"
+    )
+    crossover_k: int | None = Field(description="smallest k where LDP-CP-S wins (proven, same T)")
+    crossover_k_paper: int | None = Field(description="the same with Δ_paper")
+    notes: list[str]
+
+
+def advise(
+    n: int,
+    k: int,
+    epsilon: float,
+    alpha: float,
+    delta: float = 0.001,
+    slack: float | None = None,
+    rounds: int | None = None,
+) -> Advice:
+    """Δ_L and Δ_S side by side for (n, k, ε, δ), which is smaller, and — for a requested
+    ``slack`` — the smallest ε (at this n) and the smallest n (at this ε) for each method.
+
+    LDP-CP-S uses ``rounds`` or, by default, :func:`best_rounds` for this n; its min-ε and
+    min-n keep that T fixed (with T free, fewer rounds always lower Δ_S, at the cost of a
+    coarser bisection, so "the best T" is only meaningful for a given n).
+    """
+    _check(n=n, k=k, eps=epsilon, delta=delta, alpha=alpha, slack=slack, rounds=rounds)
+    t = rounds if rounds is not None else best_rounds(n, epsilon, delta)
+    if n < t:
+        raise InvalidInput(f"n = {n} is smaller than the number of rounds T = {t}")
+    g = n // t
+    sl = label_slack(n, k, epsilon, delta)
+    d_s = score_slack(g, t, epsilon, delta)
+    label = MethodAdvice(
+        method="ldp-label",
+        privacy="label-only ε-LDP: features sent in the clear",
+        slack=sl.delta_L,
+        target=1 - alpha + sl.delta_L,
+        trivial=1 - alpha + sl.delta_L > 1,
+        min_epsilon=min_epsilon_label(n, k, slack, delta) if slack else None,
+        min_n=min_n_label(k, epsilon, slack, delta) if slack else None,
+        details={
+            "delta_paper": sl.delta_paper,
+            "beta": sl.beta,
+            "h": sl.h,
+            "t_n": sl.t_n,
+            "t_r": sl.t_r,
+        },
+    )
+    score = MethodAdvice(
+        method="ldp-score",
+        privacy="ε-LDP for features and label",
+        slack=d_s,
+        target=1 - alpha + d_s,
+        trivial=1 - alpha + d_s > 1,
+        rounds=t,
+        group_size=g,
+        min_epsilon=min_epsilon_score(n, slack, delta, t) if slack else None,
+        min_n=min_n_score(epsilon, slack, delta, t) if slack else None,
+        details={
+            "rr_range_c": rr_range(epsilon),
+            "delta_S_T10": score_slack(n // 10, 10, epsilon, delta) if n >= 10 else None,
+        },
+    )
+    notes = [
+        "Δ_S/Δ_L does not depend on n (both scale as 1/√n); LDP-CP-S wins for k ≥ crossover_k.",
+        "ldp-label protects labels only; ldp-score protects features and labels.",
+    ]
+    if slack is not None:
+        notes.append("ldp-score's min ε / min n keep T fixed at the rounds shown.")
+    return Advice(
+        n=n,
+        k=k,
+        epsilon=epsilon,
+        alpha=alpha,
+        delta=delta,
+        requested_slack=slack,
+        label=label,
+        score=score,
+        recommended="ldp-score" if d_s < sl.delta_L else "ldp-label",
+        recommended_paper="ldp-score" if d_s < sl.delta_paper else "ldp-label",
+        crossover_k=crossover_k(epsilon, delta, t, "proven"),
+        crossover_k_paper=crossover_k(epsilon, delta, t, "paper"),
+        notes=notes,
+    )

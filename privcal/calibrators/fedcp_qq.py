@@ -1,0 +1,155 @@
+"""FedCP-QQ: one-shot federated conformal calibration by a quantile of quantiles (SPEC §9).
+
+Humbert, Le Bars, Bellet, Arlot, *One-Shot Federated Conformal Prediction*,
+ICML 2023 (seed 002), Algorithm 1 and Thm 3.2; App. A.1 for agents of
+different sizes. The planning math is in :mod:`privcal.calibrators.fedplan`,
+the agent and server steps in :mod:`privcal.calibrators.federated_agent`;
+``calibrate`` runs the whole one-round protocol in one process (simulation,
+or data held locally).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import ClassVar
+
+import numpy as np
+
+from privcal.calibrators.base import (
+    CalibrationInput,
+    CalibrationResult,
+    CalibratorParams,
+    CoverageGuarantee,
+    DataShape,
+    PrivacyModel,
+)
+from privcal.calibrators.federated_agent import aggregate, fedcp_qq_message
+from privcal.calibrators.fedplan import (
+    FedPlan,
+    FedPlanUnequal,
+    plan_fedcp_qq,
+    plan_fedcp_qq_unequal,
+)
+from privcal.calibrators.validation import check_scores
+from privcal.errors import InvalidInput
+
+__all__ = ["PRIVACY_NONE", "FedCPQQ", "FedCPQQParams", "group_by_agent", "sizes_of"]
+
+PRIVACY_NONE = "none (each agent reveals one order statistic of its data)"
+
+
+class FedCPQQParams(CalibratorParams):
+    """FedCP-QQ takes only α; (ℓ, k) follow from α and the agents' sizes."""
+
+
+def sizes_of(shape: DataShape) -> tuple[int, ...]:
+    """The per-agent sizes of a federated shape (in sorted-agent order), checked against n."""
+    sizes = shape.group_sizes
+    if not sizes:
+        raise InvalidInput("federated calibration needs the per-agent sizes (group_sizes)")
+    if any(s < 1 for s in sizes):
+        raise InvalidInput(f"every agent needs at least one score, got sizes {list(sizes)}")
+    if sum(sizes) != shape.n:
+        raise InvalidInput(f"agent sizes sum to {sum(sizes)}, but n = {shape.n}")
+    return tuple(sizes)
+
+
+def group_by_agent(data: CalibrationInput) -> list[np.ndarray]:
+    """The scores of each agent, agents in sorted id order (the order of ``group_sizes``)."""
+    if data.scores is None:
+        raise InvalidInput("federated calibration needs scores")
+    if data.agents is None:
+        raise InvalidInput("federated calibration needs the agent of each score (--agent-of)")
+    s = check_scores(data.scores, min_rows=1)
+    a = np.asarray(data.agents)
+    if a.ndim != 1 or a.shape[0] != s.shape[0]:
+        raise InvalidInput(
+            f"length mismatch: scores has {s.shape[0]} rows, agents has {a.shape[0]} rows"
+        )
+    try:
+        ids, inverse = np.unique(a, return_inverse=True)
+    except TypeError as exc:  # mixed, unorderable ids
+        raise InvalidInput(f"agent ids must be all numbers or all strings: {exc}") from exc
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse, minlength=ids.size)
+    return np.split(s[order], np.cumsum(counts)[:-1])
+
+
+def plan_for(params: FedCPQQParams, shape: DataShape) -> FedPlan | FedPlanUnequal:
+    """The plan for this shape: the optimal (ℓ*, k*) when all agents have n scores (eq. (6)),
+    else ℓ_j = ⌈(1−α)(n_j+1)⌉ and the smallest valid k (App. A.1)."""
+    sizes = sizes_of(shape)
+    if len(set(sizes)) == 1:
+        return plan_fedcp_qq(len(sizes), sizes[0], params.alpha)
+    return plan_fedcp_qq_unequal(sizes, params.alpha)
+
+
+class FedCPQQ:
+    """FedCP-QQ: each agent sends its ℓ-th smallest score, the server keeps the k-th smallest."""
+
+    name: ClassVar[str] = "fedcp-qq"
+    version: ClassVar[str] = "1.0.0"
+    privacy_model: ClassVar[PrivacyModel] = "federated"
+    Params: ClassVar[type[CalibratorParams]] = FedCPQQParams
+    inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
+    summary: ClassVar[str] = (
+        "one-shot federated quantile of quantiles (non-private): exact coverage M_{ℓ,k} ≥ 1−α"
+    )
+
+    def cost(self, params: FedCPQQParams, shape: DataShape) -> None:
+        """Non-private: each agent reveals one order statistic of its data."""
+        return None
+
+    def plan(self, params: FedCPQQParams, shape: DataShape) -> FedPlan | FedPlanUnequal:
+        """The public plan (see :func:`plan_for`)."""
+        return plan_for(params, shape)
+
+    def guarantee(self, params: FedCPQQParams, shape: DataShape) -> CoverageGuarantee:
+        """Coverage ≥ 1−α, = M_{ℓ,k} for continuous scores (Thm 3.2; App. A.1 for unequal sizes)."""
+        plan = plan_for(params, shape)
+        alpha = params.alpha
+        details: dict[str, float | int | str | None] = {
+            "alpha": alpha,
+            "m": plan.m,
+            "k": plan.k,
+            "M": plan.M,
+            "privacy": PRIVACY_NONE,
+            "upper_requires": "continuous scores (Thm 3.2 is then an equality)",
+        }
+        if isinstance(plan, FedPlan):
+            details.update(n=plan.n, l=plan.l, plan="optimal (ℓ*, k*), Alg. 1 eq. (6)")
+        else:
+            details.update(
+                sizes=",".join(map(str, plan.sizes)),
+                ls=",".join(map(str, plan.ls)),
+                plan="ℓ_j = ⌈(1−α)(n_j+1)⌉, smallest k (App. A.1)",
+            )
+        return CoverageGuarantee(
+            target=1 - alpha,
+            lower=1 - alpha,
+            upper=plan.M,
+            failure_probability=0.0,
+            over="calibration scores of all agents and the test point (marginal; i.i.d. scores)",
+            rank=plan.k,
+            statement=(
+                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over all agents' calibration data and the test "
+                f"point; exactly M = {plan.M:.10f} when the scores are continuous"
+            ),
+            details=details,
+        )
+
+    def calibrate(
+        self, data: CalibrationInput, params: FedCPQQParams, rng: random.Random
+    ) -> CalibrationResult:
+        """Run Algorithm 1 in one process: each agent's message, then the server's k-th smallest."""
+        groups = group_by_agent(data)
+        shape = DataShape(n=sum(g.size for g in groups), group_sizes=tuple(g.size for g in groups))
+        plan = plan_for(params, shape)
+        messages = [fedcp_qq_message(g, plan) for g in groups]
+        threshold = aggregate(messages, plan)
+        diag: dict[str, object] = {"m": plan.m, "k": plan.k, "M": plan.M}
+        if isinstance(plan, FedPlan):
+            diag.update(n=plan.n, l=plan.l)
+        else:
+            diag.update(sizes=list(plan.sizes), ls=list(plan.ls))
+        return CalibrationResult(threshold=threshold, diagnostics=diag)

@@ -1,0 +1,153 @@
+"""The two ends of one-shot federated calibration: what an agent sends, what the server does.
+
+Humbert, Le Bars, Bellet, Arlot, *One-Shot Federated Conformal Prediction*,
+ICML 2023 (seed 002): Algorithm 1 (FedCP-QQ), Algorithms 2–3 (FedCP²-QQ);
+SPEC §9–10. The agent functions need only numpy (and the exponential
+mechanism); nothing here touches a database, so an agent can run them on its
+own machine with nothing but the published plan.
+
+**Decision (the top bin means "S_max or more")**. Algorithm 2 assumes every
+score is ≤ S_max; the exponential mechanism clips larger scores into the top
+bin e_{B−1} = S_max. The server therefore reads an aggregate that lands on the
+top bin as +∞. This keeps Thm 4.1 valid whatever the scores: the mechanism's
+utility lemma (Lemma C.4) holds for the clipped scores S' = min(S, S_max),
+so P(S' ≤ Q̂) ≥ 1−α; if Q̂ < S_max then S' ≤ Q̂ ⇔ S ≤ Q̂, and if Q̂ is the top
+bin the released +∞ covers everything. A too-small public S_max costs
+efficiency (a trivial +∞ threshold), never validity, and the data's maximum is
+never used.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from privcal.calibrators.base import default_rng
+from privcal.calibrators.fedplan import Fed2Plan, FedPlan, FedPlanUnequal
+from privcal.calibrators.mechanisms.exponential import exponential_quantile, grid
+from privcal.errors import InvalidInput, PlanRejected
+
+__all__ = [
+    "aggregate",
+    "bin_grid",
+    "check_message",
+    "fedcp2_qq_message",
+    "fedcp_qq_message",
+]
+
+AnyPlan = FedPlan | FedPlanUnequal | Fed2Plan
+
+
+def _local_scores(scores: object) -> np.ndarray:
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1:
+        raise InvalidInput(f"local scores must be a 1-D array, got shape {s.shape}")
+    if s.size == 0:
+        raise InvalidInput("an agent needs at least one score")
+    if np.isnan(s).any():
+        raise InvalidInput(f"local scores: row {int(np.argmax(np.isnan(s)))} is NaN")
+    return s
+
+
+def _order_stat(s: np.ndarray, r: int) -> float:
+    """The r-th smallest (1-based); +∞ when r > len(s) (paper eq. (2))."""
+    if r > s.size:
+        return math.inf
+    return float(np.partition(s, r - 1)[r - 1])
+
+
+def fedcp_qq_message(scores: np.ndarray, plan: FedPlan | FedPlanUnequal) -> float:
+    """An agent's FedCP-QQ message: its exact ℓ-th smallest score (Alg. 1; Def. 3.1).
+
+    With an equal-size plan the agent must hold exactly ``plan.n`` scores; with
+    an unequal-size plan ℓ_j = ⌈(1−α)(n_j+1)⌉ for its own n_j (App. A.1), and
+    the message is +∞ when ℓ_j > n_j. This reveals one order statistic of the
+    agent's data: it is not private.
+    """
+    s = _local_scores(scores)
+    if isinstance(plan, FedPlan):
+        if s.size != plan.n:
+            raise InvalidInput(
+                f"the plan is for n = {plan.n} scores per agent, this agent has {s.size}"
+            )
+        return _order_stat(s, plan.l)
+    if isinstance(plan, FedPlanUnequal):
+        return _order_stat(s, plan.local_order(int(s.size)))
+    raise InvalidInput(f"not a FedCP-QQ plan: {type(plan).__name__}")
+
+
+def bin_grid(plan: Fed2Plan) -> np.ndarray:
+    """The public grid of the plan: ``bins`` points e_b = b·S_max/(B−1) on [0, S_max] (SPEC §10)."""
+    return grid(0.0, plan.smax, plan.bins)
+
+
+def fedcp2_qq_message(
+    scores: np.ndarray, plan: Fed2Plan, rng: random.Random | None = None
+) -> float:
+    """An agent's FedCP²-QQ message: the ε-DP exponential-mechanism quantile at level q (Alg. 2).
+
+    Scores are rounded up to the public grid on [0, S_max] (larger ones into
+    the top bin, module docstring); the output is a grid point sampled with
+    P(e_b) ∝ exp(−ε w_b / (2Δ_q)), w_b = max(N_<(e_b)/q, N_>(e_b)/(1−q)),
+    Δ_q = max(1/q, 1/(1−q)). It is ε-DP with respect to this agent's scores
+    (Thm 4.1, App. C.4). ``rng`` defaults to the operating system's CSPRNG.
+    """
+    s = _local_scores(scores)
+    if not isinstance(plan, Fed2Plan):
+        raise InvalidInput(f"not a FedCP²-QQ plan: {type(plan).__name__}")
+    if s.size != plan.n:
+        # Lemma C.4 is applied with n·q ≥ ℓ_γ + ℓ_cor: a smaller agent would void the guarantee
+        raise InvalidInput(
+            f"the plan is for n = {plan.n} scores per agent, this agent has {s.size}"
+        )
+    _, value = exponential_quantile(
+        s, bin_grid(plan), plan.q, plan.epsilon, rng if rng is not None else default_rng()
+    )
+    return value
+
+
+def check_message(value: float, plan: AnyPlan) -> float:
+    """Validate one agent's message for ``plan``; returns the value the server will use.
+
+    FedCP²-QQ: the value must be a point of the published grid (within 1e−9·S_max,
+    to survive text round-trips); the exact grid point is returned. FedCP-QQ:
+    any number, or +∞ (an agent with fewer than ℓ scores). NaN and −∞ are
+    rejected. Raises :class:`PlanRejected` with the reason.
+    """
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as exc:
+        raise PlanRejected(f"message {value!r} is not a number") from exc
+    if math.isnan(v) or v == -math.inf:
+        raise PlanRejected(f"message {value!r} is not a valid score")
+    if isinstance(plan, Fed2Plan):
+        e = bin_grid(plan)
+        j = int(np.argmin(np.abs(e - v))) if math.isfinite(v) else -1
+        if j < 0 or abs(e[j] - v) > 1e-9 * plan.smax:
+            raise PlanRejected(
+                f"message {v!r} is not on the published grid "
+                f"({plan.bins} points on [0, {plan.smax}])"
+            )
+        return float(e[j])
+    if isinstance(plan, FedPlan | FedPlanUnequal):
+        return v
+    raise InvalidInput(f"not a federated plan: {type(plan).__name__}")
+
+
+def aggregate(messages: np.ndarray | list[float], plan: AnyPlan) -> float:
+    """The server's threshold: the k-th smallest of the m messages (Alg. 1 / Alg. 3).
+
+    Every message goes through :func:`check_message` first. For FedCP²-QQ an
+    aggregate on the top grid point is released as +∞ (module docstring).
+    """
+    msgs = [check_message(v, plan) for v in np.asarray(messages, dtype=object).ravel()]
+    m = plan.m
+    if len(msgs) != m:
+        raise PlanRejected(f"the plan is for {m} agents, got {len(msgs)} messages")
+    k = plan.k
+    q = float(np.partition(np.asarray(msgs, dtype=np.float64), k - 1)[k - 1])
+    if isinstance(plan, Fed2Plan) and q >= plan.smax:
+        return math.inf
+    return q

@@ -1,0 +1,141 @@
+"""Client-side randomizers for local DP (what runs on a user's device; no database, no numpy
+needed for the scalar forms).
+
+- k-ary randomized response (k-RR) for a label: keep ``y`` with probability
+  e^ε/(e^ε+k−1), otherwise report one of the other k−1 labels uniformly. It is ε-LDP and
+  equals the uniform-noise channel p(ỹ|y) = 1{ỹ=y}(1−β) + β/k with β = k/(k−1+e^ε)
+  (Penso et al., seed 004, §3.1, Algorithm 1 and Eq. (1)).
+- binary randomized response for "is my score ≤ q": keep the bit with probability
+  e^ε/(e^ε+1) (seed 004, §3.2, Algorithm 3 line 7).
+
+Randomness (SPEC §11): the scalar functions draw from ``base.default_rng()`` (the OS
+CSPRNG) unless a ``random.Random`` is given; the vectorised ``*_many`` functions take an
+explicit ``numpy.random.Generator`` (bulk simulation; build one with ``base.numpy_rng``).
+
+Numerics: the *flip* probabilities (k−1)/(e^ε+k−1) = (k−1)e^{−ε}/(1+(k−1)e^{−ε}) and
+1/(e^ε+1) are computed in the e^{−ε} form, which is accurate to a few ulps for every ε > 0
+(no overflow at large ε, no cancellation), and a flip is drawn as ``u < p_flip`` with u a
+53-bit uniform, so each probability is realised to within 2^−53.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+
+from privcal.calibrators.base import default_rng
+from privcal.errors import InvalidInput
+
+__all__ = [
+    "binary_rr",
+    "binary_rr_flip_probability",
+    "binary_rr_many",
+    "krr",
+    "krr_beta",
+    "krr_flip_probability",
+    "krr_keep_probability",
+    "krr_many",
+]
+
+
+def _check_eps(eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, int | float | np.integer | np.floating):
+        raise InvalidInput(f"ε must be a number, got {eps!r}")
+    e = float(eps)
+    if not (math.isfinite(e) and e > 0):
+        raise InvalidInput(f"ε must be a finite number > 0, got {eps!r}")
+    return e
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 2:
+        raise InvalidInput(f"k (number of classes) must be an integer ≥ 2, got {k!r}")
+    return int(k)
+
+
+def krr_flip_probability(k: int, eps: float) -> float:
+    """P(report ≠ true label) = (k−1)/(e^ε+k−1) under k-RR."""
+    k, e = _check_k(k), _check_eps(eps)
+    a = (k - 1) * math.exp(-e)
+    return a / (1.0 + a)
+
+
+def krr_keep_probability(k: int, eps: float) -> float:
+    """P(report = true label) = e^ε/(e^ε+k−1) under k-RR."""
+    k, e = _check_k(k), _check_eps(eps)
+    return 1.0 / (1.0 + (k - 1) * math.exp(-e))
+
+
+def krr_beta(k: int, eps: float) -> float:
+    """The uniform-noise level β = k/(k−1+e^ε) of k-RR (seed 004, Algorithm 1, line 4)."""
+    k, e = _check_k(k), _check_eps(eps)
+    # k e^{−ε} / (1 + (k−1) e^{−ε}): same value, no overflow for large ε
+    a = math.exp(-e)
+    return k * a / (1.0 + (k - 1) * a)
+
+
+def binary_rr_flip_probability(eps: float) -> float:
+    """P(report ≠ true bit) = 1/(e^ε+1) under binary randomized response."""
+    e = _check_eps(eps)
+    a = math.exp(-e)
+    return a / (1.0 + a)
+
+
+def krr(label: int, k: int, eps: float, rng: random.Random | None = None) -> int:
+    """k-ary randomized response of one label (ε-LDP; seed 004, Algorithm 1).
+
+    Keeps ``label`` with probability e^ε/(e^ε+k−1), else returns a uniformly chosen
+    *other* label in [0, k). ``rng`` defaults to the OS CSPRNG.
+    """
+    k = _check_k(k)
+    if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < k:
+        raise InvalidInput(f"label must be an integer in [0, {k}), got {label!r}")
+    p_flip = krr_flip_probability(k, eps)
+    r = rng if rng is not None else default_rng()
+    if r.random() >= p_flip:
+        return int(label)
+    other = r.randrange(k - 1)
+    return other + 1 if other >= label else other
+
+
+def krr_many(labels: np.ndarray, k: int, eps: float, rng: np.random.Generator) -> np.ndarray:
+    """Vectorised :func:`krr`: an independent k-RR report for each label (int64 array)."""
+    k = _check_k(k)
+    y = np.asarray(labels)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise InvalidInput(f"labels must be a 1-D integer array, got {y.dtype} {y.shape}")
+    y = y.astype(np.int64, copy=False)
+    if y.size and (y.min() < 0 or y.max() >= k):
+        i = int(np.argmax((y < 0) | (y >= k)))
+        raise InvalidInput(f"labels: row {i} is {y[i]}, outside [0, {k})")
+    p_flip = krr_flip_probability(k, eps)
+    flip = rng.random(y.shape[0]) < p_flip
+    other = rng.integers(0, k - 1, size=y.shape[0])
+    other += other >= y  # skip the true label: uniform over the k−1 others
+    return np.where(flip, other, y)
+
+
+def binary_rr(bit: bool, eps: float, rng: random.Random | None = None) -> bool:
+    """Binary randomized response (ε-LDP): keep ``bit`` with probability e^ε/(e^ε+1)."""
+    if not isinstance(bit, bool | np.bool_) and bit not in (0, 1):
+        raise InvalidInput(f"bit must be true/false (or 0/1), got {bit!r}")
+    p_flip = binary_rr_flip_probability(eps)
+    r = rng if rng is not None else default_rng()
+    b = bool(bit)
+    return (not b) if r.random() < p_flip else b
+
+
+def binary_rr_many(bits: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+    """Vectorised :func:`binary_rr` (boolean array in, boolean array out)."""
+    b = np.asarray(bits)
+    if b.ndim != 1:
+        raise InvalidInput(f"bits must be a 1-D array, got shape {b.shape}")
+    if b.dtype != np.bool_:
+        if not np.issubdtype(b.dtype, np.integer) or (b.size and not np.isin(b, (0, 1)).all()):
+            raise InvalidInput("bits must be booleans or 0/1 integers")
+        b = b.astype(bool)
+    p_flip = binary_rr_flip_probability(eps)
+    return b ^ (rng.random(b.shape[0]) < p_flip)

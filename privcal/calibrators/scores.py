@@ -1,0 +1,272 @@
+"""Non-conformity scores (SPEC §1): lower is better; the prediction set is {y : S(x, y) ≤ t}.
+
+Classification scores take the n×k probability matrix ``probs``:
+
+- ``lac``  (a.k.a. HPS / hinge): S = 1 − p_y (Sadinle, Lei, Wasserman 2019);
+- ``aps``: S = Σ_{j: p_j > p_y} p_j + u·p_y, u ~ U[0, 1] (Romano, Sesia, Candès 2020);
+  ``randomized=False`` uses u = 1. One u per row, shared by every class of that row,
+  so that the set {y : S(x, y) ≤ t} is the usual randomized APS set;
+- ``raps``: aps + λ·max(0, rank(y) − k_reg) (Angelopoulos, Bates, Malik, Jordan 2021),
+  rank(y) = 1 + #{j : p_j > p_y}; defaults λ = 0.01, k_reg = 5 (the values used in
+  that paper's examples).
+
+Ties: "p_j > p_y" is strict, so tied classes get the same aps/raps mass and rank.
+
+Regression scores take the model's predictions in ``probs`` (the argument keeps
+its name so every score has one call shape):
+
+- ``absolute``: S = |y − f(x)|, predictions of shape (n,);
+- ``cqr``: S = max(f_lo(x) − y, y − f_hi(x)), predictions of shape (n, 2) = [f_lo, f_hi]
+  (Romano, Patterson, Candès 2019).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from privcal.calibrators.base import default_rng, numpy_rng
+from privcal.calibrators.validation import (
+    check_labels,
+    check_lengths,
+    check_probs,
+    check_targets,
+)
+from privcal.errors import InvalidInput
+
+__all__ = [
+    "SCORES",
+    "ScoreSpec",
+    "all_class_scores",
+    "label_scores",
+    "prediction_sets",
+    "regression_interval",
+]
+
+Kind = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """A named score: what it needs and which keyword options it accepts (with defaults)."""
+
+    name: str
+    kind: Kind
+    description: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs(self) -> str:
+        """``"probs"`` for classification scores, ``"predictions"`` for regression scores."""
+        return "probs" if self.kind == "classification" else "predictions"
+
+
+SCORES: dict[str, ScoreSpec] = {
+    "lac": ScoreSpec("lac", "classification", "1 − p_y (LAC / HPS / hinge)"),
+    "aps": ScoreSpec(
+        "aps",
+        "classification",
+        "Σ_{p_j > p_y} p_j + u·p_y (adaptive prediction sets)",
+        {"randomized": True},
+    ),
+    "raps": ScoreSpec(
+        "raps",
+        "classification",
+        "aps + λ·max(0, rank(y) − k_reg) (regularized APS)",
+        {"randomized": True, "lam": 0.01, "k_reg": 5},
+    ),
+    "absolute": ScoreSpec("absolute", "regression", "|y − f(x)| (absolute residual)"),
+    "cqr": ScoreSpec(
+        "cqr", "regression", "max(f_lo(x) − y, y − f_hi(x)) (conformalized quantile regression)"
+    ),
+}
+
+
+def _spec(name: str) -> ScoreSpec:
+    try:
+        return SCORES[name]
+    except KeyError:
+        raise InvalidInput(f"unknown score {name!r} (known: {', '.join(SCORES)})") from None
+
+
+def _options(spec: ScoreSpec, opts: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(opts) - set(spec.options)
+    if unknown:
+        allowed = ", ".join(spec.options) or "none"
+        raise InvalidInput(
+            f"score {spec.name!r} does not take option(s) {', '.join(sorted(unknown))} "
+            f"(allowed: {allowed})"
+        )
+    out = {**spec.options, **opts}
+    if "randomized" in out and not isinstance(out["randomized"], bool | np.bool_):
+        raise InvalidInput(f"randomized must be true or false, got {out['randomized']!r}")
+    if "lam" in out:
+        lam = out["lam"]
+        if (
+            isinstance(lam, bool)
+            or not isinstance(lam, int | float)
+            or not (math.isfinite(lam) and lam >= 0)
+        ):
+            raise InvalidInput(f"raps λ (lam) must be a finite number ≥ 0, got {lam!r}")
+    if "k_reg" in out:
+        kr = out["k_reg"]
+        if isinstance(kr, bool) or not isinstance(kr, int | np.integer) or kr < 0:
+            raise InvalidInput(f"raps k_reg must be an integer ≥ 0, got {kr!r}")
+    return out
+
+
+def _uniforms(n: int, randomized: bool, rng: random.Random | None) -> np.ndarray:
+    if not randomized:
+        return np.ones(n)
+    gen = numpy_rng(rng if rng is not None else default_rng())
+    return gen.random(n)
+
+
+def _greater_mass_and_rank(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every (i, y): Σ_{j: p_ij > p_iy} p_ij and #{j : p_ij > p_iy}, both n×k.
+
+    One stable descending sort per row; a tie group takes the exclusive cumulative
+    sum at its first member, so tied classes get identical values (bit for bit).
+    """
+    n, k = probs.shape
+    order = np.argsort(-probs, axis=1, kind="stable")
+    desc = np.take_along_axis(probs, order, axis=1)
+    # shifted cumsum (not cumsum − value): the top class gets exactly 0, values are monotone
+    excl = np.concatenate([np.zeros((n, 1)), np.cumsum(desc, axis=1)[:, :-1]], axis=1)
+    starts = np.ones((n, k), dtype=bool)
+    starts[:, 1:] = desc[:, 1:] != desc[:, :-1]
+    pos = np.where(starts, np.arange(k), 0)
+    group_start = np.maximum.accumulate(pos, axis=1)
+    mass_sorted = np.take_along_axis(excl, group_start, axis=1)
+    rank_sorted = group_start  # number of classes strictly more probable
+    mass = np.empty_like(mass_sorted)
+    rank = np.empty_like(rank_sorted)
+    np.put_along_axis(mass, order, mass_sorted, axis=1)
+    np.put_along_axis(rank, order, rank_sorted, axis=1)
+    return mass, rank
+
+
+def _classification_all(
+    name: str, probs: np.ndarray, opts: dict[str, Any], rng: random.Random | None
+) -> np.ndarray:
+    if name == "lac":
+        return 1.0 - probs
+    mass, greater = _greater_mass_and_rank(probs)
+    u = _uniforms(probs.shape[0], opts["randomized"], rng)
+    s = mass + u[:, None] * probs
+    if name == "raps":
+        # rank(y) = 1 + #{j : p_j > p_y}; penalty λ·(rank − k_reg)^+
+        s = s + opts["lam"] * np.maximum(0, greater + 1 - opts["k_reg"])
+    return s
+
+
+def all_class_scores(
+    name: str, probs: np.ndarray, *, rng: random.Random | None = None, **opts: Any
+) -> np.ndarray:
+    """The n×k matrix of scores S(x_i, y) for every class y (classification scores only).
+
+    For randomized ``aps``/``raps`` one u_i ~ U[0, 1] is drawn per row from ``rng``
+    (a CSPRNG when ``None``) and used for all k classes of that row.
+    """
+    spec = _spec(name)
+    if spec.kind != "classification":
+        raise InvalidInput(f"score {name!r} is a regression score; it has no per-class scores")
+    o = _options(spec, opts)
+    p = check_probs(probs, min_rows=1)
+    return _classification_all(name, p, o, rng)
+
+
+def label_scores(
+    name: str,
+    probs: np.ndarray,
+    labels: np.ndarray,
+    *,
+    rng: random.Random | None = None,
+    **opts: Any,
+) -> np.ndarray:
+    """The score of the given label for each row: S(x_i, y_i), shape (n,).
+
+    Classification: ``probs`` n×k, ``labels`` integers in [0, k); the value equals
+    ``all_class_scores(...)[i, y_i]`` for the same u (it is computed that way, so
+    calibration and prediction sets agree to the bit). Regression: ``probs`` holds
+    the predictions ((n,) for ``absolute``, (n, 2) for ``cqr``) and ``labels`` the
+    real-valued targets.
+    """
+    spec = _spec(name)
+    o = _options(spec, opts)
+    if spec.kind == "classification":
+        p = check_probs(probs, min_rows=1)
+        y = check_labels(labels, p.shape[1], min_rows=1)
+        check_lengths(probs=p, labels=y)
+        s = _classification_all(name, p, o, rng)
+        return np.ascontiguousarray(np.take_along_axis(s, y[:, None], axis=1)[:, 0])
+    y_true = check_targets(labels, min_rows=1)
+    if name == "absolute":
+        f = check_targets(probs, min_rows=1)
+        check_lengths(predictions=f, targets=y_true)
+        return np.abs(y_true - f)
+    lo, hi = _cqr_bounds(probs)
+    check_lengths(predictions=lo, targets=y_true)
+    return np.maximum(lo - y_true, y_true - hi)
+
+
+def _cqr_bounds(preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(preds, dtype=np.float64)
+    if a.ndim != 2 or a.shape[1] != 2:
+        raise InvalidInput(
+            f"cqr predictions must have shape (n, 2) = [lower, upper], got {a.shape}"
+        )
+    lo, hi = check_targets(a[:, 0], min_rows=1), check_targets(a[:, 1], min_rows=1)
+    return lo, hi
+
+
+def _check_threshold(threshold: float) -> float:
+    t = float(threshold)
+    if math.isnan(t):
+        raise InvalidInput("threshold is NaN")
+    return t
+
+
+def prediction_sets(
+    name: str,
+    probs: np.ndarray,
+    threshold: float,
+    *,
+    rng: random.Random | None = None,
+    **opts: Any,
+) -> np.ndarray:
+    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold.
+
+    A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
+    """
+    t = _check_threshold(threshold)
+    s = all_class_scores(name, probs, rng=rng, **opts)
+    if t == math.inf:
+        return np.ones(s.shape, dtype=bool)
+    return s <= t
+
+
+def regression_interval(
+    name: str, preds: np.ndarray, threshold: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The interval {y : S(x, y) ≤ t} for a regression score, as (lower, upper) arrays.
+
+    ``absolute``: [f − t, f + t]; ``cqr``: [f_lo − t, f_hi + t]. +inf gives (−inf, +inf).
+    For cqr with a negative t the interval can be empty (lower > upper); it is returned as is.
+    """
+    spec = _spec(name)
+    if spec.kind != "regression":
+        raise InvalidInput(f"score {name!r} is a classification score; use prediction_sets")
+    t = _check_threshold(threshold)
+    if name == "absolute":
+        f = check_targets(preds, min_rows=1)
+        lo, hi = f, f
+    else:
+        lo, hi = _cqr_bounds(preds)
+    if t == math.inf:
+        return np.full(lo.shape, -math.inf), np.full(hi.shape, math.inf)
+    return lo - t, hi + t

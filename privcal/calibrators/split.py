@@ -1,0 +1,110 @@
+"""Split conformal calibration, the non-private baseline (SPEC §2).
+
+Vovk, Gammerman, Shafer, *Algorithmic Learning in a Random World* (2005);
+Lei, G'Sell, Rinaldo, Tibshirani, Wasserman, *Distribution-Free Predictive
+Inference for Regression* (JASA 2018), Thm 2.2 (the 1−α+1/(n+1) upper bound);
+as summarised in Romanus & Molinari (seed 003), §2, eq. for Ĉ(X_test).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import ClassVar
+
+import numpy as np
+
+from privcal.calibrators.base import (
+    CalibrationInput,
+    CalibrationResult,
+    CalibratorParams,
+    CoverageGuarantee,
+    DataShape,
+    PrivacyModel,
+    conformal_rank,
+)
+from privcal.calibrators.validation import check_scores
+from privcal.errors import InvalidInput
+
+__all__ = ["SplitConformal", "SplitParams", "kth_smallest"]
+
+
+class SplitParams(CalibratorParams):
+    """Split conformal takes only α."""
+
+
+def kth_smallest(scores: np.ndarray, r: int) -> float:
+    """The r-th smallest value (1-based) in O(n) with ``np.partition``; +inf when r > n."""
+    n = scores.shape[0]
+    if r < 1:
+        raise InvalidInput(f"rank must be ≥ 1, got {r}")
+    if r > n:
+        return math.inf
+    return float(np.partition(scores, r - 1)[r - 1])
+
+
+def _scores(data: CalibrationInput) -> np.ndarray:
+    if data.scores is None:
+        raise InvalidInput(
+            "this calibrator needs scores (pass --scores, or probs, labels and a score)"
+        )
+    return check_scores(data.scores)
+
+
+class SplitConformal:
+    """Split conformal prediction: the ⌈(n+1)(1−α)⌉-th smallest score, no privacy."""
+
+    name: ClassVar[str] = "split"
+    version: ClassVar[str] = "1.0.0"
+    privacy_model: ClassVar[PrivacyModel] = "none"
+    Params: ClassVar[type[CalibratorParams]] = SplitParams
+    inputs: ClassVar[frozenset[str]] = frozenset({"scores"})
+    summary: ClassVar[str] = (
+        "split conformal (non-private): the ⌈(n+1)(1−α)⌉-th smallest calibration score"
+    )
+
+    def cost(self, params: SplitParams, shape: DataShape) -> None:
+        """Non-private: no privacy cost (the accountant refuses it unless the dataset allows it)."""
+        return None
+
+    def guarantee(self, params: SplitParams, shape: DataShape) -> CoverageGuarantee:
+        """Marginal coverage ≥ 1−α; ≤ 1−α+1/(n+1) when scores have no ties (Lei et al. 2018)."""
+        n, alpha = shape.n, params.alpha
+        r = conformal_rank(n, alpha)
+        if r > n:
+            return CoverageGuarantee(
+                target=1 - alpha,
+                lower=1.0,
+                upper=1.0,
+                failure_probability=0.0,
+                over="calibration data and test point (marginal)",
+                rank=r,
+                statement=(
+                    f"rank {r} exceeds n = {n}: the threshold is +inf and every set "
+                    "contains every label (coverage 1)"
+                ),
+                details={"n": n, "alpha": alpha, "rank": r},
+            )
+        upper = min(1.0, 1 - alpha + 1 / (n + 1))
+        return CoverageGuarantee(
+            target=1 - alpha,
+            lower=1 - alpha,
+            upper=upper,
+            failure_probability=0.0,
+            over="calibration data and test point (marginal)",
+            rank=r,
+            statement=(
+                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over calibration data and test point; "
+                f"≤ {upper:.6g} when the scores have no ties"
+            ),
+            details={"n": n, "alpha": alpha, "rank": r, "upper_requires": "no ties"},
+        )
+
+    def calibrate(
+        self, data: CalibrationInput, params: SplitParams, rng: random.Random
+    ) -> CalibrationResult:
+        """Threshold = r-th smallest score, r = ⌈(n+1)(1−α)⌉ exactly; +inf if r > n (SPEC §2)."""
+        s = _scores(data)
+        n = s.shape[0]
+        r = conformal_rank(n, params.alpha)
+        return CalibrationResult(threshold=kth_smallest(s, r), diagnostics={"n": n, "rank": r})

@@ -1,0 +1,140 @@
+"""Input checks shared by the scores, the calibrators and the CLI loaders.
+
+Each check returns a clean contiguous array (float64 or int64) or raises
+:class:`privcal.errors.InvalidInput` with one line naming the problem and,
+where there is one, the first offending row (DESIGN.md, "Bad input gets a
+clear error and changes nothing").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from privcal.errors import InvalidInput
+
+__all__ = [
+    "PROB_SUM_TOL",
+    "check_labels",
+    "check_lengths",
+    "check_probs",
+    "check_scores",
+    "check_targets",
+]
+
+#: rows of a probability matrix must sum to 1 within this absolute tolerance
+PROB_SUM_TOL = 1e-6
+
+
+def _numeric(a: object, what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(a)
+    except Exception as exc:  # ragged lists and the like
+        raise InvalidInput(f"{what} is not an array: {exc}") from exc
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+    ):
+        raise InvalidInput(f"{what} must be numeric, got dtype {arr.dtype}")
+    return arr
+
+
+def _min_rows(n: int, what: str, min_rows: int) -> None:
+    if n < min_rows:
+        raise InvalidInput(f"{what} needs at least {min_rows} rows, got {n}")
+
+
+def check_scores(a: object, *, min_rows: int = 2, allow_inf: bool = False) -> np.ndarray:
+    """A 1-D float64 array of scores: no NaN, no ±inf unless ``allow_inf``, ≥ ``min_rows`` rows."""
+    arr = _numeric(a, "scores")
+    if arr.ndim != 1:
+        raise InvalidInput(f"scores must be a 1-D array, got shape {arr.shape}")
+    _min_rows(arr.shape[0], "scores", min_rows)
+    out = np.ascontiguousarray(arr, dtype=np.float64)
+    # A finite sum proves every value finite in one cheap pass; only otherwise (a NaN,
+    # an inf, or an overflowing sum) locate the offending row.
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(out.sum())
+    if math.isfinite(total):
+        return out
+    bad = np.isnan(out) if allow_inf else ~np.isfinite(out)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidInput(f"scores: row {i} is {out[i]} (scores must be finite numbers)")
+    return out
+
+
+def check_targets(a: object, *, min_rows: int = 2) -> np.ndarray:
+    """Regression targets or predictions: a 1-D finite float64 array."""
+    arr = _numeric(a, "targets")
+    if arr.ndim != 1:
+        raise InvalidInput(f"targets must be a 1-D array, got shape {arr.shape}")
+    _min_rows(arr.shape[0], "targets", min_rows)
+    out = np.ascontiguousarray(arr, dtype=np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidInput(f"targets: row {i} is {out[i]} (must be a finite number)")
+    return out
+
+
+def check_probs(p: object, *, min_rows: int = 2) -> np.ndarray:
+    """An n×k float64 probability matrix: finite, ≥ 0, rows summing to 1 within 1e-6, k ≥ 2."""
+    arr = _numeric(p, "probabilities")
+    if arr.ndim != 2:
+        raise InvalidInput(f"probabilities must be a 2-D n×k array, got shape {arr.shape}")
+    _min_rows(arr.shape[0], "probabilities", min_rows)
+    if arr.shape[1] < 2:
+        raise InvalidInput(f"probabilities need at least 2 classes (columns), got {arr.shape[1]}")
+    out = np.ascontiguousarray(arr, dtype=np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        i, j = np.unravel_index(int(np.argmax(bad)), out.shape)
+        raise InvalidInput(f"probabilities: row {i}, column {j} is {out[i, j]} (must be finite)")
+    neg = out < 0
+    if neg.any():
+        i, j = np.unravel_index(int(np.argmax(neg)), out.shape)
+        raise InvalidInput(f"probabilities: row {i}, column {j} is negative ({out[i, j]})")
+    sums = out.sum(axis=1)
+    off = np.abs(sums - 1.0) > PROB_SUM_TOL
+    if off.any():
+        i = int(np.argmax(off))
+        raise InvalidInput(
+            f"probabilities: row {i} sums to {float(sums[i]):.10g}, not 1 "
+            f"(tolerance {PROB_SUM_TOL})"
+        )
+    return out
+
+
+def check_labels(y: object, k: int, *, min_rows: int = 2) -> np.ndarray:
+    """A 1-D int64 array of class labels in [0, k).
+
+    Float arrays are accepted when every value is integral (CSV files load as
+    floats); 2.5 or NaN is an error naming the row.
+    """
+    arr = _numeric(y, "labels")
+    if arr.ndim != 1:
+        raise InvalidInput(f"labels must be a 1-D array, got shape {arr.shape}")
+    _min_rows(arr.shape[0], "labels", min_rows)
+    if np.issubdtype(arr.dtype, np.floating):
+        nonint = ~np.isfinite(arr) | (arr != np.round(arr))
+        if nonint.any():
+            i = int(np.argmax(nonint))
+            raise InvalidInput(f"labels: row {i} is {arr[i]}, not an integer")
+        # values beyond int64 are out of [0, k) anyway; clip before casting to avoid overflow
+        arr = np.clip(arr, -1, k)
+    out = np.ascontiguousarray(arr, dtype=np.int64)
+    bad = (out < 0) | (out >= k)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidInput(f"labels: row {i} is {np.asarray(y)[i]}, outside [0, {k})")
+    return out
+
+
+def check_lengths(**arrays: np.ndarray) -> int:
+    """All arrays have the same number of rows; returns it. Names appear in the error."""
+    lengths = {name: int(np.shape(a)[0]) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        desc = ", ".join(f"{name} has {m}" for name, m in lengths.items())
+        raise InvalidInput(f"length mismatch: {desc} rows")
+    return next(iter(lengths.values()))

@@ -1,0 +1,450 @@
+"""``privcal methods``, ``privcal calibrate METHOD …``, ``privcal predict``, ``privcal evaluate``.
+
+``calibrate`` has one subcommand per registered calibrator (plugins included);
+its method options are generated from the calibrator's pydantic parameter
+model, so the CLI and the Python API accept exactly the same parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+import numpy as np
+
+from privcal.calibrators import registry
+from privcal.calibrators.base import PRIVACY_MODEL_LABELS
+from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.cli.inputs import load_array
+from privcal.errors import InvalidInput
+
+#: options every ``calibrate`` subcommand has; a parameter of the same name is fed from them
+COMMON = {
+    "dataset", "scores", "probs", "labels", "score", "score_option", "agent_of", "subjects",
+    "requester", "idempotency_key", "dry_run", "as_json", "simulate", "shuffled",
+    "assume_unlinkable_features",
+}  # fmt: skip
+
+
+def _unwrap_optional(ann: Any) -> Any:
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return ann
+
+
+def _click_type(ann: Any) -> Any:
+    ann = _unwrap_optional(ann)
+    if typing.get_origin(ann) is Literal:
+        return click.Choice([str(a) for a in typing.get_args(ann)])
+    return {int: int, float: float, str: str}.get(ann, str)
+
+
+def param_options(params_model: type) -> list[click.Option]:
+    """Click options for every field of a calibrator's parameter model (``--kebab-case``)."""
+    opts: list[click.Option] = []
+    for name, field in params_model.model_fields.items():
+        if name in COMMON:
+            continue
+        flag = "--" + name.replace("_", "-")
+        ann = _unwrap_optional(field.annotation)
+        required = field.is_required()
+        default = None if required else field.get_default(call_default_factory=True)
+        help_text = (field.description or "").rstrip(".")
+        if ann is bool:
+            opts.append(
+                click.Option(
+                    [f"{flag}/--no-{name.replace('_', '-')}", name],
+                    default=bool(default),
+                    show_default=True,
+                    help=help_text,
+                )
+            )
+            continue
+        opts.append(
+            click.Option(
+                [flag, name],
+                type=_click_type(field.annotation),
+                required=required,
+                default=default,
+                show_default=default is not None,
+                help=help_text,
+            )
+        )
+    return opts
+
+
+def _score_options(items: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise InvalidInput(f"--score-option takes KEY=VALUE, got {item!r}")
+        key, raw = item.split("=", 1)
+        low = raw.strip().lower()
+        value: Any
+        if low in ("true", "false"):
+            value = low == "true"
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = raw
+        out[key.strip()] = value
+    return out
+
+
+def fmt_threshold(t: float) -> str:
+    return "+inf (every label: the trivial set)" if math.isinf(t) and t > 0 else f"{t:.10g}"
+
+
+def render_release(rel: Any, budget: Any | None = None) -> None:
+    """Print a release for people."""
+    cov = rel.coverage
+    click.echo(
+        f"Release {rel.id} on dataset {rel.dataset!r}: {rel.method} {rel.calibrator_version}"
+    )
+    click.echo(f"  threshold           {fmt_threshold(rel.threshold)}")
+    n = rel.shape.get("n") if isinstance(rel.shape, dict) else getattr(rel.shape, "n", None)
+    click.echo(f"  n                   {n}" + (f"   rank {cov.rank}" if cov.rank else ""))
+    click.echo(f"  coverage guarantee  {cov.statement}")
+    priv = rel.privacy or {}
+    click.echo(f"  privacy             {priv.get('statement') or priv.get('summary') or priv}")
+    if budget is not None:
+        click.echo(f"  budget left         {getattr(budget, 'summary', budget)}")
+
+
+def render_dry_run(report: Any) -> None:
+    """Print a dry run for people."""
+    cost = report.cost or {"kind": "none (non-private)"}
+    click.echo(f"dry run on dataset {report.dataset!r}: nothing read, nothing written")
+    click.echo(f"  cost        {', '.join(f'{k}={v}' for k, v in cost.items())}")
+    click.echo(f"  allowed     {'yes' if report.allowed else 'NO'} ({report.reason})")
+    click.echo(f"  remaining   {_amounts(report.remaining_before)} now")
+    if report.remaining_after is not None:
+        click.echo(f"              {_amounts(report.remaining_after)} after")
+
+
+def _amounts(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items()) or "(no cap)"
+
+
+class CalibrateGroup(click.Group):
+    """One subcommand per calibrator name, built on demand from the registry."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return registry.names()
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in registry.names():
+            return None
+        return _make_calibrate_command(name)
+
+
+def _make_calibrate_command(name: str) -> click.Command:
+    reg = registry.get(name)
+    cal = reg.calibrator
+    model = cal.Params
+    needs = set(cal.inputs)
+
+    @pass_settings
+    def callback(settings: Any, **kw: Any) -> None:
+        from privcal.accountant.conformalize import calibrate as run_calibration
+        from privcal.accountant.conformalize import dry_run
+
+        as_json = kw.pop("as_json")
+        params = {k: v for k, v in kw.items() if k in model.model_fields and v is not None}
+        if "score" in model.model_fields and kw.get("score") is not None:
+            params["score"] = kw["score"]
+        if getattr(cal, "interactive", False) and not kw.get("simulate"):
+            raise InvalidInput(
+                f"{name} is interactive: open a collection session "
+                f"(privcal session open {name} …) or simulate the users with --simulate"
+            )
+        arrays = {
+            "scores": load_array(kw["scores"], "scores") if kw.get("scores") else None,
+            "probs": load_array(kw["probs"], "probs", matrix=True) if kw.get("probs") else None,
+            "labels": load_array(kw["labels"], "labels") if kw.get("labels") else None,
+            "agents": load_array(kw["agent_of"], "agents") if kw.get("agent_of") else None,
+            "subjects": load_array(kw["subjects"], "subjects") if kw.get("subjects") else None,
+        }
+        acct = settings.accountant()
+        common = dict(
+            dataset=kw["dataset"],
+            score=None if "score" in model.model_fields else kw.get("score"),
+            score_options=_score_options(kw.get("score_option") or ()),
+            shuffled=kw.get("shuffled", False),
+            assume_unlinkable_features=kw.get("assume_unlinkable_features", False),
+            **arrays,
+        )
+        if kw.get("dry_run"):
+            report = dry_run(acct, name, params, **common)
+            emit(report, as_json=as_json, human=lambda: render_dry_run(report))
+            return
+        release = run_calibration(
+            acct,
+            name,
+            params,
+            requester=kw.get("requester"),
+            idempotency_key=kw.get("idempotency_key"),
+            **common,
+        )
+        budget = acct.budget(kw["dataset"])
+        emit(
+            {"release": release, "budget": budget},
+            as_json=as_json,
+            human=lambda: render_release(release, budget),
+        )
+
+    opts: list[click.Parameter] = [
+        click.Option(["--dataset", "dataset"], required=True, help="Dataset whose budget pays."),
+    ]
+    opts += param_options(model)
+    if needs & {"scores"} or "probs" in needs:
+        if "probs" not in needs:
+            opts.append(click.Option(["--scores"], help="Precomputed scores (n floats)."))
+        opts.append(click.Option(["--probs"], help="n×k probabilities (.npy/.npz/.csv/.parquet)."))
+        opts.append(
+            click.Option(
+                ["--labels"],
+                help="n labels in [0, k)"
+                + (" (the users' noisy labels)." if "probs" in needs else "."),
+            )
+        )
+        if "score" not in model.model_fields:
+            opts.append(
+                click.Option(["--score"], help="Score for --probs/--labels: lac, aps, raps.")
+            )
+        opts.append(
+            click.Option(["--score-option"], multiple=True, help="Score option KEY=VALUE (repeat).")
+        )
+    if "agents" in needs:
+        opts.append(
+            click.Option(
+                ["--agent-of", "agent_of"],
+                required=True,
+                help="The agent id of every score (same length as the scores).",
+            )
+        )
+    if cal.privacy_model == "local":
+        opts.append(
+            click.Option(["--subjects"], help="Subject id of every row (default: row number).")
+        )
+        opts.append(
+            click.Option(
+                ["--shuffled"],
+                is_flag=True,
+                help="Reports went through a trusted shuffler: record the amplified (ε, δ).",
+            )
+        )
+        if "probs" in needs:
+            opts.append(
+                click.Option(
+                    ["--assume-unlinkable-features"],
+                    is_flag=True,
+                    help="Assert features do not identify users "
+                    "(needed for amplification; recorded).",
+                )
+            )
+        if getattr(cal, "interactive", False):
+            opts.append(
+                click.Option(
+                    ["--simulate"],
+                    is_flag=True,
+                    help="Run the interactive protocol with simulated users on --scores.",
+                )
+            )
+    if (
+        cal.privacy_model == "federated"
+        and cal.cost(_dummy_params(model), _dummy_shape()) is not None
+    ):
+        opts.append(
+            click.Option(
+                ["--shuffled"],
+                is_flag=True,
+                help="Agents' messages went through a trusted shuffler.",
+            )
+        )
+    opts += [
+        click.Option(["--requester"], help="Who asks (recorded in the release)."),
+        click.Option(
+            ["--idempotency-key"], help="Retrying with the same key records the run once."
+        ),
+        click.Option(
+            ["--dry-run"],
+            is_flag=True,
+            help="Print the cost and what would remain; read no data, write nothing.",
+        ),
+    ]
+    model_label = PRIVACY_MODEL_LABELS.get(cal.privacy_model, cal.privacy_model)
+    cmd = click.Command(
+        name,
+        callback=callback,
+        params=opts,
+        help=f"{cal.summary}\n\nPrivacy model: {model_label}.",
+        short_help=cal.summary,
+    )
+    return json_option(cmd)
+
+
+def _dummy_params(model: type) -> Any:
+    return model.model_construct(**{k: f.default for k, f in model.model_fields.items()})
+
+
+def _dummy_shape() -> Any:
+    from privcal.calibrators.base import DataShape
+
+    return DataShape(n=100, group_sizes=(50, 50))
+
+
+@main.group("calibrate", cls=CalibrateGroup)
+def calibrate() -> None:
+    """Calibrate a conformal threshold on a dataset: charge, compute, record, print.
+
+    Run `privcal calibrate METHOD --help` for a method's options, `privcal methods` for the list.
+    """
+
+
+@main.command("methods")
+@json_option
+def methods(as_json: bool) -> None:
+    """List the calibrators, their privacy model and parameters."""
+    rows = []
+    for name in registry.names():
+        reg = registry.get(name)
+        cal = reg.calibrator
+        fields = cal.Params.model_fields
+        rows.append(
+            {
+                "name": name,
+                "privacy_model": PRIVACY_MODEL_LABELS.get(cal.privacy_model, cal.privacy_model),
+                "version": cal.version,
+                "distribution": reg.distribution,
+                "inputs": sorted(cal.inputs),
+                "summary": cal.summary,
+                "parameters": {
+                    k: {
+                        "required": f.is_required(),
+                        "default": None
+                        if f.is_required()
+                        else f.get_default(call_default_factory=True),
+                        "description": f.description,
+                    }
+                    for k, f in fields.items()
+                },
+            }
+        )
+
+    def human() -> None:
+        click.echo(
+            table(
+                [
+                    {
+                        "method": r["name"],
+                        "privacy model": r["privacy_model"],
+                        "parameters": ", ".join(r["parameters"]),
+                        "summary": r["summary"],
+                    }
+                    for r in rows
+                ]
+            )
+        )
+
+    emit(rows, as_json=as_json, human=human)
+
+
+def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
+    if out is None:
+        return
+    path = Path(out)
+    if path.suffix == ".npy":
+        np.save(path, sets)
+    elif path.suffix == ".npz":
+        np.savez_compressed(path, sets=sets)
+    elif path.suffix == ".json":
+        import json
+
+        path.write_text(json.dumps([np.flatnonzero(r).tolist() for r in sets]))
+    else:
+        raise InvalidInput(f"--out must end in .npy, .npz or .json, got {path.name}")
+    if not as_json:
+        info(f"wrote {sets.shape[0]} prediction sets to {path}")
+
+
+@main.command("predict")
+@click.option("--release", "release_id", required=True, help="Release id.")
+@click.option("--probs", required=True, help="n×k probabilities of the points to predict.")
+@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@click.option(
+    "--out", default=None, help="Write the sets to .npy/.npz (boolean n×k) or .json (lists)."
+)
+@json_option
+@pass_settings
+def predict(
+    settings: Any, release_id: str, probs: str, score: str | None, out: str | None, as_json: bool
+) -> None:
+    """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
+    from privcal.accountant.conformalize import release_sets
+
+    rel = settings.ledger().release(release_id)
+    sets = release_sets(rel, load_array(probs, "probs", matrix=True), score_name=score)
+    _write_sets(sets, out, as_json)
+    lists = [np.flatnonzero(r).tolist() for r in sets]
+    sizes = sets.sum(axis=1)
+
+    def human() -> None:
+        if out is None:
+            for i, s in enumerate(lists[:20]):
+                click.echo(f"{i}\t{s}")
+            if len(lists) > 20:
+                click.echo(f"… {len(lists) - 20} more (use --out FILE or --json)")
+        click.echo(f"{len(lists)} sets, mean size {sizes.mean():.3f}", err=out is None)
+
+    emit(
+        {"release": rel.id, "threshold": rel.threshold, "sets": lists}, as_json=as_json, human=human
+    )
+
+
+@main.command("evaluate")
+@click.option("--release", "release_id", required=True, help="Release id.")
+@click.option("--probs", required=True, help="n×k probabilities of held-out points.")
+@click.option("--labels", required=True, help="Their true labels.")
+@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@json_option
+@pass_settings
+def evaluate(
+    settings: Any, release_id: str, probs: str, labels: str, score: str | None, as_json: bool
+) -> None:
+    """Empirical coverage, mean set size and singleton fraction on held-out data."""
+    from privcal.accountant.conformalize import evaluate_sets, release_sets
+
+    rel = settings.ledger().release(release_id)
+    sets = release_sets(rel, load_array(probs, "probs", matrix=True), score_name=score)
+    ev = evaluate_sets(sets, load_array(labels, "labels"), rel.coverage.lower)
+
+    def human() -> None:
+        click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
+        click.echo(
+            f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {ev.guaranteed_lower:.4f})"
+        )
+        click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
+        click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
+        verdict = (
+            "meets"
+            if ev.meets_guarantee
+            else (
+                "below, but consistent with (95% upper bound " + f"{ev.coverage_upper_95:.4f})"
+                if ev.consistent_with_guarantee
+                else "BELOW and inconsistent with"
+            )
+        )
+        click.echo(f"  guarantee           {verdict} the recorded guarantee")
+
+    emit(ev, as_json=as_json, human=human)

@@ -1,0 +1,136 @@
+"""``privcal fed plan``: the public plan of a one-shot federated calibration (SPEC §9–10).
+
+A thin skin over :mod:`privcal.calibrators.fedplan`: FedCP-QQ without
+``--epsilon`` (equal sizes, or a comma list of local sizes), FedCP²-QQ with it.
+"""
+
+from __future__ import annotations
+
+import click
+
+from privcal.calibrators.fedplan import (
+    Fed2Plan,
+    FedPlan,
+    FedPlanUnequal,
+    plan_fedcp2_qq,
+    plan_fedcp_qq,
+    plan_fedcp_qq_unequal,
+)
+from privcal.cli.app import emit, json_option, main, table
+from privcal.errors import InvalidInput
+
+
+@main.group("fed")
+def fed() -> None:
+    """One-shot federated calibration (FedCP-QQ, FedCP²-QQ): plans."""
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise InvalidInput(
+            f"--local-n must be an integer or a comma list of integers: {text!r}"
+        ) from exc
+    if not sizes:
+        raise InvalidInput("--local-n is empty")
+    return sizes
+
+
+def plan_from_options(
+    agents: int | None,
+    local_n: str,
+    alpha: float,
+    epsilon: float | None,
+    bins: int,
+    smax: float,
+) -> FedPlan | FedPlanUnequal | Fed2Plan:
+    """The plan the options describe (the library call behind ``privcal fed plan``)."""
+    sizes = _sizes(local_n)
+    if len(sizes) == 1:
+        if agents is None:
+            raise InvalidInput("--agents is required with a single --local-n")
+        sizes = sizes * agents
+    elif agents is not None and agents != len(sizes):
+        raise InvalidInput(f"--agents {agents} but --local-n lists {len(sizes)} sizes")
+    equal = len(set(sizes)) == 1
+    if epsilon is not None:
+        if not equal:
+            raise InvalidInput("FedCP²-QQ (--epsilon) needs equal local sizes")
+        return plan_fedcp2_qq(len(sizes), sizes[0], alpha, epsilon, bins=bins, smax=smax)
+    if equal:  # the optimal (ℓ*, k*), as the fedcp-qq calibrator uses for equal sizes
+        return plan_fedcp_qq(len(sizes), sizes[0], alpha)
+    return plan_fedcp_qq_unequal(sizes, alpha)
+
+
+def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
+    if isinstance(plan, FedPlan):
+        rows = [
+            {"quantity": "agents m", "value": plan.m},
+            {"quantity": "local size n", "value": plan.n},
+            {"quantity": "agent order ℓ", "value": plan.l},
+            {"quantity": "server order k", "value": plan.k},
+            {"quantity": "coverage M_{ℓ,k}", "value": f"{plan.M:.10f}"},
+        ]
+        note = (
+            f"FedCP-QQ: each agent sends its ℓ={plan.l}-th smallest score, the server keeps the "
+            f"k={plan.k}-th smallest; coverage ≥ {1 - plan.alpha:g} (= M for continuous scores)."
+        )
+    elif isinstance(plan, FedPlanUnequal):
+        rows = [
+            {"quantity": "agents m", "value": plan.m},
+            {"quantity": "local sizes n_j", "value": ",".join(map(str, plan.sizes))},
+            {"quantity": "agent orders ℓ_j", "value": ",".join(map(str, plan.ls))},
+            {"quantity": "server order k", "value": plan.k},
+            {"quantity": "coverage M", "value": f"{plan.M:.10f}"},
+        ]
+        note = (
+            "FedCP-QQ, unequal sizes: agent j sends its ℓ_j-th smallest score (+inf if ℓ_j > n_j); "
+            f"coverage ≥ {1 - plan.alpha:g} (= M for continuous scores)."
+        )
+    else:
+        rows = [
+            {"quantity": "agents m", "value": plan.m},
+            {"quantity": "local size n", "value": plan.n},
+            {"quantity": "γ", "value": plan.gamma},
+            {"quantity": "ℓ_γ", "value": plan.l_gamma},
+            {"quantity": "ℓ_cor", "value": plan.l_cor},
+            {"quantity": "k_γ (server order)", "value": plan.k_gamma},
+            {"quantity": "agent level q", "value": f"{plan.q:.6g}"},
+            {"quantity": "M_{ℓ_γ+ℓ_cor,k_γ}", "value": f"{plan.M:.10f}"},
+            {"quantity": "grid", "value": f"{plan.bins} points on [0, {plan.smax:g}]"},
+        ]
+        note = (
+            f"FedCP²-QQ: guarantee coverage ≥ {1 - plan.alpha:g} (Thm 4.1); each agent "
+            f"{plan.epsilon:g}-DP w.r.t. its own scores."
+        )
+    return table(rows) + "\n" + note
+
+
+@fed.command("plan")
+@click.option("--agents", "agents", type=int, default=None, help="Number of agents m.")
+@click.option(
+    "--local-n",
+    "local_n",
+    required=True,
+    help="Scores per agent n, or a comma list n_1,…,n_m of unequal sizes (FedCP-QQ only).",
+)
+@click.option("--alpha", type=float, required=True, help="Miscoverage level α in (0, 1).")
+@click.option("--epsilon", type=float, default=None, help="Per-agent ε: plan FedCP²-QQ.")
+@click.option("--bins", type=int, default=100, show_default=True, help="FedCP²-QQ grid points B.")
+@click.option(
+    "--smax", type=float, default=1.0, show_default=True, help="FedCP²-QQ public score bound."
+)
+@json_option
+def plan_cmd(
+    agents: int | None,
+    local_n: str,
+    alpha: float,
+    epsilon: float | None,
+    bins: int,
+    smax: float,
+    as_json: bool,
+) -> None:
+    """Print the agent order ℓ, server order k and coverage M (FedCP-QQ), or the FedCP²-QQ plan."""
+    plan = plan_from_options(agents, local_n, alpha, epsilon, bins, smax)
+    emit(plan, as_json=as_json, human=_human(plan))

@@ -1,0 +1,142 @@
+"""Reading the CLI's input files: ``.npy``, ``.npz``, ``.csv`` and (with pyarrow) ``.parquet``.
+
+Every failure is an :class:`~privcal.errors.InvalidInput` with one line naming
+the file and the problem. Shape and content checks (NaN, rows summing to 1,
+labels in range) are the library's (:mod:`privcal.calibrators.validation`), so
+the Python API and the CLI refuse the same inputs.
+
+A ``.npz`` with several arrays, or a table with several columns, is read with
+``FILE:NAME`` (``calib.npz:probs``, ``reports.csv:bit``); a single-array file
+needs no name.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from privcal.errors import InvalidInput
+
+SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
+
+
+def _split_key(spec: str) -> tuple[Path, str | None]:
+    # "C:\x.npy" never reaches us on POSIX; the key is what follows the last ':' after a suffix
+    for suffix in SUFFIXES:
+        marker = suffix + ":"
+        if marker in spec:
+            head, key = spec.rsplit(marker, 1)
+            return Path(head + suffix), key or None
+    return Path(spec), None
+
+
+def _read_csv(path: Path) -> dict[str, np.ndarray]:
+    with path.open(newline="") as fh:
+        rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    if not rows:
+        raise InvalidInput(f"{path}: the file is empty")
+    first = rows[0]
+    has_header = any(not _is_number(c) for c in first)
+    header = [c.strip() for c in first] if has_header else [f"c{i}" for i in range(len(first))]
+    body = rows[1:] if has_header else rows
+    width = len(header)
+    for i, r in enumerate(body):
+        if len(r) != width:
+            line = i + (2 if has_header else 1)
+            raise InvalidInput(f"{path}: line {line} has {len(r)} fields, expected {width}")
+    cols = list(zip(*body, strict=True)) if body else [() for _ in header]
+    out: dict[str, np.ndarray] = {}
+    for name, col in zip(header, cols, strict=True):
+        values = [c.strip() for c in col]
+        if values and all(_is_number(v) for v in values):
+            out[name] = np.array([float(v) for v in values], dtype=np.float64)
+        else:
+            out[name] = np.array(values, dtype=object)
+    return out
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_parquet(path: Path) -> dict[str, np.ndarray]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise InvalidInput(
+            f"{path}: reading .parquet needs pyarrow (pip install 'privcal[parquet]')"
+        ) from exc
+    table = pq.read_table(path)
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+
+def _table(path: Path) -> dict[str, np.ndarray]:
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise InvalidInput(f"{path}: no such file")
+    try:
+        if suffix == ".npy":
+            return {"": np.load(path, allow_pickle=False)}
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        if suffix == ".csv":
+            return _read_csv(path)
+        if suffix == ".parquet":
+            return _read_parquet(path)
+    except InvalidInput:
+        raise
+    except Exception as exc:
+        raise InvalidInput(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from exc
+    raise InvalidInput(f"{path}: unsupported file type {suffix!r} (use {', '.join(SUFFIXES)})")
+
+
+def load_array(spec: str, what: str, *, matrix: bool = False) -> np.ndarray:
+    """Read one array from ``spec`` (``FILE`` or ``FILE:NAME``).
+
+    ``what`` names the array in messages and is also the default name looked up
+    in a multi-array file (e.g. ``probs`` in an ``.npz``). ``matrix=True`` reads
+    every column of a CSV/parquet table as an n×k matrix.
+    """
+    path, key = _split_key(spec)
+    tab = _table(path)
+    if matrix and path.suffix.lower() in (".csv", ".parquet") and key is None:
+        try:
+            return np.column_stack([np.asarray(v, dtype=np.float64) for v in tab.values()])
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"{path}: {what} must be numeric ({exc})") from exc
+    if key is not None:
+        if key not in tab:
+            raise InvalidInput(f"{path}: no array named {key!r} (has: {', '.join(tab)})")
+        return tab[key]
+    if len(tab) == 1:
+        return next(iter(tab.values()))
+    if what in tab:
+        return tab[what]
+    raise InvalidInput(f"{path}: holds several arrays ({', '.join(tab)}); name one as {path}:NAME")
+
+
+def load_reports(spec: str, id_column: str, value_column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read a report batch: one id column (as strings) and one value column."""
+    path, _ = _split_key(spec)
+    tab = _table(path)
+    if id_column not in tab or value_column not in tab:
+        cols = ", ".join(tab) or "(none)"
+        raise InvalidInput(
+            f"{path}: reports need columns {id_column!r} and {value_column!r} (has: {cols})"
+        )
+    ids = np.array([_id_str(v) for v in tab[id_column]], dtype=object)
+    return ids, tab[value_column]
+
+
+def _id_str(v: object) -> str:
+    # CSV ids that look numeric come back as floats: "17" must stay "17", not "17.0"
+    if isinstance(v, float | np.floating) and float(v).is_integer():
+        return str(int(v))
+    return str(v)

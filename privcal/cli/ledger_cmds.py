@@ -1,0 +1,265 @@
+"""Ledger commands: ``dataset``, ``budget``, ``charge``, ``release``, ``audit``, ``db``.
+
+Each is a thin skin over :class:`privcal.accountant.Accountant` /
+:class:`privcal.storage.Ledger`; ``--json`` on every command.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from privcal.cli.app import Settings, emit, json_option, main, pass_settings, table
+from privcal.costs import ZCDP, ApproxDP, PureDP
+from privcal.errors import InvalidInput
+
+
+def _fmt(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _cost(epsilon: str | None, rho: str | None, approx_epsilon: str | None,
+          approx_delta: str | None) -> PureDP | ZCDP | ApproxDP:
+    """The one cost given on the command line (a clear error otherwise)."""
+    given = [epsilon is not None, rho is not None,
+             approx_epsilon is not None or approx_delta is not None]
+    if sum(given) != 1:
+        raise InvalidInput("give exactly one of --epsilon, --rho, or --approx-epsilon with "
+                           "--approx-delta")
+    try:
+        if epsilon is not None:
+            return PureDP(eps=epsilon)
+        if rho is not None:
+            return ZCDP(rho=rho)
+        if approx_epsilon is None or approx_delta is None:
+            raise InvalidInput("an (ε, δ) charge needs both --approx-epsilon and --approx-delta")
+        return ApproxDP(eps=approx_epsilon, delta=approx_delta)
+    except ValidationError as exc:
+        raise InvalidInput(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, ")) \
+            from exc
+
+
+_budget_options = [
+    click.option("--epsilon", help="pure ε-DP amount"),
+    click.option("--rho", help="ρ-zCDP amount"),
+    click.option("--approx-epsilon", help="ε of an (ε, δ) amount"),
+    click.option("--approx-delta", help="δ of an (ε, δ) amount"),
+]
+
+
+def _with_budget(f: Any) -> Any:
+    for opt in reversed(_budget_options):
+        f = opt(f)
+    return f
+
+
+# ---------------------------------------------------------------- dataset
+@main.group()
+def dataset() -> None:
+    """Create and inspect datasets (each with one privacy budget)."""
+
+
+@dataset.command("create")
+@click.argument("name")
+@_with_budget
+@click.option("--delta", help="δ at which spent budgets are reported (default 1e-6, or the "
+              "(ε, δ) cap's δ)")
+@click.option("--subject-epsilon", help="per-subject ε cap for local-DP reports")
+@click.option("--allow-nonprivate", is_flag=True, help="permit non-private releases (e.g. split)")
+@click.option("--description", default="", help="free text")
+@json_option
+@pass_settings
+def dataset_create(settings: Settings, name: str, epsilon: str | None, rho: str | None,
+                   approx_epsilon: str | None, approx_delta: str | None, delta: str | None,
+                   subject_epsilon: str | None, allow_nonprivate: bool, description: str,
+                   as_json: bool) -> None:
+    """Create dataset NAME with a pure-ε, ρ-zCDP, or (ε, δ) budget."""
+    ds = settings.accountant().create_dataset(
+        name, epsilon=epsilon, rho=rho, approx_epsilon=approx_epsilon, approx_delta=approx_delta,
+        delta=delta, subject_epsilon=subject_epsilon, allow_nonprivate=allow_nonprivate,
+        description=description,
+    )
+    emit(ds, as_json=as_json, human=f"created dataset {ds.name!r}: {ds.policy}, "
+         f"reporting δ={ds.reporting_delta}")
+
+
+@dataset.command("list")
+@json_option
+@pass_settings
+def dataset_list(settings: Settings, as_json: bool) -> None:
+    """List datasets."""
+    rows = settings.accountant().datasets()
+    emit(rows, as_json=as_json, human=lambda: click.echo(table([
+        {"name": d.name, "budget": d.policy, "reporting δ": d.reporting_delta,
+         "subject ε": d.subject_epsilon if d.subject_epsilon is not None else "-",
+         "non-private": "yes" if d.allow_nonprivate else "no"} for d in rows])))
+
+
+@dataset.command("show")
+@click.argument("name")
+@json_option
+@pass_settings
+def dataset_show(settings: Settings, name: str, as_json: bool) -> None:
+    """Show dataset NAME."""
+    ds = settings.accountant().dataset(name)
+    emit(ds, as_json=as_json, human=lambda: click.echo("\n".join(
+        f"{k}: {v}" for k, v in ds.model_dump(mode="json").items())))
+
+
+# ---------------------------------------------------------------- budget
+@main.group()
+def budget() -> None:
+    """Budgets: cap, spent, remaining."""
+
+
+@budget.command("show")
+@click.argument("name")
+@click.option("--subjects", is_flag=True, help="also summarise per-subject local-DP spends")
+@click.option("--subject", "subject_id", help="the local-DP spend of one subject")
+@json_option
+@pass_settings
+def budget_show(settings: Settings, name: str, subjects: bool, subject_id: str | None,
+                as_json: bool) -> None:
+    """Show the budget of dataset NAME and the tightest valid (ε, δ) spent."""
+    acct = settings.accountant()
+    rep = acct.budget(name)
+    out: dict[str, Any] = rep.model_dump(mode="json")
+    if subjects:
+        out["subject_summary"] = acct.subject_summary(name).model_dump(mode="json")
+    if subject_id is not None:
+        out["subject"] = {"id": subject_id, "spent": str(acct.subject_spend(name, subject_id))}
+
+    def human() -> None:
+        click.echo(f"dataset {rep.dataset}: {rep.policy}")
+        click.echo(f"  spent      {_fmt(rep.spent)}")
+        click.echo(f"  remaining  {_fmt(rep.remaining)}")
+        click.echo(f"  as (ε, δ)  ε={rep.spent_dp.epsilon}, δ={rep.spent_dp.delta}  "
+                   f"[{rep.spent_dp.rule}]")
+        click.echo(f"  charges    {rep.charges}, releases {rep.releases}")
+        if "subject_summary" in out:
+            s = out["subject_summary"]
+            click.echo(f"  subjects   {s['subjects']} (cap {s['subject_epsilon']}), "
+                       f"max {s['max']}, at cap {s['at_cap']}, quantiles {s['quantiles']}")
+        if "subject" in out:
+            click.echo(f"  subject {subject_id}: spent ε0 {out['subject']['spent']}")
+
+    emit(out, as_json=as_json, human=human)
+
+
+# ---------------------------------------------------------------- charge
+@main.command("charge")
+@click.argument("name")
+@_with_budget
+@click.option("--purpose", help="why (recorded)")
+@click.option("--requester", help="who (recorded)")
+@click.option("--idempotency-key", help="a retried charge with the same key is recorded once")
+@json_option
+@pass_settings
+def charge_cmd(settings: Settings, name: str, epsilon: str | None, rho: str | None,
+               approx_epsilon: str | None, approx_delta: str | None, purpose: str | None,
+               requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
+    """Charge the cost of a mechanism run outside privcal to dataset NAME (exit 3 if refused)."""
+    cost = _cost(epsilon, rho, approx_epsilon, approx_delta)
+    r = settings.accountant().charge(name, cost, purpose=purpose, requester=requester,
+                                     idempotency_key=idempotency_key)
+    verb = "already recorded" if r.replayed else "charged"
+    emit(r, as_json=as_json, human=f"{verb} {cost.describe()} to {name!r} (charge {r.charge_id}); "
+         f"remaining {_fmt(r.remaining)}")
+
+
+# ---------------------------------------------------------------- release
+@main.group()
+def release() -> None:
+    """Released thresholds and their guarantees."""
+
+
+@release.command("list")
+@click.option("--dataset", "dataset_name", help="only this dataset")
+@json_option
+@pass_settings
+def release_list(settings: Settings, dataset_name: str | None, as_json: bool) -> None:
+    """List releases."""
+    rows = settings.accountant().releases(dataset_name)
+    emit(rows, as_json=as_json, human=lambda: click.echo(table([
+        {"id": r.id, "dataset": r.dataset, "method": r.method, "threshold": r.threshold,
+         "coverage ≥": r.coverage.lower, "privacy": r.privacy.get("epsilon", "none"),
+         "created": r.created_at.isoformat(timespec="seconds")} for r in rows])))
+
+
+@release.command("show")
+@click.argument("release_id", type=int)
+@json_option
+@pass_settings
+def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
+    """Show release ID."""
+    r = settings.accountant().release(release_id)
+    emit(r, as_json=as_json, human=lambda: click.echo("\n".join(
+        f"{k}: {v}" for k, v in r.model_dump(mode="json").items())))
+
+
+# ---------------------------------------------------------------- audit
+@main.group()
+def audit() -> None:
+    """Verify the hash-chained audit log."""
+
+
+@audit.command("verify")
+@click.option("--expect-head", help="SEQ:HASH kept from an earlier `privcal audit head`")
+@json_option
+@pass_settings
+def audit_verify(settings: Settings, expect_head: str | None, as_json: bool) -> None:
+    """Recompute every hash and cross-check every row (exit 4 naming the first bad entry)."""
+    rep = settings.ledger().verify(expect_head=expect_head)
+    emit({"ok": True, **rep.model_dump()}, as_json=as_json,
+         human=f"ok: {rep.entries} entries verify; head {rep.head}")
+
+
+@audit.command("head")
+@json_option
+@pass_settings
+def audit_head(settings: Settings, as_json: bool) -> None:
+    """Print the head SEQ:HASH (keep it outside the database)."""
+    h = settings.ledger().head()
+    emit({"seq": h.seq, "hash": h.entry_hash, "head": str(h)}, as_json=as_json, human=str(h))
+
+
+# ---------------------------------------------------------------- db
+@main.group()
+def db() -> None:
+    """Ledger schema: upgrade, current, check."""
+
+
+@db.command("upgrade")
+@json_option
+@pass_settings
+def db_upgrade(settings: Settings, as_json: bool) -> None:
+    """Create or migrate the ledger schema to this privcal's revision."""
+    ledger = settings.ledger()
+    rev = ledger.upgrade()
+    emit({"url": ledger.url, "revision": rev}, as_json=as_json,
+         human=f"ledger {ledger.url} at revision {rev}")
+
+
+@db.command("current")
+@json_option
+@pass_settings
+def db_current(settings: Settings, as_json: bool) -> None:
+    """Print the ledger's schema revision."""
+    ledger = settings.ledger()
+    rev = ledger.current()
+    emit({"url": ledger.url, "revision": rev, "head": ledger.head_revision()}, as_json=as_json,
+         human=f"{rev or '(empty)'} (this privcal: {ledger.head_revision()})")
+
+
+@db.command("check")
+@json_option
+@pass_settings
+def db_check(settings: Settings, as_json: bool) -> None:
+    """Exit 0 if the schema is current, 5 if `privcal db upgrade` is needed."""
+    ledger = settings.ledger()
+    rev = ledger.check()
+    emit({"url": ledger.url, "revision": rev, "ok": True}, as_json=as_json,
+         human=f"ok: ledger {ledger.url} at revision {rev}")
+

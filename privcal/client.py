@@ -1,0 +1,39 @@
+"""What runs on a user's device or a federated agent: randomizers, scores, agent messages.
+
+No database, no ledger: this module imports only numpy/scipy code, so it can ship
+inside an app or a hospital's agent. Every randomizer draws from the operating
+system's CSPRNG unless given an explicit generator (for reproducible tests).
+
+Local DP (Penso et al., seed 004):
+
+- LDP-CP-L: a user sends ``krr(label, k, eps)``, k-ary randomized response
+  keeping the label with probability e^ε/(e^ε+k−1).
+- LDP-CP-S: a user in the round's group answers ``binary_rr(score <= q, eps)``
+  for the published threshold q, keeping the bit with probability e^ε/(e^ε+1).
+
+Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``
+(its ℓ-th smallest score) or ``fedcp2_qq_message(scores, plan)`` (an ε-DP bin from the
+public grid on [0, S_max]).
+"""
+
+from privcal.calibrators.federated_agent import bin_grid, fedcp2_qq_message, fedcp_qq_message
+from privcal.calibrators.mechanisms.randomized_response import (
+    binary_rr,
+    binary_rr_many,
+    krr,
+    krr_many,
+)
+from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
+
+__all__ = [
+    "SCORES",
+    "all_class_scores",
+    "bin_grid",
+    "binary_rr",
+    "binary_rr_many",
+    "fedcp2_qq_message",
+    "fedcp_qq_message",
+    "krr",
+    "krr_many",
+    "label_scores",
+]

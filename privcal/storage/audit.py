@@ -1,0 +1,196 @@
+"""The hash-chained audit log: canonical payloads, hashing, and what each entry records.
+
+Every dataset creation, charge and release appends one entry, in the same
+transaction and under the same lock as the row it describes (the single
+``audit_head`` row is locked ``FOR UPDATE`` on PostgreSQL; SQLite write
+transactions are ``BEGIN IMMEDIATE``), so sequence numbers are gapless and the
+chain cannot fork.
+
+How a third party re-verifies the log (all hashes SHA-256, hex-encoded in the DB):
+
+1. ``payload`` is the UTF-8 bytes of RFC 8785 (JCS) canonical JSON of an object
+   ``{"seq": N, "kind": K, "data": {...}}``. Every non-integer number is written
+   as a decimal *string* (ε, δ, ρ, α, thresholds: ``"0.3"``, ``"1e-06"``), an
+   infinite threshold as ``"Infinity"``; so no JSON float appears at all.
+2. ``leaf_hash = SHA-256(0x00 || payload)`` — the RFC 9162 §2.1.1 leaf hash.
+3. ``entry_hash = SHA-256(0x01 || prev_hash || leaf_hash)`` with ``prev_hash``
+   the 32-byte ``entry_hash`` of entry N−1 and 32 zero bytes for N = 1 (0x01 is
+   RFC 9162's interior-node prefix, so a chain link can never be confused with a leaf).
+4. Entries are numbered 1, 2, 3, … with no gap; the payload's ``seq`` equals
+   the row's. The head ``N:entry_hash`` commits to the whole history, so a
+   head kept outside the database detects a truncated or rewritten log.
+
+Each entry's ``data`` is a pure function of the row it describes
+(:func:`dataset_doc`, :func:`charge_doc`, :func:`release_doc`), so verification
+also recomputes it from the current row and detects an edited threshold or
+amount, and checks that every row has exactly one entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import rfc8785
+
+from privcal.storage.models import Charge, Dataset, ReleaseRow
+
+__all__ = [
+    "GENESIS",
+    "canonical",
+    "chain_hash",
+    "charge_doc",
+    "dataset_doc",
+    "entry_payload",
+    "jsonable",
+    "leaf_hash",
+    "release_doc",
+    "threshold_str",
+]
+
+#: prev_hash of the first entry
+GENESIS = "00" * 32
+
+
+def dec(d: Decimal | None) -> str | None:
+    """An exact decimal as a plain string ("0.3"); trailing zeros from NUMERIC scale dropped."""
+    if d is None:
+        return None
+    if d == 0:
+        return "0"
+    s = format(d, "f")
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return s
+
+
+def threshold_str(t: float) -> str:
+    """A threshold as a decimal string: the float's shortest repr, or "Infinity"/"-Infinity"."""
+    if math.isnan(t):
+        raise ValueError("a threshold cannot be NaN")
+    if math.isinf(t):
+        return "Infinity" if t > 0 else "-Infinity"
+    return repr(float(t))
+
+
+def jsonable(obj: Any) -> Any:
+    """Make ``obj`` canonicalisable: floats → decimal strings, Decimals → plain strings.
+
+    Integers stay JSON integers (bools too); tuples become lists; keys become strings.
+    """
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        return threshold_str(obj) if not math.isnan(obj) else "NaN"
+    if isinstance(obj, Decimal):
+        return dec(obj)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "model_dump"):
+        return jsonable(obj.model_dump(mode="python"))
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays
+        return jsonable(obj.tolist())
+    raise TypeError(f"cannot record a {type(obj).__name__} in the audit log")
+
+
+def canonical(obj: Any) -> str:
+    """RFC 8785 canonical JSON of ``jsonable(obj)``, as text."""
+    return rfc8785.dumps(jsonable(obj)).decode("utf-8")
+
+
+def iso(dt: datetime) -> str:
+    """A timestamp as ISO 8601 UTC with microseconds ("2026-01-01T00:00:00.000000Z").
+
+    SQLite returns naive datetimes (stored as UTC); PostgreSQL returns aware ones.
+    """
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(UTC).replace(tzinfo=None)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def now() -> datetime:
+    """The current UTC time, truncated to microseconds (what both backends store)."""
+    return datetime.now(UTC)
+
+
+def leaf_hash(payload: str) -> bytes:
+    """SHA-256(0x00 || payload) — RFC 9162 leaf hash."""
+    return hashlib.sha256(b"\x00" + payload.encode("utf-8")).digest()
+
+
+def chain_hash(prev_hash_hex: str, payload: str) -> str:
+    """SHA-256(0x01 || prev_hash || leaf_hash(payload)), hex."""
+    return hashlib.sha256(b"\x01" + bytes.fromhex(prev_hash_hex) + leaf_hash(payload)).hexdigest()
+
+
+def entry_payload(seq: int, kind: str, data: dict[str, Any]) -> str:
+    """The canonical payload text of entry ``seq``."""
+    return canonical({"seq": seq, "kind": kind, "data": data})
+
+
+def dataset_doc(ds: Dataset) -> dict[str, Any]:
+    """What the log records about a dataset: its name and budget policy (not its totals)."""
+    return jsonable({
+        "dataset_id": ds.id,
+        "name": ds.name,
+        "description": ds.description,
+        "notion": ds.notion,
+        "cap_epsilon": ds.cap_epsilon,
+        "cap_rho": ds.cap_rho,
+        "cap_delta": ds.cap_delta,
+        "reporting_delta": ds.reporting_delta,
+        "subject_epsilon": ds.subject_epsilon,
+        "allow_nonprivate": bool(ds.allow_nonprivate),
+        "created_at": iso(ds.created_at),
+    })
+
+
+def charge_doc(c: Charge, dataset_name: str) -> dict[str, Any]:
+    """What the log records about a charge (for a local-DP batch: counts and ε0, no subject ids)."""
+    return jsonable({
+        "charge_id": c.id,
+        "dataset_id": c.dataset_id,
+        "dataset": dataset_name,
+        "scope": c.scope,
+        "notion": c.notion,
+        "epsilon": c.epsilon,
+        "delta": c.delta,
+        "rho": c.rho,
+        "eps0": c.eps0,
+        "subjects_accepted": c.subjects_accepted,
+        "subjects_rejected": c.subjects_rejected,
+        "purpose": c.purpose,
+        "requester": c.requester,
+        "idempotency_key": c.idempotency_key,
+        "created_at": iso(c.created_at),
+    })
+
+
+def release_doc(r: ReleaseRow, dataset_name: str) -> dict[str, Any]:
+    """What the log records about a release: everything, so every guarantee can be recomputed."""
+    return jsonable({
+        "release_id": r.id,
+        "dataset_id": r.dataset_id,
+        "dataset": dataset_name,
+        "method": r.method,
+        "calibrator_version": r.calibrator_version,
+        "distribution": r.distribution,
+        "distribution_version": r.distribution_version,
+        "params": r.params,
+        "shape": r.shape,
+        "threshold": r.threshold,
+        "coverage": r.coverage,
+        "privacy": r.privacy,
+        "diagnostics": r.diagnostics,
+        "requester": r.requester,
+        "charge_id": r.charge_id,
+        "charge_ids": r.charge_ids,
+        "created_at": iso(r.created_at),
+    })

@@ -1,0 +1,120 @@
+"""Engines per backend, and where the embedded ledger lives.
+
+SQLite: WAL journal, a 30 s busy timeout, foreign keys on, and write
+transactions opened with ``BEGIN IMMEDIATE`` so that a read-check-write
+sequence holds the database write lock from its first read (otherwise two
+writers could both read the same remaining budget). pysqlite's own transaction
+handling is turned off and SQLAlchemy's ``begin`` event emits ``BEGIN``
+itself — the recipe of the SQLAlchemy SQLite dialect docs, "Serializable
+isolation / Savepoints / Transactional DDL". A connection marked with the
+execution option ``privcal_write=True`` begins ``IMMEDIATE``; others begin a
+deferred (read) transaction.
+
+PostgreSQL: psycopg 3 (``postgresql+psycopg://``; a bare ``postgresql://`` is
+mapped to it); write transactions lock the rows they read with
+``SELECT … FOR UPDATE``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import StaticPool
+
+from privcal.errors import LedgerError
+
+__all__ = ["BUSY_TIMEOUT_MS", "default_sqlite_path", "make_engine", "parse_url", "resolve_url"]
+
+BUSY_TIMEOUT_MS = 30_000
+DB_FILENAME = "privcal.sqlite"
+
+
+def default_sqlite_path() -> Path:
+    """``$PRIVCAL_HOME/privcal.sqlite``, else the platform's user data dir."""
+    home = os.environ.get("PRIVCAL_HOME")
+    if home:
+        return Path(home).expanduser() / DB_FILENAME
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("privcal")) / DB_FILENAME
+
+
+def resolve_url(url: str | None) -> tuple[str, bool]:
+    """(url, is_default): the explicit URL, else $PRIVCAL_DATABASE_URL, else the embedded file."""
+    if url:
+        return url, False
+    env = os.environ.get("PRIVCAL_DATABASE_URL")
+    if env:
+        return env, False
+    path = default_sqlite_path()
+    return f"sqlite:///{path}", True
+
+
+def parse_url(url: str) -> URL:
+    """Parse and normalise a ledger URL; LedgerError if it is malformed or of an unknown backend."""
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise LedgerError(f"malformed ledger URL {url!r}: expected e.g. "
+                          "sqlite:///path/ledger.sqlite "
+                          "or postgresql+psycopg://user@host/db") from exc
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        if u.drivername in ("postgresql", "postgres"):
+            u = u.set(drivername="postgresql+psycopg")
+        elif u.drivername != "postgresql+psycopg":
+            raise LedgerError(f"unsupported PostgreSQL driver {u.drivername!r}: use postgresql+psycopg://")
+    elif backend == "sqlite":
+        if u.drivername != "sqlite" and u.drivername != "sqlite+pysqlite":
+            raise LedgerError(f"unsupported SQLite driver {u.drivername!r}: use sqlite:///path")
+    else:
+        raise LedgerError(
+            f"unsupported ledger backend {backend!r} in URL (use sqlite or postgresql)")
+    return u
+
+
+def _sqlite_engine(u: URL) -> Engine:
+    memory = u.database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000}}
+    if memory:
+        # one shared connection, else every checkout would see a new empty database
+        kwargs.update(poolclass=StaticPool)
+        kwargs["connect_args"]["check_same_thread"] = False
+    engine = create_engine(u, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # hand transaction control to the "begin" hook below
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        if not memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        # bulk local-DP charges stage ids in a temp table: keep it off the disk
+        cur.execute("PRAGMA temp_store=MEMORY")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        write = conn.get_execution_options().get("privcal_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` with the per-backend settings of the module docstring."""
+    u = parse_url(url)
+    try:
+        if u.get_backend_name() == "sqlite":
+            return _sqlite_engine(u)
+        return create_engine(u, pool_pre_ping=True)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        where = u.render_as_string(hide_password=True)
+        raise LedgerError(f"cannot open ledger {where}: {exc}") from exc

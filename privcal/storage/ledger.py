@@ -1,0 +1,493 @@
+"""The ledger: a SQL database (SQLite or PostgreSQL) holding budgets, charges, releases and
+the hash-chained audit log.
+
+``Ledger(url=None)`` opens ``url``, else ``$PRIVCAL_DATABASE_URL``, else the
+embedded default, a SQLite file ``privcal.sqlite`` in ``$PRIVCAL_HOME`` or the
+platform's user data directory — created and migrated on first use. Any other
+ledger whose schema is not at the head revision is refused with
+:class:`~privcal.errors.SchemaOutOfDate` naming ``privcal db upgrade``.
+
+Write transactions go through :meth:`Ledger.write`, which retries transient
+lock and serialization failures a bounded number of times. Within one, the
+accountant locks the dataset row (:meth:`Ledger.lock_dataset`) and appends
+to the audit log (:meth:`Ledger.append_audit`, which locks the single
+``audit_head`` row) — always in that order, so two writers cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from decimal import Decimal, localcontext
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from privcal.errors import AuditFailed, InvalidInput, LedgerError, NotFound, SchemaOutOfDate
+from privcal.storage import audit
+from privcal.storage.engine import make_engine, parse_url, resolve_url
+from privcal.storage.models import (
+    SUBJECT_UNIT,
+    AuditEntry,
+    AuditHead,
+    Charge,
+    Dataset,
+    ReleaseRow,
+    SubjectSpend,
+)
+from privcal.storage.records import AuditHeadInfo, ReleaseRecord, VerifyReport, parse_threshold
+
+__all__ = ["MAX_ATTEMPTS", "Ledger"]
+
+T = TypeVar("T")
+
+#: attempts of one write transaction before a transient failure is reported
+MAX_ATTEMPTS = 12
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+#: key of the PostgreSQL advisory lock held during schema upgrades ("privcal" in ASCII)
+_UPGRADE_LOCK_KEY = 0x70726976_63616C
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A lock timeout, deadlock or serialization failure: the transaction may simply be retried."""
+    if isinstance(exc, OperationalError | DBAPIError):
+        orig = getattr(exc, "orig", None)
+        msg = str(orig).lower()
+        if "database is locked" in msg or "database is busy" in msg:
+            return True
+        sqlstate = getattr(orig, "sqlstate", None)
+        # serialization_failure, deadlock_detected, lock_not_available
+        return sqlstate in ("40001", "40P01", "55P03")
+    return False
+
+
+class Ledger:
+    """A privcal ledger at a database URL (see the module docstring)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        raw, self.is_default = resolve_url(url)
+        self._url = parse_url(raw)
+        if self.is_default:
+            path = Path(self._url.database or "")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LedgerError(
+                    f"cannot create the ledger directory {path.parent}: {exc}") from exc
+        self.engine: Engine = make_engine(raw)
+        self._schema_ok = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def url(self) -> str:
+        """The URL, password hidden."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._url.get_backend_name()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.url!r})"
+
+    def close(self) -> None:
+        """Release pooled connections."""
+        self.engine.dispose()
+
+    def _unreachable(self, exc: BaseException) -> LedgerError:
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
+        return LedgerError(f"cannot reach the ledger at {self.url}: {first}")
+
+    @contextmanager
+    def _connect(self, *, write: bool) -> Iterator[Connection]:
+        try:
+            conn = self.engine.connect()
+        except DBAPIError as exc:
+            raise self._unreachable(exc) from exc
+        try:
+            if write:
+                conn.execution_options(privcal_write=True)
+            yield conn
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------ schema
+    def _alembic_config(self, conn: Connection | None = None) -> Any:
+        from alembic.config import Config
+
+        cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        if conn is not None:
+            cfg.attributes["connection"] = conn
+        return cfg
+
+    def head_revision(self) -> str:
+        """The schema revision this version of privcal expects."""
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+        assert head is not None
+        return head
+
+    def current(self) -> str | None:
+        """The ledger's schema revision (None for an empty database)."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self._connect(write=False) as conn:
+            try:
+                return MigrationContext.configure(conn).get_current_revision()
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+
+    def check(self) -> str:
+        """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``."""
+        cur, head = self.current(), self.head_revision()
+        if cur != head:
+            what = "empty (no privcal schema)" if cur is None else f"at revision {cur}"
+            raise SchemaOutOfDate(
+                f"ledger {self.url} is {what}, this privcal needs revision {head}: "
+                "run `privcal db upgrade`"
+            )
+        return cur
+
+    def upgrade(self, revision: str = "head") -> str:
+        """Migrate the schema to ``revision`` under a lock; returns the resulting revision.
+
+        PostgreSQL: a session-level advisory lock; SQLite: the migration runs inside
+        one ``BEGIN IMMEDIATE`` transaction. Concurrent upgraders wait, then find
+        nothing to do.
+        """
+        from alembic import command
+
+        with self._connect(write=True) as conn:
+            try:
+                if self.backend == "postgresql":
+                    conn.execute(select(func.pg_advisory_lock(_UPGRADE_LOCK_KEY)))
+                    conn.commit()
+                try:
+                    command.upgrade(self._alembic_config(conn), revision)
+                    if conn.in_transaction():
+                        conn.commit()
+                finally:
+                    if self.backend == "postgresql":
+                        conn.rollback()
+                        conn.execute(select(func.pg_advisory_unlock(_UPGRADE_LOCK_KEY)))
+                        conn.commit()
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+        self._schema_ok = False
+        cur = self.current()
+        return cur or ""
+
+    def downgrade(self, revision: str) -> None:
+        """Migrate down (for tests and operators; never called by privcal itself)."""
+        from alembic import command
+
+        with self._connect(write=True) as conn:
+            command.downgrade(self._alembic_config(conn), revision)
+            if conn.in_transaction():
+                conn.commit()
+        self._schema_ok = False
+
+    def ensure_schema(self) -> None:
+        """Before any ledger operation: migrate the embedded default, refuse other stale ledgers."""
+        if self._schema_ok:
+            return
+        with self._lock:
+            if self._schema_ok:
+                return
+            if self.is_default and self.current() != self.head_revision():
+                self.upgrade()
+            elif self.backend == "sqlite" and self._url.database not in (None, "", ":memory:") \
+                    and not Path(self._url.database).exists():
+                # do not leave an empty file behind: connecting would create one
+                raise SchemaOutOfDate(f"ledger {self.url} does not exist: run `privcal db upgrade`")
+            self.check()
+            self._schema_ok = True
+
+    # ------------------------------------------------------------ transactions
+    def write(self, fn: Callable[[Session], T], *, attempts: int = MAX_ATTEMPTS) -> T:
+        """Run ``fn(session)`` in one write transaction and commit; retry transient failures.
+
+        SQLite: the transaction begins ``IMMEDIATE`` (the write lock is held from the first
+        read). PostgreSQL: ``fn`` locks the rows it reads (``FOR UPDATE``). On a transient
+        failure everything is rolled back and ``fn`` runs again, up to ``attempts`` times.
+        """
+        self.ensure_schema()
+        delay = 0.01
+        for attempt in range(1, attempts + 1):
+            try:
+                with self._connect(write=True) as conn:
+                    with Session(bind=conn, expire_on_commit=False) as session:
+                        with session.begin():
+                            result = fn(session)
+                        return result
+            except (OperationalError, DBAPIError) as exc:
+                if attempt < attempts and _is_transient(exc):
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if isinstance(exc, IntegrityError):
+                    raise
+                if _is_transient(exc):
+                    raise LedgerError(
+                        f"the ledger stayed locked after {attempts} attempts; try again"
+                    ) from exc
+                if "connect" in str(exc).lower():
+                    raise self._unreachable(exc) from exc
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session on one consistent snapshot."""
+        self.ensure_schema()
+        with self._connect(write=False) as conn:
+            if self.backend == "postgresql":
+                # READ COMMITTED would give each statement its own snapshot, and `verify` could
+                # see a charge row committed after it read the log
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with Session(bind=conn, expire_on_commit=False) as session:
+                with session.begin():
+                    yield session
+
+    def lock_dataset(self, session: Session, name: str) -> Dataset:
+        """The dataset row, locked for the rest of the transaction; NotFound if there is none."""
+        stmt = select(Dataset).where(Dataset.name == name)
+        if self.backend == "postgresql":
+            stmt = stmt.with_for_update()
+        ds = session.scalars(stmt).one_or_none()
+        if ds is None:
+            raise NotFound(f"unknown dataset {name!r}")
+        return ds
+
+    def append_audit(self, session: Session, kind: str, data: dict[str, Any]) -> AuditEntry:
+        """Append one entry to the chain, in ``session``'s transaction, under the head-row lock."""
+        stmt = select(AuditHead).where(AuditHead.id == 1)
+        if self.backend == "postgresql":
+            stmt = stmt.with_for_update()
+        head = session.scalars(stmt).one()
+        seq = head.seq + 1
+        payload = audit.entry_payload(seq, kind, data)
+        entry_hash = audit.chain_hash(head.entry_hash, payload)
+        entry = AuditEntry(seq=seq, kind=kind, payload=payload,
+                           prev_hash=head.entry_hash, entry_hash=entry_hash)
+        session.add(entry)
+        head.seq = seq
+        head.entry_hash = entry_hash
+        session.flush()
+        return entry
+
+    # ----------------------------------------------------------------- reading
+    def head(self) -> AuditHeadInfo:
+        """The last entry of the audit log (seq 0 and 64 zeros for an empty log)."""
+        with self.read() as s:
+            last = s.scalars(select(AuditEntry).order_by(AuditEntry.seq.desc()).limit(1)).first()
+            if last is None:
+                return AuditHeadInfo(seq=0, entry_hash=audit.GENESIS)
+            return AuditHeadInfo(seq=last.seq, entry_hash=last.entry_hash)
+
+    def _release_record(self, row: ReleaseRow, dataset_name: str) -> ReleaseRecord:
+        return ReleaseRecord(
+            id=row.id, dataset=dataset_name, method=row.method,
+            calibrator_version=row.calibrator_version, distribution=row.distribution,
+            distribution_version=row.distribution_version, params=row.params, shape=row.shape,
+            threshold=parse_threshold(row.threshold), coverage=row.coverage, privacy=row.privacy,
+            diagnostics=row.diagnostics, requester=row.requester, created_at=row.created_at,
+            charge_id=row.charge_id, charge_ids=list(row.charge_ids or []),
+        )
+
+    def releases(self, dataset: str | None = None) -> list[ReleaseRecord]:
+        """Every release, oldest first, optionally of one dataset (NotFound if there is none)."""
+        with self.read() as s:
+            stmt = select(ReleaseRow, Dataset.name).join(
+                Dataset, Dataset.id == ReleaseRow.dataset_id)
+            if dataset is not None:
+                if s.scalars(select(Dataset.id).where(Dataset.name == dataset)).first() is None:
+                    raise NotFound(f"unknown dataset {dataset!r}")
+                stmt = stmt.where(Dataset.name == dataset)
+            rows = s.execute(stmt.order_by(ReleaseRow.id)).all()
+            return [self._release_record(r, n) for r, n in rows]
+
+    def release(self, release_id: int) -> ReleaseRecord:
+        """One release by id (NotFound if there is none)."""
+        with self.read() as s:
+            row = s.execute(
+                select(ReleaseRow, Dataset.name)
+                .join(Dataset, Dataset.id == ReleaseRow.dataset_id)
+                .where(ReleaseRow.id == release_id)
+            ).first()
+            if row is None:
+                raise NotFound(f"unknown release {release_id}")
+            return self._release_record(row[0], row[1])
+
+    # ------------------------------------------------------------------ verify
+    def verify(self, expect_head: str | None = None) -> VerifyReport:
+        """Recompute the whole chain and cross-check every row against its entry.
+
+        Raises AuditFailed naming the first entry (or row) that does not verify:
+        a broken hash or link, a gap in the sequence (a deleted entry), a payload
+        that is not canonical, a dataset/charge/release row that differs from what
+        its entry recorded (an edited threshold or amount) or has no entry, running
+        totals that do not equal the sum of the charges, and — with
+        ``expect_head="SEQ:HASH"`` — a log truncated before SEQ or rewritten up to it.
+        """
+        want: tuple[int, str] | None = None
+        if expect_head is not None:
+            try:
+                seq_s, hash_s = expect_head.strip().split(":", 1)
+                want = (int(seq_s), hash_s.lower())
+                bytes.fromhex(want[1])
+                if len(want[1]) != 64 or want[0] < 0:
+                    raise ValueError
+            except ValueError as exc:
+                raise InvalidInput(
+                    "--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
+                    f"got {expect_head!r}"
+                ) from exc
+        with self.read() as s:
+            datasets = {d.id: d for d in s.scalars(select(Dataset))}
+            charges = {c.id: c for c in s.scalars(select(Charge))}
+            releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
+            names = {i: d.name for i, d in datasets.items()}
+            seen: dict[str, set[int]] = defaultdict(set)
+            prev = audit.GENESIS
+            expected = 1
+            count = 0
+            head_row = s.get(AuditHead, 1)
+            for e in s.scalars(select(AuditEntry).order_by(AuditEntry.seq)):
+                if e.seq != expected:
+                    raise AuditFailed(
+                        f"audit entry {expected} is missing (the log jumps from {expected - 1} "
+                        f"to {e.seq}): a row was deleted"
+                    )
+                if e.prev_hash != prev:
+                    raise AuditFailed(
+                        f"audit entry {e.seq}: prev_hash does not link to entry {e.seq - 1}")
+                try:
+                    doc = json.loads(e.payload)
+                    canonical_ok = audit.canonical(doc) == e.payload
+                except (ValueError, TypeError):
+                    canonical_ok, doc = False, {}
+                if not canonical_ok:
+                    raise AuditFailed(f"audit entry {e.seq}: payload is not canonical JSON")
+                if audit.chain_hash(prev, e.payload) != e.entry_hash:
+                    raise AuditFailed(f"audit entry {e.seq}: hash does not match its payload "
+                                      "(entry altered)")
+                if doc.get("seq") != e.seq or doc.get("kind") != e.kind:
+                    raise AuditFailed(f"audit entry {e.seq}: payload records seq {doc.get('seq')} "
+                                      f"kind {doc.get('kind')!r} (entries reordered)")
+                self._check_row(e.seq, e.kind, doc.get("data") or {}, datasets, charges, releases,
+                                names, seen)
+                prev = e.entry_hash
+                expected += 1
+                count += 1
+                if want is not None and e.seq == want[0] and e.entry_hash != want[1]:
+                    raise AuditFailed(f"audit entry {e.seq}: hash differs from the expected head "
+                                      "(log rewritten)")
+            last = count
+            if head_row is None or head_row.seq != last or head_row.entry_hash != prev:
+                raise AuditFailed(
+                    f"audit entry {last + 1}: the stored head is "
+                    f"{head_row.seq if head_row else '?'} but the log ends at {last} "
+                    "(log truncated)"
+                )
+            if want is not None:
+                if want[0] > last:
+                    raise AuditFailed(f"audit entry {last + 1}: missing; the expected head is "
+                                      f"entry {want[0]} but the log ends at {last} "
+                                      "(log truncated)")
+                if want[0] == 0 and want[1] != audit.GENESIS:
+                    raise AuditFailed("audit entry 0: expected head hash is not the genesis hash")
+            for kind, rows in (("dataset", datasets), ("charge", charges), ("release", releases)):
+                missing = sorted(set(rows) - seen[kind])
+                if missing:
+                    raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
+                                      "outside privcal, or its entry deleted)")
+            self._check_totals(s, datasets, charges)
+            return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
+                                charges=len(charges), releases=len(releases))
+
+    @staticmethod
+    def _check_row(
+        seq: int, kind: str, data: dict[str, Any], datasets: dict[int, Dataset],
+        charges: dict[int, Charge], releases: dict[int, ReleaseRow], names: dict[int, str],
+        seen: dict[str, set[int]],
+    ) -> None:
+        if kind == "dataset":
+            rid = data.get("dataset_id")
+            row_d = datasets.get(rid) if isinstance(rid, int) else None
+            if row_d is None:
+                raise AuditFailed(f"audit entry {seq}: dataset {rid} is missing from the ledger")
+            if audit.dataset_doc(row_d) != data:
+                raise AuditFailed(f"audit entry {seq}: dataset {rid} ({row_d.name!r}) differs "
+                                  "from what the log recorded (row edited)")
+        elif kind == "charge":
+            rid = data.get("charge_id")
+            row_c = charges.get(rid) if isinstance(rid, int) else None
+            if row_c is None:
+                raise AuditFailed(f"audit entry {seq}: charge {rid} is missing from the ledger "
+                                  "(row deleted)")
+            if audit.charge_doc(row_c, names.get(row_c.dataset_id, "?")) != data:
+                raise AuditFailed(f"audit entry {seq}: charge {rid} differs from what the log "
+                                  "recorded (row edited)")
+        elif kind == "release":
+            rid = data.get("release_id")
+            row_r = releases.get(rid) if isinstance(rid, int) else None
+            if row_r is None:
+                raise AuditFailed(f"audit entry {seq}: release {rid} is missing from the ledger "
+                                  "(row deleted)")
+            if audit.release_doc(row_r, names.get(row_r.dataset_id, "?")) != data:
+                raise AuditFailed(f"audit entry {seq}: release {rid} differs from what the log "
+                                  "recorded (threshold or another field edited)")
+        else:
+            raise AuditFailed(f"audit entry {seq}: unknown kind {kind!r}")
+        if rid in seen[kind]:
+            raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
+        seen[kind].add(rid)
+
+    @staticmethod
+    def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:
+        zero = Decimal(0)
+        with localcontext() as ctx:
+            ctx.prec = 80
+            sums: dict[int, list[Decimal]] = defaultdict(lambda: [zero] * 5)
+            counts: dict[int, int] = defaultdict(int)
+            local_units: dict[int, Decimal] = defaultdict(lambda: zero)
+            for c in charges.values():
+                t = sums[c.dataset_id]
+                counts[c.dataset_id] += 1
+                if c.notion == "pure" and c.epsilon is not None:
+                    t[0] += c.epsilon
+                    t[1] += c.epsilon * c.epsilon / 2
+                elif c.notion == "zcdp" and c.rho is not None:
+                    t[2] += c.rho
+                elif c.notion == "approx" and c.epsilon is not None and c.delta is not None:
+                    t[3] += c.epsilon
+                    t[4] += c.delta
+                if c.eps0 is not None and c.subjects_accepted:
+                    local_units[c.dataset_id] += c.eps0 / SUBJECT_UNIT * c.subjects_accepted
+            stored_units = dict(
+                s.execute(select(SubjectSpend.dataset_id, func.sum(SubjectSpend.spent_units))
+                          .group_by(SubjectSpend.dataset_id)).all()
+            )
+            for ds in datasets.values():
+                got = [ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
+                       ds.spent_approx_eps, ds.spent_approx_delta]
+                if got != sums[ds.id] or ds.charge_count != counts[ds.id]:
+                    raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): spent totals do not equal "
+                                      "the sum of its logged charges (row edited)")
+                if Decimal(int(stored_units.get(ds.id) or 0)) != local_units[ds.id]:
+                    raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): per-subject spends do not "
+                                      "add up to its logged local-DP charges (rows edited)")

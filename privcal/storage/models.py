@@ -1,0 +1,188 @@
+"""SQLAlchemy 2.0 models of the ledger.
+
+The schema is created only by the Alembic migrations in ``privcal/migrations``
+(tests may call ``Base.metadata.create_all`` on a scratch database, nothing else
+does). The migration ``0001`` must stay in step with these classes.
+
+Exact amounts: :class:`ExactDecimal` is ``NUMERIC(48, 30)`` on PostgreSQL and a
+decimal *string* on SQLite (whose NUMERIC affinity would turn ``0.3`` into a
+binary float). Per-subject spends are integers in units of 10⁻¹² ε
+(:data:`SUBJECT_UNIT`) so that the bulk local-DP update can compare and add in
+SQL on both backends.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    Numeric,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+__all__ = [
+    "SUBJECT_UNIT",
+    "AuditEntry",
+    "AuditHead",
+    "Base",
+    "Charge",
+    "Dataset",
+    "ExactDecimal",
+    "ReleaseRow",
+    "SubjectSpend",
+]
+
+#: per-subject spends are stored as integer multiples of this ε
+SUBJECT_UNIT = Decimal("1e-12")
+
+
+class ExactDecimal(TypeDecorator[Decimal]):
+    """An exact decimal: NUMERIC(48, 30) on PostgreSQL, a decimal string elsewhere."""
+
+    impl = String(64)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(Numeric(48, 30, asdecimal=True))
+        return dialect.type_descriptor(String(64))
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        d = value if isinstance(value, Decimal) else Decimal(str(value))
+        if not d.is_finite():
+            raise ValueError("exact amounts must be finite")
+        if dialect.name == "postgresql":
+            return d
+        return format(d, "f")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        if value is None:
+            return None
+        return value if isinstance(value, Decimal) else Decimal(str(value))
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the ledger models."""
+
+
+class Dataset(Base):
+    """A dataset and its budget policy, with exact running totals of central charges."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("name", name="uq_datasets_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    notion: Mapped[str] = mapped_column(String(16))  # pure | zcdp | approx
+    cap_epsilon: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    cap_rho: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    cap_delta: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    reporting_delta: Mapped[Decimal] = mapped_column(ExactDecimal)
+    subject_epsilon: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    allow_nonprivate: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # running totals (exact); `privcal audit verify` re-derives them from the charges
+    spent_pure_eps: Mapped[Decimal] = mapped_column(ExactDecimal, default=Decimal(0))
+    spent_pure_rho: Mapped[Decimal] = mapped_column(ExactDecimal, default=Decimal(0))
+    spent_zcdp_rho: Mapped[Decimal] = mapped_column(ExactDecimal, default=Decimal(0))
+    spent_approx_eps: Mapped[Decimal] = mapped_column(ExactDecimal, default=Decimal(0))
+    spent_approx_delta: Mapped[Decimal] = mapped_column(ExactDecimal, default=Decimal(0))
+    charge_count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Charge(Base):
+    """One accepted charge: central (scope ``dataset``) or a local-DP batch (scope ``subjects``)."""
+
+    __tablename__ = "charges"
+    __table_args__ = (UniqueConstraint("dataset_id", "idempotency_key", name="uq_charge_idem"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    scope: Mapped[str] = mapped_column(String(16))  # dataset | subjects
+    notion: Mapped[str] = mapped_column(String(16))  # pure | zcdp | approx | local
+    epsilon: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    delta: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    rho: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    eps0: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
+    subjects_accepted: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    subjects_rejected: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    purpose: Mapped[str | None] = mapped_column(Text, nullable=True)
+    requester: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SubjectSpend(Base):
+    """Local-DP budget spent by one data subject of one dataset, in units of 10⁻¹² ε."""
+
+    __tablename__ = "subject_spend"
+    # No foreign key: a 10⁶-subject batch would fire 10⁶ FK triggers on PostgreSQL (~17 s);
+    # rows are only written by privcal under the dataset's row lock, and `audit verify`
+    # checks their sum. Free space per page lets PostgreSQL update spends in place (HOT).
+    __table_args__ = ({"postgresql_with": {"fillfactor": 70}},)
+
+    dataset_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    subject: Mapped[str] = mapped_column(String(200), primary_key=True)
+    spent_units: Mapped[int] = mapped_column(BigInteger)
+
+
+class ReleaseRow(Base):
+    """A released threshold with every input its guarantees depend on."""
+
+    __tablename__ = "releases"
+    __table_args__ = (UniqueConstraint("charge_id", name="uq_releases_charge_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    method: Mapped[str] = mapped_column(String(100))
+    calibrator_version: Mapped[str] = mapped_column(String(50))
+    distribution: Mapped[str] = mapped_column(String(200))
+    distribution_version: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    shape: Mapped[dict[str, Any]] = mapped_column(JSON)
+    threshold: Mapped[str] = mapped_column(String(64))  # shortest float repr, or "Infinity"
+    coverage: Mapped[dict[str, Any]] = mapped_column(JSON)
+    privacy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    diagnostics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    requester: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    charge_id: Mapped[int | None] = mapped_column(ForeignKey("charges.id"), nullable=True)
+    charge_ids: Mapped[list[int]] = mapped_column(JSON)
+
+
+class AuditEntry(Base):
+    """One entry of the hash-chained log (see :mod:`privcal.storage.audit`)."""
+
+    __tablename__ = "audit_log"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    entry_hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditHead(Base):
+    """A single row (id = 1) holding the head of the log; locked by every append."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(Integer)
+    entry_hash: Mapped[str] = mapped_column(String(64))

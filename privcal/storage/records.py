@@ -1,0 +1,80 @@
+"""Serializable results of ledger reads (pydantic), independent of the ORM session."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+__all__ = ["AuditHeadInfo", "ReleaseRecord", "UTCDateTime", "VerifyReport", "parse_threshold"]
+
+
+def _utc(dt: datetime) -> datetime:
+    # SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones in the session zone
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
+#: a timestamp always in aware UTC, whichever backend it came from
+UTCDateTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+def parse_threshold(s: str) -> float:
+    """The stored threshold string back to a float ("Infinity" → inf)."""
+    if s == "Infinity":
+        return math.inf
+    if s == "-Infinity":
+        return -math.inf
+    return float(s)
+
+
+class ReleaseRecord(BaseModel):
+    """A release as stored; ``coverage`` is the CoverageGuarantee as a plain dict.
+
+    :class:`privcal.accountant.Release` is the same record with ``coverage`` typed
+    (storage does not import the calibrators package).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    dataset: str
+    method: str
+    calibrator_version: str
+    distribution: str
+    distribution_version: str
+    params: dict[str, Any]
+    shape: dict[str, Any]
+    threshold: float
+    coverage: dict[str, Any]
+    privacy: dict[str, Any]
+    diagnostics: dict[str, Any]
+    requester: str | None
+    created_at: UTCDateTime
+    charge_id: int | None
+    charge_ids: list[int]
+
+
+class AuditHeadInfo(BaseModel):
+    """The head of the audit log: ``f"{seq}:{entry_hash}"`` is what to keep outside the database."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    entry_hash: str
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.entry_hash}"
+
+
+class VerifyReport(BaseModel):
+    """A successful verification: how many entries, and the head they chain to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    entries: int
+    head: str
+    datasets: int
+    charges: int
+    releases: int
