@@ -155,6 +155,19 @@ class BudgetReport(BaseModel):
     releases: int
     subject_epsilon: Decimal | None
 
+    @property
+    def summary(self) -> str:
+        """One line: what is spent and left, and the spent (ε, δ) with the rule that gave it."""
+
+        def fmt(d: dict[str, Decimal]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in d.items()) or "nothing"
+
+        return (
+            f"{self.dataset}: spent {fmt(self.spent)}, remaining {fmt(self.remaining)}; "
+            f"spent as (ε, δ): ε={self.spent_dp.epsilon}, δ={self.spent_dp.delta} "
+            f"[{self.spent_dp.rule}]"
+        )
+
 
 class SubjectSummary(BaseModel):
     """Summary of per-subject local-DP spends of one dataset."""
@@ -194,6 +207,14 @@ class Release(ReleaseRecord):
         from privcal.accountant.conformalize import release_sets
 
         return release_sets(self, probs, score_name=score_name, rng=rng)
+
+    def evaluate(self, probs: Any, labels: Any, *, score_name: str | None = None,
+                 rng: random.Random | None = None) -> Any:
+        """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``)."""
+        from privcal.accountant.conformalize import evaluate_sets
+
+        sets = self.predict_set(probs, score_name=score_name, rng=rng)
+        return evaluate_sets(sets, labels, self.coverage.lower)
 
 
 #: keyword arguments of :meth:`Accountant.calibrate` that are data or options, not parameters
@@ -964,6 +985,17 @@ class Accountant:
 
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k in _CALIBRATE_OPTIONS}
         return _calibrate(self, method, {**(params or {}), **kwargs}, dataset=dataset, **opts)
+
+    def verify(self, expect_head: str | None = None) -> Any:
+        """Verify the audit log and recompute every release's guarantees with the installed code.
+
+        Returns an :class:`~privcal.accountant.verification.AuditReport`; raises
+        :class:`~privcal.errors.AuditFailed` naming the first entry or release that does not
+        verify.
+        """
+        from privcal.accountant.verification import verify
+
+        return verify(self, expect_head=expect_head)
 
     def dry_run(self, calibrator: Calibrator, params: Any, shape: DataShape,
                 dataset: str) -> DryRun:

@@ -43,6 +43,8 @@ def quickstart(settings: Any, keep: bool) -> None:
         tmp = tempfile.mkdtemp(prefix="privcal-quickstart-")
         url = f"sqlite:///{Path(tmp) / 'ledger.sqlite'}"
     ledger = Ledger(url)
+    if tmp is not None:
+        ledger.upgrade()  # a fresh throw-away file: create the schema with the migrations
     acct = Accountant(ledger)
     ex = load_example("digits")
     name = "digits-demo"
