@@ -7,21 +7,34 @@ The public API:
   ``calibrate`` (charge, compute, record) and the release log;
 - cost values :class:`PureDP`, :class:`ZCDP`, :class:`ApproxDP`, :class:`LocalDP`;
 - :mod:`privcal.client` — what runs on a user's device or a federated agent.
+
+Names are imported on first use, so that ``privcal --help`` and the client
+module do not pay for SQLAlchemy and SciPy.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from privcal.accountant import Accountant, BudgetReport, Release
-from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
-from privcal.errors import (
-    AuditFailed,
-    BudgetRefused,
-    InvalidInput,
-    NotFound,
-    PrivcalError,
-    SchemaOutOfDate,
-)
-from privcal.storage import Ledger
+_EXPORTS = {
+    "Accountant": "privcal.accountant",
+    "BudgetReport": "privcal.accountant",
+    "Release": "privcal.accountant",
+    "Ledger": "privcal.storage",
+    "ZCDP": "privcal.costs",
+    "ApproxDP": "privcal.costs",
+    "LocalDP": "privcal.costs",
+    "PureDP": "privcal.costs",
+    "AuditFailed": "privcal.errors",
+    "BudgetRefused": "privcal.errors",
+    "InvalidInput": "privcal.errors",
+    "NotFound": "privcal.errors",
+    "PrivcalError": "privcal.errors",
+    "SchemaOutOfDate": "privcal.errors",
+}
 
 __all__ = [
     "ZCDP",
@@ -40,3 +53,25 @@ __all__ = [
     "SchemaOutOfDate",
     "__version__",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privcal.accountant import Accountant, BudgetReport, Release
+    from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+    from privcal.errors import (
+        AuditFailed,
+        BudgetRefused,
+        InvalidInput,
+        NotFound,
+        PrivcalError,
+        SchemaOutOfDate,
+    )
+    from privcal.storage import Ledger
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'privcal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -113,12 +113,17 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
         ds = accountant.dataset(rel.dataset)
         extra = (rel.privacy or {}).get("extra")
         new_extra = None
+        central_cost = None
         if extra and extra.get("shuffled"):
-            _, new_extra = shuffled_guarantee(
+            central_cost, new_extra = shuffled_guarantee(
                 rel.method, params, shape, ds.reporting_delta,
                 assume_unlinkable_features="assumption" in extra,
             )  # fmt: skip
         privacy = accountant._privacy(cost, ds, new_extra)
+        if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
+            from privcal.accountant.accountant import _cost_json, normalize_cost
+
+            privacy["central_cost"] = _cost_json(normalize_cost(central_cost))
         problems += _diff("privacy", _plain(rel.privacy), _plain(privacy))
     except PrivcalError as exc:
         problems.append(f"cannot recompute: {exc}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -135,3 +136,5 @@ def main(ctx: click.Context, db_url: str | None) -> None:
     failed, 5 ledger schema out of date (run `privcal db upgrade`).
     """
     ctx.obj = Settings(db_url)
+    # library warnings (e.g. a plugin trying to shadow a built-in) as one line on stderr
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"

@@ -261,10 +261,7 @@ def _make_calibrate_command(name: str) -> click.Command:
                     help="Run the interactive protocol with simulated users on --scores.",
                 )
             )
-    if (
-        cal.privacy_model == "federated"
-        and cal.cost(_dummy_params(model), _dummy_shape()) is not None
-    ):
+    if cal.privacy_model == "federated" and _has_cost(cal, model):
         opts.append(
             click.Option(
                 ["--shuffled"],
@@ -295,7 +292,17 @@ def _make_calibrate_command(name: str) -> click.Command:
 
 
 def _dummy_params(model: type) -> Any:
-    return model.model_construct(**{k: f.default for k, f in model.model_fields.items()})
+    # required fields (e.g. fedcp2-qq's epsilon) have no default: a placeholder valid for α and ε
+    return model.model_construct(
+        **{k: 0.5 if f.is_required() else f.default for k, f in model.model_fields.items()}
+    )
+
+
+def _has_cost(cal: Any, model: type) -> bool:
+    try:
+        return cal.cost(_dummy_params(model), _dummy_shape()) is not None
+    except Exception:  # cannot tell from placeholders: offer the option
+        return True
 
 
 def _dummy_shape() -> Any:
@@ -379,7 +386,7 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
 
 
 @main.command("predict")
-@click.option("--release", "release_id", required=True, help="Release id.")
+@click.option("--release", "release_id", type=int, required=True, help="Release id.")
 @click.option("--probs", required=True, help="n×k probabilities of the points to predict.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
 @click.option(
@@ -388,7 +395,7 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
 @json_option
 @pass_settings
 def predict(
-    settings: Any, release_id: str, probs: str, score: str | None, out: str | None, as_json: bool
+    settings: Any, release_id: int, probs: str, score: str | None, out: str | None, as_json: bool
 ) -> None:
     """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
     from privcal.accountant.conformalize import release_sets
@@ -413,14 +420,14 @@ def predict(
 
 
 @main.command("evaluate")
-@click.option("--release", "release_id", required=True, help="Release id.")
+@click.option("--release", "release_id", type=int, required=True, help="Release id.")
 @click.option("--probs", required=True, help="n×k probabilities of held-out points.")
 @click.option("--labels", required=True, help="Their true labels.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
 @json_option
 @pass_settings
 def evaluate(
-    settings: Any, release_id: str, probs: str, labels: str, score: str | None, as_json: bool
+    settings: Any, release_id: int, probs: str, labels: str, score: str | None, as_json: bool
 ) -> None:
     """Empirical coverage, mean set size and singleton fraction on held-out data."""
     from privcal.accountant.conformalize import evaluate_sets, release_sets

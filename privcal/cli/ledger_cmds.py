@@ -216,6 +216,39 @@ def audit_verify(settings: Settings, expect_head: str | None, as_json: bool) -> 
     emit({"ok": True, **rep.model_dump()}, as_json=as_json, human=rep.summary)
 
 
+@audit.command("report")
+@click.option("--dataset", default=None, help="Only this dataset (default: all).")
+@json_option
+@pass_settings
+def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None:
+    """Per dataset: its releases in order and the budget consumed over time."""
+    from privcal.accountant.report import audit_report as build
+
+    reports = build(settings.accountant(), dataset)
+
+    def human() -> None:
+        for rep in reports:
+            click.secho(f"dataset {rep.dataset}: {rep.policy}, reporting δ={rep.reporting_delta}",
+                        bold=True)
+            click.echo("  releases:")
+            click.echo(table([{
+                "id": r.release, "at": r.at.strftime("%Y-%m-%d %H:%M:%S"), "method": r.method,
+                "α": r.alpha, "threshold": r.threshold, "privacy": r.privacy,
+            } for r in rep.releases]))
+            for r in rep.releases:
+                click.echo(f"    #{r.release} coverage: {r.coverage}")
+            click.echo("  budget over time:")
+            click.echo(table([{
+                "charge": t.charge, "at": t.at.strftime("%Y-%m-%d %H:%M:%S"), "cost": t.cost,
+                "subjects": t.subjects_charged if t.subjects_charged is not None else "",
+                "used after": _fmt(t.used_after), "spent (ε, δ) after": t.spent_dp_after,
+                "purpose": t.purpose or "",
+            } for t in rep.timeline]))
+            click.echo()
+
+    emit(reports, as_json=as_json, human=human)
+
+
 @audit.command("head")
 @json_option
 @pass_settings

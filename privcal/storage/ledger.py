@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import AuditFailed, InvalidInput, LedgerError, NotFound, SchemaOutOfDate
 from privcal.storage import audit
+from privcal.storage import sessions as _sessions
 from privcal.storage.engine import make_engine, parse_url, resolve_url
 from privcal.storage.models import (
     SUBJECT_UNIT,
@@ -366,6 +367,9 @@ class Ledger:
             expected = 1
             count = 0
             head_row = s.get(AuditHead, 1)
+            coll = {c.id: c for c in s.scalars(select(_sessions.CollectionSession))}
+            tally: dict[int, int] = defaultdict(int)
+            opened: set[int] = set()
             for e in s.scalars(select(AuditEntry).order_by(AuditEntry.seq)):
                 if e.seq != expected:
                     raise AuditFailed(
@@ -388,8 +392,12 @@ class Ledger:
                 if doc.get("seq") != e.seq or doc.get("kind") != e.kind:
                     raise AuditFailed(f"audit entry {e.seq}: payload records seq {doc.get('seq')} "
                                       f"kind {doc.get('kind')!r} (entries reordered)")
-                self._check_row(e.seq, e.kind, doc.get("data") or {}, datasets, charges, releases,
-                                names, seen)
+                if e.kind in _sessions.SESSION_KINDS:
+                    _sessions.check_entry(e.seq, e.kind, doc.get("data") or {}, coll, names,
+                                          tally, opened)
+                else:
+                    self._check_row(e.seq, e.kind, doc.get("data") or {}, datasets, charges,
+                                    releases, names, seen)
                 prev = e.entry_hash
                 expected += 1
                 count += 1
@@ -415,6 +423,7 @@ class Ledger:
                 if missing:
                     raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
                                       "outside privcal, or its entry deleted)")
+            _sessions.check_sessions(s, coll, tally, opened)
             self._check_totals(s, datasets, charges)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
                                 charges=len(charges), releases=len(releases))
