@@ -32,6 +32,11 @@ def _exact(value: object) -> Decimal:
     return d
 
 
+def plain(d: Decimal) -> str:
+    """A decimal as people write it: ``10`` not ``1E+1``, ``0.000001`` not ``1E-6``."""
+    return format(d.normalize(), "f")
+
+
 class _Cost(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -58,7 +63,7 @@ class PureDP(_Cost):
         return ZCDP(rho=self.eps * self.eps / 2)
 
     def describe(self) -> str:
-        return f"ε={self.eps} (pure DP)"
+        return f"ε={plain(self.eps)} (pure DP)"
 
 
 class ZCDP(_Cost):
@@ -76,7 +81,7 @@ class ZCDP(_Cost):
         return d
 
     def describe(self) -> str:
-        return f"ρ={self.rho} (zCDP)"
+        return f"ρ={plain(self.rho)} (zCDP)"
 
 
 class ApproxDP(_Cost):
@@ -103,7 +108,7 @@ class ApproxDP(_Cost):
         return d
 
     def describe(self) -> str:
-        return f"(ε={self.eps}, δ={self.delta})-DP"
+        return f"(ε={plain(self.eps)}, δ={plain(self.delta)})-DP"
 
 
 class LocalDP(_Cost):
@@ -121,7 +126,7 @@ class LocalDP(_Cost):
         return d
 
     def describe(self) -> str:
-        return f"ε0={self.eps0} (local DP, per subject)"
+        return f"ε0={plain(self.eps0)} (local DP, per subject)"
 
 
 Cost = Annotated[PureDP | ZCDP | ApproxDP | LocalDP, Field(discriminator="kind")]

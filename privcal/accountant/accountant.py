@@ -873,6 +873,17 @@ class Accountant:
                        statement=f"{e}-local DP for each participating subject")
         if extra:
             out["extra"] = json_safe(extra)
+            amp = extra.get("amplification") if extra.get("shuffled") else None
+            if amp is not None:
+                if amp.get("amplified"):
+                    out["statement"] += (
+                        f"; shuffled: ({amp['eps']}, {amp['delta']})-DP for the aggregator "
+                        f"{extra.get('scope', '')} by the {amp['bound']} bound (the paper's "
+                        f"ε0/√n = {amp['heuristic_eps0_over_sqrt_n']:.4g} is a heuristic, "
+                        "not a guarantee)")
+                else:
+                    out["statement"] += ("; shuffled, but no amplification bound applies at "
+                                         "this n and δ: the central guarantee stays ε0")
         return out
 
     def run(
@@ -926,7 +937,12 @@ class Accountant:
             if data.subjects is None:
                 raise InvalidInput(
                     f"{calibrator.name} is local DP: give the subject id of each row")
-            res = self.charge_subjects(dataset, cost, data.subjects, central_cost=central_cost,
+            # a federated agent holds many rows but is one subject, charged once
+            per_agent = calibrator.privacy_model == "federated"
+            charged, row_of = (np.unique(np.asarray(data.subjects).astype(str),
+                                         return_inverse=True)
+                               if per_agent else (data.subjects, None))
+            res = self.charge_subjects(dataset, cost, charged, central_cost=central_cost,
                                        purpose=purpose, requester=requester,
                                        idempotency_key=idempotency_key)
             if res.replayed:
@@ -940,6 +956,8 @@ class Accountant:
                 charge_ids.append(res.central.charge_id)
             mask = res.accepted_mask
             assert mask is not None
+            if row_of is not None:
+                mask = mask[row_of]
             if not mask.all():
                 data = dataclasses.replace(data, **{
                     f: np.asarray(getattr(data, f))[mask]

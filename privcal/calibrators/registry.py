@@ -67,11 +67,17 @@ def _privcal_version() -> str:
         return __version__
 
 
+_warned: set[str] = set()
+
+
 @cache
 def _plugin_entry_points() -> dict[str, metadata.EntryPoint]:
     found: dict[str, metadata.EntryPoint] = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in BUILTINS:
+            if ep.name in _warned:
+                continue
+            _warned.add(ep.name)
             warnings.warn(
                 f"ignoring plugin calibrator {ep.name!r} from {ep.value}: "
                 "built-in calibrator names cannot be shadowed",

@@ -1,0 +1,104 @@
+"""The CLI's input readers (privcal.cli.inputs): .npy, .npz (FILE:NAME), .csv, .parquet."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privcal.cli.inputs import load_array, load_reports
+from privcal.errors import InvalidInput
+
+HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
+
+
+def test_npy_roundtrip(tmp_path: Path) -> None:
+    a = np.array([0.25, 0.5, 0.75])
+    np.save(tmp_path / "s.npy", a)
+    np.testing.assert_array_equal(load_array(str(tmp_path / "s.npy"), "scores"), a)
+
+
+def test_npz_by_name_single_and_default_name(tmp_path: Path) -> None:
+    p = np.array([[0.2, 0.8], [0.6, 0.4]])
+    y = np.array([1, 0])
+    np.savez(tmp_path / "c.npz", probs=p, labels=y)
+    np.testing.assert_array_equal(load_array(f"{tmp_path}/c.npz:labels", "labels"), y)
+    np.testing.assert_array_equal(load_array(f"{tmp_path}/c.npz:probs", "x", matrix=True), p)
+    # without a key, the name of what is asked for is looked up
+    np.testing.assert_array_equal(load_array(f"{tmp_path}/c.npz", "probs"), p)
+    np.savez(tmp_path / "one.npz", whatever=y)
+    np.testing.assert_array_equal(load_array(f"{tmp_path}/one.npz", "labels"), y)
+
+
+def test_npz_ambiguous_and_unknown_key(tmp_path: Path) -> None:
+    np.savez(tmp_path / "c.npz", a=np.zeros(2), b=np.ones(2))
+    with pytest.raises(InvalidInput, match=r"several arrays \(a, b\).*c\.npz:NAME"):
+        load_array(f"{tmp_path}/c.npz", "scores")
+    with pytest.raises(InvalidInput, match=r"no array named 'z' \(has: a, b\)"):
+        load_array(f"{tmp_path}/c.npz:z", "scores")
+
+
+def test_csv_with_and_without_header(tmp_path: Path) -> None:
+    (tmp_path / "h.csv").write_text("score,other\n0.1,1\n0.2,2\n0.3,3\n")
+    np.testing.assert_allclose(load_array(f"{tmp_path}/h.csv:score", "scores"), [0.1, 0.2, 0.3])
+    (tmp_path / "n.csv").write_text("0.1\n0.2\n\n0.3\n")  # a blank line is skipped
+    np.testing.assert_allclose(load_array(f"{tmp_path}/n.csv", "scores"), [0.1, 0.2, 0.3])
+
+
+def test_csv_matrix_reads_every_column(tmp_path: Path) -> None:
+    (tmp_path / "p.csv").write_text("0.1,0.9\n0.7,0.3\n")
+    m = load_array(f"{tmp_path}/p.csv", "probs", matrix=True)
+    assert m.shape == (2, 2)
+    np.testing.assert_allclose(m, [[0.1, 0.9], [0.7, 0.3]])
+
+
+def test_csv_errors(tmp_path: Path) -> None:
+    (tmp_path / "ragged.csv").write_text("a,b\n1,2\n3\n")
+    with pytest.raises(InvalidInput, match="line 3 has 1 fields, expected 2"):
+        load_array(f"{tmp_path}/ragged.csv:a", "scores")
+    (tmp_path / "empty.csv").write_text("\n\n")
+    with pytest.raises(InvalidInput, match="the file is empty"):
+        load_array(f"{tmp_path}/empty.csv", "scores")
+    (tmp_path / "txt.csv").write_text("p0,p1\n0.5,x\n")
+    with pytest.raises(InvalidInput, match="probs must be numeric"):
+        load_array(f"{tmp_path}/txt.csv", "probs", matrix=True)
+
+
+def test_missing_unreadable_and_unsupported(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match=r"nope\.npy: no such file"):
+        load_array(str(tmp_path / "nope.npy"), "scores")
+    (tmp_path / "bad.npy").write_bytes(b"this is not a numpy file")
+    with pytest.raises(InvalidInput, match=r"bad\.npy: cannot read it"):
+        load_array(str(tmp_path / "bad.npy"), "scores")
+    (tmp_path / "s.txt").write_text("1\n2\n")
+    with pytest.raises(InvalidInput, match=r"unsupported file type '\.txt'"):
+        load_array(str(tmp_path / "s.txt"), "scores")
+
+
+@pytest.mark.skipif(HAS_PYARROW, reason="pyarrow installed: the round trip below runs instead")
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "s.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(InvalidInput, match=r"needs pyarrow \(pip install 'privcal\[parquet\]'\)"):
+        load_array(str(tmp_path / "s.parquet"), "scores")
+
+
+@pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow not installed: the clear error is tested")
+def test_parquet_roundtrip(tmp_path: Path) -> None:  # pragma: no cover - needs pyarrow
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"p0": [0.2, 0.6], "p1": [0.8, 0.4]}), tmp_path / "p.parquet")
+    np.testing.assert_allclose(
+        load_array(str(tmp_path / "p.parquet"), "probs", matrix=True), [[0.2, 0.8], [0.6, 0.4]]
+    )
+
+
+def test_load_reports_ids_stay_integers(tmp_path: Path) -> None:
+    (tmp_path / "r.csv").write_text("id,bit\n17,1\n18,0\nabc,1\n")
+    ids, bits = load_reports(str(tmp_path / "r.csv"), "id", "bit")
+    assert list(ids) == ["17", "18", "abc"]
+    np.testing.assert_array_equal(bits, [1.0, 0.0, 1.0])
+    with pytest.raises(InvalidInput, match=r"reports need columns 'id' and 'value'"):
+        load_reports(str(tmp_path / "r.csv"), "id", "value")
