@@ -29,7 +29,7 @@ import dataclasses
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
@@ -225,6 +225,15 @@ _CALIBRATE_OPTIONS = frozenset({
 
 
 # ----------------------------------------------------------------- helpers
+def _rows(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:
+    """The calibration input restricted to the rows in ``mask``."""
+    return dataclasses.replace(data, **{
+        f: np.asarray(getattr(data, f))[mask]
+        for f in ("scores", "probs", "labels", "agents", "subjects")
+        if getattr(data, f) is not None
+    })
+
+
 def _amount(
     value: object, what: str, *, allow_zero: bool = False, below_one: bool = False
 ) -> Decimal:
@@ -519,7 +528,7 @@ class Accountant:
         eps0: float | str | Decimal | LocalDP,
         subject_ids: Sequence[Any] | np.ndarray,
         *,
-        central_cost: CentralCost | None = None,
+        central_cost: CentralCost | Callable[[np.ndarray], CentralCost | None] | None = None,
         purpose: str | None = None,
         requester: str | None = None,
         idempotency_key: str | None = None,
@@ -529,17 +538,24 @@ class Accountant:
 
         Subjects whose cap would be exceeded, and repeated ids within the batch, are not
         charged: ``accepted_mask`` says who was. ``central_cost`` (e.g. the amplified
-        (ε, δ) of a shuffled protocol) is charged to the dataset in the same transaction.
+        (ε, δ) of a shuffled protocol) is charged to the dataset in the same transaction; it
+        may be a function of ``accepted_mask``, evaluated once the accepted subjects are known.
         One audit entry records the counts and ε0, never the ids. Bulk: one temporary
         table and two set-based statements, so 10⁶ subjects take seconds.
         """
         cost0 = eps0 if isinstance(eps0, LocalDP) else LocalDP(eps0=_amount(eps0, "ε0"))
         cost0 = normalize_cost(cost0)  # type: ignore[assignment]
         assert isinstance(cost0, LocalDP)
-        if central_cost is not None:
-            if not isinstance(central_cost, PureDP | ZCDP | ApproxDP):
+        def central_of(accepted: np.ndarray) -> CentralCost | None:
+            cc = central_cost(accepted) if callable(central_cost) else central_cost
+            if cc is None:
+                return None
+            if not isinstance(cc, PureDP | ZCDP | ApproxDP):
                 raise InvalidInput("central_cost must be a central cost (PureDP, ZCDP, ApproxDP)")
-            central_cost = normalize_cost(central_cost)  # type: ignore[assignment]
+            return normalize_cost(cc)  # type: ignore[return-value]
+
+        if not callable(central_cost):
+            central_of(np.ones(0, dtype=bool))  # a bad central cost fails before any work
         ids = np.asarray(subject_ids)
         if ids.ndim != 1 or ids.size == 0:
             raise InvalidInput("subject_ids must be a non-empty 1-D sequence")
@@ -581,12 +597,6 @@ class Accountant:
                     scope=f"dataset {ds.name!r} subjects", asked=cost0.describe(), remaining="",
                 )
             cap_units = int(ds.subject_epsilon / SUBJECT_UNIT)
-            central = None
-            if central_cost is not None:
-                central = self._charge_central(
-                    s, ds, central_cost, purpose, requester,
-                    f"{key}#central" if key is not None else None,
-                )
             if e_units > cap_units:
                 over = [str(u) for u in uniq]
             else:
@@ -602,6 +612,14 @@ class Accountant:
                     f"{n_dup} duplicates)",
                     scope=f"dataset {ds.name!r} subjects", asked=cost0.describe(),
                     remaining="0 for every listed subject",
+                )
+            # the central cost may depend on who was accepted (e.g. the amplified ε of the
+            # reports actually shuffled); a refusal here rolls the subject charges back too
+            cc = central_of(accepted_mask)
+            central = None
+            if cc is not None:
+                central = self._charge_central(
+                    s, ds, cc, purpose, requester, f"{key}#central" if key is not None else None
                 )
             c = Charge(
                 dataset_id=ds.id, scope="subjects", notion="local", eps0=cost0.eps0,
@@ -900,6 +918,7 @@ class Accountant:
         privacy_extra: dict[str, Any] | None = None,
         central_cost: CentralCost | None = None,
         extra_diagnostics: dict[str, Any] | None = None,
+        shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None = None,
     ) -> Release:
         """Charge, calibrate, release (DESIGN.md, "The flow of one calibration").
 
@@ -912,18 +931,23 @@ class Accountant:
         distribution name and version recorded with the release. ``central_cost`` (local-DP
         methods only, e.g. the amplified (ε, δ) of a shuffled run) is charged to the dataset
         in the same transaction as the subjects; ``extra_diagnostics`` are public facts
-        (e.g. the score name) stored with the calibrator's diagnostics.
+        (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` (local DP,
+        reports sent through a shuffler) maps the shape of the rows actually accepted to the
+        amplified (ε, δ) and its record: it is evaluated inside the charge transaction, once
+        refused subjects are known, because fewer shuffled reports amplify less.
         """
         p = self._params(calibrator, params)
         self._check_data(calibrator, data)
         shape = self._shape(data)
         cost = calibrator.cost(p, shape)
-        if central_cost is not None and not isinstance(cost, LocalDP):
+        if (central_cost is not None or shuffle is not None) and not isinstance(cost, LocalDP):
             raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                                "run); a central method's cost is charged as declared")
         ds = self.dataset(dataset)
         rng = rng if rng is not None else default_rng()
         charge_ids: list[int] = []
+        shuffled: dict[str, Any] = {}
+        central_receipt: ChargeReceipt | None = None
         purpose = f"release: {calibrator.name}"
         if cost is None:
             if not ds.allow_nonprivate:
@@ -942,7 +966,17 @@ class Accountant:
             charged, row_of = (np.unique(np.asarray(data.subjects).astype(str),
                                          return_inverse=True)
                                if per_agent else (data.subjects, None))
-            res = self.charge_subjects(dataset, cost, charged, central_cost=central_cost,
+            def central(accepted: np.ndarray) -> CentralCost | None:
+                if shuffle is None:
+                    return central_cost
+                row_mask = accepted[row_of] if row_of is not None else accepted
+                amplified, record = shuffle(self._shape(_rows(data, row_mask)))
+                shuffled.clear()
+                shuffled.update(record)
+                # only an (ε, δ) budget can be charged with it; elsewhere it is recorded
+                return amplified if ds.notion == "approx" else None
+
+            res = self.charge_subjects(dataset, cost, charged, central_cost=central,
                                        purpose=purpose, requester=requester,
                                        idempotency_key=idempotency_key)
             if res.replayed:
@@ -954,16 +988,13 @@ class Accountant:
             charge_ids.append(res.charge_id)
             if res.central is not None:
                 charge_ids.append(res.central.charge_id)
+                central_receipt = res.central
             mask = res.accepted_mask
             assert mask is not None
             if row_of is not None:
                 mask = mask[row_of]
             if not mask.all():
-                data = dataclasses.replace(data, **{
-                    f: np.asarray(getattr(data, f))[mask]
-                    for f in ("scores", "probs", "labels", "agents", "subjects")
-                    if getattr(data, f) is not None
-                })
+                data = _rows(data, mask)
                 shape = self._shape(data)
         else:
             receipt = self.charge(dataset, cost, purpose=purpose, requester=requester,
@@ -976,9 +1007,9 @@ class Accountant:
         # ---- the charge is committed; from here on the data is touched
         result = calibrator.calibrate(data, p, rng)
         guarantee = calibrator.guarantee(p, shape)
-        privacy = self._privacy(cost, ds, privacy_extra)
-        if central_cost is not None:
-            privacy["central_cost"] = _cost_json(normalize_cost(central_cost))
+        privacy = self._privacy(cost, ds, {**(privacy_extra or {}), **shuffled} or None)
+        if central_receipt is not None:
+            privacy["central_cost"] = central_receipt.cost
         return self.record_release(
             dataset, method=calibrator.name, calibrator_version=calibrator.version,
             threshold=float(result.threshold), params=p.model_dump(mode="python"),

@@ -279,15 +279,22 @@ def calibrate(
         method, params, scores=scores, probs=probs, labels=labels, score=score,
         score_options=score_options, agents=agents, subjects=subjects, rng=rng,
     )  # fmt: skip
-    privacy_extra: dict[str, Any] = {}
-    central_cost = None
+    # the guarantee depends on public quantities only: computing it now refuses an infeasible
+    # request (e.g. a FedCP²-QQ plan with ε too small for n) before anything is charged
+    prep.calibrator.guarantee(prep.params, prep.shape)
+    shuffle = None
     if shuffled:
-        central_cost, privacy_extra = shuffled_guarantee(
-            prep.calibrator.name, prep.params, prep.shape, ds.reporting_delta,
-            assume_unlinkable_features=assume_unlinkable_features,
-        )  # fmt: skip
-        if ds.notion != "approx":
-            central_cost = None  # recorded, but only an (ε, δ) budget can be charged with it
+        name = prep.calibrator.name
+
+        def shuffle(shape: DataShape) -> tuple[Any, dict[str, Any]]:
+            return shuffled_guarantee(
+                name, prep.params, shape, ds.reporting_delta,
+                assume_unlinkable_features=assume_unlinkable_features,
+            )  # fmt: skip
+
+        # refuse an impossible amplification claim (e.g. ldp-label without the assumption)
+        # before anything is charged; the run recomputes it for the subjects actually accepted
+        shuffle(prep.shape)
     elif assume_unlinkable_features:
         raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
     return accountant.run(
@@ -299,8 +306,7 @@ def calibrate(
         idempotency_key=idempotency_key,
         rng=rng,
         registered=prep.registered,
-        privacy_extra=privacy_extra or None,
-        central_cost=central_cost,
+        shuffle=shuffle,
         extra_diagnostics={"score": prep.score} if prep.score else None,
     )
 

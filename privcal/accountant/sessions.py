@@ -40,7 +40,6 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -75,6 +74,7 @@ from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InvalidInput, NotFound, PlanRejected
 from privcal.storage.audit import charge_doc, now, release_doc, threshold_str
 from privcal.storage.models import SUBJECT_UNIT, Charge, Dataset, ReleaseRow
+from privcal.storage.records import UTCDateTime
 from privcal.storage.sessions import CollectionSession, SessionReport, session_doc
 
 __all__ = [
@@ -118,8 +118,8 @@ class SessionInfo(BaseModel):
     shuffled: bool
     requester: str | None
     params: dict[str, Any]
-    created_at: datetime
-    updated_at: datetime
+    created_at: UTCDateTime
+    updated_at: UTCDateTime
     round: int
     rounds: int
     received: int
@@ -200,6 +200,11 @@ def _lock(acct: Accountant, s: Session, session_id: Any) -> tuple[CollectionSess
     name = s.scalar(select(Dataset.name).where(Dataset.id == row.dataset_id))
     ds = acct.ledger.lock_dataset(s, str(name))
     return _session(s, row.id, lock=True, backend=acct.ledger.backend), ds
+
+
+def _dump(proto: LdpScoreProtocol) -> dict[str, Any]:
+    # model_dump_json writes ±inf as "Infinity" (PostgreSQL's JSON rejects a bare Infinity)
+    return dict(json.loads(proto.model_dump_json()))
 
 
 def _proto(row: CollectionSession) -> LdpScoreProtocol:
@@ -345,7 +350,7 @@ def open_session(
             upper=_num(upper, "upper"), delta=_num(delta, "δ"), nominal=bool(nominal))
         p: Any = proto.to_params()
         shape = DataShape(n=proto.rounds * proto.group_size)
-        state.update(protocol=proto.model_dump(mode="json"), round_count=0, round_ones=0)
+        state.update(protocol=_dump(proto), round_count=0, round_ones=0)
     else:
         if agents is None or local_n is None:
             raise InvalidInput(f"{method} sessions need --agents and --local-n")
@@ -621,7 +626,7 @@ def submit_reports(
             st["round_ones"] = int(st["round_ones"]) + sum(v == "1" for v in acc_vals)
             if st["round_count"] >= proto.group_size:
                 proto = proto.advance(int(st["round_ones"]), int(st["round_count"]))
-                st.update(protocol=proto.model_dump(mode="json"), round_count=0, round_ones=0)
+                st.update(protocol=_dump(proto), round_count=0, round_ones=0)
                 advanced = True
                 if proto.finished:
                     finish = _ldp_release_args(proto)
@@ -710,7 +715,10 @@ def _subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan, m2: int) -> F
     The recomputed plan keeps the agents' fixed answers (level q, or order ℓ) and
     re-chooses the server order (``replan_*_subset``). The installed calibrators derive
     their guarantee from (α, ε, B, S_max) and the shape alone — i.e. from a *fresh*
-    plan for m2 agents — so the release is written only when the two plans agree.
+    plan for m2 agents — so the release is written only when the two plans agree on
+    (γ, ℓ_γ, k_γ, ℓ_cor) or (ℓ, k). The level the agents actually answered at is kept in
+    the release's diagnostics (``q``); the recorded guarantee's ``details.q`` is the fresh
+    plan's, which is ≤ it.
     """
     cal = registry.get(row.method).calibrator
     p = cal.Params.model_validate(row.params)
@@ -718,11 +726,15 @@ def _subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan, m2: int) -> F
     fresh = cal.plan(p, shape)  # type: ignore[attr-defined]
     if isinstance(plan, Fed2Plan):
         sub: Fed2Plan | FedPlan = replan_fedcp2_qq_subset(plan, m2)
-        keys = ("gamma", "l_gamma", "k_gamma", "l_cor", "q")
+        # q may differ: the agents answered at the original level, which is ≥ the fresh plan's
+        # (both need n·q ≥ ℓ_γ + ℓ_cor), so the recomputed guarantee holds for their answers
+        keys = ("gamma", "l_gamma", "k_gamma", "l_cor")
     else:
         sub = replan_fedcp_qq_subset(plan, m2)
         keys = ("l", "k")
     differs = [k for k in keys if getattr(sub, k) != getattr(fresh, k)]
+    if isinstance(sub, Fed2Plan) and not differs and sub.q < fresh.q:
+        differs = ["q"]
     if differs:
         raise PlanRejected(
             f"with {m2} of {plan.m} agents, the valid replanned order "

@@ -115,3 +115,4 @@ def clear_cache() -> None:
     """Forget discovered plugins (after installing one in a running process)."""
     get.cache_clear()
     _plugin_entry_points.cache_clear()
+    _warned.clear()

@@ -168,12 +168,18 @@ def _make_calibrate_command(name: str) -> click.Command:
                 f"{name} is interactive: open a collection session "
                 f"(privcal session open {name} …) or simulate the users with --simulate"
             )
+        shape_only = bool(kw.get("dry_run"))
+
+        def load(option: str, what: str, matrix: bool = False) -> Any:
+            spec = kw.get(option)
+            return load_array(spec, what, matrix=matrix, shape_only=shape_only) if spec else None
+
         arrays = {
-            "scores": load_array(kw["scores"], "scores") if kw.get("scores") else None,
-            "probs": load_array(kw["probs"], "probs", matrix=True) if kw.get("probs") else None,
-            "labels": load_array(kw["labels"], "labels") if kw.get("labels") else None,
-            "agents": load_array(kw["agent_of"], "agents") if kw.get("agent_of") else None,
-            "subjects": load_array(kw["subjects"], "subjects") if kw.get("subjects") else None,
+            "scores": load("scores", "scores"),
+            "probs": load("probs", "probs", matrix=True),
+            "labels": load("labels", "labels"),
+            "agents": load("agent_of", "agents"),
+            "subjects": load("subjects", "subjects"),
         }
         acct = settings.accountant()
         common = dict(
@@ -432,7 +438,7 @@ def evaluate(
     """Empirical coverage, mean set size and singleton fraction on held-out data."""
     from privcal.accountant.conformalize import evaluate_sets, release_sets
 
-    rel = settings.ledger().release(release_id)
+    rel = settings.accountant().release(release_id)  # coverage typed (.lower)
     sets = release_sets(rel, load_array(probs, "probs", matrix=True), score_name=score)
     ev = evaluate_sets(sets, load_array(labels, "labels"), rel.coverage.lower)
 

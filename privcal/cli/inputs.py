@@ -76,13 +76,14 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
     return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
 
-def _table(path: Path) -> dict[str, np.ndarray]:
+def _table(path: Path, *, shape_only: bool = False) -> dict[str, np.ndarray]:
     suffix = path.suffix.lower()
     if not path.exists():
         raise InvalidInput(f"{path}: no such file")
     try:
         if suffix == ".npy":
-            return {"": np.load(path, allow_pickle=False)}
+            # a memory map reads the header only: enough to know the shape, no value is read
+            return {"": np.load(path, allow_pickle=False, mmap_mode="r" if shape_only else None)}
         if suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
@@ -97,15 +98,18 @@ def _table(path: Path) -> dict[str, np.ndarray]:
     raise InvalidInput(f"{path}: unsupported file type {suffix!r} (use {', '.join(SUFFIXES)})")
 
 
-def load_array(spec: str, what: str, *, matrix: bool = False) -> np.ndarray:
+def load_array(
+    spec: str, what: str, *, matrix: bool = False, shape_only: bool = False
+) -> np.ndarray:
     """Read one array from ``spec`` (``FILE`` or ``FILE:NAME``).
 
     ``what`` names the array in messages and is also the default name looked up
     in a multi-array file (e.g. ``probs`` in an ``.npz``). ``matrix=True`` reads
-    every column of a CSV/parquet table as an n×k matrix.
+    every column of a CSV/parquet table as an n×k matrix. ``shape_only=True`` memory-maps
+    ``.npy`` files so that only their header is read (for ``--dry-run``).
     """
     path, key = _split_key(spec)
-    tab = _table(path)
+    tab = _table(path, shape_only=shape_only)
     if matrix and path.suffix.lower() in (".csv", ".parquet") and key is None:
         try:
             return np.column_stack([np.asarray(v, dtype=np.float64) for v in tab.values()])

@@ -22,6 +22,7 @@ from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, fun
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from privcal.errors import AuditFailed
+from privcal.storage.audit import jsonable
 from privcal.storage.models import Base
 
 __all__ = [
@@ -70,14 +71,14 @@ class SessionReport(Base):
 
 def session_doc(row: CollectionSession, dataset_name: str) -> dict[str, Any]:
     """What the ``session_open`` entry records (and ``verify`` compares with the row)."""
-    return {
+    return jsonable({
         "session_id": row.id,
         "dataset": dataset_name,
         "method": row.method,
         "params": row.params,
         "shuffled": bool(row.shuffled),
         "requester": row.requester,
-    }
+    })
 
 
 def check_entry(

@@ -1,0 +1,191 @@
+"""``privcal session open|submit|status|close``: persistent collection sessions.
+
+A thin skin over :mod:`privcal.accountant.sessions`. ``submit`` reads a report batch
+(``.csv``, ``.parquet`` or ``.npz``) with columns ``subject`` and ``bit`` (ldp-score,
+optional ``round``) or ``agent`` and ``value`` (federated). It prints how many rows
+were accepted and how many rejected per reason — never a subject id — and exits 0
+even when every row is rejected (the counts are the answer; nothing was written).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import numpy as np
+
+from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.cli.inputs import _id_str, _split_key, _table
+from privcal.errors import InvalidInput
+
+
+@main.group("session")
+def session() -> None:
+    """Collection sessions: interactive LDP-CP-S and one-round federated (FedCP²-QQ, FedCP-QQ)."""
+
+
+def _describe(s: Any) -> str:
+    rows: list[dict[str, Any]] = [
+        {"field": "session", "value": s.id},
+        {"field": "dataset", "value": s.dataset},
+        {"field": "method", "value": s.method + (" (shuffled)" if s.shuffled else "")},
+        {"field": "status", "value": s.status},
+    ]
+    if s.method == "ldp-score":
+        rows += [
+            {"field": "round", "value": f"{s.round} of {s.rounds}"},
+            {"field": "received / needed this round", "value": f"{s.received} / {s.needed}"},
+            {"field": "interval [lo, hi]", "value": f"[{s.interval[0]:.12g}, "
+                                                     f"{s.interval[1]:.12g}]"},
+            {"field": "current query q", "value": "-" if s.query is None else f"{s.query:.12g}"},
+        ]
+    else:
+        p = s.plan or {}
+        rows += [{"field": "agents answered / m", "value": f"{s.received} / {p.get('m')}"}]
+        if s.method == "fedcp2-qq":
+            rows += [
+                {"field": "γ", "value": p.get("gamma")},
+                {"field": "ℓ_γ, ℓ_cor, k_γ",
+                 "value": f"{p.get('l_gamma')}, {p.get('l_cor')}, {p.get('k_gamma')}"},
+                {"field": "agents answer at level q", "value": f"{p.get('q'):.12g}"},
+                {"field": "bin grid", "value": f"{p.get('bins')} points e_b = b·{p.get('smax')}"
+                                               f"/{int(p.get('bins', 2)) - 1} on "
+                                               f"[0, {p.get('smax')}]"},
+            ]
+        else:
+            rows += [{"field": "ℓ, k", "value": f"{p.get('l')}, {p.get('k')}"}]
+    rows += [{"field": "reports stored", "value": s.total_reports},
+             {"field": "release", "value": "-" if s.release_id is None else
+              f"{s.release_id} (threshold {s.threshold})"}]
+    return table(rows)
+
+
+@session.command("open")
+@click.argument("method", type=click.Choice(["ldp-score", "fedcp2-qq", "fedcp-qq"]))
+@click.option("--dataset", required=True, help="Dataset whose budgets are charged.")
+@click.option("--alpha", type=float, required=True, help="Miscoverage α in (0, 1).")
+@click.option("--epsilon", type=float, default=None, help="ε of each user's / agent's report.")
+@click.option("--rounds", type=int, default=None, help="ldp-score: T rounds.")
+@click.option("--group-size", type=int, default=None, help="ldp-score: n' reports per round.")
+@click.option("--range", "score_range", type=float, nargs=2, default=None,
+              help="Public score range LO HI (fedcp2-qq: 0 S_max).")
+@click.option("--delta", type=float, default=0.001, show_default=True,
+              help="ldp-score: failure probability δ of Δ_S.")
+@click.option("--nominal", is_flag=True, help="ldp-score: target 1−α (guarantee 1−α−Δ_S).")
+@click.option("--agents", type=int, default=None, help="Federated: number of agents m.")
+@click.option("--local-n", type=int, default=None, help="Federated: scores per agent n.")
+@click.option("--bins", type=int, default=100, show_default=True, help="fedcp2-qq: grid points B.")
+@click.option("--shuffled", is_flag=True,
+              help="Reports go through a trusted shuffler: record the amplified (ε, δ).")
+@click.option("--requester", default=None, help="Who opened the session (recorded).")
+@json_option
+@pass_settings
+def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: float | None,
+             rounds: int | None, group_size: int | None,
+             score_range: tuple[float, float] | None, delta: float, nominal: bool,
+             agents: int | None, local_n: int | None, bins: int, shuffled: bool,
+             requester: str | None, as_json: bool) -> None:
+    """Open a session: prints its id and round 0's query (ldp-score) or the plan (federated)."""
+    from privcal.accountant.sessions import open_session
+
+    kw: dict[str, Any] = {}
+    if score_range is not None:
+        lo, hi = score_range
+        if method == "ldp-score":
+            kw.update(lower=lo, upper=hi)
+        else:
+            if lo != 0:
+                raise InvalidInput(f"{method}: the public grid starts at 0; give --range 0 SMAX")
+            kw.update(smax=hi)
+    res = open_session(
+        settings.accountant(), method, dataset=dataset, alpha=alpha, epsilon=epsilon,
+        rounds=rounds, group_size=group_size, delta=delta, nominal=nominal, agents=agents,
+        local_n=local_n, bins=bins, shuffled=shuffled, requester=requester, **kw)
+
+    def human() -> None:
+        click.echo(f"session {res.id} opened")
+        click.echo(_describe(res))
+        if res.query is not None:
+            click.echo(f"round 0 query: q = {res.query:.12g}")
+
+    emit(res, as_json=as_json, human=human)
+
+
+def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    path, _ = _split_key(spec)
+    tab = _table(path)
+    id_col, val_col = ("subject", "bit") if method == "ldp-score" else ("agent", "value")
+    if id_col not in tab or val_col not in tab:
+        cols = ", ".join(tab) or "(none)"
+        raise InvalidInput(
+            f"{path}: {method} reports need columns {id_col!r} and {val_col!r} (has: {cols})")
+    raw = tab[id_col]
+    if raw.dtype.kind in "iu":
+        ids = raw.astype(str)
+    else:
+        ids = np.array([_id_str(v) for v in raw], dtype=object)
+    return ids, tab[val_col], tab.get("round")
+
+
+@session.command("submit")
+@click.argument("session_id", type=int)
+@click.option("--reports", required=True,
+              help="Batch file: subject,bit[,round] (ldp-score) or agent,value (federated).")
+@json_option
+@pass_settings
+def submit_cmd(settings: Any, session_id: int, reports: str, as_json: bool) -> None:
+    """Ingest a batch of reports for the current round (charging each subject once)."""
+    from privcal.accountant.sessions import session_status, submit_reports
+
+    acct = settings.accountant()
+    method = session_status(acct, session_id).method
+    ids, values, rounds = _read_batch(reports, method)
+    res = submit_reports(acct, session_id, ids, values, rounds)
+
+    def human() -> None:
+        why = ", ".join(f"{k}: {v}" for k, v in res.reasons.items()) or "none"
+        click.echo(f"accepted {res.accepted}, rejected {res.rejected} ({why})")
+        s = res.session
+        if s.release_id is not None:
+            click.echo(f"session {s.id} released: release {s.release_id}, "
+                       f"threshold {s.threshold}")
+        elif s.method == "ldp-score":
+            click.echo(f"round {s.round} of {s.rounds}: {s.received} / {s.needed} reports; "
+                       f"query q = {s.query:.12g}" if s.query is not None else
+                       f"round {s.round}: {s.status}")
+        else:
+            click.echo(f"{s.received} of {(s.plan or {}).get('m')} agents have answered")
+        if res.accepted == 0:
+            info("nothing was accepted; the ledger is unchanged")
+
+    emit(res, as_json=as_json, human=human)
+
+
+@session.command("status")
+@click.argument("session_id", type=int)
+@json_option
+@pass_settings
+def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
+    """Method, status, round, counts, current interval and query, release id."""
+    from privcal.accountant.sessions import session_status
+
+    res = session_status(settings.accountant(), session_id)
+    emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))
+
+
+@session.command("close")
+@click.argument("session_id", type=int)
+@click.option("--allow-missing", is_flag=True,
+              help="Federated: release with a plan recomputed for the agents that answered.")
+@click.option("--abandon", is_flag=True,
+              help="Close without a release (charges already made stay spent).")
+@json_option
+@pass_settings
+def close_cmd(settings: Any, session_id: int, allow_missing: bool, abandon: bool,
+              as_json: bool) -> None:
+    """Close a session: federated with agents missing (--allow-missing), or abandon it."""
+    from privcal.accountant.sessions import close_session
+
+    res = close_session(settings.accountant(), session_id, allow_missing=allow_missing,
+                        abandon=abandon)
+    emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))

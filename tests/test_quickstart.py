@@ -1,0 +1,104 @@
+"""``privcal quickstart``: the README's main command runs end to end and explains itself,
+on a throw-away ledger that it removes, never touching the default ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from privcal.cli import main
+
+EXPECTED = [
+    "[1] The data",
+    "refused (exit code 3): non-private release refused",  # split refused
+    "refused (exit code 3): budget refused",  # overspending refused
+    "log head unchanged: True",
+    "pcoqs   coverage",
+    "exponq  coverage",
+    "mean set size",
+    "singletons",
+    "release guarantees recomputed and match",
+]
+
+
+def _check_output(out: str) -> None:
+    for text in EXPECTED:
+        assert text in out, text
+    assert "unexpectedly accepted" not in out
+    assert "→ ok: " in out  # the audit step verified
+
+
+def test_quickstart_real_executable_leaves_no_trace(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    scratch = tmp_path / "tmp"
+    home.mkdir()
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PRIVCAL_DATABASE_URL"}
+    env.update(PRIVCAL_HOME=str(home), TMPDIR=str(scratch))
+    exe = Path(sys.executable).with_name("privcal")
+    proc = subprocess.run(
+        [str(exe) if exe.exists() else "privcal", "quickstart"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    _check_output(proc.stdout)
+    assert "ledger.sqlite" in proc.stdout  # it says where the throw-away ledger is
+    assert list(home.iterdir()) == []  # the default ledger was not created
+    assert list(scratch.iterdir()) == []  # the throw-away ledger was removed
+
+
+def test_quickstart_keep_leaves_a_verifiable_ledger(tmp_path: Path) -> None:
+    home = Path(os.environ["PRIVCAL_HOME"])  # the conftest's isolated home
+    before = sorted(home.iterdir())
+    runner = CliRunner()
+    res = runner.invoke(main, ["quickstart", "--keep"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    _check_output(res.stdout)
+    kept = [ln for ln in res.stdout.splitlines() if ln.startswith("ledger kept at ")]
+    assert len(kept) == 1
+    url = kept[0].removeprefix("ledger kept at ").strip()
+    try:
+        ver = runner.invoke(main, ["--db-url", url, "audit", "verify", "--json"])
+        assert ver.exit_code == 0, ver.stderr
+        doc = json.loads(ver.stdout)
+        assert doc["releases"] == 2 and doc["guarantees_recomputed"] == 2
+        listed = runner.invoke(main, ["--db-url", url, "release", "list", "--json"])
+        rels = json.loads(listed.stdout)
+        assert [r["method"] for r in rels] == ["pcoqs", "exponq"]
+        budget = json.loads(
+            runner.invoke(main, ["--db-url", url, "budget", "show", "digits-demo", "--json"]).stdout
+        )
+        assert budget["spent"] == {"rho": "0.325"}  # 0.2 + 0.5²/2; the refusals charged nothing
+    finally:
+        import shutil
+
+        shutil.rmtree(Path(url.removeprefix("sqlite:///")).parent, ignore_errors=True)
+    assert sorted(home.iterdir()) == before
+
+
+def test_quickstart_on_a_given_ledger(ledger_url: str) -> None:
+    runner = CliRunner()
+    assert runner.invoke(main, ["--db-url", ledger_url, "db", "upgrade"]).exit_code == 0
+    res = runner.invoke(main, ["--db-url", ledger_url, "quickstart"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    _check_output(res.stdout)
+    rels = json.loads(
+        runner.invoke(main, ["--db-url", ledger_url, "release", "list", "--json"]).stdout
+    )
+    assert len(rels) == 2
+    # a second run on the same ledger: the dataset exists already, a clear error
+    again = runner.invoke(main, ["--db-url", ledger_url, "quickstart"])
+    assert again.exit_code == 1
+    assert again.stderr.strip().splitlines()[-1] == "error: dataset 'digits-demo' already exists"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_quickstart_help(flag: str) -> None:
+    res = CliRunner().invoke(main, ["quickstart", flag])
+    assert res.exit_code == 0 and "--keep" in res.stdout
