@@ -45,8 +45,7 @@ def _write(path: Path, header: list[str], rows: list[list[Any]]) -> str:
 
 
 def test_ldp_score_session_from_cli_with_restart(ledger: Any, tmp_path: Path) -> None:
-    url = ledger.url if ledger.backend == "sqlite" else str(ledger.engine.url.render_as_string(
-        hide_password=False))
+    url = ledger.engine.url.render_as_string(hide_password=False)
     Accountant(ledger).create_dataset("users", epsilon=1, subject_epsilon=2)
     opened = _json(url, "session", "open", "ldp-score", "--dataset", "users", "--alpha", "0.1",
                    "--epsilon", "2", "--rounds", "6", "--group-size", "3000")

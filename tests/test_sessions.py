@@ -215,3 +215,18 @@ def test_tampered_session_rows_fail_verification(accountant: Any) -> None:
     acct.ledger.write(drop_report)
     with pytest.raises(AuditFailed, match="stored reports"):
         acct.ledger.verify()
+
+
+def test_awkward_subject_ids_round_trip(accountant: Any) -> None:
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5)
+    info = _ldp(acct, group_size=5)
+    odd = ["tab\there", "new\nline", "back\\slash", "cr\rx", "ünï,\"q\""]
+    assert S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1]).accepted == 5
+    with acct.ledger.read() as s:
+        stored = sorted(s.scalars(select(SessionReport.subject)))
+    assert stored == sorted(odd)
+    again = S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1])
+    assert again.reasons == {"subject already reported in this session": 5}
+    assert all(acct.subject_spend("d", x) == Decimal("1.5") for x in odd)
+    acct.verify()

@@ -60,7 +60,7 @@ from privcal.accountant.accountant import (
 )
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
-from privcal.calibrators.federated_agent import aggregate, bin_grid, check_message
+from privcal.calibrators.federated_agent import aggregate, check_message
 from privcal.calibrators.fedplan import (
     Fed2Plan,
     FedPlan,
@@ -83,6 +83,7 @@ __all__ = [
     "SubmitResult",
     "close_session",
     "open_session",
+    "release_of",
     "session_status",
     "submit_reports",
 ]
@@ -484,6 +485,10 @@ def _in_db(acct: Accountant, s: Session, sql_pg: str, sql_lite: str, ids: list[s
     return set(s.execute(text(sql_lite), {**params, "ids": json.dumps(ids)}).scalars())
 
 
+#: COPY text format escapes (backslash first, then the separators it must not confuse)
+_COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
 def _insert_reports(acct: Accountant, s: Session, sid: int, rnd: int, subjects: list[str],
                     values: list[str]) -> None:
     """Bulk insert: COPY on PostgreSQL, one ``json_each`` statement on SQLite."""
@@ -491,11 +496,15 @@ def _insert_reports(acct: Accountant, s: Session, sid: int, rnd: int, subjects: 
     conn = s.connection()
     if acct.ledger.backend == "postgresql":
         raw = conn.connection.driver_connection
+        # one pre-formatted COPY text block: ~10× faster than write_row per report
+        head, tail = f"{sid}\t", f"\t{rnd}\t"
+        ts = "\t" + t.isoformat() + "\n"
+        block = "".join(head + subj.translate(_COPY_ESCAPE) + tail + val.translate(_COPY_ESCAPE)
+                        + ts for subj, val in zip(subjects, values, strict=True))
         with raw.cursor() as cur, cur.copy(
                 "COPY session_reports (session_id, subject, round, value, received_at) "
                 "FROM STDIN") as cp:
-            for subj, val in zip(subjects, values, strict=True):
-                cp.write_row((sid, subj, rnd, val, t))
+            cp.write(block)
         return
     conn.execute(text(
         "INSERT INTO session_reports (session_id, subject, round, value, received_at) "
@@ -553,8 +562,10 @@ def submit_reports(
         seen = _in_db(
             accountant, s,
             "SELECT subject FROM session_reports WHERE session_id = :sid AND subject = ANY(:ids)",
-            "SELECT j.value FROM json_each(:ids) j JOIN session_reports r "
-            "ON r.session_id = :sid AND r.subject = j.value",
+            # CROSS JOIN pins json_each as the outer loop: SQLite would otherwise scan the
+            # reports and probe the unindexed JSON array (quadratic)
+            "SELECT j.value FROM json_each(:ids) j CROSS JOIN session_reports r "
+            "WHERE r.session_id = :sid AND r.subject = j.value",
             sorted(set(sids[valid].tolist())), {"sid": row.id})
         if seen:
             old = valid & np.isin(sids, np.asarray(sorted(seen), dtype=sids.dtype))
@@ -581,8 +592,8 @@ def submit_reports(
                     accountant, s,
                     "SELECT subject FROM subject_spend WHERE dataset_id = :d AND "
                     "subject = ANY(:ids) AND spent_units > :lim",
-                    "SELECT j.value FROM json_each(:ids) j JOIN subject_spend p "
-                    "ON p.dataset_id = :d AND p.subject = j.value WHERE p.spent_units > :lim",
+                    "SELECT j.value FROM json_each(:ids) j CROSS JOIN subject_spend p "
+                    "WHERE p.dataset_id = :d AND p.subject = j.value AND p.spent_units > :lim",
                     sids[cand].tolist(), {"d": ds.id, "lim": cap_units - e_units})
                 if over:
                     is_over = np.isin(sids[cand], np.asarray(sorted(over), dtype=sids.dtype))
@@ -814,8 +825,3 @@ def release_of(accountant: Accountant, session_id: int) -> Release | None:
     """The session's release, if it has one."""
     info = session_status(accountant, session_id)
     return accountant.release(info.release_id) if info.release_id is not None else None
-
-
-def bin_points(plan: Fed2Plan) -> list[float]:
-    """The published grid points (for agents and the CLI)."""
-    return [float(x) for x in bin_grid(plan)]
