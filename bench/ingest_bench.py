@@ -12,21 +12,18 @@ PostgreSQL runs in a scratch schema of --pg (default $PRIVCAL_TEST_DATABASE_URL)
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import tempfile
 import time
-import uuid
-from urllib.parse import quote
+from functools import partial
 
 import numpy as np
+from _db import PG_DEFAULT, Row, print_table, run_backends  # bench/_db.py
 
 from privcal.accountant import Accountant
 from privcal.accountant import sessions as S
 from privcal.storage import Ledger
 
 
-def _bench(url: str, backend: str, n: int, batch: int) -> list[dict[str, str]]:
+def _bench(url: str, backend: str, n: int, batch: int) -> list[Row]:
     led = Ledger(url)
     led.upgrade()
     acct = Accountant(led)
@@ -73,31 +70,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reports", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=50_000)
-    ap.add_argument("--pg", default=os.environ.get("PRIVCAL_TEST_DATABASE_URL"))
+    ap.add_argument("--pg", default=PG_DEFAULT)
     args = ap.parse_args()
-    rows: list[dict[str, str]] = []
-    with tempfile.TemporaryDirectory() as d:
-        rows += _bench(f"sqlite:///{d}/bench.sqlite", "sqlite", args.reports, args.batch)
-    if args.pg:
-        import psycopg
-
-        admin = args.pg.replace("postgresql+psycopg://", "postgresql://", 1)
-        schema = f"privcal_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f'CREATE SCHEMA "{schema}"')
-        try:
-            sep = "&" if "?" in args.pg else "?"
-            url = f"{args.pg}{sep}options={quote(f'-csearch_path={schema}')}"
-            rows += _bench(url, "postgresql", args.reports, args.batch)
-        finally:
-            with psycopg.connect(admin, autocommit=True) as c:
-                c.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    print(f"# {platform.python_version()}, {os.cpu_count()} cores")
-    w = max(len(r["measurement"]) for r in rows)
-    print(f"| backend | {'measurement'.ljust(w)} | result |")
-    print(f"|---|{'-' * (w + 2)}|---|")
-    for r in rows:
-        print(f"| {r['backend']} | {r['measurement'].ljust(w)} | {r['result']} |")
+    print_table(run_backends(partial(_bench, n=args.reports, batch=args.batch), args.pg))
 
 
 if __name__ == "__main__":

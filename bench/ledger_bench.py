@@ -10,21 +10,18 @@ Prints one table row per (backend, measurement).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import tempfile
 import time
-import uuid
-from urllib.parse import quote
+from functools import partial
 
 import numpy as np
+from _db import PG_DEFAULT, Row, print_table, run_backends  # bench/_db.py
 
 from privcal.accountant import Accountant
 from privcal.costs import ZCDP
 from privcal.storage import Ledger
 
 
-def _bench(url: str, backend: str, n_charges: int, n_subjects: int) -> list[dict[str, str]]:
+def _bench(url: str, backend: str, n_charges: int, n_subjects: int) -> list[Row]:
     led = Ledger(url)
     led.upgrade()
     acct = Accountant(led)
@@ -56,31 +53,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--charges", type=int, default=500)
     ap.add_argument("--subjects", type=int, default=1_000_000)
-    ap.add_argument("--pg", default=os.environ.get("PRIVCAL_TEST_DATABASE_URL"))
+    ap.add_argument("--pg", default=PG_DEFAULT)
     args = ap.parse_args()
-    rows: list[dict[str, str]] = []
-    with tempfile.TemporaryDirectory() as d:
-        rows += _bench(f"sqlite:///{d}/bench.sqlite", "sqlite", args.charges, args.subjects)
-    if args.pg:
-        import psycopg
-
-        admin = args.pg.replace("postgresql+psycopg://", "postgresql://", 1)
-        schema = f"privcal_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f'CREATE SCHEMA "{schema}"')
-        try:
-            sep = "&" if "?" in args.pg else "?"
-            url = f"{args.pg}{sep}options={quote(f'-csearch_path={schema}')}"
-            rows += _bench(url, "postgresql", args.charges, args.subjects)
-        finally:
-            with psycopg.connect(admin, autocommit=True) as c:
-                c.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    print(f"# {platform.python_version()}, {os.cpu_count()} cores")
-    w = max(len(r["measurement"]) for r in rows)
-    print(f"| backend | {'measurement'.ljust(w)} | result |")
-    print(f"|---|{'-' * (w + 2)}|---|")
-    for r in rows:
-        print(f"| {r['backend']} | {r['measurement'].ljust(w)} | {r['result']} |")
+    print_table(run_backends(
+        partial(_bench, n_charges=args.charges, n_subjects=args.subjects), args.pg))
 
 
 if __name__ == "__main__":

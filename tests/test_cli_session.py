@@ -167,8 +167,9 @@ def test_fedcp2_close_allow_missing(ledger: Any, tmp_path: Path) -> None:
     st = _json(url, "session", "close", sid, "--allow-missing")
     assert st["status"] == "released"
     rel = acct.release(st["release_id"])
-    # 4 answering agents: replanned k = 4 (fresh plan for m=4 agrees); answers were at q=0.91
+    # 4 answering agents at q=0.91: replanned k = 4, the level pinned in the release's params
     assert rel.shape["group_sizes"] == [200] * 4 and rel.coverage.rank == 4
+    assert rel.params["level"] == plan.q and rel.coverage.details["q"] == plan.q
     assert rel.diagnostics["q"] == plan.q and rel.diagnostics["replanned"]["m_answered"] == 4
     assert rel.threshold == sorted(r[1] for r in rows)[3]
     assert acct.verify().guarantees_recomputed == 1

@@ -13,7 +13,13 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape
 from privcal.calibrators.fedcp2_qq import FedCP2QQ
 from privcal.calibrators.fedcp_qq import PRIVACY_NONE, FedCPQQ
-from privcal.calibrators.fedplan import plan_fedcp2_qq, plan_fedcp_qq, plan_fedcp_qq_unequal
+from privcal.calibrators.fedplan import (
+    plan_fedcp2_qq,
+    plan_fedcp_qq,
+    plan_fedcp_qq_unequal,
+    replan_fedcp2_qq_subset,
+    replan_fedcp_qq_subset,
+)
 from privcal.costs import LocalDP
 from privcal.errors import InfeasiblePlan, InvalidInput
 
@@ -128,3 +134,73 @@ def test_plan_matches_library() -> None:
     cal = FedCPQQ()
     plan = cal.plan(cal.Params(alpha=0.1), DataShape(n=1000, group_sizes=(20,) * 50))
     assert plan == plan_fedcp_qq(50, 20, 0.1)
+
+
+# ----------------------------------------------------------------- pinned agent side (sessions)
+
+
+def test_fedcp2_qq_pinned_level_gives_the_replanned_guarantee() -> None:
+    cal = FedCP2QQ()
+    plan = plan_fedcp2_qq(5, 200, 0.1, 10.0)
+    sub = replan_fedcp2_qq_subset(plan, 3)
+    shape = DataShape(n=600, group_sizes=(200,) * 3)
+    p = cal.Params(alpha=0.1, epsilon=10.0, level=plan.q)
+    assert cal.plan(p, shape) == sub
+    g = cal.guarantee(p, shape)
+    assert g.rank == sub.k_gamma == 3 and g.lower == pytest.approx(0.9)
+    for key in ("gamma", "l_gamma", "k_gamma", "l_cor", "q", "M", "M_gamma", "proof_bound"):
+        assert g.details[key] == getattr(sub, key), key
+    assert "0.91" in g.details["pinned"]
+    # unpinned, the same shape gives the fresh plan for 3 agents (and no "pinned" detail, so
+    # releases recorded before the parameter existed still recompute)
+    fresh = cal.guarantee(cal.Params(alpha=0.1, epsilon=10.0), shape)
+    assert fresh.rank == plan_fedcp2_qq(3, 200, 0.1, 10.0).k_gamma == 2
+    assert "pinned" not in fresh.details
+    # pinned at the level the full plan chose, for all 5 agents: the same plan
+    assert cal.plan(p, DataShape(n=1000, group_sizes=(200,) * 5)) == plan
+    # calibrate: the agents answer at the pinned level, the server keeps the k_γ-th answer
+    res = cal.calibrate(_data([200] * 3, seed=6), p, random.Random(2))
+    assert res.diagnostics["q"] == 0.91 and res.diagnostics["k_gamma"] == 3
+    msgs = res.diagnostics["messages"]
+    assert res.threshold == (msgs[2] if msgs[2] < 1 else math.inf)
+
+
+def test_fedcp2_qq_pinned_level_refusals() -> None:
+    cal = FedCP2QQ()
+    p = cal.Params(alpha=0.1, epsilon=10.0, level=0.91)
+    with pytest.raises(InfeasiblePlan, match=r"q=0\.91"):  # one agent cannot reach 0.9 at q=0.91
+        cal.guarantee(p, DataShape(n=200, group_sizes=(200,)))
+    for bad in (0.4, 1.0, float("nan")):
+        with pytest.raises(ValidationError):
+            cal.Params(alpha=0.1, epsilon=10.0, level=bad)
+
+
+def test_fedcp_qq_pinned_agent_order_gives_the_replanned_guarantee() -> None:
+    cal = FedCPQQ()
+    plan = plan_fedcp_qq(5, 200, 0.1)
+    sub = replan_fedcp_qq_subset(plan, 3)
+    shape = DataShape(n=600, group_sizes=(200,) * 3)
+    p = cal.Params(alpha=0.1, agent_order=plan.l)
+    assert cal.plan(p, shape) == sub
+    g = cal.guarantee(p, shape)
+    assert (g.rank, g.upper, g.details["l"]) == (sub.k, sub.M, 183)
+    assert g.details["plan"].startswith("agent order ℓ pinned")
+    assert cal.guarantee(cal.Params(alpha=0.1), shape).details["l"] == 181  # the fresh ℓ*
+    data = _data([200] * 3, seed=7)
+    res = cal.calibrate(data, p, random.Random(0))
+    tops = sorted(np.sort(data.scores[data.agents == a])[182] for a in range(3))
+    assert res.threshold == tops[sub.k - 1] and res.diagnostics["l"] == 183
+
+
+def test_fedcp_qq_pinned_agent_order_refusals() -> None:
+    cal = FedCPQQ()
+    with pytest.raises(InfeasiblePlan, match="not an order statistic"):
+        cal.guarantee(
+            cal.Params(alpha=0.1, agent_order=21), DataShape(n=100, group_sizes=(20,) * 5)
+        )
+    with pytest.raises(InfeasiblePlan, match="best M"):  # 1 agent, 18th of 20: 18/21 < 0.9
+        cal.guarantee(cal.Params(alpha=0.1, agent_order=18), DataShape(n=20, group_sizes=(20,)))
+    with pytest.raises(InvalidInput, match="same number"):
+        cal.guarantee(cal.Params(alpha=0.1, agent_order=5), DataShape(n=30, group_sizes=(10, 20)))
+    with pytest.raises(ValidationError):
+        cal.Params(alpha=0.1, agent_order=0)

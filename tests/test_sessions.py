@@ -15,7 +15,14 @@ from privcal.accountant import Accountant
 from privcal.accountant import sessions as S
 from privcal.calibrators.fedplan import plan_fedcp_qq
 from privcal.client import fedcp_qq_message
-from privcal.errors import AuditFailed, BudgetRefused, InvalidInput, NotFound, PlanRejected
+from privcal.errors import (
+    AuditFailed,
+    BudgetRefused,
+    InfeasiblePlan,
+    InvalidInput,
+    NotFound,
+    PlanRejected,
+)
 from privcal.storage.models import Charge, SubjectSpend
 from privcal.storage.sessions import CollectionSession, SessionReport
 
@@ -186,20 +193,21 @@ def test_fedcp_qq_session_is_not_charged(accountant: Any) -> None:
     assert acct.verify().guarantees_recomputed == 1
 
 
-def test_allow_missing_refuses_when_the_guarantee_would_not_recompute(accountant: Any) -> None:
+def test_allow_missing_refuses_when_no_replan_is_feasible(accountant: Any) -> None:
     acct: Accountant = accountant
     acct.create_dataset("h", epsilon=1, subject_epsilon=10)
     info = S.open_session(acct, "fedcp2-qq", dataset="h", alpha=0.1, agents=5, local_n=200,
                           epsilon=10)
     top = info.plan["smax"]  # type: ignore[index]
-    S.submit_reports(acct, info.id, ["a", "b", "c"], [top, top, 50 / 99 * top])
+    S.submit_reports(acct, info.id, ["a"], [top])
     before = _snapshot(acct)
-    # 3 of 5: the valid replan (γ=0.07, k=3) is not what fedcp2-qq derives for 3 agents
-    with pytest.raises(PlanRejected, match="audit verify"):
+    # 1 of 5 at q=0.91: no γ keeps ℓ_γ + ℓ_cor ≤ ⌊200·0.91⌋ for a single agent
+    with pytest.raises(InfeasiblePlan, match="stays open"):
         S.close_session(acct, info.id, allow_missing=True)
     with pytest.raises(PlanRejected, match="--allow-missing"):
         S.close_session(acct, info.id)
     assert _snapshot(acct) == before
+    assert S.session_status(acct, info.id).status == "open"
 
 
 def test_tampered_session_rows_fail_verification(accountant: Any) -> None:

@@ -28,10 +28,12 @@ full; write the release when it finishes. If no row is accepted nothing is writt
   queries are already outputs, so the central charge precedes any data.
 - Closing an unfinished session without a release (``abandon``) keeps every charge:
   privacy spent on accepted reports is never refunded.
-- ``--allow-missing`` (federated) releases only when the recomputed plan for the
-  agents that answered is the plan the installed calibrator's ``guarantee`` derives
-  for that many agents, so ``audit verify`` reproduces it; otherwise it refuses and
-  says why (see :func:`_subset_plan`).
+- ``--allow-missing`` (federated) releases with the plan recomputed for the agents that
+  answered: their messages are fixed (FedCP²-QQ: level q; FedCP-QQ: order ℓ) and only
+  the server side is re-chosen (``replan_*_subset``). The release's params pin that agent
+  side (``level`` / ``agent_order``), from which the calibrator's ``guarantee`` derives
+  the same replanned plan, so ``audit verify`` reproduces it. When no valid replan
+  exists it refuses, writes nothing and the session stays open (see :func:`_subset_plan`).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from privcal.calibrators.fedplan import (
 )
 from privcal.calibrators.ldp_score import LdpScoreProtocol
 from privcal.costs import ApproxDP, LocalDP
-from privcal.errors import BudgetRefused, InvalidInput, NotFound, PlanRejected
+from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, NotFound, PlanRejected
 from privcal.storage.audit import charge_doc, now, release_doc, threshold_str
 from privcal.storage.models import SUBJECT_UNIT, Charge, Dataset, ReleaseRow
 from privcal.storage.records import UTCDateTime
@@ -693,7 +695,8 @@ def _fed_messages(s: Session, row: CollectionSession) -> list[float]:
 
 
 def _fed_release_args(s: Session, row: CollectionSession, plan: Fed2Plan | FedPlan,
-                      replanned: bool = False) -> dict[str, Any]:
+                      replanned: bool = False,
+                      params: dict[str, Any] | None = None) -> dict[str, Any]:
     msgs = _fed_messages(s, row)
     thr = aggregate(msgs, plan)
     diag: dict[str, Any] = {"m": plan.m, "n": plan.n, "k": plan.k,
@@ -706,7 +709,7 @@ def _fed_release_args(s: Session, row: CollectionSession, plan: Fed2Plan | FedPl
         diag.update(l=plan.l)
     if replanned:
         diag["replanned"] = {"m_planned": int(row.state["plan"]["m"]), "m_answered": plan.m}
-    return {"threshold": thr, "params": row.params,
+    return {"threshold": thr, "params": row.params if params is None else params,
             "shape": DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m),
             "diagnostics": diag}
 
@@ -720,40 +723,37 @@ def session_status(accountant: Accountant, session_id: int) -> SessionInfo:
         return _info_of(s, row, str(name))
 
 
-def _subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan, m2: int) -> Fed2Plan | FedPlan:
-    """The plan for the ``m2`` agents that answered, if ``audit verify`` can reproduce it.
+def _subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan,
+                 m2: int) -> tuple[Fed2Plan | FedPlan, dict[str, Any]]:
+    """The plan for the ``m2`` agents that answered, and the release params that pin it.
 
-    The recomputed plan keeps the agents' fixed answers (level q, or order ℓ) and
-    re-chooses the server order (``replan_*_subset``). The installed calibrators derive
-    their guarantee from (α, ε, B, S_max) and the shape alone — i.e. from a *fresh*
-    plan for m2 agents — so the release is written only when the two plans agree on
-    (γ, ℓ_γ, k_γ, ℓ_cor) or (ℓ, k). The level the agents actually answered at is kept in
-    the release's diagnostics (``q``); the recorded guarantee's ``details.q`` is the fresh
-    plan's, which is ≤ it.
+    The agents' answers are fixed (level q, or order ℓ), so only the server side is
+    re-chosen (``replan_*_subset``). The params get ``level`` = q (fedcp2-qq) or
+    ``agent_order`` = ℓ (fedcp-qq); with them the calibrator's ``plan``/``guarantee``
+    derive this same plan from (params, shape), which is what ``audit verify`` recomputes.
+    Raises :class:`InfeasiblePlan` when no server side reaches 1−α for these agents.
     """
+    try:
+        if isinstance(plan, Fed2Plan):
+            sub: Fed2Plan | FedPlan = replan_fedcp2_qq_subset(plan, m2)
+            params = {**row.params, "level": plan.q}
+        else:
+            sub = replan_fedcp_qq_subset(plan, m2)
+            params = {**row.params, "agent_order": plan.l}
+    except InfeasiblePlan as exc:
+        raise InfeasiblePlan(
+            f"session {row.id}: {exc}; nothing released and the session stays open (wait for "
+            "more agents, or close it with --abandon)") from None
     cal = registry.get(row.method).calibrator
-    p = cal.Params.model_validate(row.params)
+    p = cal.Params.model_validate(params)
     shape = DataShape(n=m2 * plan.n, group_sizes=(plan.n,) * m2)
-    fresh = cal.plan(p, shape)  # type: ignore[attr-defined]
-    if isinstance(plan, Fed2Plan):
-        sub: Fed2Plan | FedPlan = replan_fedcp2_qq_subset(plan, m2)
-        # q may differ: the agents answered at the original level, which is ≥ the fresh plan's
-        # (both need n·q ≥ ℓ_γ + ℓ_cor), so the recomputed guarantee holds for their answers
-        keys = ("gamma", "l_gamma", "k_gamma", "l_cor")
-    else:
-        sub = replan_fedcp_qq_subset(plan, m2)
-        keys = ("l", "k")
-    differs = [k for k in keys if getattr(sub, k) != getattr(fresh, k)]
-    if isinstance(sub, Fed2Plan) and not differs and sub.q < fresh.q:
-        differs = ["q"]
-    if differs:
+    pinned = cal.plan(p, shape)  # type: ignore[attr-defined]
+    if pinned != sub:  # the installed calibrator must recompute exactly what is released
         raise PlanRejected(
-            f"with {m2} of {plan.m} agents, the valid replanned order "
-            f"({', '.join(f'{k}={getattr(sub, k)}' for k in differs)}) is not what "
-            f"{row.method}'s recorded guarantee recomputes for {m2} agents "
-            f"({', '.join(f'{k}={getattr(fresh, k)}' for k in differs)}): refusing a release "
-            "that `audit verify` could not reproduce")
-    return sub
+            f"session {row.id}: {row.method}'s calibrator derives {pinned!r} from the pinned "
+            f"params, not the replanned {sub!r}: refusing a release `audit verify` could not "
+            "reproduce")
+    return sub, json_safe(p.model_dump(mode="python"))
 
 
 def close_session(accountant: Accountant, session_id: int, *, allow_missing: bool = False,
@@ -761,8 +761,9 @@ def close_session(accountant: Accountant, session_id: int, *, allow_missing: boo
     """Close a session.
 
     Federated: with every agent answered it is already released; with agents missing it
-    refuses, unless ``allow_missing`` (release with the plan recomputed for the agents that
-    answered, if valid and reproducible) or ``abandon`` (close without a release). An
+    refuses, unless ``allow_missing`` (release with the server side recomputed for the
+    agents that answered and the agent side pinned in the params; :class:`InfeasiblePlan`,
+    nothing written, if no valid plan exists) or ``abandon`` (close without a release). An
     unfinished ldp-score session can only be abandoned. Charges are never refunded.
     """
     if allow_missing and abandon:
@@ -793,10 +794,11 @@ def close_session(accountant: Accountant, session_id: int, *, allow_missing: boo
                                "for those that did, or --abandon")
         if total == 0:
             raise PlanRejected(f"session {row.id}: no agent has answered; nothing to release")
-        sub = _subset_plan(row, plan, total)
-        args = _fed_release_args(s, row, sub, replanned=True)
+        sub, params = _subset_plan(row, plan, total)
+        args = _fed_release_args(s, row, sub, replanned=True, params=params)
         row.updated_at = now()
-        _release_in_tx(accountant, s, ds, row, privacy_extra=_subset_extra(row, sub, ds),
+        _release_in_tx(accountant, s, ds, row,
+                       privacy_extra=_subset_extra(row, sub, ds, params),
                        charge_ids=_charge_ids(row), **args)
         s.flush()
         return _info_of(s, row, ds.name)
@@ -804,8 +806,8 @@ def close_session(accountant: Accountant, session_id: int, *, allow_missing: boo
     return accountant.ledger.write(tx)
 
 
-def _subset_extra(row: CollectionSession, plan: Fed2Plan | FedPlan,
-                  ds: Dataset) -> dict[str, Any] | None:
+def _subset_extra(row: CollectionSession, plan: Fed2Plan | FedPlan, ds: Dataset,
+                  params: dict[str, Any]) -> dict[str, Any] | None:
     """The shuffled record for the agents that answered (the shuffle hid m' senders, not m)."""
     if not row.shuffled:
         return None
@@ -816,7 +818,7 @@ def _subset_extra(row: CollectionSession, plan: Fed2Plan | FedPlan,
     from privcal.accountant.amplification import shuffled_guarantee
 
     cal = registry.get(row.method).calibrator
-    p = cal.Params.model_validate(row.params)
+    p = cal.Params.model_validate(params)
     shape = DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m)
     return json_safe(shuffled_guarantee(row.method, p, shape, ds.reporting_delta)[1])
 

@@ -25,7 +25,7 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
 from privcal.calibrators.federated_agent import aggregate, fedcp2_qq_message
-from privcal.calibrators.fedplan import Fed2Plan, plan_fedcp2_qq
+from privcal.calibrators.fedplan import Fed2Plan, plan_fedcp2_qq, plan_fedcp2_qq_pinned
 from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
 
@@ -43,15 +43,42 @@ class FedCP2QQParams(CalibratorParams):
         allow_inf_nan=False,
         description="public upper end S_max of the grid (never the data's maximum)",
     )
+    level: float | None = Field(
+        default=None,
+        ge=0.5,
+        lt=1,
+        allow_inf_nan=False,
+        description=(
+            "normally set by a collection session; pins the agents' answer level q (the "
+            "server side is then replanned for the agents in the shape, with ℓ_γ+ℓ_cor ≤ ⌊n·q⌋)"
+        ),
+    )
 
 
 def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
-    """Algorithm 3's plan for this shape; all agents must hold the same number of scores."""
+    """Algorithm 3's plan for this shape; all agents must hold the same number of scores.
+
+    With ``params.level`` set (a collection session closed with agents missing: the
+    agents answered at that level q before it was known how many would), the plan
+    keeps q and re-chooses γ, ℓ_γ, k_γ, ℓ_cor for the shape's m agents — the same
+    computation as :func:`~privcal.calibrators.fedplan.replan_fedcp2_qq_subset`,
+    so the recorded guarantee can be recomputed from the stored parameters.
+    """
     sizes = sizes_of(shape)
     if len(set(sizes)) != 1:
         raise InvalidInput(
             f"fedcp2-qq needs every agent to hold the same number of scores, got sizes "
             f"{sorted(set(sizes))}"
+        )
+    if params.level is not None:
+        return plan_fedcp2_qq_pinned(
+            len(sizes),
+            sizes[0],
+            params.alpha,
+            params.epsilon,
+            params.level,
+            bins=params.bins,
+            smax=params.smax,
         )
     return plan_fedcp2_qq(
         len(sizes), sizes[0], params.alpha, params.epsilon, bins=params.bins, smax=params.smax
@@ -75,7 +102,7 @@ class FedCP2QQ:
         return LocalDP(eps0=params.epsilon)
 
     def plan(self, params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
-        """The public plan (γ, ℓ_γ, k_γ, ℓ_cor, q)."""
+        """The public plan (γ, ℓ_γ, k_γ, ℓ_cor, q); q = ``params.level`` when pinned."""
         return plan_for(params, shape)
 
     def guarantee(self, params: FedCP2QQParams, shape: DataShape) -> CoverageGuarantee:
@@ -115,6 +142,16 @@ class FedCP2QQ:
                     f"each agent {p.epsilon:g}-DP w.r.t. its own scores (local DP at agent level)"
                 ),
                 "top_bin": "an aggregate on the top grid point S_max is released as +inf",
+                **(
+                    {
+                        "pinned": (
+                            f"agents answered at level q={p.q:g}; γ, ℓ_γ, k_γ, ℓ_cor replanned "
+                            f"for m={p.m} agents with ℓ_γ+ℓ_cor ≤ ⌊n·q⌋"
+                        )
+                    }
+                    if params.level is not None
+                    else {}
+                ),
             },
         )
 

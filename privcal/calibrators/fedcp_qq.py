@@ -14,6 +14,7 @@ import random
 from typing import ClassVar
 
 import numpy as np
+from pydantic import Field
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -28,6 +29,7 @@ from privcal.calibrators.fedplan import (
     FedPlan,
     FedPlanUnequal,
     plan_fedcp_qq,
+    plan_fedcp_qq_pinned,
     plan_fedcp_qq_unequal,
 )
 from privcal.calibrators.validation import check_scores
@@ -39,7 +41,16 @@ PRIVACY_NONE = "none (each agent reveals one order statistic of its data)"
 
 
 class FedCPQQParams(CalibratorParams):
-    """FedCP-QQ takes only α; (ℓ, k) follow from α and the agents' sizes."""
+    """FedCP-QQ takes α; (ℓ, k) follow from α and the agents' sizes, unless ℓ is pinned."""
+
+    agent_order: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "normally set by a collection session; pins the agents' answer level: the order ℓ "
+            "each agent sent (the server order k is then replanned for the agents in the shape)"
+        ),
+    )
 
 
 def sizes_of(shape: DataShape) -> tuple[int, ...]:
@@ -77,8 +88,21 @@ def group_by_agent(data: CalibrationInput) -> list[np.ndarray]:
 
 def plan_for(params: FedCPQQParams, shape: DataShape) -> FedPlan | FedPlanUnequal:
     """The plan for this shape: the optimal (ℓ*, k*) when all agents have n scores (eq. (6)),
-    else ℓ_j = ⌈(1−α)(n_j+1)⌉ and the smallest valid k (App. A.1)."""
+    else ℓ_j = ⌈(1−α)(n_j+1)⌉ and the smallest valid k (App. A.1).
+
+    With ``params.agent_order`` set (a collection session closed with agents missing: the
+    agents already sent their ℓ-th smallest score), ℓ is kept and k is the smallest server
+    order with M_{ℓ,k} ≥ 1−α for the shape's m agents — the same computation as
+    :func:`~privcal.calibrators.fedplan.replan_fedcp_qq_subset`.
+    """
     sizes = sizes_of(shape)
+    if params.agent_order is not None:
+        if len(set(sizes)) != 1:
+            raise InvalidInput(
+                f"a pinned agent order needs every agent to hold the same number of scores, "
+                f"got sizes {sorted(set(sizes))}"
+            )
+        return plan_fedcp_qq_pinned(len(sizes), sizes[0], params.alpha, params.agent_order)
     if len(set(sizes)) == 1:
         return plan_fedcp_qq(len(sizes), sizes[0], params.alpha)
     return plan_fedcp_qq_unequal(sizes, params.alpha)
@@ -116,7 +140,13 @@ class FedCPQQ:
             "privacy": PRIVACY_NONE,
             "upper_requires": "continuous scores (Thm 3.2 is then an equality)",
         }
-        if isinstance(plan, FedPlan):
+        if isinstance(plan, FedPlan) and params.agent_order is not None:
+            details.update(
+                n=plan.n,
+                l=plan.l,
+                plan="agent order ℓ pinned (sent by the agents); smallest k with M_{ℓ,k} ≥ 1−α",
+            )
+        elif isinstance(plan, FedPlan):
             details.update(n=plan.n, l=plan.l, plan="optimal (ℓ*, k*), Alg. 1 eq. (6)")
         else:
             details.update(

@@ -62,7 +62,9 @@ __all__ = [
     "coverage_M_unequal",
     "l_correction",
     "plan_fedcp2_qq",
+    "plan_fedcp2_qq_pinned",
     "plan_fedcp_qq",
+    "plan_fedcp_qq_pinned",
     "plan_fedcp_qq_unequal",
     "replan_fedcp2_qq_subset",
     "replan_fedcp_qq_subset",
@@ -627,6 +629,12 @@ def plan_fedcp2_qq(
     Pruning (exact): M_{ℓ_γ+ℓ_cor,k_γ} ≥ M_{ℓ_γ,k_γ} ≥ (1−α)/(1−γα), which grows
     with γ, so the scan stops once that level reaches the best criterion found.
     """
+    return _plan2_cached(*_check_fed2(m, n, alpha, eps, bins, smax))
+
+
+def _check_fed2(
+    m: object, n: object, alpha: object, eps: object, bins: object, smax: object
+) -> tuple[int, int, float, float, int, float]:
     m = _check_int("number of agents", m, 1)
     n = _check_int("local size n", n, 1)
     alpha = _check_alpha(alpha)
@@ -643,7 +651,7 @@ def plan_fedcp2_qq(
         or not (math.isfinite(smax) and smax > 0)
     ):
         raise InvalidInput(f"S_max must be a finite number > 0, got {smax!r}")
-    return _plan2_cached(m, n, alpha, float(eps), bins, float(smax))
+    return m, n, alpha, float(eps), bins, float(smax)
 
 
 def _gamma_search(
@@ -710,61 +718,137 @@ def _plan2_cached(m: int, n: int, alpha: float, eps: float, bins: int, smax: flo
 # --------------------------------------------------------------------------- missing agents
 
 
+def plan_fedcp_qq_pinned(m: int, n: int, alpha: float, ell: int) -> FedPlan:
+    """The FedCP-QQ plan for m agents that send (or sent) their ``ell``-th smallest score.
+
+    The agent order ℓ is fixed; the server order is the smallest k ≤ m with
+    M_{ℓ,k} ≥ 1−α (Thm 3.2), which, M being non-decreasing in k, also has the
+    smallest coverage above 1−α for that ℓ. This is what a collection session
+    needs when fewer agents answered than planned (:func:`replan_fedcp_qq_subset`)
+    and what the calibrator recomputes from a pinned ``agent_order``.
+    Raises :class:`InfeasiblePlan` when even k = m falls short.
+    """
+    m = _check_int("number of agents", m, 1)
+    n = _check_int("local size n", n, 1)
+    alpha = _check_alpha(alpha)
+    if isinstance(ell, bool) or not isinstance(ell, int | np.integer) or int(ell) < 1:
+        raise InvalidInput(f"agent order ℓ must be an integer ≥ 1, got {ell!r}")
+    ell = int(ell)
+    if ell > n:
+        raise InfeasiblePlan(
+            f"agent order ℓ={ell} is not an order statistic of n={n} scores per agent"
+        )
+    tab = _table(m, n)
+    tgt = 1 - alpha - _FEAS_TOL
+    if tab(ell, m) < tgt:
+        raise InfeasiblePlan(
+            f"no server order reaches coverage {1 - alpha:g} with m={m} agents sending their "
+            f"ℓ={ell}-th smallest of n={n} scores (best M = {tab(ell, m):.6g})"
+        )
+    lo, hi = 0, m
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tab(ell, mid) >= tgt:
+            hi = mid
+        else:
+            lo = mid
+    return FedPlan(l=ell, k=hi, M=tab(ell, hi), m=m, n=n, alpha=alpha)
+
+
 def replan_fedcp_qq_subset(plan: FedPlan, m_answered: int) -> FedPlan:
     """The server order for the ``m_answered`` agents that did send their ℓ-th smallest score.
 
     The agents' messages are fixed (order ℓ); with m' of them, the k-th
     smallest covers M_{ℓ,k} for m' agents (Thm 3.2), so k' = min{k ≤ m' :
-    M_{ℓ,k} ≥ 1−α}. Valid when which agents answer does not depend on their
-    scores. Raises :class:`InfeasiblePlan` when even k' = m' falls short.
+    M_{ℓ,k} ≥ 1−α} (:func:`plan_fedcp_qq_pinned`). Valid when which agents
+    answer does not depend on their scores. Raises :class:`InfeasiblePlan`
+    when even k' = m' falls short.
     """
     m2 = _check_int("number of answering agents", m_answered, 1, plan.m)
-    tab = _table(m2, plan.n)
-    tgt = 1 - plan.alpha - _FEAS_TOL
-    if tab(plan.l, m2) < tgt:
+    try:
+        return plan_fedcp_qq_pinned(m2, plan.n, plan.alpha, plan.l)
+    except InfeasiblePlan as exc:
+        raise InfeasiblePlan(f"with {m2} of {plan.m} agents answering: {exc}") from None
+
+
+def _answer_budget(n: int, q: float) -> int:
+    """⌊n·q⌋: the largest ℓ_γ + ℓ_cor that answers at level q support (Lemma C.4).
+
+    n·q is an integer or n/2 for the levels :func:`plan_fedcp2_qq` chooses; the
+    epsilon absorbs the float product. Capped at n−1 (q < 1).
+    """
+    return min(math.floor(n * q + 1e-9), n - 1)
+
+
+def plan_fedcp2_qq_pinned(
+    m: int, n: int, alpha: float, eps: float, q: float, bins: int = 100, smax: float = 1.0
+) -> Fed2Plan:
+    """A FedCP²-QQ plan for m agents that answer (or answered) at the fixed level ``q``.
+
+    What the proof of Thm 4.1 (App. C.4) needs from answers at level q is
+    n·q ≥ ℓ_γ + ℓ_cor (Lemma C.4 with δ = 1−(1−γα)^{1/m}). So the γ search of
+    :func:`plan_fedcp2_qq` is run for m agents with the budget
+    ℓ_γ + ℓ_cor ≤ ⌊n·q⌋, and ``q`` stays the given level. Used for agents
+    missing from a collection session (:func:`replan_fedcp2_qq_subset`) and by
+    the calibrator when its ``level`` is pinned. Raises :class:`InfeasiblePlan`
+    when no γ fits, :class:`InvalidInput` when q is not in [1/2, 1).
+    """
+    if (
+        isinstance(q, bool)
+        or not isinstance(q, int | float)
+        or not (math.isfinite(q) and 0.5 <= q < 1)
+    ):
+        raise InvalidInput(f"the agents' level q must be a number in [1/2, 1), got {q!r}")
+    m, n, alpha, eps, bins, smax = _check_fed2(m, n, alpha, eps, bins, smax)
+    return _plan2_pinned_cached(m, n, alpha, eps, bins, smax, float(q))
+
+
+@lru_cache(maxsize=128)
+def _plan2_pinned_cached(
+    m: int, n: int, alpha: float, eps: float, bins: int, smax: float, q: float
+) -> Fed2Plan:
+    budget = _answer_budget(n, q)
+    best, _ = _gamma_search(m, n, alpha, eps, bins, budget)
+    if best is None:
         raise InfeasiblePlan(
-            f"with {m2} of {plan.m} agents answering, no server order reaches coverage "
-            f"{1 - plan.alpha:g} from agent order ℓ={plan.l} "
-            f"(best M = {tab(plan.l, m2):.6g})"
+            f"no FedCP²-QQ plan for m={m} agents answering at level q={q:g}: for every γ in "
+            f"0.01..0.99, ℓ_γ + ℓ_cor > ⌊n·q⌋ = {budget} (n={n}, α={alpha:g}, ε={eps:g}, "
+            f"B={bins})"
         )
-    lo, hi = 0, m2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if tab(plan.l, mid) >= tgt:
-            hi = mid
-        else:
-            lo = mid
-    return FedPlan(l=plan.l, k=hi, M=tab(plan.l, hi), m=m2, n=plan.n, alpha=plan.alpha)
+    crit, gamma, l_g, k_g, l_cor, m_g = best
+    return Fed2Plan(
+        gamma=gamma,
+        l_gamma=l_g,
+        k_gamma=k_g,
+        l_cor=l_cor,
+        q=q,
+        M=crit,
+        M_gamma=m_g,
+        m=m,
+        n=n,
+        alpha=alpha,
+        epsilon=eps,
+        bins=bins,
+        smax=smax,
+    )
 
 
 def replan_fedcp2_qq_subset(plan: Fed2Plan, m_answered: int) -> Fed2Plan:
     """A FedCP²-QQ plan for the ``m_answered`` agents that did answer at level ``plan.q``.
 
-    The answers are fixed; what the proof of Thm 4.1 (App. C.4) needs from
-    them is n·q ≥ ℓ_γ + ℓ_cor (Lemma C.4 with δ = 1−(1−γα)^{1/m'}). So the γ
-    search of :func:`plan_fedcp2_qq` is rerun for m' agents with the budget
-    ℓ_γ + ℓ_cor ≤ ⌊n·q⌋; ``q`` stays the level the agents used. Valid when
-    which agents answer does not depend on their scores. Raises
-    :class:`InfeasiblePlan` when no γ fits.
+    The answers are fixed, so this is :func:`plan_fedcp2_qq_pinned` for m'
+    agents at the level ``plan.q`` the agents used (the γ search rerun with
+    ℓ_γ + ℓ_cor ≤ ⌊n·q⌋). Valid when which agents answer does not depend on
+    their scores. Raises :class:`InfeasiblePlan` when no γ fits.
     """
     m2 = _check_int("number of answering agents", m_answered, 1, plan.m)
-    # n·q is an integer or n/2 by construction; the epsilon absorbs the float product
-    budget = math.floor(plan.n * plan.q + 1e-9)
-    best, _ = _gamma_search(m2, plan.n, plan.alpha, plan.epsilon, plan.bins, budget)
-    if best is None:
+    try:
+        return plan_fedcp2_qq_pinned(
+            m2, plan.n, plan.alpha, plan.epsilon, plan.q, bins=plan.bins, smax=plan.smax
+        )
+    except InfeasiblePlan:
         raise InfeasiblePlan(
             f"with {m2} of {plan.m} agents answering at level q={plan.q:g}, no γ keeps "
-            f"ℓ_γ + ℓ_cor ≤ n·q = {budget}: the guarantee cannot be recomputed"
-        )
-    crit, gamma, l_g, k_g, l_cor, m_g = best
-    return plan.model_copy(
-        update={
-            "gamma": gamma,
-            "l_gamma": l_g,
-            "k_gamma": k_g,
-            "l_cor": l_cor,
-            "M": crit,
-            "M_gamma": m_g,
-            "m": m2,
-        }
-    )
+            f"ℓ_γ + ℓ_cor ≤ n·q = {_answer_budget(plan.n, plan.q)}: the guarantee cannot be "
+            "recomputed"
+        ) from None
