@@ -686,6 +686,18 @@ def _gamma_search(
     return best, min_cor
 
 
+def _fed2_plan(
+    best: tuple[float, float, int, int, int, float],
+    q: float, m: int, n: int, alpha: float, eps: float, bins: int, smax: float,
+) -> Fed2Plan:
+    """The plan record of a γ-search result (crit, γ, ℓ_γ, k_γ, ℓ_cor, M_γ) at agent level q."""
+    crit, gamma, l_g, k_g, l_cor, m_g = best
+    return Fed2Plan(
+        gamma=gamma, l_gamma=l_g, k_gamma=k_g, l_cor=l_cor, q=q, M=crit, M_gamma=m_g,
+        m=m, n=n, alpha=alpha, epsilon=eps, bins=bins, smax=smax,
+    )  # fmt: skip
+
+
 @lru_cache(maxsize=128)
 def _plan2_cached(m: int, n: int, alpha: float, eps: float, bins: int, smax: float) -> Fed2Plan:
     best, min_cor = _gamma_search(m, n, alpha, eps, bins, n - 1)
@@ -696,23 +708,8 @@ def _plan2_cached(m: int, n: int, alpha: float, eps: float, bins: int, smax: flo
             f"(m={m}, α={alpha:g}, B={bins}): for every γ in 0.01..0.99, ℓ_γ + ℓ_cor ≥ n"
             + (f"; {detail}" if detail else "")
         )
-    crit, gamma, l_g, k_g, l_cor, m_g = best
-    q = max((l_g + l_cor) / n, 0.5)
-    return Fed2Plan(
-        gamma=gamma,
-        l_gamma=l_g,
-        k_gamma=k_g,
-        l_cor=l_cor,
-        q=q,
-        M=crit,
-        M_gamma=m_g,
-        m=m,
-        n=n,
-        alpha=alpha,
-        epsilon=eps,
-        bins=bins,
-        smax=smax,
-    )
+    q = max((best[2] + best[4]) / n, 0.5)
+    return _fed2_plan(best, q, m, n, alpha, eps, bins, smax)
 
 
 # --------------------------------------------------------------------------- missing agents
@@ -815,22 +812,7 @@ def _plan2_pinned_cached(
             f"0.01..0.99, ℓ_γ + ℓ_cor > ⌊n·q⌋ = {budget} (n={n}, α={alpha:g}, ε={eps:g}, "
             f"B={bins})"
         )
-    crit, gamma, l_g, k_g, l_cor, m_g = best
-    return Fed2Plan(
-        gamma=gamma,
-        l_gamma=l_g,
-        k_gamma=k_g,
-        l_cor=l_cor,
-        q=q,
-        M=crit,
-        M_gamma=m_g,
-        m=m,
-        n=n,
-        alpha=alpha,
-        epsilon=eps,
-        bins=bins,
-        smax=smax,
-    )
+    return _fed2_plan(best, q, m, n, alpha, eps, bins, smax)
 
 
 def replan_fedcp2_qq_subset(plan: Fed2Plan, m_answered: int) -> Fed2Plan:
