@@ -40,9 +40,6 @@ def plain(d: Decimal) -> str:
 class _Cost(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def describe(self) -> str:  # pragma: no cover - overridden
-        raise NotImplementedError
-
 
 class PureDP(_Cost):
     """ε-differential privacy (central)."""

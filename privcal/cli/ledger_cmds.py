@@ -202,7 +202,7 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
 # ---------------------------------------------------------------- audit
 @main.group()
 def audit() -> None:
-    """Verify the hash-chained audit log."""
+    """The audit log: verify it (and every guarantee), print its head, report per dataset."""
 
 
 @audit.command("verify")
