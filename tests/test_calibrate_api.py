@@ -171,3 +171,15 @@ def test_mean_true_coverage_meets_the_recorded_bound(
         assert c.mean() <= (1 - beta) * upper + beta + tol, (c.mean(), upper, tol)
     assert len(acct.releases("big")) == TRIALS
     assert acct.verify().guarantees_recomputed == TRIALS
+
+
+def test_fedcp_qq_records_what_each_agent_reveals(accountant: Accountant) -> None:
+    """FedCP-QQ is non-private: the release says what leaks, and no agent is charged."""
+    accountant.create_dataset("open", rho=1, allow_nonprivate=True)
+    agents = np.repeat(np.arange(50), 20)
+    rel = accountant.calibrate("fedcp-qq", dataset="open", scores=RNG.random(1000), agents=agents,
+                               alpha=0.1)  # fmt: skip
+    assert rel.privacy["model"] == "none" and rel.privacy["cost"] is None
+    assert "each agent reveals one order statistic of its data" in rel.privacy["statement"]
+    assert accountant.budget("open").charges == 0
+    assert accountant.verify().guarantees_recomputed == 1

@@ -863,13 +863,16 @@ class Accountant:
         if len(set(lengths.values())) > 1:
             raise InvalidInput(f"calibration arrays differ in length: {lengths}")
 
-    def _privacy(self, cost: AnyCost | None, ds: DatasetInfo,
-                 extra: dict[str, Any] | None) -> dict[str, Any]:
+    def _privacy(self, cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
+                 calibrator: Any = None) -> dict[str, Any]:
+        """The privacy record of a release; a non-private calibrator may say what it reveals
+        (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent)."""
         out: dict[str, Any] = {"cost": _cost_json(cost) if cost is not None else None}
         rd = ds.reporting_delta
         if cost is None:
+            what = getattr(calibrator, "privacy_statement", None) or "non-private release"
             out.update(model="none",
-                       statement="non-private release (allowed by the dataset policy)")
+                       statement=f"{what} (allowed by the dataset policy)")
         elif isinstance(cost, PureDP):
             e = acc.dstr(cost.eps)
             out.update(model="central", epsilon=e, delta="0", rule="pure ε-DP",
@@ -1007,7 +1010,8 @@ class Accountant:
         # ---- the charge is committed; from here on the data is touched
         result = calibrator.calibrate(data, p, rng)
         guarantee = calibrator.guarantee(p, shape)
-        privacy = self._privacy(cost, ds, {**(privacy_extra or {}), **shuffled} or None)
+        privacy = self._privacy(cost, ds, {**(privacy_extra or {}), **shuffled} or None,
+                                calibrator)
         if central_receipt is not None:
             privacy["central_cost"] = central_receipt.cost
         return self.record_release(

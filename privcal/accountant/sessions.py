@@ -270,7 +270,7 @@ def _release_in_tx(
     p = cal.Params.model_validate(params)
     coverage = cal.guarantee(p, shape)
     cost = cal.cost(p, shape)
-    privacy = acct._privacy(cost, _info(ds), privacy_extra)
+    privacy = acct._privacy(cost, _info(ds), privacy_extra, cal)
     central = row.state.get("central_cost")
     if central is not None:
         privacy["central_cost"] = central

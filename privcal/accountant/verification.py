@@ -124,7 +124,7 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
                 rel.method, params, shape, ds.reporting_delta,
                 assume_unlinkable_features="assumption" in extra,
             )  # fmt: skip
-        privacy = accountant._privacy(cost, ds, new_extra)
+        privacy = accountant._privacy(cost, ds, new_extra, cal)
         if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
             from privcal.accountant.accountant import _cost_json, normalize_cost
 

@@ -119,6 +119,8 @@ class FedCPQQ:
     summary: ClassVar[str] = (
         "one-shot federated quantile of quantiles (non-private): exact coverage M_{ℓ,k} ≥ 1−α"
     )
+    #: what the release reveals, recorded as its privacy statement
+    privacy_statement: ClassVar[str] = PRIVACY_NONE
 
     def cost(self, params: FedCPQQParams, shape: DataShape) -> None:
         """Non-private: each agent reveals one order statistic of its data."""
