@@ -97,8 +97,8 @@ def test_parquet_roundtrip(tmp_path: Path) -> None:  # pragma: no cover - needs 
 
 def test_load_reports_ids_stay_integers(tmp_path: Path) -> None:
     (tmp_path / "r.csv").write_text("id,bit\n17,1\n18,0\nabc,1\n")
-    ids, bits = load_reports(str(tmp_path / "r.csv"), "id", "bit")
-    assert list(ids) == ["17", "18", "abc"]
+    ids, bits, rounds = load_reports(str(tmp_path / "r.csv"), "id", "bit")
+    assert list(ids) == ["17", "18", "abc"] and rounds is None  # no round column
     np.testing.assert_array_equal(bits, [1.0, 0.0, 1.0])
     with pytest.raises(InvalidInput, match=r"reports need columns 'id' and 'value'"):
         load_reports(str(tmp_path / "r.csv"), "id", "value")

@@ -33,6 +33,7 @@ from privcal.calibrators.validation import (
     check_lengths,
     check_probs,
     check_scores,
+    id_strings,
 )
 from privcal.errors import InvalidInput
 
@@ -70,13 +71,7 @@ def _ids(a: Any, what: str, n: int) -> np.ndarray:
     arr = np.asarray(a)
     if arr.ndim != 1 or arr.shape[0] != n:
         raise InvalidInput(f"{what} must be a 1-D array of {n} ids, got shape {arr.shape}")
-    out = np.array(
-        [
-            str(int(v)) if isinstance(v, float | np.floating) and float(v).is_integer() else str(v)
-            for v in arr
-        ],
-        dtype=object,
-    )
+    out = id_strings(arr).astype(object)
     if any(s == "" or s == "nan" for s in out):
         raise InvalidInput(f"{what}: empty or NaN id")
     return out

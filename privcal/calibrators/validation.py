@@ -21,6 +21,7 @@ __all__ = [
     "check_probs",
     "check_scores",
     "check_targets",
+    "id_strings",
 ]
 
 #: rows of a probability matrix must sum to 1 within this absolute tolerance
@@ -138,3 +139,16 @@ def check_lengths(**arrays: np.ndarray) -> int:
         desc = ", ".join(f"{name} has {m}" for name, m in lengths.items())
         raise InvalidInput(f"length mismatch: {desc} rows")
     return next(iter(lengths.values()))
+
+
+def id_strings(values: object) -> np.ndarray:
+    """Subject or agent ids as strings. A numeric id read back as a float (a CSV column of
+    numbers) keeps its integer spelling: 17.0 becomes "17", never "17.0"."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iuU":  # the common bulk case, vectorised
+        return arr.astype(str)
+    return np.array(
+        [str(int(v)) if isinstance(v, float | np.floating) and float(v).is_integer() else str(v)
+         for v in arr.ravel()],
+        dtype=object,
+    ).reshape(arr.shape)

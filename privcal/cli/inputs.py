@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privcal.calibrators.validation import id_strings
 from privcal.errors import InvalidInput
 
 SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
@@ -126,21 +127,18 @@ def load_array(
     raise InvalidInput(f"{path}: holds several arrays ({', '.join(tab)}); name one as {path}:NAME")
 
 
-def load_reports(spec: str, id_column: str, value_column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Read a report batch: one id column (as strings) and one value column."""
+def load_reports(
+    spec: str, id_column: str, value_column: str, *, label: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Read a report batch: the id column (as strings, see
+    :func:`~privcal.calibrators.validation.id_strings`), the value column, and the optional
+    ``round`` column (``None`` when absent). ``label`` names the kind of report in errors."""
     path, _ = _split_key(spec)
     tab = _table(path)
     if id_column not in tab or value_column not in tab:
         cols = ", ".join(tab) or "(none)"
         raise InvalidInput(
-            f"{path}: reports need columns {id_column!r} and {value_column!r} (has: {cols})"
+            f"{path}: {label}reports need columns {id_column!r} and {value_column!r} "
+            f"(has: {cols})"
         )
-    ids = np.array([_id_str(v) for v in tab[id_column]], dtype=object)
-    return ids, tab[value_column]
-
-
-def _id_str(v: object) -> str:
-    # CSV ids that look numeric come back as floats: "17" must stay "17", not "17.0"
-    if isinstance(v, float | np.floating) and float(v).is_integer():
-        return str(int(v))
-    return str(v)
+    return id_strings(tab[id_column]), tab[value_column], tab.get("round")

@@ -15,7 +15,7 @@ import click
 import numpy as np
 
 from privcal.cli.app import emit, info, json_option, main, pass_settings, table
-from privcal.cli.inputs import _id_str, _split_key, _table
+from privcal.cli.inputs import load_reports
 from privcal.errors import InvalidInput
 
 
@@ -112,19 +112,8 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
 
 
 def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    path, _ = _split_key(spec)
-    tab = _table(path)
     id_col, val_col = ("subject", "bit") if method == "ldp-score" else ("agent", "value")
-    if id_col not in tab or val_col not in tab:
-        cols = ", ".join(tab) or "(none)"
-        raise InvalidInput(
-            f"{path}: {method} reports need columns {id_col!r} and {val_col!r} (has: {cols})")
-    raw = tab[id_col]
-    if raw.dtype.kind in "iu":
-        ids = raw.astype(str)
-    else:
-        ids = np.array([_id_str(v) for v in raw], dtype=object)
-    return ids, tab[val_col], tab.get("round")
+    return load_reports(spec, id_col, val_col, label=f"{method} ")
 
 
 @session.command("submit")
