@@ -128,3 +128,20 @@ def test_check_targets_and_lengths():
     with pytest.raises(InvalidInput, match="probs has 3, labels has 2") as exc:
         check_lengths(probs=np.zeros((3, 2)), labels=np.zeros(2))
     _one_line(exc)
+
+
+def test_shape_sizes_and_federated_groups_share_one_agent_order() -> None:
+    """Agents 2 and 10 sort differently as numbers and as strings: the per-agent sizes in the
+    shape and the calibrator's groups must still pair up position by position."""
+    from privcal.calibrators.base import CalibrationInput
+    from privcal.calibrators.fedcp_qq import group_by_agent
+    from privcal.calibrators.validation import group_sizes, id_strings
+
+    agents = np.array([2, 10, 10, 10, 2.0])  # a CSV column of numbers comes back as floats
+    scores = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert list(id_strings(agents)) == ["2", "10", "10", "10", "2"]
+    sizes = group_sizes(agents)
+    groups = group_by_agent(CalibrationInput(scores=scores, agents=agents))
+    assert sizes == (3, 2)  # "10" then "2"
+    assert [g.size for g in groups] == list(sizes)
+    np.testing.assert_array_equal(groups[0], [0.2, 0.3, 0.4])

@@ -47,6 +47,7 @@ from privcal.calibrators.base import (
     DataShape,
     default_rng,
 )
+from privcal.calibrators.validation import group_sizes
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import AlreadyExists, BudgetRefused, InvalidInput, NotFound
 from privcal.storage import Ledger
@@ -822,10 +823,7 @@ class Accountant:
     @staticmethod
     def _shape(data: CalibrationInput, n: int | None = None) -> DataShape:
         k = int(data.probs.shape[1]) if data.probs is not None and data.probs.ndim == 2 else None
-        groups = None
-        if data.agents is not None:
-            _, counts = np.unique(data.agents, return_counts=True)
-            groups = tuple(int(c) for c in counts)
+        groups = group_sizes(data.agents) if data.agents is not None else None
         try:
             return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
         except (ValidationError, ValueError) as exc:

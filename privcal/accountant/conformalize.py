@@ -33,6 +33,7 @@ from privcal.calibrators.validation import (
     check_lengths,
     check_probs,
     check_scores,
+    group_sizes,
     id_strings,
 )
 from privcal.errors import InvalidInput
@@ -141,13 +142,12 @@ def prepare(
     n = int(data_scores.shape[0]) if data_scores is not None else int(y.shape[0])  # type: ignore[union-attr]
 
     agent_ids = None
-    group_sizes: tuple[int, ...] | None = None
+    sizes: tuple[int, ...] | None = None
     if "agents" in needs:
         if agents is None:
             raise InvalidInput(f"{cal.name} needs the agent of every score (--agent-of FILE)")
         agent_ids = _ids(agents, "agent ids", n)
-        _, counts = np.unique(agent_ids.astype(str), return_counts=True)
-        group_sizes = tuple(int(c) for c in counts)
+        sizes = group_sizes(agent_ids)
     elif agents is not None:
         raise InvalidInput(f"{cal.name} is not federated; it takes no agent ids")
 
@@ -176,7 +176,7 @@ def prepare(
         subjects=subject_ids,
         score_name=score_record["name"] if score_record else None,
     )
-    shape = DataShape(n=n, k=k, group_sizes=group_sizes)
+    shape = DataShape(n=n, k=k, group_sizes=sizes)
     return Prepared(reg, p, data, shape, score_record)
 
 
@@ -339,10 +339,7 @@ def dry_run(
             "a dry run needs the input file to know n (--scores or --probs/--labels)"
         )
     k = int(np.shape(probs)[1]) if probs is not None and np.ndim(probs) == 2 else None
-    sizes = None
-    if agents is not None:
-        _, counts = np.unique(np.asarray(agents).astype(str), return_counts=True)
-        sizes = tuple(int(c) for c in counts)
+    sizes = group_sizes(agents) if agents is not None else None
     shape = DataShape(n=n, k=k, group_sizes=sizes)
     return accountant.dry_run(cal, p, shape, dataset)
 

@@ -32,7 +32,7 @@ from privcal.calibrators.fedplan import (
     plan_fedcp_qq_pinned,
     plan_fedcp_qq_unequal,
 )
-from privcal.calibrators.validation import check_scores
+from privcal.calibrators.validation import agent_index, check_scores
 from privcal.errors import InvalidInput
 
 __all__ = ["PRIVACY_NONE", "FedCPQQ", "FedCPQQParams", "group_by_agent", "sizes_of"]
@@ -77,10 +77,7 @@ def group_by_agent(data: CalibrationInput) -> list[np.ndarray]:
         raise InvalidInput(
             f"length mismatch: scores has {s.shape[0]} rows, agents has {a.shape[0]} rows"
         )
-    try:
-        ids, inverse = np.unique(a, return_inverse=True)
-    except TypeError as exc:  # mixed, unorderable ids
-        raise InvalidInput(f"agent ids must be all numbers or all strings: {exc}") from exc
+    ids, inverse = agent_index(a)
     order = np.argsort(inverse, kind="stable")
     counts = np.bincount(inverse, minlength=ids.size)
     return np.split(s[order], np.cumsum(counts)[:-1])

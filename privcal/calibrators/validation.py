@@ -152,3 +152,16 @@ def id_strings(values: object) -> np.ndarray:
          for v in arr.ravel()],
         dtype=object,
     ).reshape(arr.shape)
+
+
+def agent_index(agents: object) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct agent ids, the index of each row's agent) in the one agent order that
+    ``DataShape.group_sizes`` and the federated calibrators share: ids as strings, sorted."""
+    distinct, inverse = np.unique(id_strings(agents), return_inverse=True)
+    return distinct, inverse.reshape(-1)
+
+
+def group_sizes(agents: object) -> tuple[int, ...]:
+    """How many rows each agent holds, in :func:`agent_index` order."""
+    distinct, inverse = agent_index(agents)
+    return tuple(int(c) for c in np.bincount(inverse, minlength=distinct.size))
