@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from privcal.accountant import accounting as acc
@@ -217,11 +217,6 @@ def _proto(row: CollectionSession) -> LdpScoreProtocol:
 def _fed_plan(row: CollectionSession) -> Fed2Plan | FedPlan:
     p = row.state["plan"]
     return Fed2Plan.model_validate(p) if row.method == "fedcp2-qq" else FedPlan.model_validate(p)
-
-
-def _count(s: Session, session_id: int) -> int:
-    return int(s.scalar(select(func.count()).select_from(SessionReport)
-                        .where(SessionReport.session_id == session_id)) or 0)
 
 
 def _info_of(s: Session, row: CollectionSession, ds_name: str) -> SessionInfo:
