@@ -6,18 +6,15 @@ A thin skin over :mod:`privcal.calibrators.fedplan`: FedCP-QQ without
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from privcal.calibrators.fedplan import (
-    Fed2Plan,
-    FedPlan,
-    FedPlanUnequal,
-    plan_fedcp2_qq,
-    plan_fedcp_qq,
-    plan_fedcp_qq_unequal,
-)
 from privcal.cli.app import emit, json_option, main, table
 from privcal.errors import InvalidInput
+
+if TYPE_CHECKING:  # the planning module pulls in SciPy: imported when a plan is made
+    from privcal.calibrators.fedplan import Fed2Plan, FedPlan, FedPlanUnequal
 
 
 @main.group("fed")
@@ -46,6 +43,8 @@ def plan_from_options(
     smax: float,
 ) -> FedPlan | FedPlanUnequal | Fed2Plan:
     """The plan the options describe (the library call behind ``privcal fed plan``)."""
+    from privcal.calibrators.fedplan import plan_fedcp2_qq, plan_fedcp_qq, plan_fedcp_qq_unequal
+
     sizes = _sizes(local_n)
     if len(sizes) == 1:
         if agents is None:
@@ -64,6 +63,8 @@ def plan_from_options(
 
 
 def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
+    from privcal.calibrators.fedplan import FedPlan, FedPlanUnequal
+
     if isinstance(plan, FedPlan):
         rows = [
             {"quantity": "agents m", "value": plan.m},
