@@ -11,6 +11,7 @@ from privcal.cli import (  # noqa: F401  (imported for their commands)
     ledger_cmds,  # dataset, budget, charge, release, audit, db
     local_cmds,  # advise
     quickstart_cmds,  # quickstart
+    service_cmds,  # serve, token create/list/revoke
     session_cmds,  # session open/submit/status/close
 )
 from privcal.cli.app import main

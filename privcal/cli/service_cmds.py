@@ -1,0 +1,140 @@
+"""``privcal serve`` and ``privcal token create|list|revoke``.
+
+Tokens are managed on the ledger directly (not over HTTP), so the first admin token
+can be created before the service runs. A new token is printed once; only its SHA-256
+is stored.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.errors import InvalidInput
+
+_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` → a timedelta (InvalidInput otherwise)."""
+    m = _DURATION.match(text.strip())
+    if not m or int(m.group(1)) <= 0:
+        raise InvalidInput(f"--expires must be a positive duration like 90s, 15m, 12h, 30d or "
+                           f"2w, got {text!r}")
+    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=8321, show_default=True, type=click.IntRange(0, 65535),
+              help="port (0: a free one, printed on stderr)")
+@click.option("--max-body", default=16 * 1024 * 1024, show_default=True,
+              type=click.IntRange(1024), help="request body limit in bytes (413 above)")
+@click.option("--report-window", default=0.004, show_default=True,
+              type=click.FloatRange(0.0, 1.0), help="seconds device reports are gathered "
+              "before one batched write")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@pass_settings
+def serve(settings: Any, host: str, port: int, max_body: int, report_window: float,
+          log_level: str) -> None:
+    """Run the HTTP service on the ledger (needs `pip install 'privcal[server]'`)."""
+    import logging
+    import socket
+    import sys
+
+    try:
+        import uvicorn
+
+        from privcal.service.app import create_app
+    except ImportError as exc:
+        raise InvalidInput(f"privcal serve needs the server extra: pip install "
+                           f"'privcal[server]' ({exc})") from None
+    ledger = settings.ledger()
+    ledger.ensure_schema()  # refuse a stale schema before binding (names `privcal db upgrade`)
+    from privcal.accountant import Accountant
+
+    app = create_app(accountant=Accountant(ledger), body_limit=max_body,
+                     report_window=report_window)
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise InvalidInput(f"cannot bind {host}:{port}: {exc}") from None
+    sock.listen(2048)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    info(f"listening on http://{shown}:{bound}")
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                            timeout_keep_alive=30, backlog=2048)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@main.group("token")
+def token() -> None:
+    """API tokens of the HTTP service: create (shown once), list, revoke."""
+
+
+@token.command("create")
+@click.option("--role", required=True,
+              type=click.Choice(["admin", "analyst", "auditor", "device", "agent", "ingestor"]))
+@click.option("--name", help="who this is (recorded as requester role:name)")
+@click.option("--dataset", "datasets", multiple=True, help="dataset granted (analyst; repeat)")
+@click.option("--session", "session_id", type=int, help="session (device, agent, ingestor)")
+@click.option("--subject", help="the device's subject id")
+@click.option("--agent", help="the federated agent's id")
+@click.option("--expires", help="lifetime: 90s, 15m, 12h, 30d, 2w (default: no expiry)")
+@json_option
+@pass_settings
+def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str, ...],
+                 session_id: int | None, subject: str | None, agent: str | None,
+                 expires: str | None, as_json: bool) -> None:
+    """Create a token; it is printed this once (only its hash is stored)."""
+    from privcal.accountant import Accountant
+    from privcal.service.routes_meta import create_bound_token
+
+    new = create_bound_token(
+        Accountant(settings.ledger()), role, name=name, datasets=list(datasets),
+        session=session_id, subject=subject, agent=agent,
+        expires_in=parse_duration(expires) if expires else None)
+    if not as_json:
+        info(f"token {new.id} ({role}) created; it is shown only now:")
+    emit({"id": new.id, "token": new.token, "info": new.info}, as_json=as_json,
+         human=new.token)
+
+
+@token.command("list")
+@json_option
+@pass_settings
+def token_list(settings: Any, as_json: bool) -> None:
+    """Every token: id, role, bindings, expiry, revocation (never a secret)."""
+    from privcal.storage.tokens import list_tokens
+
+    toks = list_tokens(settings.ledger())
+    emit(toks, as_json=as_json, human=lambda: click.echo(table([
+        {"id": t.id, "role": t.role, "name": t.name, "datasets": ",".join(t.datasets),
+         "session": t.session or "", "subject": t.subject or "", "agent": t.agent or "",
+         "expires": t.expires_at.isoformat(timespec="seconds") if t.expires_at else "never",
+         "revoked": t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else ""}
+        for t in toks])))
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@json_option
+@pass_settings
+def token_revoke(settings: Any, token_id: str, as_json: bool) -> None:
+    """Revoke a token now (every later request with it is 401)."""
+    from privcal.storage.tokens import revoke_token
+
+    t = revoke_token(settings.ledger(), token_id)
+    emit(t, as_json=as_json, human=f"token {t.id} revoked at {t.revoked_at}")

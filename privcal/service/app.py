@@ -1,0 +1,230 @@
+"""The FastAPI application of ``privcal serve`` (design: ``shared/SERVICE.md``).
+
+:func:`create_app` opens one :class:`~privcal.accountant.Accountant` in the app's
+lifespan (never a database session per request: fastapi#3205) and refuses a stale
+schema there; each library call scopes its own transaction. Handlers are sync ``def``
+(run in the thread pool). :class:`ServiceMiddleware` (pure ASGI, before any body is
+read) enforces the body limit (413), authenticates every ``/v1`` request (401 with
+``WWW-Authenticate: Bearer``), and writes the access log: method, route template,
+status, token id, latency — never a body, a query string or a subject id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from privcal import __version__
+from privcal.errors import PrivcalError
+from privcal.service.problems import (
+    ProblemError,
+    problem_for,
+    problem_response,
+    unauthenticated,
+)
+
+__all__ = ["DEFAULT_BODY_LIMIT", "ServiceMiddleware", "create_app"]
+
+access_log = logging.getLogger("privcal.access")
+DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class ServiceMiddleware:
+    """Body limit, bearer authentication of ``/v1``, access log (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, *, body_limit: int) -> None:
+        self.app = app
+        self.body_limit = body_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = {"code": 0}
+        scope.setdefault("state", {})
+
+        async def send_wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, send_wrapped)
+        finally:
+            route = scope.get("route")
+            tok = scope["state"].get("principal")
+            access_log.info("%s %s %s %s %.1fms", scope["method"],
+                            getattr(route, "path", "-"), status["code"],
+                            tok.id if tok is not None else "-",
+                            (time.perf_counter() - t0) * 1000)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > self.body_limit
+            except ValueError:
+                too_big = True
+            if too_big:
+                await self._problem(scope, send, ProblemError(
+                    413, "body-too-large", "Request body too large",
+                    f"the body limit is {self.body_limit} bytes"))
+                return
+        path: str = scope["path"]
+        if path.startswith("/v1/") or path == "/v1":
+            tok = await self._authenticate(scope)
+            if tok is None:
+                await self._problem(scope, send, unauthenticated())
+                return
+            scope["state"]["principal"] = tok
+        elif path.startswith("/ui"):
+            from privcal.service.ui import COOKIE
+
+            cookie = _cookie(scope, COOKIE)
+            if cookie:
+                tok = await self._authenticate(scope, cookie)
+                if tok is not None:
+                    scope["state"]["principal"] = tok
+
+        seen = {"n": 0, "started": False}
+
+        async def receive_limited() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen["n"] += len(message.get("body", b""))
+                if seen["n"] > self.body_limit:
+                    raise _TooLarge
+            return message
+
+        async def send_tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["started"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive_limited, send_tracked)
+        except _TooLarge:
+            if not seen["started"]:
+                await self._problem(scope, send, ProblemError(
+                    413, "body-too-large", "Request body too large",
+                    f"the body limit is {self.body_limit} bytes"))
+
+    async def _authenticate(self, scope: Scope, presented: str | None = None) -> Any:
+        from privcal.storage.tokens import authenticate
+
+        if presented is None:
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, presented = auth.partition(" ")
+            if scheme.lower() != "bearer" or not presented.strip():
+                return None
+            presented = presented.strip()
+        ledger = scope["app"].state.accountant.ledger
+        try:
+            return await anyio.to_thread.run_sync(authenticate, ledger, presented)
+        except PrivcalError:
+            return None
+
+    @staticmethod
+    async def _problem(scope: Scope, send: Send, p: ProblemError) -> None:
+        resp = problem_response(p)
+
+        async def _nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await resp(scope, _nothing, send)
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    from http.cookies import SimpleCookie
+
+    raw = dict(scope["headers"]).get(b"cookie")
+    if not raw:
+        return None
+    c: SimpleCookie = SimpleCookie()
+    try:
+        c.load(raw.decode("latin-1"))
+    except Exception:
+        return None
+    m = c.get(name)
+    return m.value if m is not None else None
+
+
+def create_app(db_url: str | None = None, *, accountant: Any = None,
+               body_limit: int = DEFAULT_BODY_LIMIT, report_window: float = 0.004,
+               threads: int = 200) -> FastAPI:
+    """The service on the ledger at ``db_url`` (or an open ``accountant``)."""
+    from privcal.service.batcher import ReportBatcher
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from privcal.accountant import Accountant
+
+        acct = accountant if accountant is not None else Accountant(db_url)
+        # refuse a stale schema now (the embedded default is migrated, like the CLI does)
+        await anyio.to_thread.run_sync(acct.ledger.ensure_schema)
+        app.state.accountant = acct
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        batcher = ReportBatcher(acct, window=report_window)
+        batcher.start()
+        app.state.batcher = batcher
+        try:
+            yield
+        finally:
+            batcher.stop()
+            if accountant is None:
+                acct.ledger.close()
+
+    app = FastAPI(
+        title="privcal", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+        description="Privacy-accountable conformal calibration over HTTP. Every route but "
+                    "/healthz, /readyz and the /ui login needs `Authorization: Bearer "
+                    "pcl_<id>_<secret>`; `x-privcal-roles` lists the roles allowed. Errors "
+                    "are RFC 9457 problem documents with a stable `type`.",
+    )
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> Any:
+        return problem_response(exc)
+
+    @app.exception_handler(PrivcalError)
+    async def _privcal(request: Request, exc: PrivcalError) -> Any:
+        return problem_response(problem_for(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Any:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
+                   "type": e.get("type", "")} for e in exc.errors()]  # never the input
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(x) for x in first["loc"])
+        return problem_response(ProblemError(422, "invalid-input", "Invalid input",
+                                             f"{where}: {first['msg']}", errors=errors))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Any:
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return problem_response(ProblemError(exc.status_code, slug, str(exc.detail),
+                                             str(exc.detail), headers=exc.headers))
+
+    from privcal.service import routes_audit, routes_datasets, routes_meta, routes_sessions, ui
+
+    # the routes themselves, not included sub-routers: `app.routes` lists every APIRoute
+    # with its declared roles (the role-matrix test walks it)
+    for mod in (routes_meta, routes_datasets, routes_sessions, routes_audit, ui):
+        for route in mod.router.routes:
+            app.router.routes.append(route)
+    app.add_middleware(ServiceMiddleware, body_limit=body_limit)
+    return app

@@ -1,0 +1,187 @@
+"""The report write window: device reports and agent messages that arrive one request at a
+time are written in batches.
+
+One background writer thread takes every pending report, waits a short window for
+more, groups them per session and writes each group with one
+:func:`privcal.accountant.sessions.submit_reports` call (one transaction: one lock of
+the dataset and session rows, one bulk charge, one bulk insert, one audit entry),
+instead of one locked transaction per report. Each request waits for its own outcome:
+
+- ``accepted`` (201): stored by this batch;
+- ``duplicate`` (200): this subject had already stored this very report (a retry);
+- ``rejected`` (409): not stored, with the library's reason (another value already
+  stored, closed round, round full, subject budget exhausted, session closed, …).
+
+Outcomes are read back from the ledger, not guessed from counts: the subjects'
+stored reports are read before and after the batch. Two reports of one subject in one
+window are never put in one batch (the second waits for the next), so a retry racing
+its original is answered ``duplicate``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from privcal.errors import PrivcalError
+
+__all__ = ["Outcome", "ReportBatcher"]
+
+log = logging.getLogger("privcal.service")
+
+_ROUND_REASONS = ("closed round", "round not open", "malformed round")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one report."""
+
+    status: str  # accepted | duplicate | rejected
+    reason: str | None
+    session: Any  # SessionInfo after the batch (None when the batch failed)
+
+
+@dataclass
+class _Item:
+    session_id: int
+    subject: str
+    round: int | None
+    value: Any
+    future: Future[Outcome] = field(default_factory=Future)
+
+
+def _same(stored: tuple[int, str], rnd: int | None, value: Any) -> bool:
+    srnd, sval = stored
+    if rnd is not None and srnd != rnd:
+        return False
+    if sval == str(value):
+        return True
+    try:
+        return math.isclose(float(sval), float(value), rel_tol=1e-12, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return False
+
+
+class ReportBatcher:
+    """A writer thread batching reports per session within ``window`` seconds."""
+
+    def __init__(self, accountant: Any, *, window: float = 0.004, max_batch: int = 10_000) -> None:
+        self.accountant = accountant
+        self.window = window
+        self.max_batch = max_batch
+        self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="privcal-report-writer",
+                                        daemon=True)
+        self._stopped = False
+        self.batches = 0
+        self.reports = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, session_id: int, subject: str, rnd: int | None, value: Any,
+               timeout: float = 60.0) -> Outcome:
+        """Queue one report and wait for its outcome (library errors are re-raised)."""
+        if self._stopped:
+            raise RuntimeError("the report writer is stopped")
+        item = _Item(session_id, subject, rnd, value)
+        self._q.put(item)
+        return item.future.result(timeout=timeout)
+
+    # ---------------------------------------------------------------- writer
+    def _run(self) -> None:
+        carry: list[_Item] = []
+        while True:
+            if not carry:
+                first = self._q.get()
+                if first is None:
+                    return
+                pending = [first]
+                time.sleep(self.window)
+            else:
+                pending = carry
+            stop = False
+            while len(pending) < self.max_batch:
+                try:
+                    it = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if it is None:
+                    stop = True
+                    break
+                pending.append(it)
+            carry = []
+            groups: dict[int, list[_Item]] = defaultdict(list)
+            for it in pending:
+                g = groups[it.session_id]
+                if any(o.subject == it.subject for o in g):
+                    carry.append(it)  # same subject twice: the next batch answers it
+                else:
+                    g.append(it)
+            for sid, items in groups.items():
+                try:
+                    self._write(sid, items)
+                except Exception as exc:  # every waiter gets the error, the writer goes on
+                    for it in items:
+                        if not it.future.done():
+                            it.future.set_exception(exc)
+                    if not isinstance(exc, PrivcalError):
+                        log.exception("report batch for session %s failed", sid)
+            if stop:
+                for it in carry:
+                    it.future.set_exception(RuntimeError("the report writer is stopped"))
+                return
+
+    def _write(self, sid: int, items: list[_Item]) -> None:
+        from privcal.accountant.sessions import submit_reports
+        from privcal.storage.tokens import stored_reports
+
+        ledger = self.accountant.ledger
+        before = stored_reports(ledger, sid, [it.subject for it in items])
+        todo: list[_Item] = []
+        for it in items:
+            old = before.get(it.subject)
+            if old is None:
+                todo.append(it)
+            elif _same(old, it.round, it.value):
+                it.future.set_result(Outcome("duplicate", None, None))
+            else:
+                it.future.set_result(Outcome(
+                    "rejected", "subject already reported in this session (another report)",
+                    None))
+        if not todo:
+            return
+        res = submit_reports(self.accountant, sid, [it.subject for it in todo],
+                             [it.value for it in todo],
+                             # device reports carry a round, agent messages none
+                             None if todo[0].round is None else [it.round for it in todo])
+        self.batches += 1
+        self.reports += res.accepted
+        after = stored_reports(ledger, sid, [it.subject for it in todo]) if res.accepted else {}
+        other = {k: v for k, v in res.reasons.items() if k not in _ROUND_REASONS}
+        for it in todo:
+            got = after.get(it.subject)
+            if got is not None and _same(got, it.round, it.value):
+                it.future.set_result(Outcome("accepted", None, res.session))
+                continue
+            if it.round is not None and it.round != res.batch_round and \
+                    res.session.method == "ldp-score":
+                reason = "closed round" if it.round < res.batch_round else "round not open"
+            elif len(other) == 1:
+                reason = next(iter(other))
+            else:
+                reason = "; ".join(sorted(other)) or "rejected"
+            it.future.set_result(Outcome("rejected", reason, res.session))
+

@@ -1,0 +1,92 @@
+"""Helpers shared by the routes: JSON documents, idempotent execution."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import JSONResponse
+
+from privcal.service.problems import ProblemError
+
+__all__ = ["IDEMPOTENCY_HEADER", "doc", "idempotent", "public"]
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def doc(obj: Any) -> Any:
+    """A JSON-ready document: amounts as decimal strings, ±inf as "Infinity"/"-Infinity"."""
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="python")
+    if isinstance(obj, dict):
+        return {str(k): doc(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [doc(v) for v in obj]
+    if isinstance(obj, Decimal):
+        return str(obj)
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "NaN"
+        if math.isinf(obj):
+            return "Infinity" if obj > 0 else "-Infinity"
+        return obj
+    if isinstance(obj, datetime | date):
+        return obj.isoformat()
+    if hasattr(obj, "tolist"):
+        return doc(obj.tolist())
+    return obj
+
+
+def public() -> dict[str, Any]:
+    """Route keyword arguments of a route that needs no token."""
+    return {"openapi_extra": {"x-privcal-roles": ["public"]}}
+
+
+def idempotent(request: Request, key: str | None, fingerprint: Any,
+               fn: Callable[[], tuple[int, Any]]) -> JSONResponse:
+    """Run ``fn`` (→ status, document) once per (principal, key); replay its answer after.
+
+    ``fingerprint`` is what identifies the request besides its key — the route and its
+    public inputs (never raw calibration data: DESIGN.md forbids storing a fingerprint of
+    it). The same key with another fingerprint is 409 ``idempotency-key-reused``; a retry
+    while the first is still running is 409 ``idempotency-in-progress``. A replay answers
+    200 (and ``Idempotent-Replayed: true``) with the original document.
+    """
+    from privcal.storage.tokens import (
+        finish_idempotent,
+        forget_idempotent,
+        reserve_idempotent,
+    )
+
+    if not key:
+        raise ProblemError(422, "idempotency-key-required", "Idempotency-Key required",
+                           f"this request changes the ledger: send an {IDEMPOTENCY_HEADER} "
+                           "header (a unique value per logical request, reused on retries)")
+    p = request.state.p
+    ledger = request.app.state.accountant.ledger
+    route = request.scope["route"].path
+    fp = hashlib.sha256(json.dumps(doc(fingerprint), sort_keys=True).encode()).hexdigest()
+    out = reserve_idempotent(ledger, p.id, key, f"{request.method} {route}", fp)
+    if out.state == "mismatch":
+        raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
+                           "this Idempotency-Key was used for a different request")
+    if out.state == "pending":
+        raise ProblemError(409, "idempotency-in-progress", "Request in progress",
+                           "a request with this Idempotency-Key is still running; retry later")
+    if out.state == "replay":
+        return JSONResponse(out.response, status_code=200,
+                            headers={"Idempotent-Replayed": "true"})
+    try:
+        status, body = fn()
+    except BaseException:
+        forget_idempotent(ledger, p.id, key)
+        raise
+    body = doc(body)
+    finish_idempotent(ledger, p.id, key, status, body)
+    return JSONResponse(body, status_code=status)

@@ -1,0 +1,107 @@
+"""RFC 9457 problem documents (``application/problem+json``) with a stable ``type`` per error.
+
+Every privcal error maps to one status and one ``type`` (:data:`PROBLEM_TYPES`); clients
+match on ``type``, never on ``detail``. A budget refusal carries ``scope``, ``asked`` and
+``remaining``. Validation errors list where the request was wrong but never echo the
+submitted value (it may be a score, a report, a token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import JSONResponse
+
+from privcal.errors import (
+    AlreadyExists,
+    AuditFailed,
+    BudgetRefused,
+    InfeasiblePlan,
+    InvalidInput,
+    LedgerError,
+    NotFound,
+    PlanRejected,
+    PrivcalError,
+    SchemaOutOfDate,
+)
+
+__all__ = ["PROBLEM_TYPES", "Problem", "ProblemError", "problem_for", "problem_response"]
+
+MEDIA_TYPE = "application/problem+json"
+_BASE = "urn:privcal:problem:"
+
+#: (status, type slug, title) per error; the most specific class first
+PROBLEM_TYPES: list[tuple[type[PrivcalError], int, str, str]] = [
+    (BudgetRefused, 409, "budget-refused", "Budget refused"),
+    (InfeasiblePlan, 422, "infeasible-plan", "No valid plan for these parameters"),
+    (PlanRejected, 409, "rejected", "Rejected by the collection session"),
+    (InvalidInput, 422, "invalid-input", "Invalid input"),
+    (NotFound, 404, "not-found", "Not found"),
+    (AlreadyExists, 409, "already-exists", "Already exists"),
+    (SchemaOutOfDate, 503, "schema-out-of-date", "Ledger schema out of date"),
+    (LedgerError, 503, "ledger-unavailable", "Ledger unavailable"),
+    (AuditFailed, 409, "audit-failed", "Audit verification failed"),
+    (PrivcalError, 422, "error", "Request failed"),
+]
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document (extension members allowed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+
+
+class ProblemError(Exception):
+    """Raised by the service itself (auth, idempotency, limits) to answer with a problem."""
+
+    def __init__(self, status: int, slug: str, title: str, detail: str = "",
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(detail or title)
+        self.status, self.slug, self.title, self.detail = status, slug, title, detail
+        self.headers = headers or {}
+        self.extra = extra
+
+
+def problem_for(exc: PrivcalError) -> ProblemError:
+    """The problem a library error answers with."""
+    for cls, status, slug, title in PROBLEM_TYPES:
+        if isinstance(exc, cls):
+            extra: dict[str, Any] = {}
+            if isinstance(exc, BudgetRefused):
+                extra = {"scope": exc.scope, "asked": exc.asked, "remaining": exc.remaining}
+            return ProblemError(status, slug, title, str(exc), **extra)
+    raise AssertionError("PrivcalError is the last entry")  # pragma: no cover
+
+
+def problem_response(p: ProblemError, instance: str | None = None) -> JSONResponse:
+    """The JSON response of a problem."""
+    body: dict[str, Any] = {"type": _BASE + p.slug, "title": p.title, "status": p.status}
+    if p.detail:
+        body["detail"] = p.detail
+    if instance:
+        body["instance"] = instance
+    body.update(p.extra)
+    return JSONResponse(body, status_code=p.status, headers=p.headers, media_type=MEDIA_TYPE)
+
+
+def unauthenticated(detail: str = "a valid bearer token is required") -> ProblemError:
+    """401 with ``WWW-Authenticate: Bearer``."""
+    return ProblemError(401, "unauthenticated", "Unauthenticated", detail,
+                        headers={"WWW-Authenticate": 'Bearer realm="privcal"'})
+
+
+def forbidden(detail: str) -> ProblemError:
+    """403: authenticated, but the role may not do this."""
+    return ProblemError(403, "forbidden", "Forbidden for this role", detail)
+
+
+def not_found(detail: str) -> ProblemError:
+    """404: missing, or not granted to this principal (indistinguishable on purpose)."""
+    return ProblemError(404, "not-found", "Not found", detail)

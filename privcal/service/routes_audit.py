@@ -1,0 +1,80 @@
+"""Releases and the audit log: head, paged entries (canonical payloads and hashes, so a
+third party can recompute the chain offline), verification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from privcal.errors import AuditFailed
+from privcal.service.auth import Principal, allow, principal
+from privcal.service.common import doc
+from privcal.service.problems import not_found
+
+router = APIRouter(prefix="/v1")
+
+
+def _acct(request: Request) -> Any:
+    return request.app.state.accountant
+
+
+@router.get("/releases", **allow("admin", "auditor", "analyst"))
+def release_list(request: Request, p: Principal = Depends(principal),
+                 dataset: str | None = Query(default=None, max_length=200),
+                 after: int = Query(default=0, ge=0),
+                 limit: int = Query(default=100, ge=1, le=1000)) -> list[dict[str, Any]]:
+    """Releases with ``id > after``, oldest first (an analyst sees its granted datasets)."""
+    if dataset is not None:
+        p.check_dataset(dataset)
+    rels = _acct(request).releases(dataset)
+    out = [r for r in rels if r.id > after
+           and (p.sees_all_datasets() or r.dataset in p.token.datasets)]
+    return doc(out[:limit])
+
+
+@router.get("/releases/{release_id}", **allow("admin", "auditor", "analyst"))
+def release_show(request: Request, release_id: int, p: Principal = Depends(principal)
+                 ) -> dict[str, Any]:
+    """One release with its coverage and privacy guarantees."""
+    if not 1 <= release_id <= 2**63 - 1:
+        raise not_found(f"unknown release {release_id}")
+    rel = _acct(request).release(release_id)
+    if not p.sees_all_datasets() and rel.dataset not in p.token.datasets:
+        raise not_found(f"unknown release {release_id}")
+    return doc(rel)
+
+
+@router.get("/audit/head", **allow("admin", "auditor"))
+def audit_head(request: Request) -> dict[str, Any]:
+    """The head of the log: keep ``f"{seq}:{hash}"`` outside the database."""
+    h = _acct(request).ledger.head()
+    return {"seq": h.seq, "hash": h.entry_hash, "head": str(h)}
+
+
+@router.get("/audit/entries", **allow("auditor"))
+def audit_entries(request: Request, after: int = Query(default=0, ge=0),
+                  limit: int = Query(default=100, ge=1, le=1000)) -> list[dict[str, Any]]:
+    """Entries with ``seq > after``: canonical payload, previous hash, entry hash."""
+    from privcal.storage.tokens import audit_entries as page
+
+    return doc(page(_acct(request).ledger, after=after, limit=limit))
+
+
+class VerifyBody(BaseModel):
+    """``POST /v1/audit/verify``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    expect_head: str | None = Field(default=None, max_length=200)
+
+
+@router.post("/audit/verify", **allow("auditor"))
+def audit_verify(request: Request, body: VerifyBody) -> dict[str, Any]:
+    """Recompute the chain and every release's guarantees: ``ok`` and the first failure."""
+    try:
+        rep = _acct(request).verify(expect_head=body.expect_head)
+    except AuditFailed as exc:
+        return {"ok": False, "error": str(exc), "head": str(_acct(request).ledger.head())}
+    return {"ok": True, "report": doc(rep)}

@@ -1,0 +1,211 @@
+"""Datasets, budgets, charges and calibrations."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Header, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import JSONResponse
+
+from privcal.errors import InvalidInput
+from privcal.service.auth import Principal, allow, principal
+from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+
+router = APIRouter(prefix="/v1")
+
+Amount = str | None
+
+
+class DatasetCreate(BaseModel):
+    """``POST /v1/datasets``: exactly one cap (``epsilon``, ``rho``, or both approx_*)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    epsilon: Amount = Field(default=None, max_length=60)
+    rho: Amount = Field(default=None, max_length=60)
+    approx_epsilon: Amount = Field(default=None, max_length=60)
+    approx_delta: Amount = Field(default=None, max_length=60)
+    delta: Amount = Field(default=None, max_length=60)
+    subject_epsilon: Amount = Field(default=None, max_length=60)
+    allow_nonprivate: bool = False
+    description: str = Field(default="", max_length=10_000)
+
+
+class Cost(BaseModel):
+    """A central cost as decimal strings: ``rho``, ``epsilon``, or ``epsilon`` + ``delta``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    rho: Amount = Field(default=None, max_length=60)
+    epsilon: Amount = Field(default=None, max_length=60)
+    delta: Amount = Field(default=None, max_length=60)
+
+    def value(self) -> Any:
+        from privcal.costs import ZCDP, ApproxDP, PureDP
+
+        try:
+            if self.rho is not None and self.epsilon is None and self.delta is None:
+                return ZCDP(rho=self.rho)
+            if self.epsilon is not None and self.rho is None:
+                if self.delta is None:
+                    return PureDP(eps=self.epsilon)
+                return ApproxDP(eps=self.epsilon, delta=self.delta)
+        except ValidationError as exc:
+            raise InvalidInput(f"cost: {exc.errors()[0]['msg']}") from None
+        raise InvalidInput('cost must be {"rho": …}, {"epsilon": …} or {"epsilon": …, '
+                           '"delta": …} (decimal strings)')
+
+
+class ChargeBody(BaseModel):
+    """``POST /v1/datasets/{name}/charges``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    cost: Cost
+    purpose: str | None = Field(default=None, max_length=10_000)
+
+
+class CalibrationBody(BaseModel):
+    """``POST /v1/datasets/{name}/calibrations``: a method, its parameters and the data."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    method: str = Field(min_length=1, max_length=100)
+    params: dict[str, Any] = Field(default_factory=dict)
+    scores: list[float] | None = Field(default=None, max_length=5_000_000)
+    probs: list[list[float]] | None = Field(default=None, max_length=5_000_000)
+    labels: list[int] | None = Field(default=None, max_length=5_000_000)
+    score: str | None = Field(default=None, max_length=100)
+    subjects: list[str | int] | None = Field(default=None, max_length=5_000_000)
+    agents: list[str | int] | None = Field(default=None, max_length=5_000_000)
+    shuffled: bool = False
+
+
+def _lib_key(p: Principal, key: str) -> str:
+    """The key given to the library: bound to the principal, of bounded length."""
+    return f"http:{p.id}:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+
+
+def _acct(request: Request) -> Any:
+    return request.app.state.accountant
+
+
+@router.post("/datasets", status_code=201, **allow("admin"))
+def dataset_create(body: DatasetCreate, request: Request) -> JSONResponse:
+    """Create a dataset and its budget policy."""
+    info = _acct(request).create_dataset(**body.model_dump())
+    return JSONResponse(doc(info), status_code=201,
+                        headers={"Location": f"/v1/datasets/{info.name}"})
+
+
+@router.get("/datasets", **allow("admin", "auditor", "analyst"))
+def dataset_list(request: Request, p: Principal = Depends(principal)) -> list[dict[str, Any]]:
+    """Every dataset this principal may see."""
+    out = _acct(request).datasets()
+    return doc([d for d in out if p.sees_all_datasets() or d.name in p.token.datasets])
+
+
+@router.get("/datasets/{name}", **allow("admin", "auditor", "analyst"))
+def dataset_show(name: str, request: Request,
+                 p: Principal = Depends(principal)) -> dict[str, Any]:
+    """One dataset's policy and totals."""
+    p.check_dataset(name)
+    return doc(_acct(request).dataset(name))
+
+
+@router.get("/datasets/{name}/budget", **allow("admin", "auditor", "analyst"))
+def budget(name: str, request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+    """Cap, spent, remaining and the spent (ε, δ) — the ``budget show --json`` document."""
+    p.check_dataset(name)
+    return doc(_acct(request).budget(name))
+
+
+@router.get("/datasets/{name}/subjects", **allow("admin", "auditor"))
+def subject_summary(name: str, request: Request) -> dict[str, Any]:
+    """Per-subject local-DP spends in aggregate only (count, max, quantiles; never one subject)."""
+    return doc(_acct(request).subject_summary(name))
+
+
+@router.get("/datasets/{name}/spend-history", **allow("admin", "auditor"))
+def spend_history(name: str, request: Request) -> dict[str, Any]:
+    """The budget after each charge, in order: the points of the spend chart."""
+    from privcal.accountant.report import audit_report
+
+    rep = audit_report(_acct(request), name)[0]
+    return doc({"dataset": rep.dataset, "policy": rep.policy, "points": [
+        {"charge": t.charge, "at": t.at, "cost": t.cost, "used_after": t.used_after,
+         "spent_dp_after": t.spent_dp_after, "subjects_charged": t.subjects_charged}
+        for t in rep.timeline]})
+
+
+@router.post("/datasets/{name}/charges", status_code=201, **allow("analyst"))
+def charge(name: str, body: ChargeBody, request: Request,
+           p: Principal = Depends(principal),
+           idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                max_length=200)) -> JSONResponse:
+    """Charge a central cost; 201 with the receipt, 200 when replayed; 409 if refused."""
+    p.check_dataset(name)
+    cost = body.cost.value()
+
+    def run() -> tuple[int, Any]:
+        r = _acct(request).charge(name, cost, purpose=body.purpose, requester=p.requester,
+                                  idempotency_key=_lib_key(p, idempotency_key or ""))
+        return 201, r
+
+    return idempotent(request, idempotency_key,
+                      {"dataset": name, "cost": body.cost.model_dump(),
+                       "purpose": body.purpose}, run)
+
+
+def _arrays(body: CalibrationBody) -> dict[str, Any]:
+    def arr(v: Any, dtype: Any = None) -> Any:
+        return None if v is None else np.asarray(v, dtype=dtype)
+
+    return {"scores": arr(body.scores, float), "probs": arr(body.probs, float),
+            "labels": arr(body.labels), "subjects": arr(body.subjects, object),
+            "agents": arr(body.agents, object)}
+
+
+@router.post("/datasets/{name}/calibrations", status_code=201, **allow("analyst"))
+def calibrate(name: str, body: CalibrationBody, request: Request,
+              p: Principal = Depends(principal),
+              dry_run: bool = Query(default=False),
+              idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                   max_length=200)) -> JSONResponse:
+    """Charge, calibrate and release (201 + Location); ``?dry_run=true``: cost only, no write.
+
+    A replay is matched on the method, parameters and the data's *shape* — never on the
+    data values, of which the ledger stores no fingerprint (DESIGN.md).
+    """
+    from privcal.accountant import conformalize
+
+    p.check_dataset(name)
+    if body.probs is not None and len({len(r) for r in body.probs}) > 1:
+        raise InvalidInput("probs must be a matrix: every row the same length")
+    arrays = _arrays(body)
+    common = dict(dataset=name, score=body.score, shuffled=body.shuffled, **arrays)
+    if dry_run:
+        rep = conformalize.dry_run(_acct(request), body.method, dict(body.params), **common)
+        return JSONResponse(doc(rep), status_code=200)
+
+    def run() -> tuple[int, Any]:
+        rel = conformalize.calibrate(_acct(request), body.method, dict(body.params),
+                                     requester=p.requester,
+                                     idempotency_key=_lib_key(p, idempotency_key or ""),
+                                     **common)
+        return 201, rel
+
+    shape = {k: (None if v is None else list(np.shape(v))) for k, v in arrays.items()}
+    resp = idempotent(request, idempotency_key,
+                      {"dataset": name, "method": body.method, "params": body.params,
+                       "score": body.score, "shuffled": body.shuffled, "shape": shape}, run)
+    import json
+
+    rid = json.loads(resp.body).get("id")
+    if rid is not None:
+        resp.headers["Location"] = f"/v1/releases/{rid}"
+    return resp

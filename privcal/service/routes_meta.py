@@ -1,0 +1,132 @@
+"""Health, identity, the calibrator catalogue, and token administration."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+from privcal.errors import InvalidInput, PrivcalError
+from privcal.service.auth import Principal, allow, principal
+from privcal.service.common import doc, public
+from privcal.service.problems import ProblemError, problem_for, problem_response
+
+router = APIRouter()
+
+ALL_ROLES = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
+
+
+@router.get("/healthz", **public())
+def healthz() -> dict[str, str]:
+    """The process is up (no ledger access)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", **public(), responses={503: {"description": "ledger not ready"}})
+def readyz(request: Request) -> Any:
+    """The ledger is reachable and its schema is current; else 503."""
+    try:
+        rev = request.app.state.accountant.ledger.check()
+    except PrivcalError as exc:
+        return problem_response(problem_for(exc))
+    return {"status": "ready", "schema": rev}
+
+
+@router.get("/v1/whoami", **allow(*ALL_ROLES))
+def whoami(p: Principal = Depends(principal)) -> dict[str, Any]:
+    """The caller's token id, role, name and grants (never its secret)."""
+    t = p.token
+    return doc({"id": t.id, "principal": p.requester, "role": t.role, "datasets": t.datasets,
+                "session": t.session, "subject": t.subject, "agent": t.agent,
+                "expires_at": t.expires_at})
+
+
+@router.get("/v1/methods", **allow(*ALL_ROLES))
+def methods() -> list[dict[str, Any]]:
+    """Every calibrator with its parameter schema."""
+    from privcal.calibrators import registry
+
+    out = []
+    for name in registry.names():
+        reg = registry.get(name)
+        cal = reg.calibrator
+        out.append({"name": name, "version": cal.version,
+                    "privacy_model": getattr(cal, "privacy_model", None),
+                    "inputs": list(getattr(cal, "inputs", ())),
+                    "params": cal.Params.model_json_schema()})
+    return doc(out)
+
+
+class TokenCreate(BaseModel):
+    """``POST /v1/tokens``: a role and its bindings."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    role: Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    dataset: str | None = Field(default=None, min_length=1, max_length=200)
+    datasets: list[str] | None = Field(default=None, max_length=1000)
+    session: int | None = Field(default=None, ge=1)
+    subject: str | None = Field(default=None, min_length=1, max_length=200)
+    agent: str | None = Field(default=None, min_length=1, max_length=200)
+    expires_in: int | None = Field(default=None, ge=1, le=10 * 366 * 86400)
+
+
+def create_bound_token(acct: Any, role: str, *, name: str | None, datasets: list[str],
+                       session: int | None, subject: str | None, agent: str | None,
+                       expires_in: timedelta | None) -> Any:
+    """Check that what the token is bound to exists, then create it (API and CLI)."""
+    from privcal.accountant.sessions import session_status
+    from privcal.storage.tokens import check_bindings, create_token
+
+    check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
+    for d in datasets:
+        acct.dataset(d)  # NotFound
+    if session is not None:
+        info = session_status(acct, session)
+        fed = info.method != "ldp-score"
+        if role == "device" and fed:
+            raise InvalidInput(f"session {session} is federated ({info.method}): give its "
+                               "agents agent tokens, not device tokens")
+        if role == "agent" and not fed:
+            raise InvalidInput(f"session {session} is {info.method}: agent tokens are for "
+                               "federated sessions")
+        if role in ("device", "agent") and info.shuffled:
+            raise InvalidInput(f"session {session} is shuffled: reports reach it only through "
+                               "its ingestor (create an ingestor token)")
+    return create_token(acct.ledger, role, name=name, datasets=datasets, session=session,
+                        subject=subject, agent=agent, expires_in=expires_in)
+
+
+@router.post("/v1/tokens", status_code=201, **allow("admin"))
+def token_create(body: TokenCreate, request: Request) -> JSONResponse:
+    """Create a token; the token string is in this response only."""
+    ds = list(body.datasets or []) + ([body.dataset] if body.dataset else [])
+    new = create_bound_token(
+        request.app.state.accountant, body.role, name=body.name, datasets=ds,
+        session=body.session, subject=body.subject, agent=body.agent,
+        expires_in=timedelta(seconds=body.expires_in) if body.expires_in else None)
+    return JSONResponse(doc({"id": new.id, "token": new.token, "info": new.info}),
+                        status_code=201, headers={"Location": f"/v1/tokens/{new.id}",
+                                                  "Cache-Control": "no-store"})
+
+
+@router.get("/v1/tokens", **allow("admin"))
+def token_list(request: Request) -> list[dict[str, Any]]:
+    """Every token (ids, roles, bindings, expiry, revocation; no secrets)."""
+    from privcal.storage.tokens import list_tokens
+
+    return doc(list_tokens(request.app.state.accountant.ledger))
+
+
+@router.delete("/v1/tokens/{token_id}", **allow("admin"))
+def token_revoke(token_id: str, request: Request) -> dict[str, Any]:
+    """Revoke a token now."""
+    from privcal.storage.tokens import revoke_token
+
+    if len(token_id) > 64:
+        raise ProblemError(404, "not-found", "Not found", "unknown token")
+    return doc(revoke_token(request.app.state.accountant.ledger, token_id))

@@ -1,0 +1,226 @@
+"""Collection sessions: open, public state, device reports, agent messages, ingestor
+batches, close."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+from privcal.service.auth import Principal, allow, principal
+from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.problems import ProblemError, not_found
+
+router = APIRouter(prefix="/v1")
+
+SessionId = Path(ge=1, le=2**31 - 1)
+
+
+class SessionOpen(BaseModel):
+    """``POST /v1/datasets/{name}/sessions``: as ``privcal session open``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    method: Literal["ldp-score", "fedcp2-qq", "fedcp-qq"]
+    alpha: float
+    epsilon: float | None = None
+    rounds: int | None = Field(default=None, ge=1, le=10_000)
+    group_size: int | None = Field(default=None, ge=1, le=100_000_000)
+    lower: float = 0.0
+    upper: float = 1.0
+    delta: float = 0.001
+    nominal: bool = False
+    agents: int | None = Field(default=None, ge=1, le=1_000_000)
+    local_n: int | None = Field(default=None, ge=1, le=100_000_000)
+    bins: int = Field(default=100, ge=2, le=1_000_000)
+    smax: float = 1.0
+    shuffled: bool = False
+
+
+class ReportBody(BaseModel):
+    """A device's report: its round and its randomized bit."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    round: int = Field(ge=0, le=1_000_000)
+    value: Literal[0, 1]
+
+
+class MessageBody(BaseModel):
+    """A federated agent's message (a grid point for FedCP²-QQ, a score for FedCP-QQ)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    value: float
+
+
+class BatchRow(BaseModel):
+    """One row of an ingestor batch."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    subject: str = Field(min_length=1, max_length=200)
+    value: float
+    round: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+class BatchBody(BaseModel):
+    """``POST /v1/sessions/{sid}/batches``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    reports: list[BatchRow] = Field(min_length=1, max_length=1_000_000)
+
+
+class CloseBody(BaseModel):
+    """``POST /v1/sessions/{sid}/close``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    allow_missing: bool = False
+    abandon: bool = False
+
+
+def _acct(request: Request) -> Any:
+    return request.app.state.accountant
+
+
+def _status(request: Request, sid: int) -> Any:
+    from privcal.accountant.sessions import session_status
+
+    return session_status(_acct(request), sid)
+
+
+def _visible(request: Request, p: Principal, sid: int) -> Any:
+    """The session if this principal may see it, else 404 (also for one that exists)."""
+    if p.role in ("device", "agent", "ingestor"):
+        p.check_session(sid)
+    info = _status(request, sid)
+    if p.role == "analyst" and info.dataset not in p.token.datasets:
+        raise not_found(f"unknown session {sid}")
+    return info
+
+
+PUBLIC_FIELDS = ("id", "method", "status", "shuffled", "params", "round", "rounds", "query",
+                 "interval", "plan", "grid")
+
+
+@router.post("/datasets/{name}/sessions", status_code=201, **allow("analyst"))
+def session_open(name: str, body: SessionOpen, request: Request,
+                 p: Principal = Depends(principal)) -> JSONResponse:
+    """Open a collection session; the analyst is recorded as its requester."""
+    from privcal.accountant.sessions import open_session
+
+    p.check_dataset(name)
+    args = body.model_dump()
+    info = open_session(_acct(request), args.pop("method"), dataset=name,
+                        requester=p.requester, **args)
+    return JSONResponse(doc(info), status_code=201,
+                        headers={"Location": f"/v1/sessions/{info.id}"})
+
+
+@router.get("/sessions/{sid}",
+            **allow("analyst", "auditor", "admin", "device", "agent", "ingestor"))
+def session_get(request: Request, sid: int = SessionId,
+                p: Principal = Depends(principal)) -> dict[str, Any]:
+    """The session's state; a device/agent/ingestor bound to it gets the public part
+    (method, status, round, current query, grid, plan, protocol parameters)."""
+    info = _visible(request, p, sid)
+    d = doc(info)
+    if p.role in ("device", "agent", "ingestor"):
+        d = {k: d.get(k) for k in PUBLIC_FIELDS}
+    return d
+
+
+def _outcome(out: Any, sid: int) -> JSONResponse:
+    if out.status == "accepted":
+        return JSONResponse({"status": "accepted", "session": sid}, status_code=201)
+    if out.status == "duplicate":
+        return JSONResponse({"status": "duplicate", "session": sid}, status_code=200)
+    raise ProblemError(409, "report-rejected", "Report rejected", out.reason or "rejected",
+                       reason=out.reason)
+
+
+_REPORT_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
+
+
+@router.put("/sessions/{sid}/reports/{report_id}", status_code=201, **allow(
+    "device", responses={200: {"description": "duplicate: this report was already stored"}}))
+def report_put(request: Request, report_id: str, body: ReportBody, sid: int = SessionId,
+               p: Principal = Depends(principal)) -> JSONResponse:
+    """A device puts its own report (the subject is the token's, never the body's).
+
+    201 accepted; 200 duplicate (the same report again); 409 another value already
+    stored, a closed or full round, or a closed session. ``report_id`` is the client's
+    retry key (DAP-style); a subject reports once per session whatever its ids.
+    """
+    p.check_session(sid)
+    if not _REPORT_ID.match(report_id):
+        raise ProblemError(422, "invalid-input", "Invalid input",
+                           "report id must be 1 to 128 characters of [A-Za-z0-9._~-]")
+    subject = p.token.subject
+    assert subject is not None
+    out = request.app.state.batcher.submit(sid, subject, body.round, body.value)
+    return _outcome(out, sid)
+
+
+@router.put("/sessions/{sid}/messages", status_code=201, **allow(
+    "agent", responses={200: {"description": "duplicate: this message was already stored"}}))
+def message_put(request: Request, body: MessageBody, sid: int = SessionId,
+                p: Principal = Depends(principal)) -> JSONResponse:
+    """A federated agent puts its message (its agent id comes from its token)."""
+    p.check_session(sid)
+    agent = p.token.agent
+    assert agent is not None
+    out = request.app.state.batcher.submit(sid, agent, None, body.value)
+    return _outcome(out, sid)
+
+
+@router.post("/sessions/{sid}/batches", **allow("ingestor"))
+def batch_post(request: Request, body: BatchBody, sid: int = SessionId,
+               p: Principal = Depends(principal),
+               idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                    max_length=200)) -> JSONResponse:
+    """An ingestor (shuffler/proxy) posts a batch: 200 with counts per rejection reason."""
+    from privcal.accountant.sessions import submit_reports
+
+    p.check_session(sid)
+    rows = body.reports
+    rounds = [r.round for r in rows]
+    if any(r is None for r in rounds) and any(r is not None for r in rounds):
+        raise ProblemError(422, "invalid-input", "Invalid input",
+                           "give a round on every row of the batch or on none")
+
+    def value(v: float) -> Any:
+        return int(v) if v in (0.0, 1.0) else v
+
+    def run() -> tuple[int, Any]:
+        res = submit_reports(_acct(request), sid, [r.subject for r in rows],
+                             [value(r.value) for r in rows],
+                             None if rounds[0] is None else rounds)
+        d = doc(res)
+        d["session"] = {k: d["session"].get(k) for k in PUBLIC_FIELDS}
+        return 200, d
+
+    return idempotent(request, idempotency_key, body.model_dump(), run)
+
+
+@router.post("/sessions/{sid}/close", **allow("analyst"))
+def session_close(request: Request, body: CloseBody, sid: int = SessionId,
+                  p: Principal = Depends(principal),
+                  idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                       max_length=200)) -> JSONResponse:
+    """Close a session (federated: release with missing agents, or abandon)."""
+    from privcal.accountant.sessions import close_session
+
+    _visible(request, p, sid)
+
+    def run() -> tuple[int, Any]:
+        return 200, close_session(_acct(request), sid, allow_missing=body.allow_missing,
+                                  abandon=body.abandon)
+
+    return idempotent(request, idempotency_key, {"sid": sid, **body.model_dump()}, run)
+

@@ -1,0 +1,352 @@
+"""API tokens and idempotency records of the HTTP service (``privcal serve``), and the few
+reads the service needs that the library has no call for (a page of audit entries, one
+subject's stored report).
+
+**Tokens** are opaque bearer strings ``pcl_<id>_<secret>``: ``id`` is 16 hex digits
+(public, the primary key), ``secret`` 256 random bits (``secrets.token_urlsafe(32)``).
+Only ``SHA-256(secret)`` is stored; a presented token is checked with
+:func:`hmac.compare_digest`, and a hash is computed even for an unknown id so that
+the time taken does not say whether the id exists (the design of collector tokens in
+the IETF DAP / Janus implementation, see ``shared/SERVICE.md``). A token carries one
+role and its bindings; it expires (``expires_at``) and is revoked at once
+(``revoked_at``): every request reads the row, nothing is cached.
+
+**Idempotency records** remember, per principal and ``Idempotency-Key``, the route,
+a fingerprint of the request and the response that was sent, so a retried request
+gets the original answer and a key reused for another request is refused. A record is
+first reserved (``pending``) in its own transaction and completed after the library
+call; the library's own idempotency keys (charges, calibrations) make a crash between
+the two safe to retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from privcal.errors import InvalidInput, NotFound
+from privcal.storage.audit import now
+from privcal.storage.models import AuditEntry, Base
+from privcal.storage.records import UTCDateTime
+from privcal.storage.sessions import SessionReport
+
+__all__ = [
+    "ROLES",
+    "ApiToken",
+    "IdemOutcome",
+    "IdempotencyRecord",
+    "NewToken",
+    "TokenInfo",
+    "audit_entries",
+    "authenticate",
+    "create_token",
+    "finish_idempotent",
+    "forget_idempotent",
+    "list_tokens",
+    "reserve_idempotent",
+    "revoke_token",
+    "stored_report",
+]
+
+Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
+ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
+TOKEN_PREFIX = "pcl_"
+_TOKEN_RE = re.compile(r"^pcl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+#: a pending reservation older than this is taken over by a retry (its request died)
+PENDING_TTL = timedelta(minutes=5)
+_DUMMY_HASH = hashlib.sha256(b"privcal: no such token").hexdigest()
+
+
+class ApiToken(Base):
+    """One bearer token: its role, bindings, and only the SHA-256 of its secret."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(200))
+    datasets: Mapped[list[str]] = mapped_column(JSON)
+    session_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    subject: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    agent: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class IdempotencyRecord(Base):
+    """The answer given to one (principal, Idempotency-Key)."""
+
+    __tablename__ = "idempotency_records"
+
+    principal: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    route: Mapped[str] = mapped_column(String(200))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # pending | done
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    response: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TokenInfo(BaseModel):
+    """A token as listed: never its secret."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    role: str
+    name: str
+    datasets: list[str]
+    session: int | None
+    subject: str | None
+    agent: str | None
+    created_at: UTCDateTime
+    expires_at: UTCDateTime | None
+    revoked_at: UTCDateTime | None
+
+    @property
+    def principal(self) -> str:
+        """Who this is in the ledger's ``requester`` fields: ``role:name``."""
+        return f"{self.role}:{self.name}"
+
+
+class NewToken(BaseModel):
+    """A freshly created token: ``token`` is shown this once and stored only as a hash."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    token: str
+    info: TokenInfo
+
+
+def _info(t: ApiToken) -> TokenInfo:
+    return TokenInfo(id=t.id, role=t.role, name=t.name, datasets=list(t.datasets or []),
+                     session=t.session_id, subject=t.subject, agent=t.agent,
+                     created_at=t.created_at, expires_at=t.expires_at, revoked_at=t.revoked_at)
+
+
+def _text(v: Any, what: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > 200 or v != v.strip():
+        raise InvalidInput(f"{what} must be 1 to 200 characters without surrounding spaces")
+    return v
+
+
+def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
+                   subject: str | None, agent: str | None) -> None:
+    """Each role takes exactly its bindings (SERVICE.md, "Authentication and roles")."""
+    if role not in ROLES:
+        raise InvalidInput(f"unknown role {role!r} (one of: {', '.join(ROLES)})")
+    need = {
+        "admin": set(), "auditor": set(), "analyst": {"dataset"},
+        "device": {"session", "subject"}, "agent": {"session", "agent"},
+        "ingestor": {"session"},
+    }[role]
+    given = {k for k, v in (("dataset", list(datasets)), ("session", session),
+                            ("subject", subject), ("agent", agent)) if v not in (None, [])}
+    if given - need:
+        raise InvalidInput(f"a {role} token takes no {', '.join(sorted(given - need))}")
+    if need - given:
+        raise InvalidInput(f"a {role} token needs {', '.join(sorted(need - given))}")
+
+
+def create_token(
+    ledger: Any, role: str, *, name: str | None = None, datasets: Sequence[str] = (),
+    session: int | None = None, subject: str | None = None, agent: str | None = None,
+    expires_in: timedelta | None = None,
+) -> NewToken:
+    """Create a token; the caller checks that the named datasets/session exist."""
+    datasets = [str(d) for d in datasets]
+    for d in datasets:
+        _text(d, "dataset name")
+    if session is not None and (isinstance(session, bool) or not isinstance(session, int)
+                                or session < 1):
+        raise InvalidInput("session must be a positive integer")
+    subject, agent, name = _text(subject, "subject"), _text(agent, "agent"), _text(name, "name")
+    check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
+    if expires_in is not None and expires_in.total_seconds() <= 0:
+        raise InvalidInput("expiry must be in the future")
+    tid = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    t0 = now()
+
+    def tx(s: Session) -> TokenInfo:
+        row = ApiToken(
+            id=tid, secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), role=role,
+            name=name or f"token-{tid}", datasets=sorted(set(datasets)), session_id=session,
+            subject=subject, agent=agent, created_at=t0,
+            expires_at=t0 + expires_in if expires_in is not None else None, revoked_at=None)
+        s.add(row)
+        s.flush()
+        return _info(row)
+
+    info = ledger.write(tx)
+    return NewToken(id=tid, token=f"{TOKEN_PREFIX}{tid}_{secret}", info=info)
+
+
+def list_tokens(ledger: Any) -> list[TokenInfo]:
+    """Every token, oldest first (no secrets: only their hashes are stored)."""
+    with ledger.read() as s:
+        return [_info(t) for t in s.scalars(select(ApiToken).order_by(ApiToken.created_at,
+                                                                        ApiToken.id))]
+
+
+def revoke_token(ledger: Any, token_id: str) -> TokenInfo:
+    """Revoke now (idempotent: revoking a revoked token keeps its first revocation time)."""
+    def tx(s: Session) -> TokenInfo:
+        row = s.get(ApiToken, str(token_id))
+        if row is None:
+            raise NotFound(f"unknown token {token_id!r}")
+        if row.revoked_at is None:
+            row.revoked_at = now()
+        s.flush()
+        return _info(row)
+
+    return ledger.write(tx)
+
+
+def authenticate(ledger: Any, presented: str) -> TokenInfo | None:
+    """The token's record if ``presented`` is a valid, unexpired, unrevoked token; else None."""
+    m = _TOKEN_RE.match(presented or "")
+    tid, secret = (m.group(1), m.group(2)) if m else ("", presented or "")
+    digest = hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()
+    row = None
+    if m:
+        with ledger.read() as s:
+            row = s.get(ApiToken, tid)
+            info = _info(row) if row is not None else None
+            stored = row.secret_sha256 if row is not None else _DUMMY_HASH
+    else:
+        info, stored = None, _DUMMY_HASH
+    ok = hmac.compare_digest(digest, stored)
+    if not ok or info is None:
+        return None
+    if info.revoked_at is not None:
+        return None
+    if info.expires_at is not None and info.expires_at <= now():
+        return None
+    return info
+
+
+# ----------------------------------------------------------------- idempotency
+class IdemOutcome(BaseModel):
+    """What a reservation found: ``new`` (go ahead), or a ``replay`` of a finished request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: Literal["new", "replay", "mismatch", "pending"]
+    status_code: int | None = None
+    response: Any = None
+
+
+def reserve_idempotent(ledger: Any, principal: str, key: str, route: str,
+                       fingerprint: str) -> IdemOutcome:
+    """Reserve ``key`` for this request, or say what it was already used for."""
+    if not isinstance(key, str) or not 1 <= len(key) <= 200 or not key.isprintable():
+        raise InvalidInput("Idempotency-Key must be 1 to 200 printable characters")
+
+    def tx(s: Session) -> IdemOutcome:
+        row = s.get(IdempotencyRecord, (principal, key))
+        if row is None:
+            s.add(IdempotencyRecord(principal=principal, key=key, route=route,
+                                    fingerprint=fingerprint, state="pending", created_at=now()))
+            s.flush()
+            return IdemOutcome(state="new")
+        if row.route != route or not hmac.compare_digest(row.fingerprint, fingerprint):
+            return IdemOutcome(state="mismatch")
+        if row.state == "done":
+            return IdemOutcome(state="replay", status_code=row.status_code,
+                               response=json.loads(row.response or "null"))
+        created = row.created_at if row.created_at.tzinfo else row.created_at.replace(
+            tzinfo=now().tzinfo)
+        if now() - created > PENDING_TTL:  # its request died: take it over
+            row.created_at = now()
+            return IdemOutcome(state="new")
+        return IdemOutcome(state="pending")
+
+    try:
+        return ledger.write(tx)
+    except IntegrityError:  # a concurrent first use of the same key won the insert
+        return reserve_idempotent(ledger, principal, key, route, fingerprint)
+
+
+def finish_idempotent(ledger: Any, principal: str, key: str, status_code: int,
+                      response: Any) -> None:
+    """Record the response sent for a reserved key."""
+    def tx(s: Session) -> None:
+        row = s.get(IdempotencyRecord, (principal, key))
+        if row is not None:
+            row.state, row.status_code = "done", int(status_code)
+            row.response = json.dumps(response, sort_keys=True)
+
+    ledger.write(tx)
+
+
+def forget_idempotent(ledger: Any, principal: str, key: str) -> None:
+    """Drop a pending reservation whose request failed (nothing was written: it may be retried)."""
+    ledger.write(lambda s: s.execute(delete(IdempotencyRecord).where(
+        IdempotencyRecord.principal == principal, IdempotencyRecord.key == key,
+        IdempotencyRecord.state == "pending")))
+
+
+# ----------------------------------------------------------------- reads for the service
+class AuditEntryDoc(BaseModel):
+    """One audit entry as stored: the canonical payload and the hashes that chain it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    kind: str
+    payload: str
+    prev_hash: str
+    entry_hash: str
+
+
+def audit_entries(ledger: Any, *, after: int = 0, limit: int = 100) -> list[AuditEntryDoc]:
+    """Entries with ``seq > after``, in order, at most ``limit`` (≤ 1000)."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise InvalidInput("after must be an integer ≥ 0")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise InvalidInput("limit must be an integer in [1, 1000]")
+    with ledger.read() as s:
+        rows = s.scalars(select(AuditEntry).where(AuditEntry.seq > after)
+                         .order_by(AuditEntry.seq).limit(limit))
+        return [AuditEntryDoc(seq=r.seq, kind=r.kind, payload=r.payload, prev_hash=r.prev_hash,
+                              entry_hash=r.entry_hash) for r in rows]
+
+
+def stored_report(ledger: Any, session_id: int, subject: str) -> tuple[int, str] | None:
+    """(round, value) of the report ``subject`` has stored in ``session_id``, if any."""
+    with ledger.read() as s:
+        row = s.get(SessionReport, (int(session_id), str(subject)))
+        return (row.round, row.value) if row is not None else None
+
+
+def stored_reports(ledger: Any, session_id: int,
+                   subjects: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """(round, value) per subject among ``subjects`` that has a stored report."""
+    out: dict[str, tuple[int, str]] = {}
+    subs = list(subjects)
+    with ledger.read() as s:
+        for i in range(0, len(subs), 500):
+            chunk = subs[i:i + 500]
+            for r in s.scalars(select(SessionReport).where(
+                    SessionReport.session_id == int(session_id),
+                    SessionReport.subject.in_(chunk))):
+                out[r.subject] = (r.round, r.value)
+    return out

@@ -1,0 +1,115 @@
+"""A real ``privcal serve`` application on 127.0.0.1 (a free port) per test, on SQLite and
+PostgreSQL (the ``ledger_url`` fixture of tests/conftest.py), and tokens for each role."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server extra is part of the test extra")
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+
+@dataclass
+class Live:
+    """A running server: its base URL, its app, the accountant and a token per role."""
+
+    url: str
+    app: Any
+    accountant: Any
+    ledger_url: str
+    tokens: dict[str, str] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)
+
+    def client(self, role: str | None = None, token: str | None = None,
+               **kw: Any) -> httpx.Client:
+        tok = token if token is not None else (self.tokens[role] if role else None)
+        headers = {"Authorization": f"Bearer {tok}"} if tok else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kw)
+
+    def token(self, role: str, **kw: Any) -> str:
+        from privcal.service.routes_meta import create_bound_token
+
+        new = create_bound_token(self.accountant, role, name=kw.pop("name", None),
+                                 datasets=kw.pop("datasets", []), session=kw.pop("session", None),
+                                 subject=kw.pop("subject", None), agent=kw.pop("agent", None),
+                                 expires_in=kw.pop("expires_in", None))
+        assert not kw
+        return str(new.token)
+
+
+def start_server(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           lifespan="on", backlog=1024))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not th.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}", server, th
+
+
+@pytest.fixture
+def live(ledger_url: str) -> Iterator[Live]:
+    """A server on a migrated ledger with datasets ``d`` (ρ ≤ 1, subject ε ≤ 10) and
+    ``other``, an ldp-score session on ``d``, and one token per role (plus a session-bound
+    device ``s1``, agent-less), the analyst granted ``d`` only."""
+    from privcal.accountant import Accountant
+    from privcal.service.app import create_app
+    from privcal.storage import Ledger
+
+    led = Ledger(ledger_url)
+    led.upgrade()
+    acct = Accountant(led)
+    acct.create_dataset("d", rho="1", subject_epsilon="10", allow_nonprivate=True)
+    acct.create_dataset("other", rho="1")
+    app = create_app(accountant=acct)
+    url, server, th = start_server(app)
+    lv = Live(url=url, app=app, accountant=acct, ledger_url=ledger_url)
+    try:
+        for role in ("admin", "auditor"):
+            lv.tokens[role] = lv.token(role, name=role)
+        lv.tokens["analyst"] = lv.token("analyst", name="ann", datasets=["d"])
+        yield lv
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+        led.close()
+
+
+def open_ldp(lv: Live, *, group_size: int = 4, rounds: int = 2, epsilon: float = 1.0) -> int:
+    """Open an ldp-score session on ``d`` as the analyst; its id."""
+    with lv.client("analyst") as c:
+        r = c.post("/v1/datasets/d/sessions", json={
+            "method": "ldp-score", "alpha": 0.2, "epsilon": epsilon, "rounds": rounds,
+            "group_size": group_size})
+        assert r.status_code == 201, r.text
+        return int(r.json()["id"])
+
+
+def open_fed(lv: Live, *, agents: int = 3) -> int:
+    """Open a fedcp2-qq session on ``d``; its id."""
+    with lv.client("analyst") as c:
+        r = c.post("/v1/datasets/d/sessions", json={
+            "method": "fedcp2-qq", "alpha": 0.2, "epsilon": 2.0, "agents": agents,
+            "local_n": 200, "bins": 20, "smax": 1.0})
+        assert r.status_code == 201, r.text
+        return int(r.json()["id"])
+
+
+EXPIRED = timedelta(seconds=1)
