@@ -38,10 +38,6 @@ access_log = logging.getLogger("privcal.access")
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class ServiceMiddleware:
     """Body limit, bearer authentication of ``/v1``, access log (see the module docstring)."""
 
@@ -100,28 +96,35 @@ class ServiceMiddleware:
                 if tok is not None:
                     scope["state"]["principal"] = tok
 
-        seen = {"n": 0, "started": False}
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            # no Content-Length (chunked): read it here, up to the limit, then replay it
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.body_limit:
+                    await self._problem(scope, send, ProblemError(
+                        413, "body-too-large", "Request body too large",
+                        f"the body limit is {self.body_limit} bytes"))
+                    return
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            sent = {"done": False}
 
-        async def receive_limited() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                seen["n"] += len(message.get("body", b""))
-                if seen["n"] > self.body_limit:
-                    raise _TooLarge
-            return message
+            async def replay() -> Message:
+                if not sent["done"]:
+                    sent["done"] = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
 
-        async def send_tracked(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                seen["started"] = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive_limited, send_tracked)
-        except _TooLarge:
-            if not seen["started"]:
-                await self._problem(scope, send, ProblemError(
-                    413, "body-too-large", "Request body too large",
-                    f"the body limit is {self.body_limit} bytes"))
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
 
     async def _authenticate(self, scope: Scope, presented: str | None = None) -> Any:
         from privcal.storage.tokens import authenticate
@@ -215,7 +218,8 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Any:
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        slugs = {400: "bad-request", 404: "not-found", 405: "method-not-allowed"}
+        slug = slugs.get(exc.status_code, "http-error")
         return problem_response(ProblemError(exc.status_code, slug, str(exc.detail),
                                              str(exc.detail), headers=exc.headers))
 

@@ -46,7 +46,7 @@ class ReportBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     round: int = Field(ge=0, le=1_000_000)
-    value: Literal[0, 1]
+    value: int = Field(ge=0, le=1)  # strict: true/false are refused, not taken as 1/0
 
 
 class MessageBody(BaseModel):

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("fastapi", reason="the server extra is part of the test extra")
-import httpx  # noqa: E402
-import uvicorn  # noqa: E402
+import httpx
+import uvicorn
 
 
 @dataclass
