@@ -11,22 +11,63 @@ Local DP (Penso et al., seed 004):
 - LDP-CP-S: a user in the round's group answers ``binary_rr(score <= q, eps)``
   for the published threshold q, keeping the bit with probability e^ε/(e^ε+1).
 
+HTTP (``privcal serve``): :class:`Reporter` (a device) and :class:`Agent` (a federated agent),
+see :mod:`privcal.client_http`.
+
 Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``
 (its ℓ-th smallest score) or ``fedcp2_qq_message(scores, plan)`` (an ε-DP bin from the
 public grid on [0, S_max]).
 """
 
-from privcal.calibrators.federated_agent import bin_grid, fedcp2_qq_message, fedcp_qq_message
-from privcal.calibrators.mechanisms.randomized_response import (
-    binary_rr,
-    binary_rr_many,
-    krr,
-    krr_many,
-)
-from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# names are imported on first use: `import privcal.client` loads neither numpy/SciPy nor
+# httpx until a randomizer or the HTTP client is asked for
+_EXPORTS = {
+    "SCORES": "privcal.calibrators.scores",
+    "all_class_scores": "privcal.calibrators.scores",
+    "label_scores": "privcal.calibrators.scores",
+    "bin_grid": "privcal.calibrators.federated_agent",
+    "fedcp2_qq_message": "privcal.calibrators.federated_agent",
+    "fedcp_qq_message": "privcal.calibrators.federated_agent",
+    "binary_rr": "privcal.calibrators.mechanisms.randomized_response",
+    "binary_rr_many": "privcal.calibrators.mechanisms.randomized_response",
+    "krr": "privcal.calibrators.mechanisms.randomized_response",
+    "krr_many": "privcal.calibrators.mechanisms.randomized_response",
+    "Reporter": "privcal.client_http",
+    "Agent": "privcal.client_http",
+    "ServiceError": "privcal.client_http",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privcal.calibrators.federated_agent import bin_grid, fedcp2_qq_message, fedcp_qq_message
+    from privcal.calibrators.mechanisms.randomized_response import (
+        binary_rr,
+        binary_rr_many,
+        krr,
+        krr_many,
+    )
+    from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
+    from privcal.client_http import Agent, Reporter, ServiceError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'privcal.client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SCORES",
+    "Agent",
+    "Reporter",
+    "ServiceError",
     "all_class_scores",
     "bin_grid",
     "binary_rr",
