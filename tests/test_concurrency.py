@@ -113,3 +113,48 @@ def test_concurrent_upgrades_are_serialised(ledger_url: str) -> None:
     assert led.verify().entries == 0
     with led.engine.connect() as conn:  # the head row was inserted exactly once
         assert conn.execute(text("SELECT count(*) FROM audit_head")).scalar_one() == 1
+
+
+def _dataset_worker(url: str, worker: int, out: Any) -> None:
+    from privcal.accountant import Accountant
+    from privcal.costs import ZCDP
+
+    acct = Accountant(url)
+    errors: list[str] = []
+    ids: list[int] = []
+    for _ in range(PER_PROC):
+        try:
+            ids.append(acct.charge(f"d{worker}", ZCDP(rho="0.01")).charge_id)
+        except Exception as exc:  # anything is a failure of the test
+            errors.append(f"{type(exc).__name__}: {exc}")
+    acct.ledger.close()
+    out.put((worker, ids, errors))
+
+
+def test_charges_to_different_datasets_keep_one_gap_free_log(
+    accountant: Any, ledger_url: str
+) -> None:
+    """8 processes, one dataset each: every charge lands, and the audit log (appended last,
+    under the head lock only for the append and commit) is one verifiable sequence."""
+    for w in range(PROCS):
+        accountant.create_dataset(f"d{w}", rho=10)
+    accountant.ledger.engine.dispose()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_dataset_worker, args=(ledger_url, w, q)) for w in range(PROCS)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert all(not errs for *_, errs in results), [errs for *_, errs in results if errs]
+    ids = [cid for _, got, _ in results for cid in got]
+    assert len(ids) == len(set(ids)) == PROCS * PER_PROC
+    for w in range(PROCS):
+        assert accountant.budget(f"d{w}").spent == {"rho": Decimal("0.5")}
+    v = accountant.ledger.verify()
+    assert (v.entries, v.charges) == (PROCS + PROCS * PER_PROC, PROCS * PER_PROC)
+    with accountant.ledger.engine.connect() as conn:
+        seqs = conn.execute(text("SELECT seq FROM audit_log ORDER BY seq")).scalars().all()
+    assert seqs == list(range(1, PROCS + PROCS * PER_PROC + 1))

@@ -31,11 +31,13 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select, text
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -235,6 +237,25 @@ def _rows(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:
     })
 
 
+def _copy_text(conn: Connection, copy_sql: str, values: list[str]) -> None:
+    """COPY one text column from ``values`` (PostgreSQL) as one block of lines.
+
+    COPY's text format gives ``\\``, tab, newline and carriage return a meaning; when no
+    value holds one the block is the values joined by newlines (one C-level join instead
+    of a Python call per row), else every row is escaped by psycopg's ``write_row``.
+    """
+    raw = conn.connection.driver_connection
+    block = "\n".join(values)
+    plain = (block.count("\n") == len(values) - 1
+             and not any(c in block for c in ("\t", "\r", "\\")))
+    with raw.cursor() as cur, cur.copy(copy_sql) as cp:
+        if plain:
+            cp.write(block + "\n")
+        else:
+            for v in values:
+                cp.write_row((v,))
+
+
 def _amount(
     value: object, what: str, *, allow_zero: bool = False, below_one: bool = False
 ) -> Decimal:
@@ -332,6 +353,13 @@ def _receipt(c: Charge, ds: Dataset, *, replayed: bool) -> ChargeReceipt:
         created_at=c.created_at, remaining=_norm(acc.remaining(_policy(ds), _spent(ds))),
         replayed=replayed,
     )
+
+
+def _spent_columns(sp: acc.Spent) -> dict[str, Decimal]:
+    """The dataset columns holding the running totals ``sp``."""
+    return {"spent_pure_eps": sp.pure_eps, "spent_pure_rho": sp.pure_rho,
+            "spent_zcdp_rho": sp.zcdp_rho, "spent_approx_eps": sp.approx_eps,
+            "spent_approx_delta": sp.approx_delta}
 
 
 def _set_spent(ds: Dataset, sp: acc.Spent) -> None:
@@ -488,19 +516,45 @@ class Accountant:
         requester = _text(requester, "requester")
         key = _text(idempotency_key, "idempotency key")
 
-        def tx(s: Session) -> ChargeReceipt:
-            ds = self.ledger.lock_dataset(s, dataset)
+        def tx(conn: Connection) -> ChargeReceipt:
+            ds = self.ledger.dataset_row(conn, dataset)
             if key is not None:
-                old = self._by_key(s, ds, key)
+                old = self.ledger.charge_by_key(conn, ds.id, key)
                 if old is not None:
                     if _cost_json(_charge_cost(old)) != _cost_json(cost) or old.scope != "dataset":
                         raise InvalidInput(f"idempotency key {key!r} was already used for a "
                                            "different charge")
                     return _receipt(old, ds, replayed=True)
-            c = self._charge_central(s, ds, cost, purpose, requester, key)
-            return _receipt(c, ds, replayed=False)
+            return self._charge_central_core(conn, ds, cost, purpose, requester, key)
 
-        return self.ledger.write(tx)
+        return self.ledger.write_core(tx)
+
+    def _charge_central_core(self, conn: Connection, ds: Any, cost: CentralCost,
+                             purpose: str | None, requester: str | None,
+                             key: str | None) -> ChargeReceipt:
+        """:meth:`_charge_central` on a Core connection (``ds``: the locked dataset row).
+
+        Hot path: the budget check and the audit document are built in Python between the
+        dataset lock and the audit append; one INSERT (with the totals UPDATE) writes it.
+        """
+        pol = _policy(ds)
+        after = acc.check_charge(pol, _spent(ds), cost, scope=f"dataset {ds.name!r}")
+        values: dict[str, Any] = {
+            "dataset_id": ds.id, "scope": "dataset", "notion": cost.kind,
+            "epsilon": getattr(cost, "eps", None), "delta": getattr(cost, "delta", None),
+            "rho": getattr(cost, "rho", None), "eps0": None, "subjects_accepted": None,
+            "subjects_rejected": None, "purpose": purpose, "requester": requester,
+            "idempotency_key": key, "created_at": now(),
+        }
+        cid = self.ledger.insert_charge(conn, values, _spent_columns(after))
+        c = SimpleNamespace(id=cid, **values)
+        self.ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
+        return ChargeReceipt(
+            charge_id=cid, dataset=ds.name, scope="dataset", cost=_cost_json(cost),
+            purpose=purpose, requester=requester, idempotency_key=key,
+            created_at=values["created_at"], remaining=_norm(acc.remaining(pol, after)),
+            replayed=False,
+        )
 
     @staticmethod
     def _by_key(s: Session, ds: Dataset, key: str) -> Charge | None:
@@ -574,15 +628,15 @@ class Accountant:
         key = _text(idempotency_key, "idempotency key")
         e_units = int(cost0.eps0 / SUBJECT_UNIT)
 
-        def tx(s: Session) -> SubjectChargeResult:
-            ds = self.ledger.lock_dataset(s, dataset)
+        def tx(conn: Connection) -> SubjectChargeResult:
+            ds = self.ledger.dataset_row(conn, dataset)
             if key is not None:
-                old = self._by_key(s, ds, key)
+                old = self.ledger.charge_by_key(conn, ds.id, key)
                 if old is not None:
                     if old.scope != "subjects" or old.eps0 != cost0.eps0:
                         raise InvalidInput(f"idempotency key {key!r} was already used for a "
                                            "different charge")
-                    central_old = self._by_key(s, ds, f"{key}#central")
+                    central_old = self.ledger.charge_by_key(conn, ds.id, f"{key}#central")
                     return SubjectChargeResult(
                         charge_id=old.id, dataset=ds.name, eps0=cost0.eps0,
                         accepted=old.subjects_accepted or 0, rejected=old.subjects_rejected or 0,
@@ -601,7 +655,7 @@ class Accountant:
             if e_units > cap_units:
                 over = [str(u) for u in uniq]
             else:
-                over = self._bulk_subjects(s, ds.id, uniq, e_units, cap_units)
+                over = self._bulk_subjects(conn, ds.id, uniq, e_units, cap_units)
             accepted_mask = is_first & ~np.isin(sids, np.asarray(over, dtype=sids.dtype))
             n_acc = int(accepted_mask.sum())
             n_rej = int(sids.shape[0] - n_acc)
@@ -619,46 +673,42 @@ class Accountant:
             cc = central_of(accepted_mask)
             central = None
             if cc is not None:
-                central = self._charge_central(
-                    s, ds, cc, purpose, requester, f"{key}#central" if key is not None else None
+                central = self._charge_central_core(
+                    conn, ds, cc, purpose, requester, f"{key}#central" if key is not None else None
                 )
-            c = Charge(
-                dataset_id=ds.id, scope="subjects", notion="local", eps0=cost0.eps0,
-                subjects_accepted=n_acc, subjects_rejected=n_rej, purpose=purpose,
-                requester=requester, idempotency_key=key, created_at=now(),
-            )
-            s.add(c)
-            ds.charge_count += 1
-            s.flush()
-            self.ledger.append_audit(s, "charge", charge_doc(c, ds.name))
+            values: dict[str, Any] = {
+                "dataset_id": ds.id, "scope": "subjects", "notion": "local", "epsilon": None,
+                "delta": None, "rho": None, "eps0": cost0.eps0, "subjects_accepted": n_acc,
+                "subjects_rejected": n_rej, "purpose": purpose, "requester": requester,
+                "idempotency_key": key, "created_at": now(),
+            }
+            c = SimpleNamespace(id=self.ledger.insert_charge(conn, values), **values)
+            self.ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
             reason = (f"{len(over)} subject(s) over the per-subject cap "
                       f"{acc.dstr(ds.subject_epsilon)}, {n_dup} duplicate(s) in the batch")
             return SubjectChargeResult(
                 charge_id=c.id, dataset=ds.name, eps0=cost0.eps0, accepted=n_acc,
                 rejected=n_rej, rejected_over_cap=len(over), rejected_duplicate=n_dup,
                 accepted_mask=accepted_mask,
-                central=_receipt(central, ds, replayed=False) if central is not None else None,
+                central=central,
                 reason=reason,
             )
 
-        return self.ledger.write(tx)
+        return self.ledger.write_core(tx)
 
-    def _bulk_subjects(self, s: Session, dataset_id: int, uniq: np.ndarray, e_units: int,
-                       cap_units: int) -> list[str]:
+    def _bulk_subjects(self, s: Session | Connection, dataset_id: int, uniq: np.ndarray,
+                       e_units: int, cap_units: int) -> list[str]:
         """Charge ``e_units`` to each (distinct) subject that has room; return those that had not.
 
         ``uniq`` is already distinct, so the staging table needs no index: the join probes
         subject_spend's primary key.
         """
-        conn = s.connection()
+        conn = s.connection() if isinstance(s, Session) else s
         pg = self.ledger.backend == "postgresql"
         if pg:
             conn.exec_driver_sql(
                 "CREATE TEMP TABLE privcal_batch (sid text) ON COMMIT DROP")
-            raw = conn.connection.driver_connection
-            with raw.cursor() as cur, cur.copy("COPY privcal_batch (sid) FROM STDIN") as cp:
-                for sid in uniq.tolist():
-                    cp.write_row((sid,))  # write_row escapes tabs, newlines and backslashes
+            _copy_text(conn, "COPY privcal_batch (sid) FROM STDIN", uniq.tolist())
         else:
             conn.exec_driver_sql(
                 "CREATE TEMP TABLE IF NOT EXISTS privcal_batch (sid TEXT)")

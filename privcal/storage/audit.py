@@ -29,6 +29,7 @@ amount, and checks that every row has exactly one entry.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -45,6 +46,8 @@ __all__ = [
     "charge_doc",
     "dataset_doc",
     "entry_payload",
+    "entry_prefix",
+    "fast_canonical",
     "jsonable",
     "leaf_hash",
     "release_doc",
@@ -105,6 +108,54 @@ def canonical(obj: Any) -> str:
     return rfc8785.dumps(jsonable(obj)).decode("utf-8")
 
 
+#: integers JSON (and so RFC 8785) represents exactly: |n| ≤ 2⁵³ − 1
+_MAX_SAFE_INT = 2**53 - 1
+
+
+def _plain(obj: Any) -> bool:
+    """Whether ``json.dumps(sort_keys=True, ensure_ascii=False)`` writes RFC 8785 for ``obj``.
+
+    True for dicts, lists, strings, bools, None and safe integers (no floats) whose
+    strings encode to UTF-8 (no lone surrogates) and whose keys order the same by
+    code point as by UTF-16 code unit (no character from U+D800 up). Then the two agree:
+    RFC 8785 §3.2.2.2 escapes exactly ``"``, ``\\`` and the controls below U+0020
+    (``\\b \\t \\n \\f \\r`` short, the rest ``\\u00hh`` in lower case), as
+    :mod:`json` does with ``ensure_ascii=False``, and §3.2.3 sorts keys by UTF-16 code unit.
+    """
+    if obj is None or isinstance(obj, bool):
+        return True
+    if isinstance(obj, int):
+        return -_MAX_SAFE_INT <= obj <= _MAX_SAFE_INT
+    if isinstance(obj, str):
+        if obj.isascii():
+            return True
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, str) or not (k.isascii() or max(map(ord, k)) < 0xD800):
+                return False
+            if not _plain(v):
+                return False
+        return True
+    if isinstance(obj, list):
+        return all(_plain(v) for v in obj)
+    return False
+
+
+def fast_canonical(obj: Any) -> str:
+    """:func:`canonical`, written by :mod:`json` when that is byte-identical (see
+    :func:`_plain`; ~10× faster than ``rfc8785``), else by ``rfc8785``. Used on the
+    write path; ``audit verify`` re-checks every payload with ``rfc8785`` itself."""
+    j = jsonable(obj)
+    if _plain(j):
+        return json.dumps(j, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return rfc8785.dumps(j).decode("utf-8")
+
+
 def iso(dt: datetime) -> str:
     """A timestamp as ISO 8601 UTC with microseconds ("2026-01-01T00:00:00.000000Z").
 
@@ -133,6 +184,26 @@ def chain_hash(prev_hash_hex: str, payload: str) -> str:
 def entry_payload(seq: int, kind: str, data: dict[str, Any]) -> str:
     """The canonical payload text of entry ``seq``."""
     return canonical({"seq": seq, "kind": kind, "data": data})
+
+
+def entry_prefix(kind: str, data: dict[str, Any]) -> str:
+    """The payload of an entry of ``kind`` recording ``data``, without its sequence number.
+
+    RFC 8785 sorts keys (``data`` < ``kind`` < ``seq``), so a payload is this prefix
+    followed by the decimal seq and ``}``: :func:`payload_at`. The writer canonicalises
+    each entry once, before it takes the log's head lock, and only the number is filled
+    in under the lock.
+    """
+    text = fast_canonical({"seq": 0, "kind": kind, "data": data})
+    if not text.endswith(',"seq":0}'):  # pragma: no cover - guaranteed by RFC 8785 key order
+        raise AssertionError("canonical payload does not end with its seq")
+    return text[:-2]
+
+
+def payload_at(prefix: str, seq: int) -> str:
+    """The payload of entry ``seq`` from its :func:`entry_prefix` (equal to
+    :func:`entry_payload`)."""
+    return f"{prefix}{seq}}}"
 
 
 def dataset_doc(ds: Dataset) -> dict[str, Any]:

@@ -12,18 +12,24 @@ deferred (read) transaction.
 
 PostgreSQL: psycopg 3 (``postgresql+psycopg://``; a bare ``postgresql://`` is
 mapped to it); write transactions lock the rows they read with
-``SELECT … FOR UPDATE``.
+``SELECT … FOR UPDATE``. Liveness without a round trip per checkout (SQLAlchemy's
+``pool_pre_ping`` costs one per transaction): connections are recycled after
+:data:`RECYCLE_S`, one idle in the pool for more than :data:`IDLE_PING_S` is pinged
+when checked out (and replaced if dead: the pool's ``DisconnectionError`` protocol),
+and a write that still meets a dead connection is retried by
+:meth:`privcal.storage.Ledger.write` on a fresh one (nothing was committed).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from privcal.errors import LedgerError
@@ -31,6 +37,10 @@ from privcal.errors import LedgerError
 __all__ = ["BUSY_TIMEOUT_MS", "default_sqlite_path", "make_engine", "parse_url", "resolve_url"]
 
 BUSY_TIMEOUT_MS = 30_000
+#: PostgreSQL connections older than this (seconds) are replaced at checkout
+RECYCLE_S = 1800
+#: a PostgreSQL connection idle in the pool for longer than this (seconds) is pinged at checkout
+IDLE_PING_S = 30.0
 DB_FILENAME = "privcal.sqlite"
 
 
@@ -108,13 +118,35 @@ def _sqlite_engine(u: URL) -> Engine:
     return engine
 
 
+def _pg_engine(u: URL) -> Engine:
+    engine = create_engine(u, pool_recycle=RECYCLE_S)
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["privcal_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("privcal_idle_since")
+        if since is None or time.monotonic() - since <= IDLE_PING_S:
+            return
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            dbapi_conn.rollback()
+        except Exception as exc:  # the pool discards this connection and connects anew
+            raise DisconnectionError(f"idle connection is dead: {exc}") from exc
+
+    return engine
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url`` with the per-backend settings of the module docstring."""
     u = parse_url(url)
     try:
         if u.get_backend_name() == "sqlite":
             return _sqlite_engine(u)
-        return create_engine(u, pool_pre_ping=True)
+        return _pg_engine(u)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         where = u.render_as_string(hide_password=True)
         raise LedgerError(f"cannot open ledger {where}: {exc}") from exc

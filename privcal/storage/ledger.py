@@ -7,11 +7,17 @@ platform's user data directory — created and migrated on first use. Any other
 ledger whose schema is not at the head revision is refused with
 :class:`~privcal.errors.SchemaOutOfDate` naming ``privcal db upgrade``.
 
-Write transactions go through :meth:`Ledger.write`, which retries transient
-lock and serialization failures a bounded number of times. Within one, the
-accountant locks the dataset row (:meth:`Ledger.lock_dataset`) and appends
-to the audit log (:meth:`Ledger.append_audit`, which locks the single
-``audit_head`` row) — always in that order, so two writers cannot deadlock.
+Write transactions go through :meth:`Ledger.write` (an ORM session) or
+:meth:`Ledger.write_core` (a Core connection, for the hot charge path), which
+retry transient lock and serialization failures — and a connection found dead —
+a bounded number of times. Within one, the accountant locks the dataset row
+(:meth:`Ledger.lock_dataset`, :meth:`Ledger.dataset_row`) and queues its audit
+entries (:meth:`Ledger.append_audit`, which canonicalises the entry at once).
+The queued entries are appended as the *last* step before COMMIT, under the
+lock of the single ``audit_head`` row: so the log stays one gap-free, fork-free
+sequence in commit order, while the global lock is held only for that append
+and the commit — charges to different datasets run their checks in parallel.
+Locks are always taken dataset rows first, head last, so writers cannot deadlock.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, Row, bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
@@ -54,6 +60,23 @@ T = TypeVar("T")
 #: attempts of one write transaction before a transient failure is reported
 MAX_ATTEMPTS = 12
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+#: the audit append on PostgreSQL: lock the head, number the entry, hash it (SHA-256 in the
+#: server, the same bytes as :func:`privcal.storage.audit.chain_hash`), insert it and move the
+#: head — one statement, so the head lock is held for one round trip and the commit
+_PG_APPEND = (
+    "WITH h AS (SELECT seq + 1 AS seq, entry_hash AS prev FROM audit_head WHERE id = 1 "
+    "FOR UPDATE), "
+    "e AS (SELECT h.seq, h.prev, %(prefix)s || h.seq::text || '}' AS payload FROM h), "
+    "x AS (SELECT e.seq, e.prev, e.payload, encode(sha256('\\x01'::bytea || decode(e.prev, 'hex')"
+    " || sha256('\\x00'::bytea || convert_to(e.payload, 'UTF8'))), 'hex') AS hash FROM e), "
+    "i AS (INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+    "SELECT x.seq, %(kind)s, x.payload, x.prev, x.hash FROM x) "
+    "UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x WHERE audit_head.id = 1"
+)
+_PENDING = "privcal_audit_pending"
+_SPENT_COLUMNS = ("spent_pure_eps", "spent_pure_rho", "spent_zcdp_rho", "spent_approx_eps",
+                  "spent_approx_delta")
+
 #: key of the PostgreSQL advisory lock held during schema upgrades ("privcal" in ASCII)
 _UPGRADE_LOCK_KEY = 0x70726976_63616C
 
@@ -87,6 +110,7 @@ class Ledger:
         self.engine: Engine = make_engine(raw)
         self._schema_ok = False
         self._lock = threading.Lock()
+        self._stmts: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ basics
     @property
@@ -222,22 +246,53 @@ class Ledger:
         """Run ``fn(session)`` in one write transaction and commit; retry transient failures.
 
         SQLite: the transaction begins ``IMMEDIATE`` (the write lock is held from the first
-        read). PostgreSQL: ``fn`` locks the rows it reads (``FOR UPDATE``). On a transient
+        read). PostgreSQL: ``fn`` locks the rows it reads (``FOR UPDATE``). The audit
+        entries ``fn`` queued are appended last (see the module docstring). On a transient
         failure everything is rolled back and ``fn`` runs again, up to ``attempts`` times.
         """
+
+        def run(conn: Connection) -> T:
+            with Session(bind=conn, expire_on_commit=False) as session:
+                with session.begin():
+                    result = fn(session)
+                    session.flush()
+                    self._append_pending(conn)
+                return result
+
+        return self._retry(run, attempts)
+
+    def write_core(self, fn: Callable[[Connection], T], *,
+                   attempts: int = MAX_ATTEMPTS) -> T:
+        """:meth:`write` with a Core connection instead of an ORM session (no unit of work,
+        no identity map: the hot path of a charge)."""
+
+        def run(conn: Connection) -> T:
+            with conn.begin():
+                result = fn(conn)
+                self._append_pending(conn)
+            return result
+
+        return self._retry(run, attempts)
+
+    def _retry(self, run: Callable[[Connection], T], attempts: int) -> T:
         self.ensure_schema()
         delay = 0.01
         for attempt in range(1, attempts + 1):
             try:
                 with self._connect(write=True) as conn:
-                    with Session(bind=conn, expire_on_commit=False) as session:
-                        with session.begin():
-                            result = fn(session)
-                        return result
+                    conn.info[_PENDING] = []
+                    try:
+                        return run(conn)
+                    finally:
+                        conn.info.pop(_PENDING, None)
             except (OperationalError, DBAPIError) as exc:
-                if attempt < attempts and _is_transient(exc):
-                    time.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, 1.0)
+                # a pooled connection the server closed (no pre-ping: see engine.py) is
+                # invalidated by SQLAlchemy; nothing was committed, so run again on a fresh one
+                dead = bool(getattr(exc, "connection_invalidated", False))
+                if attempt < attempts and (_is_transient(exc) or dead):
+                    if not dead:
+                        time.sleep(delay * (1 + random.random()))
+                        delay = min(delay * 2, 1.0)
                     continue
                 if isinstance(exc, IntegrityError):
                     raise
@@ -245,7 +300,7 @@ class Ledger:
                     raise LedgerError(
                         f"the ledger stayed locked after {attempts} attempts; try again"
                     ) from exc
-                if "connect" in str(exc).lower():
+                if dead or "connect" in str(exc).lower():
                     raise self._unreachable(exc) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -273,22 +328,108 @@ class Ledger:
             raise NotFound(f"unknown dataset {name!r}")
         return ds
 
-    def append_audit(self, session: Session, kind: str, data: dict[str, Any]) -> AuditEntry:
-        """Append one entry to the chain, in ``session``'s transaction, under the head-row lock."""
-        stmt = select(AuditHead).where(AuditHead.id == 1)
+    def _stmt(self, name: str) -> Any:
+        """The Core statements of the hot path, built once per ledger (a statement object
+        reused keeps its cache key: SQLAlchemy compiles it once)."""
+        st = self._stmts.get(name)
+        if st is not None:
+            return st
+        pg = self.backend == "postgresql"
+        dt, ct = Dataset.__table__, Charge.__table__
+        ht, et = AuditHead.__table__, AuditEntry.__table__
+        if name == "dataset":
+            st = select(dt).where(dt.c.name == bindparam("name"))
+            st = st.with_for_update() if pg else st
+        elif name == "by_key":
+            st = select(ct).where(ct.c.dataset_id == bindparam("d"),
+                                  ct.c.idempotency_key == bindparam("k"))
+        elif name == "count":
+            st = update(dt).where(dt.c.id == bindparam("d")).values(
+                charge_count=dt.c.charge_count + 1)
+        elif name == "count_spent":
+            st = update(dt).where(dt.c.id == bindparam("d")).values(
+                charge_count=dt.c.charge_count + 1,
+                **{c: bindparam(f"s_{c}", type_=dt.c[c].type) for c in _SPENT_COLUMNS})
+        elif name.startswith("charge"):  # charge / charge+count / charge+count_spent
+            # bind names differ from every column name: parameters named like a column would
+            # otherwise be added to the statement's SET / VALUES clause
+            st = insert(ct).values(
+                {c.name: bindparam(f"c_{c.name}", type_=c.type) for c in ct.c if c.name != "id"}
+            ).returning(ct.c.id)
+            if "+" in name:
+                st = st.add_cte(self._stmt(name.split("+")[1]).cte("upd"))
+        elif name == "head":
+            st = select(ht.c.seq, ht.c.entry_hash).where(ht.c.id == 1)
+        elif name == "entry":
+            st = insert(et)
+        elif name == "move_head":
+            st = update(ht).where(ht.c.id == 1).values(seq=bindparam("s"),
+                                                       entry_hash=bindparam("h"))
+        else:  # pragma: no cover
+            raise KeyError(name)
+        self._stmts[name] = st
+        return st
+
+    def dataset_row(self, conn: Connection, name: str) -> Row[Any]:
+        """:meth:`lock_dataset` for :meth:`write_core`: the locked row's columns (Core)."""
+        row = conn.execute(self._stmt("dataset"), {"name": name}).one_or_none()
+        if row is None:
+            raise NotFound(f"unknown dataset {name!r}")
+        return row
+
+    def charge_by_key(self, conn: Connection, dataset_id: int, key: str) -> Row[Any] | None:
+        """The charge of ``dataset_id`` recorded under idempotency ``key``, if any (Core)."""
+        return conn.execute(self._stmt("by_key"), {"d": dataset_id, "k": key}).first()
+
+    def insert_charge(self, conn: Connection, values: dict[str, Any],
+                      spent: dict[str, Any] | None = None) -> int:
+        """Insert a charge row (every column but ``id``) and count it on its dataset, whose
+        row the caller has locked, setting the dataset's running totals to ``spent``
+        (column → value) if given. Returns the charge id. PostgreSQL: one statement (the
+        UPDATE as a CTE); SQLite: two."""
+        upd = "count_spent" if spent is not None else "count"
+        cparams = {f"c_{k}": v for k, v in values.items()}
+        uparams = {"d": values["dataset_id"], **{f"s_{k}": v for k, v in (spent or {}).items()}}
         if self.backend == "postgresql":
-            stmt = stmt.with_for_update()
-        head = session.scalars(stmt).one()
-        seq = head.seq + 1
-        payload = audit.entry_payload(seq, kind, data)
-        entry_hash = audit.chain_hash(head.entry_hash, payload)
-        entry = AuditEntry(seq=seq, kind=kind, payload=payload,
-                           prev_hash=head.entry_hash, entry_hash=entry_hash)
-        session.add(entry)
-        head.seq = seq
-        head.entry_hash = entry_hash
-        session.flush()
-        return entry
+            return int(conn.execute(self._stmt(f"charge+{upd}"),
+                                    {**cparams, **uparams}).scalar_one())
+        conn.execute(self._stmt(upd), uparams)
+        return int(conn.execute(self._stmt("charge"), cparams).scalar_one())
+
+    def append_audit(self, tx: Session | Connection, kind: str, data: dict[str, Any]) -> None:
+        """Queue one entry for the chain in ``tx``'s write transaction.
+
+        The entry is canonicalised now (once); it is numbered, hashed and appended under
+        the head-row lock as the transaction's last step (:meth:`_append_pending`).
+        """
+        conn = tx.connection() if isinstance(tx, Session) else tx
+        pending = conn.info.get(_PENDING)
+        if pending is None:
+            raise LedgerError("audit entries are appended only inside Ledger.write")
+        pending.append((kind, audit.entry_prefix(kind, data)))
+
+    def _append_pending(self, conn: Connection) -> None:
+        """Append the queued entries, in order, under the ``audit_head`` row lock."""
+        pending: list[tuple[str, str]] = conn.info.get(_PENDING) or []
+        if not pending:
+            return
+        if self.backend == "postgresql":
+            for kind, prefix in pending:
+                conn.exec_driver_sql(_PG_APPEND, {"prefix": prefix, "kind": kind})
+        else:
+            # SQLite: the BEGIN IMMEDIATE transaction already holds the database write lock
+            seq, prev = conn.execute(self._stmt("head")).one()
+            rows = []
+            for kind, prefix in pending:
+                seq += 1
+                payload = audit.payload_at(prefix, seq)
+                entry_hash = audit.chain_hash(prev, payload)
+                rows.append({"seq": seq, "kind": kind, "payload": payload,
+                             "prev_hash": prev, "entry_hash": entry_hash})
+                prev = entry_hash
+            conn.execute(self._stmt("entry"), rows)
+            conn.execute(self._stmt("move_head"), {"s": seq, "h": prev})
+        pending.clear()
 
     # ----------------------------------------------------------------- reading
     def head(self) -> AuditHeadInfo:
