@@ -173,3 +173,48 @@ def test_score_errors(call, fragment):
     with pytest.raises(InvalidInput, match=fragment) as exc:
         call()
     assert "\n" not in str(exc.value)
+
+
+# ---- lac prediction sets without the score matrix (issue 11): bit-identical to 1 − p ≤ t
+@settings(max_examples=500, deadline=None)
+@given(st.floats(allow_nan=False), st.lists(st.floats(0, 1), min_size=1, max_size=20))
+def test_lac_cut_matches_the_score_comparison(t: float, ps: list[float]) -> None:
+    import math
+
+    from privcal.calibrators.scores import lac_cut
+
+    c = lac_cut(t)
+    cand = [*ps, *(1.0 - p for p in ps), 0.0, 1.0]
+    if math.isfinite(c):
+        cand += [c, math.nextafter(c, -math.inf), math.nextafter(c, math.inf)]
+    for p in cand:
+        if math.isfinite(p):
+            assert (1.0 - p <= t) == (p >= c), (t, p, c)
+
+
+def test_lac_sets_equal_the_score_matrix_on_boundary_thresholds() -> None:
+    gen = np.random.default_rng(3)
+    p = gen.random((500, 7))
+    p /= p.sum(axis=1, keepdims=True)
+    for t in [*(1.0 - p[:20, 0]), *(1.0 - p[20:40, 3] + 1e-17), 0.0, 1.0, -1.0, 2.0, -np.inf]:
+        assert (prediction_sets("lac", p, float(t)) == (1.0 - p <= t)).all()
+    assert prediction_sets("lac", p, np.inf).all()
+
+
+def test_probability_rows_at_the_tolerance() -> None:
+    from privcal.calibrators.validation import PROB_SUM_TOL, check_probs
+
+    p = np.array([[0.5, 0.5], [0.25, 0.75]])
+    near = p.copy()
+    near[1, 1] += PROB_SUM_TOL * 0.999999  # inside the tolerance but past the fast margin
+    assert (check_probs(near) == near).all()
+    off = p.copy()
+    off[1, 1] += PROB_SUM_TOL * 1.5
+    with pytest.raises(InvalidInput, match="row 1 sums to"):
+        check_probs(off)
+    for bad, msg in ((np.nan, "must be finite"), (np.inf, "must be finite"),
+                     (-0.25, "negative")):
+        q = p.copy()
+        q[1, 0] = bad
+        with pytest.raises(InvalidInput, match=msg):
+            check_probs(q)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import random
+import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -202,6 +204,9 @@ def label_scores(
         p = check_probs(probs, min_rows=1)
         y = check_labels(labels, p.shape[1], min_rows=1)
         check_lengths(probs=p, labels=y)
+        if name == "lac":  # the same float operation as 1.0 - probs, on the n labels only
+            n, k = p.shape
+            return 1.0 - np.take(p.ravel(), np.arange(0, n * k, k) + y)
         s = _classification_all(name, p, o, rng)
         return np.ascontiguousarray(np.take_along_axis(s, y[:, None], axis=1)[:, 0])
     y_true = check_targets(labels, min_rows=1)
@@ -244,10 +249,60 @@ def prediction_sets(
     A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
     """
     t = _check_threshold(threshold)
+    if name == "lac":
+        _options(_spec(name), opts)
+        p = check_probs(probs, min_rows=1)
+        if t == math.inf:
+            return np.ones(p.shape, dtype=bool)
+        # 1.0 − p ≤ t without the n×k score matrix: p ≥ c for the exact cut c
+        return p >= lac_cut(t)
     s = all_class_scores(name, probs, rng=rng, **opts)
     if t == math.inf:
         return np.ones(s.shape, dtype=bool)
     return s <= t
+
+
+def lac_cut(t: float) -> float:
+    """The smallest double c with fl(1.0 − c) ≤ t, so that for every double p,
+    ``1.0 - p <= t`` ⇔ ``p >= c`` (−inf when every double qualifies, +inf when none does).
+
+    fl(1 − p) is non-increasing in p (IEEE subtraction rounds monotonically), so the
+    doubles p with fl(1 − p) ≤ t form a ray [c, ∞); c is found by bisection over the
+    doubles in their numeric order (64 steps), so the sets equal ``1.0 - probs <= t``
+    bit for bit.
+    """
+    if math.isnan(t):
+        raise InvalidInput("threshold is NaN")
+
+    def ok(k: int) -> bool:
+        return 1.0 - _from_key(k) <= t
+
+    lo, hi = _key(-sys.float_info.max), _key(sys.float_info.max)
+    if ok(lo):
+        return -math.inf
+    if not ok(hi):
+        return math.inf
+    while hi - lo > 1:  # invariant: not ok(lo), ok(hi)
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return _from_key(hi)
+
+
+_SIGN = 1 << 63
+
+
+def _key(x: float) -> int:
+    """An integer increasing with the double ``x`` (−0.0 and +0.0 share 0)."""
+    b = struct.unpack("<q", struct.pack("<d", x))[0]
+    return b if b >= 0 else -(b & (_SIGN - 1))
+
+
+def _from_key(k: int) -> float:
+    bits = k if k >= 0 else ((-k) | _SIGN)
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
 
 
 def regression_interval(
