@@ -5,18 +5,45 @@ budgets and records releases; :mod:`privcal.accountant.accounting` is the pure
 mathematics (CKS20, filters, reporting rule).
 """
 
-from privcal.accountant.accountant import (
-    Accountant,
-    BudgetReport,
-    ChargeReceipt,
-    DatasetInfo,
-    DryRun,
-    Release,
-    SpentReport,
-    SubjectChargeResult,
-    SubjectSummary,
-)
-from privcal.accountant.accounting import cks20_epsilon, simple_zcdp_epsilon
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Lazy (PEP 562): ``privcal.accountant.shuffle`` (used by ``privcal amplify``) and the pure
+# mathematics must not drag the ledger (SQLAlchemy, the storage layer) in with them.
+_EXPORTS = {
+    **dict.fromkeys(
+        ("Accountant", "BudgetReport", "ChargeReceipt", "DatasetInfo", "DryRun", "Release",
+         "SpentReport", "SubjectChargeResult", "SubjectSummary"),
+        "privcal.accountant.accountant"),
+    "cks20_epsilon": "privcal.accountant.accounting",
+    "simple_zcdp_epsilon": "privcal.accountant.accounting",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privcal.accountant.accountant import (
+        Accountant,
+        BudgetReport,
+        ChargeReceipt,
+        DatasetInfo,
+        DryRun,
+        Release,
+        SpentReport,
+        SubjectChargeResult,
+        SubjectSummary,
+    )
+    from privcal.accountant.accounting import cks20_epsilon, simple_zcdp_epsilon
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'privcal.accountant' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Accountant",

@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Context, Decimal, localcontext
 from typing import Literal
 
-from scipy.optimize import minimize_scalar
-
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import BudgetRefused, InvalidInput
 
@@ -129,6 +127,8 @@ def cks20_order(rho: float, delta: float) -> float:
     # Optimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
     # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket.
     guess = math.log(math.sqrt(lid / rho))
+    from scipy.optimize import minimize_scalar  # here: pure and zCDP checks need no SciPy
+
     res = minimize_scalar(
         lambda t: _cks20_objective(1.0 + math.exp(t), rho, lid),
         bounds=(guess - 12.0, guess + 12.0),

@@ -45,7 +45,6 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy.special import betainc, betaincinv, roots_legendre
 
 from privcal.calibrators.base import conformal_rank
 from privcal.errors import InfeasiblePlan, InvalidInput
@@ -82,6 +81,8 @@ GAMMA_GRID: tuple[float, ...] = tuple(i / 100 for i in range(1, 100))
 
 @cache
 def _gauss_legendre(nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    from scipy.special import roots_legendre  # here: privcal.client loads no SciPy
+
     # scipy's Golub–Welsch + Newton is ~5x faster than numpy's leggauss at 256 nodes (0.8 s)
     x, w = roots_legendre(nodes)
     return np.asarray(x), np.asarray(w)
@@ -118,6 +119,8 @@ def coverage_M_array(
     U_(ℓ,k) (module docstring); vectorised over the broadcast shape of ℓ, k.
     No argument checks (see :func:`coverage_M`).
     """
+    from scipy.special import betainc, betaincinv  # here: privcal.client loads no SciPy
+
     x, w = _gauss_legendre(nodes)
     lf = np.asarray(ell, dtype=np.float64)[..., None]
     kf = np.asarray(k, dtype=np.float64)[..., None]
@@ -269,6 +272,19 @@ def _select(
     return best[1], best[2], best[0], ls
 
 
+def _shift_guess(tab: _MTable, k: int, base: int, tgt: float, shift: dict[int, int]) -> int:
+    """How far ℓ_k is expected to move up from ``base`` (only a starting guess: the search
+    around it is exact). The last move if there was one; else the rise to ``tgt`` at the
+    slope M_{base,k} − M_{base−1,k}, when both are already memoised (the previous search
+    bracketed ℓ_k = base between them); else 0."""
+    if k in shift:
+        return shift[k]
+    up, below = tab._memo.get((base, k)), tab._memo.get((base - 1, k))
+    if up is None or below is None or not up > below:
+        return 0
+    return max(0, math.ceil((tgt - up) / (up - below)))
+
+
 def _select_warm(
     tab: _MTable, tgt: float, k0: int, lower: dict[int, int], shift: dict[int, int]
 ) -> tuple[int, int, float, dict[int, int]] | None:
@@ -285,7 +301,8 @@ def _select_warm(
     base = np.array([lower.get(int(k), 1) for k in ks])
     lo = base - 1  # M(lo) < tgt, or lo = 0
     hi = np.zeros_like(lo)  # 0: no passing ℓ known yet
-    guess = np.clip(base + np.array([shift.get(int(k), 0) for k in ks]), base, n)
+    guess = np.clip(base + np.array([_shift_guess(tab, int(k), int(b), tgt, shift)
+                                     for k, b in zip(ks, base, strict=True)]), base, n)
     up = np.ones_like(lo)
     dn = np.ones_like(lo)
     down = np.ones(lo.size, dtype=bool)  # no failure seen yet: gallop down from a pass
@@ -392,6 +409,8 @@ def _pb_pmf(p: np.ndarray) -> np.ndarray:
 
 def _message_cdf(t: np.ndarray, ls: np.ndarray, ns: np.ndarray) -> np.ndarray:
     """P(message_j ≤ t) = I_t(ℓ_j, n_j−ℓ_j+1); 0 when ℓ_j > n_j (that agent sends +∞)."""
+    from scipy.special import betainc  # here: privcal.client loads no SciPy
+
     finite = ls <= ns
     p = np.zeros((*t.shape, ls.size))
     if finite.any():
@@ -449,6 +468,8 @@ def _check_unequal(ls: Sequence[int], sizes: Sequence[int]) -> tuple[np.ndarray,
 
 
 def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray, nodes: int = GL_NODES) -> np.ndarray:
+    from scipy.special import betaincinv  # here: privcal.client loads no SciPy
+
     finite = ls <= ns
     out = np.ones(ks.size)
     n_fin = int(finite.sum())
@@ -663,9 +684,12 @@ def _gamma_search(
     lower: dict[int, int] | None = None
     shift: dict[int, int] = {}
     min_cor: int | None = None
-    for gamma in GAMMA_GRID:
+    for i, gamma in enumerate(GAMMA_GRID):
         target = (1 - alpha) / (1 - gamma * alpha)
         if best is not None and target - _FEAS_TOL >= best[0]:
+            break
+        if best is not None and lower is not None and _rest_cannot_win(
+                tab, alpha, m, eps, bins, GAMMA_GRID[i:], lower, best[0], best[3]):
             break
         l_cor = l_correction(gamma, alpha, m, eps, bins)
         min_cor = l_cor if min_cor is None else min(min_cor, l_cor)
@@ -684,6 +708,43 @@ def _gamma_search(
         if best is None or crit < best[0]:
             best = (crit, gamma, l_g, k_g, l_cor, m_g)
     return best, min_cor
+
+
+#: a bound must clear the best criterion by this much to prune (quadrature/float noise)
+_PRUNE_MARGIN = 1e-9
+#: cells per vectorised evaluation of the pruning bound
+_PRUNE_CHUNK = 64
+
+
+def _rest_cannot_win(
+    tab: _MTable, alpha: float, m: int, eps: float, bins: int, rest: Sequence[float],
+    lower: dict[int, int], best: float, best_k: int,
+) -> bool:
+    """Whether no γ in ``rest`` can have a criterion below ``best`` (exact pruning).
+
+    For γ in ``rest`` the level is higher than the last one searched, so ℓ_k(γ) ≥
+    ``lower[k]`` (ℓ_k is non-decreasing in the level; 1 where ``lower`` has no entry), and
+    ℓ_cor(γ) ≥ c, the least ℓ_cor over ``rest`` that the search would still reach (the
+    scan stops at the first level ≥ ``best``). M is increasing in ℓ, so
+    crit(γ) = M_{ℓ_γ+ℓ_cor(γ), k_γ} ≥ min over k of M_{lower[k]+c, k}, evaluated in
+    vectorised chunks from the best k outwards (a failing bound fails early); when it clears
+    ``best`` (by a margin above float noise) every remaining warm selection is saved, as
+    it could only have found larger criteria. k below the smallest key of ``lower`` is
+    infeasible at the last level, hence at every higher one.
+    """
+    reach = [g for g in rest if (1 - alpha) / (1 - g * alpha) - _FEAS_TOL < best]
+    if not reach:
+        return True
+    c = min(l_correction(g, alpha, m, eps, bins) for g in reach)
+    ks = np.arange(min(lower), m + 1)
+    ells = np.minimum(np.array([lower.get(int(k), 1) for k in ks]) + c, tab.n)
+    # nearest the best k first, in chunks: a bound that fails usually fails there, early
+    order = np.argsort(np.abs(ks - best_k), kind="stable")
+    for start in range(0, order.size, _PRUNE_CHUNK):
+        idx = order[start:start + _PRUNE_CHUNK]
+        if np.min(tab.many(ells[idx], ks[idx])) < best + _PRUNE_MARGIN:
+            return False
+    return True
 
 
 def _fed2_plan(
