@@ -7,6 +7,12 @@ An ldp-score session with T = 10 rounds of n' = reports/10 users; each batch is
 advance). Two extra batches measure rejection: one of already-reported subjects
 (entirely rejected, nothing written) and one twice the size the round needs.
 PostgreSQL runs in a scratch schema of --pg (default $PRIVCAL_TEST_DATABASE_URL).
+
+**raw** (measured in the same run, right after privcal): the same batches written by the bare
+driver, one committed transaction each — the accepted reports into a keyed copy of
+``session_reports`` and one new per-subject spend row each into a keyed copy of
+``subject_spend`` (PostgreSQL ``COPY``, SQLite ``executemany``). ``ratio`` is privcal
+time / raw time.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 from functools import partial
+from typing import Any
 
 import numpy as np
 from _db import PG_DEFAULT, Row, print_table, run_backends  # bench/_db.py
@@ -21,6 +28,58 @@ from _db import PG_DEFAULT, Row, print_table, run_backends  # bench/_db.py
 from privcal.accountant import Accountant
 from privcal.accountant import sessions as S
 from privcal.storage import Ledger
+
+_RAW_DDL = [
+    "CREATE TABLE raw_reports (session_id INTEGER NOT NULL, subject VARCHAR(200) NOT NULL, "
+    "round INTEGER NOT NULL, value VARCHAR(64) NOT NULL, received_at {ts} NOT NULL, "
+    "PRIMARY KEY (session_id, subject))",
+    "CREATE TABLE raw_spend (dataset_id INTEGER NOT NULL, subject VARCHAR(200) NOT NULL, "
+    "spent_units BIGINT NOT NULL, PRIMARY KEY (dataset_id, subject))",
+]
+
+
+def _raw(url: str, ids: np.ndarray, bits: np.ndarray, batch: int) -> float:
+    """Seconds to write every batch's reports and spend rows with the bare driver."""
+    import datetime
+    import sqlite3
+
+    sqlite = url.startswith("sqlite")
+    if sqlite:
+        conn: Any = sqlite3.connect(url.split("///", 1)[1], timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+    else:
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        u = make_url(url)
+        conn = psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database,
+                               password=u.password, options=u.query.get("options"))
+    for ddl in _RAW_DDL:
+        conn.execute(ddl.format(ts="TIMESTAMPTZ" if not sqlite else "DATETIME"))
+    conn.commit()
+    ts = datetime.datetime.now(datetime.UTC).isoformat()
+    t = time.perf_counter()
+    for start in range(0, ids.size, batch):
+        subj = ids[start:start + batch].tolist()
+        vals = bits[start:start + batch].astype(str).tolist()
+        if sqlite:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT INTO raw_reports VALUES (1, ?, 0, ?, ?)",
+                             ((a, b, ts) for a, b in zip(subj, vals, strict=True)))
+            conn.executemany("INSERT INTO raw_spend VALUES (1, ?, 2000000000000)",
+                             ((a,) for a in subj))
+            conn.execute("COMMIT")
+        else:
+            with conn.cursor() as cur:
+                with cur.copy("COPY raw_reports FROM STDIN") as cp:
+                    cp.write("".join(f"1\t{a}\t0\t{b}\t{ts}\n"
+                                     for a, b in zip(subj, vals, strict=True)))
+                with cur.copy("COPY raw_spend FROM STDIN") as cp:
+                    cp.write("".join(f"1\t{a}\t2000000000000\n" for a in subj))
+            conn.commit()
+    dt = time.perf_counter() - t
+    conn.close()
+    return dt
 
 
 def _bench(url: str, backend: str, n: int, batch: int) -> list[Row]:
@@ -47,11 +106,12 @@ def _bench(url: str, backend: str, n: int, batch: int) -> list[Row]:
             break
     total = time.perf_counter() - t0
     stored = status.total_reports
+    raw = _raw(url, ids[:stored], bits[:stored], batch)
     rows.append({"backend": backend,
                  "measurement": f"{stored:,} reports in {len(times)} batches of {batch:,}",
                  "result": f"{total:.1f} s ({stored / total:,.0f} reports/s; batch median "
                            f"{np.median(times):.2f} s, max {max(times):.2f} s; "
-                           f"status {status.status})"})
+                           f"status {status.status}); raw {raw:.1f} s, ratio {total / raw:.2f}"})
     if status.status == "open":
         t = time.perf_counter()
         r = S.submit_reports(acct, info.id, ids[:batch], bits[:batch])

@@ -1,10 +1,12 @@
 """The hash-chained audit log: canonical payloads, hashing, and what each entry records.
 
 Every dataset creation, charge and release appends one entry, in the same
-transaction and under the same lock as the row it describes (the single
-``audit_head`` row is locked ``FOR UPDATE`` on PostgreSQL; SQLite write
-transactions are ``BEGIN IMMEDIATE``), so sequence numbers are gapless and the
-chain cannot fork.
+transaction as the row it describes: the entry is canonicalised when the row is
+written and appended as the transaction's last step before COMMIT, under the
+lock of the single ``audit_head`` row (``FOR UPDATE`` on PostgreSQL, where the
+server numbers and hashes it in the same statement; SQLite write transactions
+are ``BEGIN IMMEDIATE``), so sequence numbers are gapless, follow commit order,
+and the chain cannot fork.
 
 How a third party re-verifies the log (all hashes SHA-256, hex-encoded in the DB):
 
