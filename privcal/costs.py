@@ -23,6 +23,9 @@ def _exact(value: object) -> Decimal:
     """A float as the decimal a person typed (its shortest repr), never its binary expansion."""
     if isinstance(value, float):
         value = repr(value)
+    if isinstance(value, bool) or (isinstance(value, str) and "_" in value):
+        # Decimal("1_0") is 10 and True is 1: neither is an amount anyone meant
+        raise ValueError(f"not a number: {value!r}")
     try:
         d = Decimal(str(value)) if not isinstance(value, Decimal) else value
     except Exception as exc:  # decimal.InvalidOperation and friends

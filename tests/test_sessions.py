@@ -144,7 +144,17 @@ def test_bad_open_writes_nothing(accountant: Any) -> None:
 def test_shuffled_ldp_score_records_per_round_amplification(accountant: Any) -> None:
     acct: Accountant = accountant
     acct.create_dataset("pure", epsilon=1, subject_epsilon=4)
-    info = _ldp(acct, ds="pure", epsilon=4, rounds=1, group_size=2000, shuffled=True)
+    acct.create_dataset("z", rho=1, subject_epsilon=4)
+    acct.create_dataset("ad", approx_epsilon=5, approx_delta=1e-6, subject_epsilon=4)
+    before = _snapshot(acct)
+    for ds in ("pure", "z"):  # issue 14.5: the amplified (ε, δ) cannot be charged there
+        with pytest.raises(BudgetRefused, match=r"cannot be charged an \(ε, δ\) cost"):
+            _ldp(acct, ds=ds, epsilon=4, rounds=1, group_size=2000, shuffled=True)
+    with pytest.raises(InvalidInput, match="fedcp2-qq cannot be shuffled"):  # issue 14.6
+        S.open_session(acct, "fedcp2-qq", dataset="ad", alpha=0.1, agents=100, local_n=50,
+                       epsilon=2, shuffled=True)
+    assert _snapshot(acct) == before
+    info = _ldp(acct, ds="ad", epsilon=4, rounds=1, group_size=2000, shuffled=True)
     rng = np.random.default_rng(3)
     r = S.submit_reports(acct, info.id, [f"u{i}" for i in range(2000)],
                          rng.integers(0, 2, 2000).tolist())

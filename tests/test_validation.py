@@ -137,9 +137,11 @@ def test_shape_sizes_and_federated_groups_share_one_agent_order() -> None:
     from privcal.calibrators.fedcp_qq import group_by_agent
     from privcal.calibrators.validation import group_sizes, id_strings
 
-    agents = np.array([2, 10, 10, 10, 2.0])  # a CSV column of numbers comes back as floats
+    agents = np.array([2, 10, 10, 10, 2])  # ids are read as text or integers, never floats
     scores = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
     assert list(id_strings(agents)) == ["2", "10", "10", "10", "2"]
+    with pytest.raises(InvalidInput, match="not floats"):  # issue 14.4: a float merges ids
+        id_strings(agents.astype(float))
     sizes = group_sizes(agents)
     groups = group_by_agent(CalibrationInput(scores=scores, agents=agents))
     assert sizes == (3, 2)  # "10" then "2"

@@ -41,6 +41,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from privcal import checks
 from privcal.accountant import accounting as acc
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -49,7 +50,7 @@ from privcal.calibrators.base import (
     DataShape,
     default_rng,
 )
-from privcal.calibrators.validation import group_sizes
+from privcal.calibrators.validation import group_sizes, id_strings
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import AlreadyExists, BudgetRefused, InvalidInput, NotFound
 from privcal.storage import Ledger
@@ -262,6 +263,8 @@ def _amount(
     """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
     if isinstance(value, bool):
         raise InvalidInput(f"{what} must be a number, got {value!r}")
+    if isinstance(value, str) and "_" in value:  # Decimal("1_0") is 10: a typo, not a number
+        raise InvalidInput(f"{what} must be a number, got {value!r}")
     try:
         d = Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value).strip())
     except (InvalidOperation, ValueError) as exc:
@@ -279,7 +282,14 @@ def _amount(
     return d
 
 
+#: no amount at or above this is stored (a larger one is a typo, and 10¹⁵ with 12 decimal
+#: places is the most a 28-digit decimal context holds exactly)
+_MAX_AMOUNT = Decimal("1e15")
+
+
 def _up(d: Decimal) -> Decimal:
+    if not d.is_finite() or abs(d) >= _MAX_AMOUNT:
+        raise InvalidInput(f"privacy amount {d} is too large (must be < {_MAX_AMOUNT:.0E})")
     return d.quantize(_QUANTUM, rounding=ROUND_CEILING).normalize()
 
 
@@ -392,11 +402,7 @@ def json_safe(obj: Any) -> Any:
 def _text(value: str | None, what: str, limit: int = 200) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be text")
-    if len(value) > limit:
-        raise InvalidInput(f"{what} is longer than {limit} characters")
-    return value
+    return checks.text(value, what, limit=limit, allow_empty=True)
 
 
 # ----------------------------------------------------------------- the accountant
@@ -429,6 +435,9 @@ class Accountant:
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise InvalidInput("dataset name must be 1 to 200 characters")
+        checks.text(name, "dataset name")
+        if not isinstance(allow_nonprivate, bool | np.bool_):  # 'no' is not False
+            raise InvalidInput(f"allow_nonprivate must be True or False, got {allow_nonprivate!r}")
         if name != name.strip():
             raise InvalidInput(f"dataset name {name!r} has leading or trailing spaces")
         given = [epsilon is not None, rho is not None,
@@ -487,6 +496,7 @@ class Accountant:
 
     @staticmethod
     def _get(s: Session, name: str) -> Dataset:
+        checks.text(name, "dataset name")
         ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
         if ds is None:
             raise NotFound(f"unknown dataset {name!r}")
@@ -611,14 +621,11 @@ class Accountant:
 
         if not callable(central_cost):
             central_of(np.ones(0, dtype=bool))  # a bad central cost fails before any work
-        ids = np.asarray(subject_ids)
-        if ids.ndim != 1 or ids.size == 0:
+        if isinstance(subject_ids, str):
+            raise InvalidInput("subject_ids must be a sequence of ids, not one string")
+        sids = id_strings(subject_ids, "subject ids")  # one normalisation everywhere (14.4)
+        if sids.size == 0:
             raise InvalidInput("subject_ids must be a non-empty 1-D sequence")
-        if ids.dtype.kind == "f":
-            raise InvalidInput("subject ids must be strings or integers, not floats")
-        sids = ids.astype(str)
-        if np.char.str_len(sids).max() > 200:
-            raise InvalidInput("a subject id is longer than 200 characters")
         uniq, first = np.unique(sids, return_index=True)
         is_first = np.zeros(sids.shape[0], dtype=bool)
         is_first[first] = True
@@ -871,8 +878,9 @@ class Accountant:
         return self.release(rid) if rid is not None else None
 
     @staticmethod
-    def _shape(data: CalibrationInput, n: int | None = None) -> DataShape:
-        k = int(data.probs.shape[1]) if data.probs is not None and data.probs.ndim == 2 else None
+    def _shape(data: CalibrationInput, n: int | None = None, k: int | None = None) -> DataShape:
+        if data.probs is not None and np.ndim(data.probs) == 2:
+            k = int(np.shape(data.probs)[1])
         groups = group_sizes(data.agents) if data.agents is not None else None
         try:
             return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
@@ -970,6 +978,7 @@ class Accountant:
         central_cost: CentralCost | None = None,
         extra_diagnostics: dict[str, Any] | None = None,
         shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None = None,
+        classes: int | None = None,
     ) -> Release:
         """Charge, calibrate, release (DESIGN.md, "The flow of one calibration").
 
@@ -985,20 +994,37 @@ class Accountant:
         (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` (local DP,
         reports sent through a shuffler) maps the shape of the rows actually accepted to the
         amplified (ε, δ) and its record: it is evaluated inside the charge transaction, once
-        refused subjects are known, because fewer shuffled reports amplify less.
+        refused subjects are known, because fewer shuffled reports amplify less. ``classes``
+        is the number of classes k of the probabilities that precomputed scores came from:
+        it is recorded in the release's shape, and ``predict_set`` refuses another k.
         """
+        if not isinstance(calibrator, Calibrator):
+            raise InvalidInput(f"not a calibrator: {calibrator!r:.60}")
+        if not isinstance(data, CalibrationInput):
+            raise InvalidInput("data must be a CalibrationInput")
         p = self._params(calibrator, params)
         self._check_data(calibrator, data)
-        shape = self._shape(data)
+        if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
+                                    or classes < 2):
+            raise InvalidInput(f"classes must be an integer ≥ 2, got {classes!r}")
+        shape = self._shape(data, k=classes)
         cost = calibrator.cost(p, shape)
         if (central_cost is not None or shuffle is not None) and not isinstance(cost, LocalDP):
             raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                                "run); a central method's cost is charged as declared")
         ds = self.dataset(dataset)
+        if shuffle is not None:
+            from privcal.accountant.amplification import check_shuffled_dataset
+
+            check_shuffled_dataset(ds)  # what is recorded must be what is charged (14.5)
+        # every check that needs only the parameters and the public shape runs before the
+        # charge (issue 16.2); the local-DP branch repeats it for the rows actually accepted
+        calibrator.guarantee(p, shape)
         rng = rng if rng is not None else default_rng()
         charge_ids: list[int] = []
         shuffled: dict[str, Any] = {}
         central_receipt: ChargeReceipt | None = None
+        dropped: dict[str, int] | None = None
         purpose = f"release: {calibrator.name}"
         if cost is None:
             if not ds.allow_nonprivate:
@@ -1014,18 +1040,25 @@ class Accountant:
                     f"{calibrator.name} is local DP: give the subject id of each row")
             # a federated agent holds many rows but is one subject, charged once
             per_agent = calibrator.privacy_model == "federated"
-            charged, row_of = (np.unique(np.asarray(data.subjects).astype(str),
-                                         return_inverse=True)
-                               if per_agent else (data.subjects, None))
+            sids = id_strings(data.subjects, "subject ids")
+            charged, row_of = (np.unique(sids, return_inverse=True) if per_agent
+                               else (sids, None))
+
             def central(accepted: np.ndarray) -> CentralCost | None:
+                # runs inside the charge transaction, once refused subjects are known: a
+                # request infeasible for the accepted rows (e.g. ldp-score with most subjects
+                # at their cap) raises here and rolls every subject charge back (16.2)
+                row_mask = accepted[row_of].reshape(-1) if row_of is not None else accepted
+                kept = shape
+                if not row_mask.all():  # the full shape was checked before the charge
+                    kept = self._shape(_rows(data, row_mask), k=classes)
+                    calibrator.guarantee(p, kept)
                 if shuffle is None:
                     return central_cost
-                row_mask = accepted[row_of] if row_of is not None else accepted
-                amplified, record = shuffle(self._shape(_rows(data, row_mask)))
+                amplified, record = shuffle(kept)
                 shuffled.clear()
                 shuffled.update(record)
-                # only an (ε, δ) budget can be charged with it; elsewhere it is recorded
-                return amplified if ds.notion == "approx" else None
+                return amplified
 
             res = self.charge_subjects(dataset, cost, charged, central_cost=central,
                                        purpose=purpose, requester=requester,
@@ -1043,10 +1076,14 @@ class Accountant:
             mask = res.accepted_mask
             assert mask is not None
             if row_of is not None:
-                mask = mask[row_of]
+                mask = mask[row_of].reshape(-1)
+                dropped = {"duplicate_subject": 0, "subject_over_cap": int((~mask).sum())}
+            else:
+                dropped = {"duplicate_subject": res.rejected_duplicate,
+                           "subject_over_cap": res.rejected - res.rejected_duplicate}
             if not mask.all():
                 data = _rows(data, mask)
-                shape = self._shape(data)
+                shape = self._shape(data, k=classes)
         else:
             receipt = self.charge(dataset, cost, purpose=purpose, requester=requester,
                                   idempotency_key=idempotency_key)
@@ -1066,7 +1103,11 @@ class Accountant:
             dataset, method=calibrator.name, calibrator_version=calibrator.version,
             threshold=float(result.threshold), params=p.model_dump(mode="python"),
             shape=shape.model_dump(mode="python"), coverage=guarantee,
-            privacy=privacy, diagnostics={**result.diagnostics, **(extra_diagnostics or {})},
+            privacy=privacy, diagnostics={
+                **result.diagnostics, **(extra_diagnostics or {}),
+                # rows left out of the calibration, by reason: counts only, never ids (14.4)
+                **({"dropped_rows": dropped} if dropped is not None else {}),
+            },
             distribution=getattr(registered, "distribution", "privcal"),
             distribution_version=getattr(registered, "distribution_version", ""),
             requester=requester, charge_ids=charge_ids,

@@ -69,13 +69,12 @@ def validate_params(calibrator: Calibrator, values: dict[str, Any]) -> Calibrato
 
 
 def _ids(a: Any, what: str, n: int) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.ndim != 1 or arr.shape[0] != n:
-        raise InvalidInput(f"{what} must be a 1-D array of {n} ids, got shape {arr.shape}")
-    out = id_strings(arr).astype(object)
-    if any(s == "" or s == "nan" for s in out):
-        raise InvalidInput(f"{what}: empty or NaN id")
-    return out
+    """``n`` ids as strings (:func:`~privcal.calibrators.validation.id_strings`: the CLI, the
+    API and sessions key one person the same way; floats, None and empty ids refused)."""
+    out = id_strings(a, what)
+    if out.shape[0] != n:
+        raise InvalidInput(f"{what} must be a 1-D array of {n} ids, got {out.shape[0]}")
+    return out.astype(object)
 
 
 def prepare(
@@ -101,8 +100,16 @@ def prepare(
     """
     if isinstance(method, str):
         reg = registry.get(method)
-    else:
+    elif isinstance(method, Calibrator):
         reg = registry.Registered(method, type(method).__module__.split(".")[0], "unknown")
+    else:
+        raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
+    if not isinstance(params, dict):
+        raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
+    if score is not None and not isinstance(score, str):
+        raise InvalidInput(f"score must be a score name, got {score!r:.60}")
+    if score_options is not None and not isinstance(score_options, dict):
+        raise InvalidInput("score_options must be a dict of option names to values")
     cal = reg.calibrator
     p = validate_params(cal, params)
     needs = set(cal.inputs)
@@ -267,19 +274,26 @@ def calibrate(
     rng: random.Random | None = None,
 ) -> Any:
     """Validate, charge, calibrate and record one release (see :meth:`Accountant.calibrate`)."""
-    from privcal.accountant.amplification import shuffled_guarantee
+    from privcal.accountant.amplification import (
+        check_shuffle_method,
+        check_shuffled_dataset,
+        shuffled_guarantee,
+    )
 
     ds = accountant.dataset(dataset)  # an unknown dataset fails before any data work
+    if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
+        raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
     prep = prepare(
         method, params, scores=scores, probs=probs, labels=labels, score=score,
         score_options=score_options, agents=agents, subjects=subjects, rng=rng,
     )  # fmt: skip
-    # the guarantee depends on public quantities only: computing it now refuses an infeasible
-    # request (e.g. a FedCP²-QQ plan with ε too small for n) before anything is charged
-    prep.calibrator.guarantee(prep.params, prep.shape)
+    # the guarantee depends on public quantities only: Accountant.run computes it before
+    # anything is charged, refusing an infeasible request (e.g. a FedCP²-QQ plan with ε too
+    # small for n), and again for the subjects actually accepted, inside the charge
     shuffle = None
     if shuffled:
         name = prep.calibrator.name
+        check_shuffle_method(name, assume_unlinkable_features=assume_unlinkable_features)
 
         def shuffle(shape: DataShape) -> tuple[Any, dict[str, Any]]:
             return shuffled_guarantee(
@@ -287,9 +301,11 @@ def calibrate(
                 assume_unlinkable_features=assume_unlinkable_features,
             )  # fmt: skip
 
-        # refuse an impossible amplification claim (e.g. ldp-label without the assumption)
-        # before anything is charged; the run recomputes it for the subjects actually accepted
+        # refuse an unproven amplification claim (fedcp2-qq, ldp-label) and a cap that cannot
+        # be charged it before anything is charged; the run recomputes the amplified cost for
+        # the subjects actually accepted
         shuffle(prep.shape)
+        check_shuffled_dataset(ds)
     elif assume_unlinkable_features:
         raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
     return accountant.run(
@@ -303,7 +319,20 @@ def calibrate(
         registered=prep.registered,
         shuffle=shuffle,
         extra_diagnostics={"score": prep.score} if prep.score else None,
+        classes=prep.shape.k,
     )
+
+
+def _rows_of(a: Any, what: str, *, ndim: int | None = None) -> int:
+    """The number of rows of an input, from its shape only (nothing is read)."""
+    shape = np.shape(a)
+    if len(shape) == 0:
+        raise InvalidInput(f"{what} is a single value, not an array of rows")
+    if ndim is not None and len(shape) != ndim:
+        raise InvalidInput(f"{what} must be a {ndim}-D array, got shape {shape}")
+    if shape[0] == 0:
+        raise InvalidInput(f"{what} has no rows")
+    return int(shape[0])
 
 
 def dry_run(
@@ -327,26 +356,58 @@ def dry_run(
     """
     reg = registry.get(method) if isinstance(method, str) else None
     cal = reg.calibrator if reg else method  # type: ignore[union-attr]
+    if not isinstance(cal, Calibrator):
+        raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
+    from privcal.accountant.amplification import check_shuffle_method, check_shuffled_dataset
+
     p = validate_params(cal, params)  # type: ignore[arg-type]
-    accountant.dataset(dataset)
-    n = None
-    for a in (scores, labels, probs):
+    ds = accountant.dataset(dataset)
+    rows = {}
+    for what, a, ndim in (("scores", scores, 1), ("labels", labels, 1), ("probs", probs, 2)):
         if a is not None:
-            n = int(np.shape(a)[0])
-            break
-    if n is None:
+            rows[what] = _rows_of(a, what, ndim=ndim)
+    if not rows:
         raise InvalidInput(
             "a dry run needs the input file to know n (--scores or --probs/--labels)"
         )
-    k = int(np.shape(probs)[1]) if probs is not None and np.ndim(probs) == 2 else None
-    sizes = group_sizes(agents) if agents is not None else None
-    shape = DataShape(n=n, k=k, group_sizes=sizes)
+    if len(set(rows.values())) > 1:
+        raise InvalidInput(f"inputs differ in length: {rows}")
+    n = next(iter(rows.values()))
+    k = int(np.shape(probs)[1]) if probs is not None else None
+    sizes = None
+    if agents is not None:
+        sizes = group_sizes(_ids(agents, "agent ids", n))
+    if subjects is not None:
+        if cal.privacy_model != "local":
+            raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
+        _ids(subjects, "subject ids", n)  # the ids are checked; no data value is read
+    if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
+        raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
+    if shuffled:
+        check_shuffle_method(cal.name, assume_unlinkable_features=assume_unlinkable_features)
+        check_shuffled_dataset(ds)
+    elif assume_unlinkable_features:
+        raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
+    try:
+        shape = DataShape(n=n, k=k, group_sizes=sizes)
+    except ValidationError as exc:
+        raise InvalidInput(f"unusable input shape: {exc.errors()[0].get('msg')}") from None
     return accountant.dry_run(cal, p, shape, dataset)
 
 
 def release_sets(
     release: Any, probs: Any, *, score_name: str | None = None, rng: random.Random | None = None
 ) -> np.ndarray:
-    """Prediction sets of a stored release for new probabilities (boolean n×k)."""
+    """Prediction sets of a stored release for new probabilities (boolean n×k).
+
+    A release calibrated on probabilities records their number of classes k; probabilities
+    with another number of columns are refused (the threshold means nothing for them).
+    """
     score = (release.diagnostics or {}).get("score")
+    shape = release.shape if isinstance(release.shape, dict) else {}
+    k = shape.get("k")
+    got = np.shape(probs)
+    if k is not None and len(got) == 2 and got[1] != k:
+        raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
+                           f"probabilities have {got[1]} columns")
     return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)

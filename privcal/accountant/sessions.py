@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from privcal import checks
 from privcal.accountant import accounting as acc
 from privcal.accountant.accountant import (
     Accountant,
@@ -72,6 +73,7 @@ from privcal.calibrators.fedplan import (
     replan_fedcp_qq_subset,
 )
 from privcal.calibrators.ldp_score import LdpScoreProtocol
+from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, NotFound, PlanRejected
 from privcal.storage.audit import charge_doc, now, release_doc, threshold_str
@@ -181,11 +183,9 @@ def _num(value: Any, what: str, *, integer: bool = False) -> Any:
 
 
 def _session(s: Session, session_id: Any, *, lock: bool, backend: str) -> CollectionSession:
-    if isinstance(session_id, bool) or not isinstance(session_id, int | np.integer):
-        try:
-            session_id = int(str(session_id))
-        except ValueError as exc:
-            raise InvalidInput(f"session id must be an integer, got {session_id!r}") from exc
+    if isinstance(session_id, str) and session_id.strip().isdecimal():
+        session_id = int(session_id)  # the CLI and the service pass ids as text
+    session_id = checks.row_id(session_id, "session")
     stmt = select(CollectionSession).where(CollectionSession.id == int(session_id))
     if lock:
         stmt = stmt.execution_options(populate_existing=True)
@@ -329,10 +329,18 @@ def open_session(
     allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
     (ε, δ) and charges it to an (ε, δ) dataset now. Writes nothing on bad input.
     """
-    from privcal.accountant.amplification import shuffled_guarantee
+    from privcal.accountant.amplification import (
+        check_shuffle_method,
+        check_shuffled_dataset,
+        shuffled_guarantee,
+    )
 
-    if method not in METHODS:
-        raise InvalidInput(f"unknown session method {method!r} (one of: {', '.join(METHODS)})")
+    if not isinstance(method, str) or method not in METHODS:
+        raise InvalidInput(f"unknown session method {method!r:.60} (one of: {', '.join(METHODS)})")
+    if not isinstance(shuffled, bool) or not isinstance(nominal, bool):
+        raise InvalidInput("shuffled and nominal must be True or False")
+    if shuffled and method != "fedcp-qq":
+        check_shuffle_method(method)
     requester = _text(requester, "requester")
     alpha = _num(alpha, "α")
     info = accountant.dataset(dataset)  # NotFound before any other work
@@ -391,9 +399,11 @@ def open_session(
     if shuffled:
         if method == "fedcp-qq":
             raise InvalidInput("fedcp-qq has no shuffled variant")
+        # only a proven amplification (ldp-score), charged to a cap that can hold it (14.5/6)
         amplified, extra = shuffled_guarantee(method, p, shape, info.reporting_delta)
+        check_shuffled_dataset(info)
         state["privacy_extra"] = json_safe(extra)
-        if amplified is not None and info.notion == "approx":
+        if amplified is not None:
             central = normalize_cost(amplified)  # type: ignore[assignment]
             state["central_cost"] = _cost_json(central)  # type: ignore[arg-type]
     params = json_safe(p.model_dump(mode="python"))
@@ -524,19 +534,16 @@ def submit_reports(
     Raises on a malformed batch (lengths differ, empty, float or over-long ids) or an
     unknown session; otherwise returns the counts, writing nothing if none is accepted.
     """
-    ids = np.asarray(subjects)
-    vals = np.asarray(values, dtype=object).ravel()
-    if ids.ndim != 1 or ids.size == 0:
+    # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
+    sids = id_strings(subjects, "subject ids")
+    try:
+        vals = np.asarray(values, dtype=object).ravel()
+    except Exception as exc:  # ragged nested sequences
+        raise InvalidInput(f"values are not a 1-D sequence: {exc}") from exc
+    if sids.size == 0:
         raise InvalidInput("a batch needs a non-empty 1-D list of subject ids")
-    if vals.shape[0] != ids.shape[0]:
-        raise InvalidInput(f"the batch has {ids.shape[0]} subject ids but {vals.shape[0]} values")
-    if ids.dtype.kind == "f":
-        raise InvalidInput("subject ids must be strings or integers, not floats")
-    sids = ids.astype(str)
-    if np.char.str_len(sids).max() > 200:
-        raise InvalidInput("a subject id is longer than 200 characters")
-    if (np.char.str_len(sids) == 0).any():
-        raise InvalidInput("a subject id is empty")
+    if vals.shape[0] != sids.shape[0]:
+        raise InvalidInput(f"the batch has {sids.shape[0]} subject ids but {vals.shape[0]} values")
     n = int(sids.shape[0])
 
     def tx(s: Session) -> SubmitResult:

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from privcal.checks import utf8_problem
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -148,17 +149,61 @@ def check_lengths(**arrays: np.ndarray) -> int:
     return next(iter(lengths.values()))
 
 
-def id_strings(values: object) -> np.ndarray:
-    """Subject or agent ids as strings. A numeric id read back as a float (a CSV column of
-    numbers) keeps its integer spelling: 17.0 becomes "17", never "17.0"."""
-    arr = np.asarray(values)
-    if arr.dtype.kind in "iuU":  # the common bulk case, vectorised
+def id_strings(values: object, what: str = "ids") -> np.ndarray:
+    """Subject or agent ids as strings: the one normalisation used by the CLI, the API and
+    collection sessions (issue 14.4), so that one person has one key everywhere.
+
+    Strings are kept exactly as given (``"000007"`` stays ``"000007"``); integers (Python or
+    numpy, any size) become their decimal spelling. Floats are refused — a 64-bit id that
+    went through a float has already been rounded, merging distinct people — and so are
+    ``None``, bools, empty ids, ids longer than 200 characters and ids that no backend can
+    store (a NUL byte, a lone surrogate). Returns a 1-D array of ``str`` (dtype ``U``).
+    """
+    try:
+        arr = np.asarray(values)
+    except Exception as exc:  # ragged nested sequences
+        raise InvalidInput(f"{what} are not a 1-D sequence: {exc}") from exc
+    if arr.ndim != 1:
+        raise InvalidInput(f"{what} must be a 1-D sequence, got shape {arr.shape}")
+    kind = arr.dtype.kind
+    if kind in "iu":  # the common bulk case, vectorised
         return arr.astype(str)
-    return np.array(
-        [str(int(v)) if isinstance(v, float | np.floating) and float(v).is_integer() else str(v)
-         for v in arr.ravel()],
-        dtype=object,
-    ).reshape(arr.shape)
+    if kind == "U":
+        out = arr
+    elif kind == "O":
+        items = arr.tolist()
+        for i, v in enumerate(items):
+            if isinstance(v, str):
+                continue
+            if isinstance(v, int) and not isinstance(v, bool):
+                items[i] = str(v)
+                continue
+            kind_of = ("missing" if v is None else "not floats (a float cannot hold every "
+                       "64-bit id: read ids as text)" if isinstance(v, float | np.floating)
+                       else f"not {type(v).__name__}")
+            raise InvalidInput(f"{what}: row {i} is {v!r:.40}; ids must be strings or "
+                               f"integers, {kind_of}")
+        out = np.array(items, dtype=str) if items else np.zeros(0, dtype="U1")
+    elif kind == "f":
+        raise InvalidInput(f"{what} must be strings or integers, not floats (a float cannot "
+                           "hold every 64-bit id: read ids as text)")
+    else:
+        raise InvalidInput(f"{what} must be strings or integers, got dtype {arr.dtype}")
+    if out.size == 0:
+        return out.astype(str)
+    lengths = np.char.str_len(out)
+    if (lengths == 0).any():
+        raise InvalidInput(f"{what}: row {int(np.argmax(lengths == 0))} is an empty id")
+    if lengths.max() > 200:
+        raise InvalidInput(f"{what}: row {int(np.argmax(lengths > 200))} is longer than "
+                           "200 characters")
+    joined = "".join(out.tolist())
+    if utf8_problem(joined) is not None:
+        for i, v in enumerate(out.tolist()):
+            problem = utf8_problem(v)
+            if problem is not None:
+                raise InvalidInput(f"{what}: row {i} {problem}")
+    return out
 
 
 def agent_index(agents: object) -> tuple[np.ndarray, np.ndarray]:

@@ -117,6 +117,10 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
     click.echo(f"  coverage guarantee  {cov.statement}")
     priv = rel.privacy or {}
     click.echo(f"  privacy             {priv.get('statement') or priv.get('summary') or priv}")
+    dropped = (rel.diagnostics or {}).get("dropped_rows")
+    if dropped is not None:
+        click.echo(f"  rows dropped        {dropped.get('duplicate_subject', 0)} duplicate "
+                   f"subject, {dropped.get('subject_over_cap', 0)} subject past its cap")
     if budget is not None:
         click.echo(f"  budget left         {getattr(budget, 'summary', budget)}")
 
@@ -170,16 +174,18 @@ def _make_calibrate_command(name: str) -> click.Command:
             )
         shape_only = bool(kw.get("dry_run"))
 
-        def load(option: str, what: str, matrix: bool = False) -> Any:
+        def load(option: str, what: str, matrix: bool = False, ids: bool = False) -> Any:
             spec = kw.get(option)
-            return load_array(spec, what, matrix=matrix, shape_only=shape_only) if spec else None
+            if not spec:
+                return None
+            return load_array(spec, what, matrix=matrix, shape_only=shape_only, ids=ids)
 
         arrays = {
             "scores": load("scores", "scores"),
             "probs": load("probs", "probs", matrix=True),
             "labels": load("labels", "labels"),
-            "agents": load("agent_of", "agents"),
-            "subjects": load("subjects", "subjects"),
+            "agents": load("agent_of", "agents", ids=True),
+            "subjects": load("subjects", "subjects", ids=True),
         }
         acct = settings.accountant()
         common = dict(
@@ -377,6 +383,21 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
     if out is None:
         return
     path = Path(out)
+    if path.is_dir():
+        raise InvalidInput(f"--out {out}: is a directory; name a file")
+    if not path.parent.is_dir():
+        raise InvalidInput(f"--out {out}: the directory {path.parent} does not exist")
+    if path.suffix not in (".npy", ".npz", ".json"):
+        raise InvalidInput(f"--out must end in .npy, .npz or .json, got {path.name}")
+    try:
+        _write_sets_to(sets, path)
+    except OSError as exc:
+        raise InvalidInput(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
+    if not as_json:
+        info(f"wrote {sets.shape[0]} prediction sets to {path}")
+
+
+def _write_sets_to(sets: np.ndarray, path: Path) -> None:
     if path.suffix == ".npy":
         np.save(path, sets)
     elif path.suffix == ".npz":
@@ -385,10 +406,6 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
         import json
 
         path.write_text(json.dumps([np.flatnonzero(r).tolist() for r in sets]))
-    else:
-        raise InvalidInput(f"--out must end in .npy, .npz or .json, got {path.name}")
-    if not as_json:
-        info(f"wrote {sets.shape[0]} prediction sets to {path}")
 
 
 @main.command("predict")

@@ -40,6 +40,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from privcal import checks
 from privcal.errors import AuditFailed, InvalidInput, LedgerError, NotFound, SchemaOutOfDate
 from privcal.storage import audit
 from privcal.storage import sessions as _sessions
@@ -117,6 +118,26 @@ def _is_transient(exc: BaseException) -> bool:
         # serialization_failure, deadlock_detected, lock_not_available
         return sqlstate in ("40001", "40P01", "55P03")
     return False
+
+
+def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> None:
+    """The ``audit_head`` row must name the last entry of the chain; say what differs."""
+    if head_row is None:
+        raise AuditFailed("audit head: the audit_head row is missing (deleted outside privcal)")
+    if head_row.seq > last:
+        raise AuditFailed(
+            f"audit entry {last + 1}: the audit_head row says the log ends at entry "
+            f"{head_row.seq} but it ends at {last}: entries were deleted from the end (log "
+            "truncated) or the head row's seq was edited")
+    if head_row.seq < last:
+        raise AuditFailed(
+            f"audit head: the audit_head row says the log ends at entry {head_row.seq} but "
+            f"entries continue to {last}: the head row's seq was edited (or entries were "
+            "appended outside privcal)")
+    if head_row.entry_hash != last_hash:
+        raise AuditFailed(
+            f"audit head: the audit_head row's hash differs from entry {last}'s hash: the head "
+            "row was edited")
 
 
 class Ledger:
@@ -360,6 +381,7 @@ class Ledger:
 
     def lock_dataset(self, session: Session, name: str) -> Dataset:
         """The dataset row, locked for the rest of the transaction; NotFound if there is none."""
+        checks.text(name, "dataset name")
         stmt = select(Dataset).where(Dataset.name == name)
         if self.backend == "postgresql":
             stmt = stmt.with_for_update()
@@ -492,6 +514,8 @@ class Ledger:
 
     def releases(self, dataset: str | None = None) -> list[ReleaseRecord]:
         """Every release, oldest first, optionally of one dataset (NotFound if there is none)."""
+        if dataset is not None:
+            checks.text(dataset, "dataset name")
         with self.read() as s:
             stmt = select(ReleaseRow, Dataset.name).join(
                 Dataset, Dataset.id == ReleaseRow.dataset_id)
@@ -504,6 +528,7 @@ class Ledger:
 
     def release(self, release_id: int) -> ReleaseRecord:
         """One release by id (NotFound if there is none)."""
+        release_id = checks.row_id(release_id, "release")
         with self.read() as s:
             row = s.execute(
                 select(ReleaseRow, Dataset.name)
@@ -527,6 +552,9 @@ class Ledger:
         """
         want: tuple[int, str] | None = None
         if expect_head is not None:
+            if not isinstance(expect_head, str):
+                raise InvalidInput("expect_head must be SEQ:HASH text (an integer and 64 hex "
+                                   f"digits), got {type(expect_head).__name__}")
             try:
                 seq_s, hash_s = expect_head.strip().split(":", 1)
                 want = (int(seq_s), hash_s.lower())
@@ -586,12 +614,7 @@ class Ledger:
                     raise AuditFailed(f"audit entry {e.seq}: hash differs from the expected head "
                                       "(log rewritten)")
             last = count
-            if head_row is None or head_row.seq != last or head_row.entry_hash != prev:
-                raise AuditFailed(
-                    f"audit entry {last + 1}: the stored head is "
-                    f"{head_row.seq if head_row else '?'} but the log ends at {last} "
-                    "(log truncated)"
-                )
+            _check_head_row(head_row, last, prev)
             if want is not None:
                 if want[0] > last:
                     raise AuditFailed(f"audit entry {last + 1}: missing; the expected head is "
