@@ -777,10 +777,11 @@ class Accountant:
 
     def subject_spend(self, name: str, subject_id: Any) -> Decimal:
         """ε0 spent so far by one subject of ``name`` (0 if never charged)."""
+        sid = str(id_strings([subject_id], "subject id")[0])  # the one id normalisation
         with self.ledger.read() as s:
             ds = self._get(s, name)
             units = s.scalar(select(SubjectSpend.spent_units).where(
-                SubjectSpend.dataset_id == ds.id, SubjectSpend.subject == str(subject_id)))
+                SubjectSpend.dataset_id == ds.id, SubjectSpend.subject == sid))
             return Decimal(acc.dstr(Decimal(int(units or 0)) * SUBJECT_UNIT))
 
     def subject_summary(self, name: str) -> SubjectSummary:
@@ -844,7 +845,9 @@ class Accountant:
             raise InvalidInput("threshold is NaN")
         cov = coverage if isinstance(coverage, CoverageGuarantee) else \
             CoverageGuarantee.model_validate(coverage)
-        ids = [int(i) for i in charge_ids]
+        if isinstance(charge_ids, str | bytes):
+            raise InvalidInput("charge_ids must be a sequence of charge ids")
+        ids = [checks.row_id(i, "charge") for i in charge_ids]
         row_data = {
             "method": str(method), "calibrator_version": str(calibrator_version),
             "distribution": str(distribution), "distribution_version": str(distribution_version),
@@ -1125,6 +1128,8 @@ class Accountant:
         """
         from privcal.accountant.conformalize import calibrate as _calibrate
 
+        if params is not None and not isinstance(params, dict):
+            raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k in _CALIBRATE_OPTIONS}
         return _calibrate(self, method, {**(params or {}), **kwargs}, dataset=dataset, **opts)
 

@@ -160,7 +160,9 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     store (a NUL byte, a lone surrogate). Returns a 1-D array of ``str`` (dtype ``U``).
     """
     try:
-        arr = np.asarray(values)
+        # a Python sequence is read item by item: numpy's fixed-width strings would drop a
+        # trailing NUL and spell True as "True"
+        arr = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
     except Exception as exc:  # ragged nested sequences
         raise InvalidInput(f"{what} are not a 1-D sequence: {exc}") from exc
     if arr.ndim != 1:
@@ -175,7 +177,7 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
         for i, v in enumerate(items):
             if isinstance(v, str):
                 continue
-            if isinstance(v, int) and not isinstance(v, bool):
+            if isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_):
                 items[i] = str(v)
                 continue
             kind_of = ("missing" if v is None else "not floats (a float cannot hold every "
@@ -183,6 +185,9 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
                        else f"not {type(v).__name__}")
             raise InvalidInput(f"{what}: row {i} is {v!r:.40}; ids must be strings or "
                                f"integers, {kind_of}")
+        for i, v in enumerate(items):  # before numpy's fixed-width strings drop a trailing NUL
+            if "\x00" in v:
+                raise InvalidInput(f"{what}: row {i} contains a NUL byte")
         out = np.array(items, dtype=str) if items else np.zeros(0, dtype="U1")
     elif kind == "f":
         raise InvalidInput(f"{what} must be strings or integers, not floats (a float cannot "
