@@ -17,6 +17,14 @@ nothing. See DESIGN.md, "The flow of one calibration", for :meth:`Accountant.run
   be charged is refused (nothing written) unless ``refuse_if_none=False``.
   Replaying its idempotency key returns the recorded counts (the mask is not
   stored: subject ids never enter the log).
+- ``run`` checks everything that needs only the parameters and the public shape
+  (``calibrator.guarantee``, e.g. an infeasible plan) before the charge, and — for
+  local-DP methods — again inside the charge transaction for the subjects actually
+  accepted, so a refusal there rolls the subject charges back (issue 16.2). Rows left
+  out (a duplicate subject, a subject past its cap) are counted by reason in the
+  release's ``diagnostics["dropped_rows"]`` (counts, never ids). A shuffled run is
+  refused unless the dataset has an (ε, δ) cap that is charged the amplified cost
+  (:func:`privcal.accountant.amplification.check_shuffled_dataset`, issue 14.5).
 - ``run`` with an idempotency key whose charge already has a release returns
   that release; if the charge has no release (a crash between charge and
   release), the calibration runs again under the same charge — only one

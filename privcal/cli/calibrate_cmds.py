@@ -253,7 +253,8 @@ def _make_calibrate_command(name: str) -> click.Command:
             click.Option(
                 ["--shuffled"],
                 is_flag=True,
-                help="Reports went through a trusted shuffler: record the amplified (ε, δ).",
+                help="Reports went through a trusted shuffler: charge and record the "
+                "amplified (ε, δ) (ldp-score on an (ε, δ) dataset only; others are refused).",
             )
         )
         if "probs" in needs:
@@ -261,8 +262,8 @@ def _make_calibrate_command(name: str) -> click.Command:
                 click.Option(
                     ["--assume-unlinkable-features"],
                     is_flag=True,
-                    help="Assert features do not identify users "
-                    "(needed for amplification; recorded).",
+                    help="Assert features do not identify users. Shuffled ldp-label is "
+                    "refused even so: label-DP neighbours share the victim's features.",
                 )
             )
         if getattr(cal, "interactive", False):
@@ -278,7 +279,8 @@ def _make_calibrate_command(name: str) -> click.Command:
             click.Option(
                 ["--shuffled"],
                 is_flag=True,
-                help="Agents' messages went through a trusted shuffler.",
+                help="Agents' messages went through a trusted shuffler (refused: an "
+                "agent's message is ε-DP per record, so no shuffle bound applies).",
             )
         )
     opts += [

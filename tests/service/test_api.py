@@ -214,12 +214,20 @@ def test_device_reports_duplicate_conflict_and_no_other_subject(live: Live) -> N
 def test_device_token_refused_for_shuffled_and_ingestor_posts(live: Live) -> None:
     from privcal.errors import InvalidInput
 
-    with live.client("analyst") as c:
-        r = c.post("/v1/datasets/d/sessions", json={
+    # a shuffled session needs an (ε, δ) cap, charged the amplified cost (issue 14.5)
+    live.accountant.create_dataset("ad", approx_epsilon=5, approx_delta=1e-5,
+                                   subject_epsilon=10)
+    with live.client(token=live.token("analyst", name="ann-ad", datasets=["ad"])) as c:
+        r = c.post("/v1/datasets/ad/sessions", json={
             "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 1,
             "group_size": 3, "shuffled": True})
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
+    with live.client("analyst") as c:  # on a zCDP cap it is refused, nothing written
+        r = c.post("/v1/datasets/d/sessions", json={
+            "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 1,
+            "group_size": 3, "shuffled": True})
+        assert r.status_code == 409 and "cannot be charged an (ε, δ) cost" in r.text
     with pytest.raises(InvalidInput, match="shuffled"):
         live.token("device", session=sid, subject="s")
     ing = live.token("ingestor", session=sid)
