@@ -434,6 +434,7 @@ class Ledger:
 
     def dataset_row(self, conn: Connection, name: str) -> Row[Any]:
         """:meth:`lock_dataset` for :meth:`write_core`: the locked row's columns (Core)."""
+        checks.text(name, "dataset name")  # a driver error on PostgreSQL otherwise (NUL)
         row = conn.execute(self._stmt("dataset"), {"name": name}).one_or_none()
         if row is None:
             raise NotFound(f"unknown dataset {name!r}")
