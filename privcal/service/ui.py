@@ -170,3 +170,13 @@ def css() -> Response:
     """The one stylesheet (served from here: the CSP allows no other origin)."""
     text = (Path(__file__).parent / "templates" / "app.css").read_text()
     return Response(text, media_type="text/css", headers={"Cache-Control": "max-age=300"})
+
+
+_ICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+         '<rect width="16" height="16" rx="3" fill="#3b6ea5"/></svg>')
+
+
+@router.get("/static/favicon.svg", openapi_extra={"x-privcal-roles": ["public"]})
+def favicon() -> Response:
+    """The page icon (so the browser does not ask the server root for one)."""
+    return Response(_ICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=3600"})

@@ -114,6 +114,7 @@ def _recipe(lv: Live, ctx: dict[str, Any], method: str, path: str,
         ("GET", "/ui/"): lambda: ("/ui/", {}),
         ("POST", "/ui/verify"): lambda: ("/ui/verify", {}),
         ("GET", "/ui/static/app.css"): lambda: ("/ui/static/app.css", {}),
+        ("GET", "/ui/static/favicon.svg"): lambda: ("/ui/static/favicon.svg", {}),
     }
     fn = table.get((method, path))
     if fn is None:
