@@ -38,11 +38,14 @@ def parse_duration(text: str) -> timedelta:
 @click.option("--report-window", default=0.004, show_default=True,
               type=click.FloatRange(0.0, 1.0), help="seconds device reports are gathered "
               "before one batched write")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="server processes sharing the port (each opens the ledger and batches its "
+              "own reports)")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @pass_settings
 def serve(settings: Any, host: str, port: int, max_body: int, report_window: float,
-          log_level: str) -> None:
+          workers: int, log_level: str) -> None:
     """Run the HTTP service on the ledger (needs `pip install 'privcal[server]'`)."""
     import logging
     import socket
@@ -55,12 +58,12 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
     except ImportError as exc:
         raise InvalidInput(f"privcal serve needs the server extra: pip install "
                            f"'privcal[server]' ({exc})") from None
+    import os
+
     ledger = settings.ledger()
     ledger.ensure_schema()  # refuse a stale schema before binding (names `privcal db upgrade`)
     from privcal.accountant import Accountant
 
-    app = create_app(accountant=Accountant(ledger), body_limit=max_body,
-                     report_window=report_window)
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -74,9 +77,25 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     info(f"listening on http://{shown}:{bound}")
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                            timeout_keep_alive=30, backlog=2048)
-    uvicorn.Server(config).run(sockets=[sock])
+    if workers == 1:
+        app: Any = create_app(accountant=Accountant(ledger), body_limit=max_body,
+                              report_window=report_window)
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                                timeout_keep_alive=30, backlog=2048)
+        uvicorn.Server(config).run(sockets=[sock])
+        return
+    # several processes on one socket: each builds the app from these variables
+    from uvicorn.supervisors import Multiprocess
+
+    from privcal.storage.engine import resolve_url
+
+    os.environ["PRIVCAL_SERVE_DB_URL"] = resolve_url(settings.db_url)[0]
+    os.environ["PRIVCAL_SERVE_BODY_LIMIT"] = str(max_body)
+    os.environ["PRIVCAL_SERVE_REPORT_WINDOW"] = str(report_window)
+    config = uvicorn.Config("privcal.service.app:app_from_env", factory=True,
+                            log_level=log_level, access_log=False, lifespan="on",
+                            timeout_keep_alive=30, backlog=2048, workers=workers)
+    Multiprocess(config, sockets=[sock]).run()
 
 
 @main.group("token")

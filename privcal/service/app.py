@@ -32,7 +32,7 @@ from privcal.service.problems import (
     unauthenticated,
 )
 
-__all__ = ["DEFAULT_BODY_LIMIT", "ServiceMiddleware", "create_app"]
+__all__ = ["DEFAULT_BODY_LIMIT", "ServiceMiddleware", "app_from_env", "create_app"]
 
 access_log = logging.getLogger("privcal.access")
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
@@ -232,3 +232,13 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
             app.router.routes.append(route)
     app.add_middleware(ServiceMiddleware, body_limit=body_limit)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app of one ``privcal serve --workers N`` process (settings from the environment)."""
+    import os
+
+    return create_app(os.environ["PRIVCAL_SERVE_DB_URL"],
+                      body_limit=int(os.environ.get("PRIVCAL_SERVE_BODY_LIMIT",
+                                                    DEFAULT_BODY_LIMIT)),
+                      report_window=float(os.environ.get("PRIVCAL_SERVE_REPORT_WINDOW", 0.004)))

@@ -1,0 +1,157 @@
+"""Device reports ingested per second over HTTP by ``privcal serve``, and the latency of one
+device PUT, on SQLite and PostgreSQL.
+
+Per backend: a fresh ledger, an ldp-score session of one round of ``--reports`` users,
+one device token per user, then ``privcal serve --port 0`` in its own process and
+``--procs`` load processes each driving ``--concurrency`` concurrent HTTP/1.1 keep-alive
+connections (httpx, asyncio), every device putting its one report once. Reports/s is
+accepted reports over the wall time from the first request to the last answer; p50/p99
+are per-request latencies seen by the clients. The server writes the reports through its
+write window (``--report-window``): one ``submit_reports`` transaction per session per
+window. Checks at the end: every report accepted, session released, audit verify passes.
+
+    python bench/service_bench.py --pg postgresql+psycopg://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _db import PG_DEFAULT, Row, print_table, run_backends
+
+
+def _load(args: tuple[str, int, list[str], int, float]) -> tuple[int, list[float], float,
+                                                                    float, dict[int, int]]:
+    base, sid, tokens, concurrency, start_at = args
+    import httpx
+
+    async def main() -> tuple[int, list[float], float, float, dict[int, int]]:
+        lat: list[float] = []
+        codes: dict[int, int] = {}
+        it = iter(tokens)
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as c:
+            while time.time() < start_at:
+                await asyncio.sleep(0.001)
+            t0 = time.perf_counter()
+
+            async def worker() -> None:
+                for tok in it:
+                    s = time.perf_counter()
+                    r = await c.put(f"/v1/sessions/{sid}/reports/r1",
+                                    json={"round": 0, "value": 1},
+                                    headers={"Authorization": f"Bearer {tok}"})
+                    lat.append(time.perf_counter() - s)
+                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            t1 = time.perf_counter()
+        ok = codes.get(201, 0)
+        return ok, lat, t0, t1, codes
+
+    return asyncio.run(main())
+
+
+def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
+          window: float, workers: int) -> list[Row]:
+    from privcal.accountant import Accountant
+    from privcal.accountant.sessions import open_session, session_status
+    from privcal.storage import Ledger
+    from privcal.storage.tokens import create_token
+
+    led = Ledger(url)
+    led.upgrade()
+    acct = Accountant(led)
+    acct.create_dataset("bench", rho="1", subject_epsilon="10")
+    sess = open_session(acct, "ldp-score", dataset="bench", alpha=0.1, epsilon=2.0, rounds=1,
+                        group_size=reports, requester="bench")
+    t = time.perf_counter()
+    tokens = [create_token(led, "device", session=sess.id, subject=f"u{i}").token
+              for i in range(reports)]
+    t_tok = time.perf_counter() - t
+    env = {**os.environ, "PRIVCAL_DATABASE_URL": url}
+    proc = subprocess.Popen([sys.executable, "-c", "from privcal.cli import main; main()",
+                             "serve", "--port", "0", "--log-level", "warning",
+                             "--report-window", str(window), "--workers", str(workers)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"(http://\S+)", line)
+        if not m:
+            raise SystemExit(f"server did not start: {line}{proc.stderr.read()}")
+        base = m.group(1)
+        import httpx
+
+        deadline = time.monotonic() + 180
+        while True:  # every worker process answers once the first does; allow for a slow start
+            try:
+                if httpx.get(base + "/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not become ready")
+            time.sleep(0.05)
+        time.sleep(2.0 if workers > 1 else 0.0)
+        start_at = time.time() + 1.0
+        chunks = [tokens[i::procs] for i in range(procs)]
+        with mp.get_context("spawn").Pool(procs) as pool:
+            outs = pool.map(_load, [(base, sess.id, ch, concurrency, start_at) for ch in chunks])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    ok = sum(o[0] for o in outs)
+    lat = sorted(x for o in outs for x in o[1])
+    wall = max(o[3] for o in outs) - min(o[2] for o in outs)
+    codes: dict[int, int] = {}
+    for o in outs:
+        for k, v in o[4].items():
+            codes[k] = codes.get(k, 0) + v
+    st = session_status(acct, sess.id)
+    rep = acct.verify()
+    led.close()
+    p50 = statistics.median(lat) * 1000
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000
+    return [
+        {"backend": backend, "measurement": f"{reports:,} device PUTs ({procs}×{concurrency} "
+         f"connections, {workers} server process(es), window {window * 1000:g} ms)",
+         "result": f"{ok / wall:,.0f} reports/s ({ok:,} accepted in {wall:.2f} s; codes "
+                   f"{dict(sorted(codes.items()))}; session {st.status})"},
+        {"backend": backend, "measurement": "device PUT latency",
+         "result": f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"},
+        {"backend": backend, "measurement": "setup: device tokens created",
+         "result": f"{reports:,} in {t_tok:.1f} s; audit verify ok ({rep.entries} entries)"
+                   if hasattr(rep, "entries") else f"{reports:,} in {t_tok:.1f} s"},
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pg", default=PG_DEFAULT, help="PostgreSQL URL (default: "
+                    "$PRIVCAL_TEST_DATABASE_URL; none: SQLite only)")
+    ap.add_argument("--reports", type=int, default=20_000)
+    ap.add_argument("--procs", type=int, default=2, help="load-generating processes")
+    ap.add_argument("--concurrency", type=int, default=128, help="connections per process")
+    ap.add_argument("--report-window", type=float, default=0.004)
+    ap.add_argument("--workers", type=int, default=1, help="privcal serve --workers")
+    a = ap.parse_args()
+    rows = run_backends(lambda url, b: bench(url, b, reports=a.reports, procs=a.procs,
+                                             concurrency=a.concurrency,
+                                             window=a.report_window,
+                                             workers=a.workers), a.pg)
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
