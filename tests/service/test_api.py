@@ -327,3 +327,25 @@ def test_readyz_and_openapi_security(live: Live) -> None:
             assert op.get("security"), f"{path} lists no security requirement"
             assert op.get("x-privcal-roles"), path
             assert "401" in op["responses"] and "403" in op["responses"]
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_access_log_has_no_body_and_no_subject(live: Live,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    sid = open_ldp(live)
+    dev = live.token("device", session=sid, subject="secret-subject-42")
+    with caplog.at_level(logging.INFO, logger="privcal.access"):
+        with live.client(token=dev) as c:
+            assert c.put(f"/v1/sessions/{sid}/reports/report-xyz",
+                         json={"round": 0, "value": 1}).status_code == 201
+        with live.client("analyst") as c:
+            c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.1"},
+                                                   "purpose": "body-text-77"}, headers=_k())
+    lines = [r.getMessage() for r in caplog.records if r.name == "privcal.access"]
+    assert any(ln.startswith("PUT /v1/sessions/{sid}/reports/{report_id} 201 "
+                             + dev.split("_")[1]) for ln in lines), lines
+    text = "\n".join(lines)
+    for secret in ("secret-subject-42", "report-xyz", "body-text-77", dev.split("_")[2]):
+        assert secret not in text
