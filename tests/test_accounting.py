@@ -133,10 +133,20 @@ def test_approx_filter_basic_composition_and_zcdp_group_at_half_delta() -> None:
     sp = acc.check_charge(pol, sp, PureDP(eps=0.5), scope="d")
     eps, delta = acc.used(pol, sp)["epsilon"], acc.used(pol, sp)["delta"]
     assert (eps, delta) == (Decimal("1.5"), Decimal("0.000002"))
-    # a zCDP group costs CKS20(ρ, δ/2) in ε and δ/2 in δ, once for the whole group
+    # a zCDP group costs min over the fixed Rényi grid A of aρ + (ln(1/δ') + ln c_a)/(a − 1)
+    # at δ' = δ/(2|A|) in ε (issue 14: was CKS20(ρ, δ/2), not a filter), and δ/2 in δ, once
+    grid = [1 + 2.0**k for k in range(-2, 11)]
+    d_each = 1e-5 / 2 / len(grid)
+
+    def f(a: float) -> float:
+        return 0.01 * a + (math.log(1 / d_each) - math.log(a) + (a - 1) * math.log(1 - 1 / a)) / (
+            a - 1)
+
     sp2 = acc.check_charge(pol, sp, ZCDP(rho=0.01), scope="d")
-    expect = 1.5 + acc.cks20_epsilon(0.01, 5e-6)
-    assert acc.used(pol, sp2)["epsilon"] == acc.round_up(math.nextafter(expect, math.inf))
+    expect = 1.5 + min(f(a) for a in grid)
+    got = acc.used(pol, sp2)["epsilon"]
+    assert Decimal(expect) <= got <= Decimal(expect) * (1 + Decimal("2e-6"))  # rounded up, 6 digits
+    assert got > 1.5 + acc.cks20_epsilon(0.01, 5e-6)  # never below the old (invalid) rule
     assert acc.used(pol, sp2)["delta"] == Decimal("0.000002") + Decimal("0.000005")
     sp3 = acc.check_charge(pol, sp2, ZCDP(rho=0.01), scope="d")
     assert acc.used(pol, sp3)["delta"] == acc.used(pol, sp2)["delta"]  # δ/2 paid once

@@ -102,6 +102,8 @@ class DatasetInfo(BaseModel):
     allow_nonprivate: bool
     created_at: UTCDateTime
     policy: str
+    #: the (ε, δ) cap's Rényi orders, fixed at creation (None for pure and zCDP caps)
+    renyi_orders: list[Decimal] | None = None
 
 
 class ChargeReceipt(BaseModel):
@@ -140,7 +142,11 @@ class SubjectChargeResult(BaseModel):
 
 
 class SpentReport(BaseModel):
-    """The tightest valid (ε, δ) for what a dataset spent, and the rule that gave it."""
+    """The realized spend as (ε, δ) and the rule that gave it.
+
+    Valid only had the charges been fixed in advance; under adaptive use it is an odometer
+    reading, not a guarantee (``note`` says so; the guarantee is :class:`GuaranteeReport`).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -148,10 +154,23 @@ class SpentReport(BaseModel):
     delta: Decimal
     rule: str
     candidates: dict[str, str]
+    note: str = acc.REALIZED_NOTE
+
+
+class GuaranteeReport(BaseModel):
+    """The dataset's guarantee: its cap's filter, valid however requests adapt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    epsilon: Decimal
+    delta: Decimal
+    rule: str
+    statement: str
 
 
 class BudgetReport(BaseModel):
-    """Cap, spent and remaining in the dataset's notion, and the spent (ε, δ) at its reporting δ."""
+    """Cap, spent and remaining in the dataset's notion; the cap's guarantee; and the realized
+    spend as (ε, δ) at the reporting δ (``spent_dp``, not a guarantee under adaptive use)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -162,22 +181,25 @@ class BudgetReport(BaseModel):
     spent: dict[str, Decimal]
     remaining: dict[str, Decimal]
     reporting_delta: Decimal
+    guarantee: GuaranteeReport
     spent_dp: SpentReport
     charges: int
     releases: int
     subject_epsilon: Decimal | None
+    renyi_orders: list[Decimal] | None = None
 
     @property
     def summary(self) -> str:
-        """One line: what is spent and left, and the spent (ε, δ) with the rule that gave it."""
+        """One line: spent and left, the cap's guarantee, and the realized spend labelled so."""
 
         def fmt(d: dict[str, Decimal]) -> str:
             return ", ".join(f"{k}={v}" for k, v in d.items()) or "nothing"
 
         return (
             f"{self.dataset}: spent {fmt(self.spent)}, remaining {fmt(self.remaining)}; "
-            f"spent as (ε, δ): ε={self.spent_dp.epsilon}, δ={self.spent_dp.delta} "
-            f"[{self.spent_dp.rule}]"
+            f"guarantee ({self.guarantee.epsilon}, {self.guarantee.delta})-DP by the cap's "
+            f"filter; spent so far as (ε, δ): ε={self.spent_dp.epsilon}, "
+            f"δ={self.spent_dp.delta} [{self.spent_dp.rule}] (not a guarantee under adaptive use)"
         )
 
 
@@ -322,8 +344,24 @@ def _cost_json(cost: AnyCost) -> dict[str, Any]:
             for k, v in cost.model_dump(mode="python").items()}
 
 
+def _orders(ds: Dataset) -> tuple[Decimal, ...] | None:
+    """The (ε, δ) cap's Rényi grid: the row's, or the frozen grid of a migrated dataset."""
+    if ds.notion != "approx":
+        return None
+    if ds.renyi_orders is None:
+        return acc.MIGRATED_RENYI_ORDERS
+    return tuple(Decimal(a) for a in ds.renyi_orders)
+
+
 def _policy(ds: Dataset) -> acc.Policy:
-    return acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta)  # type: ignore[arg-type]
+    return acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,  # type: ignore[arg-type]
+                      _orders(ds))
+
+
+def _guarantee(ds: Dataset) -> GuaranteeReport:
+    g = acc.filter_guarantee(_policy(ds), ds.reporting_delta)
+    return GuaranteeReport(epsilon=Decimal(acc.dstr(g.epsilon)), delta=Decimal(acc.dstr(g.delta)),
+                           rule=g.rule, statement=g.statement)
 
 
 def _spent(ds: Dataset) -> acc.Spent:
@@ -351,6 +389,7 @@ def _info(ds: Dataset) -> DatasetInfo:
                          if ds.subject_epsilon is not None else None),
         allow_nonprivate=bool(ds.allow_nonprivate), created_at=ds.created_at,
         policy=_policy(ds).describe(),
+        renyi_orders=[Decimal(acc.dstr(a)) for a in o] if (o := _orders(ds)) else None,
     )
 
 
@@ -433,13 +472,18 @@ class Accountant:
         subject_epsilon: float | str | Decimal | None = None,
         allow_nonprivate: bool = False,
         description: str = "",
+        renyi_orders: Sequence[float | str | Decimal] | str | None = None,
     ) -> DatasetInfo:
         """Create a dataset with exactly one cap: pure ``epsilon``, zCDP ``rho``, or
         ``approx_epsilon`` + ``approx_delta``.
 
         ``delta`` is the δ at which spent budgets are reported (default 1e−6, or
         ``approx_delta`` for an (ε, δ) cap); ``subject_epsilon`` caps each subject's
-        local-DP spend. AlreadyExists if the name is taken.
+        local-DP spend. ``renyi_orders`` (an (ε, δ) cap only) fixes the grid of Rényi
+        orders over which its zCDP charges are converted (default
+        :data:`~privcal.accountant.accounting.DEFAULT_RENYI_ORDERS`; see the filter in
+        :mod:`privcal.accountant.accounting`); it is stored and logged, and never changes.
+        AlreadyExists if the name is taken.
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise InvalidInput("dataset name must be 1 to 200 characters")
@@ -464,6 +508,12 @@ class Accountant:
             notion = "approx"
             cap_e = _amount(approx_epsilon, "ε")
             cap_d = _amount(approx_delta, "δ", below_one=True)
+        if renyi_orders is not None and notion != "approx":
+            raise InvalidInput("Rényi orders apply only to an (ε, δ) budget "
+                               "(approx_epsilon with approx_delta)")
+        grid = (None if notion != "approx" else
+                [acc.dstr(a) for a in (acc.renyi_orders(renyi_orders) if renyi_orders is not None
+                                       else acc.DEFAULT_RENYI_ORDERS)])
         if delta is not None:
             rep = _amount(delta, "reporting δ", below_one=True)
         else:
@@ -478,7 +528,7 @@ class Accountant:
             ds = Dataset(
                 name=name, description=desc, notion=notion, cap_epsilon=cap_e, cap_rho=cap_r,
                 cap_delta=cap_d, reporting_delta=rep, subject_epsilon=subj,
-                allow_nonprivate=bool(allow_nonprivate), created_at=now(),
+                allow_nonprivate=bool(allow_nonprivate), created_at=now(), renyi_orders=grid,
                 spent_pure_eps=zero, spent_pure_rho=zero, spent_zcdp_rho=zero,
                 spent_approx_eps=zero, spent_approx_delta=zero, charge_count=0,
             )
@@ -764,7 +814,8 @@ class Accountant:
 
     # ------------------------------------------------------------ reports
     def budget(self, name: str) -> BudgetReport:
-        """Cap, spent, remaining (dataset's notion) and the tightest valid spent (ε, δ)."""
+        """Cap, spent, remaining (dataset's notion), the cap's guarantee (valid however the
+        requests adapt) and the realized spend as (ε, δ) (labelled: not a guarantee)."""
         with self.ledger.read() as s:
             ds = self._get(s, name)
             n_rel = s.scalar(select(func.count()).select_from(ReleaseRow)
@@ -775,9 +826,11 @@ class Accountant:
                 dataset=ds.name, notion=ds.notion, policy=pol.describe(), cap=_norm(_cap(ds)),
                 spent=_norm(acc.used(pol, sp)), remaining=_norm(acc.remaining(pol, sp)),
                 reporting_delta=Decimal(acc.dstr(ds.reporting_delta)),
+                guarantee=_guarantee(ds),
                 spent_dp=SpentReport(epsilon=Decimal(acc.dstr(se.epsilon)),
                                      delta=Decimal(acc.dstr(se.delta)),
-                                     rule=se.rule, candidates=se.candidates),
+                                     rule=se.rule, candidates=se.candidates, note=se.note),
+                renyi_orders=[Decimal(acc.dstr(a)) for a in o] if (o := _orders(ds)) else None,
                 charges=ds.charge_count, releases=int(n_rel),
                 subject_epsilon=(Decimal(acc.dstr(ds.subject_epsilon))
                                  if ds.subject_epsilon is not None else None),

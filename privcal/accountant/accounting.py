@@ -15,25 +15,83 @@ Notions (SPEC.md §3):
   simpler, looser ρ + 2√(ρ ln 1/δ) (Bun & Steinke 2016, Prop. 1.3,
   :func:`simple_zcdp_epsilon`).
 
-Enforcement (a request's ε or ρ may be chosen after seeing earlier releases,
-so each rule is a valid privacy *filter*):
+Enforcement. A request's ε, ρ or δ may be chosen after seeing every earlier
+release (full adaptivity), so each cap is enforced by a rule proven to be a
+privacy *filter*: whatever the analyst's strategy and whenever it stops, the
+whole transcript satisfies the cap's guarantee (:func:`filter_guarantee`).
 
-- a pure-ε cap stops when Σε would exceed it (basic composition with adaptive
-  parameters, Rogers, Roth, Ullman & Vadhan 2016, "Privacy Odometers and
-  Filters", Thm 3.6 with δ = 0); zCDP and (ε, δ) costs are refused;
-- a ρ-zCDP cap stops when Σρ would exceed it, pure costs counting ε²/2 (the
-  Rényi filter of Feldman & Zrnic 2021, "Individual Privacy Accounting via a
-  Rényi Filter", Thm 3.1, holds at every order, hence for zCDP); (ε, δ) costs
-  are refused (they have no zCDP equivalent);
-- an (ε, δ) cap (E, D) uses basic composition Σε ≤ E, Σδ ≤ D over pure and
-  (ε, δ) events, and the zCDP events as *one group* converted once with CKS20
-  at δ_z = D/2 (**decision**: the split is fixed at half the cap's δ, so it does
-  not depend on the requests; the group then contributes (ε_CKS20(Σρ, D/2), D/2)
-  to the two sums from its first charge on).
+- **pure-ε cap E**: accept while Σε ≤ E. Each step's privacy loss is bounded by
+  its ε surely, so the transcript's loss is ≤ Σε ≤ E on every path: basic
+  composition with adaptively chosen ε is a valid filter (Rogers, Roth, Ullman
+  & Vadhan 2016, "Privacy Odometers and Filters", Thm 3.6 with δ = 0;
+  Whitehouse, Ramdas, Rogers & Wu 2023, "Fully-Adaptive Composition in
+  Differential Privacy", §3). zCDP and (ε, δ) costs are refused.
+- **ρ-zCDP cap P**: accept while Σρ ≤ P, pure costs counting ε²/2. For every
+  order a > 1, exp((a−1)(L_t − a·R_t)) (L the loss, R = Σρ so far, ρ_i
+  predictable) is a nonnegative supermartingale, so at any stopping time the
+  transcript has Rényi divergence ≤ a·P at every a: it is P-zCDP (the Rényi
+  filter of Feldman & Zrnic 2021, "Individual Privacy Accounting via a Rényi
+  Filter", Thm 3.1, at every order). Its (ε, δ) guarantee is CKS20 of the *cap* P.
+  (ε, δ) costs are refused (they have no zCDP equivalent).
+- **(ε, δ) cap (E, D)**, with a grid A of Rényi orders fixed when the dataset is
+  created (stored on its row and in its audit entry; default
+  :data:`DEFAULT_RENYI_ORDERS`). With ε_p = Σε of pure and (ε, δ) costs,
+  Δ = Σδ of (ε, δ) costs, R = Σρ of zCDP costs and δ' = D/(2|A|), accept while
 
-Reporting: the spent (ε, δ) of a scope is the minimum over the valid bounds we
-know, at the dataset's reporting δ, and names the rule that gave it
-(:func:`spent_epsilon`).
+      ε_p + g(R) ≤ E   and   Δ + [R > 0]·D/2 ≤ D,
+      g(0) = 0,  g(R) = min_{a∈A} f_a(R) for R > 0,
+      f_a(R) = a·R + (ln(1/δ') + ln c_a)/(a − 1),  c_a = (1/a)(1 − 1/a)^(a−1)
+
+  (:func:`renyi_filter_epsilon`). The old rule (CKS20 of the *realized* Σρ at
+  D/2) was not a filter: the analyst could stop the zCDP group after an output
+  that favoured one neighbour and spend the rest as pure ε (issue 14).
+
+  *Proof sketch* (fix neighbours x, x'; P, Q the laws of the transcript; L its
+  privacy loss; T the stopping time; the hockey-stick δ(E) = E_P[(1 − e^(E−L))+]).
+  (i) Each (ε_i, δ_i) step, chosen predictably, is a mixture: with probability
+  1 − δ_i (the same under P and Q) an ε_i-indistinguishable pair, otherwise
+  arbitrary (Kairouz, Oh & Viswanath 2015, Thm 3.4 / Murtagh & Vadhan 2016,
+  Lemma 3.2). Flip these coins explicitly; the bad event B has
+  P(B) ≤ E[Σδ_i] ≤ E[D/2 + [R_T = 0]·D/2], since on every path where a zCDP
+  cost was accepted the rule kept Δ ≤ D/2. (ii) Off B, pure and (ε, δ) steps
+  add at most ε_p to L, and the final state passed the check, so
+  E − L ≥ g(R_T) − L_z (L_z the zCDP steps' loss). On {R_T = 0} L_z = 0 and the
+  integrand vanishes. (iii) For one order a, (1 − e^(f−x))+ ≤ c_a·e^((a−1)(x−f))
+  for all x (maximise (1 − z)z^(a−1) at z = 1 − 1/a: the CKS20 step, Canonne,
+  Kamath & Steinke 2020, Prop. 12), so with a* the minimising order on the path,
+  (1 − e^(g(R_T)−L_z))+ ≤ Σ_{a∈A} c_a e^((a−1)(L_z − f_a(R_T))) = δ'·Σ_{a∈A} W_a(T),
+  W_a = exp((a−1)(L_z − a·R)). (iv) At a *fixed* a, W_a is a nonnegative
+  supermartingale under P with W_a(0) = 1, because a ρ_i-zCDP step chosen from
+  the past has E[exp((a−1)L_i) | past] ≤ exp((a−1)a·ρ_i) (Feldman & Zrnic
+  2021; Whitehouse et al. 2023, §4). By optional stopping (Fatou), E[W_a(T)] ≤ 1;
+  as W_a(T) = 1 on {R_T = 0}, E[W_a(T)·[R_T > 0]] ≤ P(R_T > 0). (Ville's
+  inequality gives the same bound in tail form, P(sup W_a ≥ 1/δ'') ≤ δ''.) The
+  union over the *finite, pre-fixed* grid is what makes the min over orders
+  legal at a random time: a min over a continuum chosen after the fact is not.
+  Summing: δ(E) ≤ D/2 + D/2·P(R_T = 0) + |A|·δ'·P(R_T > 0) = D. ∎
+  Concurrent composition of interactive mechanisms (Vadhan & Wang 2021; Lyu
+  2022) is not needed: the requests here are sequential. A split of the cap
+  fixed at creation is the |A| = 1 case. Reserving D/2 only once a zCDP cost is
+  accepted (rather than from creation) is covered by (i)–(iv): it lets an
+  (ε, δ) charge with δ up to D (e.g. a shuffled release) land on a dataset
+  that has no zCDP group.
+
+  *What the grid costs.* With the default 13 orders, the largest Σρ a fresh
+  cap accepts, as a fraction of what the old (invalid) rule accepted: 0.83 at
+  (0.1, 1e−10), 0.77 at (0.1, 1e−6), 0.85 at (0.5, 1e−8), 0.80 at (1, 1e−6),
+  0.72 at (1, 1e−5), 0.82 at (3, 1e−5), 0.75 at (8, 1e−3), 0.86 at (10, 1e−6),
+  0.85 at (20, 1e−9), 0.92 at (50, 1e−6) (measured by bisection, see
+  ``tests/test_adaptive_filter.py::test_default_grid_keeps_most_of_the_old_rho``).
+  The new term is never below the old one (δ' ≤ D/2 and a min over A ⊂ (1, ∞)),
+  so a dataset migrated from the old rule never accepts what the old rule refused.
+
+Reporting: the dataset's *guarantee* is its filter's (:func:`filter_guarantee`).
+The realized spend (:func:`spent_epsilon`) is what the charges so far would
+guarantee had they been fixed in advance; for adaptively chosen charges it is an
+odometer reading, not a guarantee (odometers cost extra: Rogers et al. 2016,
+Whitehouse et al. 2023), and it is labelled so. A single release's own privacy
+statement (e.g. CKS20 of its ρ) stays valid: its cost is fixed by its
+parameters before it runs.
 """
 
 from __future__ import annotations
@@ -47,8 +105,12 @@ from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import BudgetRefused, InvalidInput
 
 __all__ = [
+    "DEFAULT_RENYI_ORDERS",
     "DELTA_SPLIT",
+    "MAX_RENYI_ORDERS",
+    "MIGRATED_RENYI_ORDERS",
     "REPORT_DIGITS",
+    "Guarantee",
     "Notion",
     "Policy",
     "Spent",
@@ -57,7 +119,11 @@ __all__ = [
     "cks20_epsilon",
     "cks20_order",
     "dstr",
+    "filter_guarantee",
     "remaining",
+    "renyi_filter_epsilon",
+    "renyi_filter_term",
+    "renyi_orders",
     "round_up",
     "simple_zcdp_epsilon",
     "spent_epsilon",
@@ -69,6 +135,22 @@ Notion = Literal["pure", "zcdp", "approx"]
 REPORT_DIGITS = 6
 #: the share of an (ε, δ) cap's δ given to the group of zCDP charges (see the module docstring)
 DELTA_SPLIT = Decimal("0.5")
+#: default Rényi orders of an (ε, δ) cap: a − 1 = 2^k for k = −2 … 10, i.e. 1.25, 1.5, 2, 3, 5,
+#: 9, …, 1025 (13 orders; what they keep of the old maximum ρ is in the module docstring)
+DEFAULT_RENYI_ORDERS: tuple[Decimal, ...] = tuple(
+    Decimal(1) + Decimal(2) ** k for k in range(-2, 11)
+)
+#: the grid of an (ε, δ) dataset created before the grid existed (its row stores NULL; migration
+#: 0003). Frozen: it must never change, even if the default does, because `audit verify` and
+#: every later charge re-derive the rule from it.
+MIGRATED_RENYI_ORDERS: tuple[Decimal, ...] = tuple(
+    Decimal(s) for s in ("1.25", "1.5", "2", "3", "5", "9", "17", "33", "65", "129", "257",
+                         "513", "1025")
+)
+#: at most this many orders in a grid (each costs ln|A| in the conversion)
+MAX_RENYI_ORDERS = 64
+#: the largest order accepted in a grid
+_MAX_ORDER = Decimal(10) ** 6
 
 #: enough digits that sums of stored amounts (≤ 30 decimals each) stay exact
 _EXACT = Context(prec=80)
@@ -126,6 +208,8 @@ def cks20_order(rho: float, delta: float) -> float:
     lid = math.log(1.0 / delta)
     # Optimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
     # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket.
+    from scipy.optimize import minimize_scalar  # not at import: `budget show` must not load SciPy
+
     guess = math.log(math.sqrt(lid / rho))
     from scipy.optimize import minimize_scalar  # here: pure and zCDP checks need no SciPy
 
@@ -157,6 +241,79 @@ def simple_zcdp_epsilon(rho: float, delta: float) -> float:
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
+def renyi_orders(values: object) -> tuple[Decimal, ...]:
+    """A grid of Rényi orders, validated and normalised (sorted, exact decimals), or InvalidInput.
+
+    Accepts a sequence of numbers or decimal strings, or one comma-separated string
+    ("1.5,2,4,8"). Each order must be a finite number with 1 < a ≤ 10⁶; at most
+    :data:`MAX_RENYI_ORDERS` distinct orders.
+    """
+    if isinstance(values, str):
+        items: list[object] = [v for v in values.split(",") if v.strip()]
+    elif isinstance(values, list | tuple):
+        items = list(values)
+    else:
+        raise InvalidInput("Rényi orders must be a list of numbers, e.g. 1.5,2,4,8")
+    out: set[Decimal] = set()
+    for v in items:
+        if isinstance(v, bool):
+            raise InvalidInput(f"a Rényi order must be a number, got {v!r}")
+        try:
+            a = Decimal(repr(v)) if isinstance(v, float) else Decimal(str(v).strip())
+        except ArithmeticError as exc:
+            raise InvalidInput(f"a Rényi order must be a number, got {v!r}") from exc
+        if not a.is_finite() or not (1 < a <= _MAX_ORDER):
+            raise InvalidInput(f"a Rényi order must be in (1, 1e6], got {v}")
+        if a != round(a, 12):
+            raise InvalidInput(f"a Rényi order has more than 12 decimal places ({v})")
+        out.add(a.normalize() if a != a.to_integral_value() else a.quantize(Decimal(1)))
+    if not out:
+        raise InvalidInput("give at least one Rényi order")
+    if len(out) > MAX_RENYI_ORDERS:
+        raise InvalidInput(f"at most {MAX_RENYI_ORDERS} Rényi orders, got {len(out)}")
+    return tuple(sorted(out))
+
+
+def _f_order(a: float, rho: float, log_inv_delta: float) -> float:
+    # f_a(R, δ') = aR + (ln(1/δ') + ln c_a)/(a − 1), ln c_a = −ln a + (a − 1)·ln(1 − 1/a):
+    # the CKS20 objective (Prop. 12) at one fixed order.
+    return _cks20_objective(a, rho, log_inv_delta)
+
+
+def renyi_filter_term(rho: float, delta_each: float, orders: tuple[Decimal, ...]) -> float:
+    """min_{a∈A} f_a(ρ, δ') in floating point (closed form, no optimiser): see the module docstring.
+
+    ``delta_each`` is δ' = D/(2|A|). The caller rounds the result up (:func:`renyi_filter_epsilon`).
+    """
+    if not (rho > 0 and math.isfinite(rho)):
+        raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
+    _check_delta(delta_each)
+    lid = math.log(1.0 / delta_each)
+    return min(_f_order(float(a), rho, lid) for a in orders)
+
+
+#: allowance (relative, and absolute in ε) for the float error of :func:`renyi_filter_term`,
+#: whose few operations err by a few ulps (~1e−15 relative); generous on purpose
+_FLOAT_SLACK = 1e-12
+
+
+def renyi_filter_epsilon(rho: Decimal, cap_delta: Decimal, orders: tuple[Decimal, ...]) -> Decimal:
+    """g(R): the ε an (ε, δ) cap charges for a zCDP group of total ρ = R (0 when R = 0).
+
+    g(R) = min_{a∈A} f_a(R, D/(2|A|)) (module docstring, with the proof). Evaluated in
+    floating point and rounded *up* with a relative allowance for float error, so the
+    Decimal returned is ≥ the exact value. Never negative: a negative g would only
+    loosen the check, and (ε < 0, δ)-DP means nothing more than (0, δ)-DP.
+    """
+    if rho <= 0:
+        return Decimal(0)
+    with localcontext(_EXACT):
+        delta_each = cap_delta * DELTA_SPLIT / len(orders)
+    t = renyi_filter_term(float(rho), float(delta_each), orders)
+    t_up = t + abs(t) * _FLOAT_SLACK + _FLOAT_SLACK  # ≥ the exact value (a few ulps of error)
+    return round_up(t_up) if t_up > 0 else Decimal(0)
+
+
 @dataclass(frozen=True)
 class Policy:
     """A dataset's budget: a cap in one notion (ε for pure, ρ for zCDP, (ε, δ) for approx)."""
@@ -165,6 +322,14 @@ class Policy:
     epsilon: Decimal | None = None
     rho: Decimal | None = None
     delta: Decimal | None = None  # the (ε, δ) cap's δ; None for pure and zCDP caps
+    #: the (ε, δ) cap's Rényi grid A, fixed at creation; None means :data:`DEFAULT_RENYI_ORDERS`
+    #: (the accountant passes :data:`MIGRATED_RENYI_ORDERS` for a dataset whose row has none)
+    orders: tuple[Decimal, ...] | None = None
+
+    @property
+    def renyi_orders(self) -> tuple[Decimal, ...]:
+        """The grid A of an (ε, δ) cap."""
+        return self.orders if self.orders is not None else DEFAULT_RENYI_ORDERS
 
     def describe(self) -> str:
         """A short human form of the cap."""
@@ -213,21 +378,20 @@ class Spent:
 
 
 def _approx_usage(policy: Policy, spent: Spent) -> tuple[Decimal, Decimal]:
-    """(ε, δ) used under an (ε, δ) cap: basic composition + the zCDP group at δ_z = D/2.
+    """(ε, δ) used under an (ε, δ) cap (E, D): (ε_p + g(R), Δ + [R > 0]·D/2).
 
-    Exact when there is no zCDP group; otherwise the CKS20 term is a float and the
-    sum is rounded up (:func:`round_up`), so the comparison with the cap stays conservative.
+    ε_p and Δ are exact sums; g(R) (:func:`renyi_filter_epsilon`) is rounded up, and the
+    sum stays an exact Decimal, so the comparison with the cap is conservative. This is
+    the filter proven in the module docstring; it is *not* a guarantee at the realized
+    values (see :func:`filter_guarantee`).
     """
     assert policy.delta is not None
     with localcontext(_EXACT):
         eps = spent.pure_eps + spent.approx_eps
         delta = spent.approx_delta
         if spent.zcdp_rho > 0:
-            dz = policy.delta * DELTA_SPLIT
-            e = float(eps) + cks20_epsilon(float(spent.zcdp_rho), float(dz))
-            # float(Decimal) rounds to nearest: step one ulp up before rounding up
-            eps = round_up(math.nextafter(e, math.inf))
-            delta += dz
+            eps += renyi_filter_epsilon(spent.zcdp_rho, policy.delta, policy.renyi_orders)
+            delta += policy.delta * DELTA_SPLIT
     return eps, delta
 
 
@@ -301,26 +465,80 @@ def check_charge(
     return after
 
 
+#: how every realized-spend figure is labelled (it is an odometer reading, not a guarantee)
+REALIZED_NOTE = (
+    "spent so far: what these charges would guarantee had they been fixed in advance; "
+    "not a guarantee under adaptive use (the dataset's guarantee is its cap's)"
+)
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """The (ε, δ) a dataset's filter guarantees for everything ever charged to it, and why."""
+
+    epsilon: Decimal  # rounded up
+    delta: Decimal
+    rule: str
+
+    @property
+    def statement(self) -> str:
+        """One sentence."""
+        return (f"everything released from this dataset, however the requests adapt, is "
+                f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}]")
+
+
+def filter_guarantee(policy: Policy, reporting_delta: Decimal) -> Guarantee:
+    """The guarantee of the cap, valid at any stopping time under fully adaptive requests.
+
+    - pure cap E: (E, 0) — basic composition filter (Rogers et al. 2016, Thm 3.6);
+    - ρ-zCDP cap P: (CKS20(P, δ_r), δ_r) at the reporting δ — the transcript is P-zCDP by the
+      Rényi filter (Feldman & Zrnic 2021, Thm 3.1), then one conversion (CKS20, Prop. 12) of
+      a ρ fixed in advance (the *cap*, never the realized Σρ);
+    - (ε, δ) cap (E, D): (E, D) — the filter of the module docstring over its Rényi grid.
+    """
+    if policy.notion == "pure":
+        assert policy.epsilon is not None
+        return Guarantee(policy.epsilon, Decimal(0),
+                         "pure-ε filter: Σε ≤ cap (basic composition with adaptive ε, "
+                         "Rogers–Roth–Ullman–Vadhan 2016)")
+    if policy.notion == "zcdp":
+        assert policy.rho is not None
+        e = round_up(math.nextafter(cks20_epsilon(float(policy.rho), float(reporting_delta)),
+                                    math.inf))
+        return Guarantee(e, reporting_delta,
+                         "ρ-zCDP filter: Σρ ≤ cap (Feldman–Zrnic 2021), the cap converted by "
+                         "CKS20 at the reporting δ")
+    assert policy.epsilon is not None and policy.delta is not None
+    return Guarantee(policy.epsilon, policy.delta,
+                     f"(ε, δ) filter: Σε + min over {len(policy.renyi_orders)} fixed Rényi orders "
+                     "of the zCDP group's conversion at δ/(2|A|) ≤ ε, Σδ + δ/2 ≤ δ "
+                     "(privcal.accountant.accounting)")
+
+
 @dataclass(frozen=True)
 class SpentEpsilon:
-    """The tightest valid (ε, δ) we can claim for what was spent, and the rule that gave it."""
+    """The realized spend as (ε, δ) and its rule: not a guarantee under adaptive use."""
 
     epsilon: Decimal  # rounded up
     delta: Decimal
     rule: str
     candidates: dict[str, str]  # rule → ε (rounded up), for transparency
+    note: str = REALIZED_NOTE
 
 
 def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal) -> SpentEpsilon:
-    """The spent (ε, δ) at the dataset's reporting δ: the minimum of the valid bounds (SPEC §3).
+    """The realized spend as (ε, δ) at the dataset's reporting δ: the minimum of the bounds below.
 
-    Candidates (each is a valid (ε, δ) guarantee for the whole sequence of charges):
+    Each candidate is a valid (ε, δ) guarantee for the charges so far *had they been fixed in
+    advance*. Requests may adapt, and then the realized Σε/Σρ is an odometer reading: converting
+    it (e.g. CKS20 of a realized Σρ) is not a valid guarantee (issue 14; Rogers et al. 2016,
+    Whitehouse et al. 2023). The dataset's guarantee is :func:`filter_guarantee`. Candidates:
 
     - ``basic composition`` — Σε of pure events, δ = 0 (only when no zCDP or (ε, δ) events);
     - ``CKS20 of total ρ`` — every pure event counted as ε²/2-zCDP, plus zCDP events, converted
       with CKS20 at the reporting δ (only without (ε, δ) events);
     - ``basic composition of pure ε + CKS20 of zCDP ρ`` — the two groups composed basically;
-    - for (ε, δ) budgets, ``basic composition + CKS20 of zCDP group at δ/2`` — the enforcement rule.
+    - for (ε, δ) budgets, the filter's own accounting of the charges so far (:func:`used`).
     """
     if spent.empty:
         return SpentEpsilon(Decimal(0), Decimal(0), "nothing spent", {})
@@ -333,7 +551,7 @@ def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal) -> Spe
             else Policy("approx", Decimal(0), None, reporting_delta),
             spent,
         )
-        cands["basic composition + CKS20 of the zCDP group at δ/2"] = (eps, delta)
+        cands["basic composition + Rényi-grid conversion of the zCDP group at δ/2"] = (eps, delta)
     else:
         if spent.zcdp_rho == 0:
             cands["basic composition (Σε)"] = (spent.pure_eps, Decimal(0))

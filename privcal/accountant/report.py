@@ -1,9 +1,11 @@
 """``privcal audit report``: what an auditor reads first.
 
-Per dataset: its budget policy, its releases in order (method, α, threshold,
-coverage guarantee, privacy cost), and the budget consumed over time — each
-charge replayed through the same exact composition rules the accountant
-enforces (:mod:`privcal.accountant.accounting`), with the spent (ε, δ) after it.
+Per dataset: its budget policy and the guarantee of its cap (the filter's
+(ε, δ), valid however the requests adapt), its releases in order (method, α,
+threshold, coverage guarantee, privacy cost), and the budget consumed over time —
+each charge replayed through the same exact composition rules the accountant
+enforces (:mod:`privcal.accountant.accounting`), with the realized spend after it,
+labelled as such: it is not a guarantee under adaptive use (issue 14).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class TimelineEntry(BaseModel):
     cost: str
     subjects_charged: int | None
     used_after: dict[str, Decimal]
+    #: the realized spend after this charge: not a guarantee under adaptive use
     spent_dp_after: str
 
 
@@ -57,13 +60,16 @@ class DatasetReport(BaseModel):
     dataset: str
     policy: str
     reporting_delta: Decimal
+    #: the cap's guarantee for everything ever charged, however the requests adapt
+    guarantee: str
+    renyi_orders: list[Decimal] | None = None
     releases: list[ReleaseLine]
     timeline: list[TimelineEntry]
 
 
 def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetReport]:
     """The report for one dataset, or for all of them in creation order."""
-    from privcal.accountant.accountant import _charge_cost, _policy
+    from privcal.accountant.accountant import _charge_cost, _orders, _policy
 
     names = [dataset] if dataset is not None else [d.name for d in accountant.datasets()]
     for name in names:
@@ -94,10 +100,13 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                         cost=cost.describe(),
                         subjects_charged=c.subjects_accepted,
                         used_after=acc.used(policy, spent),
-                        spent_dp_after=f"ε={rep.epsilon}, δ={rep.delta} [{rep.rule}]",
+                        spent_dp_after=(f"spent so far ε={rep.epsilon}, δ={rep.delta} "
+                                        f"[{rep.rule}; not a guarantee under adaptive use]"),
                     )
                 )
             reporting_delta = ds.reporting_delta
+            guarantee = acc.filter_guarantee(policy, reporting_delta).statement
+            orders = _orders(ds)
         releases = [
             ReleaseLine(
                 release=r.id,
@@ -115,6 +124,8 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                 dataset=name,
                 policy=policy.describe(),
                 reporting_delta=reporting_delta,
+                guarantee=guarantee,
+                renyi_orders=[Decimal(acc.dstr(a)) for a in orders] if orders else None,
                 releases=releases,
                 timeline=timeline,
             )

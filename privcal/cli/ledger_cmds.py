@@ -68,18 +68,20 @@ def dataset() -> None:
               "(ε, δ) cap's δ)")
 @click.option("--subject-epsilon", help="per-subject ε cap for local-DP reports")
 @click.option("--allow-nonprivate", is_flag=True, help="permit non-private releases (e.g. split)")
+@click.option("--renyi-orders", help="(ε, δ) budget only: comma-separated Rényi orders > 1 over "
+              "which zCDP charges are converted, fixed for good (default 1.25,1.5,2,3,5,…,1025)")
 @click.option("--description", default="", help="free text")
 @json_option
 @pass_settings
 def dataset_create(settings: Settings, name: str, epsilon: str | None, rho: str | None,
                    approx_epsilon: str | None, approx_delta: str | None, delta: str | None,
-                   subject_epsilon: str | None, allow_nonprivate: bool, description: str,
-                   as_json: bool) -> None:
+                   subject_epsilon: str | None, allow_nonprivate: bool, renyi_orders: str | None,
+                   description: str, as_json: bool) -> None:
     """Create dataset NAME with a pure-ε, ρ-zCDP, or (ε, δ) budget."""
     ds = settings.accountant().create_dataset(
         name, epsilon=epsilon, rho=rho, approx_epsilon=approx_epsilon, approx_delta=approx_delta,
         delta=delta, subject_epsilon=subject_epsilon, allow_nonprivate=allow_nonprivate,
-        description=description,
+        description=description, renyi_orders=renyi_orders,
     )
     emit(ds, as_json=as_json, human=f"created dataset {ds.name!r}: {ds.policy}, "
          f"reporting δ={ds.reporting_delta}")
@@ -122,7 +124,7 @@ def budget() -> None:
 @pass_settings
 def budget_show(settings: Settings, name: str, subjects: bool, subject_id: str | None,
                 as_json: bool) -> None:
-    """Show the budget of dataset NAME and the tightest valid (ε, δ) spent."""
+    """Show the budget of dataset NAME: the cap's guarantee and what is spent so far."""
     acct = settings.accountant()
     rep = acct.budget(name)
     out: dict[str, Any] = rep.model_dump(mode="json")
@@ -135,8 +137,10 @@ def budget_show(settings: Settings, name: str, subjects: bool, subject_id: str |
         click.echo(f"dataset {rep.dataset}: {rep.policy}")
         click.echo(f"  spent      {_fmt(rep.spent)}")
         click.echo(f"  remaining  {_fmt(rep.remaining)}")
-        click.echo(f"  as (ε, δ)  ε={rep.spent_dp.epsilon}, δ={rep.spent_dp.delta}  "
-                   f"[{rep.spent_dp.rule}]")
+        g = rep.guarantee
+        click.echo(f"  guarantee  ({g.epsilon}, {g.delta})-DP however requests adapt  [{g.rule}]")
+        click.echo(f"  spent so far as (ε, δ)  ε={rep.spent_dp.epsilon}, δ={rep.spent_dp.delta}  "
+                   f"[{rep.spent_dp.rule}]; not a guarantee under adaptive use")
         click.echo(f"  charges    {rep.charges}, releases {rep.releases}")
         if "subject_summary" in out:
             s = out["subject_summary"]
@@ -230,6 +234,7 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
         for rep in reports:
             click.secho(f"dataset {rep.dataset}: {rep.policy}, reporting δ={rep.reporting_delta}",
                         bold=True)
+            click.echo(f"  guarantee: {rep.guarantee}")
             click.echo("  releases:")
             click.echo(table([{
                 "id": r.release, "at": r.at.strftime("%Y-%m-%d %H:%M:%S"), "method": r.method,
@@ -241,7 +246,7 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
             click.echo(table([{
                 "charge": t.charge, "at": t.at.strftime("%Y-%m-%d %H:%M:%S"), "cost": t.cost,
                 "subjects": t.subjects_charged if t.subjects_charged is not None else "",
-                "used after": _fmt(t.used_after), "spent (ε, δ) after": t.spent_dp_after,
+                "used after": _fmt(t.used_after), "spent so far after": t.spent_dp_after,
                 "purpose": t.purpose or "",
             } for t in rep.timeline]))
             click.echo()

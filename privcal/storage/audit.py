@@ -209,8 +209,14 @@ def payload_at(prefix: str, seq: int) -> str:
 
 
 def dataset_doc(ds: Dataset) -> dict[str, Any]:
-    """What the log records about a dataset: its name and budget policy (not its totals)."""
-    return jsonable({
+    """What the log records about a dataset: its name and budget policy (not its totals).
+
+    ``renyi_orders`` (the (ε, δ) cap's grid, part of its filter rule) is recorded when the
+    row has one; a row without it (pure and zCDP caps, and (ε, δ) datasets logged before the
+    grid existed, which use the frozen ``MIGRATED_RENYI_ORDERS``) has no such key, so old
+    entries still verify and an edited grid does not.
+    """
+    doc: dict[str, Any] = {
         "dataset_id": ds.id,
         "name": ds.name,
         "description": ds.description,
@@ -222,7 +228,10 @@ def dataset_doc(ds: Dataset) -> dict[str, Any]:
         "subject_epsilon": ds.subject_epsilon,
         "allow_nonprivate": bool(ds.allow_nonprivate),
         "created_at": iso(ds.created_at),
-    })
+    }
+    if ds.renyi_orders is not None:
+        doc["renyi_orders"] = list(ds.renyi_orders)
+    return jsonable(doc)
 
 
 def charge_doc(c: Charge, dataset_name: str) -> dict[str, Any]:
