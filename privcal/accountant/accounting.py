@@ -510,9 +510,8 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal) -> Guarantee:
                          "CKS20 at the reporting δ")
     assert policy.epsilon is not None and policy.delta is not None
     return Guarantee(policy.epsilon, policy.delta,
-                     f"(ε, δ) filter: Σε + min over {len(policy.renyi_orders)} fixed Rényi orders "
-                     "of the zCDP group's conversion at δ/(2|A|) ≤ ε, Σδ + δ/2 ≤ δ "
-                     "(privcal.accountant.accounting)")
+                     f"(ε, δ) filter: Σε + the zCDP group converted at the best of "
+                     f"{len(policy.renyi_orders)} fixed Rényi orders ≤ ε; Σδ + δ/2 ≤ δ")
 
 
 @dataclass(frozen=True)

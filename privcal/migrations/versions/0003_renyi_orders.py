@@ -1,6 +1,7 @@
 """The (ε, δ) filter's grid of Rényi orders: datasets.renyi_orders (issue 14).
 
-Hand-written and kept in step with privcal/storage/models.py. One nullable JSON column.
+Hand-written and kept in step with privcal/storage/models.py. One nullable JSON column,
+added and dropped natively (no batch table copy).
 
 Existing rows keep NULL. For an (ε, δ) dataset, NULL means the frozen grid
 ``privcal.accountant.accounting.MIGRATED_RENYI_ORDERS`` (1.25, 1.5, 2, 3, 5, 9, …, 1025), so
@@ -31,10 +32,16 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("datasets") as batch:
-        batch.add_column(sa.Column("renyi_orders", sa.JSON, nullable=True))
+    # a nullable ADD COLUMN is native on both backends: no table copy (a batch copy of
+    # `datasets` would trip the foreign keys of `charges` on SQLite)
+    op.add_column("datasets", sa.Column("renyi_orders", sa.JSON, nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("datasets") as batch:
-        batch.drop_column("renyi_orders")
+    # SQLite ≥ 3.35 drops a plain column natively; Alembic's batch mode would copy the table,
+    # which fails while `charges` references it. Datasets created after 0003 lose their grid
+    # (and their audit entries then no longer match the rows: do not downgrade a live ledger).
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("ALTER TABLE datasets DROP COLUMN renyi_orders")
+    else:
+        op.drop_column("datasets", "renyi_orders")
