@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 # mathematics must not drag the ledger (SQLAlchemy, the storage layer) in with them.
 _EXPORTS = {
     **dict.fromkeys(
-        ("Accountant", "BudgetReport", "ChargeReceipt", "DatasetInfo", "DryRun", "Release",
-         "SpentReport", "SubjectChargeResult", "SubjectSummary"),
+        ("Accountant", "BudgetReport", "ChargeReceipt", "DatasetInfo", "DryRun",
+         "GuaranteeReport", "Release", "SpentReport", "SubjectChargeResult", "SubjectSummary"),
         "privcal.accountant.accountant"),
     "cks20_epsilon": "privcal.accountant.accounting",
     "simple_zcdp_epsilon": "privcal.accountant.accounting",
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ChargeReceipt,
         DatasetInfo,
         DryRun,
+        GuaranteeReport,
         Release,
         SpentReport,
         SubjectChargeResult,
@@ -51,6 +52,7 @@ __all__ = [
     "ChargeReceipt",
     "DatasetInfo",
     "DryRun",
+    "GuaranteeReport",
     "Release",
     "SpentReport",
     "SubjectChargeResult",

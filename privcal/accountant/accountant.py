@@ -73,6 +73,7 @@ __all__ = [
     "ChargeReceipt",
     "DatasetInfo",
     "DryRun",
+    "GuaranteeReport",
     "Release",
     "SubjectChargeResult",
     "SubjectSummary",

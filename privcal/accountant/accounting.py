@@ -274,12 +274,6 @@ def renyi_orders(values: object) -> tuple[Decimal, ...]:
     return tuple(sorted(out))
 
 
-def _f_order(a: float, rho: float, log_inv_delta: float) -> float:
-    # f_a(R, δ') = aR + (ln(1/δ') + ln c_a)/(a − 1), ln c_a = −ln a + (a − 1)·ln(1 − 1/a):
-    # the CKS20 objective (Prop. 12) at one fixed order.
-    return _cks20_objective(a, rho, log_inv_delta)
-
-
 def renyi_filter_term(rho: float, delta_each: float, orders: tuple[Decimal, ...]) -> float:
     """min_{a∈A} f_a(ρ, δ') in floating point (closed form, no optimiser): see the module docstring.
 
@@ -289,7 +283,9 @@ def renyi_filter_term(rho: float, delta_each: float, orders: tuple[Decimal, ...]
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
     _check_delta(delta_each)
     lid = math.log(1.0 / delta_each)
-    return min(_f_order(float(a), rho, lid) for a in orders)
+    # f_a(R, δ') = aR + (ln(1/δ') + ln c_a)/(a − 1) with ln c_a = −ln a + (a − 1)·ln(1 − 1/a):
+    # the CKS20 objective (Prop. 12), here only at the grid's fixed orders
+    return min(_cks20_objective(float(a), rho, lid) for a in orders)
 
 
 #: allowance (relative, and absolute in ε) for the float error of :func:`renyi_filter_term`,
