@@ -105,7 +105,7 @@ def test_cli_renyi_orders(ledger_url: str) -> None:
 
 # ------------------------------------------------------------------ migration
 def _legacy_dataset(acct: Accountant, name: str) -> None:
-    """An (ε, δ) dataset as privcal wrote it before migration 0003: no grid in row or log."""
+    """An (ε, δ) dataset as privcal wrote it before migration 0004: no grid in row or log."""
     def tx(s: Any) -> None:
         zero = Decimal(0)
         ds = Dataset(name=name, description="", notion="approx", cap_epsilon=Decimal(1),
@@ -116,7 +116,7 @@ def _legacy_dataset(acct: Accountant, name: str) -> None:
         s.add(ds)
         s.flush()
         doc = audit.dataset_doc(ds)
-        assert "renyi_orders" not in doc  # the pre-0003 document, key for key
+        assert "renyi_orders" not in doc  # the pre-0004 document, key for key
         acct.ledger.append_audit(s, "dataset", doc)
 
     acct.ledger.write(tx)
@@ -129,8 +129,8 @@ def test_migrated_dataset_uses_the_frozen_grid_and_still_verifies(accountant: Ac
     pol = acc.Policy("approx", Decimal(1), None, Decimal("1e-6"), acc.MIGRATED_RENYI_ORDERS)
     assert accountant.budget("old").spent == acc.used(pol, acc.Spent(zcdp_rho=Decimal("0.005")))
     accountant.verify()
-    # through a downgrade to 0002 and back, the row and its log entry still agree
-    accountant.ledger.downgrade("0002")
+    # through a downgrade to before migration 0004 and back, row and log entry still agree
+    accountant.ledger.downgrade("0003")
     accountant.ledger.upgrade()
     with accountant.ledger.read() as s:
         assert s.scalars(select(Dataset.renyi_orders)).one() is None

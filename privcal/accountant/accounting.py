@@ -141,7 +141,7 @@ DEFAULT_RENYI_ORDERS: tuple[Decimal, ...] = tuple(
     Decimal(1) + Decimal(2) ** k for k in range(-2, 11)
 )
 #: the grid of an (ε, δ) dataset created before the grid existed (its row stores NULL; migration
-#: 0003). Frozen: it must never change, even if the default does, because `audit verify` and
+#: 0004). Frozen: it must never change, even if the default does, because `audit verify` and
 #: every later charge re-derive the rule from it.
 MIGRATED_RENYI_ORDERS: tuple[Decimal, ...] = tuple(
     Decimal(s) for s in ("1.25", "1.5", "2", "3", "5", "9", "17", "33", "65", "129", "257",

@@ -33,6 +33,8 @@ class DatasetCreate(BaseModel):
     subject_epsilon: Amount = Field(default=None, max_length=60)
     allow_nonprivate: bool = False
     description: str = Field(default="", max_length=10_000)
+    #: (ε, δ) cap only: its Rényi orders as decimal strings, fixed for good (default grid if absent)
+    renyi_orders: list[str] | None = Field(default=None, min_length=1, max_length=64)
 
 
 class Cost(BaseModel):
@@ -119,7 +121,8 @@ def dataset_show(name: str, request: Request,
 
 @router.get("/datasets/{name}/budget", **allow("admin", "auditor", "analyst"))
 def budget(name: str, request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
-    """Cap, spent, remaining and the spent (ε, δ) — the ``budget show --json`` document."""
+    """Cap, spent, remaining, the cap's guarantee and the realized spend (ε, δ) — the
+    ``budget show --json`` document."""
     p.check_dataset(name)
     return doc(_acct(request).budget(name))
 
@@ -136,7 +139,8 @@ def spend_history(name: str, request: Request) -> dict[str, Any]:
     from privcal.accountant.report import audit_report
 
     rep = audit_report(_acct(request), name)[0]
-    return doc({"dataset": rep.dataset, "policy": rep.policy, "points": [
+    return doc({"dataset": rep.dataset, "policy": rep.policy, "guarantee": rep.guarantee,
+                "points": [
         {"charge": t.charge, "at": t.at, "cost": t.cost, "used_after": t.used_after,
          "spent_dp_after": t.spent_dp_after, "subjects_charged": t.subjects_charged}
         for t in rep.timeline]})

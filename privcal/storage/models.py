@@ -97,7 +97,7 @@ class Dataset(Base):
     subject_epsilon: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
     allow_nonprivate: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # the (ε, δ) cap's grid of Rényi orders, decimal strings, fixed at creation (migration 0003);
+    # the (ε, δ) cap's grid of Rényi orders, decimal strings, fixed at creation (migration 0004);
     # NULL for pure and zCDP caps, and for (ε, δ) datasets created before the grid existed
     # (those use accounting.MIGRATED_RENYI_ORDERS)
     renyi_orders: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)

@@ -13,8 +13,8 @@ is unchanged, so nothing the old rule refused becomes allowed
 (tests/test_adaptive_filter.py checks it with hypothesis). Charges recorded before the
 upgrade were accepted under the old rule and stay recorded as they are.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-11-23
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003"
-down_revision: str | None = "0002"
+revision: str = "0004"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -39,7 +39,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # SQLite ≥ 3.35 drops a plain column natively; Alembic's batch mode would copy the table,
-    # which fails while `charges` references it. Datasets created after 0003 lose their grid
+    # which fails while `charges` references it. Datasets created after 0004 lose their grid
     # (and their audit entries then no longer match the rows: do not downgrade a live ledger).
     if op.get_bind().dialect.name == "sqlite":
         op.execute("ALTER TABLE datasets DROP COLUMN renyi_orders")
