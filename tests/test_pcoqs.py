@@ -137,16 +137,18 @@ def test_plus_inf_when_target_rank_exceeds_n_and_data_untouched():
     assert g.rank > 200 and g.lower == 1.0
 
 
-def test_out_of_range_scores_are_clipped():
+def test_out_of_range_scores():
+    """Issue 14.3 changes this: scores above ``upper`` give +inf, never the clipped 1.0."""
     below = _run(np.full(50, -3.0), rho=1e12, alpha=0.5)
     assert below.threshold == pytest.approx(0.0, abs=1e-9)  # every score counts as ≤ any mid
     above = _run(np.full(50, 7.0), rho=1e12, alpha=0.5)
-    assert above.threshold == 1.0  # never counted: right never moves
+    assert above.threshold == math.inf  # never counted: right never moves, nothing backs it
+    assert above.diagnostics["backed"] is False
 
 
 def test_diagnostics_hold_only_public_or_dp_values():
     res = _run(np.random.default_rng(1).uniform(size=3000), rho=0.5)
-    assert set(res.diagnostics) == {"N", "tau", "target_rank", "interval"}
+    assert set(res.diagnostics) == {"N", "tau", "target_rank", "interval", "backed"}
 
 
 def test_search_matches_naive_counting_for_the_same_noise():
@@ -155,7 +157,7 @@ def test_search_matches_naive_counting_for_the_same_noise():
     for trial in range(30):
         s = np.concatenate([g.beta(2, 50, 700), g.uniform(-0.2, 1.2, 50), [0.5] * 20])
         sigma2 = Fraction(5)
-        got = noisy_binary_search(s, 600, 0.0, 1.0, 30, sigma2, random.Random(trial))
+        got = noisy_binary_search(s, 600, 0.0, 1.0, 30, sigma2, random.Random(trial))[:2]
         # naive: same noise sequence (same seed), count all scores (clipped) each step
         rng = random.Random(trial)
         left, right = 0.0, 1.0

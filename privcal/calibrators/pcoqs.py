@@ -130,6 +130,16 @@ def target_rank(n: int, alpha: float, tau: float, nominal: bool) -> int:
     return math.ceil(base if nominal else base + Fraction(tau))
 
 
+def count_at_most(scores: np.ndarray, mid: float, buf: np.ndarray) -> int:
+    """#{s ≤ mid} by one full pass over every score (the work does not depend on the values).
+
+    ``np.less_equal`` into a preallocated buffer and ``np.count_nonzero`` are branch-free
+    vector loops: each call costs n comparisons whatever the scores and ``mid`` are.
+    """
+    np.less_equal(scores, mid, out=buf)
+    return int(np.count_nonzero(buf))
+
+
 def noisy_binary_search(
     scores: np.ndarray,
     rank: int,
@@ -138,58 +148,33 @@ def noisy_binary_search(
     n_steps: int,
     sigma2: Fraction,
     rng: random.Random,
-) -> tuple[float, float]:
-    """Seed 003 Alg. 1 with SPEC §4's decisions; returns the final interval (left, right].
+) -> tuple[float, float, bool]:
+    """Seed 003 Alg. 1 with SPEC §4's decisions; returns (left, right, backed).
 
     Each step releases c = #{s ≤ mid} + Z, Z ~ N_ℤ(0, σ²), and moves ``left``
-    to mid if c < rank, else ``right``. A score below ``lower`` counts as if
-    it were ``lower`` and one above ``upper`` as ``upper`` (clipping into
-    [a, b], a fixed per-record map: the sensitivity stays 1); since mid < b a
-    score ≥ b is never counted, which is the paper's #{s ∈ [a, mid]} for
-    in-range scores.
+    to mid if c < rank, else ``right``. The count is over the raw scores: no
+    clipping is needed, since for mid ∈ (a, b) a score above b is never ≤ mid
+    and one below a always is, exactly as they compare with the threshold.
+    ``backed`` is True when ``right`` moved at least once, i.e. some noisy
+    count ≥ rank backs it; when it is False ``right`` is still the public
+    ``upper``, which no count supports, and the caller releases +inf.
 
-    Counting: instead of sorting (≈10× the cost of a selection) the search keeps
-    the scores still inside (left, right] and compares only those at each step;
-    the array shrinks with the interval, so the total work is a few passes over
-    the data. ``below`` holds #{s ≤ left} of the scores already dropped.
+    Running time (issue 16.5): every step is one full pass over all n scores
+    (:func:`count_at_most`) and one discrete Gaussian draw, so the work is
+    N·n comparisons whatever the data are: nothing about a record leaks through
+    timing except n. (The noise sampler's time depends on the noise only.)
     """
     left, right = float(lower), float(upper)
-    cand = scores
-    below = 0
-    # Bounds on the candidates, computed the first time a step learns nothing (every
-    # candidate on one side of mid): while mid lies outside [lo, hi] a count needs no
-    # pass over the data. Scores packed in a small part of [a, b] would otherwise cost
-    # ~log2((b−a)/spread) full passes before the array starts to shrink.
-    lo, hi = -math.inf, math.inf
-    bounded = False
+    backed = False
+    buf = np.empty(scores.shape[0], dtype=bool)
     for _ in range(n_steps):
         mid = (left + right) / 2
-        mask = None
-        if cand.size == 0 or mid < lo:
-            inside = 0
-        elif mid >= hi:
-            inside = cand.size
-        else:
-            mask = cand <= mid
-            inside = int(np.count_nonzero(mask))
-            if not bounded and inside in (0, cand.size):
-                lo, hi, bounded = float(cand.min()), float(cand.max()), True
-        noisy = below + inside + discrete_gaussian(sigma2, rng)
-        # Keep only the scores that can still change a count, but copy only when at
-        # most 3/4 survive: copying nearly the whole array costs more than it saves.
-        # Scores ≤ left that stay in ``cand`` are simply not added to ``below``.
-        # (np.compress is ~2× faster than boolean indexing on unpredictable masks.)
+        noisy = count_at_most(scores, mid, buf) + discrete_gaussian(sigma2, rng)
         if noisy < rank:
             left = mid
-            keep = cand.size - inside
-            if keep * 4 <= cand.size * 3:
-                below += inside
-                cand = np.compress(~mask, cand) if mask is not None and keep else cand[:0]
         else:
-            right = mid
-            if inside * 4 <= cand.size * 3:
-                cand = np.compress(mask, cand) if mask is not None and inside else cand[:0]
-    return left, right
+            right, backed = mid, True
+    return left, right, backed
 
 
 class PCOQS:
@@ -284,7 +269,12 @@ class PCOQS:
         if r > n:
             # trivial set; the data are not touched, so no noise is drawn either
             return CalibrationResult(threshold=math.inf, diagnostics={**diag, "interval": None})
-        left, right = noisy_binary_search(
+        left, right, backed = noisy_binary_search(
             s, r, params.lower, params.upper, n_steps, noise_variance(n_steps, params.rho), rng
         )
-        return CalibrationResult(threshold=right, diagnostics={**diag, "interval": [left, right]})
+        # never rest on the public range: an unbacked ``right`` (= upper) becomes +inf
+        threshold = right if backed else math.inf
+        return CalibrationResult(
+            threshold=threshold,
+            diagnostics={**diag, "interval": [left, right], "backed": backed},
+        )

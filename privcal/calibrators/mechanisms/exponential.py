@@ -9,25 +9,46 @@ seed 003, §2) and by each agent of FedCP²-QQ (Humbert et al., ICML 2023, seed
     P(j) ∝ exp(−ε·w_j / (2Δ)),
 
 with N_< and N_> the numbers of (rounded) scores strictly below / above e_j.
-Adding or removing one score changes each N_< or N_> by at most 1 and so each
-w_j by at most Δ, which makes the mechanism ε-DP (McSherry & Talwar 2007).
+Substituting one score changes each N_< or N_> by at most 1 and so each w_j
+by at most Δ, which makes the mechanism ε-DP (McSherry & Talwar 2007).
 (The released code of Angelopoulos et al. normalises by ε·min(α, 1−α), which
 is not ε-DP; SPEC §5.)
 
-Floating point: the selection probabilities are computed in float64 and a
-single uniform from ``rng`` is inverted through their CDF. This is the
-standard implementation of the exponential mechanism; the exact-sampling
-requirement of DESIGN.md concerns additive noise on counts, which privcal
-samples exactly (``discrete_gaussian``).
+Neighbouring relation: substitution of one score, n public (the accountant's
+``privacy["neighbouring"]``). Replacing one score changes each N_<(e_j) and
+N_>(e_j) by at most 1, hence each w_j by at most Δ and each log-probability
+ratio by at most ε. (Under add/remove of a score n changes, and so would q̃
+and the grid size chosen from n: no add/remove claim is made.)
+
+Sampler (exact, :func:`sample_index`): the selection probabilities are never
+rounded. With d_j = ε·w_j/(2Δ) as exact rationals (q as its exact binary
+value, ε as the decimal typed), j is drawn by rejection: a proposal
+j ∝ 2^(−L_j), where the integers L_j ≤ (d_j − s)·log2(e) are lower bounds
+computed with IEEE-exact +, −, ×, ÷ and a margin (s ≤ min d_j a rational
+shift), sampled exactly with ``rng.randrange``; then acceptance with
+probability exp(−(d_j − s))·2^(L_j) ≤ 1, decided by comparing a lazily
+refined uniform (``rng.getrandbits``) against rigorous decimal bounds of that
+number (``Decimal.exp`` is correctly rounded), refining until the comparison
+is decided. The accepted j has probability exactly ∝ exp(−d_j): pure ε-DP
+holds as stated, with no δ from floating point (the float inverse-CDF sampler
+this replaces could not output some bins under one neighbour that had
+probability 2^−53 under the other). Same construction as exact samplers with
+arbitrary-precision comparisons (e.g. OpenDP's); written here from the
+mathematics. With ``secrets.SystemRandom`` (production) the uniforms come
+from the OS CSPRNG. :func:`selection_probabilities` (float) is kept for
+diagnostics and tests only.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
+from fractions import Fraction
 
 import numpy as np
 
+from privcal.calibrators.mechanisms.discrete_gaussian import to_fraction
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -35,6 +56,7 @@ __all__ = [
     "grid",
     "grid_counts",
     "round_up_to_grid",
+    "sample_index",
     "selection_probabilities",
 ]
 
@@ -172,6 +194,104 @@ def selection_probabilities(
     return p / p.sum()
 
 
+#: proposal weights are 2^(K − L_j): K bounds the work spent on bins of negligible mass
+_K = 40
+_LOG2E = 1.4426950408889634  # float(log2(e)); the margins below absorb its rounding
+
+
+def _exp_bounds(t: Fraction, digits: int) -> tuple[Fraction, Fraction]:
+    """Rigorous bounds lo ≤ exp(−t) ≤ hi for rational t ≥ 0, to about ``digits`` digits.
+
+    t is rounded down and up with directed rounding; ``Decimal.exp`` is correctly rounded
+    (relative error ≤ ½·10^(1−digits)), widened here by 10^(2−digits) each way.
+    """
+    dn = Context(prec=digits, rounding=ROUND_FLOOR)
+    up = Context(prec=digits, rounding=ROUND_CEILING)
+    num, den = Decimal(t.numerator), Decimal(t.denominator)
+    t_lo, t_hi = dn.divide(num, den), up.divide(num, den)
+    near = Context(prec=digits)
+    slack = Fraction(1, 10 ** (digits - 2))
+    hi = Fraction(near.exp(-t_lo)) * (1 + slack)
+    lo = Fraction(near.exp(-t_hi)) * (1 - slack)
+    return lo, hi
+
+
+def _bernoulli_exp_scaled(t: Fraction, shift: int, rng: random.Random) -> bool:
+    """One exact draw of Bernoulli(exp(−t)·2^shift), for rational t with t·log2(e) ≥ shift ≥ 0.
+
+    A uniform V is drawn 64 bits at a time and compared with rigorous bounds of
+    p = exp(−t)·2^shift; both are refined until V < p or V ≥ p is certain, so
+    P(True) = p exactly (the loop ends with probability 1 since p has a fixed value).
+    """
+    if t == 0:
+        return True  # p = 1 (shift must be 0)
+    v, bits, digits = 0, 0, 30
+    scale = 1 << shift
+    while True:
+        v = (v << 64) | rng.getrandbits(64)
+        bits += 64
+        lo, hi = _exp_bounds(t, digits)
+        lo, hi = lo * scale, hi * scale
+        denom = 1 << bits  # V ∈ [v/denom, (v+1)/denom)
+        if (v + 1) <= lo * denom:
+            return True
+        if v >= hi * denom:
+            return False
+        digits += 20
+
+
+def sample_index(
+    below: np.ndarray, above: np.ndarray, q: float, eps: float, rng: random.Random
+) -> int:
+    """Exact exponential mechanism: j with probability exactly ∝ exp(−ε·w_j/(2Δ)).
+
+    w_j = max(below_j/q, above_j/(1−q)), Δ = max(1/q, 1/(1−q)), with q its exact binary
+    value and ε the decimal typed (:func:`~privcal.calibrators.mechanisms.discrete_gaussian.
+    to_fraction`). See the module docstring for the rejection scheme; expected number of
+    proposals ≤ 4 + m·2^−40, each needing O(1) exact arithmetic after one O(m) float pass.
+    """
+    _check_args(q, eps)
+    b = np.asarray(below, dtype=np.int64)
+    a = np.asarray(above, dtype=np.int64)
+    m = b.size
+    if m < 1 or a.shape != b.shape or b.min() < 0 or a.min() < 0:
+        raise InvalidInput("below/above counts must be non-negative arrays of one shape")
+    if m > (1 << (62 - _K)):
+        raise InvalidInput(f"at most {1 << (62 - _K)} grid points, got {m}")
+    qq = Fraction(q)
+    ee = to_fraction(eps, "ε")
+    delta = max(1 / qq, 1 / (1 - qq))
+    c = ee / (2 * delta)
+
+    def d(j: int) -> Fraction:  # the exact exponent of grid point j
+        return c * max(int(b[j]) / qq, int(a[j]) / (1 - qq))
+
+    # Float screening (only +, −, ×, ÷: each correctly rounded, relative error ≤ 2^−53).
+    cf = float(c)
+    v = cf * np.maximum(b.astype(np.float64) / q, a.astype(np.float64) / (1.0 - q))
+    v_min = float(v.min())
+    # s ≤ min_j d_j: each v_j is within 2^−49 (relative) of d_j
+    s = Fraction(v_min) * (1 - Fraction(1, 1 << 30))
+    if float(v.max()) < 2.0**40:
+        x = (v - float(s)) * _LOG2E
+        # |x_j − (d_j − s)·log2 e| ≤ 2^−45·(v_j + v_min) < 1 when v < 2^40: floor(x − 1 − …)
+        lev = np.floor(x * (1 - 1e-12) - 1e-12 * v - 1.0)
+        lev = np.clip(lev, 0, _K).astype(np.int64)
+    else:  # huge exponents (ε·n ≳ 10^12): exact, slow path
+        lower_log2e = Fraction(1442695040888963, 10**15)
+        lev = np.array(
+            [min(_K, max(0, math.floor((d(j) - s) * lower_log2e) - 1)) for j in range(m)],
+            dtype=np.int64,
+        )
+    weights = np.left_shift(np.int64(1), _K - lev)
+    cum = np.cumsum(weights)
+    total = int(cum[-1])
+    while True:
+        j = int(np.searchsorted(cum, rng.randrange(total), side="right"))
+        if _bernoulli_exp_scaled(d(j) - s, int(lev[j]), rng):
+            return j
+
+
 def exponential_quantile(
     scores: np.ndarray, grid: np.ndarray, q: float, eps: float, rng: random.Random
 ) -> tuple[int, float]:
@@ -185,12 +305,16 @@ def exponential_quantile(
     :func:`selection_probabilities`. Runs in O(n + m) on a uniform grid from
     :func:`grid` (O(n log m) otherwise).
 
-    ``rng`` supplies the single uniform used for inverse-CDF sampling
-    (``secrets.SystemRandom`` in production).
+    The grid point is drawn exactly (:func:`sample_index`); ``rng`` supplies the
+    uniform bits (``secrets.SystemRandom`` in production).
     """
-    p = selection_probabilities(scores, grid, q, eps)
-    cdf = np.cumsum(p)
-    u = rng.random() * cdf[-1]
-    # side="right": a bin with probability 0 (cdf flat) can never be selected
-    j = min(int(np.searchsorted(cdf, u, side="right")), p.size - 1)
-    return j, float(np.asarray(grid, dtype=np.float64)[j])
+    _check_args(q, eps)
+    e = _check_grid(grid)
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    if np.isnan(s).any():
+        raise InvalidInput(f"scores contain NaN (first at row {int(np.argmax(np.isnan(s)))})")
+    counts = grid_counts(s, e)
+    below = np.cumsum(counts) - counts  # N_<(e_j)
+    above = s.size - below - counts  # N_>(e_j)
+    j = sample_index(below, above, q, eps, rng)
+    return j, float(e[j])
