@@ -98,7 +98,7 @@ def test_threshold_is_a_grid_point_of_the_public_range():
     res = CAL.calibrate(CalibrationInput(scores=s), params, random.Random(1))
     j = res.diagnostics["bin"]
     assert res.threshold == pytest.approx(-1.0 + j * 4.0 / 400, abs=1e-12)
-    assert set(res.diagnostics) == {"bins", "gamma", "q_tilde", "bin"}
+    assert set(res.diagnostics) == {"bins", "gamma", "q_tilde", "bin", "top_bin"}
 
 
 @pytest.mark.statistical

@@ -1013,6 +1013,12 @@ class Accountant:
             out.update(model="local", epsilon=e, delta="0",
                        rule="ε0-local DP for each participating subject",
                        statement=f"{e}-local DP for each participating subject")
+        # the neighbouring relation the claim is about (issue 14.7): the calibrator's own
+        # statement, else the one its cost type implies
+        if cost is not None:
+            out["neighbouring"] = getattr(calibrator, "neighbouring", None) or (
+                "any two inputs of one subject (local DP)" if isinstance(cost, LocalDP)
+                else "substitution of one record; n is public")
         if extra:
             out["extra"] = json_safe(extra)
             amp = extra.get("amplification") if extra.get("shuffled") else None

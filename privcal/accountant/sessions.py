@@ -244,9 +244,10 @@ def _info_of(s: Session, row: CollectionSession, ds_name: str) -> SessionInfo:
     plan = _fed_plan(row)
     grid = None
     if isinstance(plan, Fed2Plan):
-        grid = {"points": plan.bins, "lower": 0.0, "upper": plan.smax,
-                "step": plan.smax / (plan.bins - 1),
-                "rule": "e_b = b·S_max/(B−1), b = 0..B−1; the top point means ≥ S_max"}
+        grid = {"points": plan.bins, "lower": plan.lower, "upper": plan.smax,
+                "step": (plan.smax - plan.lower) / (plan.bins - 1),
+                "rule": "e_b = lower + b·(upper − lower)/(B−1), b = 0..B−1; the top point "
+                        "means ≥ upper"}
     return SessionInfo(
         **common, round=0, rounds=1, received=total,
         needed=plan.m if row.status == "open" else 0,
@@ -317,7 +318,8 @@ def open_session(
     agents: int | None = None,
     local_n: int | None = None,
     bins: int = 100,
-    smax: float = 1.0,
+    smax: float | None = None,
+    failure_probability: float | None = None,
     shuffled: bool = False,
     requester: str | None = None,
 ) -> SessionInfo:
@@ -325,7 +327,8 @@ def open_session(
 
     ``ldp-score`` needs ``epsilon``, ``rounds`` (T) and ``group_size`` (n'); the dataset
     needs a per-subject ε cap ≥ ε. ``fedcp2-qq`` needs ``agents`` (m), ``local_n`` (n),
-    ``epsilon`` (and ``bins``, ``smax``); ``fedcp-qq`` needs m and n and a dataset that
+    ``epsilon`` (and ``bins``, ``lower``, ``upper``: the public grid); ``fedcp-qq`` needs m
+    and n and a dataset that
     allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
     (ε, δ) and charges it to an (ε, δ) dataset now. Writes nothing on bad input.
     """
@@ -343,6 +346,10 @@ def open_session(
         check_shuffle_method(method)
     requester = _text(requester, "requester")
     alpha = _num(alpha, "α")
+    if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
+        delta = failure_probability
+    if smax is not None:  # deprecated name of ``upper`` for fedcp2-qq
+        upper = smax
     info = accountant.dataset(dataset)  # NotFound before any other work
     cal = registry.get(method).calibrator
     state: dict[str, Any] = {"total": 0, "charge_ids": []}
@@ -367,9 +374,10 @@ def open_session(
                 raise InvalidInput("fedcp2-qq sessions need --epsilon")
             plan: Fed2Plan | FedPlan = plan_fedcp2_qq(
                 m, n, alpha, _num(epsilon, "ε"), bins=_num(bins, "bins", integer=True),
-                smax=_num(smax, "S_max"))
+                smax=_num(upper, "upper"), lower=_num(lower, "lower"))
             p = cal.Params.model_validate({"alpha": alpha, "epsilon": plan.epsilon,
-                                           "bins": plan.bins, "smax": plan.smax})
+                                           "bins": plan.bins, "lower": plan.lower,
+                                           "upper": plan.smax})
         else:
             if epsilon is not None or shuffled:
                 raise InvalidInput("fedcp-qq is not private: it takes no ε and no --shuffled")

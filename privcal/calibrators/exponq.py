@@ -14,6 +14,34 @@ exponential mechanism's rank error exceed its budget with probability ≤ γα,
 and the remaining (1−γα) of the time the released grid point is at least the
 empirical quantile of level (n+1)(1−α)/(n(1−γα)), so the marginal coverage
 is ≥ (1−γα)·(1−α)/(1−γα) = 1−α (Angelopoulos et al. 2022, Thm 2).
+
+Review (issue 14.8)
+-------------------
+- **Privacy claim**: ε-DP (pure, central), recorded as ``PureDP(ε)``.
+  Neighbouring relation: substitution of one calibration score, n public
+  (``privacy["neighbouring"]``). n is public because q̃ and the default m are
+  functions of n; under add/remove of a record n would change and the released
+  threshold could switch between +∞ (q̃ ≥ 1) and a finite value, so no
+  add/remove claim is made.
+- **Sensitivity**: each weight w_j = max(N_<(e_j)/q̃, N_>(e_j)/(1−q̃)) moves by at
+  most Δ = max(1/q̃, 1/(1−q̃)) under a substitution (each count by ≤ 1).
+- **Sampler**: exact (:func:`~privcal.calibrators.mechanisms.exponential.sample_index`:
+  exact rationals and lazily refined comparisons, no float CDF); uniform bits
+  from ``rng`` — ``secrets.SystemRandom`` (OS CSPRNG) in production.
+- **Coverage claim**: P(Y ∈ C(X)) ≥ 1−α, marginal over the calibration data,
+  the mechanism's randomness and the test point (Thm 2). Assumptions, each
+  enforced: (i) the calibration and test scores are exchangeable (the user's
+  data; not checkable); (ii) q̃ ≥ 1/2, which the rank-error bound with
+  Δ = 1/(1−q̃) needs — guaranteed by refusing α > 1/2 (:class:`ExponQParams`);
+  (iii) q̃ < 1, else +∞ is released; (iv) **no score range is assumed**: each
+  score is mapped by the fixed monotone map g(s) = (smallest grid point ≥
+  min(s, b)), the theorem holds for g(S), and g(S) ≤ e_j ⇔ S ≤ e_j for every
+  grid point e_j < b, so a threshold below the top grid point means the same
+  set for S; a draw of the top grid point b (which scores above b are rounded
+  into) is released as +∞. Scores below ``lower`` round up to e_0 = a and can
+  only make the threshold conservative. The default range is [0, 1]; for
+  scores that can exceed it (``absolute`` residuals, ``raps`` with a penalty)
+  pass a public ``--upper`` that covers them, or most releases will be +∞.
 """
 
 from __future__ import annotations
@@ -41,6 +69,8 @@ __all__ = ["ExponQ", "ExponQParams", "default_bins", "inflated_level", "optimal_
 
 #: bounds of the default number of bins (see :func:`default_bins`)
 MIN_BINS, MAX_BINS = 100, 100_000
+#: the largest ``bins`` accepted (≈ 50 MB of work arrays; checked before anything is charged)
+BINS_LIMIT = 1_000_000
 
 
 class ExponQParams(CalibratorParams):
@@ -58,14 +88,22 @@ class ExponQParams(CalibratorParams):
     bins: int | None = Field(
         default=None,
         ge=2,
-        description="number m of grid points on [lower, upper]; default "
-        f"clamp(⌈ε·n/2⌉, {MIN_BINS}, {MAX_BINS})",
+        le=BINS_LIMIT,
+        description="number m of grid points on [lower, upper] (2 … "
+        f"{BINS_LIMIT:,}); default clamp(⌈ε·n/2⌉, {MIN_BINS}, {MAX_BINS})",
     )
 
     @model_validator(mode="after")
     def _range(self) -> ExponQParams:
         if not self.lower < self.upper:
             raise ValueError(f"lower ({self.lower}) must be < upper ({self.upper})")
+        if self.alpha > 0.5:
+            # the coverage proof (Angelopoulos et al. 2022, Thm 2) converts the mechanism's
+            # weight error into a rank error with Δ = 1/(1−q̃), i.e. it needs q̃ ≥ 1/2, and
+            # α ≤ 1/2 ⇒ q̃ > (1−α)(n+1)/n ≥ 1/2
+            raise ValueError(
+                f"exponq needs α ≤ 1/2 (its coverage proof uses q̃ ≥ 1/2), got {self.alpha}"
+            )
         return self
 
 
@@ -108,6 +146,11 @@ class ExponQ:
     name: ClassVar[str] = "exponq"
     version: ClassVar[str] = "1.0.0"
     privacy_model: ClassVar[PrivacyModel] = "central-pure"
+    #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
+    neighbouring: ClassVar[str] = (
+        "substitution of one calibration score; n is public (q̃ and the grid depend on n; "
+        "add/remove is not claimed)"
+    )
     Params: ClassVar[type[CalibratorParams]] = ExponQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores"})
     summary: ClassVar[str] = (
@@ -145,8 +188,8 @@ class ExponQ:
             "upper_bound_range": params.upper,
         }
         over = (
-            "calibration data, the mechanism's randomness and the test point "
-            "(marginal; assumes every score lies in [lower, upper])"
+            "calibration data, the mechanism's randomness and the test point (marginal; "
+            "exchangeable scores; a draw of the top grid point is released as +inf)"
         )
         if q >= 1:
             return CoverageGuarantee(
@@ -168,8 +211,9 @@ class ExponQ:
             failure_probability=0.0,
             over=over,
             statement=(
-                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over calibration data, mechanism and test point "
-                f"(q̃ = {q:.6g}, m = {m} bins)"
+                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g}, marginally over the calibration data, the "
+                f"mechanism's randomness and the test point (Angelopoulos et al. 2022, Thm 2; "
+                f"q̃ = {q:.6g}, m = {m} bins)"
             ),
             details=details,
         )
@@ -177,7 +221,11 @@ class ExponQ:
     def calibrate(
         self, data: CalibrationInput, params: ExponQParams, rng: random.Random
     ) -> CalibrationResult:
-        """Sample a grid point at level q̃ with the ε-DP exponential mechanism; +inf if q̃ ≥ 1."""
+        """Sample a grid point at level q̃ with the exact ε-DP exponential mechanism.
+
+        +inf when q̃ ≥ 1, and when the draw is the top grid point ``upper`` (scores above
+        the range are rounded into it, so it does not certify any finite threshold).
+        """
         s = _scores(data)
         n = s.shape[0]
         m, gamma, q = self.plan(params, n)
@@ -186,4 +234,7 @@ class ExponQ:
             diag["q_tilde"] = "inf" if math.isinf(q) else q
             return CalibrationResult(threshold=math.inf, diagnostics=diag)
         j, t = exponential_quantile(s, grid(params.lower, params.upper, m), q, params.epsilon, rng)
-        return CalibrationResult(threshold=t, diagnostics={**diag, "bin": j})
+        top = j == m - 1
+        return CalibrationResult(
+            threshold=math.inf if top else t, diagnostics={**diag, "bin": j, "top_bin": top}
+        )

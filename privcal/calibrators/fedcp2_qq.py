@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, model_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -25,7 +25,12 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
 from privcal.calibrators.federated_agent import aggregate, fedcp2_qq_message
-from privcal.calibrators.fedplan import Fed2Plan, plan_fedcp2_qq, plan_fedcp2_qq_pinned
+from privcal.calibrators.fedplan import (
+    MAX_BINS,
+    Fed2Plan,
+    plan_fedcp2_qq,
+    plan_fedcp2_qq_pinned,
+)
 from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
 
@@ -33,16 +38,31 @@ __all__ = ["FedCP2QQ", "FedCP2QQParams"]
 
 
 class FedCP2QQParams(CalibratorParams):
-    """α, the per-agent ε, and the public grid: ``bins`` points on [0, ``smax``]."""
+    """α, the per-agent ε, and the public grid: ``bins`` points on [``lower``, ``upper``]."""
 
     epsilon: float = Field(gt=0, allow_inf_nan=False, description="ε of each agent's message")
-    bins: int = Field(default=100, ge=2, description="number B of public grid points")
-    smax: float = Field(
-        default=1.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="public upper end S_max of the grid (never the data's maximum)",
+    bins: int = Field(
+        default=100,
+        ge=2,
+        le=MAX_BINS,
+        description=f"number B of public grid points (2 … {MAX_BINS:,})",
     )
+    lower: float = Field(
+        default=0.0, allow_inf_nan=False, description="public score range: lower end of the grid"
+    )
+    upper: float = Field(
+        default=1.0,
+        allow_inf_nan=False,
+        validation_alias=AliasChoices("upper", "smax"),
+        description="public score range: upper end S_max of the grid (never the data's "
+        "maximum; an aggregate on it is released as +inf); formerly 'smax'",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> FedCP2QQParams:
+        if not self.lower < self.upper:
+            raise ValueError(f"lower ({self.lower}) must be < upper ({self.upper})")
+        return self
     level: float | None = Field(
         default=None,
         ge=0.5,
@@ -78,10 +98,17 @@ def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
             params.epsilon,
             params.level,
             bins=params.bins,
-            smax=params.smax,
+            smax=params.upper,
+            lower=params.lower,
         )
     return plan_fedcp2_qq(
-        len(sizes), sizes[0], params.alpha, params.epsilon, bins=params.bins, smax=params.smax
+        len(sizes),
+        sizes[0],
+        params.alpha,
+        params.epsilon,
+        bins=params.bins,
+        smax=params.upper,
+        lower=params.lower,
     )
 
 
@@ -91,6 +118,11 @@ class FedCP2QQ:
     name: ClassVar[str] = "fedcp2-qq"
     version: ClassVar[str] = "1.0.0"
     privacy_model: ClassVar[PrivacyModel] = "federated"
+    #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
+    neighbouring: ClassVar[str] = (
+        "substitution of one score in one agent's n scores (record-level ε-DP of each "
+        "agent's message w.r.t. its own data; n and m are public)"
+    )
     Params: ClassVar[type[CalibratorParams]] = FedCP2QQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
     summary: ClassVar[str] = (
@@ -130,6 +162,8 @@ class FedCP2QQ:
                 "epsilon": p.epsilon,
                 "bins": p.bins,
                 "smax": p.smax,
+                # (old releases have lower = 0 and no key: the record stays recomputable)
+                **({"lower": p.lower} if p.lower != 0 else {}),
                 "gamma": p.gamma,
                 "l_gamma": p.l_gamma,
                 "k_gamma": p.k_gamma,
@@ -141,7 +175,7 @@ class FedCP2QQ:
                 "privacy": (
                     f"each agent {p.epsilon:g}-DP w.r.t. its own scores (local DP at agent level)"
                 ),
-                "top_bin": "an aggregate on the top grid point S_max is released as +inf",
+                "top_bin": "an aggregate on the top grid point (upper) is released as +inf",
                 **(
                     {
                         "pinned": (

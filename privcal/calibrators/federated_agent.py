@@ -79,8 +79,9 @@ def fedcp_qq_message(scores: np.ndarray, plan: FedPlan | FedPlanUnequal) -> floa
 
 
 def bin_grid(plan: Fed2Plan) -> np.ndarray:
-    """The public grid of the plan: ``bins`` points e_b = b·S_max/(B−1) on [0, S_max] (SPEC §10)."""
-    return grid(0.0, plan.smax, plan.bins)
+    """The public grid of the plan: ``bins`` points e_b = a + b·(S_max − a)/(B−1) on
+    [a, S_max], a = ``plan.lower`` (0 unless set; SPEC §10)."""
+    return grid(plan.lower, plan.smax, plan.bins)
 
 
 def fedcp2_qq_message(
@@ -125,10 +126,11 @@ def check_message(value: float, plan: AnyPlan) -> float:
     if isinstance(plan, Fed2Plan):
         e = bin_grid(plan)
         j = int(np.argmin(np.abs(e - v))) if math.isfinite(v) else -1
-        if j < 0 or abs(e[j] - v) > 1e-9 * plan.smax:
+        tol = 1e-9 * max(abs(plan.lower), abs(plan.smax), plan.smax - plan.lower)
+        if j < 0 or abs(e[j] - v) > tol:
             raise PlanRejected(
                 f"message {v!r} is not on the published grid "
-                f"({plan.bins} points on [0, {plan.smax}])"
+                f"({plan.bins} points on [{plan.lower}, {plan.smax}])"
             )
         return float(e[j])
     if isinstance(plan, FedPlan | FedPlanUnequal):

@@ -44,7 +44,7 @@ from functools import cache, lru_cache
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from privcal.calibrators.base import conformal_rank
 from privcal.errors import InfeasiblePlan, InvalidInput
@@ -86,6 +86,16 @@ def _gauss_legendre(nodes: int) -> tuple[np.ndarray, np.ndarray]:
     # scipy's Golub–Welsch + Newton is ~5x faster than numpy's leggauss at 256 nodes (0.8 s)
     x, w = roots_legendre(nodes)
     return np.asarray(x), np.asarray(w)
+
+
+#: Resource bounds (issue 16.2), checked before any plan is computed and so before anything
+#: is charged. Planning costs grow with the number of agents m (≈ 10 s for FedCP-QQ and
+#: ≈ 30 s for FedCP²-QQ at m = 10 000 on a loaded 2-core machine; m = 10⁷ ran > 300 s and
+#: m = 10⁹ exhausted memory): m ≤ MAX_AGENTS. Local sizes and the grid are bounded so that
+#: an agent's work arrays stay O(10⁸) elements.
+MAX_AGENTS = 10_000
+MAX_LOCAL_N = 100_000_000
+MAX_BINS = 1_000_000
 
 
 def _check_int(name: str, v: object, lo: int, hi: int | None = None) -> int:
@@ -371,8 +381,8 @@ def plan_fedcp_qq(m: int, n: int, alpha: float) -> FedPlan:
     Raises :class:`InfeasiblePlan` when even M_{n,m} = mn/(mn+1) < 1−α (every
     agent sends its maximum and the server takes the largest).
     """
-    m = _check_int("number of agents", m, 1)
-    n = _check_int("local size n", n, 1)
+    m = _check_int("number of agents", m, 1, MAX_AGENTS)
+    n = _check_int("local size n", n, 1, MAX_LOCAL_N)
     alpha = _check_alpha(alpha)
     return _plan_cached(m, n, alpha)
 
@@ -547,7 +557,9 @@ def plan_fedcp_qq_unequal(sizes: Sequence[int], alpha: float) -> FedPlanUnequal:
     k, so this is also the smallest such coverage); bisection over k.
     """
     alpha = _check_alpha(alpha)
-    ns = [_check_int("local size", s, 1) for s in sizes]
+    if len(sizes) > MAX_AGENTS:
+        raise InvalidInput(f"number of agents must be in [1, {MAX_AGENTS}], got {len(sizes)}")
+    ns = [_check_int("local size", s, 1, MAX_LOCAL_N) for s in sizes]
     if not ns:
         raise InvalidInput("need at least one agent")
     ls = [conformal_rank(nj, alpha) for nj in ns]
@@ -599,7 +611,8 @@ class Fed2Plan(BaseModel):
     """A FedCP²-QQ plan (Humbert et al. 2023, Algorithm 3; SPEC §10).
 
     Each agent answers the ε-DP exponential-mechanism quantile at level ``q``
-    over the public grid of ``bins`` points on [0, ``smax``]; the server takes
+    over the public grid of ``bins`` points on [``lower``, ``smax``] (``smax`` is the
+    public upper end, ``upper`` in the calibrator's parameters); the server takes
     the ``k``-th smallest answer (k = k_γ). ``M`` = M_{ℓ_γ+ℓ_cor, k_γ}, the
     criterion minimised over γ (the coverage of non-private FedCP-QQ at the
     corrected order; it is not the coverage of the private protocol, whose
@@ -621,7 +634,14 @@ class Fed2Plan(BaseModel):
     alpha: float = Field(gt=0, lt=1)
     epsilon: float = Field(gt=0)
     bins: int = Field(ge=2)
-    smax: float = Field(gt=0)
+    smax: float = Field(allow_inf_nan=False, description="public upper end of the grid")
+    lower: float = Field(default=0.0, allow_inf_nan=False, description="public lower end")
+
+    @model_validator(mode="after")
+    def _range(self) -> Fed2Plan:
+        if not self.lower < self.smax:
+            raise ValueError(f"grid needs lower < upper, got [{self.lower}, {self.smax}]")
+        return self
 
     @property
     def k(self) -> int:
@@ -635,7 +655,13 @@ class Fed2Plan(BaseModel):
 
 
 def plan_fedcp2_qq(
-    m: int, n: int, alpha: float, eps: float, bins: int = 100, smax: float = 1.0
+    m: int,
+    n: int,
+    alpha: float,
+    eps: float,
+    bins: int = 100,
+    smax: float = 1.0,
+    lower: float = 0.0,
 ) -> Fed2Plan:
     """Choose γ, (ℓ_γ, k_γ), ℓ_cor and the agents' level q (Humbert et al. 2023, Alg. 3, §4).
 
@@ -650,14 +676,15 @@ def plan_fedcp2_qq(
     Pruning (exact): M_{ℓ_γ+ℓ_cor,k_γ} ≥ M_{ℓ_γ,k_γ} ≥ (1−α)/(1−γα), which grows
     with γ, so the scan stops once that level reaches the best criterion found.
     """
-    return _plan2_cached(*_check_fed2(m, n, alpha, eps, bins, smax))
+    return _plan2_cached(*_check_fed2(m, n, alpha, eps, bins, smax, lower))
 
 
 def _check_fed2(
-    m: object, n: object, alpha: object, eps: object, bins: object, smax: object
-) -> tuple[int, int, float, float, int, float]:
-    m = _check_int("number of agents", m, 1)
-    n = _check_int("local size n", n, 1)
+    m: object, n: object, alpha: object, eps: object, bins: object, smax: object,
+    lower: object = 0.0,
+) -> tuple[int, int, float, float, int, float, float]:
+    m = _check_int("number of agents", m, 1, MAX_AGENTS)
+    n = _check_int("local size n", n, 1, MAX_LOCAL_N)
     alpha = _check_alpha(alpha)
     if (
         isinstance(eps, bool)
@@ -665,14 +692,13 @@ def _check_fed2(
         or not (math.isfinite(eps) and eps > 0)
     ):
         raise InvalidInput(f"ε must be a finite number > 0, got {eps!r}")
-    bins = _check_int("number of bins", bins, 2)
-    if (
-        isinstance(smax, bool)
-        or not isinstance(smax, int | float)
-        or not (math.isfinite(smax) and smax > 0)
-    ):
-        raise InvalidInput(f"S_max must be a finite number > 0, got {smax!r}")
-    return m, n, alpha, float(eps), bins, float(smax)
+    bins = _check_int("number of bins", bins, 2, MAX_BINS)
+    for what, v in (("lower", lower), ("upper (S_max)", smax)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InvalidInput(f"{what} must be a finite number, got {v!r}")
+    if not lower < smax:  # type: ignore[operator]
+        raise InvalidInput(f"the grid needs lower < upper, got [{lower}, {smax}]")
+    return m, n, alpha, float(eps), bins, float(smax), float(lower)  # type: ignore[arg-type]
 
 
 def _gamma_search(
@@ -750,17 +776,20 @@ def _rest_cannot_win(
 def _fed2_plan(
     best: tuple[float, float, int, int, int, float],
     q: float, m: int, n: int, alpha: float, eps: float, bins: int, smax: float,
+    lower: float = 0.0,
 ) -> Fed2Plan:
     """The plan record of a γ-search result (crit, γ, ℓ_γ, k_γ, ℓ_cor, M_γ) at agent level q."""
     crit, gamma, l_g, k_g, l_cor, m_g = best
     return Fed2Plan(
         gamma=gamma, l_gamma=l_g, k_gamma=k_g, l_cor=l_cor, q=q, M=crit, M_gamma=m_g,
-        m=m, n=n, alpha=alpha, epsilon=eps, bins=bins, smax=smax,
+        m=m, n=n, alpha=alpha, epsilon=eps, bins=bins, smax=smax, lower=lower,
     )  # fmt: skip
 
 
 @lru_cache(maxsize=128)
-def _plan2_cached(m: int, n: int, alpha: float, eps: float, bins: int, smax: float) -> Fed2Plan:
+def _plan2_cached(
+    m: int, n: int, alpha: float, eps: float, bins: int, smax: float, lower: float
+) -> Fed2Plan:
     best, min_cor = _gamma_search(m, n, alpha, eps, bins, n - 1)
     if best is None:
         detail = f"the privacy correction alone is ℓ_cor ≥ {min_cor}" if min_cor else ""
@@ -770,7 +799,7 @@ def _plan2_cached(m: int, n: int, alpha: float, eps: float, bins: int, smax: flo
             + (f"; {detail}" if detail else "")
         )
     q = max((best[2] + best[4]) / n, 0.5)
-    return _fed2_plan(best, q, m, n, alpha, eps, bins, smax)
+    return _fed2_plan(best, q, m, n, alpha, eps, bins, smax, lower)
 
 
 # --------------------------------------------------------------------------- missing agents
@@ -786,8 +815,8 @@ def plan_fedcp_qq_pinned(m: int, n: int, alpha: float, ell: int) -> FedPlan:
     and what the calibrator recomputes from a pinned ``agent_order``.
     Raises :class:`InfeasiblePlan` when even k = m falls short.
     """
-    m = _check_int("number of agents", m, 1)
-    n = _check_int("local size n", n, 1)
+    m = _check_int("number of agents", m, 1, MAX_AGENTS)
+    n = _check_int("local size n", n, 1, MAX_LOCAL_N)
     alpha = _check_alpha(alpha)
     if isinstance(ell, bool) or not isinstance(ell, int | np.integer) or int(ell) < 1:
         raise InvalidInput(f"agent order ℓ must be an integer ≥ 1, got {ell!r}")
@@ -839,7 +868,14 @@ def _answer_budget(n: int, q: float) -> int:
 
 
 def plan_fedcp2_qq_pinned(
-    m: int, n: int, alpha: float, eps: float, q: float, bins: int = 100, smax: float = 1.0
+    m: int,
+    n: int,
+    alpha: float,
+    eps: float,
+    q: float,
+    bins: int = 100,
+    smax: float = 1.0,
+    lower: float = 0.0,
 ) -> Fed2Plan:
     """A FedCP²-QQ plan for m agents that answer (or answered) at the fixed level ``q``.
 
@@ -857,13 +893,13 @@ def plan_fedcp2_qq_pinned(
         or not (math.isfinite(q) and 0.5 <= q < 1)
     ):
         raise InvalidInput(f"the agents' level q must be a number in [1/2, 1), got {q!r}")
-    m, n, alpha, eps, bins, smax = _check_fed2(m, n, alpha, eps, bins, smax)
-    return _plan2_pinned_cached(m, n, alpha, eps, bins, smax, float(q))
+    m, n, alpha, eps, bins, smax, lower = _check_fed2(m, n, alpha, eps, bins, smax, lower)
+    return _plan2_pinned_cached(m, n, alpha, eps, bins, smax, float(q), lower)
 
 
 @lru_cache(maxsize=128)
 def _plan2_pinned_cached(
-    m: int, n: int, alpha: float, eps: float, bins: int, smax: float, q: float
+    m: int, n: int, alpha: float, eps: float, bins: int, smax: float, q: float, lower: float
 ) -> Fed2Plan:
     budget = _answer_budget(n, q)
     best, _ = _gamma_search(m, n, alpha, eps, bins, budget)
@@ -873,7 +909,7 @@ def _plan2_pinned_cached(
             f"0.01..0.99, ℓ_γ + ℓ_cor > ⌊n·q⌋ = {budget} (n={n}, α={alpha:g}, ε={eps:g}, "
             f"B={bins})"
         )
-    return _fed2_plan(best, q, m, n, alpha, eps, bins, smax)
+    return _fed2_plan(best, q, m, n, alpha, eps, bins, smax, lower)
 
 
 def replan_fedcp2_qq_subset(plan: Fed2Plan, m_answered: int) -> Fed2Plan:
@@ -887,7 +923,8 @@ def replan_fedcp2_qq_subset(plan: Fed2Plan, m_answered: int) -> Fed2Plan:
     m2 = _check_int("number of answering agents", m_answered, 1, plan.m)
     try:
         return plan_fedcp2_qq_pinned(
-            m2, plan.n, plan.alpha, plan.epsilon, plan.q, bins=plan.bins, smax=plan.smax
+            m2, plan.n, plan.alpha, plan.epsilon, plan.q, bins=plan.bins, smax=plan.smax,
+            lower=plan.lower,
         )
     except InfeasiblePlan:
         raise InfeasiblePlan(

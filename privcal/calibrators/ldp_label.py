@@ -22,7 +22,7 @@ import random
 from typing import ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -178,9 +178,19 @@ class LDPLabelParams(CalibratorParams):
     """Parameters of ``ldp-label`` (alpha from the base model)."""
 
     epsilon: float = Field(gt=0, allow_inf_nan=False, description="users' k-RR ε (label ε-LDP)")
-    k: int = Field(ge=2, description="number of classes (must match the probabilities' columns)")
-    delta: float = Field(
-        default=0.001, gt=0, lt=1, allow_inf_nan=False, description="failure probability δ"
+    k: int | None = Field(
+        default=None,
+        ge=2,
+        description="number of classes; default: the probabilities' columns (must match them)",
+    )
+    failure_probability: float = Field(
+        default=0.001,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        validation_alias=AliasChoices("failure_probability", "delta"),
+        description="failure probability δ of the coverage guarantee (over the data and the "
+        "users' randomized responses; not a DP δ); formerly 'delta'",
     )
     score: str = Field(default="lac", description="classification score name (SPEC §1)")
     nominal: bool = Field(
@@ -211,6 +221,11 @@ class LDPLabel:
     name: ClassVar[str] = "ldp-label"
     version: ClassVar[str] = "1"
     privacy_model: ClassVar[str] = "local"
+    #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
+    neighbouring: ClassVar[str] = (
+        "any two labels of one subject (label-only local DP: the features are sent in the "
+        "clear)"
+    )
     Params: ClassVar[type[CalibratorParams]] = LDPLabelParams
     inputs: ClassVar[frozenset[str]] = frozenset({"probs", "labels"})
     summary: ClassVar[str] = "LDP-CP-L: k-RR noisy labels, noise-aware threshold (label-only ε-LDP)"
@@ -219,24 +234,30 @@ class LDPLabel:
         """ε0 = ε, charged to each participating subject (each sends one k-RR label)."""
         return LocalDP(eps0=params.epsilon)
 
-    def _check_shape(self, params: LDPLabelParams, shape: DataShape) -> None:
-        if shape.k is not None and shape.k != params.k:
+    def _k(self, params: LDPLabelParams, shape: DataShape) -> int:
+        """k from the parameters or, when not given, from the probabilities' shape."""
+        if params.k is not None and shape.k is not None and shape.k != params.k:
             raise InvalidInput(f"k = {params.k} but the probabilities have {shape.k} columns")
+        k = params.k if params.k is not None else shape.k
+        if k is None:
+            raise InvalidInput("ldp-label needs k: give --k or the n×k probabilities")
+        return k
 
     def guarantee(self, params: LDPLabelParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage ≥ 1−α (default) or ≥ 1−α−Δ_L (nominal) with probability ≥ 1−δ."""
-        self._check_shape(params, shape)
-        sl = label_slack(shape.n, params.k, params.epsilon, params.delta)
+        k = self._k(params, shape)
+        delta = params.failure_probability
+        sl = label_slack(shape.n, k, params.epsilon, delta)
         target = target_level(params, sl)
         lower = 1 - params.alpha if not params.nominal else max(0.0, 1 - params.alpha - sl.delta_L)
         mode = "nominal target 1−α" if params.nominal else "target 1−α+Δ_L"
         return CoverageGuarantee(
             target=1 - params.alpha,
             lower=lower,
-            failure_probability=params.delta,
+            failure_probability=delta,
             over="the calibration data and the users' randomized responses",
             statement=(
-                f"With probability ≥ {1 - params.delta:g}, coverage ≥ {lower:.6g} "
+                f"With probability ≥ {1 - delta:g}, coverage ≥ {lower:.6g} "
                 f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}); privacy: {PRIVACY_NOTE}."
             ),
             details={
@@ -246,9 +267,9 @@ class LDPLabel:
                 "beta": sl.beta,
                 "t_n": sl.t_n,
                 "t_r": sl.t_r,
-                "delta": params.delta,
+                "delta": delta,
                 "epsilon": params.epsilon,
-                "k": params.k,
+                "k": k,
                 "n": shape.n,
                 "calibration_target": target,
                 "nominal": int(params.nominal),
@@ -266,13 +287,10 @@ class LDPLabel:
         if data.probs is None or data.labels is None:
             raise InvalidInput("ldp-label needs probabilities and the users' noisy labels")
         probs = check_probs(data.probs, min_rows=1)
-        if probs.shape[1] != params.k:
-            raise InvalidInput(
-                f"k = {params.k} but the probabilities have {probs.shape[1]} columns"
-            )
-        labels = check_labels(data.labels, params.k, min_rows=1)
+        k = self._k(params, DataShape(n=probs.shape[0], k=probs.shape[1]))
+        labels = check_labels(data.labels, k, min_rows=1)
         n = check_lengths(probs=probs, labels=labels)
-        sl = label_slack(n, params.k, params.epsilon, params.delta)
+        sl = label_slack(n, k, params.epsilon, params.failure_probability)
         target = target_level(params, sl)
         scores = all_class_scores(params.score, probs, rng=rng)
         if np.may_share_memory(scores, probs) or np.may_share_memory(scores, data.probs):
@@ -283,7 +301,7 @@ class LDPLabel:
             threshold=threshold,
             diagnostics={
                 "n": n,
-                "k": params.k,
+                "k": k,
                 "beta": sl.beta,
                 "delta_L": sl.delta_L,
                 "delta_paper": sl.delta_paper,

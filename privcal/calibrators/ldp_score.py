@@ -26,7 +26,7 @@ import random
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -248,7 +248,7 @@ class LdpScoreProtocol(BaseModel):
             alpha=self.alpha,
             epsilon=self.epsilon,
             rounds=self.rounds,
-            delta=self.delta,
+            failure_probability=self.delta,
             lower=self.lower,
             upper=self.upper,
             nominal=self.nominal,
@@ -311,11 +311,28 @@ class LDPScoreParams(CalibratorParams):
         le=1000,
         description="T; default: best_rounds(n, ε, δ) (minimises Δ_S(T) + 2^−T)",
     )
-    delta: float = Field(default=0.001, gt=0, lt=1, allow_inf_nan=False)
-    lower: float = Field(default=0.0, allow_inf_nan=False, description="public score range: low")
-    upper: float = Field(default=1.0, allow_inf_nan=False, description="public score range: high")
+    failure_probability: float = Field(
+        default=0.001,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        validation_alias=AliasChoices("failure_probability", "delta"),
+        description="failure probability δ of the coverage guarantee (over the data and the "
+        "users' randomized responses; not a DP δ); formerly 'delta'",
+    )
+    lower: float = Field(
+        default=0.0, allow_inf_nan=False, description="public score range: lower end"
+    )
+    upper: float = Field(
+        default=1.0, allow_inf_nan=False, description="public score range: upper end"
+    )
     nominal: bool = False
     band: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="w; Δ_S")
+
+    @property
+    def delta(self) -> float:
+        """The failure probability under the protocol's (and the paper's) name δ."""
+        return self.failure_probability
 
     @model_validator(mode="after")
     def _range(self) -> LDPScoreParams:
@@ -379,6 +396,11 @@ class LDPScore:
     name: ClassVar[str] = "ldp-score"
     version: ClassVar[str] = "1"
     privacy_model: ClassVar[str] = "local"
+    #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
+    neighbouring: ClassVar[str] = (
+        "any two inputs (x, y) of one subject (local DP: each subject answers one binary "
+        "randomized-response query)"
+    )
     Params: ClassVar[type[CalibratorParams]] = LDPScoreParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores"})
     summary: ClassVar[str] = "LDP-CP-S: interactive RR binary search on scores (ε-LDP for x and y)"

@@ -19,6 +19,41 @@ E depends only on the noise, which is independent of the data. P(not E) ≤ β:
 the discrete Gaussian is σ²-subgaussian (CKS20, Corollary 9), so
 P(|Z| > τ) ≤ 2·exp(−τ²/(2σ²)) and the union bound over N draws gives β when
 τ = √((N/ρ)·ln(2N/β)) and σ² = N/(2ρ) (seed 003, Proposition 1).
+
+Review (issue 14.8)
+-------------------
+- **Privacy claim**: ρ-zCDP (central), recorded as ``ZCDP(ρ)`` and converted to
+  (ε, δ) at the dataset's reporting δ by CKS20. Neighbouring relation:
+  substitution of one calibration score, n public (``privacy["neighbouring"]``).
+  n is public because the target rank r' is a function of n: under add/remove
+  the release can switch between +∞ (r' > n) and a finite threshold at a fixed
+  n (e.g. 165/166), so no add/remove claim is made.
+- **Sensitivity**: each of the N counts #{s ≤ mid} changes by at most 1 under a
+  substitution; each is released with N_ℤ(0, N/(2ρ)) noise, which is
+  (ρ/N)-zCDP (CKS20, Thm 4), and N of them compose to ρ (Bun & Steinke 2016).
+- **Sampler**: exact discrete Gaussian (CKS20 Alg. 3) on exact rationals;
+  uniform bits from ``rng`` — ``secrets.SystemRandom`` (OS CSPRNG) in production.
+- **Running time**: every step is one full pass over all n scores, so the work
+  is N·n comparisons plus N noise draws whatever the data (issue 16.5): the
+  running time reveals n, not a record.
+- **Coverage claim** (seed 003, Thm 2 with SPEC §4's inflated rank): let E be
+  the event, a function of the noise alone, that all N noises satisfy |Z| ≤ τ;
+  P(E) ≥ 1−β. On E, P(Y ∈ C(X) | E) ≥ 1−α, where the probability is over the
+  calibration data and the test point (the noise is independent of them). It
+  is a marginal statement, not one about a single release: a given release's
+  coverage, conditional on its calibration data, can be below 1−α (as for
+  split conformal). Unconditionally P(Y ∈ C(X)) ≥ (1−β)(1−α). Assumptions,
+  each enforced: (i) exchangeable calibration and test scores (the user's
+  data; not checkable); (ii) **no score range is assumed**: the counts are of
+  the raw scores, so a score above ``upper`` is never counted below a
+  midpoint (exactly as it compares with any finite threshold), and a
+  threshold is released only if a noisy count backed it — when ``right``
+  never moved the release is +∞ (:func:`noisy_binary_search`); a score below
+  ``lower`` is counted at every step, which only makes the threshold
+  conservative; (iii) the τ bound: the discrete Gaussian is σ²-subgaussian
+  (CKS20, Cor. 9), checked by ``test_pcoqs``. The default range is [0, 1]: for
+  scores that can exceed it (``absolute`` residuals, ``raps`` with a penalty)
+  pass a public ``--upper`` that covers them, or the release will be +∞.
 """
 
 from __future__ import annotations
@@ -29,7 +64,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -71,12 +106,14 @@ class PCOQSParams(CalibratorParams):
         allow_inf_nan=False,
         description="resolution of the search: N = ⌈log2((b−a)/tol)⌉ steps",
     )
-    beta: float = Field(
+    failure_probability: float = Field(
         default=0.05,
         gt=0,
         lt=1,
         allow_inf_nan=False,
-        description="probability β that the rank error exceeds τ",
+        validation_alias=AliasChoices("failure_probability", "beta"),
+        description="failure probability β of the coverage guarantee: the probability "
+        "over the privacy noise that the rank error exceeds τ (not a DP δ); formerly 'beta'",
     )
     nominal: bool = Field(
         default=False,
@@ -183,6 +220,11 @@ class PCOQS:
     name: ClassVar[str] = "pcoqs"
     version: ClassVar[str] = "1.0.0"
     privacy_model: ClassVar[PrivacyModel] = "central-zcdp"
+    #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
+    neighbouring: ClassVar[str] = (
+        "substitution of one calibration score; n is public (under add/remove the release "
+        "can switch between +inf and a finite threshold at a fixed n: not claimed)"
+    )
     Params: ClassVar[type[CalibratorParams]] = PCOQSParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores"})
     summary: ClassVar[str] = (
@@ -195,17 +237,18 @@ class PCOQS:
 
     def _plan(self, params: PCOQSParams, n: int) -> tuple[int, float, int]:
         n_steps = num_steps(params.lower, params.upper, params.tol)
-        tau = rank_error(n_steps, params.rho, params.beta)
+        tau = rank_error(n_steps, params.rho, params.failure_probability)
         r = target_rank(n, params.alpha, tau, params.nominal)
         return n_steps, tau, r
 
     def guarantee(self, params: PCOQSParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage bounds of seed 003 Thm 2 (nominal) or ≥ 1−α (guaranteed), w.p. ≥ 1−β."""
-        n, alpha, beta = shape.n, params.alpha, params.beta
+        n, alpha, beta = shape.n, params.alpha, params.failure_probability
         n_steps, tau, r = self._plan(params, n)
         over = (
-            "the privacy noise (the bound is marginal over calibration data and test point, "
-            "and assumes every score lies in [lower, upper])"
+            "the privacy noise: with probability ≥ 1−β the noise lies in the event E that "
+            "every rank error is ≤ τ, and given E the bound holds marginally over the "
+            "calibration data and the test point (not per release)"
         )
         details: dict[str, float | int | str | None] = {
             "n": n,
@@ -243,6 +286,7 @@ class PCOQS:
             # on E, #{s ≤ left} < r' + τ, so P(S ≤ left) ≤ ⌈r' + τ⌉/(n+1) without ties
             upper = min(1.0, math.ceil(r + tau) / (n + 1))
         details["upper_requires"] = "no ties; ignores the score mass inside the final tol interval"
+        # (a +inf release, when no count backs the top of the range, has coverage 1)
         return CoverageGuarantee(
             target=1 - alpha,
             lower=lower,
@@ -251,9 +295,11 @@ class PCOQS:
             over=over,
             rank=r,
             statement=(
-                f"with probability ≥ {1 - beta:.6g} over the privacy noise, "
-                f"{lower:.6g} ≤ P(Y ∈ C(X)) ≤ {upper:.6g} "
-                f"(τ = {tau:.4g}, N = {n_steps}, target rank {r} of n = {n})"
+                f"{lower:.6g} ≤ P(Y ∈ C(X) | E) ≤ {upper:.6g}, where the probability is over "
+                f"the calibration data and the test point (marginal, not per release) and E, "
+                f"the event that all N = {n_steps} noisy counts are within τ = {tau:.4g} of "
+                f"the true counts, depends on the noise alone and has P(E) ≥ {1 - beta:.6g} "
+                f"(seed 003, Thm 2; target rank {r} of n = {n})"
             ),
             details=details,
         )

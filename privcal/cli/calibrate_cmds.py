@@ -45,9 +45,57 @@ def _click_type(ann: Any) -> Any:
     return {int: int, float: float, str: str}.get(ann, str)
 
 
+def deprecated_aliases(params_model: type) -> dict[str, str]:
+    """{old name: field} for the old parameter names a model still accepts (validation aliases).
+
+    Stored releases keep their old names (``audit verify`` reads them through the aliases);
+    the CLI accepts the old flags hidden, as deprecated spellings of the new ones.
+    """
+    out: dict[str, str] = {}
+    for name, field in params_model.model_fields.items():
+        alias = field.validation_alias
+        for choice in getattr(alias, "choices", ()) or ():
+            if isinstance(choice, str) and choice != name:
+                out[choice] = name
+    return out
+
+
+def _alias_dest(old: str) -> str:
+    return f"deprecated__{old}"
+
+
+def apply_deprecated(params_model: type, kw: dict[str, Any], params: dict[str, Any]) -> None:
+    """Move values given under a deprecated flag (e.g. ``--beta``) onto their field."""
+    ctx = click.get_current_context(silent=True)
+    for old, name in deprecated_aliases(params_model).items():
+        value = kw.pop(_alias_dest(old), None)
+        if value is None:
+            continue
+        given = ctx is not None and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        if given:
+            new = "--" + name.replace("_", "-")
+            raise InvalidInput(f"give {new} or its deprecated spelling --{old}, not both")
+        params[name] = value
+
+
 def param_options(params_model: type) -> list[click.Option]:
-    """Click options for every field of a calibrator's parameter model (``--kebab-case``)."""
+    """Click options for every field of a calibrator's parameter model (``--kebab-case``).
+
+    A field's old names (validation aliases) become hidden deprecated flags.
+    """
     opts: list[click.Option] = []
+    for old, name in deprecated_aliases(params_model).items():
+        if name in COMMON:
+            continue
+        field = params_model.model_fields[name]
+        opts.append(
+            click.Option(
+                ["--" + old.replace("_", "-"), _alias_dest(old)],
+                type=_click_type(field.annotation),
+                hidden=True,
+                help=f"deprecated spelling of --{name.replace('_', '-')}",
+            )
+        )
     for name, field in params_model.model_fields.items():
         if name in COMMON:
             continue
@@ -165,6 +213,7 @@ def _make_calibrate_command(name: str) -> click.Command:
 
         as_json = kw.pop("as_json")
         params = {k: v for k, v in kw.items() if k in model.model_fields and v is not None}
+        apply_deprecated(model, kw, params)
         if "score" in model.model_fields and kw.get("score") is not None:
             params["score"] = kw["score"]
         if getattr(cal, "interactive", False) and not kw.get("simulate"):

@@ -40,12 +40,21 @@ def plan_from_options(
     alpha: float,
     epsilon: float | None,
     bins: int,
-    smax: float,
+    upper: float,
+    lower: float = 0.0,
 ) -> FedPlan | FedPlanUnequal | Fed2Plan:
     """The plan the options describe (the library call behind ``privcal fed plan``)."""
-    from privcal.calibrators.fedplan import plan_fedcp2_qq, plan_fedcp_qq, plan_fedcp_qq_unequal
+    from privcal.calibrators.fedplan import (
+        MAX_AGENTS,
+        plan_fedcp2_qq,
+        plan_fedcp_qq,
+        plan_fedcp_qq_unequal,
+    )
 
     sizes = _sizes(local_n)
+    if agents is not None and not 1 <= agents <= MAX_AGENTS:
+        # checked before any list of m sizes is built (10⁷ agents took > 300 s)
+        raise InvalidInput(f"--agents must be in [1, {MAX_AGENTS}], got {agents}")
     if len(sizes) == 1:
         if agents is None:
             raise InvalidInput("--agents is required with a single --local-n")
@@ -56,7 +65,9 @@ def plan_from_options(
     if epsilon is not None:
         if not equal:
             raise InvalidInput("FedCP²-QQ (--epsilon) needs equal local sizes")
-        return plan_fedcp2_qq(len(sizes), sizes[0], alpha, epsilon, bins=bins, smax=smax)
+        return plan_fedcp2_qq(
+            len(sizes), sizes[0], alpha, epsilon, bins=bins, smax=upper, lower=lower
+        )
     if equal:  # the optimal (ℓ*, k*), as the fedcp-qq calibrator uses for equal sizes
         return plan_fedcp_qq(len(sizes), sizes[0], alpha)
     return plan_fedcp_qq_unequal(sizes, alpha)
@@ -99,7 +110,7 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
             {"quantity": "k_γ (server order)", "value": plan.k_gamma},
             {"quantity": "agent level q", "value": f"{plan.q:.6g}"},
             {"quantity": "M_{ℓ_γ+ℓ_cor,k_γ}", "value": f"{plan.M:.10f}"},
-            {"quantity": "grid", "value": f"{plan.bins} points on [0, {plan.smax:g}]"},
+            {"quantity": "grid", "value": f"{plan.bins} points on [{plan.lower:g}, {plan.smax:g}]"},
         ]
         note = (
             f"FedCP²-QQ: guarantee coverage ≥ {1 - plan.alpha:g} (Thm 4.1); each agent "
@@ -120,8 +131,15 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
 @click.option("--epsilon", type=float, default=None, help="Per-agent ε: plan FedCP²-QQ.")
 @click.option("--bins", type=int, default=100, show_default=True, help="FedCP²-QQ grid points B.")
 @click.option(
-    "--smax", type=float, default=1.0, show_default=True, help="FedCP²-QQ public score bound."
+    "--lower", type=float, default=0.0, show_default=True,
+    help="FedCP²-QQ public score range: lower end of the grid.",
 )
+@click.option(
+    "--upper", type=float, default=None,
+    help="FedCP²-QQ public score range: upper end S_max of the grid (an aggregate on it is "
+    "released as +inf)  [default: 1]",
+)
+@click.option("--smax", type=float, default=None, hidden=True, help="Deprecated: --upper.")
 @json_option
 def plan_cmd(
     agents: int | None,
@@ -129,9 +147,17 @@ def plan_cmd(
     alpha: float,
     epsilon: float | None,
     bins: int,
-    smax: float,
+    lower: float,
+    upper: float | None,
+    smax: float | None,
     as_json: bool,
 ) -> None:
     """Print the agent order ℓ, server order k and coverage M (FedCP-QQ), or the FedCP²-QQ plan."""
-    plan = plan_from_options(agents, local_n, alpha, epsilon, bins, smax)
+    if smax is not None:
+        if upper is not None:
+            raise InvalidInput("give --upper or its deprecated spelling --smax, not both")
+        upper = smax
+    plan = plan_from_options(
+        agents, local_n, alpha, epsilon, bins, 1.0 if upper is None else upper, lower
+    )
     emit(plan, as_json=as_json, human=_human(plan))

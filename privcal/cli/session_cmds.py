@@ -48,9 +48,8 @@ def _describe(s: Any) -> str:
                 {"field": "ℓ_γ, ℓ_cor, k_γ",
                  "value": f"{p.get('l_gamma')}, {p.get('l_cor')}, {p.get('k_gamma')}"},
                 {"field": "agents answer at level q", "value": f"{p.get('q'):.12g}"},
-                {"field": "bin grid", "value": f"{p.get('bins')} points e_b = b·{p.get('smax')}"
-                                               f"/{int(p.get('bins', 2)) - 1} on "
-                                               f"[0, {p.get('smax')}]"},
+                {"field": "bin grid", "value": f"{p.get('bins')} evenly spaced points on "
+                                               f"[{p.get('lower', 0.0)}, {p.get('smax')}]"},
             ]
         else:
             rows += [{"field": "ℓ, k", "value": f"{p.get('l')}, {p.get('k')}"}]
@@ -67,10 +66,18 @@ def _describe(s: Any) -> str:
 @click.option("--epsilon", type=float, default=None, help="ε of each user's / agent's report.")
 @click.option("--rounds", type=int, default=None, help="ldp-score: T rounds.")
 @click.option("--group-size", type=int, default=None, help="ldp-score: n' reports per round.")
-@click.option("--range", "score_range", type=float, nargs=2, default=None,
-              help="Public score range LO HI (fedcp2-qq: 0 S_max).")
-@click.option("--delta", type=float, default=0.001, show_default=True,
-              help="ldp-score: failure probability δ of Δ_S.")
+@click.option("--lower", type=float, default=None,
+              help="Public score range: lower end (ldp-score, fedcp2-qq grid)  [default: 0]")
+@click.option("--upper", type=float, default=None,
+              help="Public score range: upper end (ldp-score; fedcp2-qq grid top S_max, "
+                   "released as +inf)  [default: 1]")
+@click.option("--range", "score_range", type=float, nargs=2, default=None, hidden=True,
+              help="Deprecated: --lower LO --upper HI.")
+@click.option("--failure-probability", "failure_probability", type=float, default=None,
+              help="ldp-score: failure probability δ of the coverage guarantee (Δ_S), over the "
+                   "data and the users' responses; not a DP δ  [default: 0.001]")
+@click.option("--delta", type=float, default=None, hidden=True,
+              help="Deprecated spelling of --failure-probability.")
 @click.option("--nominal", is_flag=True, help="ldp-score: target 1−α (guarantee 1−α−Δ_S).")
 @click.option("--agents", type=int, default=None, help="Federated: number of agents m.")
 @click.option("--local-n", type=int, default=None, help="Federated: scores per agent n.")
@@ -81,8 +88,9 @@ def _describe(s: Any) -> str:
 @json_option
 @pass_settings
 def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: float | None,
-             rounds: int | None, group_size: int | None,
-             score_range: tuple[float, float] | None, delta: float, nominal: bool,
+             rounds: int | None, group_size: int | None, lower: float | None,
+             upper: float | None, score_range: tuple[float, float] | None,
+             failure_probability: float | None, delta: float | None, nominal: bool,
              agents: int | None, local_n: int | None, bins: int, shuffled: bool,
              requester: str | None, as_json: bool) -> None:
     """Open a session: prints its id and round 0's query (ldp-score) or the plan (federated)."""
@@ -90,16 +98,22 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
 
     kw: dict[str, Any] = {}
     if score_range is not None:
-        lo, hi = score_range
-        if method == "ldp-score":
-            kw.update(lower=lo, upper=hi)
-        else:
-            if lo != 0:
-                raise InvalidInput(f"{method}: the public grid starts at 0; give --range 0 SMAX")
-            kw.update(smax=hi)
+        if lower is not None or upper is not None:
+            raise InvalidInput("give --lower/--upper or the deprecated --range, not both")
+        lower, upper = score_range
+    if lower is not None:
+        kw["lower"] = lower
+    if upper is not None:
+        kw["upper"] = upper
+    if delta is not None:
+        if failure_probability is not None:
+            raise InvalidInput("give --failure-probability or its deprecated spelling --delta")
+        failure_probability = delta
+    if failure_probability is not None:
+        kw["failure_probability"] = failure_probability
     res = open_session(
         settings.accountant(), method, dataset=dataset, alpha=alpha, epsilon=epsilon,
-        rounds=rounds, group_size=group_size, delta=delta, nominal=nominal, agents=agents,
+        rounds=rounds, group_size=group_size, nominal=nominal, agents=agents,
         local_n=local_n, bins=bins, shuffled=shuffled, requester=requester, **kw)
 
     def human() -> None:
