@@ -111,6 +111,14 @@ def prepare(
     if score_options is not None and not isinstance(score_options, dict):
         raise InvalidInput("score_options must be a dict of option names to values")
     cal = reg.calibrator
+    if score is not None and "score" in cal.Params.model_fields:
+        # a method whose parameters name the score (ldp-label) takes ``score=`` in every form
+        if params.get("score", score) != score:
+            raise InvalidInput(
+                f"{cal.name}: score given twice ({params['score']!r} and {score!r})"
+            )
+        params = {**params, "score": score}
+        score = None
     p = validate_params(cal, params)
     needs = set(cal.inputs)
     score_record: dict[str, Any] | None = None

@@ -6,6 +6,27 @@ quantile over public bins), Algorithm 3 (orders ℓ_γ + ℓ_cor and k_γ, eq. (
 and Thm 4.1 (ε-LDP per agent; coverage ≥ 1−α, proof App. C.4). Each agent is
 a privacy subject charged ε on its own budget: ``cost`` is ``LocalDP(ε)`` and
 the accountant charges it to the agent ids.
+
+Review (issue 14.8)
+-------------------
+- **Privacy claim**: each agent's message is ε-DP with respect to that agent's
+  own n scores (record level), recorded as ``LocalDP(ε)`` charged to each
+  agent. Neighbouring relation: substitution of one score in one agent's data,
+  n and m public (``privacy["neighbouring"]``). It is *not* ε-LDP for the
+  agent's whole input.
+- **Sensitivity**: Δ_q = max(1/q, 1/(1−q)) for the weights of the exponential
+  mechanism (each count moves by ≤ 1 under a substitution).
+- **Sampler**: exact exponential mechanism
+  (:func:`~privcal.calibrators.mechanisms.exponential.sample_index`), uniform
+  bits from the OS CSPRNG unless a generator is given.
+- **Coverage claim**: P(Y ∈ C(X)) ≥ 1−α, marginal over all agents' data,
+  their mechanisms' randomness and the test point (Thm 4.1, App. C.4).
+  Assumptions, each enforced: (i) i.i.d. scores across agents (the user's
+  data); (ii) every agent holds exactly n scores (checked: ``plan_for`` and
+  :func:`~privcal.calibrators.federated_agent.fedcp2_qq_message`); (iii)
+  n·q ≥ ℓ_γ + ℓ_cor (the plan); (iv) **no score range is assumed**: scores
+  above ``upper`` are rounded into the top grid point and an aggregate there
+  is released as +∞; scores below ``lower`` only make the threshold conservative.
 """
 
 from __future__ import annotations

@@ -6,6 +6,19 @@ different sizes. The planning math is in :mod:`privcal.calibrators.fedplan`,
 the agent and server steps in :mod:`privcal.calibrators.federated_agent`;
 ``calibrate`` runs the whole one-round protocol in one process (simulation,
 or data held locally).
+
+Review (issue 14.8)
+-------------------
+- **Privacy claim**: none. Each agent reveals one order statistic of its data
+  (recorded as the release's privacy statement); a dataset must allow
+  non-private releases.
+- **Sensitivity / sampler**: not applicable (deterministic).
+- **Coverage claim**: P(Y ∈ C(X)) ≥ 1−α, = M_{ℓ,k} for continuous scores,
+  marginal over all agents' calibration data and the test point (Thm 3.2;
+  App. A.1 for unequal sizes). Assumptions: (i) i.i.d. scores (the user's
+  data); (ii) the plan's sizes are the agents' sizes (checked in
+  :func:`~privcal.calibrators.federated_agent.fedcp_qq_message`); (iii) no
+  score range (order statistics of the raw scores; +∞ when ℓ_j > n_j).
 """
 
 from __future__ import annotations

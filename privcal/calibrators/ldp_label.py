@@ -13,6 +13,24 @@ and corrects for the known noise channel:
 
 and releases the "last crossing" of the target (SPEC §6 Decision) instead of the paper's
 bisection.
+
+Review (issue 14.8)
+-------------------
+- **Privacy claim**: label-only ε-local DP for each participating subject,
+  recorded as ``LocalDP(ε)``. Neighbouring relation: any two labels of one
+  subject; the features are sent in the clear (``privacy["neighbouring"]``).
+- **Sensitivity**: not applicable (local randomizer): k-RR keeps the label
+  w.p. e^ε/(e^ε+k−1), a likelihood ratio ≤ e^ε.
+- **Sampler**: the client's k-RR is exact (integer ``randrange``) from the OS
+  CSPRNG; the aggregator here adds no noise.
+- **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
+  users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
+  ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven DKW–Massart + McDiarmid slack
+  (:func:`label_slack`). Assumptions, each enforced: (i) i.i.d. (x, y); (ii)
+  k equals the probabilities' columns (checked; by default k is read from
+  them); (iii) the labels were randomized by k-RR with this ε (the users'
+  side; not checkable from the data); (iv) no score range: the threshold is a
+  candidate score, or +∞ when F̂ᶜ does not stay above the target.
 """
 
 from __future__ import annotations

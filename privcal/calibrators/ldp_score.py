@@ -17,6 +17,27 @@ probability ≥ 1 − δ, every round's estimate within
 
 This equals SPEC's c·√(T·ln(2T/δ)/(2n)) when T divides n; otherwise n' < n/T and the n'
 form is the one that is valid (the n − T·n' left-over users are never asked).
+
+Review (issue 14.8)
+-------------------
+- **Privacy claim**: ε-local DP for each participating subject, for (x, y)
+  jointly, recorded as ``LocalDP(ε)`` and charged to each subject once.
+  Neighbouring relation: any two inputs of one subject (``privacy["neighbouring"]``).
+- **Sensitivity**: not applicable (local randomizer): one binary randomized
+  response keeps the bit w.p. e^ε/(e^ε+1), a likelihood ratio ≤ e^ε.
+- **Sampler**: the client's bit flip is exact (``randrange`` comparison on
+  integers, :mod:`~privcal.calibrators.mechanisms.randomized_response`) from the
+  OS CSPRNG; the simulated users of :func:`simulate` draw from a seeded
+  generator and are a simulation of the clients, not a privacy mechanism.
+- **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
+  users' responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_S) or ≥ 1−α−Δ_S
+  (``nominal``) (seed 004, Thm 4 with Hoeffding per group). Assumptions, each
+  enforced: (i) i.i.d. subjects, randomly assigned to disjoint groups
+  (:func:`assign_groups`; each subject answers once, enforced by sessions);
+  (ii) each round has ≥ n' reports (``advance`` refuses fewer); (iii) **no
+  score range is assumed**: the queries are about the raw scores, and when the
+  rounds run out without a backing estimate the release is +∞, never the
+  public ``upper``; scores below ``lower`` only make the threshold conservative.
 """
 
 from __future__ import annotations

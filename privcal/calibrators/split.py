@@ -4,6 +4,12 @@ Vovk, Gammerman, Shafer, *Algorithmic Learning in a Random World* (2005);
 Lei, G'Sell, Rinaldo, Tibshirani, Wasserman, *Distribution-Free Predictive
 Inference for Regression* (JASA 2018), Thm 2.2 (the 1−α+1/(n+1) upper bound);
 as summarised in Romanus & Molinari (seed 003), §2, eq. for Ĉ(X_test).
+
+Review (issue 14.8): **privacy** none (allowed only on a dataset whose policy
+permits non-private releases); no sensitivity or sampler. **Coverage**:
+P(Y ∈ C(X)) ≥ 1−α marginally over the calibration data and the test point,
+≤ 1−α+1/(n+1) without ties; assumptions: (i) exchangeable scores (the user's
+data), (ii) none on their range (the r-th smallest raw score, +∞ when r > n).
 """
 
 from __future__ import annotations
