@@ -92,7 +92,8 @@ def test_with_a_covering_public_range_the_threshold_is_finite_and_valid(
     for trial in range(30):
         pred, y = _residuals(100 + trial, 4000)
         rel = accountant.calibrate(method, dataset="d", probs=pred, labels=y, score="absolute",
-                                   alpha=0.1, upper=5.0, rng=random.Random(trial), **cost)  # fmt: skip
+                                   alpha=0.1, upper=5.0, rng=random.Random(trial),
+                                   **cost)  # fmt: skip
         assert math.isfinite(rel.threshold)
         cov.append(_residual_coverage(rel.threshold))
     # marginal bound 0.9; the mean of 30 conditional coverages (sd ≈ 0.01 each)
@@ -344,7 +345,8 @@ def test_agents_are_bounded_before_any_planning() -> None:
 
 
 def test_old_parameter_names_are_still_read() -> None:
-    assert PCOQSParams.model_validate({"alpha": 0.1, "rho": 1, "beta": 0.2}).failure_probability == 0.2
+    old = PCOQSParams.model_validate({"alpha": 0.1, "rho": 1, "beta": 0.2})
+    assert old.failure_probability == 0.2
     assert LDPLabelParams.model_validate(
         {"alpha": 0.1, "epsilon": 1, "k": 3, "delta": 0.01}
     ).failure_probability == 0.01

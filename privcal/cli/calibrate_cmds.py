@@ -71,8 +71,8 @@ def apply_deprecated(params_model: type, kw: dict[str, Any], params: dict[str, A
         value = kw.pop(_alias_dest(old), None)
         if value is None:
             continue
-        given = ctx is not None and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-        if given:
+        source = ctx.get_parameter_source(name) if ctx is not None else None
+        if source == click.core.ParameterSource.COMMANDLINE:
             new = "--" + name.replace("_", "-")
             raise InvalidInput(f"give {new} or its deprecated spelling --{old}, not both")
         params[name] = value

@@ -20,12 +20,15 @@ def _fmt(x: float | int | None, spec: str = ".4g") -> str:
 @click.option("--epsilon", type=float, required=True, help="Local ε each subject spends.")
 @click.option("--alpha", type=float, required=True, help="Miscoverage level α.")
 @click.option(
-    "--delta",
+    "--failure-probability",
+    "failure_probability",
     type=float,
-    default=0.001,
-    show_default=True,
-    help="Failure probability δ of the coverage bound.",
+    default=None,
+    help="Failure probability δ of the coverage bound (over the data and the users' "
+    "randomized responses; not a DP δ)  [default: 0.001]",
 )
+@click.option("--delta", type=float, default=None, hidden=True,
+              help="Deprecated spelling of --failure-probability.")
 @click.option(
     "--slack",
     type=float,
@@ -44,14 +47,19 @@ def advise_cmd(
     k: int,
     epsilon: float,
     alpha: float,
-    delta: float,
+    failure_probability: float | None,
+    delta: float | None,
     slack: float | None,
     rounds: int | None,
     as_json: bool,
 ) -> None:
     """Compare LDP-CP-L (Δ_L) and LDP-CP-S (Δ_S) for N subjects, K classes and ε."""
     from privcal.calibrators.advisor import advise
+    from privcal.errors import InvalidInput
 
+    if delta is not None and failure_probability is not None:
+        raise InvalidInput("give --failure-probability or its deprecated spelling --delta")
+    delta = next((v for v in (failure_probability, delta) if v is not None), 0.001)
     adv = advise(n, k, epsilon, alpha, delta, slack=slack, rounds=rounds)
 
     def human() -> None:
