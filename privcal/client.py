@@ -16,7 +16,7 @@ see :mod:`privcal.client_http`.
 
 Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``
 (its ℓ-th smallest score) or ``fedcp2_qq_message(scores, plan)`` (an ε-DP bin from the
-public grid on [0, S_max]).
+public grid on [lower, upper]).
 """
 
 from __future__ import annotations

@@ -407,3 +407,24 @@ def test_label_scores_of_absolute_exceed_one() -> None:
     assert (label_scores("absolute", pred, y) > 1).mean() > 0.15
     p, lab = _classification(0, 1000)
     assert (label_scores("raps", p, lab, rng=random.Random(0), **RAPS) > 1).mean() > 0.3
+
+
+def test_fedcp2_qq_grid_takes_lower_and_upper() -> None:
+    """``smax`` became ``upper``, with a ``lower``: the grid is [lower, upper]."""
+    from privcal.calibrators.federated_agent import bin_grid, check_message
+
+    g = np.random.default_rng(3)
+    s = g.uniform(-1, 1, 20 * 150)
+    agents = np.repeat(np.arange(20), 150)
+    params = FedCP2QQParams(alpha=0.1, epsilon=10.0, lower=-1.0, upper=1.0)
+    shape = DataShape(n=s.size, group_sizes=(150,) * 20)
+    res = FedCP2QQ().calibrate(CalibrationInput(scores=s, agents=agents), params,
+                               random.Random(0))  # fmt: skip
+    plan = FedCP2QQ().plan(params, shape)
+    e = bin_grid(plan)
+    assert e[0] == -1.0 and e[-1] == 1.0
+    assert all(check_message(m, plan) in set(e.tolist()) for m in res.diagnostics["messages"])
+    assert -1.0 <= res.threshold < 1.0 or res.threshold == math.inf
+    assert FedCP2QQ().guarantee(params, shape).details["lower"] == -1.0
+    with pytest.raises(ValueError, match="lower"):
+        FedCP2QQParams(alpha=0.1, epsilon=1.0, lower=2.0, upper=1.0)

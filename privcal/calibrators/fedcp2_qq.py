@@ -196,7 +196,7 @@ class FedCP2QQ:
                 "privacy": (
                     f"each agent {p.epsilon:g}-DP w.r.t. its own scores (local DP at agent level)"
                 ),
-                "top_bin": "an aggregate on the top grid point (upper) is released as +inf",
+                "top_bin": "an aggregate on the top grid point S_max is released as +inf",
                 **(
                     {
                         "pinned": (

@@ -275,7 +275,8 @@ class LDPLabel:
             failure_probability=delta,
             over="the calibration data and the users' randomized responses",
             statement=(
-                f"With probability ≥ {1 - delta:g}, coverage ≥ {lower:.6g} "
+                f"With probability ≥ {1 - delta:g} over the calibration data and the users' "
+                f"randomized responses, P(Y ∈ C(X) | calibration) ≥ {lower:.6g} "
                 f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}); privacy: {PRIVACY_NOTE}."
             ),
             details={

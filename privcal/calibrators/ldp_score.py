@@ -444,7 +444,8 @@ class LDPScore:
             failure_probability=params.delta,
             over="the calibration data and the users' randomized responses",
             statement=(
-                f"With probability ≥ {1 - params.delta:g}, coverage ≥ {lower:.6g} "
+                f"With probability ≥ {1 - params.delta:g} over the calibration data and the "
+                f"users' randomized responses, P(Y ∈ C(X) | calibration) ≥ {lower:.6g} "
                 f"(LDP-CP-S, {mode}, Δ_S = {proto.slack:.6g}, T = {proto.rounds}, "
                 f"n' = {proto.group_size}); privacy: ε-LDP for features and label."
             ),

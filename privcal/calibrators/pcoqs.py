@@ -299,7 +299,8 @@ class PCOQS:
                 f"the calibration data and the test point (marginal, not per release) and E, "
                 f"the event that all N = {n_steps} noisy counts are within τ = {tau:.4g} of "
                 f"the true counts, depends on the noise alone and has P(E) ≥ {1 - beta:.6g} "
-                f"(seed 003, Thm 2; target rank {r} of n = {n})"
+                f"(seed 003, Thm 2; target rank {r} of n = {n}; the upper bound also needs no "
+                f"ties and every score ≤ upper, the lower bound needs neither)"
             ),
             details=details,
         )

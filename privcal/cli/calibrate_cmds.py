@@ -391,6 +391,9 @@ def methods(as_json: bool) -> None:
         reg = registry.get(name)
         cal = reg.calibrator
         fields = cal.Params.model_fields
+        aliases: dict[str, list[str]] = {}
+        for old, new in deprecated_aliases(cal.Params).items():
+            aliases.setdefault(new, []).append(old)
         rows.append(
             {
                 "name": name,
@@ -406,6 +409,11 @@ def methods(as_json: bool) -> None:
                         if f.is_required()
                         else f.get_default(call_default_factory=True),
                         "description": f.description,
+                        **(
+                            {"deprecated_aliases": sorted(aliases[k])}
+                            if aliases.get(k)
+                            else {}
+                        ),
                     }
                     for k, f in fields.items()
                 },

@@ -31,12 +31,13 @@ class SessionOpen(BaseModel):
     group_size: int | None = Field(default=None, ge=1, le=100_000_000)
     lower: float = 0.0
     upper: float = 1.0
-    delta: float = 0.001
+    failure_probability: float | None = None
+    delta: float = 0.001  # deprecated spelling of failure_probability
     nominal: bool = False
     agents: int | None = Field(default=None, ge=1, le=1_000_000)
     local_n: int | None = Field(default=None, ge=1, le=100_000_000)
     bins: int = Field(default=100, ge=2, le=1_000_000)
-    smax: float = 1.0
+    smax: float | None = None  # deprecated spelling of upper (fedcp2-qq)
     shuffled: bool = False
 
 
