@@ -190,6 +190,8 @@ def test_fedcp_qq_session_is_not_charged(accountant: Any) -> None:
     info = S.open_session(acct, "fedcp-qq", dataset="np", alpha=0.1, agents=5, local_n=10)
     plan = plan_fedcp_qq(5, 10, 0.1)
     assert info.plan is not None and info.plan["l"] == plan.l
+    # the session says what it stores: raw order statistics, not DP outputs (issue 16.6)
+    assert "raw order statistic" in info.reports_are and "not private" in info.reports_are
     rng = random.Random(1)
     msgs = [fedcp_qq_message(np.array([rng.random() for _ in range(10)]), plan)
             for _ in range(5)]
@@ -228,10 +230,12 @@ def test_tampered_session_rows_fail_verification(accountant: Any) -> None:
     acct.ledger.verify()
 
     def drop_report(s: Any) -> None:
-        s.execute(SessionReport.__table__.delete().where(SessionReport.subject == "a"))
+        s.execute(SessionReport.__table__.delete().where(
+            SessionReport.subject == acct.ledger.pseudonyms(["a"])[0]))
 
     acct.ledger.write(drop_report)
-    with pytest.raises(AuditFailed, match="stored reports"):
+    # the batch's entry commits to its reports (issue 16.3): the entry is named
+    with pytest.raises(AuditFailed, match=r"audit entry \d+: session \d+'s reports of batch 1"):
         acct.ledger.verify()
 
 
@@ -243,7 +247,9 @@ def test_awkward_subject_ids_round_trip(accountant: Any) -> None:
     assert S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1]).accepted == 5
     with acct.ledger.read() as s:
         stored = sorted(s.scalars(select(SessionReport.subject)))
-    assert stored == sorted(odd)
+    # stored as keyed pseudonyms (issue 16.6), one per id, never the id itself
+    assert stored == sorted(acct.ledger.pseudonyms(odd).tolist())
+    assert not set(stored) & set(odd)
     again = S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1])
     assert again.reasons == {"subject already reported in this session": 5}
     assert all(acct.subject_spend("d", x) == Decimal("1.5") for x in odd)

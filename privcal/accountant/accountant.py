@@ -15,8 +15,18 @@ nothing. See DESIGN.md, "The flow of one calibration", for :meth:`Accountant.run
 - ``charge_subjects``: the first occurrence of a subject in a batch is charged,
   later occurrences are rejected as duplicates. A batch in which no subject can
   be charged is refused (nothing written) unless ``refuse_if_none=False``.
-  Replaying its idempotency key returns the recorded counts (the mask is not
-  stored: subject ids never enter the log).
+  Subject ids are stored only as keyed pseudonyms (:mod:`privcal.storage.pseudonyms`);
+  the pseudonyms a batch charged are kept (``charge_members``) and committed in
+  its audit entry, so ``audit verify`` recomputes every per-subject spend.
+- **Idempotency keys bind the whole request** (issue 16 item 1, issue 14 item 5).
+  The first use of a key stores ``request_digest`` = SHA-256 of the canonical JSON
+  of the request: its kind (``charge``, ``calibrate``, ``subjects``), dataset,
+  method, every parameter, the cost, the public shape (n, k, group sizes — never
+  the data) and, for a subject batch, a *keyed* digest of the ordered subject list
+  (HMAC with the ledger secret, never a plain hash of ids). The same key with the
+  same request replays the original result; any difference is
+  :class:`~privcal.errors.InvalidInput` naming the key. Charges made before
+  migration 0004 have no digest: their key is compared on kind and cost only.
 - ``run`` checks everything that needs only the parameters and the public shape
   (``calibrator.guarantee``, e.g. an infeasible plan) before the charge, and — for
   local-DP methods — again inside the charge transaction for the subjects actually
@@ -25,15 +35,18 @@ nothing. See DESIGN.md, "The flow of one calibration", for :meth:`Accountant.run
   release's ``diagnostics["dropped_rows"]`` (counts, never ids). A shuffled run is
   refused unless the dataset has an (ε, δ) cap that is charged the amplified cost
   (:func:`privcal.accountant.amplification.check_shuffled_dataset`, issue 14.5).
-- ``run`` with an idempotency key whose charge already has a release returns
-  that release; if the charge has no release (a crash between charge and
-  release), the calibration runs again under the same charge — only one
-  output is ever released for it.
+- ``run`` with an idempotency key holds a per-key lock (:meth:`Ledger.key_lock`)
+  from the charge to the release, so concurrent retries wait for the first and
+  return its release. If the charge has no release (the first crashed; its lock
+  died with it), the calibration runs again under the same charge — only one
+  output is ever released for it. A local-DP batch's accepted rows are recovered
+  from its stored pseudonyms.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -62,8 +75,30 @@ from privcal.calibrators.validation import group_sizes, id_strings
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import AlreadyExists, BudgetRefused, InvalidInput, NotFound
 from privcal.storage import Ledger
-from privcal.storage.audit import charge_doc, dataset_doc, now, release_doc, threshold_str
-from privcal.storage.models import SUBJECT_UNIT, Charge, Dataset, ReleaseRow, SubjectSpend
+from privcal.storage.audit import (
+    canonical,
+    charge_doc,
+    dataset_doc,
+    now,
+    release_doc,
+    threshold_str,
+)
+from privcal.storage.models import (
+    SUBJECT_UNIT,
+    Charge,
+    ChargeMembers,
+    Dataset,
+    ReleaseRow,
+    SubjectSpend,
+)
+from privcal.storage.pseudonyms import (
+    PSEUDONYM_BYTES,
+    hex_of,
+    key_id,
+    members_digest,
+    pseudonyms_raw,
+    subjects_digest,
+)
 from privcal.storage.records import ReleaseRecord, UTCDateTime
 
 __all__ = [
@@ -447,6 +482,62 @@ def json_safe(obj: Any) -> Any:
     raise InvalidInput(f"cannot store a {type(obj).__name__} in a release")
 
 
+def request_digest(request: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the RFC 8785 canonical JSON of an idempotent request (issue 16.1)."""
+    return hashlib.sha256(canonical(json_safe(request)).encode("utf-8")).hexdigest()
+
+
+def _check_replay(old: Charge, key: str, digest: str | None, *, scope: str,
+                  same_cost: bool) -> None:
+    """InvalidInput naming ``key`` unless ``old`` was charged for this very request."""
+    if old.request_digest is not None:
+        same = old.request_digest == digest
+    else:  # a charge from before migration 0004: only its scope and cost are known
+        same = old.scope == scope and same_cost
+    if not same:
+        what = (f"a local-DP batch (ε0 {acc.dstr(old.eps0)})" if old.scope == "subjects"
+                else f"{(old.purpose or 'a charge')!r}")
+        raise InvalidInput(
+            f"idempotency key {key!r} was already used for a different charge or request (charge "
+            f"{old.id}: {what}); a key binds the whole request — kind, dataset, method, every "
+            "parameter, the cost and the data's public shape: use a new key")
+
+
+def members_of(s: Session | Connection, charge_id: int) -> np.ndarray:
+    """The pseudonyms (hex) a local-DP charge charged, from ``charge_members``."""
+    blob = s.scalar(select(ChargeMembers.members).where(ChargeMembers.charge_id == charge_id))
+    if blob is None:
+        return np.zeros(0, dtype="<U64")
+    h = bytes(blob).hex()
+    w = 2 * PSEUDONYM_BYTES
+    return np.asarray([h[i:i + w] for i in range(0, len(h), w)], dtype="<U64")
+
+
+def members_commitment(key_id: str, accepted: np.ndarray, *,
+                       presorted: bool = False) -> tuple[bytes, str]:
+    """(blob, members_digest) of the distinct pseudonyms a charge charged: the blob is what
+    ``charge_members`` stores (sorted, 32 raw bytes each), the digest what its entry commits."""
+    if accepted.dtype.kind == "S":  # raw 32-byte pseudonyms
+        acc = accepted if presorted else np.sort(accepted)
+        blob = np.ascontiguousarray(acc).tobytes()
+    else:  # hex; lowercase hex sorts as the bytes it encodes
+        acc_hex = np.asarray(accepted, dtype="<U64")
+        if not presorted:
+            acc_hex = np.sort(acc_hex)
+        blob = bytes.fromhex("".join(acc_hex.tolist()))
+    return blob, members_digest(key_id, blob)
+
+
+def record_members(s: Session, key_id: str, charge: Charge, accepted: np.ndarray, *,
+                   presorted: bool = False) -> None:
+    """Store the (distinct) pseudonyms ``charge`` (an ORM row) charged and commit to them in
+    its row. Call before the charge's audit entry is queued: ``members_digest`` is part of it.
+    """
+    blob, charge.members_digest = members_commitment(key_id, accepted, presorted=presorted)
+    s.flush()
+    s.add(ChargeMembers(charge_id=charge.id, members=blob))
+
+
 def _text(value: str | None, what: str, limit: int = 200) -> str | None:
     if value is None:
         return None
@@ -570,11 +661,14 @@ class Accountant:
         purpose: str | None = None,
         requester: str | None = None,
         idempotency_key: str | None = None,
+        request: dict[str, Any] | None = None,
     ) -> ChargeReceipt:
         """Charge a central cost to ``dataset`` atomically, or raise BudgetRefused writing nothing.
 
-        A repeated ``idempotency_key`` returns the original receipt (``replayed=True``) and
-        records nothing; reusing a key for a different cost is an error.
+        A repeated ``idempotency_key`` with the same request (cost, purpose, dataset) returns
+        the original receipt (``replayed=True``) and records nothing; reusing a key for any
+        other request is an error naming the key (see the module docstring). ``request`` is
+        internal: :meth:`run` passes the whole calibration request the key binds.
         """
         if isinstance(cost, LocalDP):
             raise InvalidInput("a local-DP cost is charged per subject: use charge_subjects")
@@ -584,23 +678,26 @@ class Accountant:
         purpose = _text(purpose, "purpose", 10_000)
         requester = _text(requester, "requester")
         key = _text(idempotency_key, "idempotency key")
+        digest = None
+        if key is not None:
+            req = request if request is not None else {"kind": "charge", "purpose": purpose}
+            digest = request_digest({**req, "dataset": dataset, "cost": _cost_json(cost)})
 
         def tx(conn: Connection) -> ChargeReceipt:
             ds = self.ledger.dataset_row(conn, dataset)
             if key is not None:
                 old = self.ledger.charge_by_key(conn, ds.id, key)
                 if old is not None:
-                    if _cost_json(_charge_cost(old)) != _cost_json(cost) or old.scope != "dataset":
-                        raise InvalidInput(f"idempotency key {key!r} was already used for a "
-                                           "different charge")
+                    _check_replay(old, key, digest, scope="dataset",
+                                  same_cost=_cost_json(_charge_cost(old)) == _cost_json(cost))
                     return _receipt(old, ds, replayed=True)
-            return self._charge_central_core(conn, ds, cost, purpose, requester, key)
+            return self._charge_central_core(conn, ds, cost, purpose, requester, key, digest)
 
         return self.ledger.write_core(tx)
 
     def _charge_central_core(self, conn: Connection, ds: Any, cost: CentralCost,
                              purpose: str | None, requester: str | None,
-                             key: str | None) -> ChargeReceipt:
+                             key: str | None, digest: str | None = None) -> ChargeReceipt:
         """:meth:`_charge_central` on a Core connection (``ds``: the locked dataset row).
 
         Hot path: the budget check and the audit document are built in Python between the
@@ -614,6 +711,7 @@ class Accountant:
             "rho": getattr(cost, "rho", None), "eps0": None, "subjects_accepted": None,
             "subjects_rejected": None, "purpose": purpose, "requester": requester,
             "idempotency_key": key, "created_at": now(),
+            "request_digest": digest if key is not None else None, "members_digest": None,
         }
         cid = self.ledger.insert_charge(conn, values, _spent_columns(after))
         c = SimpleNamespace(id=cid, **values)
@@ -631,13 +729,14 @@ class Accountant:
                                               Charge.idempotency_key == key)).first()
 
     def _charge_central(self, s: Session, ds: Dataset, cost: CentralCost, purpose: str | None,
-                        requester: str | None, key: str | None) -> Charge:
+                        requester: str | None, key: str | None,
+                        digest: str | None = None) -> Charge:
         after = acc.check_charge(_policy(ds), _spent(ds), cost, scope=f"dataset {ds.name!r}")
         c = Charge(
             dataset_id=ds.id, scope="dataset", notion=cost.kind,
             epsilon=getattr(cost, "eps", None), delta=getattr(cost, "delta", None),
             rho=getattr(cost, "rho", None), purpose=purpose, requester=requester,
-            idempotency_key=key, created_at=now(),
+            idempotency_key=key, created_at=now(), request_digest=digest if key else None,
         )
         s.add(c)
         _set_spent(ds, after)
@@ -657,6 +756,7 @@ class Accountant:
         requester: str | None = None,
         idempotency_key: str | None = None,
         refuse_if_none: bool = True,
+        request: dict[str, Any] | None = None,
     ) -> SubjectChargeResult:
         """Charge ε0 (local DP) to each listed subject against the dataset's per-subject cap.
 
@@ -664,8 +764,11 @@ class Accountant:
         charged: ``accepted_mask`` says who was. ``central_cost`` (e.g. the amplified
         (ε, δ) of a shuffled protocol) is charged to the dataset in the same transaction; it
         may be a function of ``accepted_mask``, evaluated once the accepted subjects are known.
-        One audit entry records the counts and ε0, never the ids. Bulk: one temporary
-        table and two set-based statements, so 10⁶ subjects take seconds.
+        One audit entry records the counts, ε0 and a digest of the charged pseudonyms, never
+        the ids. Bulk: one temporary table and two set-based statements, so 10⁶ subjects take
+        seconds. An ``idempotency_key`` binds ε0, the purpose, the central cost and a keyed
+        digest of the ordered subject list (module docstring); a replay returns the recorded
+        counts and, recovered from the stored pseudonyms, ``accepted_mask``.
         """
         cost0 = eps0 if isinstance(eps0, LocalDP) else LocalDP(eps0=_amount(eps0, "ε0"))
         cost0 = normalize_cost(cost0)  # type: ignore[assignment]
@@ -685,7 +788,7 @@ class Accountant:
         sids = id_strings(subject_ids, "subject ids")  # one normalisation everywhere (14.4)
         if sids.size == 0:
             raise InvalidInput("subject_ids must be a non-empty 1-D sequence")
-        uniq, first = np.unique(sids, return_index=True)
+        uniq, first, inverse = np.unique(sids, return_index=True, return_inverse=True)
         is_first = np.zeros(sids.shape[0], dtype=bool)
         is_first[first] = True
         n_dup = int(sids.shape[0] - uniq.shape[0])
@@ -693,23 +796,42 @@ class Accountant:
         requester = _text(requester, "requester")
         key = _text(idempotency_key, "idempotency key")
         e_units = int(cost0.eps0 / SUBJECT_UNIT)
+        skey = self.ledger.subject_key()
+        kid = key_id(skey)
+        # what the ledger stores, never the ids; staged in pseudonym order, so that the
+        # primary-key B-tree is filled in key order (random order is ~4× slower on SQLite)
+        raw = pseudonyms_raw(skey, uniq.tolist())
+        by_key = np.argsort(raw)
+        raw_sorted = raw[by_key]
+        pseud, pseud_sorted = hex_of(raw), hex_of(raw_sorted)
+        digest = None
+        if key is not None:
+            req = request if request is not None else {
+                "kind": "subjects", "purpose": purpose,
+                "central_cost": ("computed from the accepted subjects" if callable(central_cost)
+                                 else _cost_json(central_of(np.ones(0, dtype=bool)))
+                                 if central_cost is not None else None)}
+            digest = request_digest({**req, "dataset": dataset, "eps0": acc.dstr(cost0.eps0),
+                                     "subjects": subjects_digest(skey, sids.tolist())})
 
         def tx(conn: Connection) -> SubjectChargeResult:
             ds = self.ledger.dataset_row(conn, dataset)
             if key is not None:
                 old = self.ledger.charge_by_key(conn, ds.id, key)
                 if old is not None:
-                    if old.scope != "subjects" or old.eps0 != cost0.eps0:
-                        raise InvalidInput(f"idempotency key {key!r} was already used for a "
-                                           "different charge")
+                    _check_replay(old, key, digest, scope="subjects",
+                                  same_cost=old.eps0 == cost0.eps0)
                     central_old = self.ledger.charge_by_key(conn, ds.id, f"{key}#central")
+                    mask = None
+                    if old.members_digest is not None:  # recover who was charged
+                        mask = is_first & np.isin(pseud, members_of(conn, old.id))[inverse]
                     return SubjectChargeResult(
                         charge_id=old.id, dataset=ds.name, eps0=cost0.eps0,
                         accepted=old.subjects_accepted or 0, rejected=old.subjects_rejected or 0,
                         rejected_over_cap=(old.subjects_rejected or 0) - n_dup,
-                        rejected_duplicate=n_dup, accepted_mask=None,
+                        rejected_duplicate=n_dup, accepted_mask=mask,
                         central=_receipt(central_old, ds, replayed=True) if central_old else None,
-                        replayed=True, reason="replayed: the mask is not stored",
+                        replayed=True, reason="replayed",
                     )
             if ds.subject_epsilon is None:
                 raise BudgetRefused(
@@ -719,17 +841,19 @@ class Accountant:
                 )
             cap_units = int(ds.subject_epsilon / SUBJECT_UNIT)
             if e_units > cap_units:
-                over = [str(u) for u in uniq]
+                over_u = np.ones(uniq.shape[0], dtype=bool)
             else:
-                over = self._bulk_subjects(conn, ds.id, uniq, e_units, cap_units)
-            accepted_mask = is_first & ~np.isin(sids, np.asarray(over, dtype=sids.dtype))
+                over = self._bulk_subjects(conn, ds.id, pseud_sorted, e_units, cap_units)
+                over_u = np.isin(pseud, np.asarray(over, dtype="<U64"))
+            n_over = int(over_u.sum())
+            accepted_mask = is_first & ~over_u[inverse]
             n_acc = int(accepted_mask.sum())
             n_rej = int(sids.shape[0] - n_acc)
             if n_acc == 0 and refuse_if_none:
                 raise BudgetRefused(
                     f"budget refused on the subjects of dataset {ds.name!r}: asked "
                     f"{cost0.describe()}, no listed subject has that much left of its "
-                    f"ε cap {acc.dstr(ds.subject_epsilon)} ({len(over)} over cap, "
+                    f"ε cap {acc.dstr(ds.subject_epsilon)} ({n_over} over cap, "
                     f"{n_dup} duplicates)",
                     scope=f"dataset {ds.name!r} subjects", asked=cost0.describe(),
                     remaining="0 for every listed subject",
@@ -740,21 +864,25 @@ class Accountant:
             central = None
             if cc is not None:
                 central = self._charge_central_core(
-                    conn, ds, cc, purpose, requester, f"{key}#central" if key is not None else None
+                    conn, ds, cc, purpose, requester, f"{key}#central" if key is not None else None,
+                    digest,
                 )
+            blob, mdigest = members_commitment(kid, raw_sorted[~over_u[by_key]], presorted=True)
             values: dict[str, Any] = {
                 "dataset_id": ds.id, "scope": "subjects", "notion": "local", "epsilon": None,
                 "delta": None, "rho": None, "eps0": cost0.eps0, "subjects_accepted": n_acc,
                 "subjects_rejected": n_rej, "purpose": purpose, "requester": requester,
-                "idempotency_key": key, "created_at": now(),
+                "idempotency_key": key, "created_at": now(), "request_digest": digest,
+                "members_digest": mdigest,
             }
             c = SimpleNamespace(id=self.ledger.insert_charge(conn, values), **values)
+            self.ledger.insert_members(conn, c.id, blob)
             self.ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
-            reason = (f"{len(over)} subject(s) over the per-subject cap "
+            reason = (f"{n_over} subject(s) over the per-subject cap "
                       f"{acc.dstr(ds.subject_epsilon)}, {n_dup} duplicate(s) in the batch")
             return SubjectChargeResult(
                 charge_id=c.id, dataset=ds.name, eps0=cost0.eps0, accepted=n_acc,
-                rejected=n_rej, rejected_over_cap=len(over), rejected_duplicate=n_dup,
+                rejected=n_rej, rejected_over_cap=n_over, rejected_duplicate=n_dup,
                 accepted_mask=accepted_mask,
                 central=central,
                 reason=reason,
@@ -766,7 +894,8 @@ class Accountant:
                        e_units: int, cap_units: int) -> list[str]:
         """Charge ``e_units`` to each (distinct) subject that has room; return those that had not.
 
-        ``uniq`` is already distinct, so the staging table needs no index: the join probes
+        ``uniq`` holds *pseudonyms* (:meth:`privcal.storage.Ledger.pseudonyms`), already
+        distinct, so the staging table needs no index: the join probes
         subject_spend's primary key.
         """
         conn = s.connection() if isinstance(s, Session) else s
@@ -838,12 +967,14 @@ class Accountant:
             )
 
     def subject_spend(self, name: str, subject_id: Any) -> Decimal:
-        """ε0 spent so far by one subject of ``name`` (0 if never charged)."""
+        """ε0 spent so far by one subject of ``name`` (0 if never charged); looked up by its
+        pseudonym."""
         sid = str(id_strings([subject_id], "subject id")[0])  # the one id normalisation
         with self.ledger.read() as s:
             ds = self._get(s, name)
             units = s.scalar(select(SubjectSpend.spent_units).where(
-                SubjectSpend.dataset_id == ds.id, SubjectSpend.subject == sid))
+                SubjectSpend.dataset_id == ds.id,
+                SubjectSpend.subject == self.ledger.pseudonyms([sid])[0]))
             return Decimal(acc.dstr(Decimal(int(units or 0)) * SUBJECT_UNIT))
 
     def subject_summary(self, name: str) -> SubjectSummary:
@@ -1068,7 +1199,43 @@ class Accountant:
         refused subjects are known, because fewer shuffled reports amplify less. ``classes``
         is the number of classes k of the probabilities that precomputed scores came from:
         it is recorded in the release's shape, and ``predict_set`` refuses another k.
+
+        With an ``idempotency_key`` the key binds the whole request (method, params, cost,
+        public shape, subjects) and the run holds the key's lock (:meth:`Ledger.key_lock`)
+        from charge to release: a concurrent retry waits and returns the one release.
         """
+        if idempotency_key is None:
+            return self._run(calibrator, params, data, dataset=dataset, requester=requester,
+                             idempotency_key=None, rng=rng, registered=registered,
+                             privacy_extra=privacy_extra, central_cost=central_cost,
+                             extra_diagnostics=extra_diagnostics, shuffle=shuffle,
+                             classes=classes)
+        key = _text(idempotency_key, "idempotency key")
+        assert key is not None
+        with self.ledger.key_lock(dataset, key):
+            return self._run(calibrator, params, data, dataset=dataset, requester=requester,
+                             idempotency_key=key, rng=rng, registered=registered,
+                             privacy_extra=privacy_extra, central_cost=central_cost,
+                             extra_diagnostics=extra_diagnostics, shuffle=shuffle,
+                             classes=classes)
+
+    def _run(
+        self,
+        calibrator: Calibrator,
+        params: Any,
+        data: CalibrationInput,
+        *,
+        dataset: str,
+        requester: str | None,
+        idempotency_key: str | None,
+        rng: random.Random | None,
+        registered: Any,
+        privacy_extra: dict[str, Any] | None,
+        central_cost: CentralCost | None,
+        extra_diagnostics: dict[str, Any] | None,
+        shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None,
+        classes: int | None,
+    ) -> Release:
         if not isinstance(calibrator, Calibrator):
             raise InvalidInput(f"not a calibrator: {calibrator!r:.60}")
         if not isinstance(data, CalibrationInput):
@@ -1080,6 +1247,9 @@ class Accountant:
             raise InvalidInput(f"classes must be an integer ≥ 2, got {classes!r}")
         shape = self._shape(data, k=classes)
         cost = calibrator.cost(p, shape)
+        request = {"kind": "calibrate", "method": calibrator.name,
+                   "params": p.model_dump(mode="python"), "shape": shape.model_dump(mode="python"),
+                   "shuffled": shuffle is not None or central_cost is not None}
         if (central_cost is not None or shuffle is not None) and not isinstance(cost, LocalDP):
             raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                                "run); a central method's cost is charged as declared")
@@ -1133,13 +1303,20 @@ class Accountant:
 
             res = self.charge_subjects(dataset, cost, charged, central_cost=central,
                                        purpose=purpose, requester=requester,
-                                       idempotency_key=idempotency_key)
+                                       idempotency_key=idempotency_key, request=request)
             if res.replayed:
                 done = self._release_for_charge(res.charge_id)
                 if done is not None:
                     return done
-                raise InvalidInput(f"idempotency key {idempotency_key!r}: the local-DP batch was "
-                                   "charged but not released, and its accepted rows are unknown")
+                if res.accepted_mask is None:
+                    raise InvalidInput(
+                        f"idempotency key {idempotency_key!r}: the local-DP batch was charged "
+                        "before privcal recorded who it charged, and was not released; its "
+                        "accepted rows are unknown")
+                if shuffle is not None:  # the record of the crashed run, for the same rows
+                    m = res.accepted_mask
+                    shuffled.update(shuffle(self._shape(_rows(
+                        data, m[row_of] if row_of is not None else m)))[1])
             charge_ids.append(res.charge_id)
             if res.central is not None:
                 charge_ids.append(res.central.charge_id)
@@ -1157,7 +1334,7 @@ class Accountant:
                 shape = self._shape(data, k=classes)
         else:
             receipt = self.charge(dataset, cost, purpose=purpose, requester=requester,
-                                  idempotency_key=idempotency_key)
+                                  idempotency_key=idempotency_key, request=request)
             if receipt.replayed:
                 done = self._release_for_charge(receipt.charge_id)
                 if done is not None:
@@ -1201,16 +1378,19 @@ class Accountant:
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k in _CALIBRATE_OPTIONS}
         return _calibrate(self, method, {**(params or {}), **kwargs}, dataset=dataset, **opts)
 
-    def verify(self, expect_head: str | None = None) -> Any:
+    def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
+               trusted_key: Any = None, allow_unsigned_tail: bool = False) -> Any:
         """Verify the audit log and recompute every release's guarantees with the installed code.
 
         Returns an :class:`~privcal.accountant.verification.AuditReport`; raises
         :class:`~privcal.errors.AuditFailed` naming the first entry or release that does not
-        verify.
+        verify. ``signed_head`` + ``trusted_key``: see :meth:`privcal.storage.Ledger.verify`
+        and :mod:`privcal.storage.signing`.
         """
         from privcal.accountant.verification import verify
 
-        return verify(self, expect_head=expect_head)
+        return verify(self, expect_head=expect_head, signed_head=signed_head,
+                      trusted_key=trusted_key, allow_unsigned_tail=allow_unsigned_tail)
 
     def dry_run(self, calibrator: Calibrator, params: Any, shape: DataShape,
                 dataset: str) -> DryRun:

@@ -38,6 +38,7 @@ full; write the release when it finishes. If no row is accepted nothing is writt
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 from collections import Counter
@@ -47,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from privcal import checks
@@ -60,6 +61,8 @@ from privcal.accountant.accountant import (
     _text,
     json_safe,
     normalize_cost,
+    record_members,
+    request_digest,
 )
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
@@ -76,10 +79,11 @@ from privcal.calibrators.ldp_score import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, NotFound, PlanRejected
-from privcal.storage.audit import charge_doc, now, release_doc, threshold_str
+from privcal.storage.audit import canonical, charge_doc, now, release_doc, threshold_str
 from privcal.storage.models import SUBJECT_UNIT, Charge, Dataset, ReleaseRow
+from privcal.storage.pseudonyms import key_id, reports_digest, state_digest, subjects_digest
 from privcal.storage.records import UTCDateTime
-from privcal.storage.sessions import CollectionSession, SessionReport, session_doc
+from privcal.storage.sessions import CollectionSession, SessionBatch, SessionReport, session_doc
 
 __all__ = [
     "METHODS",
@@ -137,6 +141,17 @@ class SessionInfo(BaseModel):
     release_id: int | None = None
     threshold: float | None = None
     central_charge_id: int | None = None
+    #: what the stored reports are (FedCP-QQ: raw order statistics — not private)
+    reports_are: str = ""
+
+
+#: what ``session_reports.value`` holds, per method (issue 16 item 6: said in every record)
+REPORTS_ARE = {
+    "ldp-score": "randomized bits (each ε-local DP for its subject)",
+    "fedcp2-qq": "grid points (each ε-DP for its agent's data)",
+    "fedcp-qq": "each agent's raw order statistic of its own scores (not private: stored as "
+                "received, and revealed by the release)",
+}
 
 
 class SubmitResult(BaseModel):
@@ -153,6 +168,7 @@ class SubmitResult(BaseModel):
     epsilon: str | None
     advanced: bool
     session: SessionInfo
+    replayed: bool = False
 
 
 class _NothingAccepted(Exception):  # control flow only: never escapes this module
@@ -227,6 +243,7 @@ def _info_of(s: Session, row: CollectionSession, ds_name: str) -> SessionInfo:
         shuffled=bool(row.shuffled), requester=row.requester, params=row.params,
         created_at=row.created_at, updated_at=row.updated_at, total_reports=total,
         release_id=row.release_id, central_charge_id=st.get("central_charge_id"),
+        reports_are=REPORTS_ARE.get(row.method, ""),
     )
     if row.release_id is not None:
         thr = s.scalar(select(ReleaseRow.threshold).where(ReleaseRow.id == row.release_id))
@@ -290,7 +307,7 @@ def _release_in_tx(
     row.status = "released"
     acct.ledger.append_audit(s, "session_close", {
         "session_id": row.id, "status": "released", "release_id": rel.id,
-        "reports": int(row.state.get("total", 0))})
+        "reports": int(row.state.get("total", 0)), "state_digest": state_digest(row.state)})
     return rel
 
 
@@ -424,7 +441,6 @@ def open_session(
                                 created_at=t, updated_at=t)
         s.add(row)
         s.flush()
-        accountant.ledger.append_audit(s, "session_open", session_doc(row, ds.name))
         st = dict(state)
         if central is not None:
             c = accountant._charge_central(s, ds, central, f"session {row.id}: {method} "
@@ -432,6 +448,8 @@ def open_session(
             st["central_charge_id"] = c.id
         row.state = st
         s.flush()
+        accountant.ledger.append_audit(s, "session_open", {
+            **session_doc(row, ds.name), "status": row.status, "state_digest": state_digest(st)})
         return _info_of(s, row, ds.name)
 
     return accountant.ledger.write(tx)
@@ -505,27 +523,28 @@ _COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r
 
 
 def _insert_reports(acct: Accountant, s: Session, sid: int, rnd: int, subjects: list[str],
-                    values: list[str]) -> None:
-    """Bulk insert: COPY on PostgreSQL, one ``json_each`` statement on SQLite."""
+                    values: list[str], batch: int) -> None:
+    """Bulk insert (``subjects`` are pseudonyms): COPY on PostgreSQL, one ``json_each``
+    statement on SQLite."""
     t = now()
     conn = s.connection()
     if acct.ledger.backend == "postgresql":
         raw = conn.connection.driver_connection
         # one pre-formatted COPY text block: ~10× faster than write_row per report
         head, tail = f"{sid}\t", f"\t{rnd}\t"
-        ts = "\t" + t.isoformat() + "\n"
+        ts = "\t" + t.isoformat() + f"\t{batch}\n"
         block = "".join(head + subj.translate(_COPY_ESCAPE) + tail + val.translate(_COPY_ESCAPE)
                         + ts for subj, val in zip(subjects, values, strict=True))
         with raw.cursor() as cur, cur.copy(
-                "COPY session_reports (session_id, subject, round, value, received_at) "
+                "COPY session_reports (session_id, subject, round, value, received_at, batch) "
                 "FROM STDIN") as cp:
             cp.write(block)
         return
     conn.execute(text(
-        "INSERT INTO session_reports (session_id, subject, round, value, received_at) "
-        "SELECT :sid, json_extract(value, '$[0]'), :r, json_extract(value, '$[1]'), :t "
+        "INSERT INTO session_reports (session_id, subject, round, value, received_at, batch) "
+        "SELECT :sid, json_extract(value, '$[0]'), :r, json_extract(value, '$[1]'), :t, :b "
         "FROM json_each(:rows)"),
-        {"sid": sid, "r": rnd, "t": t.isoformat(sep=" "),
+        {"sid": sid, "r": rnd, "t": t.isoformat(sep=" "), "b": batch,
          "rows": json.dumps([[a, b] for a, b in zip(subjects, values, strict=True)])})
 
 
@@ -535,12 +554,17 @@ def submit_reports(
     subjects: Sequence[Any] | np.ndarray,
     values: Sequence[Any] | np.ndarray,
     rounds: Sequence[Any] | np.ndarray | None = None,
+    *,
+    idempotency_key: str | None = None,
 ) -> SubmitResult:
     """Ingest one batch of reports (subject id + bit, or agent id + message) in one
     transaction; see the module docstring for the filters, charging and advancing.
 
     Raises on a malformed batch (lengths differ, empty, float or over-long ids) or an
     unknown session; otherwise returns the counts, writing nothing if none is accepted.
+    ``idempotency_key`` (unique per session) binds the batch — a keyed digest of its
+    subject ids, values and rounds: the same key and batch return the recorded result
+    (``replayed=True``), a different batch is an error naming the key.
     """
     # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
     sids = id_strings(subjects, "subject ids")
@@ -553,9 +577,31 @@ def submit_reports(
     if vals.shape[0] != sids.shape[0]:
         raise InvalidInput(f"the batch has {sids.shape[0]} subject ids but {vals.shape[0]} values")
     n = int(sids.shape[0])
+    key = _text(idempotency_key, "idempotency key")
+    skey = accountant.ledger.subject_key()
+    pids = accountant.ledger.pseudonyms(sids.tolist())  # stored and looked up: never the ids
+    digest = None
+    if key is not None:
+        rnd = None if rounds is None else np.asarray(rounds, dtype=object).ravel().tolist()
+        body = canonical(json_safe([[str(v) for v in vals.tolist()], rnd]))
+        digest = request_digest({
+            "kind": "session batch", "session_id": str(session_id),
+            "subjects": subjects_digest(skey, sids.tolist()),
+            "reports": hmac.new(skey, body.encode("utf-8", "surrogatepass"),
+                                "sha256").hexdigest()})
 
     def tx(s: Session) -> SubmitResult:
         row, ds = _lock(accountant, s, session_id)
+        if key is not None:
+            done = s.scalars(select(SessionBatch).where(
+                SessionBatch.session_id == row.id, SessionBatch.idempotency_key == key)).first()
+            if done is not None:
+                if done.request_digest != digest:
+                    raise InvalidInput(
+                        f"idempotency key {key!r} was already used for a different batch of "
+                        f"session {row.id} (batch {done.batch}): use a new key")
+                return SubmitResult(**done.result, replayed=True,
+                                    session=_info_of(s, row, ds.name))
         why: Counter[str] = Counter()
         if row.status != "open":
             raise _NothingAccepted({LATE.format(status=row.status): n})
@@ -578,9 +624,9 @@ def submit_reports(
             # reports and probe the unindexed JSON array (quadratic)
             "SELECT j.value FROM json_each(:ids) j CROSS JOIN session_reports r "
             "WHERE r.session_id = :sid AND r.subject = j.value",
-            sorted(set(sids[valid].tolist())), {"sid": row.id})
+            sorted(set(pids[valid].tolist())), {"sid": row.id})
         if seen:
-            old = valid & np.isin(sids, np.asarray(sorted(seen), dtype=sids.dtype))
+            old = valid & np.isin(pids, np.asarray(sorted(seen), dtype=pids.dtype))
             why[ALREADY] += int(old.sum())
             valid &= ~old
         idx = np.flatnonzero(valid)
@@ -606,18 +652,19 @@ def submit_reports(
                     "subject = ANY(:ids) AND spent_units > :lim",
                     "SELECT j.value FROM json_each(:ids) j CROSS JOIN subject_spend p "
                     "WHERE p.dataset_id = :d AND p.subject = j.value AND p.spent_units > :lim",
-                    sids[cand].tolist(), {"d": ds.id, "lim": cap_units - e_units})
+                    pids[cand].tolist(), {"d": ds.id, "lim": cap_units - e_units})
                 if over:
-                    is_over = np.isin(sids[cand], np.asarray(sorted(over), dtype=sids.dtype))
+                    is_over = np.isin(pids[cand], np.asarray(sorted(over), dtype=pids.dtype))
                     why[OVER_CAP] += int(is_over.sum())
                     cand = cand[~is_over]
         chosen = cand[:need]
         why[EXTRA_AGENT if fed else ROUND_FULL] += int(cand.size - chosen.size)
         charge: Charge | None = None
         if charged and chosen.size:
-            late_over = accountant._bulk_subjects(s, ds.id, sids[chosen], e_units, cap_units)
+            late_over = accountant._bulk_subjects(s, ds.id, np.sort(pids[chosen]), e_units,
+                                                  cap_units)
             if late_over:
-                is_over = np.isin(sids[chosen], np.asarray(late_over, dtype=sids.dtype))
+                is_over = np.isin(pids[chosen], np.asarray(late_over, dtype=pids.dtype))
                 why[OVER_CAP] += int(is_over.sum())
                 chosen = chosen[~is_over]
         reasons = {k: v for k, v in why.items() if v}
@@ -634,10 +681,14 @@ def submit_reports(
             )
             s.add(charge)
             ds.charge_count += 1
+            record_members(s, key_id(skey), charge, pids[chosen])
             s.flush()
             accountant.ledger.append_audit(s, "charge", charge_doc(charge, ds.name))
         acc_vals = [stored[i] for i in chosen.tolist()]
-        _insert_reports(accountant, s, row.id, current, sids[chosen].tolist(), acc_vals)
+        batch = int(s.scalar(select(func.coalesce(func.max(SessionBatch.batch), 0))
+                             .where(SessionBatch.session_id == row.id)) or 0) + 1
+        acc_subj = pids[chosen].tolist()
+        _insert_reports(accountant, s, row.id, current, acc_subj, acc_vals, batch)
         st = dict(row.state)
         st["total"] = int(st.get("total", 0)) + n_acc
         if charge is not None:
@@ -659,21 +710,27 @@ def submit_reports(
         row.state = st
         row.updated_at = now()
         s.flush()
+        result = {"session_id": row.id, "batch_round": current, "accepted": n_acc,
+                  "rejected": n_rej, "reasons": dict(sorted(reasons.items())),
+                  "charge_id": charge.id if charge is not None else None, "epsilon": eps0,
+                  "advanced": advanced}
+        s.add(SessionBatch(session_id=row.id, batch=batch, idempotency_key=key,
+                           request_digest=digest, result=result, created_at=now()))
         accountant.ledger.append_audit(s, "session_batch", {
             "session_id": row.id, "round": current, "accepted": n_acc, "rejected": n_rej,
             "reasons": dict(sorted(reasons.items())),
             "charge_id": charge.id if charge is not None else None,
-            "eps0": eps0, "advanced": advanced,
+            "eps0": eps0, "advanced": advanced, "batch": batch,
+            "idempotency_key": key, "request_digest": digest,
+            "reports_digest": reports_digest(
+                (a, current, v) for a, v in zip(acc_subj, acc_vals, strict=True)),
+            "status": row.status, "state_digest": state_digest(st),
         })
         if finish is not None:
             _release_in_tx(accountant, s, ds, row, privacy_extra=st.get("privacy_extra"),
                            charge_ids=_charge_ids(row), **finish)
             s.flush()
-        return SubmitResult(
-            session_id=row.id, batch_round=current, accepted=n_acc, rejected=n_rej,
-            reasons=dict(sorted(reasons.items())),
-            charge_id=charge.id if charge is not None else None, epsilon=eps0,
-            advanced=advanced, session=_info_of(s, row, ds.name))
+        return SubmitResult(**result, session=_info_of(s, row, ds.name))
 
     try:
         return accountant.ledger.write(tx)
@@ -788,7 +845,8 @@ def close_session(accountant: Accountant, session_id: int, *, allow_missing: boo
             row.status = "closed"
             row.updated_at = now()
             accountant.ledger.append_audit(s, "session_close", {
-                "session_id": row.id, "status": "closed", "release_id": None, "reports": total})
+                "session_id": row.id, "status": "closed", "release_id": None, "reports": total,
+                "state_digest": state_digest(row.state)})
             return _info_of(s, row, ds.name)
         if row.method == "ldp-score":
             proto = _proto(row)

@@ -47,11 +47,18 @@ class AuditReport(BaseModel):
     charges: int
     releases: int
     guarantees_recomputed: int
+    signed_through: int | None = None
+    unsigned_entries: int = 0
 
     @property
     def summary(self) -> str:
+        signed = ""
+        if self.signed_through is not None:
+            signed = f"; signed by the trusted key through entry {self.signed_through}"
+            if self.unsigned_entries:
+                signed += f", {self.unsigned_entries} later entries unsigned"
         return (
-            f"ok: {self.entries} log entries verify (head {self.head}); "
+            f"ok: {self.entries} log entries verify (head {self.head}){signed}; "
             f"{self.guarantees_recomputed} release guarantees recomputed and match"
         )
 
@@ -138,10 +145,12 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
                         ok=not problems, problems=problems)  # fmt: skip
 
 
-def verify(accountant: Any, expect_head: str | None = None) -> AuditReport:
+def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> AuditReport:
     """Verify the log, then every release's guarantees; raise :class:`AuditFailed` on the first
-    release whose recorded guarantee the installed code does not reproduce."""
-    rep = accountant.ledger.verify(expect_head=expect_head)
+    release whose recorded guarantee the installed code does not reproduce. ``signed``:
+    ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` of
+    :meth:`privcal.storage.Ledger.verify`."""
+    rep = accountant.ledger.verify(expect_head=expect_head, **signed)
     checked = 0
     for rel in accountant.ledger.releases():
         res = check_release(accountant, rel)

@@ -211,12 +211,24 @@ def audit() -> None:
 
 @audit.command("verify")
 @click.option("--expect-head", help="SEQ:HASH kept from an earlier `privcal audit head`")
+@click.option("--signed-head", type=click.Path(dir_okay=False),
+              help="a file written by `privcal audit head --sign` (needs --trusted-key)")
+@click.option("--trusted-key", type=click.Path(dir_okay=False),
+              help="the Ed25519 public key (PEM) the signed head must verify with")
+@click.option("--allow-unsigned-tail", is_flag=True,
+              help="accept entries after the signed head (they are counted, not trusted)")
 @json_option
 @pass_settings
-def audit_verify(settings: Settings, expect_head: str | None, as_json: bool) -> None:
+def audit_verify(settings: Settings, expect_head: str | None, signed_head: str | None,
+                 trusted_key: str | None, allow_unsigned_tail: bool, as_json: bool) -> None:
     """Recompute every hash, cross-check every row, and recompute every release's coverage and
-    privacy guarantee with the installed calibrators (exit 4 naming the first bad entry)."""
-    rep = settings.accountant().verify(expect_head=expect_head)
+    privacy guarantee with the installed calibrators (exit 4 naming the first bad entry).
+
+    With --signed-head and --trusted-key, every entry must be covered by a head the key
+    holder signed: an entry appended after it (or forged, chain recomputed) fails."""
+    rep = settings.accountant().verify(expect_head=expect_head, signed_head=signed_head,
+                                       trusted_key=trusted_key,
+                                       allow_unsigned_tail=allow_unsigned_tail)
     emit({"ok": True, **rep.model_dump()}, as_json=as_json, human=rep.summary)
 
 
@@ -255,12 +267,36 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
 
 
 @audit.command("head")
+@click.option("--sign", "keyfile", type=click.Path(dir_okay=False),
+              help="sign the head with this Ed25519 private key (from `privcal audit keygen`) "
+                   "and print the signed head document")
 @json_option
 @pass_settings
-def audit_head(settings: Settings, as_json: bool) -> None:
-    """Print the head SEQ:HASH (keep it outside the database)."""
+def audit_head(settings: Settings, keyfile: str | None, as_json: bool) -> None:
+    """Print the head SEQ:HASH (keep it outside the database), or a signed head (--sign)."""
+    if keyfile is not None:
+        signed = settings.ledger().sign_head(keyfile)
+        # the document itself is the artifact to keep: printed as JSON either way
+        emit(signed, as_json=True)
+        return
     h = settings.ledger().head()
     emit({"seq": h.seq, "hash": h.entry_hash, "head": str(h)}, as_json=as_json, human=str(h))
+
+
+@audit.command("keygen")
+@click.argument("keyfile", type=click.Path(dir_okay=False))
+@click.option("--public", "public", type=click.Path(dir_okay=False),
+              help="where to write the public key (default KEYFILE.pub)")
+@json_option
+def audit_keygen(keyfile: str, public: str | None, as_json: bool) -> None:
+    """Make an Ed25519 key pair for signing audit heads: KEYFILE (private, mode 0600) and
+    KEYFILE.pub. Keep the private key away from the database and its administrators."""
+    from privcal.storage.signing import generate_keypair
+
+    priv, pub, kid = generate_keypair(keyfile, public)
+    emit({"private_key": str(priv), "public_key": str(pub), "key_id": kid}, as_json=as_json,
+         human=f"wrote {priv} (private, keep it outside the database) and {pub} (public); "
+               f"key id {kid}")
 
 
 # ---------------------------------------------------------------- db

@@ -30,6 +30,7 @@ def _describe(s: Any) -> str:
         {"field": "dataset", "value": s.dataset},
         {"field": "method", "value": s.method + (" (shuffled)" if s.shuffled else "")},
         {"field": "status", "value": s.status},
+        {"field": "reports stored", "value": s.reports_are},
     ]
     if s.method == "ldp-score":
         rows += [
@@ -134,19 +135,25 @@ def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 @click.argument("session_id", type=int)
 @click.option("--reports", required=True,
               help="Batch file: subject,bit[,round] (ldp-score) or agent,value (federated).")
+@click.option("--idempotency-key",
+              help="Retrying the same batch with the same key records it once; another batch "
+                   "with that key is an error.")
 @json_option
 @pass_settings
-def submit_cmd(settings: Any, session_id: int, reports: str, as_json: bool) -> None:
+def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: str | None,
+               as_json: bool) -> None:
     """Ingest a batch of reports for the current round (charging each subject once)."""
     from privcal.accountant.sessions import session_status, submit_reports
 
     acct = settings.accountant()
     method = session_status(acct, session_id).method
     ids, values, rounds = _read_batch(reports, method)
-    res = submit_reports(acct, session_id, ids, values, rounds)
+    res = submit_reports(acct, session_id, ids, values, rounds, idempotency_key=idempotency_key)
 
     def human() -> None:
         why = ", ".join(f"{k}: {v}" for k, v in res.reasons.items()) or "none"
+        if res.replayed:
+            click.echo("already recorded under this idempotency key:")
         click.echo(f"accepted {res.accepted}, rejected {res.rejected} ({why})")
         s = res.session
         if s.release_id is not None:

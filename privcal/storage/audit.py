@@ -235,8 +235,16 @@ def dataset_doc(ds: Dataset) -> dict[str, Any]:
 
 
 def charge_doc(c: Charge, dataset_name: str) -> dict[str, Any]:
-    """What the log records about a charge (for a local-DP batch: counts and ε0, no subject ids)."""
+    """What the log records about a charge (for a local-DP batch: counts, ε0 and a digest of the
+    charged pseudonyms, never subject ids); the request digest of an idempotency key.
+
+    ``request_digest`` and ``members_digest`` appear only when set, so entries written before
+    migration 0004 still equal the doc of their row.
+    """
+    extra = {k: v for k, v in (("request_digest", c.request_digest),
+                               ("members_digest", c.members_digest)) if v is not None}
     return jsonable({
+        **extra,
         "charge_id": c.id,
         "dataset_id": c.dataset_id,
         "dataset": dataset_name,

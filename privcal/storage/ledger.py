@@ -23,6 +23,7 @@ Locks are always taken dataset rows first, head last, so writers cannot deadlock
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import random
 import re
@@ -35,6 +36,7 @@ from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from sqlalchemy import Engine, Row, bindparam, func, insert, inspect, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
@@ -42,7 +44,7 @@ from sqlalchemy.orm import Session
 
 from privcal import checks
 from privcal.errors import AuditFailed, InvalidInput, LedgerError, NotFound, SchemaOutOfDate
-from privcal.storage import audit
+from privcal.storage import audit, pseudonyms
 from privcal.storage import sessions as _sessions
 from privcal.storage.engine import make_engine, parse_url, resolve_url
 from privcal.storage.models import (
@@ -50,8 +52,11 @@ from privcal.storage.models import (
     AuditEntry,
     AuditHead,
     Charge,
+    ChargeMembers,
     Dataset,
+    LedgerSecret,
     ReleaseRow,
+    SubjectBaseline,
     SubjectSpend,
 )
 from privcal.storage.records import AuditHeadInfo, ReleaseRecord, VerifyReport, parse_threshold
@@ -59,6 +64,15 @@ from privcal.storage.records import AuditHeadInfo, ReleaseRecord, VerifyReport, 
 __all__ = ["MAX_ATTEMPTS", "Ledger"]
 
 T = TypeVar("T")
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: SQLite key locks are per process only
+    fcntl = None  # type: ignore[assignment]
+
+#: in-process locks of idempotency keys (fcntl locks do not exclude threads of one process)
+_KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
 
 #: attempts of one write transaction before a transient failure is reported
 MAX_ATTEMPTS = 12
@@ -140,6 +154,36 @@ def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> No
             "row was edited")
 
 
+def _s32(hex_ids: list[str]) -> np.ndarray:
+    """Hex pseudonyms as 32-byte NumPy strings (a malformed one fails verification)."""
+    try:
+        raw = bytes.fromhex("".join(hex_ids))
+    except ValueError as exc:
+        raise AuditFailed("a stored subject is not a pseudonym (row edited)") from exc
+    if len(raw) != len(hex_ids) * pseudonyms.PSEUDONYM_BYTES:
+        raise AuditFailed("a stored subject is not a pseudonym (row edited)")
+    return np.frombuffer(raw, dtype="S32")
+
+
+def _sum_by_key(keys: list[np.ndarray], units: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct keys, summed units per key): exact int64 sums."""
+    if not keys:
+        return np.zeros(0, dtype="S32"), np.zeros(0, dtype=np.int64)
+    k = np.concatenate(keys)
+    u = np.concatenate(units)
+    uniq, inv = np.unique(k, return_inverse=True)
+    sums = np.zeros(uniq.shape[0], dtype=np.int64)
+    np.add.at(sums, inv.ravel(), u)
+    return uniq, sums
+
+
+def _members_hex(s: Session, charge_id: int) -> set[str]:
+    """The pseudonyms (hex) stored for one local-DP charge (only read to explain a failure)."""
+    blob = s.scalar(select(ChargeMembers.members).where(ChargeMembers.charge_id == charge_id))
+    h, w = bytes(blob or b"").hex(), 2 * pseudonyms.PSEUDONYM_BYTES
+    return {h[i:i + w] for i in range(0, len(h), w)}
+
+
 class Ledger:
     """A privcal ledger at a database URL (see the module docstring)."""
 
@@ -157,6 +201,7 @@ class Ledger:
         self._schema_ok = False
         self._lock = threading.Lock()
         self._stmts: dict[str, Any] = {}
+        self._subject_key: bytes | None = None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -379,6 +424,73 @@ class Ledger:
                 with session.begin():
                     yield session
 
+    @contextmanager
+    def key_lock(self, dataset: str, key: str) -> Iterator[None]:
+        """Hold the lock of idempotency key ``key`` of ``dataset`` (issue 16 item 1).
+
+        Held by :meth:`privcal.accountant.Accountant.run` from the charge to the release,
+        so a concurrent retry with the same key waits, then finds the release. The lock
+        dies with its holder, so a crashed run's retry takes it and re-runs once.
+        PostgreSQL: a session-level advisory lock on a connection of its own. SQLite: a
+        lock within the process, plus (file databases, POSIX) an ``fcntl`` byte-range
+        lock on ``<database>.keylocks`` beside the file, which the OS releases when the
+        process dies.
+        """
+        digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
+            "utf-8", "surrogatepass")).digest()
+        lock_id = int.from_bytes(digest[:8], "big", signed=True)
+        with _KEY_LOCKS_GUARD:
+            local = _KEY_LOCKS.setdefault((self.url, lock_id), threading.Lock())
+        with local:
+            if self.backend == "postgresql":
+                with self._connect(write=True) as conn:
+                    conn.execute(select(func.pg_advisory_lock(lock_id)))
+                    conn.commit()
+                    try:
+                        yield
+                    finally:
+                        conn.rollback()
+                        conn.execute(select(func.pg_advisory_unlock(lock_id)))
+                        conn.commit()
+                return
+            path = self._url.database
+            if fcntl is None or path in (None, "", ":memory:"):
+                yield
+                return
+            offset = lock_id & 0x7FFF_FFFF_FFFF
+            with open(f"{path}.keylocks", "a+b") as fh:
+                fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+                try:
+                    yield
+                finally:
+                    fcntl.lockf(fh, fcntl.LOCK_UN, 1, offset)
+
+    def subject_key(self) -> bytes:
+        """The ledger's secret HMAC key of subject pseudonyms (:mod:`privcal.storage.pseudonyms`).
+
+        Made by migration 0004; a ledger built without migrations gets one on first use.
+        """
+        if self._subject_key is not None:
+            return self._subject_key
+        with self.read() as s:
+            row = s.get(LedgerSecret, 1)
+            secret = row.secret if row is not None else None
+        if secret is None:
+            def tx(s: Session) -> str:
+                got = s.get(LedgerSecret, 1)
+                if got is None:
+                    got = LedgerSecret(id=1, secret=pseudonyms.new_secret())
+                    s.add(got)
+                return got.secret
+
+            secret = self.write(tx)
+        self._subject_key = bytes.fromhex(secret)
+        return self._subject_key
+
+    def pseudonyms(self, subjects: Any) -> Any:
+        """The stored pseudonym of each subject id (a NumPy array of hex strings)."""
+        return pseudonyms.pseudonyms(self.subject_key(), [str(x) for x in subjects])
+
     def lock_dataset(self, session: Session, name: str) -> Dataset:
         """The dataset row, locked for the rest of the transaction; NotFound if there is none."""
         checks.text(name, "dataset name")
@@ -459,6 +571,10 @@ class Ledger:
         conn.execute(self._stmt(upd), uparams)
         return int(conn.execute(self._stmt("charge"), cparams).scalar_one())
 
+    def insert_members(self, conn: Connection, charge_id: int, blob: bytes) -> None:
+        """Store the sorted pseudonyms a local-DP charge charged (``charge_members``)."""
+        conn.execute(insert(ChargeMembers.__table__), {"charge_id": charge_id, "members": blob})
+
     def append_audit(self, tx: Session | Connection, kind: str, data: dict[str, Any]) -> None:
         """Queue one entry for the chain in ``tx``'s write transaction.
 
@@ -503,6 +619,15 @@ class Ledger:
                 return AuditHeadInfo(seq=0, entry_hash=audit.GENESIS)
             return AuditHeadInfo(seq=last.seq, entry_hash=last.entry_hash)
 
+    def sign_head(self, private_key: Any) -> Any:
+        """The current head signed with an Ed25519 key (a key or its PEM file), a
+        :class:`~privcal.storage.signing.SignedHead`; see :mod:`privcal.storage.signing`."""
+        from privcal.storage import signing
+
+        key = private_key if hasattr(private_key, "sign") else \
+            signing.load_private_key(private_key)
+        return signing.sign_head(self.head(), key)
+
     def _release_record(self, row: ReleaseRow, dataset_name: str) -> ReleaseRecord:
         return ReleaseRecord(
             id=row.id, dataset=dataset_name, method=row.method,
@@ -541,17 +666,37 @@ class Ledger:
             return self._release_record(row[0], row[1])
 
     # ------------------------------------------------------------------ verify
-    def verify(self, expect_head: str | None = None) -> VerifyReport:
+    def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
+               trusted_key: Any = None, allow_unsigned_tail: bool = False) -> VerifyReport:
         """Recompute the whole chain and cross-check every row against its entry.
 
         Raises AuditFailed naming the first entry (or row) that does not verify:
         a broken hash or link, a gap in the sequence (a deleted entry), a payload
         that is not canonical, a dataset/charge/release row that differs from what
         its entry recorded (an edited threshold or amount) or has no entry, running
-        totals that do not equal the sum of the charges, and — with
-        ``expect_head="SEQ:HASH"`` — a log truncated before SEQ or rewritten up to it.
+        totals that do not equal the sum of the charges, per-subject spends that the
+        logged local-DP charges (and the 0004 baseline) do not add up to subject by
+        subject, session status/state or reports that differ from what their entries
+        committed, a replaced ledger secret, and — with ``expect_head="SEQ:HASH"`` — a log
+        truncated before SEQ or rewritten up to it.
+
+        ``signed_head`` (a :class:`~privcal.storage.signing.SignedHead`, its document or
+        file) with ``trusted_key`` (an Ed25519 public key or its PEM file): the signature
+        must verify, the log must contain the signed head, and every later entry is one
+        the key holder did not sign — a failure naming the first, unless
+        ``allow_unsigned_tail`` (then counted in ``unsigned_entries``).
         """
+        signed = None
+        if signed_head is not None or trusted_key is not None:
+            from privcal.storage import signing
+
+            if signed_head is None or trusted_key is None:
+                raise InvalidInput("a signed head is verified with a trusted public key: give "
+                                   "both (--signed-head FILE --trusted-key PUBFILE)")
+            signed = signing.read_signed_head(signed_head)
+            signing.verify_signed_head(signed, trusted_key)
         want: tuple[int, str] | None = None
+        wants: list[tuple[int, str, str]] = []
         if expect_head is not None:
             if not isinstance(expect_head, str):
                 raise InvalidInput("expect_head must be SEQ:HASH text (an integer and 64 hex "
@@ -567,6 +712,10 @@ class Ledger:
                     "--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
                     f"got {expect_head!r}"
                 ) from exc
+        if want is not None:
+            wants.append((want[0], want[1], "expected head"))
+        if signed is not None:
+            wants.append((signed.seq, signed.hash.lower(), "signed head"))
         with self.read() as s:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
@@ -578,8 +727,9 @@ class Ledger:
             count = 0
             head_row = s.get(AuditHead, 1)
             coll = {c.id: c for c in s.scalars(select(_sessions.CollectionSession))}
-            tally: dict[int, int] = defaultdict(int)
-            opened: set[int] = set()
+            tally = _sessions.SessionTally()
+            charge_seq: dict[int, int] = {}
+            migration: tuple[int, dict[str, Any]] | None = None
             for e in s.scalars(select(AuditEntry).order_by(AuditEntry.seq)):
                 if e.seq != expected:
                     raise AuditFailed(
@@ -604,34 +754,57 @@ class Ledger:
                                       f"kind {doc.get('kind')!r} (entries reordered)")
                 if e.kind in _sessions.SESSION_KINDS:
                     _sessions.check_entry(e.seq, e.kind, doc.get("data") or {}, coll, names,
-                                          tally, opened)
+                                          tally)
+                elif e.kind == "migration":
+                    if migration is not None:
+                        raise AuditFailed(f"audit entry {e.seq}: a second migration entry")
+                    migration = (e.seq, doc.get("data") or {})
+                    _sessions.check_migration(e.seq, migration[1], coll, tally)
                 else:
+                    if e.kind == "charge":
+                        cid = (doc.get("data") or {}).get("charge_id")
+                        if isinstance(cid, int):
+                            charge_seq[cid] = e.seq
                     self._check_row(e.seq, e.kind, doc.get("data") or {}, datasets, charges,
                                     releases, names, seen)
                 prev = e.entry_hash
                 expected += 1
                 count += 1
-                if want is not None and e.seq == want[0] and e.entry_hash != want[1]:
-                    raise AuditFailed(f"audit entry {e.seq}: hash differs from the expected head "
-                                      "(log rewritten)")
+                for w_seq, w_hash, w_what in wants:
+                    if e.seq == w_seq and e.entry_hash != w_hash:
+                        raise AuditFailed(f"audit entry {e.seq}: hash differs from the {w_what} "
+                                          "(log rewritten)")
             last = count
             _check_head_row(head_row, last, prev)
-            if want is not None:
-                if want[0] > last:
-                    raise AuditFailed(f"audit entry {last + 1}: missing; the expected head is "
-                                      f"entry {want[0]} but the log ends at {last} "
+            for w_seq, w_hash, w_what in wants:
+                if w_seq > last:
+                    raise AuditFailed(f"audit entry {last + 1}: missing; the {w_what} is "
+                                      f"entry {w_seq} but the log ends at {last} "
                                       "(log truncated)")
-                if want[0] == 0 and want[1] != audit.GENESIS:
-                    raise AuditFailed("audit entry 0: expected head hash is not the genesis hash")
+                if w_seq == 0 and w_hash != audit.GENESIS:
+                    raise AuditFailed(f"audit entry 0: the {w_what}'s hash is not the genesis "
+                                      "hash")
+            unsigned = 0
+            if signed is not None:
+                unsigned = last - signed.seq
+                if unsigned > 0 and not allow_unsigned_tail:
+                    raise AuditFailed(
+                        f"audit entry {signed.seq + 1}: not signed by the trusted key (the signed "
+                        f"head is entry {signed.seq}, signed {signed.time}; {unsigned} later "
+                        "entr" + ("y is" if unsigned == 1 else "ies are") + " unsigned: "
+                        "appended since, or forged)")
             for kind, rows in (("dataset", datasets), ("charge", charges), ("release", releases)):
                 missing = sorted(set(rows) - seen[kind])
                 if missing:
                     raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
                                       "outside privcal, or its entry deleted)")
-            _sessions.check_sessions(s, coll, tally, opened)
+            _sessions.check_sessions(s, coll, tally)
             self._check_totals(s, datasets, charges)
+            self._check_subjects(s, datasets, charges, charge_seq, migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
-                                charges=len(charges), releases=len(releases))
+                                charges=len(charges), releases=len(releases),
+                                signed_through=signed.seq if signed is not None else None,
+                                unsigned_entries=unsigned)
 
     @staticmethod
     def _check_row(
@@ -670,6 +843,98 @@ class Ledger:
         if rid in seen[kind]:
             raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
         seen[kind].add(rid)
+
+    @staticmethod
+    def _check_subjects(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge],
+                        charge_seq: dict[int, int],
+                        migration: tuple[int, dict[str, Any]] | None) -> None:
+        """Recompute every per-subject spend from the chain (issue 16 item 3).
+
+        Expected units of (dataset, pseudonym) = its baseline (committed by the 0004
+        ``migration`` entry) + ε0 of every local-DP charge whose committed members include
+        it. Any difference from ``subject_spend`` — a renamed subject, moved, added or
+        deleted units — fails naming the dataset and the pseudonym.
+        """
+        secret = s.get(LedgerSecret, 1)
+        kid = pseudonyms.key_id(bytes.fromhex(secret.secret)) if secret is not None else None
+        keys: dict[int, list[np.ndarray]] = defaultdict(list)  # dataset → S32 pseudonyms
+        weights: dict[int, list[np.ndarray]] = defaultdict(list)  # … and their units
+        baseline: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for d, subj, units in s.execute(select(SubjectBaseline.dataset_id,
+                                               SubjectBaseline.subject,
+                                               SubjectBaseline.spent_units)):
+            baseline[d].append((subj, int(units)))
+        for d, rows in baseline.items():
+            keys[d].append(_s32([r[0] for r in rows]))
+            weights[d].append(np.asarray([r[1] for r in rows], dtype=np.int64))
+        mdata = migration[1] if migration is not None else {}
+        if migration is not None and mdata.get("subject_key") != kid:
+            raise AuditFailed(f"audit entry {migration[0]}: the ledger secret of subject "
+                              "pseudonyms is not the one the log recorded (secret replaced)")
+        logged = mdata.get("subject_spend") or {}
+        for d in sorted(set(baseline) | {int(k) for k in logged}):
+            want = logged.get(str(d))
+            if want is None or want.get("digest") != pseudonyms.spend_digest(baseline[d]):
+                where = f"audit entry {migration[0]}" if migration else "the audit log"
+                raise AuditFailed(f"{where}: the per-subject baseline of dataset {d} differs "
+                                  "from what the log recorded (rows edited)")
+        blobs = dict(s.execute(select(ChargeMembers.charge_id, ChargeMembers.members)).all())
+        for cid, c in sorted(charges.items()):
+            seq = charge_seq.get(cid, 0)
+            if c.members_digest is None:
+                if c.scope == "subjects" and c.subjects_accepted and (
+                        migration is None or seq > migration[0]):
+                    raise AuditFailed(f"audit entry {seq}: charge {cid} does not record which "
+                                      "subjects it charged")
+                continue
+            blob = blobs.pop(cid, None)
+            if blob is None or kid is None or \
+                    pseudonyms.members_digest(kid, bytes(blob)) != c.members_digest:
+                raise AuditFailed(f"audit entry {seq}: the subjects charged by charge {cid} "
+                                  "differ from what the log recorded (rows edited, or the "
+                                  "ledger secret replaced)")
+            n = len(blob) // pseudonyms.PSEUDONYM_BYTES
+            if n * pseudonyms.PSEUDONYM_BYTES != len(blob) or n != (c.subjects_accepted or 0):
+                raise AuditFailed(f"audit entry {seq}: charge {cid} records "
+                                  f"{c.subjects_accepted} subjects but stores {n}")
+            keys[c.dataset_id].append(np.frombuffer(bytes(blob), dtype="S32"))
+            weights[c.dataset_id].append(np.full(
+                n, int((c.eps0 or Decimal(0)) / SUBJECT_UNIT), dtype=np.int64))
+        if blobs:
+            raise AuditFailed(f"charge_members of charge {min(blobs)} has no logged charge "
+                              "(row inserted)")
+        stored: dict[int, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
+        # 10⁶ rows: the DB-API cursor directly, without ORM row objects
+        for d, subj, u in s.connection().exec_driver_sql(
+                "SELECT dataset_id, subject, spent_units FROM subject_spend"):
+            stored[d][0].append(subj)
+            stored[d][1].append(int(u))
+        for d in sorted(set(keys) | set(stored)):
+            want_k, want_u = _sum_by_key(keys.get(d, []), weights.get(d, []))
+            got_k, got_u = _sum_by_key([_s32(stored[d][0])] if d in stored else [],
+                                       [np.asarray(stored[d][1], dtype=np.int64)]
+                                       if d in stored else [])
+            if got_k.shape == want_k.shape and (got_k == want_k).all() and \
+                    (got_u == want_u).all() and len(stored[d][0]) == got_k.size:
+                continue
+            exp = dict(zip(want_k.tolist(), want_u.tolist(), strict=True))
+            act = dict(zip(got_k.tolist(), got_u.tolist(), strict=True))
+            # a subject the log knows first: its entries are the ones to name
+            bad = sorted((k for k in set(act) | set(exp) if act.get(k, 0) != exp.get(k, 0)),
+                         key=lambda k: (exp.get(k, 0) == 0, k))
+            if not bad:  # the same subject stored twice (cannot happen with the primary key)
+                raise AuditFailed(f"dataset {d}: a subject has two spend rows (rows edited)")
+            k = bad[0]
+            subj = bytes(k).ljust(pseudonyms.PSEUDONYM_BYTES, b"\x00").hex()
+            name = datasets[d].name if d in datasets else "?"
+            seqs = [charge_seq.get(cid, 0) for cid, c in sorted(charges.items())
+                    if c.dataset_id == d and c.members_digest is not None
+                    and subj in _members_hex(s, cid)]
+            raise AuditFailed(
+                f"dataset {d} ({name!r}): subject {subj[:16]}… has spent "
+                f"{act.get(k, 0)} units in subject_spend but the log's charges "
+                f"(entries {seqs or 'none'}) add up to {exp.get(k, 0)} "
+                f"({len(bad)} subject row(s) differ: renamed, moved or edited)")
 
     @staticmethod
     def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:

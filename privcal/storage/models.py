@@ -24,6 +24,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Integer,
+    LargeBinary,
     Numeric,
     String,
     Text,
@@ -39,9 +40,12 @@ __all__ = [
     "AuditHead",
     "Base",
     "Charge",
+    "ChargeMembers",
     "Dataset",
     "ExactDecimal",
+    "LedgerSecret",
     "ReleaseRow",
+    "SubjectBaseline",
     "SubjectSpend",
 ]
 
@@ -130,6 +134,43 @@ class Charge(Base):
     requester: Mapped[str | None] = mapped_column(String(200), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # SHA-256 of the canonical request an idempotency key was first used for (issue 16.1)
+    request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # commitment to the pseudonyms a local-DP batch charged (see ChargeMembers)
+    members_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class ChargeMembers(Base):
+    """The sorted pseudonyms (32 raw bytes each) one local-DP charge charged.
+
+    ``audit verify`` recomputes every per-subject spend from these rows (plus the
+    migration baseline) and checks each against the ``members_digest`` its charge's
+    audit entry committed to (:mod:`privcal.storage.pseudonyms`).
+    """
+
+    __tablename__ = "charge_members"
+
+    charge_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    members: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class SubjectBaseline(Base):
+    """Per-subject spends as they stood when migration 0004 ran (committed in its audit entry)."""
+
+    __tablename__ = "subject_baseline"
+
+    dataset_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    subject: Mapped[str] = mapped_column(String(200), primary_key=True)
+    spent_units: Mapped[int] = mapped_column(BigInteger)
+
+
+class LedgerSecret(Base):
+    """The per-ledger HMAC key of subject pseudonyms (one row, id = 1; hex). Never logged."""
+
+    __tablename__ = "ledger_secret"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    secret: Mapped[str] = mapped_column(String(64))
 
 
 class SubjectSpend(Base):
@@ -142,7 +183,7 @@ class SubjectSpend(Base):
     __table_args__ = ({"postgresql_with": {"fillfactor": 70}},)
 
     dataset_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    subject: Mapped[str] = mapped_column(String(200), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(200), primary_key=True)  # pseudonym (hex HMAC)
     spent_units: Mapped[int] = mapped_column(BigInteger)
 
 

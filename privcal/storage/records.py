@@ -78,3 +78,6 @@ class VerifyReport(BaseModel):
     datasets: int
     charges: int
     releases: int
+    #: with a signed head: the last entry it covers, and how many entries follow it
+    signed_through: int | None = None
+    unsigned_entries: int = 0

@@ -4,32 +4,53 @@ protocols whose whole state lives in the ledger, so a session survives process r
 ``collection_sessions`` holds the public protocol parameters, the protocol state (a
 JSON document rewritten after every accepted batch), the status and the release it
 ended in. ``session_reports`` holds each accepted report — one per subject per
-session (primary key), which is what makes a session ε-LDP per subject. A report
-value is a randomized bit or a grid point: a DP output, never raw data.
+session (primary key), which is what makes a session ε-LDP per subject; its subject
+is a keyed pseudonym (:mod:`privcal.storage.pseudonyms`), never the id. A report value
+is a randomized bit (ldp-score) or a grid point (fedcp2-qq): a DP output. **Exception:**
+a FedCP-QQ message is the agent's raw order statistic of its own scores — that protocol
+is not private, the dataset must allow non-private releases, the release needs every
+message, and its privacy record says each agent's order statistic is revealed.
 
 Audit: every session write appends an entry (kinds :data:`SESSION_KINDS`) that names
-the session and counts, never subject ids. :func:`check_entry` and
+the session and counts, never subject ids, plus the session's status and a digest of
+its state; each batch's entry commits to a digest of the reports it stored (under its
+``batch`` number). :func:`check_entry`, :func:`check_migration` and
 :func:`check_sessions` are what :meth:`privcal.storage.Ledger.verify` runs on them.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, func, select
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+    func,
+    select,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from privcal.errors import AuditFailed
 from privcal.storage.audit import jsonable
 from privcal.storage.models import Base
+from privcal.storage.pseudonyms import reports_digest, state_digest
 
 __all__ = [
     "SESSION_KINDS",
     "CollectionSession",
+    "SessionBatch",
     "SessionReport",
+    "SessionTally",
     "check_entry",
+    "check_migration",
     "check_sessions",
 ]
 
@@ -67,6 +88,27 @@ class SessionReport(Base):
     round: Mapped[int] = mapped_column(Integer)
     value: Mapped[str] = mapped_column(String(64))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # the session batch that stored it (0: stored before migration 0004, committed by its entry)
+    batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class SessionBatch(Base):
+    """One accepted batch of a session: its number, idempotency key, request digest and result.
+
+    The batch's ``session_batch`` audit entry commits to the digest of the reports stored
+    under this number (:func:`privcal.storage.pseudonyms.reports_digest`).
+    """
+
+    __tablename__ = "session_batches"
+    __table_args__ = (UniqueConstraint("session_id", "idempotency_key",
+                                       name="uq_session_batch_idem"),)
+
+    session_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    batch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 def session_doc(row: CollectionSession, dataset_name: str) -> dict[str, Any]:
@@ -81,45 +123,107 @@ def session_doc(row: CollectionSession, dataset_name: str) -> dict[str, Any]:
     })
 
 
+@dataclass
+class SessionTally:
+    """What the log says about sessions, accumulated entry by entry for :func:`check_sessions`."""
+
+    accepted: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    opened: set[int] = field(default_factory=set)
+    #: (session, batch) → (seq of the entry, reports digest, accepted count)
+    batches: dict[tuple[int, int], tuple[int, str, int]] = field(default_factory=dict)
+    #: session → (seq of the last entry stating it, status, state digest)
+    state: dict[int, tuple[int, str, str]] = field(default_factory=dict)
+
+
+_STATE_KEYS = ("status", "state_digest")
+
+
+def _note_state(seq: int, sid: int, data: dict[str, Any], tally: SessionTally) -> None:
+    if "state_digest" in data:
+        tally.state[sid] = (seq, str(data.get("status")), str(data["state_digest"]))
+
+
 def check_entry(
     seq: int, kind: str, data: dict[str, Any], sessions: dict[int, CollectionSession],
-    names: dict[int, str], tally: dict[int, int], opened: set[int],
+    names: dict[int, str], tally: SessionTally,
 ) -> None:
     """Cross-check one session entry against the ``collection_sessions`` rows.
 
-    Accumulates the accepted counts per session in ``tally`` for :func:`check_sessions`.
+    Accumulates in ``tally`` the accepted counts, the reports digest of each batch and
+    the last status and state digest of each session, for :func:`check_sessions`.
     """
     sid = data.get("session_id")
     row = sessions.get(sid) if isinstance(sid, int) else None
-    if row is None:
+    if row is None or not isinstance(sid, int):
         raise AuditFailed(f"audit entry {seq}: session {sid} is missing from the ledger")
     if kind == "session_open":
-        if session_doc(row, names.get(row.dataset_id, "?")) != data:
+        fixed = {k: v for k, v in data.items() if k not in _STATE_KEYS}
+        if session_doc(row, names.get(row.dataset_id, "?")) != fixed:
             raise AuditFailed(f"audit entry {seq}: session {sid} differs from what the log "
                               "recorded (row edited)")
-        if sid in opened:
+        if sid in tally.opened:
             raise AuditFailed(f"audit entry {seq}: session {sid} is opened twice")
-        opened.add(sid)
-    elif sid not in opened:
+        tally.opened.add(sid)
+    elif sid not in tally.opened:
         raise AuditFailed(f"audit entry {seq}: session {sid} has a {kind} before it was opened")
     if kind == "session_batch":
         acc = data.get("accepted")
         if not isinstance(acc, int) or acc < 0:
             raise AuditFailed(f"audit entry {seq}: session {sid}: malformed accepted count")
-        tally[sid] += acc
+        tally.accepted[sid] += acc
+        if "reports_digest" in data:
+            tally.batches[(sid, int(data["batch"]))] = (seq, str(data["reports_digest"]), acc)
+    _note_state(seq, sid, data, tally)
 
 
-def check_sessions(s: Session, sessions: dict[int, CollectionSession], tally: dict[int, int],
-                   opened: set[int]) -> None:
-    """Every session has an open entry, and its stored reports are exactly the logged ones."""
-    missing = sorted(set(sessions) - opened)
+def check_migration(seq: int, data: dict[str, Any], sessions: dict[int, CollectionSession],
+                    tally: SessionTally) -> None:
+    """The ``migration`` entry (0003) commits every session's state and its reports so far."""
+    for key, doc in (data.get("sessions") or {}).items():
+        sid = int(key)
+        if sid not in sessions:
+            raise AuditFailed(f"audit entry {seq}: session {sid} is missing from the ledger")
+        tally.batches[(sid, 0)] = (seq, str(doc.get("reports_digest")), int(doc.get("reports", 0)))
+        _note_state(seq, sid, doc, tally)
+
+
+def check_sessions(s: Session, sessions: dict[int, CollectionSession],
+                   tally: SessionTally) -> None:
+    """Every session has an open entry; its status and state are those its last entry
+    recorded; its stored reports are exactly the logged ones, batch by batch."""
+    missing = sorted(set(sessions) - tally.opened)
     if missing:
         raise AuditFailed(f"session {missing[0]} has no audit entry (row inserted outside "
                           "privcal, or its entry deleted)")
+    for sid, row in sorted(sessions.items()):
+        last = tally.state.get(sid)
+        if last is None:
+            continue  # opened before 0004 on a ledger whose log was empty at migration: none
+        seq, status, digest = last
+        if row.status != status or state_digest(row.state) != digest:
+            raise AuditFailed(f"audit entry {seq}: session {sid}'s status or state differs from "
+                              "what the log recorded (row edited)")
+    rows: dict[tuple[int, int | None], list[tuple[str, int, str]]] = defaultdict(list)
+    for sid, subj, rnd, val, batch in s.execute(select(
+            SessionReport.session_id, SessionReport.subject, SessionReport.round,
+            SessionReport.value, SessionReport.batch)):
+        rows[(sid, batch)].append((subj, rnd, val))
+    for (sid, batch), got in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+        want = tally.batches.get((sid, batch)) if batch is not None else None
+        if want is None:
+            raise AuditFailed(f"session {sid}: {len(got)} stored report(s) of batch {batch} that "
+                              "no audit entry records (rows inserted or edited)")
+        if reports_digest(got) != want[1] or len(got) != want[2]:
+            raise AuditFailed(f"audit entry {want[0]}: session {sid}'s reports of batch {batch} "
+                              "differ from what the log recorded (subject or value edited)")
+    for (sid, batch), (seq, _, count) in sorted(tally.batches.items()):
+        if count and (sid, batch) not in rows:
+            raise AuditFailed(f"audit entry {seq}: session {sid}'s reports of batch {batch} are "
+                              "missing (rows deleted)")
     stored: dict[int, int] = defaultdict(int)
     stored.update(s.execute(select(SessionReport.session_id, func.count())
                             .group_by(SessionReport.session_id)).all())
-    for sid in set(stored) | set(tally):
-        if stored.get(sid, 0) != tally.get(sid, 0):
+    for sid in set(stored) | set(tally.accepted):
+        if stored.get(sid, 0) != tally.accepted.get(sid, 0):
             raise AuditFailed(f"session {sid}: {stored.get(sid, 0)} stored reports but the log "
-                              f"records {tally.get(sid, 0)} accepted (rows edited)")
+                              f"records {tally.accepted.get(sid, 0)} accepted (rows edited)")

@@ -331,9 +331,11 @@ def audit_entries(ledger: Any, *, after: int = 0, limit: int = 100) -> list[Audi
 
 
 def stored_report(ledger: Any, session_id: int, subject: str) -> tuple[int, str] | None:
-    """(round, value) of the report ``subject`` has stored in ``session_id``, if any."""
+    """(round, value) of the report ``subject`` has stored in ``session_id``, if any
+    (looked up by its pseudonym: reports never store the id)."""
+    pseudonym = str(ledger.pseudonyms([str(subject)])[0])
     with ledger.read() as s:
-        row = s.get(SessionReport, (int(session_id), str(subject)))
+        row = s.get(SessionReport, (int(session_id), pseudonym))
         return (row.round, row.value) if row is not None else None
 
 
@@ -341,12 +343,14 @@ def stored_reports(ledger: Any, session_id: int,
                    subjects: Sequence[str]) -> dict[str, tuple[int, str]]:
     """(round, value) per subject among ``subjects`` that has a stored report."""
     out: dict[str, tuple[int, str]] = {}
-    subs = list(subjects)
+    subs = [str(x) for x in subjects]
+    of = dict(zip(ledger.pseudonyms(subs).tolist(), subs, strict=True))  # pseudonym → id
+    pseud = list(of)
     with ledger.read() as s:
-        for i in range(0, len(subs), 500):
-            chunk = subs[i:i + 500]
+        for i in range(0, len(pseud), 500):
+            chunk = pseud[i:i + 500]
             for r in s.scalars(select(SessionReport).where(
                     SessionReport.session_id == int(session_id),
                     SessionReport.subject.in_(chunk))):
-                out[r.subject] = (r.round, r.value)
+                out[of[r.subject]] = (r.round, r.value)
     return out

@@ -1,0 +1,140 @@
+"""Audit coverage and pseudonymous subjects (issue 16 items 1, 3, 6).
+
+- ``ledger_secret``: the per-ledger HMAC key of subject pseudonyms, made here;
+- every id in ``subject_spend`` and ``session_reports`` is replaced by its pseudonym
+  (:mod:`privcal.storage.pseudonyms`); nothing else changes in those rows;
+- ``charges.request_digest`` (what an idempotency key was first used for) and
+  ``charges.members_digest`` with ``charge_members`` (who a local-DP batch charged);
+- ``session_batches`` (batch numbers, idempotency keys) and ``session_reports.batch``;
+- ``subject_baseline``: per-subject spends as they stand now. If the log already has
+  entries, one ``migration`` entry is appended committing to this baseline, to every
+  session's status and state and to its stored reports (they become batch 0), so that
+  ``audit verify`` can recompute all of them from the chain from now on.
+
+Downgrade drops the new tables and columns; pseudonyms cannot be turned back into ids
+and the ``migration`` entry stays in the log (privcal before 0004 will not verify it).
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-23
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0004"
+down_revision: str | None = "0003"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    from privcal.storage import audit, pseudonyms
+
+    op.create_table(
+        "ledger_secret",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("secret", sa.String(64), nullable=False),
+    )
+    op.create_table(
+        "charge_members",
+        sa.Column("charge_id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("members", sa.LargeBinary, nullable=False),
+    )
+    op.create_table(
+        "subject_baseline",
+        sa.Column("dataset_id", sa.Integer, primary_key=True),
+        sa.Column("subject", sa.String(200), primary_key=True),
+        sa.Column("spent_units", sa.BigInteger, nullable=False),
+    )
+    op.create_table(
+        "session_batches",
+        sa.Column("session_id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("batch", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("idempotency_key", sa.String(200), nullable=True),
+        sa.Column("request_digest", sa.String(64), nullable=True),
+        sa.Column("result", sa.JSON, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.UniqueConstraint("session_id", "idempotency_key", name="uq_session_batch_idem"),
+    )
+    with op.batch_alter_table("charges") as b:
+        b.add_column(sa.Column("request_digest", sa.String(64), nullable=True))
+        b.add_column(sa.Column("members_digest", sa.String(64), nullable=True))
+    with op.batch_alter_table("session_reports") as b:
+        b.add_column(sa.Column("batch", sa.Integer, nullable=True))
+
+    conn = op.get_bind()
+    secret = pseudonyms.new_secret()
+    conn.execute(sa.text("INSERT INTO ledger_secret (id, secret) VALUES (1, :s)"), {"s": secret})
+    key = bytes.fromhex(secret)
+
+    # ---- ids → pseudonyms (set-based: one executemany per table)
+    spends = conn.execute(sa.text(
+        "SELECT dataset_id, subject, spent_units FROM subject_spend")).all()
+    if spends:
+        conn.execute(sa.text("UPDATE subject_spend SET subject = :new "
+                             "WHERE dataset_id = :d AND subject = :old"),
+                     [{"new": pseudonyms.pseudonym(key, s), "d": d, "old": s}
+                      for d, s, _ in spends])
+        conn.execute(sa.text("INSERT INTO subject_baseline (dataset_id, subject, spent_units) "
+                             "SELECT dataset_id, subject, spent_units FROM subject_spend"))
+    reports = conn.execute(sa.text("SELECT session_id, subject FROM session_reports")).all()
+    if reports:
+        conn.execute(sa.text("UPDATE session_reports SET subject = :new, batch = 0 "
+                             "WHERE session_id = :sid AND subject = :old"),
+                     [{"new": pseudonyms.pseudonym(key, s), "sid": sid, "old": s}
+                      for sid, s in reports])
+
+    # ---- commit the baseline to the chain (only a log that already has entries)
+    head = conn.execute(sa.text("SELECT seq, entry_hash FROM audit_head WHERE id = 1")).first()
+    if head is None or head[0] == 0:
+        return
+    by_ds: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for d, s, u in conn.execute(sa.text(
+            "SELECT dataset_id, subject, spent_units FROM subject_baseline")).all():
+        by_ds[int(d)].append((s, int(u)))
+    rep: dict[int, list[tuple[str, int, str]]] = defaultdict(list)
+    for sid, s, r, v in conn.execute(sa.text(
+            "SELECT session_id, subject, round, value FROM session_reports")).all():
+        rep[int(sid)].append((s, int(r), v))
+    sessions: dict[str, Any] = {}
+    for sid, status, state in conn.execute(sa.text(
+            "SELECT id, status, state FROM collection_sessions")).all():
+        st = state if isinstance(state, dict) else json.loads(state)
+        sessions[str(sid)] = {"status": status, "state_digest": pseudonyms.state_digest(st),
+                              "reports": len(rep[int(sid)]),
+                              "reports_digest": pseudonyms.reports_digest(rep[int(sid)])}
+    data = {
+        "revision": revision,
+        "subject_key": pseudonyms.key_id(key),
+        "subject_spend": {str(d): {"subjects": len(rows), "digest": pseudonyms.spend_digest(rows)}
+                          for d, rows in sorted(by_ds.items())},
+        "sessions": sessions,
+    }
+    seq = int(head[0]) + 1
+    payload = audit.entry_payload(seq, "migration", data)
+    entry_hash = audit.chain_hash(head[1], payload)
+    conn.execute(sa.text("INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+                         "VALUES (:seq, 'migration', :p, :prev, :h)"),
+                 {"seq": seq, "p": payload, "prev": head[1], "h": entry_hash})
+    conn.execute(sa.text("UPDATE audit_head SET seq = :seq, entry_hash = :h WHERE id = 1"),
+                 {"seq": seq, "h": entry_hash})
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("session_reports") as b:
+        b.drop_column("batch")
+    with op.batch_alter_table("charges") as b:
+        b.drop_column("members_digest")
+        b.drop_column("request_digest")
+    op.drop_table("session_batches")
+    op.drop_table("subject_baseline")
+    op.drop_table("charge_members")
+    op.drop_table("ledger_secret")

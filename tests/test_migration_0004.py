@@ -1,0 +1,113 @@
+"""Upgrading a ledger written by the landed privcal (schema 0003) to 0004, with data in it, on
+SQLite and PostgreSQL (issue 16 items 3, 6): ids become pseudonyms, caps keep binding the same
+people, the old chain still verifies, and from then on the per-subject rows and sessions are
+recomputed from the chain.
+
+The data is written by the landed code itself (commit LANDED, exported from git history and
+run in a subprocess), not by a re-creation of it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from privcal.accountant import Accountant
+from privcal.accountant import sessions as S
+from privcal.costs import ZCDP
+from privcal.errors import AuditFailed, InvalidInput
+from privcal.storage import Ledger
+
+#: the last landed commit before migration 0004 (its schema head is 0003)
+LANDED = "6e56451ff6d6b445636680f07b9dec1eebde8f16"
+ROOT = Path(__file__).resolve().parents[1]
+
+OLD_SCRIPT = """
+import sys
+import numpy as np
+from privcal.accountant import Accountant
+from privcal.accountant import sessions as S
+from privcal.costs import ZCDP
+acct = Accountant(sys.argv[1])
+acct.ledger.upgrade()
+assert acct.ledger.current() == "0003"
+acct.create_dataset("d", rho=1, subject_epsilon=1)
+acct.charge_subjects("d", "0.5", ["alice", "bob", "000007"])
+acct.charge("d", ZCDP(rho="0.1"), idempotency_key="old-key")
+acct.calibrate("pcoqs", dataset="d", scores=np.linspace(0, 1, 300), alpha=0.1, rho=0.2)
+acct.create_dataset("s", epsilon=1, subject_epsilon=5)
+info = S.open_session(acct, "ldp-score", dataset="s", alpha=0.1, epsilon=1.5, rounds=3,
+                      group_size=3)
+S.submit_reports(acct, info.id, ["a", "b"], [1, 0])
+acct.verify()
+print(acct.ledger.head())
+"""
+
+
+def _landed_tree(tmp_path: Path) -> Path:
+    try:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", LANDED, "privcal"],
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"needs the git history of privcal (commit {LANDED}): {exc}")
+    out = tmp_path / "landed"
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        tf.extractall(out, filter="data")
+    return out
+
+
+def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Path) -> None:
+    tree = _landed_tree(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", OLD_SCRIPT, ledger_url], env=env, cwd=tree,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    old_head = done.stdout.strip().splitlines()[-1]
+    seq = int(old_head.split(":")[0])
+
+    ledger = Ledger(ledger_url)
+    assert ledger.upgrade() == "0004"
+    acct = Accountant(ledger)
+    # the old chain is intact, and one migration entry commits the baseline
+    rep = acct.verify(expect_head=old_head)
+    assert rep.entries == seq + 1
+    with ledger.engine.connect() as conn:
+        stored = [r[0] for r in conn.execute(text("SELECT subject FROM subject_spend"))]
+        reports = [r[0] for r in conn.execute(text("SELECT subject FROM session_reports"))]
+        kind = conn.execute(text("SELECT kind FROM audit_log WHERE seq = :s"),
+                            {"s": seq + 1}).scalar()
+    assert kind == "migration"
+    assert sorted(stored) == sorted(ledger.pseudonyms(
+        ["alice", "bob", "000007", "a", "b"]).tolist())  # "a", "b": the session charged them
+    assert sorted(reports) == sorted(ledger.pseudonyms(["a", "b"]).tolist())
+    # the same people keep their spends and caps
+    assert acct.subject_spend("d", "alice") == Decimal("0.5")
+    assert acct.subject_spend("d", "000007") == Decimal("0.5")
+    r = acct.charge_subjects("d", "0.6", ["alice", "carol"])
+    assert (r.accepted, r.rejected_over_cap) == (1, 1)
+    # a session opened before the upgrade goes on: "a" has answered, "c" has not
+    res = S.submit_reports(acct, 1, ["a", "c"], [1, 1])
+    assert res.accepted == 1 and res.reasons == {"subject already reported in this session": 1}
+    # a key used before the upgrade still replays its charge and refuses another cost
+    assert acct.charge("d", ZCDP(rho="0.1"), idempotency_key="old-key").replayed
+    with pytest.raises(InvalidInput, match="idempotency key 'old-key'"):
+        acct.charge("d", ZCDP(rho="0.2"), idempotency_key="old-key")
+    acct.verify()
+    # the migrated rows are now covered: moving units between two old subjects is detected
+    a, b = ledger.pseudonyms(["alice", "bob"]).tolist()
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE subject_spend SET spent_units = spent_units - 1 "
+                          "WHERE subject = :a"), {"a": a})
+        conn.execute(text("UPDATE subject_spend SET spent_units = spent_units + 1 "
+                          "WHERE subject = :b"), {"b": b})
+    with pytest.raises(AuditFailed, match="subject row"):
+        acct.verify()
+    ledger.close()
