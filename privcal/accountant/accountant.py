@@ -26,7 +26,7 @@ nothing. See DESIGN.md, "The flow of one calibration", for :meth:`Accountant.run
   (HMAC with the ledger secret, never a plain hash of ids). The same key with the
   same request replays the original result; any difference is
   :class:`~privcal.errors.InvalidInput` naming the key. Charges made before
-  migration 0004 have no digest: their key is compared on kind and cost only.
+  migration 0005 have no digest: their key is compared on kind and cost only.
 - ``run`` checks everything that needs only the parameters and the public shape
   (``calibrator.guarantee``, e.g. an infeasible plan) before the charge, and — for
   local-DP methods — again inside the charge transaction for the subjects actually
@@ -492,7 +492,7 @@ def _check_replay(old: Charge, key: str, digest: str | None, *, scope: str,
     """InvalidInput naming ``key`` unless ``old`` was charged for this very request."""
     if old.request_digest is not None:
         same = old.request_digest == digest
-    else:  # a charge from before migration 0004: only its scope and cost are known
+    else:  # a charge from before migration 0005: only its scope and cost are known
         same = old.scope == scope and same_cost
     if not same:
         what = (f"a local-DP batch (ε0 {acc.dstr(old.eps0)})" if old.scope == "subjects"

@@ -239,7 +239,7 @@ def charge_doc(c: Charge, dataset_name: str) -> dict[str, Any]:
     charged pseudonyms, never subject ids); the request digest of an idempotency key.
 
     ``request_digest`` and ``members_digest`` appear only when set, so entries written before
-    migration 0004 still equal the doc of their row.
+    migration 0005 still equal the doc of their row.
     """
     extra = {k: v for k, v in (("request_digest", c.request_digest),
                                ("members_digest", c.members_digest)) if v is not None}

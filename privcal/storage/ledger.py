@@ -468,7 +468,7 @@ class Ledger:
     def subject_key(self) -> bytes:
         """The ledger's secret HMAC key of subject pseudonyms (:mod:`privcal.storage.pseudonyms`).
 
-        Made by migration 0004; a ledger built without migrations gets one on first use.
+        Made by migration 0005; a ledger built without migrations gets one on first use.
         """
         if self._subject_key is not None:
             return self._subject_key
@@ -675,7 +675,7 @@ class Ledger:
         that is not canonical, a dataset/charge/release row that differs from what
         its entry recorded (an edited threshold or amount) or has no entry, running
         totals that do not equal the sum of the charges, per-subject spends that the
-        logged local-DP charges (and the 0004 baseline) do not add up to subject by
+        logged local-DP charges (and the 0005 baseline) do not add up to subject by
         subject, session status/state or reports that differ from what their entries
         committed, a replaced ledger secret, and — with ``expect_head="SEQ:HASH"`` — a log
         truncated before SEQ or rewritten up to it.
@@ -850,7 +850,7 @@ class Ledger:
                         migration: tuple[int, dict[str, Any]] | None) -> None:
         """Recompute every per-subject spend from the chain (issue 16 item 3).
 
-        Expected units of (dataset, pseudonym) = its baseline (committed by the 0004
+        Expected units of (dataset, pseudonym) = its baseline (committed by the 0005
         ``migration`` entry) + ε0 of every local-DP charge whose committed members include
         it. Any difference from ``subject_spend`` — a renamed subject, moved, added or
         deleted units — fails naming the dataset and the pseudonym.

@@ -101,7 +101,7 @@ class Dataset(Base):
     subject_epsilon: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
     allow_nonprivate: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # the (ε, δ) cap's grid of Rényi orders, decimal strings, fixed at creation (migration 0004);
+    # the (ε, δ) cap's grid of Rényi orders, decimal strings, fixed at creation (migration 0005);
     # NULL for pure and zCDP caps, and for (ε, δ) datasets created before the grid existed
     # (those use accounting.MIGRATED_RENYI_ORDERS)
     renyi_orders: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
@@ -155,7 +155,7 @@ class ChargeMembers(Base):
 
 
 class SubjectBaseline(Base):
-    """Per-subject spends as they stood when migration 0004 ran (committed in its audit entry)."""
+    """Per-subject spends as they stood when migration 0005 ran (committed in its audit entry)."""
 
     __tablename__ = "subject_baseline"
 

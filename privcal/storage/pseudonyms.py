@@ -3,7 +3,7 @@
 **Pseudonyms** (issue 16 item 6). ``subject_spend``, ``subject_baseline`` and
 ``session_reports`` never hold a subject or agent id: they hold
 ``HMAC-SHA256(K, UTF-8(id))`` in hex, with ``K`` a 256-bit secret made once per
-ledger (``ledger_secret``, created by migration 0004 at ``privcal db upgrade``, or on
+ledger (``ledger_secret``, created by migration 0005 at ``privcal db upgrade``, or on
 first use of a ledger built without migrations). ``budget show --subject ID``
 recomputes the pseudonym of ``ID`` and looks it up.
 

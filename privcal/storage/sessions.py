@@ -88,7 +88,7 @@ class SessionReport(Base):
     round: Mapped[int] = mapped_column(Integer)
     value: Mapped[str] = mapped_column(String(64))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # the session batch that stored it (0: stored before migration 0004, committed by its entry)
+    # the session batch that stored it (0: stored before migration 0005, committed by its entry)
     batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
@@ -198,7 +198,7 @@ def check_sessions(s: Session, sessions: dict[int, CollectionSession],
     for sid, row in sorted(sessions.items()):
         last = tally.state.get(sid)
         if last is None:
-            continue  # opened before 0004 on a ledger whose log was empty at migration: none
+            continue  # opened before 0005 on a ledger whose log was empty at migration: none
         seq, status, digest = last
         if row.status != status or state_digest(row.state) != digest:
             raise AuditFailed(f"audit entry {seq}: session {sid}'s status or state differs from "

@@ -1,4 +1,4 @@
-"""Upgrading a ledger written by the landed privcal (schema 0003) to 0004, with data in it, on
+"""Upgrading a ledger written by the landed privcal (schema 0004) to 0005, with data in it, on
 SQLite and PostgreSQL (issue 16 items 3, 6): ids become pseudonyms, caps keep binding the same
 people, the old chain still verifies, and from then on the per-subject rows and sessions are
 recomputed from the chain.
@@ -26,8 +26,8 @@ from privcal.costs import ZCDP
 from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage import Ledger
 
-#: the last landed commit before migration 0004 (its schema head is 0003)
-LANDED = "6e56451ff6d6b445636680f07b9dec1eebde8f16"
+#: the last landed commit before migration 0005 (its schema head is 0004)
+LANDED = "0535d15c0b5fa1484788a8ab03d9e1db0a8da3f5"
 ROOT = Path(__file__).resolve().parents[1]
 
 OLD_SCRIPT = """
@@ -38,7 +38,7 @@ from privcal.accountant import sessions as S
 from privcal.costs import ZCDP
 acct = Accountant(sys.argv[1])
 acct.ledger.upgrade()
-assert acct.ledger.current() == "0003"
+assert acct.ledger.current() == "0004"
 acct.create_dataset("d", rho=1, subject_epsilon=1)
 acct.charge_subjects("d", "0.5", ["alice", "bob", "000007"])
 acct.charge("d", ZCDP(rho="0.1"), idempotency_key="old-key")
@@ -74,7 +74,7 @@ def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Pat
     seq = int(old_head.split(":")[0])
 
     ledger = Ledger(ledger_url)
-    assert ledger.upgrade() == "0004"
+    assert ledger.upgrade() == "0005"
     acct = Accountant(ledger)
     # the old chain is intact, and one migration entry commits the baseline
     rep = acct.verify(expect_head=old_head)

@@ -12,10 +12,10 @@
   ``audit verify`` can recompute all of them from the chain from now on.
 
 Downgrade drops the new tables and columns; pseudonyms cannot be turned back into ids
-and the ``migration`` entry stays in the log (privcal before 0004 will not verify it).
+and the ``migration`` entry stays in the log (privcal before 0005 will not verify it).
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-23
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004"
-down_revision: str | None = "0003"
+revision: str = "0005"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
