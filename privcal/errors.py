@@ -44,6 +44,15 @@ class BudgetRefused(PrivcalError):
         self.remaining = remaining
 
 
+class NothingAccepted(PrivcalError):
+    """A batch of reports of which no row was accepted; ``details`` holds the counts
+    (``accepted``, ``rejected``, ``reasons``: rows per reason, never an id)."""
+
+    def __init__(self, message: str, *, details: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})
+
+
 class AuditFailed(PrivcalError):
     """The audit log, or a recorded guarantee, does not verify."""
 

@@ -38,4 +38,6 @@ def test_bad_input_exit_1_and_usage_exit_2() -> None:
     r = CliRunner().invoke(main, ["advise", "--k", "10", "--epsilon", "2", "--alpha", "0.1"])
     assert r.exit_code == 2
     r = CliRunner().invoke(main, [*ARGS[:-1], "1.5", "--json"])
-    assert r.exit_code == 1 and "α must be in (0, 1)" in r.stderr and r.stdout == ""
+    assert r.exit_code == 1 and "α must be in (0, 1)" in r.stderr
+    # issue 15: under --json the failure is also one JSON error document on stdout
+    assert json.loads(r.stdout)["error"]["exit_code"] == 1

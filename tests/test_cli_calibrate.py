@@ -223,7 +223,10 @@ def test_refusal_past_the_budget(env: Env) -> None:
     res = env.run("calibrate", "pcoqs", "--dataset", "closed", "--alpha", "0.1", "--rho", "0.6",
                   "--scores", env.f("s.npy"), "--json")  # fmt: skip
     assert res.exit_code == 3
-    assert res.stdout == ""
+    # issue 15: under --json a failure is also one JSON error document on stdout
+    err = json.loads(res.stdout)["error"]
+    assert err["type"] == "BudgetRefused" and err["exit_code"] == 3
+    assert err["scope"] and err["remaining"] and err["message"].startswith("budget refused")
     line = res.stderr.strip()
     assert len(line.splitlines()) == 1 and line.startswith("error: budget refused")
     assert "closed" in line and "0.4" in line  # the scope and what is left
@@ -284,7 +287,7 @@ def test_predict_known_sets(env: Env) -> None:
     assert json.loads(Path(env.f("sets.json")).read_text()) == [[0]] * 50
     bad = env.run("predict", "--release", str(rid), "--probs", env.f("tp.npy"),
                   "--out", env.f("sets.txt"))  # fmt: skip
-    assert bad.exit_code == 1 and "--out must end in .npy, .npz or .json" in bad.stderr
+    assert bad.exit_code == 1 and "--out must end in .npy, .npz, .json, .csv, .parquet" in bad.stderr
 
 
 def test_evaluate_known_metrics(env: Env) -> None:

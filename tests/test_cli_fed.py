@@ -51,7 +51,8 @@ def test_unequal_sizes() -> None:
 
 def test_refusals_exit_1() -> None:
     small = _run("--agents", "5", "--local-n", "10", "--alpha", "0.1", "--epsilon", "1", "--json")
-    assert small.exit_code == 1 and small.stdout == ""
+    assert small.exit_code == 1  # issue 15: --json: one JSON error document on stdout
+    assert json.loads(small.stdout)["error"]["type"] == "InfeasiblePlan"
     assert small.stderr.startswith("error: ") and "too small for n" in small.stderr
     tiny = _run("--agents", "2", "--local-n", "2", "--alpha", "0.1")
     assert tiny.exit_code == 1 and "no FedCP-QQ plan" in tiny.stderr

@@ -71,7 +71,6 @@ def test_idempotent_charge_cli(url: str) -> None:
 
 @pytest.mark.parametrize("args", [
     ("charge", "d", "--epsilon", "-1"),
-    ("charge", "d", "--epsilon", "abc"),
     ("charge", "d", "--approx-epsilon", "1", "--approx-delta", "1"),
     ("charge", "d", "--approx-epsilon", "1", "--approx-delta", "2"),
     ("charge", "d", "--epsilon", "1", "--rho", "1"),
@@ -93,6 +92,24 @@ def test_bad_input_one_line_error_nothing_changed(url: str, args: tuple[str, ...
     assert _state(url) == before
 
 
+@pytest.mark.parametrize("args", [
+    ("charge", "d", "--epsilon", "abc"),
+    ("charge", "d", "--rho", "1e400x"),
+    ("charge", "d", "--epsilon", "inf"),
+    ("dataset", "create", "e", "--rho", "NaN"),
+    ("dataset", "create", "e", "--epsilon", "1", "--delta", "one"),
+    ("dataset", "create", "e", "--rho", "1", "--subject-epsilon", ""),
+])
+def test_malformed_amount_is_a_usage_error(url: str, args: tuple[str, ...]) -> None:
+    """Issue 15: amounts are parsed by a click decimal type; a malformed one exits 2 (usage)."""
+    run(url, "dataset", "create", "d", "--epsilon", "5")
+    before = _state(url)
+    r = run(url, *args)
+    assert r.exit_code == 2, r.output
+    assert "not a" in r.stderr and r.stdout == ""
+    assert _state(url) == before
+
+
 def test_malformed_url_is_one_line() -> None:
     r = CliRunner().invoke(main, ["--db-url", "definitely not a url", "dataset", "list"])
     assert r.exit_code == 1 and r.stderr.startswith("error: malformed ledger URL")
@@ -100,6 +117,12 @@ def test_malformed_url_is_one_line() -> None:
 
 
 def test_stale_schema_exit_5(ledger_url: str) -> None:
+    if ledger_url.startswith("sqlite"):
+        # issue 15: a new SQLite file is created on first use; an existing one of an older
+        # schema is what is refused (PostgreSQL: an empty database is refused too)
+        old = Ledger(ledger_url)
+        old.upgrade("0001")
+        old.close()
     r = run(ledger_url, "dataset", "list")
     assert r.exit_code == 5 and "privcal db upgrade" in r.stderr
     assert run(ledger_url, "db", "check").exit_code == 5

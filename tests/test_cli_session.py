@@ -144,9 +144,12 @@ def test_fedcp2_session_from_cli(ledger: Any, tmp_path: Path) -> None:
     assert acct.verify().guarantees_recomputed == 1
     # a late message changes nothing
     head = ledger.head()
-    out = _json(url, "session", "submit", sid, "--reports", _write(
-        tmp_path / "late.csv", ["agent", "value"], [["h9", msgs["h5"]]]))
-    assert out["accepted"] == 0 and out["reasons"] == {"late: session is released": 1}
+    late = _cli(url, "session", "submit", sid, "--reports", _write(
+        tmp_path / "late.csv", ["agent", "value"], [["h9", msgs["h5"]]]), "--json")
+    # issue 15: a batch of which nothing is accepted exits 1, with the counts
+    assert late.exit_code == 1
+    err = json.loads(late.stdout)["error"]
+    assert err["accepted"] == 0 and err["reasons"] == {"late: session is released": 1}
     assert ledger.head() == head
     assert acct.subject_spend("hospitals", "h5") == 0
     assert acct.subject_spend("hospitals", "h4") == 10

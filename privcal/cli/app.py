@@ -9,40 +9,123 @@
 
 from __future__ import annotations
 
+import difflib
+import io
 import json
 import math
+import shutil
 import sys
 import warnings
-from collections.abc import Callable
-from decimal import Decimal
+from collections.abc import Callable, Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import click
 
 from privcal import __version__
-from privcal.errors import PrivcalError
+from privcal.errors import BudgetRefused, PrivcalError
+
+
+def wants_json(args: Sequence[str]) -> bool:
+    """``--json`` anywhere on the command line (before a ``--``), before or after the command."""
+    for a in args:
+        if a == "--":
+            return False
+        if a == "--json":
+            return True
+    return False
+
+
+def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
+    """The one JSON document a failure writes to stdout under ``--json``."""
+    if isinstance(exc, click.ClickException):
+        message = exc.format_message()
+    else:
+        message = str(exc)
+    err: dict[str, Any] = {"type": type(exc).__name__, "message": message,
+                           "exit_code": exit_code}
+    if isinstance(exc, BudgetRefused):
+        err.update(scope=exc.scope, asked=exc.asked, remaining=exc.remaining)
+    details = getattr(exc, "details", None)
+    if isinstance(details, dict):
+        err.update(details)
+    return {"error": err}
+
+
+def _write_error_document(exc: BaseException, exit_code: int) -> None:
+    doc = to_jsonable(error_document(exc, exit_code))
+    sys.stdout.write(json.dumps(doc, default=_default, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _suggest(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
 class PrivcalGroup(click.Group):
-    """A group that turns library errors into one-line messages and stable exit codes."""
+    """A group whose commands all take ``--json`` and ``--db-url`` (before or after the
+    command name), that turns library errors into one-line messages and stable exit codes
+    (plus one JSON error document on stdout under ``--json``), and that suggests the nearest
+    command for a mistyped one."""
+
+    #: subgroups (``dataset``, ``budget``, …) behave the same
+    group_class = type
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        if parent is None:  # the root: learn --json from the whole command line first
+            extra.setdefault("obj", Settings(as_json=wants_json(args)))
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:
+            if parent is None and wants_json(args):
+                _write_error_document(exc, exc.exit_code)
+            raise
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            add_common_options(cmd)
+        return cmd
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name = click.utils.make_str(args[0]) if args else ""
+        if args and not name.startswith("-") and self.get_command(ctx, name) is None:
+            ctx.fail(f"No such command {name!r}.{_suggest(name, self.list_commands(ctx))}")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        settings = ctx.find_object(Settings)
+        root = ctx.parent is None
         try:
             return super().invoke(ctx)
         except PrivcalError as exc:
+            if not root:
+                raise
+            if settings is not None and settings.as_json:
+                _write_error_document(exc, exc.exit_code)
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except click.ClickException as exc:
+            if root and settings is not None and settings.as_json:
+                _write_error_document(exc, exc.exit_code)
+            raise
 
 
 class Settings:
     """Per-invocation settings shared by subcommands through ``ctx.obj``."""
 
-    def __init__(self, db_url: str | None) -> None:
+    def __init__(self, db_url: str | None = None, *, as_json: bool = False) -> None:
         self.db_url = db_url
+        self.as_json = as_json
         self._ledger: Any = None
 
     def ledger(self) -> Any:
-        """The ledger (opened, and created/migrated if it is the embedded default, on first use)."""
+        """The ledger (opened, and created/migrated if it is a new SQLite file, on first use)."""
         if self._ledger is None:
             from privcal.storage import Ledger
 
@@ -55,11 +138,102 @@ class Settings:
         return Accountant(self.ledger())
 
 
-pass_settings = click.make_pass_decorator(Settings)
+pass_settings = click.make_pass_decorator(Settings, ensure=True)
 
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Write one JSON document to stdout and nothing else."
-)
+
+def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    settings = ctx.ensure_object(Settings)
+    if value:
+        settings.as_json = True
+    return settings.as_json
+
+
+def _db_url_value(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.ensure_object(Settings).db_url = value
+
+
+_JSON_HELP = "Write one JSON document to stdout and nothing else (also on failure)."
+_DB_URL_HELP = ("SQLAlchemy URL of the ledger (default: a SQLite file in the user data dir, "
+                "or $PRIVCAL_HOME). Env: PRIVCAL_DATABASE_URL.")
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_json_flag,
+                           help=_JSON_HELP)
+
+
+def add_common_options(cmd: click.Command) -> click.Command:
+    """Give ``cmd`` (and, for a group, nothing: its leaves get them when resolved) the
+    ``--json`` and ``--db-url`` options, so they work after the command name too."""
+    if isinstance(cmd, click.Group) or getattr(cmd, "_privcal_common", False):
+        return cmd
+    names = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    if "--json" not in names:
+        cmd.params.append(click.Option(["--json", "_privcal_json"], is_flag=True,
+                                       expose_value=False, callback=_json_flag,
+                                       help=_JSON_HELP))
+    if "--db-url" not in names:
+        cmd.params.append(click.Option(["--db-url", "_privcal_db_url"], expose_value=False,
+                                       callback=_db_url_value, help=_DB_URL_HELP,
+                                       shell_complete=_complete_url))
+    cmd._privcal_common = True  # type: ignore[attr-defined]
+    return cmd
+
+
+def _complete_url(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    from click.shell_completion import CompletionItem
+
+    return [CompletionItem(u) for u in ("sqlite:///", "postgresql+psycopg://")
+            if u.startswith(incomplete)]
+
+
+class AmountType(click.ParamType):
+    """An exact decimal amount (ε, ρ, δ): a malformed or non-finite number is a usage error."""
+
+    name = "decimal"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Decimal:
+        if isinstance(value, Decimal):
+            d = value
+        else:
+            try:
+                d = Decimal(str(value).strip())
+            except (InvalidOperation, ValueError):
+                self.fail(f"{value!r} is not a decimal number", param, ctx)
+        if not d.is_finite():
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return d
+
+
+AMOUNT = AmountType()
+
+
+def complete_dataset(ctx: click.Context, param: click.Parameter,
+                     incomplete: str) -> list[Any]:
+    """Shell completion of dataset names from the ledger (nothing if it cannot be read)."""
+    from click.shell_completion import CompletionItem
+
+    root = ctx.find_root()
+    url = root.params.get("db_url") or None
+    try:
+        from privcal.storage import Ledger
+
+        ledger = Ledger(url)
+        if not ledger.exists():
+            return []
+        from privcal.accountant import Accountant
+
+        names = [d.name for d in Accountant(ledger).datasets()]
+        ledger.close()
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+    return [CompletionItem(n) for n in names if n.startswith(incomplete)]
+
+
+def dataset_option(required: bool = True, help: str = "The dataset (by name).") -> Any:
+    """``--dataset NAME``: how every command names a dataset (completes from the ledger)."""
+    return click.option("--dataset", "dataset", required=required, help=help,
+                        shell_complete=complete_dataset)
 
 
 def _default(o: Any) -> Any:
@@ -101,17 +275,56 @@ def emit(data: Any, *, as_json: bool, human: Callable[[], None] | str | None = N
         click.echo(json.dumps(to_jsonable(data), default=_default, indent=2))
 
 
-def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """A plain aligned text table."""
+def _width() -> int:
+    """The terminal's width; not a terminal (a pipe, a file): no wrapping."""
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size().columns)
+    return 100_000
+
+
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None,
+          title: str | None = None) -> str:
+    """An aligned text table for people (rich): columns wrapped to the terminal's width."""
     if not rows:
         return "(none)"
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     cols = columns or list(rows[0])
-    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(out)
+    t = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
+    for c in cols:
+        t.add_column(str(c), overflow="fold")
+    for r in rows:
+        t.add_row(*(cell(r.get(c, "")) for c in cols))
+    buf = io.StringIO()
+    Console(file=buf, width=_width(), color_system=None, highlight=False,
+            emoji=False, markup=False, soft_wrap=False).print(t)
+    return "\n".join(line.rstrip() for line in buf.getvalue().strip("\n").splitlines())
+
+
+def cell(value: Any) -> str:
+    """A value as people read it: no Python reprs (``None`` → ``-``, dicts as k=v, decimals
+    plain, floats in 10 significant digits, ``inf`` as ``+inf``)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Decimal):
+        from privcal.costs import plain
+
+        return plain(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "+inf" if value > 0 else "-inf"
+        return f"{value:.10g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={cell(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(cell(v) for v in value) or "-"
+    if hasattr(value, "isoformat"):
+        return value.isoformat(sep=" ", timespec="seconds")
+    return str(value)
 
 
 def info(message: str) -> None:
@@ -120,21 +333,36 @@ def info(message: str) -> None:
 
 
 @click.group(cls=PrivcalGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--db-url",
-    envvar="PRIVCAL_DATABASE_URL",
-    default=None,
-    help="SQLAlchemy URL of the ledger (default: a SQLite file in the user data dir, "
-    "or $PRIVCAL_HOME). Env: PRIVCAL_DATABASE_URL.",
-)
+@click.option("--db-url", envvar="PRIVCAL_DATABASE_URL", default=None, help=_DB_URL_HELP,
+              shell_complete=_complete_url)
+@click.option("--json", "as_json", is_flag=True, callback=_json_flag, help=_JSON_HELP)
 @click.version_option(__version__, prog_name="privcal")
 @click.pass_context
-def main(ctx: click.Context, db_url: str | None) -> None:
+def main(ctx: click.Context, db_url: str | None, as_json: bool) -> None:
     """privcal: differentially private conformal calibration with a privacy-budget ledger.
 
-    Exit codes: 0 ok, 1 error, 2 usage, 3 budget refused, 4 audit verification
-    failed, 5 ledger schema out of date (run `privcal db upgrade`).
+    `--json` and `--db-url` go before or after the command. Exit codes: 0 ok, 1 error,
+    2 usage, 3 budget refused, 4 audit verification failed, 5 ledger schema out of date
+    (run `privcal db upgrade`).
     """
-    ctx.obj = Settings(db_url)
+    settings = ctx.ensure_object(Settings)
+    settings.db_url = db_url
     # library warnings (e.g. a plugin trying to shadow a built-in) as one line on stderr
     warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+
+
+@main.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL.
+
+    \b
+    bash:  eval "$(privcal completion bash)"   (e.g. in ~/.bashrc)
+    zsh:   eval "$(privcal completion zsh)"    (e.g. in ~/.zshrc)
+    fish:  privcal completion fish > ~/.config/fish/completions/privcal.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # the Choice admits only shells click supports
+    click.echo(cls(main, {}, "privcal", "_PRIVCAL_COMPLETE").source())

@@ -18,7 +18,17 @@ import numpy as np
 
 from privcal.calibrators import registry
 from privcal.calibrators.base import PRIVACY_MODEL_LABELS
-from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.cli.app import (
+    PrivcalGroup,
+    add_common_options,
+    complete_dataset,
+    emit,
+    info,
+    json_option,
+    main,
+    pass_settings,
+    table,
+)
 from privcal.cli.inputs import load_array
 from privcal.errors import InvalidInput
 
@@ -26,8 +36,11 @@ from privcal.errors import InvalidInput
 COMMON = {
     "dataset", "scores", "probs", "labels", "score", "score_option", "agent_of", "subjects",
     "requester", "idempotency_key", "dry_run", "as_json", "simulate", "shuffled",
-    "assume_unlinkable_features",
+    "assume_unlinkable_features", "columns", "label_column",
 }  # fmt: skip
+
+#: a file option: completes paths in the shell, keeps FILE:COLUMN specs as text
+FILE = click.Path(dir_okay=False)
 
 
 def _unwrap_optional(ann: Any) -> Any:
@@ -188,7 +201,7 @@ def _amounts(d: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in d.items()) or "(no cap)"
 
 
-class CalibrateGroup(click.Group):
+class CalibrateGroup(PrivcalGroup):
     """One subcommand per calibrator name, built on demand from the registry."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -197,7 +210,7 @@ class CalibrateGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in registry.names():
             return None
-        return _make_calibrate_command(name)
+        return add_common_options(_make_calibrate_command(name))
 
 
 def _make_calibrate_command(name: str) -> click.Command:
@@ -223,16 +236,23 @@ def _make_calibrate_command(name: str) -> click.Command:
             )
         shape_only = bool(kw.get("dry_run"))
 
-        def load(option: str, what: str, matrix: bool = False, ids: bool = False) -> Any:
+        def load(option: str, what: str, matrix: bool = False, ids: bool = False,
+                 **extra: Any) -> Any:
             spec = kw.get(option)
             if not spec:
                 return None
-            return load_array(spec, what, matrix=matrix, shape_only=shape_only, ids=ids)
+            return load_array(spec, what, matrix=matrix, shape_only=shape_only, ids=ids,
+                              **extra)
 
+        label_column = kw.get("label_column")
+        columns = kw.get("columns")
+        if columns is not None and not kw.get("probs"):
+            raise InvalidInput("--columns selects the probability columns of --probs")
         arrays = {
             "scores": load("scores", "scores"),
-            "probs": load("probs", "probs", matrix=True),
-            "labels": load("labels", "labels"),
+            "probs": load("probs", "probs", matrix=True, columns=columns,
+                          exclude=(label_column,) if label_column else ()),
+            "labels": _labels(kw.get("labels"), label_column, kw.get("probs"), shape_only),
             "agents": load("agent_of", "agents", ids=True),
             "subjects": load("subjects", "subjects", ids=True),
         }
@@ -265,20 +285,33 @@ def _make_calibrate_command(name: str) -> click.Command:
         )
 
     opts: list[click.Parameter] = [
-        click.Option(["--dataset", "dataset"], required=True, help="Dataset whose budget pays."),
+        click.Option(["--dataset", "dataset"], required=True, help="Dataset whose budget pays.",
+                     shell_complete=complete_dataset),
     ]
     opts += param_options(model)
     if needs & {"scores"} or "probs" in needs:
         if "probs" not in needs:
-            opts.append(click.Option(["--scores"], help="Precomputed scores (n floats)."))
-        opts.append(click.Option(["--probs"], help="n×k probabilities (.npy/.npz/.csv/.parquet)."))
+            opts.append(click.Option(["--scores"], type=FILE,
+                                     help="Precomputed scores (n floats; FILE or FILE:COLUMN)."))
+        opts.append(click.Option(
+            ["--probs"], type=FILE,
+            help="n×k probabilities (.npy/.npz/.csv/.parquet; FILE:FIRST:LAST picks columns)."))
+        opts.append(click.Option(
+            ["--columns"],
+            help="The probability columns of a --probs table: FIRST:LAST (e.g. p0:p9) or A,B,C "
+            "(default: every column but the label column)."))
         opts.append(
             click.Option(
-                ["--labels"],
+                ["--labels"], type=FILE,
                 help="n labels in [0, k)"
-                + (" (the users' noisy labels)." if "probs" in needs else "."),
+                + (" (the users' noisy labels)" if "probs" in needs else "")
+                + "; FILE or FILE:COLUMN.",
             )
         )
+        opts.append(click.Option(
+            ["--label-column"],
+            help="The labels' column: of the --labels table, or of the --probs table when "
+            "--labels is not given."))
         if "score" not in model.model_fields:
             opts.append(
                 click.Option(["--score"], help="Score for --probs/--labels: lac, aps, raps.")
@@ -290,13 +323,15 @@ def _make_calibrate_command(name: str) -> click.Command:
         opts.append(
             click.Option(
                 ["--agent-of", "agent_of"],
+                type=FILE,
                 required=True,
                 help="The agent id of every score (same length as the scores).",
             )
         )
     if cal.privacy_model == "local":
         opts.append(
-            click.Option(["--subjects"], help="Subject id of every row (default: row number).")
+            click.Option(["--subjects"], type=FILE,
+                         help="Subject id of every row, read as text (default: row number).")
         )
         opts.append(
             click.Option(
@@ -352,6 +387,20 @@ def _make_calibrate_command(name: str) -> click.Command:
         short_help=cal.summary,
     )
     return json_option(cmd)
+
+
+def _labels(spec: str | None, label_column: str | None, probs: str | None,
+            shape_only: bool) -> Any:
+    """The labels: ``--labels FILE[:COLUMN]``, ``--labels TABLE --label-column C``, or the
+    column ``--label-column`` of the ``--probs`` table."""
+    if label_column is not None:
+        source = spec or probs
+        if source is None:
+            raise InvalidInput("--label-column names a column of --labels or of --probs")
+        if ".csv:" in source or ".parquet:" in source or ".npz:" in source:
+            raise InvalidInput(f"give the label column once: {source} or --label-column")
+        return load_array(f"{source}:{label_column}", "labels", shape_only=shape_only)
+    return load_array(spec, "labels", shape_only=shape_only) if spec else None
 
 
 def _dummy_params(model: type) -> Any:
@@ -438,7 +487,13 @@ def methods(as_json: bool) -> None:
     emit(rows, as_json=as_json, human=human)
 
 
+OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
+
+
 def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
+    """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
+    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (``0`` … ``k-1``)
+    and the set ``size``."""
     if out is None:
         return
     path = Path(out)
@@ -446,44 +501,65 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
         raise InvalidInput(f"--out {out}: is a directory; name a file")
     if not path.parent.is_dir():
         raise InvalidInput(f"--out {out}: the directory {path.parent} does not exist")
-    if path.suffix not in (".npy", ".npz", ".json"):
-        raise InvalidInput(f"--out must end in .npy, .npz or .json, got {path.name}")
+    suffix = path.suffix.lower()
+    if suffix not in OUT_SUFFIXES:
+        raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
     try:
-        _write_sets_to(sets, path)
+        _write_sets_to(sets, path, suffix)
     except OSError as exc:
         raise InvalidInput(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
     if not as_json:
         info(f"wrote {sets.shape[0]} prediction sets to {path}")
 
 
-def _write_sets_to(sets: np.ndarray, path: Path) -> None:
-    if path.suffix == ".npy":
+def _write_sets_to(sets: np.ndarray, path: Path, suffix: str) -> None:
+    if suffix == ".npy":
         np.save(path, sets)
-    elif path.suffix == ".npz":
+    elif suffix == ".npz":
         np.savez_compressed(path, sets=sets)
-    elif path.suffix == ".json":
+    elif suffix == ".json":
         import json
 
         path.write_text(json.dumps([np.flatnonzero(r).tolist() for r in sets]))
+    else:
+        import pyarrow as pa
+
+        cols = {str(j): pa.array(sets[:, j].astype(np.int8)) for j in range(sets.shape[1])}
+        cols["size"] = pa.array(sets.sum(axis=1).astype(np.int64))
+        tab = pa.table(cols)
+        if suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            pcsv.write_csv(tab, path)
+        else:
+            import pyarrow.parquet as pq
+
+            pq.write_table(tab, path)
 
 
 @main.command("predict")
 @click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", required=True, help="n×k probabilities of the points to predict.")
+@click.option("--probs", required=True, type=FILE,
+              help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns).")
+@click.option("--columns", default=None, help="The probability columns of a --probs table.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
 @click.option(
-    "--out", default=None, help="Write the sets to .npy/.npz (boolean n×k) or .json (lists)."
+    "--out", default=None, type=FILE,
+    help="Write the sets to .npy/.npz (boolean n×k), .json (lists), or .csv/.parquet (one 0/1 "
+    "column per class, and the size).",
 )
 @json_option
 @pass_settings
 def predict(
-    settings: Any, release_id: int, probs: str, score: str | None, out: str | None, as_json: bool
+    settings: Any, release_id: int, probs: str, columns: str | None, score: str | None,
+    out: str | None, as_json: bool
 ) -> None:
     """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
     from privcal.accountant.conformalize import release_sets
 
     rel = settings.ledger().release(release_id)
-    sets = release_sets(rel, load_array(probs, "probs", matrix=True), score_name=score)
+    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
+                        score_name=score)
     _write_sets(sets, out, as_json)
     lists = [np.flatnonzero(r).tolist() for r in sets]
     sizes = sets.sum(axis=1)
@@ -503,20 +579,28 @@ def predict(
 
 @main.command("evaluate")
 @click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", required=True, help="n×k probabilities of held-out points.")
-@click.option("--labels", required=True, help="Their true labels.")
+@click.option("--probs", required=True, type=FILE, help="n×k probabilities of held-out points.")
+@click.option("--columns", default=None, help="The probability columns of a --probs table.")
+@click.option("--labels", default=None, type=FILE, help="Their true labels (FILE or FILE:COLUMN).")
+@click.option("--label-column", default=None,
+              help="The labels' column, of --labels or of the --probs table.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
 @json_option
 @pass_settings
 def evaluate(
-    settings: Any, release_id: int, probs: str, labels: str, score: str | None, as_json: bool
+    settings: Any, release_id: int, probs: str, columns: str | None, labels: str | None,
+    label_column: str | None, score: str | None, as_json: bool
 ) -> None:
     """Empirical coverage, mean set size and singleton fraction on held-out data."""
     from privcal.accountant.conformalize import evaluate_sets, release_sets
 
+    if labels is None and label_column is None:
+        raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
     rel = settings.accountant().release(release_id)  # coverage typed (.lower)
-    sets = release_sets(rel, load_array(probs, "probs", matrix=True), score_name=score)
-    ev = evaluate_sets(sets, load_array(labels, "labels"), rel.coverage.lower)
+    exclude = (label_column,) if label_column else ()
+    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns,
+                                        exclude=exclude), score_name=score)
+    ev = evaluate_sets(sets, _labels(labels, label_column, probs, False), rel.coverage.lower)
 
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")

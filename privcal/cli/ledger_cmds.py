@@ -11,17 +11,43 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from privcal.cli.app import Settings, emit, json_option, main, pass_settings, table
+from privcal.cli.app import (
+    AMOUNT,
+    Settings,
+    cell,
+    complete_dataset,
+    emit,
+    json_option,
+    main,
+    pass_settings,
+    table,
+)
 from privcal.costs import ZCDP, ApproxDP, PureDP
 from privcal.errors import InvalidInput
 
 
 def _fmt(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in d.items())
+    return cell(d)
 
 
-def _cost(epsilon: str | None, rho: str | None, approx_epsilon: str | None,
-          approx_delta: str | None) -> PureDP | ZCDP | ApproxDP:
+def _name_argument(f: Any) -> Any:
+    """The dataset, as ``--dataset NAME`` (as on every command) or as the argument NAME."""
+    f = click.option("--dataset", "dataset_opt", default=None, shell_complete=complete_dataset,
+                     help="The dataset (by name); same as the argument NAME.")(f)
+    return click.argument("name", required=False, shell_complete=complete_dataset)(f)
+
+
+def _dataset_name(name: str | None, option: str | None) -> str:
+    if name is not None and option is not None and name != option:
+        raise click.UsageError(f"two dataset names given: {name!r} and --dataset {option!r}")
+    chosen = option if option is not None else name
+    if chosen is None:
+        raise click.UsageError("name the dataset: --dataset NAME")
+    return chosen
+
+
+def _cost(epsilon: Any, rho: Any, approx_epsilon: Any,
+          approx_delta: Any) -> PureDP | ZCDP | ApproxDP:
     """The one cost given on the command line (a clear error otherwise)."""
     given = [epsilon is not None, rho is not None,
              approx_epsilon is not None or approx_delta is not None]
@@ -42,10 +68,10 @@ def _cost(epsilon: str | None, rho: str | None, approx_epsilon: str | None,
 
 
 _budget_options = [
-    click.option("--epsilon", help="pure ε-DP amount"),
-    click.option("--rho", help="ρ-zCDP amount"),
-    click.option("--approx-epsilon", help="ε of an (ε, δ) amount"),
-    click.option("--approx-delta", help="δ of an (ε, δ) amount"),
+    click.option("--epsilon", type=AMOUNT, help="pure ε-DP amount"),
+    click.option("--rho", type=AMOUNT, help="ρ-zCDP amount"),
+    click.option("--approx-epsilon", type=AMOUNT, help="ε of an (ε, δ) amount"),
+    click.option("--approx-delta", type=AMOUNT, help="δ of an (ε, δ) amount"),
 ]
 
 
@@ -62,22 +88,23 @@ def dataset() -> None:
 
 
 @dataset.command("create")
-@click.argument("name")
+@_name_argument
 @_with_budget
-@click.option("--delta", help="δ at which spent budgets are reported (default 1e-6, or the "
-              "(ε, δ) cap's δ)")
-@click.option("--subject-epsilon", help="per-subject ε cap for local-DP reports")
+@click.option("--delta", type=AMOUNT, help="the reporting δ: spent budgets are reported as "
+              "(ε, δ) at this δ (default 1e-6, or the (ε, δ) cap's δ)")
+@click.option("--subject-epsilon", type=AMOUNT, help="per-subject ε cap for local-DP reports")
 @click.option("--allow-nonprivate", is_flag=True, help="permit non-private releases (e.g. split)")
 @click.option("--renyi-orders", help="(ε, δ) budget only: comma-separated Rényi orders > 1 over "
               "which zCDP charges are converted, fixed for good (default 1.25,1.5,2,3,5,…,1025)")
 @click.option("--description", default="", help="free text")
 @json_option
 @pass_settings
-def dataset_create(settings: Settings, name: str, epsilon: str | None, rho: str | None,
-                   approx_epsilon: str | None, approx_delta: str | None, delta: str | None,
-                   subject_epsilon: str | None, allow_nonprivate: bool, renyi_orders: str | None,
+def dataset_create(settings: Settings, name: str | None, dataset_opt: str | None,
+                   epsilon: Any, rho: Any, approx_epsilon: Any, approx_delta: Any, delta: Any,
+                   subject_epsilon: Any, allow_nonprivate: bool, renyi_orders: str | None,
                    description: str, as_json: bool) -> None:
     """Create dataset NAME with a pure-ε, ρ-zCDP, or (ε, δ) budget."""
+    name = _dataset_name(name, dataset_opt)
     ds = settings.accountant().create_dataset(
         name, epsilon=epsilon, rho=rho, approx_epsilon=approx_epsilon, approx_delta=approx_delta,
         delta=delta, subject_epsilon=subject_epsilon, allow_nonprivate=allow_nonprivate,
@@ -94,20 +121,29 @@ def dataset_list(settings: Settings, as_json: bool) -> None:
     """List datasets."""
     rows = settings.accountant().datasets()
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
-        {"name": d.name, "budget": d.policy, "reporting δ": d.reporting_delta,
-         "subject ε": d.subject_epsilon if d.subject_epsilon is not None else "-",
-         "non-private": "yes" if d.allow_nonprivate else "no"} for d in rows])))
+        {"name": d.name, "budget": d.policy, "reporting δ": cell(d.reporting_delta),
+         "subject ε cap": cell(d.subject_epsilon),
+         "non-private": "allowed" if d.allow_nonprivate else "refused"} for d in rows])))
 
 
 @dataset.command("show")
-@click.argument("name")
+@_name_argument
 @json_option
 @pass_settings
-def dataset_show(settings: Settings, name: str, as_json: bool) -> None:
+def dataset_show(settings: Settings, name: str | None, dataset_opt: str | None,
+                 as_json: bool) -> None:
     """Show dataset NAME."""
-    ds = settings.accountant().dataset(name)
-    emit(ds, as_json=as_json, human=lambda: click.echo("\n".join(
-        f"{k}: {v}" for k, v in ds.model_dump(mode="json").items())))
+    ds = settings.accountant().dataset(_dataset_name(name, dataset_opt))
+    emit(ds, as_json=as_json, human=lambda: click.echo(table([
+        {"field": "name", "value": ds.name},
+        {"field": "budget", "value": ds.policy},
+        {"field": "reporting δ", "value": cell(ds.reporting_delta)},
+        {"field": "per-subject ε cap", "value": cell(ds.subject_epsilon)},
+        {"field": "non-private releases", "value": "allowed" if ds.allow_nonprivate
+         else "refused"},
+        {"field": "created", "value": cell(ds.created_at)},
+        {"field": "description", "value": ds.description or "-"},
+    ])))
 
 
 # ---------------------------------------------------------------- budget
@@ -117,14 +153,15 @@ def budget() -> None:
 
 
 @budget.command("show")
-@click.argument("name")
+@_name_argument
 @click.option("--subjects", is_flag=True, help="also summarise per-subject local-DP spends")
 @click.option("--subject", "subject_id", help="the local-DP spend of one subject")
 @json_option
 @pass_settings
-def budget_show(settings: Settings, name: str, subjects: bool, subject_id: str | None,
-                as_json: bool) -> None:
+def budget_show(settings: Settings, name: str | None, dataset_opt: str | None, subjects: bool,
+                subject_id: str | None, as_json: bool) -> None:
     """Show the budget of dataset NAME: the cap's guarantee and what is spent so far."""
+    name = _dataset_name(name, dataset_opt)
     acct = settings.accountant()
     rep = acct.budget(name)
     out: dict[str, Any] = rep.model_dump(mode="json")
@@ -134,37 +171,48 @@ def budget_show(settings: Settings, name: str, subjects: bool, subject_id: str |
         out["subject"] = {"id": subject_id, "spent": str(acct.subject_spend(name, subject_id))}
 
     def human() -> None:
-        click.echo(f"dataset {rep.dataset}: {rep.policy}")
-        click.echo(f"  spent      {_fmt(rep.spent)}")
-        click.echo(f"  remaining  {_fmt(rep.remaining)}")
+        dp = rep.spent_dp
         g = rep.guarantee
-        click.echo(f"  guarantee  ({g.epsilon}, {g.delta})-DP however requests adapt  [{g.rule}]")
-        click.echo(f"  spent so far as (ε, δ)  ε={rep.spent_dp.epsilon}, δ={rep.spent_dp.delta}  "
-                   f"[{rep.spent_dp.rule}]; not a guarantee under adaptive use")
-        click.echo(f"  charges    {rep.charges}, releases {rep.releases}")
+        rows: list[dict[str, Any]] = [
+            {"": "budget", "value": rep.policy},
+            {"": "spent", "value": _fmt(rep.spent) if rep.spent else "nothing"},
+            {"": "remaining", "value": _fmt(rep.remaining)},
+            {"": "guarantee", "value": f"({g.epsilon}, {g.delta})-DP however requests adapt "
+                                        f"({g.rule})"},
+            {"": "spent so far as (ε, δ)", "value": f"ε={cell(dp.epsilon)}, δ={cell(dp.delta)} "
+                                                     f"({dp.rule}); not a guarantee under "
+                                                     "adaptive use"},
+            {"": "per-subject ε cap", "value": cell(rep.subject_epsilon) if
+             rep.subject_epsilon is not None else "none (local-DP releases refused)"},
+            {"": "charges / releases", "value": f"{rep.charges} / {rep.releases}"},
+        ]
         if "subject_summary" in out:
-            s = out["subject_summary"]
-            click.echo(f"  subjects   {s['subjects']} (cap {s['subject_epsilon']}), "
-                       f"max {s['max']}, at cap {s['at_cap']}, quantiles {s['quantiles']}")
+            sm = out["subject_summary"]
+            rows.append({"": "subjects", "value": f"{sm['subjects']} charged, "
+                         f"{sm['at_cap']} at the cap, max ε0 {sm['max']}, "
+                         f"quantiles {cell(sm['quantiles'])}"})
         if "subject" in out:
-            click.echo(f"  subject {subject_id}: spent ε0 {out['subject']['spent']}")
+            rows.append({"": f"subject {subject_id}",
+                         "value": f"spent ε0={out['subject']['spent']}"})
+        click.echo(table(rows, title=f"dataset {rep.dataset}"))
 
     emit(out, as_json=as_json, human=human)
 
 
 # ---------------------------------------------------------------- charge
 @main.command("charge")
-@click.argument("name")
+@_name_argument
 @_with_budget
 @click.option("--purpose", help="why (recorded)")
 @click.option("--requester", help="who (recorded)")
 @click.option("--idempotency-key", help="a retried charge with the same key is recorded once")
 @json_option
 @pass_settings
-def charge_cmd(settings: Settings, name: str, epsilon: str | None, rho: str | None,
-               approx_epsilon: str | None, approx_delta: str | None, purpose: str | None,
+def charge_cmd(settings: Settings, name: str | None, dataset_opt: str | None, epsilon: Any,
+               rho: Any, approx_epsilon: Any, approx_delta: Any, purpose: str | None,
                requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
     """Charge the cost of a mechanism run outside privcal to dataset NAME (exit 3 if refused)."""
+    name = _dataset_name(name, dataset_opt)
     cost = _cost(epsilon, rho, approx_epsilon, approx_delta)
     r = settings.accountant().charge(name, cost, purpose=purpose, requester=requester,
                                      idempotency_key=idempotency_key)
@@ -180,16 +228,33 @@ def release() -> None:
 
 
 @release.command("list")
-@click.option("--dataset", "dataset_name", help="only this dataset")
+@click.option("--dataset", "dataset_name", help="only this dataset",
+              shell_complete=complete_dataset)
 @json_option
 @pass_settings
 def release_list(settings: Settings, dataset_name: str | None, as_json: bool) -> None:
     """List releases."""
     rows = settings.accountant().releases(dataset_name)
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
-        {"id": r.id, "dataset": r.dataset, "method": r.method, "threshold": r.threshold,
-         "coverage ≥": r.coverage.lower, "privacy": r.privacy.get("epsilon", "none"),
-         "created": r.created_at.isoformat(timespec="seconds")} for r in rows])))
+        {"id": r.id, "dataset": r.dataset, "method": r.method,
+         "threshold": cell(r.threshold), "coverage ≥": cell(r.coverage.lower),
+         "privacy (ε, δ)": privacy_cell(r.privacy),
+         "created": cell(r.created_at)} for r in rows])))
+
+
+def privacy_cell(privacy: dict[str, Any]) -> str:
+    """A release's privacy in one unit, (ε, δ)-DP (its recorded conversion), whatever its
+    cost's notion; local and federated guarantees say what they are about."""
+    cost = privacy.get("cost") or {}
+    if "epsilon" in privacy and "delta" in privacy:
+        text = f"({privacy['epsilon']}, {privacy['delta']})"
+        model = privacy.get("model")
+        return text if model in (None, "central") else f"{text} {model}"
+    if cost.get("kind") == "local":
+        return f"({cost.get('eps0')}, 0) local, per subject"
+    if not cost:
+        return "none (non-private)"
+    return cell(cost)
 
 
 @release.command("show")
@@ -199,8 +264,28 @@ def release_list(settings: Settings, dataset_name: str | None, as_json: bool) ->
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
     r = settings.accountant().release(release_id)
-    emit(r, as_json=as_json, human=lambda: click.echo("\n".join(
-        f"{k}: {v}" for k, v in r.model_dump(mode="json").items())))
+
+    def human() -> None:
+        cov = r.coverage
+        shape = ", ".join(f"{k}={cell(v)}" for k, v in r.shape.items()
+                          if not isinstance(v, list | dict)) if r.shape else "-"
+        rows = [
+            {"": "dataset", "value": r.dataset},
+            {"": "method", "value": f"{r.method} {r.calibrator_version} "
+                                    f"({r.distribution} {r.distribution_version})"},
+            {"": "threshold", "value": cell(r.threshold)},
+            {"": "parameters", "value": cell(r.params)},
+            {"": "data", "value": shape},
+            {"": "coverage", "value": cov.statement},
+            {"": "privacy", "value": str(r.privacy.get("statement") or privacy_cell(r.privacy))},
+            {"": "privacy (ε, δ)", "value": privacy_cell(r.privacy)},
+            {"": "requester", "value": cell(r.requester)},
+            {"": "created", "value": cell(r.created_at)},
+            {"": "charges", "value": cell(r.charge_ids)},
+        ]
+        click.echo(table(rows, title=f"release {r.id}"))
+
+    emit(r, as_json=as_json, human=human)
 
 
 # ---------------------------------------------------------------- audit
@@ -233,7 +318,8 @@ def audit_verify(settings: Settings, expect_head: str | None, signed_head: str |
 
 
 @audit.command("report")
-@click.option("--dataset", default=None, help="Only this dataset (default: all).")
+@click.option("--dataset", default=None, help="Only this dataset (default: all).",
+              shell_complete=complete_dataset)
 @json_option
 @pass_settings
 def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None:

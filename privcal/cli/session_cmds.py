@@ -3,8 +3,9 @@
 A thin skin over :mod:`privcal.accountant.sessions`. ``submit`` reads a report batch
 (``.csv``, ``.parquet`` or ``.npz``) with columns ``subject`` and ``bit`` (ldp-score,
 optional ``round``) or ``agent`` and ``value`` (federated). It prints how many rows
-were accepted and how many rejected per reason — never a subject id — and exits 0
-even when every row is rejected (the counts are the answer; nothing was written).
+were accepted and how many rejected per reason — never a subject id. A batch of which
+nothing is accepted exits 1 (nothing was written) with the counts, in the JSON error
+document under ``--json``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from typing import Any
 import click
 import numpy as np
 
-from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.cli.app import (
+    complete_dataset,
+    emit,
+    json_option,
+    main,
+    pass_settings,
+    table,
+)
 from privcal.cli.inputs import load_reports
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, NothingAccepted
 
 
 @main.group("session")
@@ -62,7 +70,8 @@ def _describe(s: Any) -> str:
 
 @session.command("open")
 @click.argument("method", type=click.Choice(["ldp-score", "fedcp2-qq", "fedcp-qq"]))
-@click.option("--dataset", required=True, help="Dataset whose budgets are charged.")
+@click.option("--dataset", required=True, help="Dataset whose budgets are charged.",
+              shell_complete=complete_dataset)
 @click.option("--alpha", type=float, required=True, help="Miscoverage α in (0, 1).")
 @click.option("--epsilon", type=float, default=None, help="ε of each user's / agent's report.")
 @click.option("--rounds", type=int, default=None, help="ldp-score: T rounds.")
@@ -134,6 +143,7 @@ def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 @session.command("submit")
 @click.argument("session_id", type=int)
 @click.option("--reports", required=True,
+              type=click.Path(dir_okay=False),
               help="Batch file: subject,bit[,round] (ldp-score) or agent,value (federated).")
 @click.option("--idempotency-key",
               help="Retrying the same batch with the same key records it once; another batch "
@@ -149,9 +159,13 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
     method = session_status(acct, session_id).method
     ids, values, rounds = _read_batch(reports, method)
     res = submit_reports(acct, session_id, ids, values, rounds, idempotency_key=idempotency_key)
+    why = ", ".join(f"{k}: {v}" for k, v in res.reasons.items()) or "none"
+    if res.accepted == 0 and not res.replayed:
+        raise NothingAccepted(
+            f"nothing was accepted: rejected {res.rejected} ({why}); the ledger is unchanged",
+            details={"accepted": 0, "rejected": res.rejected, "reasons": dict(res.reasons)})
 
     def human() -> None:
-        why = ", ".join(f"{k}: {v}" for k, v in res.reasons.items()) or "none"
         if res.replayed:
             click.echo("already recorded under this idempotency key:")
         click.echo(f"accepted {res.accepted}, rejected {res.rejected} ({why})")
@@ -165,8 +179,6 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
                        f"round {s.round}: {s.status}")
         else:
             click.echo(f"{s.received} of {(s.plan or {}).get('m')} agents have answered")
-        if res.accepted == 0:
-            info("nothing was accepted; the ledger is unchanged")
 
     emit(res, as_json=as_json, human=human)
 

@@ -3,8 +3,11 @@ the hash-chained audit log.
 
 ``Ledger(url=None)`` opens ``url``, else ``$PRIVCAL_DATABASE_URL``, else the
 embedded default, a SQLite file ``privcal.sqlite`` in ``$PRIVCAL_HOME`` or the
-platform's user data directory — created and migrated on first use. Any other
-ledger whose schema is not at the head revision is refused with
+platform's user data directory — created and migrated on first use. A new SQLite
+ledger named by URL (a file that does not exist yet or is empty, or ``sqlite://`` in
+memory) is likewise created and migrated on first use, as MLflow does. Any other
+ledger whose schema is not at the head revision — an existing SQLite file of an older
+privcal, or a PostgreSQL database before ``privcal db upgrade`` — is refused with
 :class:`~privcal.errors.SchemaOutOfDate` naming ``privcal db upgrade``.
 
 Write transactions go through :meth:`Ledger.write` (an ORM session) or
@@ -331,8 +334,35 @@ class Ledger:
                 conn.commit()
         self._schema_ok = False
 
+    def _sqlite_file(self) -> Path | None:
+        """The SQLite file of this ledger (None in memory or on PostgreSQL)."""
+        if self.backend != "sqlite" or self._url.database in (None, "", ":memory:"):
+            return None
+        return Path(self._url.database)
+
+    def exists(self) -> bool:
+        """False only for a SQLite file that does not exist yet (nothing is created)."""
+        path = self._sqlite_file()
+        return path is None or path.exists()
+
+    def _is_new_sqlite(self) -> bool:
+        """A SQLite ledger with nothing in it yet: in memory, a missing file, or an empty one."""
+        if self.backend != "sqlite":
+            return False
+        path = self._sqlite_file()
+        if path is not None and (not path.exists() or path.stat().st_size == 0):
+            if not path.parent.is_dir():
+                raise LedgerError(f"cannot create the ledger {path}: no such directory "
+                                  f"{path.parent}")
+            return True
+        from sqlalchemy import inspect
+
+        with self._connect(write=False) as conn:
+            return not inspect(conn).get_table_names()
+
     def ensure_schema(self) -> None:
-        """Before any ledger operation: migrate the embedded default, refuse other stale ledgers."""
+        """Before any ledger operation: create and migrate the embedded default and any new
+        SQLite ledger; refuse every other ledger whose schema is not current (exit 5)."""
         if self._schema_ok:
             return
         with self._lock:
@@ -340,10 +370,8 @@ class Ledger:
                 return
             if self.is_default and self.current() != self.head_revision():
                 self.upgrade()
-            elif self.backend == "sqlite" and self._url.database not in (None, "", ":memory:") \
-                    and not Path(self._url.database).exists():
-                # do not leave an empty file behind: connecting would create one
-                raise SchemaOutOfDate(f"ledger {self.url} does not exist: run `privcal db upgrade`")
+            elif self._is_new_sqlite():
+                self.upgrade()
             self.check()
             self._schema_ok = True
 
