@@ -11,8 +11,11 @@ where a missing or unreachable server is a failure.
 from __future__ import annotations
 
 import os
+import shutil
+import tomllib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -44,6 +47,45 @@ def _isolated_env(
     """No test reads the developer's ledger: PRIVCAL_HOME points at a temp dir."""
     monkeypatch.delenv("PRIVCAL_DATABASE_URL", raising=False)
     monkeypatch.setenv("PRIVCAL_HOME", str(tmp_path_factory.mktemp("privcal_home")))
+
+
+PLUGIN_DIR = Path(__file__).parent / "plugin_pkg"
+
+
+@pytest.fixture(scope="session")
+def _plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary site directory holding the example plugin distribution of ``plugin_pkg``:
+    its package and a ``.dist-info`` with its name, version and entry points, generated from
+    its ``pyproject.toml``. Nothing is installed into the environment the tests run in."""
+    project = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())["project"]
+    site = tmp_path_factory.mktemp("plugin_site")
+    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    lines = []
+    for group, eps in project["entry-points"].items():
+        lines.append(f"[{group}]")
+        lines += [f"{name} = {target}" for name, target in eps.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    for pkg in PLUGIN_DIR.iterdir():
+        if (pkg / "__init__.py").exists() and not pkg.name.endswith(".egg-info"):
+            shutil.copytree(pkg, site / pkg.name, ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+@pytest.fixture
+def example_plugin(_plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The example plugin visible to this test only (sys.path and, for subprocesses,
+    PYTHONPATH); the registry's cache is cleared before and after."""
+    from privcal.calibrators import registry
+
+    monkeypatch.syspath_prepend(str(_plugin_site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(_plugin_site), os.environ.get("PYTHONPATH", "")) if p))
+    registry.clear_cache()
+    yield _plugin_site
+    registry.clear_cache()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

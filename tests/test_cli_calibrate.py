@@ -323,7 +323,7 @@ def test_predict_scores_release_needs_score_name(env: Env) -> None:
 
 
 # --------------------------------------------------------------------------- methods
-def test_methods_lists_builtins_and_plugin(env: Env) -> None:
+def test_methods_lists_builtins_and_plugin(env: Env, example_plugin: Path) -> None:
     rows = {r["name"]: r for r in env.json("methods")}
     for name, model in BUILTINS.items():
         assert rows[name]["privacy_model"] == model
@@ -337,7 +337,7 @@ def test_methods_lists_builtins_and_plugin(env: Env) -> None:
         assert name in human and model in human
 
 
-def test_plugin_calibrates_through_the_cli(env: Env) -> None:
+def test_plugin_calibrates_through_the_cli(env: Env, example_plugin: Path) -> None:
     rel = env.json("calibrate", "example-max", "--dataset", "open", "--alpha", "0.1",
                    "--scores", env.f("s.npy"))["release"]  # fmt: skip
     assert rel["threshold"] == pytest.approx(float(np.load(env.f("s.npy")).max()))

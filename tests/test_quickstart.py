@@ -82,20 +82,35 @@ def test_quickstart_keep_leaves_a_verifiable_ledger(tmp_path: Path) -> None:
     assert sorted(home.iterdir()) == before
 
 
-def test_quickstart_on_a_given_ledger(ledger_url: str) -> None:
+def test_quickstart_never_writes_into_a_named_ledger(ledger_url: str) -> None:
+    """Issue 15: quickstart always runs on its own throw-away ledger and says so (before, it
+    wrote its dataset and releases into the ledger named by --db-url)."""
     runner = CliRunner()
     assert runner.invoke(main, ["--db-url", ledger_url, "db", "upgrade"]).exit_code == 0
-    res = runner.invoke(main, ["--db-url", ledger_url, "quickstart"], catch_exceptions=False)
+    head = json.loads(runner.invoke(main, ["--db-url", ledger_url, "audit", "head",
+                                           "--json"]).stdout)
+    for args in (["--db-url", ledger_url, "quickstart"], ["quickstart", "--db-url", ledger_url]):
+        res = runner.invoke(main, args, catch_exceptions=False)
+        assert res.exit_code == 0, res.stderr
+        _check_output(res.stdout)
+        assert "never writes into the ledger you named" in res.stderr
+    after = json.loads(runner.invoke(main, ["--db-url", ledger_url, "audit", "head",
+                                            "--json"]).stdout)
+    assert after == head
+    assert json.loads(runner.invoke(main, ["--db-url", ledger_url, "dataset", "list",
+                                           "--json"]).stdout) == []
+
+
+def test_quickstart_json_is_one_document(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["quickstart", "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
-    _check_output(res.stdout)
-    rels = json.loads(
-        runner.invoke(main, ["--db-url", ledger_url, "release", "list", "--json"]).stdout
-    )
-    assert len(rels) == 2
-    # a second run on the same ledger: the dataset exists already, a clear error
-    again = runner.invoke(main, ["--db-url", ledger_url, "quickstart"])
-    assert again.exit_code == 1
-    assert again.stderr.strip().splitlines()[-1] == "error: dataset 'digits-demo' already exists"
+    doc = json.loads(res.stdout)  # exactly one document, no narration on stdout
+    assert [r["method"] for r in doc["releases"]] == ["pcoqs", "exponq"]
+    assert [r["method"] for r in doc["refused"]] == ["split", "pcoqs"]
+    assert doc["log_head_unchanged_after_refusals"] is True
+    assert doc["verify"]["guarantees_recomputed"] == 2
+    assert doc["budget"]["spent"] == {"rho": "0.325"}
+    assert not Path(doc["ledger"].removeprefix("sqlite:///")).exists()
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

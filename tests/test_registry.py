@@ -1,8 +1,9 @@
 """The calibrator registry: built-ins, a real third-party plugin, shadowing, unknown names.
 
-The plugin is the distribution in ``tests/plugin_pkg`` and must be installed in the
-test environment beforehand (``pip install --no-deps tests/plugin_pkg``); these tests
-fail, not skip, when it is missing.
+The plugin is the distribution in ``tests/plugin_pkg``, made visible to these tests only
+through a test-only entry point (the ``example_plugin`` fixture of ``conftest.py`` puts its
+package and a generated ``.dist-info`` on ``sys.path``): the README's test command installs
+nothing but privcal and its test extras. These tests fail, not skip, when it is not found.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from privcal.calibrators.base import (
 from privcal.errors import NotFound
 
 PLUGIN_DIST = "privcal-example-plugin"
-INSTALL_HINT = "run `pip install --no-deps tests/plugin_pkg` to install the test plugin"
+INSTALL_HINT = "the conftest's example_plugin fixture should have made it visible"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_registry():
+def _fresh_registry(example_plugin):
     registry.clear_cache()
     yield
     registry.clear_cache()

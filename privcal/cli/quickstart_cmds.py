@@ -1,7 +1,9 @@
 """``privcal quickstart``: the whole story on bundled data, each step explained.
 
-It uses only the public Python API (the same calls a platform would make), on a
-throw-away SQLite ledger unless ``--db-url`` names one.
+It uses only the public Python API (the same calls a platform would make), always on
+its own throw-away SQLite ledger: it never writes into a ledger the user named (with
+``--db-url`` or ``PRIVCAL_DATABASE_URL``), and says so. ``--json`` prints one document
+summarising the run instead of the narration.
 """
 
 from __future__ import annotations
@@ -12,40 +14,54 @@ from typing import Any
 
 import click
 
-from privcal.cli.app import main, pass_settings
+from privcal.cli.app import emit, json_option, main, pass_settings
 from privcal.cli.calibrate_cmds import fmt_threshold
 from privcal.errors import BudgetRefused
 
+_quiet = False
+
+
+def _say(message: str = "", **style: Any) -> None:
+    if not _quiet:
+        click.secho(message, **style)
+
 
 def _step(n: int, title: str, why: str) -> None:
-    click.secho(f"\n[{n}] {title}", bold=True)
+    _say(f"\n[{n}] {title}", bold=True)
     for line in why.strip().splitlines():
-        click.echo(f"    {line.strip()}")
+        _say(f"    {line.strip()}")
 
 
 def _show_release(rel: Any) -> None:
-    click.echo(f"    → release {rel.id}: threshold {fmt_threshold(rel.threshold)}")
-    click.echo(f"      coverage: {rel.coverage.statement}")
-    click.echo(f"      privacy:  {rel.privacy.get('statement', rel.privacy)}")
+    _say(f"    → release {rel.id}: threshold {fmt_threshold(rel.threshold)}")
+    _say(f"      coverage: {rel.coverage.statement}")
+    _say(f"      privacy:  {rel.privacy.get('statement', rel.privacy)}")
 
 
 @main.command("quickstart")
 @click.option("--keep", is_flag=True, help="Keep the throw-away ledger and print where it is.")
+@json_option
 @pass_settings
-def quickstart(settings: Any, keep: bool) -> None:
-    """Run a complete private calibration on bundled example data, explaining each step."""
+def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
+    """Run a complete private calibration on bundled example data, explaining each step.
+
+    It always works on its own throw-away ledger, never on one you named."""
+    import os
+
     from privcal import Accountant, Ledger
     from privcal.data import load_example
 
-    tmp = None
-    url = settings.db_url
-    if url is None:
-        tmp = tempfile.mkdtemp(prefix="privcal-quickstart-")
-        url = f"sqlite:///{Path(tmp) / 'ledger.sqlite'}"
-    ledger = Ledger(url)
-    if tmp is not None:
-        ledger.upgrade()  # a fresh throw-away file: create the schema with the migrations
+    global _quiet
+    _quiet = as_json
+    named = settings.db_url or os.environ.get("PRIVCAL_DATABASE_URL")
+    tmp = tempfile.mkdtemp(prefix="privcal-quickstart-")
+    url = f"sqlite:///{Path(tmp) / 'ledger.sqlite'}"
+    if named:
+        click.echo(f"note: quickstart never writes into the ledger you named; it runs on its "
+                   f"own throw-away ledger ({url})", err=True)
+    ledger = Ledger(url)  # a new SQLite file: created and migrated on first use
     acct = Accountant(ledger)
+    summary: dict[str, Any] = {"ledger": url, "kept": keep, "dataset": "digits-demo"}
     ex = load_example("digits")
     name = "digits-demo"
 
@@ -64,10 +80,10 @@ def quickstart(settings: Any, keep: bool) -> None:
         f"""
         We register the calibration set as dataset {name!r} with a zCDP budget ρ = 0.5
         (reported as (ε, δ) at δ = 1e-6). Non-private releases are not allowed on it.
-        Ledger: {ledger.url}""",
+        Ledger (throw-away, removed at the end unless --keep): {ledger.url}""",
     )
     acct.create_dataset(name, rho=0.5, delta=1e-6, description=ex.description)
-    click.echo(f"    → {acct.budget(name).summary}")
+    _say(f"    → {acct.budget(name).summary}")
 
     common = dict(
         dataset=name,
@@ -97,7 +113,9 @@ def quickstart(settings: Any, keep: bool) -> None:
     )
     r2 = acct.calibrate("exponq", epsilon=0.5, **common)
     _show_release(r2)
-    click.echo(f"    → {acct.budget(name).summary}")
+    _say(f"    → {acct.budget(name).summary}")
+    summary["releases"] = [r1, r2]
+    summary["refused"] = []
 
     _step(
         5,
@@ -108,9 +126,10 @@ def quickstart(settings: Any, keep: bool) -> None:
     )
     try:
         acct.calibrate("split", **common)
-        click.echo("    → unexpectedly accepted")  # pragma: no cover - a bug if reached
+        _say("    → unexpectedly accepted")  # pragma: no cover - a bug if reached
     except BudgetRefused as exc:
-        click.echo(f"    → refused (exit code {exc.exit_code}): {exc}")
+        _say(f"    → refused (exit code {exc.exit_code}): {exc}")
+        summary["refused"].append({"method": "split", "reason": str(exc)})
 
     _step(
         6,
@@ -122,10 +141,12 @@ def quickstart(settings: Any, keep: bool) -> None:
     before = ledger.head()
     try:
         acct.calibrate("pcoqs", rho=0.3, **common)
-        click.echo("    → unexpectedly accepted")  # pragma: no cover
+        _say("    → unexpectedly accepted")  # pragma: no cover
     except BudgetRefused as exc:
-        click.echo(f"    → refused (exit code {exc.exit_code}): {exc}")
-    click.echo(f"    → log head unchanged: {ledger.head() == before}")
+        _say(f"    → refused (exit code {exc.exit_code}): {exc}")
+        summary["refused"].append({"method": "pcoqs", "rho": "0.3", "reason": str(exc)})
+    summary["log_head_unchanged_after_refusals"] = ledger.head() == before
+    _say(f"    → log head unchanged: {summary['log_head_unchanged_after_refusals']}")
 
     _step(
         7,
@@ -134,9 +155,11 @@ def quickstart(settings: Any, keep: bool) -> None:
         Each release turns into prediction sets {y : 1 − p_y ≤ threshold}; we measure
         coverage, mean set size and the fraction of singleton sets on the test rows.""",
     )
+    summary["evaluations"] = {}
     for rel in (r1, r2):
         ev = rel.evaluate(ex.test_probs, ex.test_labels)
-        click.echo(
+        summary["evaluations"][rel.method] = ev
+        _say(
             f"    → {rel.method:7s} coverage {ev.coverage:.3f}"
             f" (guaranteed ≥ {ev.guaranteed_lower:.3f}), mean set size {ev.mean_set_size:.2f},"
             f" singletons {ev.singleton_fraction:.2f}"
@@ -151,18 +174,23 @@ def quickstart(settings: Any, keep: bool) -> None:
         recorded guarantee with the installed code.""",
     )
     report = acct.verify()
-    click.echo(f"    → {report.summary}")
-    click.echo(f"    → keep this head outside the database to detect truncation: {ledger.head()}")
+    _say(f"    → {report.summary}")
+    _say(f"    → keep this head outside the database to detect truncation: {ledger.head()}")
+    summary["budget"] = acct.budget(name)
+    summary["verify"] = report
+    summary["head"] = str(ledger.head())
 
-    click.echo(
-        "\nNext: `privcal calibrate pcoqs --help`, `privcal budget show NAME`, "
+    _say(
+        "\nNext: `privcal calibrate pcoqs --help`, `privcal budget show --dataset NAME`, "
         "`privcal audit verify`."
     )
     ledger.close()
-    if tmp is not None:
-        if keep:
-            click.echo(f"ledger kept at {url}")
-        else:
-            import shutil
+    if keep:
+        _say(f"ledger kept at {url}")
+    else:
+        import shutil
 
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _say(f"the throw-away ledger {url} was removed (--keep keeps it)")
+    if as_json:
+        emit(summary, as_json=True)
