@@ -7,14 +7,22 @@ package and imports nothing from it but ``errors``.
 
 Amounts are exact decimals: ``PureDP(eps=0.1)`` holds ``Decimal("0.1")`` (the
 float's shortest repr), so that sums in the ledger are exact.
+
+Ergonomics (issue 15): the amount may be given positionally (``PureDP(1.0)``,
+``ZCDP(0.1)``, ``ApproxDP(1, 1e-6)``, ``LocalDP(2)``) and ε as ``epsilon=`` too;
+costs of the same kind add (``ZCDP(0.1) + ZCDP(0.2) == ZCDP(0.3)``, exactly), and
+convert (``.to_zcdp()``, ``.to_approx(delta)``). The stored JSON form is unchanged
+(``{"kind": "pure", "eps": "1"}``).
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Annotated, Literal
+from decimal import Context, Decimal, localcontext
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+from privcal.errors import InvalidInput
 
 __all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "parse_cost"]
 
@@ -35,20 +43,66 @@ def _exact(value: object) -> Decimal:
     return d
 
 
+def _delta(value: object, *, allow_zero: bool) -> Decimal:
+    try:
+        d = _exact(value)
+    except ValueError as exc:
+        raise InvalidInput(f"δ: {exc}") from exc
+    if not ((0 <= d if allow_zero else 0 < d) and d < 1):
+        raise InvalidInput(f"δ must be in {'[0' if allow_zero else '(0'}, 1), got {value}")
+    return d
+
+
 def plain(d: Decimal) -> str:
     """A decimal as people write it: ``10`` not ``1E+1``, ``0.000001`` not ``1E-6``."""
     return format(d.normalize(), "f")
 
 
+_EXACT = Context(prec=80)
+_EPS = Field(validation_alias=AliasChoices("eps", "epsilon"))
+
+
 class _Cost(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    #: the fields an amount given positionally fills, in order
+    __positional__: tuple[str, ...] = ()
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        names = type(self).__positional__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional "
+                            f"amount(s) ({', '.join(names)}), got {len(args)}")
+        for name, value in zip(names, args, strict=False):
+            if name in data or (name == "eps" and "epsilon" in data):
+                raise TypeError(f"{type(self).__name__}: {name} given twice")
+            data[name] = value
+        super().__init__(**data)
+
+    def _same_kind(self, other: object) -> bool:
+        if not isinstance(other, _Cost):
+            return False
+        if type(other) is not type(self):
+            raise InvalidInput(
+                f"cannot add {other.describe()} to {self.describe()}: different notions "
+                "(convert first: .to_zcdp(), .to_approx(delta))")
+        return True
+
+    def __radd__(self, other: object) -> Any:  # sum([...]) starts from 0
+        if isinstance(other, int) and other == 0:
+            return self
+        return NotImplemented
+
+    def describe(self) -> str:  # pragma: no cover - every cost overrides it
+        raise NotImplementedError
 
 
 class PureDP(_Cost):
     """ε-differential privacy (central)."""
 
     kind: Literal["pure"] = "pure"
-    eps: Decimal
+    eps: Decimal = _EPS
+    __positional__ = ("eps",)
 
     @field_validator("eps", mode="before")
     @classmethod
@@ -58,9 +112,27 @@ class PureDP(_Cost):
             raise ValueError(f"ε must be > 0, got {v}")
         return d
 
+    def __add__(self, other: object) -> PureDP:
+        """Basic composition: ε₁-DP then ε₂-DP is (ε₁ + ε₂)-DP (exact)."""
+        if not self._same_kind(other):
+            return NotImplemented
+        with localcontext(_EXACT):
+            return PureDP(self.eps + other.eps)  # type: ignore[attr-defined]
+
     def to_zcdp(self) -> ZCDP:
         """ε-DP ⇒ (ε²/2)-zCDP (Bun & Steinke 2016, Prop. 1.4); exact in decimals."""
-        return ZCDP(rho=self.eps * self.eps / 2)
+        with localcontext(_EXACT):
+            return ZCDP(rho=self.eps * self.eps / 2)
+
+    def to_approx(self, delta: object = 0) -> ApproxDP:
+        """(ε, 0)-DP; with δ > 0, the smaller of that and the CKS20 conversion of its
+        ε²/2-zCDP at δ (both valid; see :meth:`ZCDP.to_approx`)."""
+        d = _delta(delta, allow_zero=True)
+        pure = ApproxDP(self.eps, 0)
+        if d == 0:
+            return pure
+        via = self.to_zcdp().to_approx(d)
+        return via if via.eps < self.eps else pure
 
     def describe(self) -> str:
         return f"ε={plain(self.eps)} (pure DP)"
@@ -71,6 +143,7 @@ class ZCDP(_Cost):
 
     kind: Literal["zcdp"] = "zcdp"
     rho: Decimal
+    __positional__ = ("rho",)
 
     @field_validator("rho", mode="before")
     @classmethod
@@ -80,6 +153,25 @@ class ZCDP(_Cost):
             raise ValueError(f"ρ must be > 0, got {v}")
         return d
 
+    def __add__(self, other: object) -> ZCDP:
+        """ρ₁-zCDP then ρ₂-zCDP is (ρ₁ + ρ₂)-zCDP (Bun & Steinke 2016, Lemma 2.3; exact)."""
+        if not self._same_kind(other):
+            return NotImplemented
+        with localcontext(_EXACT):
+            return ZCDP(self.rho + other.rho)  # type: ignore[attr-defined]
+
+    def to_approx(self, delta: object) -> ApproxDP:
+        """(ε, δ)-DP at ``delta`` ∈ (0, 1) by Canonne, Kamath & Steinke 2020, Prop. 12 /
+        Cor. 13 (:func:`privcal.accountant.accounting.cks20_epsilon`), ε rounded *up* to 6
+        significant digits — the conversion the accountant reports."""
+        from privcal.accountant.accounting import cks20_epsilon, round_up
+
+        d = _delta(delta, allow_zero=False)
+        rho = float(self.rho)
+        if not rho < float("inf"):
+            raise InvalidInput(f"ρ={plain(self.rho)} is too large to convert")
+        return ApproxDP(round_up(cks20_epsilon(rho, float(d))), d)
+
     def describe(self) -> str:
         return f"ρ={plain(self.rho)} (zCDP)"
 
@@ -88,8 +180,24 @@ class ApproxDP(_Cost):
     """(ε, δ)-differential privacy (central), e.g. the amplified guarantee of a shuffle."""
 
     kind: Literal["approx"] = "approx"
-    eps: Decimal
+    eps: Decimal = _EPS
     delta: Decimal
+    __positional__ = ("eps", "delta")
+
+    def __add__(self, other: object) -> ApproxDP:
+        """Basic composition: (ε₁, δ₁) then (ε₂, δ₂) is (ε₁ + ε₂, δ₁ + δ₂)-DP (exact)."""
+        if not self._same_kind(other):
+            return NotImplemented
+        with localcontext(_EXACT):
+            return ApproxDP(self.eps + other.eps,  # type: ignore[attr-defined]
+                            self.delta + other.delta)  # type: ignore[attr-defined]
+
+    def to_approx(self, delta: object) -> ApproxDP:
+        """Itself, if ``delta`` ≥ its δ ((ε, δ')-DP implies (ε, δ)-DP for δ ≥ δ')."""
+        d = _delta(delta, allow_zero=True)
+        if d < self.delta:
+            raise InvalidInput(f"{self.describe()} gives no guarantee at the smaller δ={plain(d)}")
+        return self
 
     @field_validator("eps", mode="before")
     @classmethod
@@ -115,7 +223,15 @@ class LocalDP(_Cost):
     """ε0-local differential privacy, charged to each participating subject's own budget."""
 
     kind: Literal["local"] = "local"
-    eps0: Decimal
+    eps0: Decimal = Field(validation_alias=AliasChoices("eps0", "epsilon"))
+    __positional__ = ("eps0",)
+
+    def __add__(self, other: object) -> LocalDP:
+        """Two ε0-LDP reports of one subject: (ε0₁ + ε0₂)-LDP (basic composition; exact)."""
+        if not self._same_kind(other):
+            return NotImplemented
+        with localcontext(_EXACT):
+            return LocalDP(self.eps0 + other.eps0)  # type: ignore[attr-defined]
 
     @field_validator("eps0", mode="before")
     @classmethod

@@ -287,7 +287,8 @@ def test_predict_known_sets(env: Env) -> None:
     assert json.loads(Path(env.f("sets.json")).read_text()) == [[0]] * 50
     bad = env.run("predict", "--release", str(rid), "--probs", env.f("tp.npy"),
                   "--out", env.f("sets.txt"))  # fmt: skip
-    assert bad.exit_code == 1 and "--out must end in .npy, .npz, .json, .csv, .parquet" in bad.stderr
+    assert bad.exit_code == 1
+    assert "--out must end in .npy, .npz, .json, .csv, .parquet" in bad.stderr
 
 
 def test_evaluate_known_metrics(env: Env) -> None:

@@ -205,6 +205,8 @@ def cks20_order(rho: float, delta: float) -> float:
     if not (rho > 0 and math.isfinite(rho)):
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
     _check_delta(delta)
+    from scipy.optimize import minimize_scalar  # not at import: `budget show` must not load SciPy
+
     lid = math.log(1.0 / delta)
     # Optimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
     # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket.

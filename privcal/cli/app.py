@@ -59,10 +59,8 @@ def _write_error_document(exc: BaseException, exit_code: int) -> None:
 
 
 def _suggest(name: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
-    if not close:
-        return ""
-    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 class PrivcalGroup(click.Group):
@@ -94,7 +92,8 @@ class PrivcalGroup(click.Group):
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name = click.utils.make_str(args[0]) if args else ""
-        if args and not name.startswith("-") and self.get_command(ctx, name) is None:
+        if args and not name.startswith("-") and not ctx.resilient_parsing \
+                and self.get_command(ctx, name) is None:
             ctx.fail(f"No such command {name!r}.{_suggest(name, self.list_commands(ctx))}")
         return super().resolve_command(ctx, args)
 
@@ -102,7 +101,15 @@ class PrivcalGroup(click.Group):
         settings = ctx.find_object(Settings)
         root = ctx.parent is None
         try:
-            return super().invoke(ctx)
+            if not root:
+                return super().invoke(ctx)
+            from privcal import progress
+
+            # a progress bar for long work: on a terminal only, never under --json
+            bar = progress.rich_listener(as_json=bool(settings and settings.as_json),
+                                         stream=sys.stderr)
+            with progress.listening(bar):
+                return super().invoke(ctx)
         except PrivcalError as exc:
             if not root:
                 raise

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import click
 import numpy as np
 
+from privcal import progress
 from privcal.calibrators import registry
 from privcal.calibrators.base import PRIVACY_MODEL_LABELS
 from privcal.cli.app import (
@@ -269,14 +270,17 @@ def _make_calibrate_command(name: str) -> click.Command:
             report = dry_run(acct, name, params, **common)
             emit(report, as_json=as_json, human=lambda: render_dry_run(report))
             return
-        release = run_calibration(
-            acct,
-            name,
-            params,
-            requester=kw.get("requester"),
-            idempotency_key=kw.get("idempotency_key"),
-            **common,
-        )
+        rows = next((int(np.shape(a)[0]) for a in arrays.values()
+                     if a is not None and np.ndim(a) >= 1), 0)
+        with progress.task(f"calibrating {name} on {rows} rows", None, size=rows):
+            release = run_calibration(
+                acct,
+                name,
+                params,
+                requester=kw.get("requester"),
+                idempotency_key=kw.get("idempotency_key"),
+                **common,
+            )
         budget = acct.budget(kw["dataset"])
         emit(
             {"release": release, "budget": budget},

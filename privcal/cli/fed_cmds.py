@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from privcal import progress
 from privcal.cli.app import emit, json_option, main, table
 from privcal.errors import InvalidInput
 
@@ -157,7 +158,10 @@ def plan_cmd(
         if upper is not None:
             raise InvalidInput("give --upper or its deprecated spelling --smax, not both")
         upper = smax
-    plan = plan_from_options(
-        agents, local_n, alpha, epsilon, bins, 1.0 if upper is None else upper, lower
-    )
+    sizes = _sizes(local_n)
+    work = sum(sizes) if len(sizes) > 1 else sizes[0] * (agents or 1)
+    with progress.task("planning", None, size=work):
+        plan = plan_from_options(
+            agents, local_n, alpha, epsilon, bins, 1.0 if upper is None else upper, lower
+        )
     emit(plan, as_json=as_json, human=_human(plan))

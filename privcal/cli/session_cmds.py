@@ -15,6 +15,7 @@ from typing import Any
 import click
 import numpy as np
 
+from privcal import progress
 from privcal.cli.app import (
     complete_dataset,
     emit,
@@ -158,7 +159,9 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
     acct = settings.accountant()
     method = session_status(acct, session_id).method
     ids, values, rounds = _read_batch(reports, method)
-    res = submit_reports(acct, session_id, ids, values, rounds, idempotency_key=idempotency_key)
+    with progress.task(f"ingesting {len(ids)} reports", None, size=len(ids)):
+        res = submit_reports(acct, session_id, ids, values, rounds,
+                             idempotency_key=idempotency_key)
     why = ", ".join(f"{k}: {v}" for k, v in res.reasons.items()) or "none"
     if res.accepted == 0 and not res.replayed:
         raise NothingAccepted(

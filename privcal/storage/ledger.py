@@ -46,6 +46,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from privcal import checks
+from privcal import progress
 from privcal.errors import AuditFailed, InvalidInput, LedgerError, NotFound, SchemaOutOfDate
 from privcal.storage import audit, pseudonyms
 from privcal.storage import sessions as _sessions
@@ -758,7 +759,8 @@ class Ledger:
             tally = _sessions.SessionTally()
             charge_seq: dict[int, int] = {}
             migration: tuple[int, dict[str, Any]] | None = None
-            for e in s.scalars(select(AuditEntry).order_by(AuditEntry.seq)):
+            for e in progress.iterate(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)),
+                                      "verifying the audit log", head_row.seq if head_row else 0):
                 if e.seq != expected:
                     raise AuditFailed(
                         f"audit entry {expected} is missing (the log jumps from {expected - 1} "
