@@ -125,14 +125,11 @@ class PureDP(_Cost):
             return ZCDP(rho=self.eps * self.eps / 2)
 
     def to_approx(self, delta: object = 0) -> ApproxDP:
-        """(ε, 0)-DP; with δ > 0, the smaller of that and the CKS20 conversion of its
-        ε²/2-zCDP at δ (both valid; see :meth:`ZCDP.to_approx`)."""
-        d = _delta(delta, allow_zero=True)
-        pure = ApproxDP(self.eps, 0)
-        if d == 0:
-            return pure
-        via = self.to_zcdp().to_approx(d)
-        return via if via.eps < self.eps else pure
+        """(ε, 0)-DP, which is (ε, δ)-DP for every ``delta`` in [0, 1) (accepted for a uniform
+        interface). Going through ε²/2-zCDP and CKS20 never gives a smaller ε for one
+        mechanism (its ε exceeds ε√(2 ln 1/δ) > ε for δ < e^-1/2)."""
+        _delta(delta, allow_zero=True)
+        return ApproxDP(self.eps, 0)
 
     def describe(self) -> str:
         return f"ε={plain(self.eps)} (pure DP)"

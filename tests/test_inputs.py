@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +9,6 @@ import pytest
 
 from privcal.cli.inputs import load_array, load_reports
 from privcal.errors import InvalidInput
-
-HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
 
 
 def test_npy_roundtrip(tmp_path: Path) -> None:
@@ -77,15 +74,7 @@ def test_missing_unreadable_and_unsupported(tmp_path: Path) -> None:
         load_array(str(tmp_path / "s.txt"), "scores")
 
 
-@pytest.mark.skipif(HAS_PYARROW, reason="pyarrow installed: the round trip below runs instead")
-def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "s.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(InvalidInput, match=r"needs pyarrow \(pip install 'privcal\[parquet\]'\)"):
-        load_array(str(tmp_path / "s.parquet"), "scores")
-
-
-@pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow not installed: the clear error is tested")
-def test_parquet_roundtrip(tmp_path: Path) -> None:  # pragma: no cover - needs pyarrow
+def test_parquet_roundtrip(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -93,6 +82,59 @@ def test_parquet_roundtrip(tmp_path: Path) -> None:  # pragma: no cover - needs 
     np.testing.assert_allclose(
         load_array(str(tmp_path / "p.parquet"), "probs", matrix=True), [[0.2, 0.8], [0.6, 0.4]]
     )
+
+
+# ---------------------------------------------------------------- issue 15: tables as users have
+def _calib_csv(path: Path, n: int = 6, k: int = 10, *, index: bool = False) -> np.ndarray:
+    """A CSV with a header, k probability columns p0..p9, a label column and an extra column."""
+    probs = np.random.default_rng(1).dirichlet(np.ones(k), size=n)
+    head = ([""] if index else []) + [f"p{j}" for j in range(k)] + ["label", "note"]
+    lines = [",".join(head)]
+    for i, row in enumerate(probs):
+        cells = ([str(i)] if index else []) + [repr(float(v)) for v in row]
+        lines.append(",".join([*cells, str(i % k), f"row {i}"]))
+    path.write_text("\n".join(lines) + "\n")
+    return probs
+
+
+def test_columns_range_list_and_file_column(tmp_path: Path) -> None:
+    probs = _calib_csv(tmp_path / "c.csv")
+    f = str(tmp_path / "c.csv")
+    np.testing.assert_allclose(load_array(f, "probs", matrix=True, columns="p0:p9"), probs)
+    np.testing.assert_allclose(load_array(f"{f}:p0:p9", "probs", matrix=True), probs)
+    np.testing.assert_allclose(load_array(f, "probs", matrix=True, columns="p0,p2:p3"),
+                               probs[:, [0, 2, 3]])
+    # every column but the label column would include the text column: a clear error
+    with pytest.raises(InvalidInput, match="column 'note' holds text"):
+        load_array(f, "probs", matrix=True, exclude=("label",))
+    np.testing.assert_array_equal(load_array(f"{f}:label", "labels"), np.arange(6) % 10)
+    with pytest.raises(InvalidInput, match=r"no column 'p10' \(has: p0, p1"):
+        load_array(f, "probs", matrix=True, columns="p0:p10")
+    with pytest.raises(InvalidInput, match="'p5' comes after 'p2'"):
+        load_array(f, "probs", matrix=True, columns="p5:p2")
+
+
+def test_pandas_index_column_is_ignored(tmp_path: Path) -> None:
+    probs = _calib_csv(tmp_path / "c.csv", index=True)  # as DataFrame.to_csv() writes it
+    f = str(tmp_path / "c.csv")
+    np.testing.assert_allclose(load_array(f, "probs", matrix=True, columns="p0:p9"), probs)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tab = pa.table({"__index_level_0__": [10, 11], "p0": [0.5, 0.1], "p1": [0.5, 0.9]})
+    pq.write_table(tab, tmp_path / "c.parquet")
+    np.testing.assert_allclose(load_array(str(tmp_path / "c.parquet"), "probs", matrix=True),
+                               [[0.5, 0.5], [0.1, 0.9]])
+
+
+def test_ids_are_read_as_text(tmp_path: Path) -> None:
+    ids = [str(2**63 - 1 - i) for i in range(200)] + ["000007", "7"]
+    (tmp_path / "s.csv").write_text("subject\n" + "\n".join(ids) + "\n")
+    got = load_array(str(tmp_path / "s.csv"), "subjects", ids=True)
+    assert list(got) == ids and len(set(got)) == 202
+    (tmp_path / "r.csv").write_text("subject,bit\n000007,1\n7,0\n")
+    rids, bits, _ = load_reports(str(tmp_path / "r.csv"), "subject", "bit")
+    assert list(rids) == ["000007", "7"] and list(bits) == [1, 0]
 
 
 def test_load_reports_ids_stay_integers(tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""Issue 15: cost values as the README writes them — positional amounts, ``epsilon=``,
+addition of costs of one kind, conversion — with the stored JSON form unchanged."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from privcal.accountant.accounting import cks20_epsilon, round_up
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, parse_cost
+from privcal.errors import InvalidInput
+
+
+def test_positional_and_epsilon_keyword() -> None:
+    assert PureDP(1.0) == PureDP(eps=1.0) == PureDP(epsilon=1.0)
+    assert ZCDP(0.1) == ZCDP(rho=0.1)
+    assert ApproxDP(1, 1e-6) == ApproxDP(epsilon=1, delta=1e-6) == ApproxDP(eps=1, delta=1e-6)
+    assert LocalDP(2) == LocalDP(eps0=2) == LocalDP(epsilon=2)
+    with pytest.raises(TypeError, match="given twice"):
+        PureDP(1, eps=2)
+    with pytest.raises(TypeError, match="at most 1 positional"):
+        ZCDP(0.1, 0.2)
+    with pytest.raises(ValueError, match="ε must be > 0"):
+        PureDP(0)
+
+
+def test_stored_form_is_unchanged() -> None:
+    assert PureDP(epsilon=0.5).model_dump(mode="json") == {"kind": "pure", "eps": "0.5"}
+    assert ApproxDP(1, 1e-6).model_dump(mode="json") == {
+        "kind": "approx", "eps": "1", "delta": "0.000001"}
+    assert LocalDP(epsilon=2).model_dump(mode="json") == {"kind": "local", "eps0": "2"}
+    for c in (PureDP(1), ZCDP(0.25), ApproxDP(1, 1e-6), LocalDP(3)):
+        assert parse_cost(c.model_dump(mode="json")) == c
+
+
+def test_costs_of_one_kind_add_exactly() -> None:
+    assert ZCDP(0.1) + ZCDP(0.2) == ZCDP(rho=Decimal("0.3"))  # not 0.30000000000000004
+    assert PureDP(0.1) + PureDP(0.2) == PureDP(Decimal("0.3"))
+    assert ApproxDP(1, 1e-6) + ApproxDP(0.5, 0) == ApproxDP(1.5, 1e-6)
+    assert LocalDP(1) + LocalDP(2) == LocalDP(3)
+    assert sum([ZCDP(0.1), ZCDP(0.1), ZCDP(0.1)]) == ZCDP(Decimal("0.3"))
+    with pytest.raises(InvalidInput, match="different notions"):
+        ZCDP(0.1) + PureDP(1)
+    with pytest.raises(TypeError):
+        ZCDP(0.1) + 0.2  # type: ignore[operator]
+
+
+def test_conversions() -> None:
+    # zCDP → (ε, δ) by CKS20, rounded up as the accountant reports it (SPEC: ρ=0.1, δ=1e-5)
+    a = ZCDP(0.1).to_approx(1e-5)
+    assert a.delta == Decimal("0.00001")
+    assert a.eps == round_up(cks20_epsilon(0.1, 1e-5)) and float(a.eps) == pytest.approx(
+        1.9142, abs=1e-4)
+    assert PureDP(1).to_zcdp() == ZCDP(0.5)
+    assert PureDP(1).to_approx() == ApproxDP(1, 0) == PureDP(1).to_approx(1e-6)
+    assert float(PureDP(2).to_zcdp().to_approx(0.3).eps) > 2  # why pure stays (ε, 0)
+    assert ApproxDP(1, 1e-6).to_approx(1e-5) == ApproxDP(1, 1e-6)
+    with pytest.raises(InvalidInput, match="smaller δ"):
+        ApproxDP(1, 1e-6).to_approx(1e-7)
+    for bad in (0, 1, -1, "x"):
+        with pytest.raises(InvalidInput, match="δ"):
+            ZCDP(0.1).to_approx(bad)
