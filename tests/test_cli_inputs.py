@@ -64,7 +64,7 @@ def test_csv_with_columns_and_label_column(setup: Any) -> None:
 
 
 def test_predict_writes_csv_and_parquet(setup: Any) -> None:
-    url, tmp, probs, _ = setup
+    url, tmp, _, _ = setup
     f = str(tmp / "calib.csv")
     rel = ok(url, "calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1", "--rho", "1",
              "--probs", f, "--label-column", "label", "--score", "lac")["release"]
