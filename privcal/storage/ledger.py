@@ -45,8 +45,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from privcal import checks
-from privcal import progress
+from privcal import checks, progress
 from privcal.errors import AuditFailed, InvalidInput, LedgerError, NotFound, SchemaOutOfDate
 from privcal.storage import audit, pseudonyms
 from privcal.storage import sessions as _sessions
