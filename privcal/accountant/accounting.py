@@ -210,7 +210,6 @@ def cks20_order(rho: float, delta: float) -> float:
     lid = math.log(1.0 / delta)
     # Optimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
     # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket.
-    from scipy.optimize import minimize_scalar  # here: pure, zCDP and (ε, δ) checks need no SciPy
 
     guess = math.log(math.sqrt(lid / rho))
 
