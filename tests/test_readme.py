@@ -164,7 +164,7 @@ def test_every_readme_example_runs(tmp_path: Path) -> None:
     work.mkdir()
     env = {k: v for k, v in os.environ.items()
            if k not in ("PRIVCAL_DATABASE_URL", "PYTHONPATH")}
-    env.update(PRIVCAL_HOME=str(home),
+    env.update(PRIVCAL_HOME=str(home), HOME=str(home),  # `~/keys/…` stays in the temp dir
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     all_blocks = blocks(README.read_text())
     shell = [b for b in all_blocks if b.lang in ("bash", "sh", "shell", "console")]
