@@ -191,8 +191,6 @@ CASES: dict[str, tuple[list[str], tuple[str, dict[str, Any]] | None, int, str]] 
     "missing file": ([*PC, "--scores", "missing.npy"], None, 1, r"missing\.npy: no such file"),
     "unreadable file": ([*PC, "--scores", "garbage.npy"], None, 1, r"garbage\.npy: cannot read it"),
     "missing npz member": ([*PC, "--scores", "s.npy:x"], None, 1, r"s\.npy"),
-    "parquet without pyarrow": (
-        [*PC, "--scores", "s.parquet"], None, 1, r"needs pyarrow"),
     "agents for a central method": (
         [*PC, "--scores", "s.npy"],  # the CLI has no --agent-of here: usage error, see below
         ("pcoqs", {**API_PC, "scores": SCORES, "agents": AGENTS}), 1, r"not federated"),
@@ -217,14 +215,6 @@ def _cli_args(env: Env, args: list[str]) -> list[str]:
 @pytest.mark.parametrize("case", [c for c in CASES if c != "agents for a central method"])
 def test_cli_bad_input(env: Env, case: str) -> None:
     args, _, code, pattern = CASES[case]
-    if case == "parquet without pyarrow":
-        pytest.importorskip("numpy")
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            pass
-        else:  # pragma: no cover
-            pytest.skip("pyarrow installed")
     before = env.state()
     res = env.run("calibrate", *_cli_args(env, args))
     if case in USAGE:

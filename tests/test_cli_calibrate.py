@@ -182,24 +182,6 @@ def test_csv_and_npy_scores_give_the_same_split_threshold(env: Env) -> None:
     assert a == s[int(np.ceil(1001 * 0.9)) - 1]  # the ⌈(n+1)(1−α)⌉-th smallest
 
 
-def test_parquet_without_pyarrow(env: Env) -> None:
-    pytest.importorskip("numpy")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        pass
-    else:  # pragma: no cover
-        pytest.skip("pyarrow is installed: tests/test_inputs.py reads parquet")
-    before = env.state()
-    res = env.run("calibrate", "pcoqs", "--dataset", "open", "--alpha", "0.1", "--rho", "0.1",
-                  "--scores", env.f("s.parquet"))  # fmt: skip
-    assert res.exit_code == 1
-    assert res.stderr.strip().splitlines() == [res.stderr.strip()]
-    assert "needs pyarrow" in res.stderr and res.stderr.startswith("error: ")
-    assert env.state() == before
-
-
-# --------------------------------------------------------------------------- dry run, refusals
 def test_dry_run_writes_nothing(env: Env) -> None:
     before = env.state()
     res = env.ok("calibrate", "pcoqs", "--dataset", "closed", "--alpha", "0.1", "--rho", "0.3",

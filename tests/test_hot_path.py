@@ -56,11 +56,11 @@ def test_audit_entries_only_inside_a_write(accountant: Any) -> None:
         accountant.ledger.append_audit(conn, "charge", {"x": 1})
 
 
+# PostgreSQL only (the server closes the connection): the backend is pinned, not skipped
 @pytest.mark.postgres
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
 def test_a_dead_pooled_connection_is_replaced(accountant: Any, ledger_url: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    if not ledger_url.startswith("postgresql"):
-        pytest.skip("PostgreSQL: the server closes the connection")
     accountant.create_dataset("d", rho=1)
     led = accountant.ledger
     with led.engine.connect() as conn:
@@ -85,15 +85,15 @@ def test_a_dead_pooled_connection_is_replaced(accountant: Any, ledger_url: str,
     assert led.verify().charges == 1
 
 
+# PostgreSQL only (SQLite serialises all writers): the backend is pinned, not skipped
 @pytest.mark.postgres
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
 def test_a_charge_does_not_wait_for_another_datasets_batch(
     accountant: Any, ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a session batch on dataset a is still writing its reports (its charge entry
     already queued), a charge to dataset b commits: the audit head is locked only for the
     final append and commit, not through the batch."""
-    if not ledger_url.startswith("postgresql"):
-        pytest.skip("SQLite serialises all writers")
     import numpy as np
 
     from privcal.accountant import sessions as S

@@ -97,6 +97,7 @@ parameters before it runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Context, Decimal, localcontext
 from typing import Literal
@@ -205,21 +206,35 @@ def cks20_order(rho: float, delta: float) -> float:
     if not (rho > 0 and math.isfinite(rho)):
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
     _check_delta(delta)
-    from scipy.optimize import minimize_scalar  # not at import: `budget show` must not load SciPy
-
     lid = math.log(1.0 / delta)
-    # Optimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
-    # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket.
-
+    # Minimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
+    # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket. A golden-section
+    # search in pure Python (≈ 70 evaluations to |Δt| ≤ 1e−12) keeps SciPy off the path of
+    # `budget show` and of every charge.
     guess = math.log(math.sqrt(lid / rho))
+    t = _golden_min(lambda x: _cks20_objective(1.0 + math.exp(x), rho, lid),
+                    guess - 12.0, guess + 12.0, tol=1e-12)
+    return 1.0 + math.exp(t)
 
-    res = minimize_scalar(
-        lambda t: _cks20_objective(1.0 + math.exp(t), rho, lid),
-        bounds=(guess - 12.0, guess + 12.0),
-        method="bounded",
-        options={"xatol": 1e-12, "maxiter": 500},
-    )
-    return 1.0 + math.exp(float(res.x))
+
+_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def _golden_min(f: Callable[[float], float], lo: float, hi: float, *, tol: float) -> float:
+    """The argmin of a unimodal ``f`` on [lo, hi] by golden-section search (Kiefer 1953)."""
+    c = hi - _INV_PHI * (hi - lo)
+    d = lo + _INV_PHI * (hi - lo)
+    fc, fd = f(c), f(d)
+    while hi - lo > tol:
+        if fc <= fd:
+            hi, d, fd = d, c, fc
+            c = hi - _INV_PHI * (hi - lo)
+            fc = f(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + _INV_PHI * (hi - lo)
+            fd = f(d)
+    return c if fc <= fd else d
 
 
 def cks20_epsilon(rho: float, delta: float) -> float:

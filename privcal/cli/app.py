@@ -203,8 +203,11 @@ class AmountType(click.ParamType):
         if isinstance(value, Decimal):
             d = value
         else:
+            text = str(value).strip()
+            if "_" in text:  # Decimal("1_0") is 10: a typo must not become a budget
+                self.fail(f"{value!r} is not a decimal number", param, ctx)
             try:
-                d = Decimal(str(value).strip())
+                d = Decimal(text)
             except (InvalidOperation, ValueError):
                 self.fail(f"{value!r} is not a decimal number", param, ctx)
         if not d.is_finite():
