@@ -23,10 +23,10 @@ import math
 import random
 import secrets
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
@@ -48,6 +48,17 @@ class CalibratorParams(BaseModel):
     alpha: float = Field(
         gt=0, lt=1, allow_inf_nan=False, description="miscoverage level α in (0, 1)"
     )
+
+
+#: the failure probability δ of a local-DP method's coverage guarantee (ldp-label, ldp-score)
+LocalFailureProbability = Annotated[float, Field(
+    gt=0,
+    lt=1,
+    allow_inf_nan=False,
+    validation_alias=AliasChoices("failure_probability", "delta"),
+    description="failure probability δ of the coverage guarantee (over the data and the "
+    "users' randomized responses; not a DP δ); formerly 'delta'",
+)]
 
 
 class DataShape(BaseModel):

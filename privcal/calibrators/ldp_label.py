@@ -40,7 +40,7 @@ import random
 from typing import ClassVar
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -48,6 +48,7 @@ from privcal.calibrators.base import (
     CalibratorParams,
     CoverageGuarantee,
     DataShape,
+    LocalFailureProbability,
 )
 from privcal.calibrators.mechanisms.randomized_response import krr_beta
 from privcal.calibrators.validation import check_labels, check_lengths, check_probs
@@ -201,15 +202,7 @@ class LDPLabelParams(CalibratorParams):
         ge=2,
         description="number of classes; default: the probabilities' columns (must match them)",
     )
-    failure_probability: float = Field(
-        default=0.001,
-        gt=0,
-        lt=1,
-        allow_inf_nan=False,
-        validation_alias=AliasChoices("failure_probability", "delta"),
-        description="failure probability δ of the coverage guarantee (over the data and the "
-        "users' randomized responses; not a DP δ); formerly 'delta'",
-    )
+    failure_probability: LocalFailureProbability = 0.001
     score: str = Field(default="lac", description="classification score name (SPEC §1)")
     nominal: bool = Field(
         default=False, description="target 1−α (coverage ≥ 1−α−Δ_L) instead of 1−α+Δ_L"

@@ -47,7 +47,7 @@ import random
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -55,6 +55,7 @@ from privcal.calibrators.base import (
     CalibratorParams,
     CoverageGuarantee,
     DataShape,
+    LocalFailureProbability,
     numpy_rng,
 )
 from privcal.calibrators.mechanisms.randomized_response import binary_rr_many
@@ -332,15 +333,7 @@ class LDPScoreParams(CalibratorParams):
         le=1000,
         description="T; default: best_rounds(n, ε, δ) (minimises Δ_S(T) + 2^−T)",
     )
-    failure_probability: float = Field(
-        default=0.001,
-        gt=0,
-        lt=1,
-        allow_inf_nan=False,
-        validation_alias=AliasChoices("failure_probability", "delta"),
-        description="failure probability δ of the coverage guarantee (over the data and the "
-        "users' randomized responses; not a DP δ); formerly 'delta'",
-    )
+    failure_probability: LocalFailureProbability = 0.001
     lower: float = Field(
         default=0.0, allow_inf_nan=False, description="public score range: lower end"
     )
