@@ -306,6 +306,11 @@ def test_predict_scores_release_needs_score_name(env: Env) -> None:
 
 
 # --------------------------------------------------------------------------- methods
+#: the example plugin's deliberate shadowing entry point warns; test_registry asserts it
+SHADOW_WARNING = "ignore:ignoring plugin calibrator 'split':UserWarning"
+
+
+@pytest.mark.filterwarnings(SHADOW_WARNING)
 def test_methods_lists_builtins_and_plugin(env: Env, example_plugin: Path) -> None:
     rows = {r["name"]: r for r in env.json("methods")}
     for name, model in BUILTINS.items():
@@ -320,6 +325,7 @@ def test_methods_lists_builtins_and_plugin(env: Env, example_plugin: Path) -> No
         assert name in human and model in human
 
 
+@pytest.mark.filterwarnings(SHADOW_WARNING)
 def test_plugin_calibrates_through_the_cli(env: Env, example_plugin: Path) -> None:
     rel = env.json("calibrate", "example-max", "--dataset", "open", "--alpha", "0.1",
                    "--scores", env.f("s.npy"))["release"]  # fmt: skip
