@@ -41,7 +41,7 @@ def main() -> None:
             "privcal dataset list": [*cli, "dataset", "list"],
             "privcal release list": [*cli, "release", "list"],
             "privcal budget show p (pure ε)": [*cli, "budget", "show", "p"],
-            "privcal budget show z (zCDP: CKS20 needs SciPy)": [*cli, "budget", "show", "z"],
+            "privcal budget show z (zCDP: CKS20, no SciPy)": [*cli, "budget", "show", "z"],
             "privcal amplify --epsilon0 1 --n 10000 --delta 1e-6":
                 [*cli, "amplify", "--epsilon0", "1", "--n", "10000", "--delta", "1e-6"],
             "privcal fed plan --agents 100 --local-n 1000 --alpha 0.1":
