@@ -278,18 +278,35 @@ class Release(ReleaseRecord):
 
         return release_sets(self, probs, score_name=score_name, rng=rng)
 
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names, in probability-column order, when the release records them."""
+        from privcal.accountant.conformalize import release_classes
+
+        return release_classes(self)
+
+    def predict_labels(self, probs: Any, *, score_name: str | None = None,
+                       rng: random.Random | None = None) -> list[list[Any]]:
+        """Prediction sets as lists of class names (of column indices when none recorded)."""
+        from privcal.accountant.conformalize import set_labels
+
+        return set_labels(self.predict_set(probs, score_name=score_name, rng=rng), self.classes)
+
     def evaluate(self, probs: Any, labels: Any, *, score_name: str | None = None,
                  rng: random.Random | None = None) -> Any:
-        """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``)."""
+        """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``).
+
+        ``labels`` are column indices, or class names when the release records them."""
         from privcal.accountant.conformalize import evaluate_sets
 
         sets = self.predict_set(probs, score_name=score_name, rng=rng)
-        return evaluate_sets(sets, labels, self.coverage.lower)
+        return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes)
 
 
 #: keyword arguments of :meth:`Accountant.calibrate` that are data or options, not parameters
 _CALIBRATE_OPTIONS = frozenset({
-    "scores", "probs", "labels", "score", "score_options", "agents", "subjects", "shuffled",
+    "scores", "probs", "labels", "score", "score_options", "agents", "subjects", "classes",
+    "shuffled",
     "assume_unlinkable_features", "requester", "idempotency_key", "rng",
 })
 

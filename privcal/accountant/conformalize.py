@@ -48,6 +48,7 @@ class Prepared:
     data: CalibrationInput
     shape: DataShape
     score: dict[str, Any] | None
+    classes: list[str] | None = None
 
     @property
     def calibrator(self) -> Calibrator:
@@ -77,6 +78,74 @@ def _ids(a: Any, what: str, n: int) -> np.ndarray:
     return out.astype(object)
 
 
+def is_text_labels(labels: Any) -> bool:
+    """Whether ``labels`` are class names (strings) rather than integer class indices."""
+    if labels is None or isinstance(labels, str):
+        return False
+    try:
+        arr = np.asarray(labels)
+    except Exception:
+        return False
+    if arr.dtype.kind in "US":
+        return True
+    return arr.dtype.kind == "O" and arr.ndim == 1 and any(isinstance(v, str) for v in arr)
+
+
+def check_classes(classes: Any, k: int | None) -> list[str]:
+    """``k`` distinct, non-empty class names, in probability-column order."""
+    if isinstance(classes, str) or not hasattr(classes, "__iter__"):
+        raise InvalidInput("classes must be a list of class names, in probability-column order")
+    names = list(classes)
+    if not all(isinstance(c, str) and c.strip() for c in names):
+        raise InvalidInput("classes must be non-empty strings (the class names)")
+    if len(set(names)) != len(names):
+        dup = next(c for c in names if names.count(c) > 1)
+        raise InvalidInput(f"classes: {dup!r} is named twice")
+    if k is not None and len(names) != k:
+        raise InvalidInput(f"{len(names)} class names given, but the probabilities have "
+                           f"{k} columns")
+    return names
+
+
+def encode_labels(labels: Any, classes: list[str] | None, k: int) -> tuple[Any, list[str] | None]:
+    """Class-name labels as indices into the probability columns, and the class names.
+
+    The rule (README, "String class labels"): the names are ``classes`` when given, in
+    probability-column order; otherwise, only when every one of the ``k`` classes appears
+    among the labels, the sorted distinct labels. A label that is not a class name is a
+    one-line error naming its row. Integer labels are class indices, as before, and are
+    returned unchanged (with ``classes`` recorded when given).
+    """
+    names = check_classes(classes, k) if classes is not None else None
+    if not is_text_labels(labels):
+        return labels, names
+    arr = np.asarray(labels, dtype=object)
+    if arr.ndim != 1:
+        raise InvalidInput(f"labels must be a 1-D array, got shape {arr.shape}")
+    bad_type = [i for i, v in enumerate(arr) if not isinstance(v, str)]
+    if bad_type:
+        i = bad_type[0]
+        raise InvalidInput(f"labels: row {i} is {arr[i]!r}, not a class name (labels mix "
+                           "names and other values)")
+    if names is None:
+        seen = sorted(set(arr.tolist()))
+        if len(seen) != k:
+            raise InvalidInput(
+                f"labels are class names but {len(seen)} distinct names appear for {k} "
+                "probability columns: give the class names in column order (classes=[...], "
+                "--classes a,b,c)")
+        names = seen
+    index = {c: j for j, c in enumerate(names)}
+    out = np.empty(arr.shape[0], dtype=np.int64)
+    for i, v in enumerate(arr):
+        j = index.get(v)
+        if j is None:
+            shown = ", ".join(names[:10]) + (", …" if len(names) > 10 else "")
+            raise InvalidInput(f"labels: row {i} is {v!r}, not one of the classes ({shown})")
+        out[i] = j
+    return out, names
+
+
 def prepare(
     method: str | Calibrator,
     params: dict[str, Any],
@@ -88,6 +157,7 @@ def prepare(
     score_options: dict[str, Any] | None = None,
     agents: Any = None,
     subjects: Any = None,
+    classes: Any = None,
     rng: random.Random | None = None,
 ) -> Prepared:
     """Validate everything about one calibration request, touching no ledger.
@@ -97,6 +167,9 @@ def prepare(
     probabilities and the users' noisy labels directly. Local-DP methods need a
     subject id per row (``subjects``; default: the row number); federated ones
     an agent id per score (``agents``), and their agents are the subjects.
+
+    Labels may be class names (strings): see :func:`encode_labels` for how they map to
+    probability columns; the names are recorded in the release (``diagnostics["classes"]``).
     """
     if isinstance(method, str):
         reg = registry.get(method)
@@ -122,6 +195,14 @@ def prepare(
     p = validate_params(cal, params)
     needs = set(cal.inputs)
     score_record: dict[str, Any] | None = None
+    names: list[str] | None = None
+    if classes is not None or is_text_labels(labels):
+        if probs is None or labels is None:
+            raise InvalidInput("class names label probability columns: give --probs and --labels")
+        pshape = np.shape(probs)
+        if len(pshape) != 2:
+            raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
+        labels, names = encode_labels(labels, classes, int(pshape[1]))
 
     if "probs" in needs:
         if probs is None or labels is None:
@@ -192,7 +273,7 @@ def prepare(
         score_name=score_record["name"] if score_record else None,
     )
     shape = DataShape(n=n, k=k, group_sizes=sizes)
-    return Prepared(reg, p, data, shape, score_record)
+    return Prepared(reg, p, data, shape, score_record, names)
 
 
 class Evaluation(BaseModel):
@@ -230,13 +311,21 @@ def sets_for(
     return prediction_sets(name, probs, threshold, rng=rng, **options)
 
 
-def evaluate_sets(sets: np.ndarray, labels: Any, lower: float) -> Evaluation:
+def evaluate_sets(
+    sets: np.ndarray, labels: Any, lower: float, *, classes: list[str] | None = None
+) -> Evaluation:
     """Empirical coverage, mean set size and singleton fraction, against the guaranteed ``lower``.
 
     ``consistent_with_guarantee`` asks whether the test sample could come from a
     coverage ≥ lower: the one-sided 95% Clopper–Pearson upper bound of the
-    empirical coverage is at least ``lower``.
+    empirical coverage is at least ``lower``. Class-name labels need the release's
+    ``classes``.
     """
+    if is_text_labels(labels):
+        if not classes:
+            raise InvalidInput("these labels are class names, but the release records none; "
+                               "give integer labels (probability-column indices)")
+        labels, _ = encode_labels(labels, classes, sets.shape[1])
     y = check_labels(labels, sets.shape[1], min_rows=1)
     check_lengths(sets=sets, labels=y)
     hits = sets[np.arange(y.shape[0]), y]
@@ -275,6 +364,7 @@ def calibrate(
     score_options: dict[str, Any] | None = None,
     agents: Any = None,
     subjects: Any = None,
+    classes: Any = None,
     shuffled: bool = False,
     assume_unlinkable_features: bool = False,
     requester: str | None = None,
@@ -293,7 +383,7 @@ def calibrate(
         raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
     prep = prepare(
         method, params, scores=scores, probs=probs, labels=labels, score=score,
-        score_options=score_options, agents=agents, subjects=subjects, rng=rng,
+        score_options=score_options, agents=agents, subjects=subjects, classes=classes, rng=rng,
     )  # fmt: skip
     # the guarantee depends on public quantities only: Accountant.run computes it before
     # anything is charged, refusing an infeasible request (e.g. a FedCP²-QQ plan with ε too
@@ -326,7 +416,11 @@ def calibrate(
         rng=rng,
         registered=prep.registered,
         shuffle=shuffle,
-        extra_diagnostics={"score": prep.score} if prep.score else None,
+        extra_diagnostics={
+            **({"score": prep.score} if prep.score else {}),
+            # public metadata: the class names in probability-column order
+            **({"classes": prep.classes} if prep.classes is not None else {}),
+        } or None,
         classes=prep.shape.k,
     )
 
@@ -354,6 +448,7 @@ def dry_run(
     labels: Any = None,
     agents: Any = None,
     subjects: Any = None,
+    classes: Any = None,
     shuffled: bool = False,
     assume_unlinkable_features: bool = False,
     **_ignored: Any,
@@ -382,6 +477,8 @@ def dry_run(
         raise InvalidInput(f"inputs differ in length: {rows}")
     n = next(iter(rows.values()))
     k = int(np.shape(probs)[1]) if probs is not None else None
+    if classes is not None:
+        check_classes(classes, k)  # names are public; the labels themselves are not read
     sizes = None
     if agents is not None:
         sizes = group_sizes(_ids(agents, "agent ids", n))
@@ -419,3 +516,16 @@ def release_sets(
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
     return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)
+
+
+def release_classes(release: Any) -> list[str] | None:
+    """The class names a release records (probability-column order), or None."""
+    names = (release.diagnostics or {}).get("classes")
+    return list(names) if isinstance(names, list) else None
+
+
+def set_labels(sets: np.ndarray, classes: list[str] | None) -> list[list[Any]]:
+    """Each prediction set as a list: of class names when known, else of column indices."""
+    if classes is None:
+        return [np.flatnonzero(r).tolist() for r in sets]
+    return [[classes[j] for j in np.flatnonzero(r)] for r in sets]

@@ -30,14 +30,14 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.inputs import load_array
+from privcal.cli.inputs import load_array, prob_column_names
 from privcal.errors import InvalidInput
 
 #: options every ``calibrate`` subcommand has; a parameter of the same name is fed from them
 COMMON = {
     "dataset", "scores", "probs", "labels", "score", "score_option", "agent_of", "subjects",
     "requester", "idempotency_key", "dry_run", "as_json", "simulate", "shuffled",
-    "assume_unlinkable_features", "columns", "label_column",
+    "assume_unlinkable_features", "columns", "label_column", "classes",
 }  # fmt: skip
 
 #: a file option: completes paths in the shell, keeps FILE:COLUMN specs as text
@@ -257,6 +257,8 @@ def _make_calibrate_command(name: str) -> click.Command:
             "agents": load("agent_of", "agents", ids=True),
             "subjects": load("subjects", "subjects", ids=True),
         }
+        arrays["classes"] = _classes(kw.get("classes"), kw.get("probs"), columns,
+                                     label_column, arrays["labels"], shape_only)
         acct = settings.accountant()
         common = dict(
             dataset=kw["dataset"],
@@ -316,6 +318,11 @@ def _make_calibrate_command(name: str) -> click.Command:
             ["--label-column"],
             help="The labels' column: of the --labels table, or of the --probs table when "
             "--labels is not given."))
+        opts.append(click.Option(
+            ["--classes"],
+            help="Class names in probability-column order (a,b,c), for labels that are names; "
+            "default: the --probs table's column names, else the sorted names when all k "
+            "appear."))
         if "score" not in model.model_fields:
             opts.append(
                 click.Option(["--score"], help="Score for --probs/--labels: lac, aps, raps.")
@@ -407,6 +414,22 @@ def _labels(spec: str | None, label_column: str | None, probs: str | None,
     return load_array(spec, "labels", shape_only=shape_only) if spec else None
 
 
+def _classes(spec: str | None, probs: str | None, columns: str | None,
+              label_column: str | None, labels: Any, shape_only: bool) -> list[str] | None:
+    """The class names: ``--classes a,b,c``; else, for labels that are names, the selected
+    column names of a ``--probs`` table with a header; else None (the library's fallback:
+    the sorted distinct labels when all k appear)."""
+    from privcal.accountant.conformalize import is_text_labels
+
+    if spec is not None:
+        if not probs:
+            raise InvalidInput("--classes names the probability columns of --probs")
+        return [c.strip() for c in spec.split(",")]
+    if not probs or shape_only or not is_text_labels(labels):
+        return None
+    return prob_column_names(probs, columns, (label_column,) if label_column else ())
+
+
 def _dummy_params(model: type) -> Any:
     # required fields (e.g. fedcp2-qq's epsilon) have no default: a placeholder valid for α and ε
     return model.model_construct(
@@ -494,10 +517,11 @@ def methods(as_json: bool) -> None:
 OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
 
 
-def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
+def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
+                classes: list[str] | None = None) -> None:
     """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
-    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (``0`` … ``k-1``)
-    and the set ``size``."""
+    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (named by the
+    release's class names, else ``0`` … ``k-1``) and the set ``size``."""
     if out is None:
         return
     path = Path(out)
@@ -509,14 +533,17 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool) -> None:
     if suffix not in OUT_SUFFIXES:
         raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
     try:
-        _write_sets_to(sets, path, suffix)
+        _write_sets_to(sets, path, suffix, classes)
     except OSError as exc:
         raise InvalidInput(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
     if not as_json:
         info(f"wrote {sets.shape[0]} prediction sets to {path}")
 
 
-def _write_sets_to(sets: np.ndarray, path: Path, suffix: str) -> None:
+def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
+                   classes: list[str] | None) -> None:
+    from privcal.accountant.conformalize import set_labels
+
     if suffix == ".npy":
         np.save(path, sets)
     elif suffix == ".npz":
@@ -524,11 +551,15 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str) -> None:
     elif suffix == ".json":
         import json
 
-        path.write_text(json.dumps([np.flatnonzero(r).tolist() for r in sets]))
+        path.write_text(json.dumps(set_labels(sets, classes)))
     else:
         import pyarrow as pa
 
-        cols = {str(j): pa.array(sets[:, j].astype(np.int8)) for j in range(sets.shape[1])}
+        names = classes if classes is not None else [str(j) for j in range(sets.shape[1])]
+        if "size" in names:
+            raise InvalidInput("a class is named 'size', the column of set sizes; "
+                               "write --out .json or .npy")
+        cols = {names[j]: pa.array(sets[:, j].astype(np.int8)) for j in range(sets.shape[1])}
         cols["size"] = pa.array(sets.sum(axis=1).astype(np.int64))
         tab = pa.table(cols)
         if suffix == ".csv":
@@ -559,13 +590,14 @@ def predict(
     out: str | None, as_json: bool
 ) -> None:
     """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
-    from privcal.accountant.conformalize import release_sets
+    from privcal.accountant.conformalize import release_classes, release_sets, set_labels
 
     rel = settings.ledger().release(release_id)
     sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
                         score_name=score)
-    _write_sets(sets, out, as_json)
-    lists = [np.flatnonzero(r).tolist() for r in sets]
+    classes = release_classes(rel)
+    _write_sets(sets, out, as_json, classes)
+    lists = set_labels(sets, classes)
     sizes = sets.sum(axis=1)
 
     def human() -> None:
@@ -576,9 +608,10 @@ def predict(
                 click.echo(f"… {len(lists) - 20} more (use --out FILE or --json)")
         click.echo(f"{len(lists)} sets, mean size {sizes.mean():.3f}", err=out is None)
 
-    emit(
-        {"release": rel.id, "threshold": rel.threshold, "sets": lists}, as_json=as_json, human=human
-    )
+    doc: dict[str, Any] = {"release": rel.id, "threshold": rel.threshold, "sets": lists}
+    if classes is not None:
+        doc["classes"] = classes
+    emit(doc, as_json=as_json, human=human)
 
 
 @main.command("evaluate")
@@ -596,7 +629,7 @@ def evaluate(
     label_column: str | None, score: str | None, as_json: bool
 ) -> None:
     """Empirical coverage, mean set size and singleton fraction on held-out data."""
-    from privcal.accountant.conformalize import evaluate_sets, release_sets
+    from privcal.accountant.conformalize import evaluate_sets, release_classes, release_sets
 
     if labels is None and label_column is None:
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
@@ -604,7 +637,8 @@ def evaluate(
     exclude = (label_column,) if label_column else ()
     sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns,
                                         exclude=exclude), score_name=score)
-    ev = evaluate_sets(sets, _labels(labels, label_column, probs, False), rel.coverage.lower)
+    ev = evaluate_sets(sets, _labels(labels, label_column, probs, False), rel.coverage.lower,
+                       classes=release_classes(rel))
 
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")

@@ -241,6 +241,24 @@ def load_array(
     return id_strings(arr, f"{path}: {what}") if ids else arr
 
 
+def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) -> list[str] | None:
+    """The names of the probability columns :func:`load_array` selects from a table with a
+    header (class names), or None for arrays and headerless CSV (columns ``c0``, ``c1``, …)."""
+    path, key = _split_key(spec)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet"):
+        return None
+    if suffix == ".csv":
+        first = _first_row(path)
+        if first is None or all(_is_number(c.strip()) for c in first):
+            return None
+    names = list(_table(path))
+    sel = key if key is not None else columns
+    if sel is not None:
+        return select_columns(names, sel, str(path))
+    return [c for c in names if c not in exclude]
+
+
 def column_names(spec: str) -> list[str]:
     """The column names of a table file (``[]`` for ``.npy``/``.npz``), for class names."""
     path, key = _split_key(spec)
