@@ -14,8 +14,9 @@ module do not pay for SQLAlchemy and SciPy.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from privcal.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -68,10 +69,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from privcal.storage import Ledger
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'privcal' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

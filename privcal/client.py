@@ -21,8 +21,9 @@ public grid on [lower, upper]).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from privcal.lazy import lazy_getattr
 
 # names are imported on first use: `import privcal.client` loads neither numpy/SciPy nor
 # httpx until a randomizer or the HTTP client is asked for
@@ -54,13 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from privcal.client_http import Agent, Reporter, ServiceError
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'privcal.client' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -93,9 +93,6 @@ class _Cost(BaseModel):
             return self
         return NotImplemented
 
-    def describe(self) -> str:  # pragma: no cover - every cost overrides it
-        raise NotImplementedError
-
 
 class PureDP(_Cost):
     """ε-differential privacy (central)."""

@@ -7,8 +7,9 @@ mathematics (CKS20, filters, reporting rule).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from privcal.lazy import lazy_getattr
 
 # Lazy (PEP 562): ``privcal.accountant.shuffle`` (used by ``privcal amplify``) and the pure
 # mathematics must not drag the ledger (SQLAlchemy, the storage layer) in with them.
@@ -37,13 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from privcal.accountant.accounting import cks20_epsilon, simple_zcdp_epsilon
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'privcal.accountant' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 __all__ = [

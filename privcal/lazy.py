@@ -1,0 +1,23 @@
+"""Names imported on first use (PEP 562), so that ``privcal --help``, the device client and
+``amplify`` do not pay for SQLAlchemy, SciPy or httpx they never touch."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_getattr(module: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that imports ``exports[name]`` on first use and caches it."""
+
+    def __getattr__(name: str) -> Any:
+        source = exports.get(name)
+        if source is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(source), name)
+        setattr(sys.modules[module], name, value)
+        return value
+
+    return __getattr__
