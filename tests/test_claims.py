@@ -14,42 +14,24 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import func, select, update
 
 from privcal import Accountant, Ledger
 from privcal.calibrators.validation import check_scores
-from privcal.cli import main
 from privcal.cli.inputs import load_array
 from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.models import AuditHead, Base, Dataset
+from tests.cli_env import CliEnv
 
 N = 200
 
 
-@dataclass
-class Env:
-    url: str
-    dir: Path
-
-    def run(self, *args: str) -> Result:
-        return CliRunner().invoke(main, ["--db-url", self.url, *args], catch_exceptions=False)
-
-    def json(self, *args: str) -> Any:
-        res = self.run(*args, "--json")
-        assert res.exit_code == 0, (args, res.stderr)
-        return json.loads(res.stdout)
-
-    def f(self, name: str) -> str:
-        return str(self.dir / name)
-
+class Env(CliEnv):
     def state(self) -> tuple[Any, ...]:
         return _snapshot(Accountant(Ledger(self.url)))
 

@@ -11,37 +11,19 @@ through the CLI.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
-from privcal.cli import main
+from tests.cli_env import CliEnv
 
 N = 1200
 
 
-@dataclass
-class Env:
-    url: str
-    dir: Path
-
-    def run(self, *args: str) -> Result:
-        return CliRunner().invoke(main, ["--db-url", self.url, *args], catch_exceptions=False)
-
-    def json(self, *args: str) -> Any:
-        res = self.run(*args, "--json")
-        assert res.exit_code == 0, (args, res.stderr)
-        return json.loads(res.stdout)
-
-    def f(self, name: str) -> str:
-        return str(self.dir / name)
-
+class Env(CliEnv):
     def state(self, dataset: str) -> tuple[Any, ...]:
         b = self.json("budget", "show", dataset)
         return (self.json("audit", "head")["head"], len(self.json("release", "list")),
