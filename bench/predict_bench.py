@@ -4,7 +4,7 @@
 
 - **predict_set**: ``Release.predict_set`` (validation of the n×k matrix, the lac
   score, the sets) against ``1 - probs <= q``;
-- **calibrate from probabilities**: ``conformalize.prepare`` (validation, lac scores
+- **calibrate from probabilities**: ``privcal.accountant.prepare.prepare`` (validation, lac scores
   of the labels) + ``Split.calibrate`` against ``np.partition(1 - probs[arange(n), y],
   r - 1)[r - 1]``.
 
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from privcal.accountant.accountant import Release
-from privcal.accountant.conformalize import prepare
+from privcal.accountant.prepare import prepare
 
 
 def _best(fns: list[Callable[[], Any]], rounds: int) -> list[float]:

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from scipy import stats
 
 from privcal import Accountant
-from privcal.accountant.conformalize import validate_params
+from privcal.accountant.prepare import validate_params
 from privcal.calibrators import pcoqs as pcoqs_mod
 from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.calibrators.exponq import ExponQ, ExponQParams
@@ -41,7 +41,8 @@ from privcal.calibrators.mechanisms.exponential import (
     selection_probabilities,
 )
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
-from privcal.calibrators.scores import label_scores, prediction_sets
+from privcal.calibrators.prediction_sets import prediction_sets
+from privcal.calibrators.scores import label_scores
 from privcal.cli import main
 from privcal.errors import InvalidInput
 

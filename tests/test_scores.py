@@ -11,13 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privcal.calibrators.base import numpy_rng
-from privcal.calibrators.scores import (
-    SCORES,
-    all_class_scores,
-    label_scores,
-    prediction_sets,
-    regression_interval,
-)
+from privcal.calibrators.prediction_sets import prediction_sets, regression_interval
+from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
 from privcal.errors import InvalidInput
 
 
@@ -181,7 +176,7 @@ def test_score_errors(call, fragment):
 def test_lac_cut_matches_the_score_comparison(t: float, ps: list[float]) -> None:
     import math
 
-    from privcal.calibrators.scores import lac_cut
+    from privcal.calibrators.prediction_sets import lac_cut
 
     c = lac_cut(t)
     cand = [*ps, *(1.0 - p for p in ps), 0.0, 1.0]

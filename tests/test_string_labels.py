@@ -170,7 +170,7 @@ def test_string_labels_cli_end_to_end(ledger_url: str, tmp_path: Path) -> None:
     doc = _json(url, "predict", "--release", str(rel["id"]), "--probs", str(tmp_path / "p.npy"))
     assert doc["classes"] == NAMES
     sets = np.load(tmp_path / "p.npy")  # the sets, recomputed by the library
-    from privcal.accountant.conformalize import sets_for
+    from privcal.calibrators.prediction_sets import sets_for
 
     mat = sets_for(rel["diagnostics"]["score"], rel["threshold"], sets)
     assert doc["sets"] == [[NAMES[j] for j in np.flatnonzero(r)] for r in mat]

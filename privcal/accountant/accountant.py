@@ -274,21 +274,21 @@ class Release(ReleaseRecord):
     def predict_set(self, probs: Any, *, score_name: str | None = None,
                     rng: random.Random | None = None) -> np.ndarray:
         """Prediction sets (boolean n×k) of this release for new class probabilities."""
-        from privcal.accountant.conformalize import release_sets
+        from privcal.calibrators.prediction_sets import release_sets
 
         return release_sets(self, probs, score_name=score_name, rng=rng)
 
     @property
     def classes(self) -> list[str] | None:
         """The class names, in probability-column order, when the release records them."""
-        from privcal.accountant.conformalize import release_classes
+        from privcal.calibrators.prediction_sets import release_classes
 
         return release_classes(self)
 
     def predict_labels(self, probs: Any, *, score_name: str | None = None,
                        rng: random.Random | None = None) -> list[list[Any]]:
         """Prediction sets as lists of class names (of column indices when none recorded)."""
-        from privcal.accountant.conformalize import set_labels
+        from privcal.calibrators.prediction_sets import set_labels
 
         return set_labels(self.predict_set(probs, score_name=score_name, rng=rng), self.classes)
 
@@ -297,7 +297,7 @@ class Release(ReleaseRecord):
         """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``).
 
         ``labels`` are column indices, or class names when the release records them."""
-        from privcal.accountant.conformalize import evaluate_sets
+        from privcal.calibrators.evaluation import evaluate_sets
 
         sets = self.predict_set(probs, score_name=score_name, rng=rng)
         return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes)
@@ -1386,9 +1386,9 @@ class Accountant:
         Data and options (``scores``, ``probs``, ``labels``, ``score``, ``subjects``,
         ``shuffled``, ``requester``, ``idempotency_key``, ``rng``, …) are passed on; every
         other keyword is a calibrator parameter. Validation and data preparation are
-        :func:`privcal.accountant.conformalize.calibrate`; the charge and release are :meth:`run`.
+        :func:`privcal.accountant.calibration.calibrate`; the charge and release are :meth:`run`.
         """
-        from privcal.accountant.conformalize import calibrate as _calibrate
+        from privcal.accountant.calibration import calibrate as _calibrate
 
         if params is not None and not isinstance(params, dict):
             raise InvalidInput(f"params must be a dict, got {type(params).__name__}")

@@ -104,7 +104,7 @@ def _plain(obj: Any) -> Any:
 def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
     """Recompute one release's coverage and privacy guarantees from its stored inputs."""
     from privcal.accountant.amplification import shuffled_guarantee
-    from privcal.accountant.conformalize import validate_params
+    from privcal.accountant.prepare import validate_params
     problems: list[str] = []
     try:
         cal = registry.get(rel.method).calibrator

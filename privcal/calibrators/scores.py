@@ -1,4 +1,5 @@
-"""Non-conformity scores (SPEC §1): lower is better; the prediction set is {y : S(x, y) ≤ t}.
+"""Non-conformity scores (SPEC §1): lower is better; the prediction set is {y : S(x, y) ≤ t}
+(:mod:`privcal.calibrators.prediction_sets` builds the sets and intervals).
 
 Classification scores take the n×k probability matrix ``probs``:
 
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 import math
 import random
-import struct
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,9 +43,10 @@ __all__ = [
     "SCORES",
     "ScoreSpec",
     "all_class_scores",
+    "cqr_bounds",
     "label_scores",
-    "prediction_sets",
-    "regression_interval",
+    "score_options",
+    "score_spec",
 ]
 
 Kind = Literal["classification", "regression"]
@@ -88,14 +88,16 @@ SCORES: dict[str, ScoreSpec] = {
 }
 
 
-def _spec(name: str) -> ScoreSpec:
+def score_spec(name: str) -> ScoreSpec:
+    """The score named ``name``, or a one-line error listing the known scores."""
     try:
         return SCORES[name]
     except KeyError:
         raise InvalidInput(f"unknown score {name!r} (known: {', '.join(SCORES)})") from None
 
 
-def _options(spec: ScoreSpec, opts: dict[str, Any]) -> dict[str, Any]:
+def score_options(spec: ScoreSpec, opts: dict[str, Any]) -> dict[str, Any]:
+    """``opts`` checked against the score's options, completed with their defaults."""
     unknown = set(opts) - set(spec.options)
     if unknown:
         allowed = ", ".join(spec.options) or "none"
@@ -174,10 +176,10 @@ def all_class_scores(
     For randomized ``aps``/``raps`` one u_i ~ U[0, 1] is drawn per row from ``rng``
     (a CSPRNG when ``None``) and used for all k classes of that row.
     """
-    spec = _spec(name)
+    spec = score_spec(name)
     if spec.kind != "classification":
         raise InvalidInput(f"score {name!r} is a regression score; it has no per-class scores")
-    o = _options(spec, opts)
+    o = score_options(spec, opts)
     p = check_probs(probs, min_rows=1)
     return _classification_all(name, p, o, rng)
 
@@ -198,8 +200,8 @@ def label_scores(
     the predictions ((n,) for ``absolute``, (n, 2) for ``cqr``) and ``labels`` the
     real-valued targets.
     """
-    spec = _spec(name)
-    o = _options(spec, opts)
+    spec = score_spec(name)
+    o = score_options(spec, opts)
     if spec.kind == "classification":
         p = check_probs(probs, min_rows=1)
         y = check_labels(labels, p.shape[1], min_rows=1)
@@ -214,12 +216,13 @@ def label_scores(
         f = check_targets(probs, min_rows=1)
         check_lengths(predictions=f, targets=y_true)
         return np.abs(y_true - f)
-    lo, hi = _cqr_bounds(probs)
+    lo, hi = cqr_bounds(probs)
     check_lengths(predictions=lo, targets=y_true)
     return np.maximum(lo - y_true, y_true - hi)
 
 
-def _cqr_bounds(preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cqr_bounds(preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (lower, upper) quantile predictions of an (n, 2) cqr prediction array, checked."""
     a = np.asarray(preds, dtype=np.float64)
     if a.ndim != 2 or a.shape[1] != 2:
         raise InvalidInput(
@@ -227,101 +230,3 @@ def _cqr_bounds(preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         )
     lo, hi = check_targets(a[:, 0], min_rows=1), check_targets(a[:, 1], min_rows=1)
     return lo, hi
-
-
-def _check_threshold(threshold: float) -> float:
-    t = float(threshold)
-    if math.isnan(t):
-        raise InvalidInput("threshold is NaN")
-    return t
-
-
-def prediction_sets(
-    name: str,
-    probs: np.ndarray,
-    threshold: float,
-    *,
-    rng: random.Random | None = None,
-    **opts: Any,
-) -> np.ndarray:
-    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold.
-
-    A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
-    """
-    t = _check_threshold(threshold)
-    if name == "lac":
-        _options(_spec(name), opts)
-        p = check_probs(probs, min_rows=1)
-        if t == math.inf:
-            return np.ones(p.shape, dtype=bool)
-        # 1.0 − p ≤ t without the n×k score matrix: p ≥ c for the exact cut c
-        return p >= lac_cut(t)
-    s = all_class_scores(name, probs, rng=rng, **opts)
-    if t == math.inf:
-        return np.ones(s.shape, dtype=bool)
-    return s <= t
-
-
-def lac_cut(t: float) -> float:
-    """The smallest double c with fl(1.0 − c) ≤ t, so that for every double p,
-    ``1.0 - p <= t`` ⇔ ``p >= c`` (−inf when every double qualifies, +inf when none does).
-
-    fl(1 − p) is non-increasing in p (IEEE subtraction rounds monotonically), so the
-    doubles p with fl(1 − p) ≤ t form a ray [c, ∞); c is found by bisection over the
-    doubles in their numeric order (64 steps), so the sets equal ``1.0 - probs <= t``
-    bit for bit.
-    """
-    if math.isnan(t):
-        raise InvalidInput("threshold is NaN")
-
-    def ok(k: int) -> bool:
-        return 1.0 - _from_key(k) <= t
-
-    lo, hi = _key(-sys.float_info.max), _key(sys.float_info.max)
-    if ok(lo):
-        return -math.inf
-    if not ok(hi):
-        return math.inf
-    while hi - lo > 1:  # invariant: not ok(lo), ok(hi)
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return _from_key(hi)
-
-
-_SIGN = 1 << 63
-
-
-def _key(x: float) -> int:
-    """An integer increasing with the double ``x`` (−0.0 and +0.0 share 0)."""
-    b = struct.unpack("<q", struct.pack("<d", x))[0]
-    return b if b >= 0 else -(b & (_SIGN - 1))
-
-
-def _from_key(k: int) -> float:
-    bits = k if k >= 0 else ((-k) | _SIGN)
-    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
-
-
-def regression_interval(
-    name: str, preds: np.ndarray, threshold: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """The interval {y : S(x, y) ≤ t} for a regression score, as (lower, upper) arrays.
-
-    ``absolute``: [f − t, f + t]; ``cqr``: [f_lo − t, f_hi + t]. +inf gives (−inf, +inf).
-    For cqr with a negative t the interval can be empty (lower > upper); it is returned as is.
-    """
-    spec = _spec(name)
-    if spec.kind != "regression":
-        raise InvalidInput(f"score {name!r} is a classification score; use prediction_sets")
-    t = _check_threshold(threshold)
-    if name == "absolute":
-        f = check_targets(preds, min_rows=1)
-        lo, hi = f, f
-    else:
-        lo, hi = _cqr_bounds(preds)
-    if t == math.inf:
-        return np.full(lo.shape, -math.inf), np.full(hi.shape, math.inf)
-    return lo - t, hi + t

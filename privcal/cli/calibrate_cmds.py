@@ -222,8 +222,8 @@ def _make_calibrate_command(name: str) -> click.Command:
 
     @pass_settings
     def callback(settings: Any, **kw: Any) -> None:
-        from privcal.accountant.conformalize import calibrate as run_calibration
-        from privcal.accountant.conformalize import dry_run
+        from privcal.accountant.calibration import calibrate as run_calibration
+        from privcal.accountant.calibration import dry_run
 
         as_json = kw.pop("as_json")
         params = {k: v for k, v in kw.items() if k in model.model_fields and v is not None}
@@ -419,7 +419,7 @@ def _classes(spec: str | None, probs: str | None, columns: str | None,
     """The class names: ``--classes a,b,c``; else, for labels that are names, the selected
     column names of a ``--probs`` table with a header; else None (the library's fallback:
     the sorted distinct labels when all k appear)."""
-    from privcal.accountant.conformalize import is_text_labels
+    from privcal.calibrators.class_labels import is_text_labels
 
     if spec is not None:
         if not probs:
@@ -542,7 +542,7 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
 
 def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
                    classes: list[str] | None) -> None:
-    from privcal.accountant.conformalize import set_labels
+    from privcal.calibrators.prediction_sets import set_labels
 
     if suffix == ".npy":
         np.save(path, sets)
@@ -590,7 +590,7 @@ def predict(
     out: str | None, as_json: bool
 ) -> None:
     """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
-    from privcal.accountant.conformalize import release_classes, release_sets, set_labels
+    from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
 
     rel = settings.ledger().release(release_id)
     sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
@@ -629,7 +629,8 @@ def evaluate(
     label_column: str | None, score: str | None, as_json: bool
 ) -> None:
     """Empirical coverage, mean set size and singleton fraction on held-out data."""
-    from privcal.accountant.conformalize import evaluate_sets, release_classes, release_sets
+    from privcal.calibrators.evaluation import evaluate_sets
+    from privcal.calibrators.prediction_sets import release_classes, release_sets
 
     if labels is None and label_column is None:
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")

@@ -185,7 +185,7 @@ def calibrate(name: str, body: CalibrationBody, request: Request,
     A replay is matched on the method, parameters and the data's *shape* — never on the
     data values, of which the ledger stores no fingerprint (DESIGN.md).
     """
-    from privcal.accountant import conformalize
+    from privcal.accountant import calibration
 
     p.check_dataset(name)
     if body.probs is not None and len({len(r) for r in body.probs}) > 1:
@@ -193,11 +193,11 @@ def calibrate(name: str, body: CalibrationBody, request: Request,
     arrays = _arrays(body)
     common = dict(dataset=name, score=body.score, shuffled=body.shuffled, **arrays)
     if dry_run:
-        rep = conformalize.dry_run(_acct(request), body.method, dict(body.params), **common)
+        rep = calibration.dry_run(_acct(request), body.method, dict(body.params), **common)
         return JSONResponse(doc(rep), status_code=200)
 
     def run() -> tuple[int, Any]:
-        rel = conformalize.calibrate(_acct(request), body.method, dict(body.params),
+        rel = calibration.calibrate(_acct(request), body.method, dict(body.params),
                                      requester=p.requester,
                                      idempotency_key=_lib_key(p, idempotency_key or ""),
                                      **common)

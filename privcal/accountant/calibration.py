@@ -1,0 +1,135 @@
+"""One calibration request on the accountant side: prepare, check the shuffle claim, run.
+
+:func:`calibrate` is what :meth:`Accountant.calibrate <privcal.accountant.Accountant.calibrate>`,
+the CLI and the service call: it prepares the request
+(:func:`privcal.accountant.prepare.prepare`: parameters, scores, shape — nothing charged),
+refuses an unproven shuffle amplification, then hands the calibrator and data to
+:meth:`Accountant.run`, which charges, calibrates and records the release.
+:func:`dry_run` does the same from the data's shape only and writes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from privcal.accountant.prepare import prepare, prepare_shape, validate_params
+from privcal.calibrators import registry
+from privcal.calibrators.base import Calibrator, DataShape
+from privcal.errors import InvalidInput
+
+__all__ = ["calibrate", "dry_run"]
+
+
+def calibrate(
+    accountant: Any,
+    method: str | Calibrator,
+    params: dict[str, Any],
+    *,
+    dataset: str,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    score: str | None = None,
+    score_options: dict[str, Any] | None = None,
+    agents: Any = None,
+    subjects: Any = None,
+    classes: Any = None,
+    shuffled: bool = False,
+    assume_unlinkable_features: bool = False,
+    requester: str | None = None,
+    idempotency_key: str | None = None,
+    rng: random.Random | None = None,
+) -> Any:
+    """Validate, charge, calibrate and record one release (see :meth:`Accountant.calibrate`)."""
+    from privcal.accountant.amplification import (
+        check_shuffle_method,
+        check_shuffled_dataset,
+        shuffled_guarantee,
+    )
+
+    ds = accountant.dataset(dataset)  # an unknown dataset fails before any data work
+    if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
+        raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
+    prep = prepare(
+        method, params, scores=scores, probs=probs, labels=labels, score=score,
+        score_options=score_options, agents=agents, subjects=subjects, classes=classes, rng=rng,
+    )  # fmt: skip
+    # the guarantee depends on public quantities only: Accountant.run computes it before
+    # anything is charged, refusing an infeasible request (e.g. a FedCP²-QQ plan with ε too
+    # small for n), and again for the subjects actually accepted, inside the charge
+    shuffle = None
+    if shuffled:
+        name = prep.calibrator.name
+        check_shuffle_method(name, assume_unlinkable_features=assume_unlinkable_features)
+
+        def shuffle(shape: DataShape) -> tuple[Any, dict[str, Any]]:
+            return shuffled_guarantee(
+                name, prep.params, shape, ds.reporting_delta,
+                assume_unlinkable_features=assume_unlinkable_features,
+            )  # fmt: skip
+
+        # refuse an unproven amplification claim (fedcp2-qq, ldp-label) and a cap that cannot
+        # be charged it before anything is charged; the run recomputes the amplified cost for
+        # the subjects actually accepted
+        shuffle(prep.shape)
+        check_shuffled_dataset(ds)
+    elif assume_unlinkable_features:
+        raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
+    return accountant.run(
+        prep.calibrator,
+        prep.params,
+        prep.data,
+        dataset=dataset,
+        requester=requester,
+        idempotency_key=idempotency_key,
+        rng=rng,
+        registered=prep.registered,
+        shuffle=shuffle,
+        extra_diagnostics={
+            **({"score": prep.score} if prep.score else {}),
+            # public metadata: the class names in probability-column order
+            **({"classes": prep.classes} if prep.classes is not None else {}),
+        } or None,
+        classes=prep.shape.k,
+    )
+
+
+def dry_run(
+    accountant: Any,
+    method: str | Calibrator,
+    params: dict[str, Any],
+    *,
+    dataset: str,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    agents: Any = None,
+    subjects: Any = None,
+    classes: Any = None,
+    shuffled: bool = False,
+    assume_unlinkable_features: bool = False,
+    **_ignored: Any,
+) -> Any:
+    """The cost of a calibration and what would remain, from the data's *shape* only.
+
+    Only the number of rows (and classes, and agents) is read, never a value.
+    """
+    reg = registry.get(method) if isinstance(method, str) else None
+    cal = reg.calibrator if reg else method  # type: ignore[union-attr]
+    if not isinstance(cal, Calibrator):
+        raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
+    from privcal.accountant.amplification import check_shuffle_method, check_shuffled_dataset
+
+    p = validate_params(cal, params)  # type: ignore[arg-type]
+    ds = accountant.dataset(dataset)
+    shape = prepare_shape(cal, scores=scores, probs=probs, labels=labels, agents=agents,
+                          subjects=subjects, classes=classes)
+    if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
+        raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
+    if shuffled:
+        check_shuffle_method(cal.name, assume_unlinkable_features=assume_unlinkable_features)
+        check_shuffled_dataset(ds)
+    elif assume_unlinkable_features:
+        raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
+    return accountant.dry_run(cal, p, shape, dataset)

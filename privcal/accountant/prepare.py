@@ -1,0 +1,262 @@
+"""Step one of a calibration (DESIGN.md, "The flow of one calibration"): prepare.
+
+From a method name, parameters and arrays to a calibrator, validated parameters and a
+:class:`~privcal.calibrators.base.CalibrationInput` with its public
+:class:`~privcal.calibrators.base.DataShape` — before anything is charged. Parameters
+are validated, data are checked and turned into scores, and the public shape of the
+data is derived. Errors here are :class:`~privcal.errors.InvalidInput` one-liners, and
+nothing is written. :mod:`privcal.accountant.calibration` then charges and runs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from privcal.calibrators import registry
+from privcal.calibrators.base import (
+    CalibrationInput,
+    Calibrator,
+    CalibratorParams,
+    DataShape,
+)
+from privcal.calibrators.class_labels import check_classes, encode_labels, is_text_labels
+from privcal.calibrators.scores import SCORES, label_scores
+from privcal.calibrators.validation import (
+    check_labels,
+    check_lengths,
+    check_probs,
+    check_scores,
+    group_sizes,
+    id_strings,
+)
+from privcal.errors import InvalidInput
+
+__all__ = ["Prepared", "prepare", "prepare_shape", "validate_params"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything needed to charge and run one calibration."""
+
+    registered: registry.Registered
+    params: CalibratorParams
+    data: CalibrationInput
+    shape: DataShape
+    score: dict[str, Any] | None
+    classes: list[str] | None = None
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return self.registered.calibrator
+
+
+def validate_params(calibrator: Calibrator, values: dict[str, Any]) -> CalibratorParams:
+    """The calibrator's parameter model, or a one-line error naming the bad parameter."""
+    try:
+        return calibrator.Params.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "parameters"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"{calibrator.name} takes no parameter {where!r}"
+            raise InvalidInput(msg) from None
+        raise InvalidInput(f"{calibrator.name}: invalid {where}: {msg}") from None
+
+
+def _ids(a: Any, what: str, n: int) -> np.ndarray:
+    """``n`` ids as strings (:func:`~privcal.calibrators.validation.id_strings`: the CLI, the
+    API and sessions key one person the same way; floats, None and empty ids refused)."""
+    out = id_strings(a, what)
+    if out.shape[0] != n:
+        raise InvalidInput(f"{what} must be a 1-D array of {n} ids, got {out.shape[0]}")
+    return out.astype(object)
+
+
+def prepare(
+    method: str | Calibrator,
+    params: dict[str, Any],
+    *,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    score: str | None = None,
+    score_options: dict[str, Any] | None = None,
+    agents: Any = None,
+    subjects: Any = None,
+    classes: Any = None,
+    rng: random.Random | None = None,
+) -> Prepared:
+    """Validate everything about one calibration request, touching no ledger.
+
+    Scores come either precomputed (``scores``) or from ``probs`` + ``labels``
+    with a score function named by ``score`` (SPEC §1). ``ldp-label`` takes the
+    probabilities and the users' noisy labels directly. Local-DP methods need a
+    subject id per row (``subjects``; default: the row number); federated ones
+    an agent id per score (``agents``), and their agents are the subjects.
+
+    Labels may be class names (strings): see :func:`encode_labels` for how they map to
+    probability columns; the names are recorded in the release (``diagnostics["classes"]``).
+    """
+    if isinstance(method, str):
+        reg = registry.get(method)
+    elif isinstance(method, Calibrator):
+        reg = registry.Registered(method, type(method).__module__.split(".")[0], "unknown")
+    else:
+        raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
+    if not isinstance(params, dict):
+        raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
+    if score is not None and not isinstance(score, str):
+        raise InvalidInput(f"score must be a score name, got {score!r:.60}")
+    if score_options is not None and not isinstance(score_options, dict):
+        raise InvalidInput("score_options must be a dict of option names to values")
+    cal = reg.calibrator
+    if score is not None and "score" in cal.Params.model_fields:
+        # a method whose parameters name the score (ldp-label) takes ``score=`` in every form
+        if params.get("score", score) != score:
+            raise InvalidInput(
+                f"{cal.name}: score given twice ({params['score']!r} and {score!r})"
+            )
+        params = {**params, "score": score}
+        score = None
+    p = validate_params(cal, params)
+    needs = set(cal.inputs)
+    score_record: dict[str, Any] | None = None
+    names: list[str] | None = None
+    if classes is not None or is_text_labels(labels):
+        if probs is None or labels is None:
+            raise InvalidInput("class names label probability columns: give --probs and --labels")
+        pshape = np.shape(probs)
+        if len(pshape) != 2:
+            raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
+        labels, names = encode_labels(labels, classes, int(pshape[1]))
+
+    if "probs" in needs:
+        if probs is None or labels is None:
+            raise InvalidInput(
+                f"{cal.name} needs --probs and --labels (n×k probabilities, n labels)"
+            )
+        if scores is not None:
+            raise InvalidInput(f"{cal.name} works on probabilities, not precomputed --scores")
+        pr = check_probs(probs)
+        y = check_labels(labels, pr.shape[1])
+        check_lengths(probs=pr, labels=y)
+        data_scores = None
+        k: int | None = pr.shape[1]
+    else:
+        pr, y = None, None
+        k = None
+        if scores is not None:
+            if probs is not None or labels is not None:
+                raise InvalidInput("give either --scores, or --probs with --labels, not both")
+            data_scores = check_scores(scores)
+        elif probs is not None and labels is not None:
+            if score is None:
+                raise InvalidInput("with --probs and --labels, name a score: --score lac|aps|raps")
+            if score not in SCORES:
+                raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
+            opts = dict(score_options or {})
+            data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
+            score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
+            if SCORES[score].kind == "classification":
+                k = int(np.asarray(probs).shape[1])
+        else:
+            raise InvalidInput(f"{cal.name} needs --scores, or --probs with --labels and --score")
+    n = int(data_scores.shape[0]) if data_scores is not None else int(y.shape[0])  # type: ignore[union-attr]
+
+    agent_ids = None
+    sizes: tuple[int, ...] | None = None
+    if "agents" in needs:
+        if agents is None:
+            raise InvalidInput(f"{cal.name} needs the agent of every score (--agent-of FILE)")
+        agent_ids = _ids(agents, "agent ids", n)
+        sizes = group_sizes(agent_ids)
+    elif agents is not None:
+        raise InvalidInput(f"{cal.name} is not federated; it takes no agent ids")
+
+    subject_ids = None
+    if cal.privacy_model == "local":
+        subject_ids = (
+            _ids(subjects, "subject ids", n)
+            if subjects is not None
+            else np.array([str(i) for i in range(n)], dtype=object)
+        )
+    elif cal.privacy_model == "federated" and agent_ids is not None:
+        subject_ids = agent_ids
+    elif subjects is not None:
+        raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
+
+    if getattr(p, "k", None) is not None and k is not None and p.k != k:  # type: ignore[attr-defined]
+        raise InvalidInput(f"{cal.name}: k={p.k} but the probabilities have {k} columns")  # type: ignore[attr-defined]
+    if score_record is None and getattr(p, "score", None) is not None:
+        score_record = {"name": p.score, "options": dict(SCORES[p.score].options)}  # type: ignore[attr-defined]
+
+    data = CalibrationInput(
+        scores=data_scores,
+        probs=pr,
+        labels=y,
+        agents=agent_ids,
+        subjects=subject_ids,
+        score_name=score_record["name"] if score_record else None,
+    )
+    shape = DataShape(n=n, k=k, group_sizes=sizes)
+    return Prepared(reg, p, data, shape, score_record, names)
+
+
+def _rows_of(a: Any, what: str, *, ndim: int | None = None) -> int:
+    """The number of rows of an input, from its shape only (nothing is read)."""
+    shape = np.shape(a)
+    if len(shape) == 0:
+        raise InvalidInput(f"{what} is a single value, not an array of rows")
+    if ndim is not None and len(shape) != ndim:
+        raise InvalidInput(f"{what} must be a {ndim}-D array, got shape {shape}")
+    if shape[0] == 0:
+        raise InvalidInput(f"{what} has no rows")
+    return int(shape[0])
+
+
+def prepare_shape(
+    cal: Calibrator,
+    *,
+    scores: Any = None,
+    probs: Any = None,
+    labels: Any = None,
+    agents: Any = None,
+    subjects: Any = None,
+    classes: Any = None,
+) -> DataShape:
+    """The public shape of a request from its inputs' *shapes* only (for a dry run).
+
+    Only the number of rows (and classes, and agents) is read, never a data value; ids
+    and class names are checked (they are public).
+    """
+    rows = {}
+    for what, a, ndim in (("scores", scores, 1), ("labels", labels, 1), ("probs", probs, 2)):
+        if a is not None:
+            rows[what] = _rows_of(a, what, ndim=ndim)
+    if not rows:
+        raise InvalidInput(
+            "a dry run needs the input file to know n (--scores or --probs/--labels)"
+        )
+    if len(set(rows.values())) > 1:
+        raise InvalidInput(f"inputs differ in length: {rows}")
+    n = next(iter(rows.values()))
+    k = int(np.shape(probs)[1]) if probs is not None else None
+    if classes is not None:
+        check_classes(classes, k)  # names are public; the labels themselves are not read
+    sizes = None
+    if agents is not None:
+        sizes = group_sizes(_ids(agents, "agent ids", n))
+    if subjects is not None:
+        if cal.privacy_model != "local":
+            raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
+        _ids(subjects, "subject ids", n)  # the ids are checked; no data value is read
+    try:
+        return DataShape(n=n, k=k, group_sizes=sizes)
+    except ValidationError as exc:
+        raise InvalidInput(f"unusable input shape: {exc.errors()[0].get('msg')}") from None

@@ -1,0 +1,84 @@
+"""Class names and probability columns: string labels as column indices, and back.
+
+The rule (README, "String class labels"): class names are given in probability-column
+order (``classes=`` / ``--classes``), or, when every one of the k classes appears among
+the labels, they are the sorted distinct labels. Integer labels are column indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privcal.errors import InvalidInput
+
+__all__ = ["check_classes", "encode_labels", "is_text_labels"]
+
+
+def is_text_labels(labels: Any) -> bool:
+    """Whether ``labels`` are class names (strings) rather than integer class indices."""
+    if labels is None or isinstance(labels, str):
+        return False
+    try:
+        arr = np.asarray(labels)
+    except Exception:
+        return False
+    if arr.dtype.kind in "US":
+        return True
+    return arr.dtype.kind == "O" and arr.ndim == 1 and any(isinstance(v, str) for v in arr)
+
+
+def check_classes(classes: Any, k: int | None) -> list[str]:
+    """``k`` distinct, non-empty class names, in probability-column order."""
+    if isinstance(classes, str) or not hasattr(classes, "__iter__"):
+        raise InvalidInput("classes must be a list of class names, in probability-column order")
+    names = list(classes)
+    if not all(isinstance(c, str) and c.strip() for c in names):
+        raise InvalidInput("classes must be non-empty strings (the class names)")
+    if len(set(names)) != len(names):
+        dup = next(c for c in names if names.count(c) > 1)
+        raise InvalidInput(f"classes: {dup!r} is named twice")
+    if k is not None and len(names) != k:
+        raise InvalidInput(f"{len(names)} class names given, but the probabilities have "
+                           f"{k} columns")
+    return names
+
+
+def encode_labels(labels: Any, classes: list[str] | None, k: int) -> tuple[Any, list[str] | None]:
+    """Class-name labels as indices into the probability columns, and the class names.
+
+    The rule (README, "String class labels"): the names are ``classes`` when given, in
+    probability-column order; otherwise, only when every one of the ``k`` classes appears
+    among the labels, the sorted distinct labels. A label that is not a class name is a
+    one-line error naming its row. Integer labels are class indices, as before, and are
+    returned unchanged (with ``classes`` recorded when given).
+    """
+    names = check_classes(classes, k) if classes is not None else None
+    if not is_text_labels(labels):
+        return labels, names
+    arr = np.asarray(labels, dtype=object)
+    if arr.ndim != 1:
+        raise InvalidInput(f"labels must be a 1-D array, got shape {arr.shape}")
+    bad_type = [i for i, v in enumerate(arr) if not isinstance(v, str)]
+    if bad_type:
+        i = bad_type[0]
+        raise InvalidInput(f"labels: row {i} is {arr[i]!r}, not a class name (labels mix "
+                           "names and other values)")
+    if names is None:
+        seen = sorted(set(arr.tolist()))
+        if len(seen) != k:
+            raise InvalidInput(
+                f"labels are class names but {len(seen)} distinct names appear for {k} "
+                "probability columns: give the class names in column order (classes=[...], "
+                "--classes a,b,c)")
+        names = seen
+    index = {c: j for j, c in enumerate(names)}
+    out = np.empty(arr.shape[0], dtype=np.int64)
+    for i, v in enumerate(arr):
+        j = index.get(v)
+        if j is None:
+            shown = ", ".join(names[:10]) + (", …" if len(names) > 10 else "")
+            raise InvalidInput(f"labels: row {i} is {v!r}, not one of the classes ({shown})")
+        out[i] = j
+    return out, names

@@ -1,0 +1,183 @@
+"""What a released threshold t is used for: prediction sets {y : S(x, y) ≤ t} and intervals.
+
+Classification scores give a boolean n×k membership matrix (:func:`prediction_sets`),
+regression scores an interval per row (:func:`regression_interval`); :func:`release_sets`
+applies a stored release (its threshold, score and options, number of classes) to new
+probabilities. The score functions themselves are :mod:`privcal.calibrators.scores`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+
+from privcal.calibrators.scores import (
+    all_class_scores,
+    cqr_bounds,
+    score_options,
+    score_spec,
+)
+from privcal.calibrators.validation import check_probs, check_targets
+from privcal.errors import InvalidInput
+
+__all__ = [
+    "lac_cut",
+    "prediction_sets",
+    "regression_interval",
+    "release_classes",
+    "release_sets",
+    "set_labels",
+    "sets_for",
+]
+
+
+def _check_threshold(threshold: float) -> float:
+    t = float(threshold)
+    if math.isnan(t):
+        raise InvalidInput("threshold is NaN")
+    return t
+
+
+def prediction_sets(
+    name: str,
+    probs: np.ndarray,
+    threshold: float,
+    *,
+    rng: random.Random | None = None,
+    **opts: Any,
+) -> np.ndarray:
+    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold.
+
+    A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
+    """
+    t = _check_threshold(threshold)
+    if name == "lac":
+        score_options(score_spec(name), opts)
+        p = check_probs(probs, min_rows=1)
+        if t == math.inf:
+            return np.ones(p.shape, dtype=bool)
+        # 1.0 − p ≤ t without the n×k score matrix: p ≥ c for the exact cut c
+        return p >= lac_cut(t)
+    s = all_class_scores(name, probs, rng=rng, **opts)
+    if t == math.inf:
+        return np.ones(s.shape, dtype=bool)
+    return s <= t
+
+
+def lac_cut(t: float) -> float:
+    """The smallest double c with fl(1.0 − c) ≤ t, so that for every double p,
+    ``1.0 - p <= t`` ⇔ ``p >= c`` (−inf when every double qualifies, +inf when none does).
+
+    fl(1 − p) is non-increasing in p (IEEE subtraction rounds monotonically), so the
+    doubles p with fl(1 − p) ≤ t form a ray [c, ∞); c is found by bisection over the
+    doubles in their numeric order (64 steps), so the sets equal ``1.0 - probs <= t``
+    bit for bit.
+    """
+    if math.isnan(t):
+        raise InvalidInput("threshold is NaN")
+
+    def ok(k: int) -> bool:
+        return 1.0 - _from_key(k) <= t
+
+    lo, hi = _key(-sys.float_info.max), _key(sys.float_info.max)
+    if ok(lo):
+        return -math.inf
+    if not ok(hi):
+        return math.inf
+    while hi - lo > 1:  # invariant: not ok(lo), ok(hi)
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return _from_key(hi)
+
+
+_SIGN = 1 << 63
+
+
+def _key(x: float) -> int:
+    """An integer increasing with the double ``x`` (−0.0 and +0.0 share 0)."""
+    b = struct.unpack("<q", struct.pack("<d", x))[0]
+    return b if b >= 0 else -(b & (_SIGN - 1))
+
+
+def _from_key(k: int) -> float:
+    bits = k if k >= 0 else ((-k) | _SIGN)
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
+
+
+def regression_interval(
+    name: str, preds: np.ndarray, threshold: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The interval {y : S(x, y) ≤ t} for a regression score, as (lower, upper) arrays.
+
+    ``absolute``: [f − t, f + t]; ``cqr``: [f_lo − t, f_hi + t]. +inf gives (−inf, +inf).
+    For cqr with a negative t the interval can be empty (lower > upper); it is returned as is.
+    """
+    spec = score_spec(name)
+    if spec.kind != "regression":
+        raise InvalidInput(f"score {name!r} is a classification score; use prediction_sets")
+    t = _check_threshold(threshold)
+    if name == "absolute":
+        f = check_targets(preds, min_rows=1)
+        lo, hi = f, f
+    else:
+        lo, hi = cqr_bounds(preds)
+    if t == math.inf:
+        return np.full(lo.shape, -math.inf), np.full(hi.shape, math.inf)
+    return lo - t, hi + t
+
+
+def sets_for(
+    score: dict[str, Any] | None,
+    threshold: float,
+    probs: Any,
+    *,
+    rng: random.Random | None = None,
+    score_name: str | None = None,
+) -> np.ndarray:
+    """Prediction sets (boolean n×k) for a released threshold and the score it was calibrated on."""
+    name = score_name or (score or {}).get("name")
+    if name is None:
+        raise InvalidInput(
+            "this release was calibrated on precomputed scores; say which score they were (--score)"
+        )
+    options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name else {}
+    return prediction_sets(name, probs, threshold, rng=rng, **options)
+
+
+def release_sets(
+    release: Any, probs: Any, *, score_name: str | None = None, rng: random.Random | None = None
+) -> np.ndarray:
+    """Prediction sets of a stored release for new probabilities (boolean n×k).
+
+    A release calibrated on probabilities records their number of classes k; probabilities
+    with another number of columns are refused (the threshold means nothing for them).
+    """
+    score = (release.diagnostics or {}).get("score")
+    shape = release.shape if isinstance(release.shape, dict) else {}
+    k = shape.get("k")
+    got = np.shape(probs)
+    if k is not None and len(got) == 2 and got[1] != k:
+        raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
+                           f"probabilities have {got[1]} columns")
+    return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)
+
+
+def release_classes(release: Any) -> list[str] | None:
+    """The class names a release records (probability-column order), or None."""
+    names = (release.diagnostics or {}).get("classes")
+    return list(names) if isinstance(names, list) else None
+
+
+def set_labels(sets: np.ndarray, classes: list[str] | None) -> list[list[Any]]:
+    """Each prediction set as a list: of class names when known, else of column indices."""
+    if classes is None:
+        return [np.flatnonzero(r).tolist() for r in sets]
+    return [[classes[j] for j in np.flatnonzero(r)] for r in sets]
