@@ -22,8 +22,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from privcal.accountant import shuffle_bounds as sb
-from privcal.accountant.shuffle import amplify
+from privcal.accountant.privacy import shuffle_bounds as sb
+from privcal.accountant.privacy.shuffle import amplify
 
 EPS0 = (0.5, 1.0, 2.0, 4.0, 8.0)
 DELTAS = (1e-6, 1e-8)

@@ -156,9 +156,9 @@ class ZCDP(_Cost):
 
     def to_approx(self, delta: object) -> ApproxDP:
         """(ε, δ)-DP at ``delta`` ∈ (0, 1) by Canonne, Kamath & Steinke 2020, Prop. 12 /
-        Cor. 13 (:func:`privcal.accountant.accounting.cks20_epsilon`), ε rounded *up* to 6
+        Cor. 13 (:func:`privcal.accountant.privacy.conversions.cks20_epsilon`), ε rounded *up* to 6
         significant digits — the conversion the accountant reports."""
-        from privcal.accountant.accounting import cks20_epsilon, round_up
+        from privcal.accountant.privacy.conversions import cks20_epsilon, round_up
 
         d = _delta(delta, allow_zero=False)
         rho = float(self.rho)

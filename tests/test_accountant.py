@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import AlreadyExists, BudgetRefused, InvalidInput, NotFound

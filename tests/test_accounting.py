@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq
 
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import BudgetRefused, InvalidInput
 

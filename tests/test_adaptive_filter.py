@@ -53,7 +53,7 @@ from scipy.signal import fftconvolve
 from scipy.special import ndtr
 
 from privcal import Accountant, Ledger
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.costs import ZCDP, ApproxDP, PureDP
 from privcal.errors import BudgetRefused
 

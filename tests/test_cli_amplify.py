@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from privcal.accountant.shuffle import HEURISTIC_LABEL, amplify
+from privcal.accountant.privacy.shuffle import HEURISTIC_LABEL, amplify
 from privcal.cli import main
 
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.cli import main
 from privcal.storage import Ledger
 

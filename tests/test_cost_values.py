@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from privcal.accountant.accounting import cks20_epsilon, round_up
+from privcal.accountant.privacy.conversions import cks20_epsilon, round_up
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, parse_cost
 from privcal.errors import InvalidInput
 

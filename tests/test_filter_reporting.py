@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from sqlalchemy import select, text
 
 from privcal import Accountant, Ledger
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.accountant.report import audit_report
 from privcal.cli import main
 from privcal.costs import ZCDP, ApproxDP, PureDP

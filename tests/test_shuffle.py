@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
-from privcal.accountant import shuffle_bounds as sb
-from privcal.accountant.shuffle import (
+from privcal.accountant.privacy import shuffle_bounds as sb
+from privcal.accountant.privacy.shuffle import (
     BOUND_NONE,
     HEURISTIC_LABEL,
     AmplificationResult,

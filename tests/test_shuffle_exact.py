@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from privcal.accountant import shuffle_bounds as sb
-from privcal.accountant.shuffle import amplify
+from privcal.accountant.privacy import shuffle_bounds as sb
+from privcal.accountant.privacy.shuffle import amplify
 
 FloatArray = np.ndarray
 

@@ -1,8 +1,8 @@
 """The accountant: privacy notions, conversions, composition filters, and the gate of every run.
 
 ``Accountant(ledger)`` charges costs atomically against dataset and per-subject
-budgets and records releases; :mod:`privcal.accountant.accounting` is the pure
-mathematics (CKS20, filters, reporting rule).
+budgets and records releases; :mod:`privcal.accountant.privacy` is the pure
+mathematics (conversions and CKS20, the composition filters, guarantees, shuffle bounds).
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 from privcal.lazy import lazy_getattr
 
-# Lazy (PEP 562): ``privcal.accountant.shuffle`` (used by ``privcal amplify``) and the pure
-# mathematics must not drag the ledger (SQLAlchemy, the storage layer) in with them.
+# Lazy (PEP 562): ``privcal.accountant.privacy`` (``privacy.shuffle`` is used by
+# ``privcal amplify``) must not drag the ledger (SQLAlchemy, the storage layer) in with it.
 _EXPORTS = {
     **dict.fromkeys(
         ("Accountant", "BudgetReport", "ChargeReceipt", "DatasetInfo", "DryRun",
          "GuaranteeReport", "Release", "SpentReport", "SubjectChargeResult", "SubjectSummary"),
         "privcal.accountant.accountant"),
-    "cks20_epsilon": "privcal.accountant.accounting",
-    "simple_zcdp_epsilon": "privcal.accountant.accounting",
+    "cks20_epsilon": "privcal.accountant.privacy.conversions",
+    "simple_zcdp_epsilon": "privcal.accountant.privacy.conversions",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
         SubjectChargeResult,
         SubjectSummary,
     )
-    from privcal.accountant.accounting import cks20_epsilon, simple_zcdp_epsilon
+    from privcal.accountant.privacy.conversions import cks20_epsilon, simple_zcdp_epsilon
 
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -2,7 +2,7 @@
 
 Every write is one database transaction (:meth:`privcal.storage.Ledger.write`):
 lock the dataset row, check every scope the cost touches with the filters of
-:mod:`privcal.accountant.accounting`, write the charge and its audit entry,
+:mod:`privcal.accountant.privacy.filters`, write the charge and its audit entry,
 commit — or raise :class:`~privcal.errors.BudgetRefused` having written
 nothing. See DESIGN.md, "The flow of one calibration", for :meth:`Accountant.run`.
 
@@ -63,7 +63,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from privcal import checks
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.calibrators.base import (
     CalibrationInput,
     Calibrator,
@@ -590,8 +590,8 @@ class Accountant:
         ``approx_delta`` for an (ε, δ) cap); ``subject_epsilon`` caps each subject's
         local-DP spend. ``renyi_orders`` (an (ε, δ) cap only) fixes the grid of Rényi
         orders over which its zCDP charges are converted (default
-        :data:`~privcal.accountant.accounting.DEFAULT_RENYI_ORDERS`; see the filter in
-        :mod:`privcal.accountant.accounting`); it is stored and logged, and never changes.
+        :data:`~privcal.accountant.privacy.filters.DEFAULT_RENYI_ORDERS`; see the filter in
+        :mod:`privcal.accountant.privacy.filters`); it is stored and logged, and never changes.
         AlreadyExists if the name is taken.
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 200:

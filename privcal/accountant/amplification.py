@@ -5,7 +5,7 @@ Amplification is claimed only where the theorem's assumptions hold (issue 14.6):
 - ``ldp-score``: one binary-RR bit per user, and that bit is the user's *whole* input to
   the protocol; each round's group of n' users is its own shuffle, and the protocol's
   central guarantee is the worst round's (parallel composition over disjoint groups).
-  This is the setting of the bounds in :mod:`privcal.accountant.shuffle` (an ε0-LDP
+  This is the setting of the bounds in :mod:`privcal.accountant.privacy.shuffle` (an ε0-LDP
   randomizer applied once to each of n users' data, Feldman, McMillan & Talwar 2021).
 - ``fedcp2-qq`` is **refused**. An agent's exponential-mechanism message is ε-DP with
   respect to one *record* of the agent's n records, not an ε0-local randomizer of the
@@ -70,7 +70,7 @@ def shuffled_guarantee(
     :class:`InvalidInput` for every method but ``ldp-score`` (see the module docstring),
     and for ``assume_unlinkable_features``, which no remaining method uses.
     """
-    from privcal.accountant.shuffle import amplified_cost
+    from privcal.accountant.privacy.shuffle import amplified_cost
 
     check_shuffle_method(method, assume_unlinkable_features=assume_unlinkable_features)
     from privcal.calibrators.ldp_score import open_protocol

@@ -4,7 +4,7 @@ Per dataset: its budget policy and the guarantee of its cap (the filter's
 (ε, δ), valid however the requests adapt), its releases in order (method, α,
 threshold, coverage guarantee, privacy cost), and the budget consumed over time —
 each charge replayed through the same exact composition rules the accountant
-enforces (:mod:`privcal.accountant.accounting`), with the realized spend after it,
+enforces (:mod:`privcal.accountant.privacy.filters`), with the realized spend after it,
 labelled as such: it is not a guarantee under adaptive use (issue 14).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.costs import LocalDP
 from privcal.storage.models import Charge, Dataset
 

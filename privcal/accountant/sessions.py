@@ -52,7 +52,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from privcal import checks
-from privcal.accountant import accounting as acc
+from privcal.accountant import privacy as acc
 from privcal.accountant.accountant import (
     Accountant,
     Release,

@@ -1,6 +1,6 @@
 """``privcal amplify``: the proven (ε, δ) of n shuffled ε0-LDP reports.
 
-A thin skin over :func:`privcal.accountant.shuffle.amplify` (SHUFFLE.md): every
+A thin skin over :func:`privcal.accountant.privacy.shuffle.amplify` (SHUFFLE.md): every
 bound valid for the randomizer, the one chosen, and the seed paper's ε0/√n shown
 only as a labelled heuristic.
 """
@@ -30,7 +30,7 @@ def _fmt(x: float | None, spec: str = ".6g") -> str:
 def amplify_cmd(eps0: float, n: int, delta: float, randomizer: str, k: int | None,
                 as_json: bool) -> None:
     """Central (ε, δ)-DP of N shuffled ε0-LDP reports, from proven amplification bounds."""
-    from privcal.accountant.shuffle import amplify
+    from privcal.accountant.privacy.shuffle import amplify
 
     result = amplify(eps0, n, delta, randomizer, k)  # type: ignore[arg-type]
 

@@ -4,7 +4,7 @@ Hand-written and kept in step with privcal/storage/models.py. One nullable JSON 
 added and dropped natively (no batch table copy).
 
 Existing rows keep NULL. For an (ε, δ) dataset, NULL means the frozen grid
-``privcal.accountant.accounting.MIGRATED_RENYI_ORDERS`` (1.25, 1.5, 2, 3, 5, 9, …, 1025), so
+``privcal.accountant.privacy.filters.MIGRATED_RENYI_ORDERS`` (1.25, 1.5, 2, 3, 5, 9, …, 1025), so
 its audit entry — written before the grid existed, without a ``renyi_orders`` key — still
 verifies, and the rule it is charged under is re-derivable. The migration is conservative:
 for the same totals the new ε term min_{a∈A} f_a(Σρ, D/(2|A|)) is ≥ the old CKS20(Σρ, D/2)

@@ -1,7 +1,7 @@
 """Amplification by shuffling, the numerics: hockey-stick divergences of clone/blanket pairs.
 
 Everything here is pure floating-point mathematics on public parameters
-(ε0, n, δ, k); :mod:`privcal.accountant.shuffle` turns it into a named,
+(ε0, n, δ, k); :mod:`privcal.accountant.privacy.shuffle` turns it into a named,
 certified, rounded-up result. The bounds and the "Pair" formula are those of
 ``shared/SHUFFLE.md``:
 

@@ -1,24 +1,15 @@
-"""Privacy accounting, pure mathematics: conversions, composition filters, reporting.
+"""The composition filters that enforce a dataset's cap (pure ε, ρ-zCDP, (ε, δ)): pure mathematics.
 
-No database here. Amounts that are stored or summed are exact :class:`~decimal.Decimal`;
-conversions to (ε, δ) are evaluated in floating point and the reported ε is
-rounded *up* (:func:`round_up`), so a reported figure is never smaller than the
-true bound.
-
-Notions (SPEC.md §3):
-
-- pure → zCDP: ε-DP ⇒ (ε²/2)-zCDP (Bun & Steinke 2016, "Concentrated
-  Differential Privacy: Simplifications, Extensions, and Lower Bounds",
-  Prop. 1.4).
-- zCDP → (ε, δ): Canonne, Kamath & Steinke 2020, "The Discrete Gaussian for
-  Differential Privacy", Prop. 12 / Cor. 13 (:func:`cks20_epsilon`), and the
-  simpler, looser ρ + 2√(ρ ln 1/δ) (Bun & Steinke 2016, Prop. 1.3,
-  :func:`simple_zcdp_epsilon`).
+No database here. Running totals are exact :class:`~decimal.Decimal` sums; the one
+float evaluation (:func:`renyi_filter_term`) is rounded *up*. Conversions are in
+:mod:`privcal.accountant.privacy.conversions`, what a cap guarantees and what has been
+spent in :mod:`privcal.accountant.privacy.guarantees`.
 
 Enforcement. A request's ε, ρ or δ may be chosen after seeing every earlier
 release (full adaptivity), so each cap is enforced by a rule proven to be a
 privacy *filter*: whatever the analyst's strategy and whenever it stops, the
-whole transcript satisfies the cap's guarantee (:func:`filter_guarantee`).
+whole transcript satisfies the cap's guarantee
+(:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`).
 
 - **pure-ε cap E**: accept while Σε ≤ E. Each step's privacy loss is bounded by
   its ε surely, so the transcript's loss is ≤ Σε ≤ E on every path: basic
@@ -84,24 +75,16 @@ whole transcript satisfies the cap's guarantee (:func:`filter_guarantee`).
   ``tests/test_adaptive_filter.py::test_default_grid_keeps_most_of_the_old_rho``).
   The new term is never below the old one (δ' ≤ D/2 and a min over A ⊂ (1, ∞)),
   so a dataset migrated from the old rule never accepts what the old rule refused.
-
-Reporting: the dataset's *guarantee* is its filter's (:func:`filter_guarantee`).
-The realized spend (:func:`spent_epsilon`) is what the charges so far would
-guarantee had they been fixed in advance; for adaptively chosen charges it is an
-odometer reading, not a guarantee (odometers cost extra: Rogers et al. 2016,
-Whitehouse et al. 2023), and it is labelled so. A single release's own privacy
-statement (e.g. CKS20 of its ρ) stays valid: its cost is fixed by its
-parameters before it runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Context, Decimal, localcontext
+from decimal import Context, Decimal, localcontext
 from typing import Literal
 
+from privcal.accountant.privacy.conversions import check_delta, cks20_objective, dstr, round_up
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import BudgetRefused, InvalidInput
 
@@ -110,30 +93,20 @@ __all__ = [
     "DELTA_SPLIT",
     "MAX_RENYI_ORDERS",
     "MIGRATED_RENYI_ORDERS",
-    "REPORT_DIGITS",
-    "Guarantee",
     "Notion",
     "Policy",
     "Spent",
-    "SpentEpsilon",
+    "approx_usage",
     "check_charge",
-    "cks20_epsilon",
-    "cks20_order",
-    "dstr",
-    "filter_guarantee",
     "remaining",
     "renyi_filter_epsilon",
     "renyi_filter_term",
     "renyi_orders",
-    "round_up",
-    "simple_zcdp_epsilon",
-    "spent_epsilon",
+    "used",
 ]
 
 Notion = Literal["pure", "zcdp", "approx"]
 
-#: significant digits of a reported ε (rounded up)
-REPORT_DIGITS = 6
 #: the share of an (ε, δ) cap's δ given to the group of zCDP charges (see the module docstring)
 DELTA_SPLIT = Decimal("0.5")
 #: default Rényi orders of an (ε, δ) cap: a − 1 = 2^k for k = −2 … 10, i.e. 1.25, 1.5, 2, 3, 5,
@@ -155,105 +128,6 @@ _MAX_ORDER = Decimal(10) ** 6
 
 #: enough digits that sums of stored amounts (≤ 30 decimals each) stay exact
 _EXACT = Context(prec=80)
-
-
-def dstr(d: Decimal) -> str:
-    """A decimal as a plain string without exponent or trailing zeros ("0.9", not "0.900E0")."""
-    if d == 0:
-        return "0"
-    s = format(d, "f")
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return s
-
-
-def round_up(x: float, digits: int = REPORT_DIGITS) -> Decimal:
-    """``x`` rounded *up* to ``digits`` significant digits, as an exact Decimal.
-
-    The float is first taken exactly (its full binary expansion), so the result is
-    never below ``x``.
-    """
-    if not math.isfinite(x):
-        raise InvalidInput(f"cannot report a non-finite ε ({x})")
-    d = Decimal(x)  # exact binary value
-    if d == 0:
-        return Decimal(0)
-    exp = d.adjusted() - digits + 1
-    r = d.quantize(Decimal(1).scaleb(exp), rounding=ROUND_CEILING)
-    if len(r.as_tuple().digits) > digits:  # rounded up to the next power of ten (999999.5 → 1e6)
-        r = r.quantize(Decimal(1).scaleb(exp + 1), rounding=ROUND_CEILING)
-    return r.normalize()
-
-
-def _check_delta(delta: float) -> None:
-    if not (0 < delta < 1):
-        raise InvalidInput(f"δ must be in (0, 1), got {delta}")
-
-
-def _cks20_objective(a: float, rho: float, log_inv_delta: float) -> float:
-    # Canonne, Kamath & Steinke 2020, Prop. 12 (as stated in SPEC §3):
-    # ε = aρ + (ln(1/δ) + (a−1)·ln(1−1/a) − ln a)/(a−1), any a > 1.
-    am1 = a - 1.0
-    return a * rho + (log_inv_delta + am1 * math.log1p(-1.0 / a) - math.log(a)) / am1
-
-
-def cks20_order(rho: float, delta: float) -> float:
-    """The order a > 1 that minimises the CKS20 bound (found numerically).
-
-    Any a > 1 gives a *valid* ε, so an imperfect minimiser can only make the
-    reported ε larger, never invalid.
-    """
-    if not (rho > 0 and math.isfinite(rho)):
-        raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
-    _check_delta(delta)
-    lid = math.log(1.0 / delta)
-    # Minimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
-    # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket. A golden-section
-    # search in pure Python (≈ 70 evaluations to |Δt| ≤ 1e−12) keeps SciPy off the path of
-    # `budget show` and of every charge.
-    guess = math.log(math.sqrt(lid / rho))
-    t = _golden_min(lambda x: _cks20_objective(1.0 + math.exp(x), rho, lid),
-                    guess - 12.0, guess + 12.0, tol=1e-12)
-    return 1.0 + math.exp(t)
-
-
-_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
-
-
-def _golden_min(f: Callable[[float], float], lo: float, hi: float, *, tol: float) -> float:
-    """The argmin of a unimodal ``f`` on [lo, hi] by golden-section search (Kiefer 1953)."""
-    c = hi - _INV_PHI * (hi - lo)
-    d = lo + _INV_PHI * (hi - lo)
-    fc, fd = f(c), f(d)
-    while hi - lo > tol:
-        if fc <= fd:
-            hi, d, fd = d, c, fc
-            c = hi - _INV_PHI * (hi - lo)
-            fc = f(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + _INV_PHI * (hi - lo)
-            fd = f(d)
-    return c if fc <= fd else d
-
-
-def cks20_epsilon(rho: float, delta: float) -> float:
-    """ε(δ) of a ρ-zCDP mechanism by Canonne, Kamath & Steinke 2020 (Prop. 12 / Cor. 13).
-
-    ε(δ) = inf_{a>1} [aρ + (ln(1/δ) + (a−1)ln(1−1/a) − ln a)/(a−1)], minimised over a
-    continuous a (SPEC §3). Reproduces the SPEC table, e.g. ρ=0.1, δ=1e−5 → 1.9142.
-    """
-    a = cks20_order(rho, delta)
-    # for large δ the bound can dip below 0; (ε<0, δ)-DP implies (0, δ)-DP
-    return max(0.0, _cks20_objective(a, rho, math.log(1.0 / delta)))
-
-
-def simple_zcdp_epsilon(rho: float, delta: float) -> float:
-    """ρ + 2√(ρ ln(1/δ)) (Bun & Steinke 2016, Prop. 1.3); always looser than CKS20."""
-    if not (rho > 0 and math.isfinite(rho)):
-        raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
-    _check_delta(delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
 def renyi_orders(values: object) -> tuple[Decimal, ...]:
@@ -296,11 +170,11 @@ def renyi_filter_term(rho: float, delta_each: float, orders: tuple[Decimal, ...]
     """
     if not (rho > 0 and math.isfinite(rho)):
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
-    _check_delta(delta_each)
+    check_delta(delta_each)
     lid = math.log(1.0 / delta_each)
     # f_a(R, δ') = aR + (ln(1/δ') + ln c_a)/(a − 1) with ln c_a = −ln a + (a − 1)·ln(1 − 1/a):
     # the CKS20 objective (Prop. 12), here only at the grid's fixed orders
-    return min(_cks20_objective(float(a), rho, lid) for a in orders)
+    return min(cks20_objective(float(a), rho, lid) for a in orders)
 
 
 #: allowance (relative, and absolute in ε) for the float error of :func:`renyi_filter_term`,
@@ -388,13 +262,13 @@ class Spent:
         return (self.pure_eps, self.zcdp_rho, self.approx_eps, self.approx_delta) == (0, 0, 0, 0)
 
 
-def _approx_usage(policy: Policy, spent: Spent) -> tuple[Decimal, Decimal]:
+def approx_usage(policy: Policy, spent: Spent) -> tuple[Decimal, Decimal]:
     """(ε, δ) used under an (ε, δ) cap (E, D): (ε_p + g(R), Δ + [R > 0]·D/2).
 
     ε_p and Δ are exact sums; g(R) (:func:`renyi_filter_epsilon`) is rounded up, and the
     sum stays an exact Decimal, so the comparison with the cap is conservative. This is
     the filter proven in the module docstring; it is *not* a guarantee at the realized
-    values (see :func:`filter_guarantee`).
+    values (see :func:`~privcal.accountant.privacy.guarantees.filter_guarantee`).
     """
     assert policy.delta is not None
     with localcontext(_EXACT):
@@ -417,7 +291,7 @@ def remaining(policy: Policy, spent: Spent) -> dict[str, Decimal]:
             assert policy.rho is not None
             return {"rho": max(zero, policy.rho - spent.pure_rho - spent.zcdp_rho)}
         assert policy.epsilon is not None and policy.delta is not None
-        eps, delta = _approx_usage(policy, spent)
+        eps, delta = approx_usage(policy, spent)
         return {"epsilon": max(zero, policy.epsilon - eps),
                 "delta": max(zero, policy.delta - delta)}
 
@@ -429,7 +303,7 @@ def used(policy: Policy, spent: Spent) -> dict[str, Decimal]:
             return {"epsilon": spent.pure_eps}
         if policy.notion == "zcdp":
             return {"rho": spent.pure_rho + spent.zcdp_rho}
-        eps, delta = _approx_usage(policy, spent)
+        eps, delta = approx_usage(policy, spent)
         return {"epsilon": eps, "delta": delta}
 
 
@@ -470,110 +344,7 @@ def check_charge(
                 raise refuse("it would exceed the cap")
         return after
     assert policy.epsilon is not None and policy.delta is not None
-    eps, delta = _approx_usage(policy, after)
+    eps, delta = approx_usage(policy, after)
     if delta > policy.delta or eps > policy.epsilon:
         raise refuse("it would exceed the cap")
     return after
-
-
-#: how every realized-spend figure is labelled (it is an odometer reading, not a guarantee)
-REALIZED_NOTE = (
-    "spent so far: what these charges would guarantee had they been fixed in advance; "
-    "not a guarantee under adaptive use (the dataset's guarantee is its cap's)"
-)
-
-
-@dataclass(frozen=True)
-class Guarantee:
-    """The (ε, δ) a dataset's filter guarantees for everything ever charged to it, and why."""
-
-    epsilon: Decimal  # rounded up
-    delta: Decimal
-    rule: str
-
-    @property
-    def statement(self) -> str:
-        """One sentence."""
-        return (f"everything released from this dataset, however the requests adapt, is "
-                f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}]")
-
-
-def filter_guarantee(policy: Policy, reporting_delta: Decimal) -> Guarantee:
-    """The guarantee of the cap, valid at any stopping time under fully adaptive requests.
-
-    - pure cap E: (E, 0) — basic composition filter (Rogers et al. 2016, Thm 3.6);
-    - ρ-zCDP cap P: (CKS20(P, δ_r), δ_r) at the reporting δ — the transcript is P-zCDP by the
-      Rényi filter (Feldman & Zrnic 2021, Thm 3.1), then one conversion (CKS20, Prop. 12) of
-      a ρ fixed in advance (the *cap*, never the realized Σρ);
-    - (ε, δ) cap (E, D): (E, D) — the filter of the module docstring over its Rényi grid.
-    """
-    if policy.notion == "pure":
-        assert policy.epsilon is not None
-        return Guarantee(policy.epsilon, Decimal(0),
-                         "pure-ε filter: Σε ≤ cap (basic composition with adaptive ε, "
-                         "Rogers–Roth–Ullman–Vadhan 2016)")
-    if policy.notion == "zcdp":
-        assert policy.rho is not None
-        e = round_up(math.nextafter(cks20_epsilon(float(policy.rho), float(reporting_delta)),
-                                    math.inf))
-        return Guarantee(e, reporting_delta,
-                         "ρ-zCDP filter: Σρ ≤ cap (Feldman–Zrnic 2021), the cap converted by "
-                         "CKS20 at the reporting δ")
-    assert policy.epsilon is not None and policy.delta is not None
-    return Guarantee(policy.epsilon, policy.delta,
-                     f"(ε, δ) filter: Σε + the zCDP group converted at the best of "
-                     f"{len(policy.renyi_orders)} fixed Rényi orders ≤ ε; Σδ + δ/2 ≤ δ")
-
-
-@dataclass(frozen=True)
-class SpentEpsilon:
-    """The realized spend as (ε, δ) and its rule: not a guarantee under adaptive use."""
-
-    epsilon: Decimal  # rounded up
-    delta: Decimal
-    rule: str
-    candidates: dict[str, str]  # rule → ε (rounded up), for transparency
-    note: str = REALIZED_NOTE
-
-
-def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal) -> SpentEpsilon:
-    """The realized spend as (ε, δ) at the dataset's reporting δ: the minimum of the bounds below.
-
-    Each candidate is a valid (ε, δ) guarantee for the charges so far *had they been fixed in
-    advance*. Requests may adapt, and then the realized Σε/Σρ is an odometer reading: converting
-    it (e.g. CKS20 of a realized Σρ) is not a valid guarantee (issue 14; Rogers et al. 2016,
-    Whitehouse et al. 2023). The dataset's guarantee is :func:`filter_guarantee`. Candidates:
-
-    - ``basic composition`` — Σε of pure events, δ = 0 (only when no zCDP or (ε, δ) events);
-    - ``CKS20 of total ρ`` — every pure event counted as ε²/2-zCDP, plus zCDP events, converted
-      with CKS20 at the reporting δ (only without (ε, δ) events);
-    - ``basic composition of pure ε + CKS20 of zCDP ρ`` — the two groups composed basically;
-    - for (ε, δ) budgets, the filter's own accounting of the charges so far (:func:`used`).
-    """
-    if spent.empty:
-        return SpentEpsilon(Decimal(0), Decimal(0), "nothing spent", {})
-    rd = float(reporting_delta)
-    cands: dict[str, tuple[Decimal, Decimal]] = {}
-    has_approx = spent.approx_eps > 0 or spent.approx_delta > 0
-    if policy.notion == "approx" or has_approx:
-        eps, delta = _approx_usage(
-            policy if policy.notion == "approx"
-            else Policy("approx", Decimal(0), None, reporting_delta),
-            spent,
-        )
-        cands["basic composition + Rényi-grid conversion of the zCDP group at δ/2"] = (eps, delta)
-    else:
-        if spent.zcdp_rho == 0:
-            cands["basic composition (Σε)"] = (spent.pure_eps, Decimal(0))
-        total_rho = float(spent.pure_rho + spent.zcdp_rho)
-        cands["CKS20 of total ρ (pure ε counted as ε²/2)"] = (
-            round_up(cks20_epsilon(total_rho, rd)), reporting_delta,
-        )
-        if spent.zcdp_rho > 0 and spent.pure_eps > 0:
-            # pure group by basic composition, δ only for the zCDP group
-            e = float(spent.pure_eps) + cks20_epsilon(float(spent.zcdp_rho), rd)
-            cands["basic composition of pure ε + CKS20 of zCDP ρ"] = (
-                round_up(math.nextafter(e, math.inf)), reporting_delta,
-            )
-    rule, (eps_d, delta_d) = min(cands.items(), key=lambda kv: (kv[1][0], kv[1][1]))
-    return SpentEpsilon(eps_d, delta_d, rule, {k: dstr(v[0]) for k, v in cands.items()})

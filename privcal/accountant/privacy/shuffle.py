@@ -16,7 +16,7 @@ Every numerical bound is *certified*: after the search, ε is rounded up to six
 significant digits and δ(ε) is evaluated again at (a float not above) that
 decimal and checked to be ≤ δ. The closed form is certified the same way, by
 evaluating the exact clone divergence it bounds. The numerics are in
-:mod:`privcal.accountant.shuffle_bounds`.
+:mod:`privcal.accountant.privacy.shuffle_bounds`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from privcal.accountant import shuffle_bounds as sb
+from privcal.accountant.privacy import shuffle_bounds as sb
 from privcal.costs import ApproxDP
 from privcal.errors import InvalidInput
 

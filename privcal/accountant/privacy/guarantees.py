@@ -1,0 +1,132 @@
+"""What a dataset's cap guarantees, and what its charges so far have spent: pure mathematics.
+
+The dataset's *guarantee* is its filter's (:func:`filter_guarantee`).
+The realized spend (:func:`spent_epsilon`) is what the charges so far would
+guarantee had they been fixed in advance; for adaptively chosen charges it is an
+odometer reading, not a guarantee (odometers cost extra: Rogers et al. 2016,
+Whitehouse et al. 2023), and it is labelled so. A single release's own privacy
+statement (e.g. CKS20 of its ρ) stays valid: its cost is fixed by its
+parameters before it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+
+from privcal.accountant.privacy.conversions import cks20_epsilon, dstr, round_up
+from privcal.accountant.privacy.filters import Policy, Spent, approx_usage
+
+__all__ = [
+    "REALIZED_NOTE",
+    "Guarantee",
+    "SpentEpsilon",
+    "filter_guarantee",
+    "spent_epsilon",
+]
+
+
+#: how every realized-spend figure is labelled (it is an odometer reading, not a guarantee)
+REALIZED_NOTE = (
+    "spent so far: what these charges would guarantee had they been fixed in advance; "
+    "not a guarantee under adaptive use (the dataset's guarantee is its cap's)"
+)
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """The (ε, δ) a dataset's filter guarantees for everything ever charged to it, and why."""
+
+    epsilon: Decimal  # rounded up
+    delta: Decimal
+    rule: str
+
+    @property
+    def statement(self) -> str:
+        """One sentence."""
+        return (f"everything released from this dataset, however the requests adapt, is "
+                f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}]")
+
+
+def filter_guarantee(policy: Policy, reporting_delta: Decimal) -> Guarantee:
+    """The guarantee of the cap, valid at any stopping time under fully adaptive requests.
+
+    - pure cap E: (E, 0) — basic composition filter (Rogers et al. 2016, Thm 3.6);
+    - ρ-zCDP cap P: (CKS20(P, δ_r), δ_r) at the reporting δ — the transcript is P-zCDP by the
+      Rényi filter (Feldman & Zrnic 2021, Thm 3.1), then one conversion (CKS20, Prop. 12) of
+      a ρ fixed in advance (the *cap*, never the realized Σρ);
+    - (ε, δ) cap (E, D): (E, D) — the filter over its Rényi grid
+      (:mod:`privcal.accountant.privacy.filters`, with the proof).
+    """
+    if policy.notion == "pure":
+        assert policy.epsilon is not None
+        return Guarantee(policy.epsilon, Decimal(0),
+                         "pure-ε filter: Σε ≤ cap (basic composition with adaptive ε, "
+                         "Rogers–Roth–Ullman–Vadhan 2016)")
+    if policy.notion == "zcdp":
+        assert policy.rho is not None
+        e = round_up(math.nextafter(cks20_epsilon(float(policy.rho), float(reporting_delta)),
+                                    math.inf))
+        return Guarantee(e, reporting_delta,
+                         "ρ-zCDP filter: Σρ ≤ cap (Feldman–Zrnic 2021), the cap converted by "
+                         "CKS20 at the reporting δ")
+    assert policy.epsilon is not None and policy.delta is not None
+    return Guarantee(policy.epsilon, policy.delta,
+                     f"(ε, δ) filter: Σε + the zCDP group converted at the best of "
+                     f"{len(policy.renyi_orders)} fixed Rényi orders ≤ ε; Σδ + δ/2 ≤ δ")
+
+
+@dataclass(frozen=True)
+class SpentEpsilon:
+    """The realized spend as (ε, δ) and its rule: not a guarantee under adaptive use."""
+
+    epsilon: Decimal  # rounded up
+    delta: Decimal
+    rule: str
+    candidates: dict[str, str]  # rule → ε (rounded up), for transparency
+    note: str = REALIZED_NOTE
+
+
+def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal) -> SpentEpsilon:
+    """The realized spend as (ε, δ) at the dataset's reporting δ: the minimum of the bounds below.
+
+    Each candidate is a valid (ε, δ) guarantee for the charges so far *had they been fixed in
+    advance*. Requests may adapt, and then the realized Σε/Σρ is an odometer reading: converting
+    it (e.g. CKS20 of a realized Σρ) is not a valid guarantee (issue 14; Rogers et al. 2016,
+    Whitehouse et al. 2023). The dataset's guarantee is :func:`filter_guarantee`. Candidates:
+
+    - ``basic composition`` — Σε of pure events, δ = 0 (only when no zCDP or (ε, δ) events);
+    - ``CKS20 of total ρ`` — every pure event counted as ε²/2-zCDP, plus zCDP events, converted
+      with CKS20 at the reporting δ (only without (ε, δ) events);
+    - ``basic composition of pure ε + CKS20 of zCDP ρ`` — the two groups composed basically;
+    - for (ε, δ) budgets, the filter's own accounting of the charges so far
+      (:func:`~privcal.accountant.privacy.filters.used`).
+    """
+    if spent.empty:
+        return SpentEpsilon(Decimal(0), Decimal(0), "nothing spent", {})
+    rd = float(reporting_delta)
+    cands: dict[str, tuple[Decimal, Decimal]] = {}
+    has_approx = spent.approx_eps > 0 or spent.approx_delta > 0
+    if policy.notion == "approx" or has_approx:
+        eps, delta = approx_usage(
+            policy if policy.notion == "approx"
+            else Policy("approx", Decimal(0), None, reporting_delta),
+            spent,
+        )
+        cands["basic composition + Rényi-grid conversion of the zCDP group at δ/2"] = (eps, delta)
+    else:
+        if spent.zcdp_rho == 0:
+            cands["basic composition (Σε)"] = (spent.pure_eps, Decimal(0))
+        total_rho = float(spent.pure_rho + spent.zcdp_rho)
+        cands["CKS20 of total ρ (pure ε counted as ε²/2)"] = (
+            round_up(cks20_epsilon(total_rho, rd)), reporting_delta,
+        )
+        if spent.zcdp_rho > 0 and spent.pure_eps > 0:
+            # pure group by basic composition, δ only for the zCDP group
+            e = float(spent.pure_eps) + cks20_epsilon(float(spent.zcdp_rho), rd)
+            cands["basic composition of pure ε + CKS20 of zCDP ρ"] = (
+                round_up(math.nextafter(e, math.inf)), reporting_delta,
+            )
+    rule, (eps_d, delta_d) = min(cands.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+    return SpentEpsilon(eps_d, delta_d, rule, {k: dstr(v[0]) for k, v in cands.items()})
