@@ -44,34 +44,21 @@ def plan_from_options(
     upper: float,
     lower: float = 0.0,
 ) -> FedPlan | FedPlanUnequal | Fed2Plan:
-    """The plan the options describe (the library call behind ``privcal fed plan``)."""
-    from privcal.calibrators.fedplan import (
-        MAX_AGENTS,
-        plan_fedcp2_qq,
-        plan_fedcp_qq,
-        plan_fedcp_qq_unequal,
-    )
+    """The plan the options describe (:func:`privcal.calibrators.fedplan_choice.plan_federated`,
+    the library call behind ``privcal fed plan``), with the options' own one-line errors."""
+    from privcal.calibrators.fedplan import MAX_AGENTS
+    from privcal.calibrators.fedplan_choice import plan_federated
 
     sizes = _sizes(local_n)
     if agents is not None and not 1 <= agents <= MAX_AGENTS:
-        # checked before any list of m sizes is built (10⁷ agents took > 300 s)
         raise InvalidInput(f"--agents must be in [1, {MAX_AGENTS}], got {agents}")
-    if len(sizes) == 1:
-        if agents is None:
-            raise InvalidInput("--agents is required with a single --local-n")
-        sizes = sizes * agents
-    elif agents is not None and agents != len(sizes):
+    if len(sizes) == 1 and agents is None:
+        raise InvalidInput("--agents is required with a single --local-n")
+    if len(sizes) > 1 and agents is not None and agents != len(sizes):
         raise InvalidInput(f"--agents {agents} but --local-n lists {len(sizes)} sizes")
-    equal = len(set(sizes)) == 1
-    if epsilon is not None:
-        if not equal:
-            raise InvalidInput("FedCP²-QQ (--epsilon) needs equal local sizes")
-        return plan_fedcp2_qq(
-            len(sizes), sizes[0], alpha, epsilon, bins=bins, smax=upper, lower=lower
-        )
-    if equal:  # the optimal (ℓ*, k*), as the fedcp-qq calibrator uses for equal sizes
-        return plan_fedcp_qq(len(sizes), sizes[0], alpha)
-    return plan_fedcp_qq_unequal(sizes, alpha)
+    if epsilon is not None and len(set(sizes)) > 1:
+        raise InvalidInput("FedCP²-QQ (--epsilon) needs equal local sizes")
+    return plan_federated(agents, sizes, alpha, epsilon, bins, upper, lower)
 
 
 def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:

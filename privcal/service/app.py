@@ -223,11 +223,18 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         return problem_response(ProblemError(exc.status_code, slug, str(exc.detail),
                                              str(exc.detail), headers=exc.headers))
 
-    from privcal.service import routes_audit, routes_datasets, routes_meta, routes_sessions, ui
+    from privcal.service import (
+        routes_audit,
+        routes_datasets,
+        routes_meta,
+        routes_plans,
+        routes_sessions,
+        ui,
+    )
 
     # the routes themselves, not included sub-routers: `app.routes` lists every APIRoute
     # with its declared roles (the role-matrix test walks it)
-    for mod in (routes_meta, routes_datasets, routes_sessions, routes_audit, ui):
+    for mod in (routes_meta, routes_datasets, routes_sessions, routes_plans, routes_audit, ui):
         for route in mod.router.routes:
             app.router.routes.append(route)
     app.add_middleware(ServiceMiddleware, body_limit=body_limit)

@@ -103,6 +103,12 @@ def _recipe(lv: Live, ctx: dict[str, Any], method: str, path: str,
         ("POST", "/v1/sessions/{sid}/close"): lambda: (
             f"/v1/sessions/{ctx['fresh_session']()}/close",
             {"headers": k, "json": {"abandon": True}}),
+        ("POST", "/v1/advise"): lambda: ("/v1/advise", {"json": {
+            "n": 1000, "k": 5, "epsilon": 1.0, "alpha": 0.1}}),
+        ("POST", "/v1/amplify"): lambda: ("/v1/amplify", {"json": {
+            "epsilon0": 1.0, "n": 1000, "delta": 1e-6}}),
+        ("POST", "/v1/fed/plan"): lambda: ("/v1/fed/plan", {"json": {
+            "agents": 5, "local_n": 50, "alpha": 0.2}}),
         ("GET", "/v1/releases"): lambda: ("/v1/releases", {}),
         ("GET", "/v1/releases/{release_id}"): lambda: (f"/v1/releases/{ctx['rid']}", {}),
         ("GET", "/v1/audit/head"): lambda: ("/v1/audit/head", {}),
