@@ -1,7 +1,7 @@
 """Planning routes for analysts: ``advise``, ``amplify`` and ``fed plan`` over HTTP.
 
 Each route is the CLI command's library call (:func:`privcal.calibrators.advisor.advise`,
-:func:`privcal.accountant.shuffle.amplify`,
+:func:`privcal.accountant.privacy.shuffle.amplify`,
 :func:`privcal.calibrators.fedplan_choice.plan_federated`) with a strict request model;
 the answer is the command's ``--json`` document. They read and write nothing on the
 ledger (no dataset, no charge), so they need no Idempotency-Key.
@@ -80,7 +80,7 @@ def advise(body: AdviseBody) -> dict[str, Any]:
 @router.post("/amplify", **allow("analyst"))
 def amplify(body: AmplifyBody) -> dict[str, Any]:
     """The proven central (ε, δ) of n shuffled ε0-LDP reports — ``privcal amplify --json``."""
-    from privcal.accountant.shuffle import amplify as run
+    from privcal.accountant.privacy.shuffle import amplify as run
 
     return doc(run(body.epsilon0, body.n, body.delta, body.randomizer, body.k))
 
