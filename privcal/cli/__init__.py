@@ -6,10 +6,13 @@ when imported; the imports below are the whole CLI.
 
 from privcal.cli import (  # noqa: F401  (imported for their commands)
     amplify_cmds,  # amplify
-    calibrate_cmds,  # methods, calibrate, predict, evaluate
+    audit_cmds,  # audit verify/report/head/keygen
+    calibrate_cmds,  # methods, calibrate
+    db_cmds,  # db upgrade/current/check
     fed_cmds,  # fed plan
-    ledger_cmds,  # dataset, budget, charge, release, audit, db
+    ledger_cmds,  # dataset, budget, charge, release
     local_cmds,  # advise
+    predict_cmds,  # predict, evaluate
     quickstart_cmds,  # quickstart
     service_cmds,  # serve, token create/list/revoke
     session_cmds,  # session open/submit/status/close

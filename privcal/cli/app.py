@@ -147,6 +147,9 @@ class Settings:
 
 pass_settings = click.make_pass_decorator(Settings, ensure=True)
 
+#: a file option: completes paths in the shell, keeps FILE:COLUMN specs as text
+FILE = click.Path(dir_okay=False)
+
 
 def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     settings = ctx.ensure_object(Settings)

@@ -1,17 +1,15 @@
-"""``privcal methods``, ``privcal calibrate METHOD …``, ``privcal predict``, ``privcal evaluate``.
+"""``privcal methods`` and ``privcal calibrate METHOD …``.
 
 ``calibrate`` has one subcommand per registered calibrator (plugins included);
 its method options are generated from the calibrator's pydantic parameter
-model, so the CLI and the Python API accept exactly the same parameters.
+model (:mod:`privcal.cli.method_options`), so the CLI and the Python API accept exactly
+the same parameters. ``predict`` and ``evaluate`` are :mod:`privcal.cli.predict_cmds`.
 """
 
 from __future__ import annotations
 
 import math
-import types
-import typing
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import click
 import numpy as np
@@ -20,147 +18,24 @@ from privcal import progress
 from privcal.calibrators import registry
 from privcal.calibrators.base import PRIVACY_MODEL_LABELS
 from privcal.cli.app import (
+    FILE,
     PrivcalGroup,
     add_common_options,
     complete_dataset,
     emit,
-    info,
     json_option,
     main,
     pass_settings,
     table,
 )
-from privcal.cli.inputs import load_array, prob_column_names
+from privcal.cli.inputs import class_names, load_array, load_labels
+from privcal.cli.method_options import (
+    apply_deprecated,
+    deprecated_aliases,
+    param_options,
+    parse_score_options,
+)
 from privcal.errors import InvalidInput
-
-#: options every ``calibrate`` subcommand has; a parameter of the same name is fed from them
-COMMON = {
-    "dataset", "scores", "probs", "labels", "score", "score_option", "agent_of", "subjects",
-    "requester", "idempotency_key", "dry_run", "as_json", "simulate", "shuffled",
-    "assume_unlinkable_features", "columns", "label_column", "classes",
-}  # fmt: skip
-
-#: a file option: completes paths in the shell, keeps FILE:COLUMN specs as text
-FILE = click.Path(dir_okay=False)
-
-
-def _unwrap_optional(ann: Any) -> Any:
-    if typing.get_origin(ann) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(ann) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return ann
-
-
-def _click_type(ann: Any) -> Any:
-    ann = _unwrap_optional(ann)
-    if typing.get_origin(ann) is Literal:
-        return click.Choice([str(a) for a in typing.get_args(ann)])
-    return {int: int, float: float, str: str}.get(ann, str)
-
-
-def deprecated_aliases(params_model: type) -> dict[str, str]:
-    """{old name: field} for the old parameter names a model still accepts (validation aliases).
-
-    Stored releases keep their old names (``audit verify`` reads them through the aliases);
-    the CLI accepts the old flags hidden, as deprecated spellings of the new ones.
-    """
-    out: dict[str, str] = {}
-    for name, field in params_model.model_fields.items():
-        alias = field.validation_alias
-        for choice in getattr(alias, "choices", ()) or ():
-            if isinstance(choice, str) and choice != name:
-                out[choice] = name
-    return out
-
-
-def _alias_dest(old: str) -> str:
-    return f"deprecated__{old}"
-
-
-def apply_deprecated(params_model: type, kw: dict[str, Any], params: dict[str, Any]) -> None:
-    """Move values given under a deprecated flag (e.g. ``--beta``) onto their field."""
-    ctx = click.get_current_context(silent=True)
-    for old, name in deprecated_aliases(params_model).items():
-        value = kw.pop(_alias_dest(old), None)
-        if value is None:
-            continue
-        source = ctx.get_parameter_source(name) if ctx is not None else None
-        if source == click.core.ParameterSource.COMMANDLINE:
-            new = "--" + name.replace("_", "-")
-            raise InvalidInput(f"give {new} or its deprecated spelling --{old}, not both")
-        params[name] = value
-
-
-def param_options(params_model: type) -> list[click.Option]:
-    """Click options for every field of a calibrator's parameter model (``--kebab-case``).
-
-    A field's old names (validation aliases) become hidden deprecated flags.
-    """
-    opts: list[click.Option] = []
-    for old, name in deprecated_aliases(params_model).items():
-        if name in COMMON:
-            continue
-        field = params_model.model_fields[name]
-        opts.append(
-            click.Option(
-                ["--" + old.replace("_", "-"), _alias_dest(old)],
-                type=_click_type(field.annotation),
-                hidden=True,
-                help=f"deprecated spelling of --{name.replace('_', '-')}",
-            )
-        )
-    for name, field in params_model.model_fields.items():
-        if name in COMMON:
-            continue
-        flag = "--" + name.replace("_", "-")
-        ann = _unwrap_optional(field.annotation)
-        required = field.is_required()
-        default = None if required else field.get_default(call_default_factory=True)
-        help_text = (field.description or "").rstrip(".")
-        if ann is bool:
-            opts.append(
-                click.Option(
-                    [f"{flag}/--no-{name.replace('_', '-')}", name],
-                    default=bool(default),
-                    show_default=True,
-                    help=help_text,
-                )
-            )
-            continue
-        opts.append(
-            click.Option(
-                [flag, name],
-                type=_click_type(field.annotation),
-                required=required,
-                default=default,
-                show_default=default is not None,
-                help=help_text,
-            )
-        )
-    return opts
-
-
-def _score_options(items: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise InvalidInput(f"--score-option takes KEY=VALUE, got {item!r}")
-        key, raw = item.split("=", 1)
-        low = raw.strip().lower()
-        value: Any
-        if low in ("true", "false"):
-            value = low == "true"
-        else:
-            try:
-                value = int(raw)
-            except ValueError:
-                try:
-                    value = float(raw)
-                except ValueError:
-                    value = raw
-        out[key.strip()] = value
-    return out
 
 
 def fmt_threshold(t: float) -> str:
@@ -253,17 +128,17 @@ def _make_calibrate_command(name: str) -> click.Command:
             "scores": load("scores", "scores"),
             "probs": load("probs", "probs", matrix=True, columns=columns,
                           exclude=(label_column,) if label_column else ()),
-            "labels": _labels(kw.get("labels"), label_column, kw.get("probs"), shape_only),
+            "labels": load_labels(kw.get("labels"), label_column, kw.get("probs"), shape_only),
             "agents": load("agent_of", "agents", ids=True),
             "subjects": load("subjects", "subjects", ids=True),
         }
-        arrays["classes"] = _classes(kw.get("classes"), kw.get("probs"), columns,
+        arrays["classes"] = class_names(kw.get("classes"), kw.get("probs"), columns,
                                      label_column, arrays["labels"], shape_only)
         acct = settings.accountant()
         common = dict(
             dataset=kw["dataset"],
             score=None if "score" in model.model_fields else kw.get("score"),
-            score_options=_score_options(kw.get("score_option") or ()),
+            score_options=parse_score_options(kw.get("score_option") or ()),
             shuffled=kw.get("shuffled", False),
             assume_unlinkable_features=kw.get("assume_unlinkable_features", False),
             **arrays,
@@ -400,36 +275,6 @@ def _make_calibrate_command(name: str) -> click.Command:
     return json_option(cmd)
 
 
-def _labels(spec: str | None, label_column: str | None, probs: str | None,
-            shape_only: bool) -> Any:
-    """The labels: ``--labels FILE[:COLUMN]``, ``--labels TABLE --label-column C``, or the
-    column ``--label-column`` of the ``--probs`` table."""
-    if label_column is not None:
-        source = spec or probs
-        if source is None:
-            raise InvalidInput("--label-column names a column of --labels or of --probs")
-        if ".csv:" in source or ".parquet:" in source or ".npz:" in source:
-            raise InvalidInput(f"give the label column once: {source} or --label-column")
-        return load_array(f"{source}:{label_column}", "labels", shape_only=shape_only)
-    return load_array(spec, "labels", shape_only=shape_only) if spec else None
-
-
-def _classes(spec: str | None, probs: str | None, columns: str | None,
-              label_column: str | None, labels: Any, shape_only: bool) -> list[str] | None:
-    """The class names: ``--classes a,b,c``; else, for labels that are names, the selected
-    column names of a ``--probs`` table with a header; else None (the library's fallback:
-    the sorted distinct labels when all k appear)."""
-    from privcal.calibrators.class_labels import is_text_labels
-
-    if spec is not None:
-        if not probs:
-            raise InvalidInput("--classes names the probability columns of --probs")
-        return [c.strip() for c in spec.split(",")]
-    if not probs or shape_only or not is_text_labels(labels):
-        return None
-    return prob_column_names(probs, columns, (label_column,) if label_column else ())
-
-
 def _dummy_params(model: type) -> Any:
     # required fields (e.g. fedcp2-qq's epsilon) have no default: a placeholder valid for α and ε
     return model.model_construct(
@@ -514,149 +359,3 @@ def methods(as_json: bool) -> None:
     emit(rows, as_json=as_json, human=human)
 
 
-OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
-
-
-def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
-                classes: list[str] | None = None) -> None:
-    """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
-    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (named by the
-    release's class names, else ``0`` … ``k-1``) and the set ``size``."""
-    if out is None:
-        return
-    path = Path(out)
-    if path.is_dir():
-        raise InvalidInput(f"--out {out}: is a directory; name a file")
-    if not path.parent.is_dir():
-        raise InvalidInput(f"--out {out}: the directory {path.parent} does not exist")
-    suffix = path.suffix.lower()
-    if suffix not in OUT_SUFFIXES:
-        raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
-    try:
-        _write_sets_to(sets, path, suffix, classes)
-    except OSError as exc:
-        raise InvalidInput(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
-    if not as_json:
-        info(f"wrote {sets.shape[0]} prediction sets to {path}")
-
-
-def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
-                   classes: list[str] | None) -> None:
-    from privcal.calibrators.prediction_sets import set_labels
-
-    if suffix == ".npy":
-        np.save(path, sets)
-    elif suffix == ".npz":
-        np.savez_compressed(path, sets=sets)
-    elif suffix == ".json":
-        import json
-
-        path.write_text(json.dumps(set_labels(sets, classes)))
-    else:
-        import pyarrow as pa
-
-        names = classes if classes is not None else [str(j) for j in range(sets.shape[1])]
-        if "size" in names:
-            raise InvalidInput("a class is named 'size', the column of set sizes; "
-                               "write --out .json or .npy")
-        cols = {names[j]: pa.array(sets[:, j].astype(np.int8)) for j in range(sets.shape[1])}
-        cols["size"] = pa.array(sets.sum(axis=1).astype(np.int64))
-        tab = pa.table(cols)
-        if suffix == ".csv":
-            import pyarrow.csv as pcsv
-
-            pcsv.write_csv(tab, path)
-        else:
-            import pyarrow.parquet as pq
-
-            pq.write_table(tab, path)
-
-
-@main.command("predict")
-@click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", required=True, type=FILE,
-              help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns).")
-@click.option("--columns", default=None, help="The probability columns of a --probs table.")
-@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
-@click.option(
-    "--out", default=None, type=FILE,
-    help="Write the sets to .npy/.npz (boolean n×k), .json (lists), or .csv/.parquet (one 0/1 "
-    "column per class, and the size).",
-)
-@json_option
-@pass_settings
-def predict(
-    settings: Any, release_id: int, probs: str, columns: str | None, score: str | None,
-    out: str | None, as_json: bool
-) -> None:
-    """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
-    from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
-
-    rel = settings.ledger().release(release_id)
-    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
-                        score_name=score)
-    classes = release_classes(rel)
-    _write_sets(sets, out, as_json, classes)
-    lists = set_labels(sets, classes)
-    sizes = sets.sum(axis=1)
-
-    def human() -> None:
-        if out is None:
-            for i, s in enumerate(lists[:20]):
-                click.echo(f"{i}\t{s}")
-            if len(lists) > 20:
-                click.echo(f"… {len(lists) - 20} more (use --out FILE or --json)")
-        click.echo(f"{len(lists)} sets, mean size {sizes.mean():.3f}", err=out is None)
-
-    doc: dict[str, Any] = {"release": rel.id, "threshold": rel.threshold, "sets": lists}
-    if classes is not None:
-        doc["classes"] = classes
-    emit(doc, as_json=as_json, human=human)
-
-
-@main.command("evaluate")
-@click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", required=True, type=FILE, help="n×k probabilities of held-out points.")
-@click.option("--columns", default=None, help="The probability columns of a --probs table.")
-@click.option("--labels", default=None, type=FILE, help="Their true labels (FILE or FILE:COLUMN).")
-@click.option("--label-column", default=None,
-              help="The labels' column, of --labels or of the --probs table.")
-@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
-@json_option
-@pass_settings
-def evaluate(
-    settings: Any, release_id: int, probs: str, columns: str | None, labels: str | None,
-    label_column: str | None, score: str | None, as_json: bool
-) -> None:
-    """Empirical coverage, mean set size and singleton fraction on held-out data."""
-    from privcal.calibrators.evaluation import evaluate_sets
-    from privcal.calibrators.prediction_sets import release_classes, release_sets
-
-    if labels is None and label_column is None:
-        raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
-    rel = settings.accountant().release(release_id)  # coverage typed (.lower)
-    exclude = (label_column,) if label_column else ()
-    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns,
-                                        exclude=exclude), score_name=score)
-    ev = evaluate_sets(sets, _labels(labels, label_column, probs, False), rel.coverage.lower,
-                       classes=release_classes(rel))
-
-    def human() -> None:
-        click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
-        click.echo(
-            f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {ev.guaranteed_lower:.4f})"
-        )
-        click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
-        click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
-        verdict = (
-            "meets"
-            if ev.meets_guarantee
-            else (
-                "below, but consistent with (95% upper bound " + f"{ev.coverage_upper_95:.4f})"
-                if ev.consistent_with_guarantee
-                else "BELOW and inconsistent with"
-            )
-        )
-        click.echo(f"  guarantee           {verdict} the recorded guarantee")
-
-    emit(ev, as_json=as_json, human=human)

@@ -1,0 +1,117 @@
+"""``privcal audit``: verify the hash-chained log (and every guarantee), its head, reports.
+
+A thin skin over :meth:`privcal.accountant.Accountant.verify`,
+:func:`privcal.accountant.report.audit_report` and the ledger's head and signing
+(:mod:`privcal.storage.signing`); ``--json`` on every command.
+"""
+
+from __future__ import annotations
+
+import click
+
+from privcal.cli.app import (
+    Settings,
+    cell,
+    complete_dataset,
+    emit,
+    json_option,
+    main,
+    pass_settings,
+    table,
+)
+
+
+@main.group()
+def audit() -> None:
+    """The audit log: verify it (and every guarantee), print its head, report per dataset."""
+
+
+@audit.command("verify")
+@click.option("--expect-head", help="SEQ:HASH kept from an earlier `privcal audit head`")
+@click.option("--signed-head", type=click.Path(dir_okay=False),
+              help="a file written by `privcal audit head --sign` (needs --trusted-key)")
+@click.option("--trusted-key", type=click.Path(dir_okay=False),
+              help="the Ed25519 public key (PEM) the signed head must verify with")
+@click.option("--allow-unsigned-tail", is_flag=True,
+              help="accept entries after the signed head (they are counted, not trusted)")
+@json_option
+@pass_settings
+def audit_verify(settings: Settings, expect_head: str | None, signed_head: str | None,
+                 trusted_key: str | None, allow_unsigned_tail: bool, as_json: bool) -> None:
+    """Recompute every hash, cross-check every row, and recompute every release's coverage and
+    privacy guarantee with the installed calibrators (exit 4 naming the first bad entry).
+
+    With --signed-head and --trusted-key, every entry must be covered by a head the key
+    holder signed: an entry appended after it (or forged, chain recomputed) fails."""
+    rep = settings.accountant().verify(expect_head=expect_head, signed_head=signed_head,
+                                       trusted_key=trusted_key,
+                                       allow_unsigned_tail=allow_unsigned_tail)
+    emit({"ok": True, **rep.model_dump()}, as_json=as_json, human=rep.summary)
+
+
+@audit.command("report")
+@click.option("--dataset", default=None, help="Only this dataset (default: all).",
+              shell_complete=complete_dataset)
+@json_option
+@pass_settings
+def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None:
+    """Per dataset: its releases in order and the budget consumed over time."""
+    from privcal.accountant.report import audit_report as build
+
+    reports = build(settings.accountant(), dataset)
+
+    def human() -> None:
+        for rep in reports:
+            click.secho(f"dataset {rep.dataset}: {rep.policy}, reporting δ={rep.reporting_delta}",
+                        bold=True)
+            click.echo(f"  guarantee: {rep.guarantee}")
+            click.echo("  releases:")
+            click.echo(table([{
+                "id": r.release, "at": r.at.strftime("%Y-%m-%d %H:%M:%S"), "method": r.method,
+                "α": r.alpha, "threshold": r.threshold, "privacy": r.privacy,
+            } for r in rep.releases]))
+            for r in rep.releases:
+                click.echo(f"    #{r.release} coverage: {r.coverage}")
+            click.echo("  budget over time:")
+            click.echo(table([{
+                "charge": t.charge, "at": t.at.strftime("%Y-%m-%d %H:%M:%S"), "cost": t.cost,
+                "subjects": t.subjects_charged if t.subjects_charged is not None else "",
+                "used after": cell(t.used_after), "spent so far after": t.spent_dp_after,
+                "purpose": t.purpose or "",
+            } for t in rep.timeline]))
+            click.echo()
+
+    emit(reports, as_json=as_json, human=human)
+
+
+@audit.command("head")
+@click.option("--sign", "keyfile", type=click.Path(dir_okay=False),
+              help="sign the head with this Ed25519 private key (from `privcal audit keygen`) "
+                   "and print the signed head document")
+@json_option
+@pass_settings
+def audit_head(settings: Settings, keyfile: str | None, as_json: bool) -> None:
+    """Print the head SEQ:HASH (keep it outside the database), or a signed head (--sign)."""
+    if keyfile is not None:
+        signed = settings.ledger().sign_head(keyfile)
+        # the document itself is the artifact to keep: printed as JSON either way
+        emit(signed, as_json=True)
+        return
+    h = settings.ledger().head()
+    emit({"seq": h.seq, "hash": h.entry_hash, "head": str(h)}, as_json=as_json, human=str(h))
+
+
+@audit.command("keygen")
+@click.argument("keyfile", type=click.Path(dir_okay=False))
+@click.option("--public", "public", type=click.Path(dir_okay=False),
+              help="where to write the public key (default KEYFILE.pub)")
+@json_option
+def audit_keygen(keyfile: str, public: str | None, as_json: bool) -> None:
+    """Make an Ed25519 key pair for signing audit heads: KEYFILE (private, mode 0600) and
+    KEYFILE.pub. Keep the private key away from the database and its administrators."""
+    from privcal.storage.signing import generate_keypair
+
+    priv, pub, kid = generate_keypair(keyfile, public)
+    emit({"private_key": str(priv), "public_key": str(pub), "key_id": kid}, as_json=as_json,
+         human=f"wrote {priv} (private, keep it outside the database) and {pub} (public); "
+               f"key id {kid}")

@@ -1,0 +1,164 @@
+"""``privcal predict`` and ``privcal evaluate``: what a stored release is used for.
+
+Thin: load the inputs, call :mod:`privcal.calibrators.prediction_sets` and
+:mod:`privcal.calibrators.evaluation` on the release, print or write the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from privcal.cli.app import FILE, emit, info, json_option, main, pass_settings
+from privcal.cli.inputs import load_array, load_labels
+from privcal.errors import InvalidInput
+
+OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
+
+
+def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
+                classes: list[str] | None = None) -> None:
+    """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
+    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (named by the
+    release's class names, else ``0`` … ``k-1``) and the set ``size``."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise InvalidInput(f"--out {out}: is a directory; name a file")
+    if not path.parent.is_dir():
+        raise InvalidInput(f"--out {out}: the directory {path.parent} does not exist")
+    suffix = path.suffix.lower()
+    if suffix not in OUT_SUFFIXES:
+        raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
+    try:
+        _write_sets_to(sets, path, suffix, classes)
+    except OSError as exc:
+        raise InvalidInput(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
+    if not as_json:
+        info(f"wrote {sets.shape[0]} prediction sets to {path}")
+
+
+def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
+                   classes: list[str] | None) -> None:
+    from privcal.calibrators.prediction_sets import set_labels
+
+    if suffix == ".npy":
+        np.save(path, sets)
+    elif suffix == ".npz":
+        np.savez_compressed(path, sets=sets)
+    elif suffix == ".json":
+        import json
+
+        path.write_text(json.dumps(set_labels(sets, classes)))
+    else:
+        import pyarrow as pa
+
+        names = classes if classes is not None else [str(j) for j in range(sets.shape[1])]
+        if "size" in names:
+            raise InvalidInput("a class is named 'size', the column of set sizes; "
+                               "write --out .json or .npy")
+        cols = {names[j]: pa.array(sets[:, j].astype(np.int8)) for j in range(sets.shape[1])}
+        cols["size"] = pa.array(sets.sum(axis=1).astype(np.int64))
+        tab = pa.table(cols)
+        if suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            pcsv.write_csv(tab, path)
+        else:
+            import pyarrow.parquet as pq
+
+            pq.write_table(tab, path)
+
+
+@main.command("predict")
+@click.option("--release", "release_id", type=int, required=True, help="Release id.")
+@click.option("--probs", required=True, type=FILE,
+              help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns).")
+@click.option("--columns", default=None, help="The probability columns of a --probs table.")
+@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@click.option(
+    "--out", default=None, type=FILE,
+    help="Write the sets to .npy/.npz (boolean n×k), .json (lists), or .csv/.parquet (one 0/1 "
+    "column per class, and the size).",
+)
+@json_option
+@pass_settings
+def predict(
+    settings: Any, release_id: int, probs: str, columns: str | None, score: str | None,
+    out: str | None, as_json: bool
+) -> None:
+    """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
+    from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
+
+    rel = settings.ledger().release(release_id)
+    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
+                        score_name=score)
+    classes = release_classes(rel)
+    _write_sets(sets, out, as_json, classes)
+    lists = set_labels(sets, classes)
+    sizes = sets.sum(axis=1)
+
+    def human() -> None:
+        if out is None:
+            for i, s in enumerate(lists[:20]):
+                click.echo(f"{i}\t{s}")
+            if len(lists) > 20:
+                click.echo(f"… {len(lists) - 20} more (use --out FILE or --json)")
+        click.echo(f"{len(lists)} sets, mean size {sizes.mean():.3f}", err=out is None)
+
+    doc: dict[str, Any] = {"release": rel.id, "threshold": rel.threshold, "sets": lists}
+    if classes is not None:
+        doc["classes"] = classes
+    emit(doc, as_json=as_json, human=human)
+
+
+@main.command("evaluate")
+@click.option("--release", "release_id", type=int, required=True, help="Release id.")
+@click.option("--probs", required=True, type=FILE, help="n×k probabilities of held-out points.")
+@click.option("--columns", default=None, help="The probability columns of a --probs table.")
+@click.option("--labels", default=None, type=FILE, help="Their true labels (FILE or FILE:COLUMN).")
+@click.option("--label-column", default=None,
+              help="The labels' column, of --labels or of the --probs table.")
+@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@json_option
+@pass_settings
+def evaluate(
+    settings: Any, release_id: int, probs: str, columns: str | None, labels: str | None,
+    label_column: str | None, score: str | None, as_json: bool
+) -> None:
+    """Empirical coverage, mean set size and singleton fraction on held-out data."""
+    from privcal.calibrators.evaluation import evaluate_sets
+    from privcal.calibrators.prediction_sets import release_classes, release_sets
+
+    if labels is None and label_column is None:
+        raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
+    rel = settings.accountant().release(release_id)  # coverage typed (.lower)
+    exclude = (label_column,) if label_column else ()
+    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns,
+                                        exclude=exclude), score_name=score)
+    ev = evaluate_sets(sets, load_labels(labels, label_column, probs, False), rel.coverage.lower,
+                       classes=release_classes(rel))
+
+    def human() -> None:
+        click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
+        click.echo(
+            f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {ev.guaranteed_lower:.4f})"
+        )
+        click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
+        click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
+        verdict = (
+            "meets"
+            if ev.meets_guarantee
+            else (
+                "below, but consistent with (95% upper bound " + f"{ev.coverage_upper_95:.4f})"
+                if ev.consistent_with_guarantee
+                else "BELOW and inconsistent with"
+            )
+        )
+        click.echo(f"  guarantee           {verdict} the recorded guarantee")
+
+    emit(ev, as_json=as_json, human=human)
