@@ -24,7 +24,8 @@ import numpy as np
 
 from privcal.calibrators.base import CalibrationInput, conformal_rank
 from privcal.calibrators.ldp_label import LDPLabel, LDPLabelParams, label_slack
-from privcal.calibrators.ldp_score import LDPScoreParams, best_rounds, score_slack, simulate
+from privcal.calibrators.ldp_score import LDPScoreParams, simulate
+from privcal.calibrators.ldp_score_bounds import best_rounds, score_slack
 from privcal.calibrators.mechanisms.randomized_response import krr_many
 
 

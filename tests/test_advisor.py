@@ -16,7 +16,7 @@ from privcal.calibrators.advisor import (
     slack_ratio,
 )
 from privcal.calibrators.ldp_label import label_slack
-from privcal.calibrators.ldp_score import best_rounds, score_slack
+from privcal.calibrators.ldp_score_bounds import best_rounds, score_slack
 from privcal.errors import InvalidInput
 
 

@@ -14,16 +14,16 @@ from scipy import stats
 
 import privcal.calibrators.ldp_score as ldp_score_mod
 from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape
-from privcal.calibrators.ldp_score import (
-    LDPScore,
-    LDPScoreParams,
-    LdpScoreProtocol,
+from privcal.calibrators.ldp_score import LDPScore, LDPScoreParams, simulate
+from privcal.calibrators.ldp_score_bounds import (
     best_rounds,
     debias,
+    exact_slack,
+    nominal_level,
     rr_range,
     score_slack,
-    simulate,
 )
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.registry import get
 from privcal.costs import LocalDP
 from privcal.errors import InfeasiblePlan, InvalidInput, PlanRejected
@@ -193,7 +193,8 @@ def test_contract_cost_and_guarantee() -> None:
     cal = get("ldp-score").calibrator
     assert isinstance(cal, Calibrator) and isinstance(cal, LDPScore)
     assert cal.privacy_model == "local" and cal.inputs == {"scores"}
-    p = LDPScoreParams(alpha=0.1, epsilon=2.0, rounds=10)
+    # the version-1 (Hoeffding) bound, still selectable and used to verify old releases
+    p = LDPScoreParams(alpha=0.1, epsilon=2.0, rounds=10, bound="hoeffding")
     assert cal.cost(p, DataShape(n=1000)) == LocalDP(eps0=2.0)
     g = cal.guarantee(p, DataShape(n=20_007))
     assert g.lower == pytest.approx(0.9) and g.failure_probability == 0.001
@@ -202,10 +203,22 @@ def test_contract_cost_and_guarantee() -> None:
     gn = cal.guarantee(p.model_copy(update={"nominal": True}), DataShape(n=20_007))
     assert gn.lower == pytest.approx(0.9 - g.details["delta_S"])
     # default rounds resolve deterministically from n (so audit can recompute)
-    pd = LDPScoreParams(alpha=0.1, epsilon=2.0)
+    pd = LDPScoreParams(alpha=0.1, epsilon=2.0, bound="hoeffding")
     assert cal.guarantee(pd, DataShape(n=20_000)).details["rounds"] == best_rounds(20_000, 2.0)
     res = cal.calibrate(CalibrationInput(scores=np.linspace(0, 1, 20_000)), pd, random.Random(0))
     assert res.diagnostics["rounds"] == best_rounds(20_000, 2.0)
+    # the default (exact binomial) bound: the same 1−α with a smaller recorded slack
+    pe = LDPScoreParams(alpha=0.1, epsilon=2.0, rounds=10)
+    ge = cal.guarantee(pe, DataShape(n=20_007))
+    assert ge.lower == pytest.approx(0.9) and ge.details["bound"] == "exact"
+    assert ge.details["delta_S"] == exact_slack(2000, 10, 0.1, 2.0, 0.001)
+    assert 0 < ge.details["delta_S"] < g.details["delta_S"]
+    gen_ = cal.guarantee(pe.model_copy(update={"nominal": True}), DataShape(n=20_007))
+    assert 0.9 > gen_.lower == nominal_level(2000, 10, 0.1, 2.0, 0.001) > gn.lower
+    pde = LDPScoreParams(alpha=0.1, epsilon=2.0)
+    assert cal.guarantee(pde, DataShape(n=20_000)).details["rounds"] == best_rounds(
+        20_000, 2.0, alpha=0.1, bound="exact"
+    )
     assert len(res.diagnostics["history"]) == res.diagnostics["rounds_used"]
     with pytest.raises(ValueError):
         LDPScoreParams(alpha=0.1, epsilon=1.0, lower=1.0, upper=1.0)
@@ -231,13 +244,16 @@ TEST_LEVEL = 1e-4
 
 
 @pytest.mark.statistical
+@pytest.mark.parametrize("bound", ["hoeffding", "exact"])
 @pytest.mark.parametrize(
     ("n", "eps", "delta", "rounds"), [(20_000, 2.0, 0.05, None), (50_000, 1.0, 0.1, 8)]
 )
-def test_coverage_guarantee(n: int, eps: float, delta: float, rounds: int | None) -> None:
+def test_coverage_guarantee(
+    n: int, eps: float, delta: float, rounds: int | None, bound: str
+) -> None:
     allowed = int(stats.binom.isf(TEST_LEVEL, TRIALS, delta))
     gen = np.random.default_rng(n)
-    p_def = LDPScoreParams(alpha=0.1, epsilon=eps, delta=delta, rounds=rounds)
+    p_def = LDPScoreParams(alpha=0.1, epsilon=eps, delta=delta, rounds=rounds, bound=bound)
     p_nom = p_def.model_copy(update={"nominal": True})
     fail_def = fail_nom = fail_est = 0
     for trial in range(TRIALS):
@@ -247,7 +263,8 @@ def test_coverage_guarantee(n: int, eps: float, delta: float, rounds: int | None
         fail_def += min(a.threshold, 1.0) < 0.9
         fail_nom += min(b.threshold, 1.0) < b.guarantee_lower()
         fail_est += any(abs(r.estimate - r.query) > a.slack for r in a.history)
-    assert fail_est <= allowed, (fail_est, allowed)
+    if bound == "hoeffding":  # the exact bound is one-sided: it claims no two-sided Δ_S
+        assert fail_est <= allowed, (fail_est, allowed)
     assert fail_def <= allowed, (fail_def, allowed)
     assert fail_nom <= allowed, (fail_nom, allowed)
 

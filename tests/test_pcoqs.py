@@ -54,11 +54,13 @@ def _run(scores, rng=None, **kw):
     )
 
 
-def _p_bad(n_steps: int, rho: float, tau: float) -> float:
-    """P(some |Z_i| > τ) for N i.i.d. discrete Gaussians of variance N/(2ρ), exactly."""
+def _p_bad(n_steps: int, rho: float, tau: float, one_sided: bool = False) -> float:
+    """P(some |Z_i| > τ) (or, ``one_sided``, some Z_i > τ) for N i.i.d. discrete Gaussians
+    of variance N/(2ρ), exactly."""
     s2 = noise_variance(n_steps, rho)
     r = math.ceil(40 * math.sqrt(float(s2))) + 1
-    inside = math.fsum(discrete_gaussian_pmf(s2, range(-math.floor(tau), math.floor(tau) + 1)))
+    low = -r if one_sided else -math.floor(tau)
+    inside = math.fsum(discrete_gaussian_pmf(s2, range(low, math.floor(tau) + 1)))
     assert r > tau
     return 1 - inside**n_steps
 
@@ -69,7 +71,10 @@ def test_spec_numbers():
     tau = rank_error(n_steps, 0.1, 0.01)
     assert round(tau / 3001, 5) == 0.01825
     assert round((tau + 1) / 3001, 5) == 0.01859
-    g = CAL.guarantee(PCOQSParams(alpha=0.1, rho=0.1, beta=0.01, nominal=True), DataShape(n=3000))
+    g = CAL.guarantee(
+        PCOQSParams(alpha=0.1, rho=0.1, beta=0.01, nominal=True, bound="subgaussian"),
+        DataShape(n=3000),
+    )
     assert g.lower == pytest.approx(0.9 - 0.0182525, abs=1e-6)
     assert g.upper == pytest.approx(0.9 + 0.0185857, abs=1e-6)
     assert g.failure_probability == 0.01
@@ -172,21 +177,27 @@ def test_search_matches_naive_counting_for_the_same_noise():
 
 
 @pytest.mark.statistical
+@pytest.mark.parametrize("bound", ["subgaussian", "exact"])
 @pytest.mark.parametrize(
     ("nominal", "rho", "beta", "n"),
     [(False, 0.1, 0.05, 4000), (False, 2.0, 0.5, 1500), (True, 0.1, 0.05, 3000)],
 )
-def test_coverage_statistics(nominal, rho, beta, n):
+def test_coverage_statistics(nominal, rho, beta, n, bound):
     trials = 1000
     alpha = 0.1
-    params = PCOQSParams(alpha=alpha, rho=rho, beta=beta, nominal=nominal)
+    params = PCOQSParams(alpha=alpha, rho=rho, beta=beta, nominal=nominal, bound=bound)
     g = CAL.guarantee(params, DataShape(n=n))
     n_steps, tau = g.details["N"], g.details["tau"]
     r_alpha = conformal_rank(n, alpha)
     r = g.rank
     assert r <= n
-    p_bad = _p_bad(n_steps, rho, tau)
-    assert p_bad <= beta  # τ is valid for the discrete Gaussian too (subgaussian, CKS20)
+    if bound == "subgaussian":
+        p_bad = _p_bad(n_steps, rho, tau)
+        assert p_bad <= beta  # τ is valid for the discrete Gaussian too (subgaussian, CKS20)
+    else:  # the exact τ bounds the upper tail only; the two-sided event then has ≤ 2β
+        assert _p_bad(n_steps, rho, tau, one_sided=True) <= beta
+        p_bad = _p_bad(n_steps, rho, tau)
+        assert p_bad <= 2 * beta
     need = r_alpha if not nominal else math.ceil(r - tau)
 
     data = np.random.default_rng(1000 + n).uniform(0, 1, size=(trials, n))

@@ -75,7 +75,7 @@ from privcal.calibrators.fedplan import (
     replan_fedcp2_qq_subset,
     replan_fedcp_qq_subset,
 )
-from privcal.calibrators.ldp_score import LdpScoreProtocol
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, NotFound, PlanRejected

@@ -111,12 +111,15 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
     except PrivcalError as exc:
         return ReleaseCheck(release=rel.id, dataset=rel.dataset, method=rel.method, ok=False,
                             problems=[f"cannot recompute: {exc}"])  # fmt: skip
-    if cal.version != rel.calibrator_version:
+    # a release of an older calibrator version is recomputed by the formula it was made with:
+    # the calibrator lists the parameter values that select it (issue 13)
+    legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
+    if cal.version != rel.calibrator_version and legacy is None:
         problems.append(
             f"calibrator version: recorded {rel.calibrator_version}, installed {cal.version}"
         )
     try:
-        params = validate_params(cal, rel.params)
+        params = validate_params(cal, {**(legacy or {}), **rel.params})
         shape = DataShape.model_validate(rel.shape)
         coverage = cal.guarantee(params, shape).model_dump(mode="json")
         recorded_cov = (

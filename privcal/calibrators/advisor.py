@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.calibrators.ldp_label import label_slack
-from privcal.calibrators.ldp_score import best_rounds, rr_range, score_slack
+from privcal.calibrators.ldp_score_bounds import best_rounds, rr_range, score_slack
 from privcal.errors import InvalidInput
 
 __all__ = [

@@ -11,14 +11,29 @@ a float Gaussian, and by default the target rank is inflated by τ so that
 coverage ≥ 1−α holds with probability ≥ 1−β.
 
 Why the bound is exact with ``right``: ``right`` only ever moves to a midpoint
-whose noisy count was ≥ the target rank r'. On the event E that all N noise
-draws satisfy |Z| ≤ τ, the true count #{s ≤ right} ≥ r' − τ ≥ (1−α)(n+1), so
+whose noisy count was ≥ the target rank r'. On the event E₊ that all N noise
+draws satisfy Z ≤ τ, the true count #{s ≤ right} ≥ r' − τ ≥ (1−α)(n+1), so
 ``right`` is at least the ⌈(1−α)(n+1)⌉-th smallest score (or is b, above every
 in-range score), and split-conformal exchangeability gives coverage ≥ 1−α.
-E depends only on the noise, which is independent of the data. P(not E) ≤ β:
-the discrete Gaussian is σ²-subgaussian (CKS20, Corollary 9), so
-P(|Z| > τ) ≤ 2·exp(−τ²/(2σ²)) and the union bound over N draws gives β when
-τ = √((N/ρ)·ln(2N/β)) and σ² = N/(2ρ) (seed 003, Proposition 1).
+E₊ depends only on the noise, which is independent of the data. P(not E₊) ≤ β
+by a union bound over the N draws when P(Z > τ) ≤ β/N. Only the *upper* tail
+matters: a noise below −τ can only move ``left`` up, never release a low
+``right``. Two bound versions (parameter ``bound``; each release records its own and
+``privcal audit verify`` recomputes it by that formula):
+
+- ``"exact"`` (calibrator version 2.0.0, the default, issue 13): τ is the smallest
+  integer with P(Z > τ) ≤ β/N for Z ~ N_ℤ(0, σ²), σ² = N/(2ρ), from the exact
+  discrete-Gaussian tail (:func:`~privcal.calibrators.tail_bounds.discrete_gaussian_cutoff`,
+  proof there). The counts and the noise are integers, so an integer τ loses nothing,
+  and r' = ⌈(1−α)(n+1)⌉ + τ.
+- ``"subgaussian"`` (version 1.0.0): the discrete Gaussian is σ²-subgaussian (CKS20,
+  Corollary 9), P(|Z| > τ) ≤ 2·exp(−τ²/(2σ²)), so τ = √((N/ρ)·ln(2N/β)) (seed 003,
+  Proposition 1; two-sided). Since P(Z > τ_sub) ≤ β/(2N), the exact τ ≤ ⌊τ_sub⌋: the
+  new target rank is never above the old one (``test_pcoqs`` checks this on a grid).
+
+The union is over all N steps: any step's midpoint can lie below the quantile (scores
+near the top of the range put every early midpoint there), so no step can be left out
+without an assumption on the data.
 
 Review (issue 14.8)
 -------------------
@@ -50,8 +65,9 @@ Review (issue 14.8)
   threshold is released only if a noisy count backed it — when ``right``
   never moved the release is +∞ (:func:`noisy_binary_search`); a score below
   ``lower`` is counted at every step, which only makes the threshold
-  conservative; (iii) the τ bound: the discrete Gaussian is σ²-subgaussian
-  (CKS20, Cor. 9), checked by ``test_pcoqs``. The default range is [0, 1]: for
+  conservative; (iii) the τ bound: the exact discrete-Gaussian tail
+  (:mod:`~privcal.calibrators.tail_bounds`) or, for version 1, its σ²-subgaussian bound
+  (CKS20, Cor. 9), both checked by ``test_pcoqs``. The default range is [0, 1]: for
   scores that can exceed it (``absolute`` residuals, ``raps`` with a penalty)
   pass a public ``--upper`` that covers them, or the release will be +∞.
 """
@@ -61,7 +77,7 @@ from __future__ import annotations
 import math
 import random
 from fractions import Fraction
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import AliasChoices, Field, model_validator
@@ -76,6 +92,7 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.mechanisms.discrete_gaussian import discrete_gaussian, to_fraction
 from privcal.calibrators.split import _scores
+from privcal.calibrators.tail_bounds import discrete_gaussian_cutoff
 from privcal.costs import ZCDP
 from privcal.errors import InvalidInput
 
@@ -86,6 +103,7 @@ __all__ = [
     "noisy_binary_search",
     "num_steps",
     "rank_error",
+    "rank_error_exact",
     "target_rank",
 ]
 
@@ -119,6 +137,11 @@ class PCOQSParams(CalibratorParams):
         default=False,
         description="target the paper's rank ⌈(n+1)(1−α)⌉ (coverage ≥ 1−α−τ/(n+1)) "
         "instead of the guaranteed rank ⌈(n+1)(1−α)+τ⌉",
+    )
+    bound: Literal["exact", "subgaussian"] = Field(
+        default="exact",
+        description="rank error τ from the exact one-sided discrete-Gaussian tail (default) "
+        "or the two-sided sub-Gaussian bound of calibrator version 1.0.0",
     )
 
     @model_validator(mode="after")
@@ -156,6 +179,14 @@ def noise_variance(n_steps: int, rho: float) -> Fraction:
 def rank_error(n_steps: int, rho: float, beta: float) -> float:
     """τ = √((N/ρ)·ln(2N/β)): all N counts are within τ w.p. ≥ 1−β (seed 003, Prop. 1)."""
     return math.sqrt((n_steps / rho) * math.log(2 * n_steps / beta))
+
+
+def rank_error_exact(n_steps: int, rho: float, beta: float) -> int:
+    """τ = min{t ∈ ℕ : P(Z > t) ≤ β/N}, Z ~ N_ℤ(0, N/(2ρ)): all N noises are ≤ τ w.p. ≥ 1−β
+    (exact one-sided discrete-Gaussian tail and a union over the N steps; issue 13)."""
+    if n_steps < 1:
+        raise InvalidInput(f"N must be ≥ 1, got {n_steps}")
+    return discrete_gaussian_cutoff(noise_variance(n_steps, rho), beta / n_steps)
 
 
 def target_rank(n: int, alpha: float, tau: float, nominal: bool) -> int:
@@ -218,7 +249,11 @@ class PCOQS:
     """P-COQS: ρ-zCDP conformal threshold by noisy binary search (seed 003, Alg. 1–2)."""
 
     name: ClassVar[str] = "pcoqs"
-    version: ClassVar[str] = "1.0.0"
+    #: 2.0.0: exact one-sided discrete-Gaussian τ (issue 13); 1.0.0: sub-Gaussian τ
+    version: ClassVar[str] = "2.0.0"
+    #: parameters a release of an older version was made with (``privcal audit verify``
+    #: recomputes it by its own formula): 1.0.0 had no ``bound`` and used the sub-Gaussian τ
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {"bound": "subgaussian"}}
     privacy_model: ClassVar[PrivacyModel] = "central-zcdp"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -237,7 +272,10 @@ class PCOQS:
 
     def _plan(self, params: PCOQSParams, n: int) -> tuple[int, float, int]:
         n_steps = num_steps(params.lower, params.upper, params.tol)
-        tau = rank_error(n_steps, params.rho, params.failure_probability)
+        if params.bound == "exact":
+            tau: float = rank_error_exact(n_steps, params.rho, params.failure_probability)
+        else:
+            tau = rank_error(n_steps, params.rho, params.failure_probability)
         r = target_rank(n, params.alpha, tau, params.nominal)
         return n_steps, tau, r
 
@@ -245,10 +283,16 @@ class PCOQS:
         """Coverage bounds of seed 003 Thm 2 (nominal) or ≥ 1−α (guaranteed), w.p. ≥ 1−β."""
         n, alpha, beta = shape.n, params.alpha, params.failure_probability
         n_steps, tau, r = self._plan(params, n)
+        exact = params.bound == "exact"
+        event = (
+            "E, the event that no noisy count exceeds its true count by more than τ"
+            if exact
+            else "E, the event that every rank error is ≤ τ"
+        )
         over = (
-            "the privacy noise: with probability ≥ 1−β the noise lies in the event E that "
-            "every rank error is ≤ τ, and given E the bound holds marginally over the "
-            "calibration data and the test point (not per release)"
+            f"the privacy noise: with probability ≥ 1−β the noise lies in {event}, and given "
+            "E the bound holds marginally over the calibration data and the test point (not "
+            "per release)"
         )
         details: dict[str, float | int | str | None] = {
             "n": n,
@@ -264,6 +308,8 @@ class PCOQS:
             "upper_bound_range": params.upper,
             "tol": params.tol,
         }
+        if exact:
+            details["bound"] = "exact"
         if r > n:
             return CoverageGuarantee(
                 target=1 - alpha,
@@ -286,6 +332,8 @@ class PCOQS:
             # on E, #{s ≤ left} < r' + τ, so P(S ≤ left) ≤ ⌈r' + τ⌉/(n+1) without ties
             upper = min(1.0, math.ceil(r + tau) / (n + 1))
         details["upper_requires"] = "no ties; ignores the score mass inside the final tol interval"
+        if exact:  # the upper bound needs the lower tail, the same τ by symmetry
+            details["upper_requires"] += "; holds given E₋ (no noise below −τ), P(E₋) ≥ 1−β"
         # (a +inf release, when no count backs the top of the range, has coverage 1)
         return CoverageGuarantee(
             target=1 - alpha,
@@ -297,9 +345,16 @@ class PCOQS:
             statement=(
                 f"{lower:.6g} ≤ P(Y ∈ C(X) | E) ≤ {upper:.6g}, where the probability is over "
                 f"the calibration data and the test point (marginal, not per release) and E, "
-                f"the event that all N = {n_steps} noisy counts are within τ = {tau:.4g} of "
-                f"the true counts, depends on the noise alone and has P(E) ≥ {1 - beta:.6g} "
-                f"(seed 003, Thm 2; target rank {r} of n = {n}; the upper bound also needs no "
+                f"the event that all N = {n_steps} noisy counts are "
+                f"{'at most' if exact else 'within'} τ = {tau:.4g} "
+                f"{'above' if exact else 'of'} the true counts, depends on the noise alone and "
+                f"has P(E) ≥ {1 - beta:.6g}"
+                + (
+                    " (the upper bound: given E₋, no count more than τ below, P(E₋) ≥ 1−β) "
+                    if exact
+                    else " "
+                )
+                + f"(seed 003, Thm 2; target rank {r} of n = {n}; the upper bound also needs no "
                 f"ties and every score ≤ upper, the lower bound needs neither)"
             ),
             details=details,
