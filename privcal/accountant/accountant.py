@@ -267,9 +267,40 @@ class DryRun(BaseModel):
 
 
 class Release(ReleaseRecord):
-    """A stored release, its coverage guarantee typed."""
+    """A stored release, its coverage guarantee typed.
+
+    ``model_dump_json()`` / :meth:`load` save and load it (±∞ kept), to serve a model without
+    the ledger (:mod:`privcal.accountant.saved_release`).
+    """
+
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     coverage: CoverageGuarantee  # type: ignore[assignment]
+
+    @classmethod
+    def load(cls, source: Any) -> Release:
+        """A release saved by ``model_dump_json()``: the JSON itself, or a file's path."""
+        from privcal.accountant.saved_release import load_release
+
+        return load_release(cls, source)
+
+    def predict_interval(self, preds: Any = None, *, lower_preds: Any = None,
+                         upper_preds: Any = None, score_name: str | None = None) -> np.ndarray:
+        """Intervals [lower, upper] (n×2) of a regression release (``absolute``: ``preds``;
+        ``cqr``: ``lower_preds`` and ``upper_preds``); (−inf, +inf) when the threshold is +inf."""
+        from privcal.calibrators.intervals import release_intervals
+
+        return release_intervals(self, preds=preds, lower_preds=lower_preds,
+                                 upper_preds=upper_preds, score_name=score_name)
+
+    def evaluate_interval(self, targets: Any, preds: Any = None, *, lower_preds: Any = None,
+                          upper_preds: Any = None, score_name: str | None = None) -> Any:
+        """Coverage and interval length on held-out targets (an ``IntervalEvaluation``)."""
+        from privcal.calibrators.intervals import evaluate_intervals
+
+        iv = self.predict_interval(preds, lower_preds=lower_preds, upper_preds=upper_preds,
+                                   score_name=score_name)
+        return evaluate_intervals(iv, targets, self.coverage.lower)
 
     def predict_set(self, probs: Any, *, score_name: str | None = None,
                     rng: random.Random | None = None) -> np.ndarray:
@@ -306,7 +337,7 @@ class Release(ReleaseRecord):
 #: keyword arguments of :meth:`Accountant.calibrate` that are data or options, not parameters
 _CALIBRATE_OPTIONS = frozenset({
     "scores", "probs", "labels", "score", "score_options", "agents", "subjects", "classes",
-    "shuffled",
+    "preds", "lower_preds", "upper_preds", "targets", "score_range", "shuffled",
     "assume_unlinkable_features", "requester", "idempotency_key", "rng",
 })
 
@@ -1383,7 +1414,12 @@ class Accountant:
         """Calibrate by method name with arrays, e.g.
         ``acct.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, rho=0.1)``.
 
-        Data and options (``scores``, ``probs``, ``labels``, ``score``, ``subjects``,
+        Regression: ``acct.calibrate("pcoqs", dataset="d", preds=f, targets=y,
+        score="absolute", score_range=(0, 5), alpha=0.1, rho=0.1)`` (``cqr``: ``lower_preds``
+        and ``upper_preds``); the release's :meth:`Release.predict_interval` gives intervals.
+
+        Data and options (``scores``, ``probs``, ``labels``, ``preds``, ``targets``,
+        ``score``, ``score_range``, ``subjects``,
         ``shuffled``, ``requester``, ``idempotency_key``, ``rng``, …) are passed on; every
         other keyword is a calibrator parameter. Validation and data preparation are
         :func:`privcal.accountant.calibration.calibrate`; the charge and release are :meth:`run`.

@@ -16,6 +16,7 @@ from typing import Any
 from privcal.accountant.prepare import prepare, prepare_shape, validate_params
 from privcal.calibrators import registry
 from privcal.calibrators.base import Calibrator, DataShape
+from privcal.calibrators.score_range import resolve_score_range
 from privcal.errors import InvalidInput
 
 __all__ = ["calibrate", "dry_run"]
@@ -35,6 +36,11 @@ def calibrate(
     agents: Any = None,
     subjects: Any = None,
     classes: Any = None,
+    preds: Any = None,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
+    targets: Any = None,
+    score_range: Any = None,
     shuffled: bool = False,
     assume_unlinkable_features: bool = False,
     requester: str | None = None,
@@ -53,7 +59,9 @@ def calibrate(
         raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
     prep = prepare(
         method, params, scores=scores, probs=probs, labels=labels, score=score,
-        score_options=score_options, agents=agents, subjects=subjects, classes=classes, rng=rng,
+        score_options=score_options, agents=agents, subjects=subjects, classes=classes,
+        preds=preds, lower_preds=lower_preds, upper_preds=upper_preds, targets=targets,
+        score_range=score_range, rng=rng,
     )  # fmt: skip
     # the guarantee depends on public quantities only: Accountant.run computes it before
     # anything is charged, refusing an infeasible request (e.g. a FedCP²-QQ plan with ε too
@@ -90,6 +98,9 @@ def calibrate(
             **({"score": prep.score} if prep.score else {}),
             # public metadata: the class names in probability-column order
             **({"classes": prep.classes} if prep.classes is not None else {}),
+            # the public score range the method was told, where it came from, and what
+            # happens to scores outside it (never clipped)
+            **({"score_range": prep.score_range} if prep.score_range is not None else {}),
         } or None,
         classes=prep.shape.k,
     )
@@ -107,6 +118,11 @@ def dry_run(
     agents: Any = None,
     subjects: Any = None,
     classes: Any = None,
+    preds: Any = None,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
+    targets: Any = None,
+    score_range: Any = None,
     shuffled: bool = False,
     assume_unlinkable_features: bool = False,
     **_ignored: Any,
@@ -121,10 +137,14 @@ def dry_run(
         raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
     from privcal.accountant.amplification import check_shuffle_method, check_shuffled_dataset
 
+    if not isinstance(params, dict):
+        raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
+    params, _ = resolve_score_range(cal.name, cal.Params, params, score_range)
     p = validate_params(cal, params)  # type: ignore[arg-type]
     ds = accountant.dataset(dataset)
     shape = prepare_shape(cal, scores=scores, probs=probs, labels=labels, agents=agents,
-                          subjects=subjects, classes=classes)
+                          subjects=subjects, classes=classes, preds=preds,
+                          lower_preds=lower_preds, upper_preds=upper_preds, targets=targets)
     if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
         raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
     if shuffled:

@@ -25,7 +25,8 @@ from privcal.calibrators.base import (
     DataShape,
 )
 from privcal.calibrators.class_labels import check_classes, encode_labels, is_text_labels
-from privcal.calibrators.scores import SCORES, label_scores
+from privcal.calibrators.score_range import range_record, resolve_score_range
+from privcal.calibrators.scores import SCORES, label_scores, regression_scores
 from privcal.calibrators.validation import (
     check_labels,
     check_lengths,
@@ -49,6 +50,8 @@ class Prepared:
     shape: DataShape
     score: dict[str, Any] | None
     classes: list[str] | None = None
+    #: the public score range the method was told, and its source (methods with a range only)
+    score_range: dict[str, Any] | None = None
 
     @property
     def calibrator(self) -> Calibrator:
@@ -90,6 +93,11 @@ def prepare(
     agents: Any = None,
     subjects: Any = None,
     classes: Any = None,
+    preds: Any = None,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
+    targets: Any = None,
+    score_range: Any = None,
     rng: random.Random | None = None,
 ) -> Prepared:
     """Validate everything about one calibration request, touching no ledger.
@@ -102,6 +110,12 @@ def prepare(
 
     Labels may be class names (strings): see :func:`encode_labels` for how they map to
     probability columns; the names are recorded in the release (``diagnostics["classes"]``).
+
+    Regression: ``targets`` with ``preds`` (``score="absolute"``) or ``lower_preds`` and
+    ``upper_preds`` (``score="cqr"``); the scores are computed here
+    (:func:`~privcal.calibrators.scores.regression_scores`). ``score_range=(lo, hi)`` is the
+    public score range of a method that takes one (:mod:`privcal.calibrators.score_range`);
+    the range used and its source are recorded (``diagnostics["score_range"]``).
     """
     if isinstance(method, str):
         reg = registry.get(method)
@@ -124,6 +138,7 @@ def prepare(
             )
         params = {**params, "score": score}
         score = None
+    params, range_source = resolve_score_range(cal.name, cal.Params, params, score_range)
     p = validate_params(cal, params)
     needs = set(cal.inputs)
     score_record: dict[str, Any] | None = None
@@ -136,6 +151,17 @@ def prepare(
             raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
         labels, names = encode_labels(labels, classes, int(pshape[1]))
 
+    regression = any(a is not None for a in (preds, lower_preds, upper_preds, targets))
+    if regression:
+        if "probs" in needs:
+            raise InvalidInput(f"{cal.name} calibrates classifiers (probabilities and labels); "
+                               "it does not take regression predictions")
+        if scores is not None or probs is not None or labels is not None:
+            raise InvalidInput("give regression predictions with --targets, or --probs with "
+                               "--labels, or --scores; not several")
+        scores = _regression_scores(score, score_options, targets, preds, lower_preds,
+                                    upper_preds)
+        score_record = {"name": score, "options": {}}
     if "probs" in needs:
         if probs is None or labels is None:
             raise InvalidInput(
@@ -196,6 +222,7 @@ def prepare(
     if score_record is None and getattr(p, "score", None) is not None:
         score_record = {"name": p.score, "options": dict(SCORES[p.score].options)}  # type: ignore[attr-defined]
 
+    ranged = range_record(p, range_source) if range_source is not None else None
     data = CalibrationInput(
         scores=data_scores,
         probs=pr,
@@ -205,7 +232,27 @@ def prepare(
         score_name=score_record["name"] if score_record else None,
     )
     shape = DataShape(n=n, k=k, group_sizes=sizes)
-    return Prepared(reg, p, data, shape, score_record, names)
+    return Prepared(reg, p, data, shape, score_record, names, ranged)
+
+
+def _regression_scores(score: str | None, score_options: dict[str, Any] | None, targets: Any,
+                       preds: Any, lower_preds: Any, upper_preds: Any) -> np.ndarray:
+    """The calibration scores of a regression request (``--preds``/``--targets``)."""
+    if score is None:
+        raise InvalidInput("with regression predictions and --targets, name the score: "
+                           "--score absolute (with --preds) or --score cqr (with "
+                           "--lower-preds/--upper-preds)")
+    if score not in SCORES:
+        raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
+    if SCORES[score].kind != "regression":
+        raise InvalidInput(f"score {score!r} is a classification score; regression "
+                           "predictions take --score absolute or --score cqr")
+    if score_options:
+        raise InvalidInput(f"score {score!r} takes no options")
+    if targets is None:
+        raise InvalidInput("regression calibration needs the true targets (--targets)")
+    return check_scores(regression_scores(score, targets, preds=preds, lower_preds=lower_preds,
+                                          upper_preds=upper_preds))
 
 
 def _rows_of(a: Any, what: str, *, ndim: int | None = None) -> int:
@@ -229,6 +276,10 @@ def prepare_shape(
     agents: Any = None,
     subjects: Any = None,
     classes: Any = None,
+    preds: Any = None,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
+    targets: Any = None,
 ) -> DataShape:
     """The public shape of a request from its inputs' *shapes* only (for a dry run).
 
@@ -236,12 +287,15 @@ def prepare_shape(
     and class names are checked (they are public).
     """
     rows = {}
-    for what, a, ndim in (("scores", scores, 1), ("labels", labels, 1), ("probs", probs, 2)):
+    for what, a, ndim in (("scores", scores, 1), ("labels", labels, 1), ("probs", probs, 2),
+                          ("preds", preds, None), ("lower_preds", lower_preds, 1),
+                          ("upper_preds", upper_preds, 1), ("targets", targets, 1)):
         if a is not None:
             rows[what] = _rows_of(a, what, ndim=ndim)
     if not rows:
         raise InvalidInput(
-            "a dry run needs the input file to know n (--scores or --probs/--labels)"
+            "a dry run needs the input file to know n (--scores, --probs/--labels or "
+            "--preds/--targets)"
         )
     if len(set(rows.values())) > 1:
         raise InvalidInput(f"inputs differ in length: {rows}")

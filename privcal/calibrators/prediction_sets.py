@@ -18,11 +18,11 @@ import numpy as np
 
 from privcal.calibrators.scores import (
     all_class_scores,
-    cqr_bounds,
+    regression_bounds,
     score_options,
     score_spec,
 )
-from privcal.calibrators.validation import check_probs, check_targets
+from privcal.calibrators.validation import check_probs
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -113,22 +113,26 @@ def _from_key(k: int) -> float:
 
 
 def regression_interval(
-    name: str, preds: np.ndarray, threshold: float
+    name: str,
+    preds: Any,
+    threshold: float,
+    *,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The interval {y : S(x, y) ≤ t} for a regression score, as (lower, upper) arrays.
 
-    ``absolute``: [f − t, f + t]; ``cqr``: [f_lo − t, f_hi + t]. +inf gives (−inf, +inf).
+    ``absolute``: [f − t, f + t]; ``cqr``: [f_lo − t, f_hi + t] (Romano et al. 2019, eq. (7)),
+    the band given as ``preds`` (n, 2) or ``lower_preds``/``upper_preds``
+    (:func:`~privcal.calibrators.scores.regression_bounds`). +inf gives (−inf, +inf).
     For cqr with a negative t the interval can be empty (lower > upper); it is returned as is.
     """
     spec = score_spec(name)
     if spec.kind != "regression":
         raise InvalidInput(f"score {name!r} is a classification score; use prediction_sets")
     t = _check_threshold(threshold)
-    if name == "absolute":
-        f = check_targets(preds, min_rows=1)
-        lo, hi = f, f
-    else:
-        lo, hi = cqr_bounds(preds)
+    lo, hi = regression_bounds(name, preds=preds, lower_preds=lower_preds,
+                               upper_preds=upper_preds)
     if t == math.inf:
         return np.full(lo.shape, -math.inf), np.full(hi.shape, math.inf)
     return lo - t, hi + t

@@ -14,11 +14,16 @@ Classification scores take the n×k probability matrix ``probs``:
 Ties: "p_j > p_y" is strict, so tied classes get the same aps/raps mass and rank.
 
 Regression scores take the model's predictions in ``probs`` (the argument keeps
-its name so every score has one call shape):
+its name so every score has one call shape), or, through :func:`regression_scores`
+and :func:`regression_bounds`, as ``preds`` / ``lower_preds`` + ``upper_preds``:
 
-- ``absolute``: S = |y − f(x)|, predictions of shape (n,);
+- ``absolute``: S = |y − f(x)|, predictions of shape (n,) (Lei, G'Sell, Rinaldo,
+  Tibshirani, Wasserman 2018, §2.2, split conformal with the absolute residual);
 - ``cqr``: S = max(f_lo(x) − y, y − f_hi(x)), predictions of shape (n, 2) = [f_lo, f_hi]
-  (Romano, Patterson, Candès 2019).
+  (Romano, Patterson, Candès 2019, eq. (6)); S is negative inside the band.
+
+The interval of a threshold t is {y : S(x, y) ≤ t} = [f_lo(x) − t, f_hi(x) + t]
+(f_lo = f_hi = f for ``absolute``; Romano et al. 2019, eq. (7)).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ __all__ = [
     "all_class_scores",
     "cqr_bounds",
     "label_scores",
+    "regression_bounds",
+    "regression_scores",
     "score_options",
     "score_spec",
 ]
@@ -230,3 +237,71 @@ def cqr_bounds(preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         )
     lo, hi = check_targets(a[:, 0], min_rows=1), check_targets(a[:, 1], min_rows=1)
     return lo, hi
+
+
+def regression_bounds(
+    name: str,
+    *,
+    preds: Any = None,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
+    min_rows: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The band (f_lo, f_hi) a regression score is built around, as two float64 arrays.
+
+    ``absolute`` takes ``preds`` (n,) and gives (f, f); ``cqr`` takes ``lower_preds`` and
+    ``upper_preds`` (n,) each, or ``preds`` of shape (n, 2) = [f_lo, f_hi]. Anything else is
+    a one-line :class:`~privcal.errors.InvalidInput` naming what is missing or extra.
+    """
+    spec = score_spec(name)
+    if spec.kind != "regression":
+        raise InvalidInput(f"score {name!r} is a classification score; it takes probabilities")
+    band = lower_preds is not None or upper_preds is not None
+    if name == "absolute":
+        if band:
+            raise InvalidInput("score 'absolute' takes one prediction per row (--preds), "
+                               "not --lower-preds/--upper-preds (those are for --score cqr)")
+        if preds is None:
+            raise InvalidInput("score 'absolute' needs the predictions (--preds)")
+        f = check_targets(preds, min_rows=min_rows, what="predictions")
+        return f, f
+    if band:
+        if preds is not None:
+            raise InvalidInput("score 'cqr': give --lower-preds and --upper-preds, or --preds "
+                               "of shape (n, 2), not both")
+        if lower_preds is None or upper_preds is None:
+            raise InvalidInput("score 'cqr' needs both --lower-preds and --upper-preds")
+        lo = check_targets(lower_preds, min_rows=min_rows, what="lower predictions")
+        hi = check_targets(upper_preds, min_rows=min_rows, what="upper predictions")
+        check_lengths(lower_predictions=lo, upper_predictions=hi)
+        return lo, hi
+    if preds is None:
+        raise InvalidInput("score 'cqr' needs --lower-preds and --upper-preds (the quantile "
+                           "regressors' lower and upper predictions)")
+    if np.ndim(preds) != 2:
+        raise InvalidInput("score 'cqr' needs --lower-preds and --upper-preds, or --preds of "
+                           f"shape (n, 2); got predictions of shape {np.shape(preds)}")
+    return cqr_bounds(preds)
+
+
+def regression_scores(
+    name: str,
+    targets: Any,
+    *,
+    preds: Any = None,
+    lower_preds: Any = None,
+    upper_preds: Any = None,
+) -> np.ndarray:
+    """S(x_i, y_i) for a regression score from predictions and targets, shape (n,).
+
+    ``absolute``: |y − f| (one prediction per row, ``preds``); ``cqr``: max(f_lo − y,
+    y − f_hi) (``lower_preds`` and ``upper_preds``, or ``preds`` of shape (n, 2)).
+    Same values as :func:`label_scores` on the same arrays.
+    """
+    lo, hi = regression_bounds(name, preds=preds, lower_preds=lower_preds,
+                               upper_preds=upper_preds)
+    y = check_targets(targets, min_rows=1)
+    check_lengths(predictions=lo, targets=y)
+    if name == "absolute":
+        return np.abs(y - lo)
+    return np.maximum(lo - y, y - hi)

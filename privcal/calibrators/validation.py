@@ -66,17 +66,17 @@ def check_scores(a: object, *, min_rows: int = 2, allow_inf: bool = False) -> np
     return out
 
 
-def check_targets(a: object, *, min_rows: int = 2) -> np.ndarray:
-    """Regression targets or predictions: a 1-D finite float64 array."""
-    arr = _numeric(a, "targets")
+def check_targets(a: object, *, min_rows: int = 2, what: str = "targets") -> np.ndarray:
+    """Regression targets or predictions (named ``what`` in errors): a 1-D finite float64 array."""
+    arr = _numeric(a, what)
     if arr.ndim != 1:
-        raise InvalidInput(f"targets must be a 1-D array, got shape {arr.shape}")
-    _min_rows(arr.shape[0], "targets", min_rows)
+        raise InvalidInput(f"{what} must be a 1-D array, got shape {arr.shape}")
+    _min_rows(arr.shape[0], what, min_rows)
     out = np.ascontiguousarray(arr, dtype=np.float64)
     bad = ~np.isfinite(out)
     if bad.any():
         i = int(np.argmax(bad))
-        raise InvalidInput(f"targets: row {i} is {out[i]} (must be a finite number)")
+        raise InvalidInput(f"{what}: row {i} is {out[i]} (must be a finite number)")
     return out
 
 
