@@ -14,11 +14,29 @@ module do not pay for SQLAlchemy and SciPy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from privcal.lazy import lazy_getattr
+import importlib
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+
+def lazy_getattr(module: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) that imports ``exports[name]`` on first use and
+    caches it; used here, by :mod:`privcal.accountant` and by :mod:`privcal.client`, so that
+    ``privcal --help``, the device client and ``amplify`` do not pay for SQLAlchemy, SciPy or
+    httpx they never touch."""
+
+    def __getattr__(name: str) -> Any:
+        source = exports.get(name)
+        if source is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(source), name)
+        setattr(sys.modules[module], name, value)
+        return value
+
+    return __getattr__
 
 _EXPORTS = {
     "Accountant": "privcal.accountant",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from privcal.lazy import lazy_getattr
+from privcal import lazy_getattr
 
 # Lazy (PEP 562): ``privcal.accountant.privacy`` (``privacy.shuffle`` is used by
 # ``privcal amplify``) must not drag the ledger (SQLAlchemy, the storage layer) in with it.

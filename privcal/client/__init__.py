@@ -12,7 +12,7 @@ Local DP (Penso et al., seed 004):
   for the published threshold q, keeping the bit with probability e^ε/(e^ε+1).
 
 HTTP (``privcal serve``): :class:`Reporter` (a device) and :class:`Agent` (a federated agent),
-see :mod:`privcal.client_http`.
+see :mod:`privcal.client.http`.
 
 Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``
 (its ℓ-th smallest score) or ``fedcp2_qq_message(scores, plan)`` (an ε-DP bin from the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from privcal.lazy import lazy_getattr
+from privcal import lazy_getattr
 
 # names are imported on first use: `import privcal.client` loads neither numpy/SciPy nor
 # httpx until a randomizer or the HTTP client is asked for
@@ -38,9 +38,9 @@ _EXPORTS = {
     "binary_rr_many": "privcal.calibrators.mechanisms.randomized_response",
     "krr": "privcal.calibrators.mechanisms.randomized_response",
     "krr_many": "privcal.calibrators.mechanisms.randomized_response",
-    "Reporter": "privcal.client_http",
-    "Agent": "privcal.client_http",
-    "ServiceError": "privcal.client_http",
+    "Reporter": "privcal.client.http",
+    "Agent": "privcal.client.http",
+    "ServiceError": "privcal.client.http",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
         krr_many,
     )
     from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
-    from privcal.client_http import Agent, Reporter, ServiceError
+    from privcal.client.http import Agent, Reporter, ServiceError
 
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)
