@@ -303,11 +303,24 @@ class Release(ReleaseRecord):
         return evaluate_intervals(iv, targets, self.coverage.lower)
 
     def predict_set(self, probs: Any, *, score_name: str | None = None,
-                    rng: random.Random | None = None) -> np.ndarray:
-        """Prediction sets (boolean n×k) of this release for new class probabilities."""
+                    rng: random.Random | None = None, alpha: float | None = None,
+                    groups: Any = None) -> np.ndarray:
+        """Prediction sets (boolean n×k) of this release for new class probabilities.
+
+        A release with several levels takes the level ``alpha``; one with Mondrian groups
+        from a column takes each row's group (``groups``); label groups need neither."""
         from privcal.calibrators.prediction_sets import release_sets
 
-        return release_sets(self, probs, score_name=score_name, rng=rng)
+        return release_sets(self, probs, score_name=score_name, rng=rng, alpha=alpha,
+                            groups=groups)
+
+    def thresholds(self) -> list[dict[str, Any]]:
+        """One row per group and level α: ``group``, ``n``, ``alpha``, ``threshold`` (+inf for
+        a group too small for the method) and guaranteed ``lower`` bound; a release without
+        groups or levels has one row."""
+        from privcal.calibrators.group_sets import threshold_rows
+
+        return threshold_rows(self)
 
     @property
     def classes(self) -> list[str] | None:
@@ -317,20 +330,29 @@ class Release(ReleaseRecord):
         return release_classes(self)
 
     def predict_labels(self, probs: Any, *, score_name: str | None = None,
-                       rng: random.Random | None = None) -> list[list[Any]]:
+                       rng: random.Random | None = None, alpha: float | None = None,
+                       groups: Any = None) -> list[list[Any]]:
         """Prediction sets as lists of class names (of column indices when none recorded)."""
         from privcal.calibrators.prediction_sets import set_labels
 
-        return set_labels(self.predict_set(probs, score_name=score_name, rng=rng), self.classes)
+        return set_labels(self.predict_set(probs, score_name=score_name, rng=rng, alpha=alpha,
+                                           groups=groups), self.classes)
 
     def evaluate(self, probs: Any, labels: Any, *, score_name: str | None = None,
-                 rng: random.Random | None = None) -> Any:
-        """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``).
+                 rng: random.Random | None = None, alpha: float | None = None,
+                 groups: Any = None) -> Any:
+        """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``;
+        for a Mondrian release also ``by_group``, each group against its own bound).
 
         ``labels`` are column indices, or class names when the release records them."""
         from privcal.calibrators.evaluation import evaluate_sets
+        from privcal.calibrators.group_sets import evaluate_wrapped, is_wrapped
 
-        sets = self.predict_set(probs, score_name=score_name, rng=rng)
+        sets = self.predict_set(probs, score_name=score_name, rng=rng, alpha=alpha,
+                                groups=groups)
+        if is_wrapped(self.method):
+            return evaluate_wrapped(self, sets, labels, alpha=alpha, groups=groups,
+                                    classes=self.classes)
         return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes)
 
 
@@ -338,6 +360,7 @@ class Release(ReleaseRecord):
 _CALIBRATE_OPTIONS = frozenset({
     "scores", "probs", "labels", "score", "score_options", "agents", "subjects", "classes",
     "preds", "lower_preds", "upper_preds", "targets", "score_range", "shuffled",
+    "mondrian", "groups", "public_groups",
     "assume_unlinkable_features", "requester", "idempotency_key", "rng",
 })
 
@@ -347,7 +370,7 @@ def _rows(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:
     """The calibration input restricted to the rows in ``mask``."""
     return dataclasses.replace(data, **{
         f: np.asarray(getattr(data, f))[mask]
-        for f in ("scores", "probs", "labels", "agents", "subjects")
+        for f in ("scores", "probs", "labels", "agents", "subjects", "groups")
         if getattr(data, f) is not None
     })
 
@@ -1126,6 +1149,9 @@ class Accountant:
         if data.probs is not None and np.ndim(data.probs) == 2:
             k = int(np.shape(data.probs)[1])
         groups = group_sizes(data.agents) if data.agents is not None else None
+        if data.groups is not None:  # Mondrian groups (ints in [0, group_count)), in order
+            groups = tuple(int(c) for c in np.bincount(np.asarray(data.groups, dtype=np.int64),
+                                                      minlength=data.group_count or 0))
         try:
             return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
         except (ValidationError, ValueError) as exc:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
+
 from privcal.accountant.prepare import prepare, prepare_shape, validate_params
 from privcal.calibrators import registry
 from privcal.calibrators.base import Calibrator, DataShape
@@ -41,6 +43,9 @@ def calibrate(
     upper_preds: Any = None,
     targets: Any = None,
     score_range: Any = None,
+    mondrian: str | None = None,
+    groups: Any = None,
+    public_groups: bool = False,
     shuffled: bool = False,
     assume_unlinkable_features: bool = False,
     requester: str | None = None,
@@ -61,7 +66,8 @@ def calibrate(
         method, params, scores=scores, probs=probs, labels=labels, score=score,
         score_options=score_options, agents=agents, subjects=subjects, classes=classes,
         preds=preds, lower_preds=lower_preds, upper_preds=upper_preds, targets=targets,
-        score_range=score_range, rng=rng,
+        score_range=score_range, mondrian=mondrian, groups=groups,
+        public_groups=public_groups, rng=rng,
     )  # fmt: skip
     # the guarantee depends on public quantities only: Accountant.run computes it before
     # anything is charged, refusing an infeasible request (e.g. a FedCP²-QQ plan with ε too
@@ -123,14 +129,23 @@ def dry_run(
     upper_preds: Any = None,
     targets: Any = None,
     score_range: Any = None,
+    mondrian: str | None = None,
+    groups: Any = None,
+    public_groups: bool = False,
     shuffled: bool = False,
     assume_unlinkable_features: bool = False,
     **_ignored: Any,
 ) -> Any:
     """The cost of a calibration and what would remain, from the data's *shape* only.
 
-    Only the number of rows (and classes, and agents) is read, never a value.
+    Only the number of rows (and classes, and agents) is read, never a value — except, for
+    Mondrian groups, each row's group (the label, or the group column): the caller asserts
+    it is public (``public_groups=True``), and the group sizes set the cost.
     """
+    from privcal.accountant.wrapping import wrap, wrapping
+
+    how, params = wrapping(params, mondrian=mondrian, groups=groups,
+                           public_groups=public_groups)
     reg = registry.get(method) if isinstance(method, str) else None
     cal = reg.calibrator if reg else method  # type: ignore[union-attr]
     if not isinstance(cal, Calibrator):
@@ -152,4 +167,9 @@ def dry_run(
         check_shuffled_dataset(ds)
     elif assume_unlinkable_features:
         raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
+    if how.wanted:
+        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=labels)
+        if index is not None and names is not None:
+            shape = DataShape(n=shape.n, k=shape.k, group_sizes=tuple(
+                int(c) for c in np.bincount(index, minlength=len(names))))
     return accountant.dry_run(cal, p, shape, dataset)

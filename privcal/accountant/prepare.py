@@ -98,6 +98,9 @@ def prepare(
     upper_preds: Any = None,
     targets: Any = None,
     score_range: Any = None,
+    mondrian: str | None = None,
+    groups: Any = None,
+    public_groups: bool = False,
     rng: random.Random | None = None,
 ) -> Prepared:
     """Validate everything about one calibration request, touching no ledger.
@@ -116,7 +119,15 @@ def prepare(
     (:func:`~privcal.calibrators.scores.regression_scores`). ``score_range=(lo, hi)`` is the
     public score range of a method that takes one (:mod:`privcal.calibrators.score_range`);
     the range used and its source are recorded (``diagnostics["score_range"]``).
+
+    Several levels (``alpha`` a list) and Mondrian groups (``mondrian``, ``groups``,
+    ``public_groups``) wrap the method: :mod:`privcal.accountant.wrapping`.
     """
+    from privcal.accountant import wrapping as wr
+
+    how, params = wr.wrapping(params, mondrian=mondrian, groups=groups,
+                              public_groups=public_groups) if isinstance(params, dict) \
+        else (None, params)
     if isinstance(method, str):
         reg = registry.get(method)
     elif isinstance(method, Calibrator):
@@ -232,6 +243,13 @@ def prepare(
         score_name=score_record["name"] if score_record else None,
     )
     shape = DataShape(n=n, k=k, group_sizes=sizes)
+    if how is not None and how.wanted:
+        cal_w, p, group_names, index = wr.wrap(cal, p, how, n=n, k=k, labels=labels)
+        reg = registry.Registered(cal_w, reg.distribution, reg.distribution_version)
+        data = wr.with_groups(data, index, group_names)
+        if index is not None:
+            shape = DataShape(n=n, k=k, group_sizes=tuple(
+                int(c) for c in np.bincount(index, minlength=len(group_names or ()))))
     return Prepared(reg, p, data, shape, score_record, names, ranged)
 
 

@@ -126,6 +126,8 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
             rel.coverage if isinstance(rel.coverage, dict) else rel.coverage.model_dump(mode="json")
         )
         problems += _diff("coverage", _plain(recorded_cov), _plain(coverage))
+        if hasattr(cal, "check_record"):  # a levels/Mondrian wrapper: its stored thresholds
+            problems += cal.check_record(params, shape, rel.threshold, rel.diagnostics or {})
         cost = cal.cost(params, shape)
         ds = accountant.dataset(rel.dataset)
         extra = (rel.privacy or {}).get("extra")

@@ -71,7 +71,9 @@ class DataShape(BaseModel):
         default=None, ge=2, description="number of classes, when probabilities are given"
     )
     group_sizes: tuple[int, ...] | None = Field(
-        default=None, description="per-agent sizes for federated methods, in agent order"
+        default=None, description="per-agent sizes for federated methods, in agent order; "
+        "per-group sizes of a Mondrian release, in the order of its groups (public by the "
+        "caller's assertion)"
     )
 
 
@@ -109,7 +111,9 @@ class CalibrationInput:
     - ``probs``: shape (n, k), rows summing to 1; ``labels``: shape (n,), ints in [0, k)
       (for ``ldp-label`` these are the users' randomized labels);
     - ``agents``: shape (n,), the agent (federated) each score belongs to;
-    - ``subjects``: shape (n,), the data-subject id of each row (local DP).
+    - ``subjects``: shape (n,), the data-subject id of each row (local DP);
+    - ``groups``: shape (n,), ints in [0, ``group_count``): the Mondrian group of each row
+      (:mod:`privcal.calibrators.mondrian`).
     """
 
     scores: np.ndarray | None = None
@@ -118,6 +122,8 @@ class CalibrationInput:
     agents: np.ndarray | None = None
     subjects: np.ndarray | None = None
     score_name: str | None = None
+    groups: np.ndarray | None = None
+    group_count: int | None = None
 
     @property
     def n(self) -> int:

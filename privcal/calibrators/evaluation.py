@@ -13,7 +13,22 @@ from privcal.calibrators.class_labels import encode_labels, is_text_labels
 from privcal.calibrators.validation import check_labels, check_lengths
 from privcal.errors import InvalidInput
 
-__all__ = ["Evaluation", "evaluate_sets"]
+__all__ = ["Evaluation", "GroupCoverage", "evaluate_sets"]
+
+
+class GroupCoverage(BaseModel):
+    """Held-out coverage of one Mondrian group (a class, for label groups)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group: str
+    n: int
+    coverage: float | None
+    mean_set_size: float | None
+    guaranteed_lower: float
+    meets_guarantee: bool | None
+    coverage_upper_95: float | None
+    consistent_with_guarantee: bool | None
 
 
 class Evaluation(BaseModel):
@@ -31,6 +46,38 @@ class Evaluation(BaseModel):
     coverage_upper_95: float
     consistent_with_guarantee: bool
     note: str
+    #: per-group coverage of a Mondrian release (None for others)
+    by_group: list[GroupCoverage] | None = None
+
+
+def _upper95(covered: int, n: int) -> float:
+    """One-sided 95% Clopper–Pearson upper bound of a proportion covered/n."""
+    return 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
+
+
+def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tuple[str, ...],
+                   lowers: np.ndarray) -> list[GroupCoverage]:
+    """Coverage per group (``rows[i]``: row i's group index), against each group's lower
+    bound; a group without held-out rows has coverage None."""
+    hits = sets[np.arange(y.shape[0]), y]
+    sizes = sets.sum(axis=1)
+    out = []
+    for j, name in enumerate(names):
+        m = rows == j
+        n = int(m.sum())
+        low = float(lowers[j])
+        if n == 0:
+            out.append(GroupCoverage(group=name, n=0, coverage=None, mean_set_size=None,
+                                     guaranteed_lower=low, meets_guarantee=None,
+                                     coverage_upper_95=None, consistent_with_guarantee=None))
+            continue
+        covered = int(hits[m].sum())
+        up = _upper95(covered, n)
+        out.append(GroupCoverage(
+            group=name, n=n, coverage=covered / n, mean_set_size=float(sizes[m].mean()),
+            guaranteed_lower=low, meets_guarantee=covered / n >= low, coverage_upper_95=up,
+            consistent_with_guarantee=up >= low or math.isclose(up, low)))
+    return out
 
 
 def evaluate_sets(
@@ -54,7 +101,7 @@ def evaluate_sets(
     n = int(y.shape[0])
     covered = int(hits.sum())
     sizes = sets.sum(axis=1)
-    upper = 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
+    upper = _upper95(covered, n)
     cov = covered / n
     return Evaluation(
         n=n,

@@ -1,0 +1,209 @@
+"""Prediction sets of a wrapped release: one threshold per level α and per Mondrian group.
+
+A ``levels:`` / ``mondrian:`` release (:mod:`privcal.calibrators.levels`,
+:mod:`privcal.calibrators.mondrian`) stores its thresholds in ``diagnostics`` and each
+group's and level's guarantee in ``coverage.details``; :func:`table_of` reads them back
+into a :class:`ThresholdTable` (groups × levels). Sets:
+
+- label groups (``group_by="label"``): label y is in the set of x iff S(x, y) ≤ t_y —
+  the class-conditional (label-conditional) set; no group column is needed;
+- column groups: row i's set is {y : S(x_i, y) ≤ t_{g_i}}, with ``groups`` giving g_i;
+  a group the release has no threshold for is an error (it was never calibrated);
+- levels: ``alpha`` picks the level (required when there are several).
+
+Randomized scores (aps/raps) draw one u per row, shared by every class of the row, as
+:func:`~privcal.calibrators.prediction_sets.prediction_sets` does; ``lac`` compares
+probabilities with the exact cut of each threshold (bit-identical to ``1 − p ≤ t``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privcal.calibrators.prediction_sets import lac_cut, prediction_sets
+from privcal.calibrators.scores import all_class_scores, score_options, score_spec
+from privcal.calibrators.validation import check_probs, id_strings
+from privcal.errors import InvalidInput
+
+__all__ = ["ThresholdTable", "is_wrapped", "table_of", "wrapped_sets"]
+
+
+def is_wrapped(method: str) -> bool:
+    """Whether a release's method is a levels/Mondrian wrapper."""
+    return method.startswith(("levels:", "mondrian:"))
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, str):  # ±inf are stored as text (json_safe)
+        return {"Infinity": math.inf, "-Infinity": -math.inf}.get(v, math.nan)
+    return float(v)
+
+
+@dataclass(frozen=True)
+class ThresholdTable:
+    """Thresholds and guaranteed lower bounds, ``values[g, l]`` / ``lowers[g, l]`` for group
+    g and level l (one row without groups, one column without levels)."""
+
+    levels: tuple[float, ...]
+    groups: tuple[str, ...] | None
+    group_by: str | None
+    values: np.ndarray
+    lowers: np.ndarray
+
+    def level(self, alpha: float | None) -> int:
+        """The column of level ``alpha`` (None: the only level)."""
+        if alpha is None:
+            if len(self.levels) == 1:
+                return 0
+            shown = ", ".join(f"{a:g}" for a in self.levels)
+            raise InvalidInput(f"this release has {len(self.levels)} levels α ({shown}): "
+                               "choose one (alpha=…, --alpha)")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+            raise InvalidInput(f"alpha must be a number, got {alpha!r:.40}")
+        for j, a in enumerate(self.levels):
+            if math.isclose(a, float(alpha), rel_tol=1e-12, abs_tol=1e-15):
+                return j
+        shown = ", ".join(f"{a:g}" for a in self.levels)
+        raise InvalidInput(f"this release has no level α = {alpha:g} (levels: {shown})")
+
+    def group_rows(self, groups: Any, n: int) -> np.ndarray:
+        """Each row's group index, from its group name; unknown groups are an error."""
+        assert self.groups is not None
+        ids = id_strings(groups, "groups").astype(str)
+        if ids.shape[0] != n:
+            raise InvalidInput(f"groups must give one group per row: {ids.shape[0]} for {n}")
+        index = {g: j for j, g in enumerate(self.groups)}
+        out = np.empty(n, dtype=np.int64)
+        for i, g in enumerate(ids):
+            j = index.get(g)
+            if j is None:
+                raise InvalidInput(f"groups: row {i} is in group {g!r}, which this release "
+                                   f"has no threshold for (it was not in the calibration data)")
+            out[i] = j
+        return out
+
+
+def _levels_of(diag: dict[str, Any], params: dict[str, Any]) -> list[tuple[float, float]]:
+    return [(float(x["alpha"]), _float(x["threshold"])) for x in diag["levels"]]
+
+
+def table_of(method: str, params: dict[str, Any], diagnostics: dict[str, Any],
+             details: dict[str, Any]) -> ThresholdTable:
+    """The thresholds and lower bounds of a wrapped release (see the module docstring)."""
+    mondrian = method.startswith("mondrian:")
+    levelled = method.startswith(("levels:", "mondrian:levels:"))
+    alphas = params.get("alpha")
+    levels = tuple(float(a) for a in alphas) if levelled else (float(alphas),)
+
+    def lower(prefix: str, a: float) -> float:
+        key = f"{prefix}alpha={a:g}: lower" if levelled else f"{prefix}lower"
+        return _float(details.get(key, math.nan))
+
+    if not mondrian:
+        vals = [t for _, t in _levels_of(diagnostics, params)]
+        return ThresholdTable(levels, None, None, np.array([vals]),
+                              np.array([[lower("", a) for a in levels]]))
+    names = tuple(str(g) for g in params["groups"])
+    rows, lows = [], []
+    for name, g in zip(names, diagnostics["groups"], strict=True):
+        t = _float(g["threshold"])
+        inner = g.get("diagnostics") or {}
+        if levelled and "levels" in inner:
+            rows.append([v for _, v in _levels_of(inner, params)])
+        else:  # one level, or a group too small to run: +inf at every level
+            rows.append([t] * len(levels))
+        lows.append([lower(f"group {name}: ", a) for a in levels])
+    return ThresholdTable(levels, names, params.get("group_by"), np.array(rows),
+                          np.array(lows))
+
+
+def _sets(name: str, options: dict[str, Any], probs: Any, t: np.ndarray,
+          rows: np.ndarray | None, rng: random.Random | None) -> np.ndarray:
+    """Sets with a threshold per column (``rows`` None, t of shape (k,)) or per row
+    (threshold ``t[rows[i]]`` for row i)."""
+    if name == "lac":
+        score_options(score_spec(name), options)
+        p = check_probs(probs, min_rows=1)
+        cuts = np.array([-math.inf if x == math.inf else lac_cut(float(x)) for x in t])
+        return p >= (cuts if rows is None else cuts[rows][:, None])
+    s = all_class_scores(name, probs, rng=rng, **options)
+    return s <= (t if rows is None else t[rows][:, None])
+
+
+def wrapped_sets(table: ThresholdTable, name: str, options: dict[str, Any], probs: Any, *,
+                 alpha: float | None = None, groups: Any = None,
+                 rng: random.Random | None = None) -> np.ndarray:
+    """Boolean n×k sets of a wrapped release at level ``alpha`` (module docstring)."""
+    col = table.level(alpha)
+    if table.groups is None:
+        if groups is not None:
+            raise InvalidInput("this release has no Mondrian groups; give no groups")
+        return prediction_sets(name, probs, float(table.values[0, col]), rng=rng, **options)
+    t = table.values[:, col]
+    if table.group_by == "label":
+        if groups is not None:
+            raise InvalidInput("this release's groups are the labels: each label is tested "
+                               "against its own threshold; give no groups")
+        k = np.shape(probs)[1] if np.ndim(probs) == 2 else None
+        if k != t.shape[0]:
+            raise InvalidInput(f"this release has {t.shape[0]} class thresholds; the "
+                               f"probabilities have {k} columns")
+        return _sets(name, options, probs, t, None, rng)
+    if groups is None:
+        raise InvalidInput("this release has one threshold per group: give the group of "
+                           "every row (groups=…, --groups FILE[:COLUMN])")
+    n = int(np.shape(probs)[0]) if np.ndim(probs) >= 1 else 0
+    return _sets(name, options, probs, t, table.group_rows(groups, n), rng)
+
+
+def evaluate_wrapped(release: Any, sets: np.ndarray, labels: Any, *,
+                     alpha: float | None = None, groups: Any = None,
+                     classes: list[str] | None = None) -> Any:
+    """Marginal coverage against the smallest group lower bound at the level, and, for a
+    Mondrian release, coverage per group against each group's own bound."""
+    from privcal.calibrators.class_labels import encode_labels, is_text_labels
+    from privcal.calibrators.evaluation import evaluate_sets, group_coverage
+    from privcal.calibrators.prediction_sets import _details
+    from privcal.calibrators.validation import check_labels
+
+    table = table_of(release.method, release.params, release.diagnostics or {},
+                     _details(release))
+    col = table.level(alpha)
+    lowers = table.lowers[:, col]
+    ev = evaluate_sets(sets, labels, float(lowers.min()), classes=classes)
+    if table.groups is None:
+        return ev
+    if is_text_labels(labels):
+        labels, _ = encode_labels(labels, classes, sets.shape[1])
+    y = check_labels(labels, sets.shape[1], min_rows=1)
+    rows = y if table.group_by == "label" else table.group_rows(groups, y.shape[0])
+    names = table.groups
+    if table.group_by == "label" and classes is not None:
+        names = tuple(classes)
+    return ev.model_copy(update={"by_group": group_coverage(sets, y, rows, names, lowers)})
+
+
+def threshold_rows(release: Any) -> list[dict[str, Any]]:
+    """Every (group, level) of a release: group, its n, α, threshold, guaranteed lower bound
+    (one row for a plain release; group None without groups)."""
+    from privcal.calibrators.prediction_sets import _details
+
+    if not is_wrapped(release.method):
+        cov = release.coverage
+        lower = cov["lower"] if isinstance(cov, dict) else cov.lower
+        return [{"group": None, "n": (release.shape or {}).get("n"),
+                 "alpha": (release.params or {}).get("alpha"), "threshold": release.threshold,
+                 "lower": lower}]
+    table = table_of(release.method, release.params, release.diagnostics or {},
+                     _details(release))
+    sizes = (release.shape or {}).get("group_sizes") or []
+    names = table.groups or (None,)
+    return [{"group": g, "n": sizes[i] if table.groups else (release.shape or {}).get("n"),
+             "alpha": a, "threshold": float(table.values[i, j]),
+             "lower": float(table.lowers[i, j])}
+            for i, g in enumerate(names) for j, a in enumerate(table.levels)]

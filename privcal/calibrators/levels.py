@@ -1,0 +1,193 @@
+"""Several miscoverage levels at once: one threshold per α, the cost composed exactly.
+
+``levels:METHOD`` runs METHOD once per level α₁ < … < α_k on the same calibration data,
+each run with fresh noise, and releases the k thresholds together.
+
+**Privacy.** k runs of one mechanism on the same data compose by the rule of its notion:
+k·ρ for ρ-zCDP (Bun & Steinke 2016, "Concentrated Differential Privacy", Lemma 2.3),
+Σε for pure ε-DP (Dwork & Roth 2014, Theorem 3.16), (Σε, Σδ) for (ε, δ)-DP. For the
+Gaussian-noise counts of P-COQS the zCDP sum is exact (Rényi divergences of independent
+Gaussians add), so no joint mechanism can be charged less under zCDP accounting; no
+tighter joint mechanism is claimed here. The cost is ``sum`` of the per-level costs
+(:mod:`privcal.costs` adds exactly in decimals) and is what the accountant charges.
+
+**Nested sets.** Noise can order two levels' thresholds the wrong way (t(0.05) < t(0.1)).
+Each level's released threshold is the largest raw threshold among its level and every
+larger α: t'ᵢ = max_{j: αⱼ ≥ αᵢ} tⱼ ≥ tᵢ. A larger threshold only adds labels to every set,
+so level i keeps its guarantee (coverage of t'ᵢ ≥ coverage of tᵢ), and the sets are nested
+(smaller α, larger set). This is post-processing of the k outputs: no extra privacy cost.
+The raw thresholds are recorded too. The release's single ``threshold`` is t'₁ (smallest
+α, largest set) with that level's guarantee as the headline; every level's guarantee is in
+``coverage.details`` (``"alpha=0.1: lower"``, …), recomputed by ``audit verify``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, ClassVar
+
+from pydantic import model_validator
+
+from privcal.calibrators.base import (
+    CalibrationInput,
+    CalibrationResult,
+    Calibrator,
+    CoverageGuarantee,
+    DataShape,
+)
+from privcal.calibrators.wrapped import (
+    WrappedCalibrator,
+    WrappedParams,
+    check_wrappable,
+    flat_details,
+    inner_dump,
+    params_class,
+)
+from privcal.errors import InvalidInput
+
+__all__ = ["LEVELS_VERSION", "Levels", "LevelsParams", "parse_alphas"]
+
+LEVELS_VERSION = "1.0.0"
+#: at most this many levels in one release
+MAX_LEVELS = 20
+
+
+def parse_alphas(value: Any) -> tuple[float, ...]:
+    """Levels from ``0.1``, ``[0.05, 0.1]`` or ``"0.05,0.1,0.2"``: each in (0, 1), distinct,
+    returned in increasing order. A one-line :class:`InvalidInput` otherwise."""
+    if isinstance(value, str):
+        parts = [s.strip() for s in value.split(",")]
+        try:
+            items: list[Any] = [float(s) for s in parts]
+        except ValueError:
+            raise InvalidInput(f"alpha must be a number or a comma-separated list of "
+                               f"numbers, got {value!r}") from None
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        items = [value]
+    out: list[float] = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a < 1 \
+                or not math.isfinite(a):
+            raise InvalidInput(f"every level α must be a number in (0, 1), got {a!r}")
+        out.append(float(a))
+    if not out:
+        raise InvalidInput("give at least one level α")
+    if len(set(out)) != len(out):
+        raise InvalidInput(f"level α = {next(a for a in out if out.count(a) > 1)} is given twice")
+    if len(out) > MAX_LEVELS:
+        raise InvalidInput(f"at most {MAX_LEVELS} levels at once, got {len(out)}")
+    return tuple(sorted(out))
+
+
+class LevelsParams(WrappedParams):
+    """``alpha``: the levels (increasing); every other field is the inner method's."""
+
+    alpha: tuple[float, ...]  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _levels(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "alpha" not in data:
+            return data
+        try:
+            alphas = parse_alphas(data["alpha"])
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        rest = {k: v for k, v in data.items() if k != "alpha"}
+        dumps = [inner_dump(cls.inner_model, {**rest, "alpha": a}) for a in alphas]
+        first = {k: v for k, v in dumps[0].items() if k != "alpha"}
+        return {**first, "alpha": alphas}
+
+    def per_level(self) -> list[tuple[float, Any]]:
+        """(α, the inner method's parameters at α) for every level, in increasing α."""
+        rest = self.inner_values()
+        return [(a, self.inner_model.model_validate({**rest, "alpha": a})) for a in self.alpha]
+
+
+def level_key(alpha: float) -> str:
+    """How a level is named in ``details`` and diagnostics: ``alpha=0.1``."""
+    return f"alpha={alpha:g}"
+
+
+class Levels(WrappedCalibrator):
+    """METHOD at several levels at once (see the module docstring)."""
+
+    version: str
+    Params: type[LevelsParams]  # type: ignore[assignment]
+    kind: ClassVar[str] = "levels"
+
+    def __init__(self, inner: Calibrator) -> None:
+        check_wrappable(inner, "multi-level")
+        if isinstance(inner, WrappedCalibrator):
+            raise InvalidInput("levels wrap a method, not another wrapper: write "
+                               "mondrian:levels:METHOD")
+        self.inner = inner
+        self.name = f"levels:{inner.name}"
+        self.version = f"{LEVELS_VERSION}/{inner.version}"
+        self.privacy_model = inner.privacy_model
+        self.Params = params_class(LevelsParams, inner)  # type: ignore[assignment]
+        self.inputs = inner.inputs
+        self.summary = f"{inner.name} at several levels α at once"
+        self.neighbouring = getattr(inner, "neighbouring", None)
+        self.privacy_statement = getattr(inner, "privacy_statement", None)
+
+    def cost(self, params: LevelsParams, shape: DataShape) -> Any:
+        """The sum of the k runs' costs (module docstring), or None if the method is
+        non-private."""
+        costs = [self.inner.cost(p, shape) for _, p in params.per_level()]
+        if all(c is None for c in costs):
+            return None
+        if any(c is None for c in costs):
+            raise InvalidInput(f"{self.inner.name} is private at some levels only")
+        return sum(costs)  # type: ignore[arg-type]
+
+    def guarantee(self, params: LevelsParams, shape: DataShape) -> CoverageGuarantee:
+        """The smallest α's guarantee as the headline; every level's numbers in details."""
+        per = [(a, self.inner.guarantee(p, shape)) for a, p in params.per_level()]
+        head = per[0][1]
+        details: dict[str, float | int | str | None] = {
+            "levels": ",".join(f"{a:g}" for a, _ in per)}
+        for a, g in per:
+            details.update(flat_details(level_key(a), g))
+        return CoverageGuarantee(
+            target=head.target, lower=head.lower, upper=head.upper,
+            failure_probability=head.failure_probability, over=head.over, rank=head.rank,
+            statement=f"{len(per)} levels; at α={per[0][0]:g}: {head.statement}; "
+            + "; ".join(f"at α={a:g}: coverage ≥ {g.lower:.6g}"
+                        + (f" w.p. ≥ {1 - g.failure_probability:.6g}"
+                           if g.failure_probability else "")
+                        for a, g in per[1:]),
+            details=details,
+        )
+
+    def check_record(self, params: LevelsParams, shape: DataShape, threshold: float,
+                     diagnostics: dict[str, Any]) -> list[str]:
+        """What ``audit verify`` checks of a stored release beyond its guarantees: one
+        entry per level, nested thresholds the running maximum of the raw ones, the
+        release's threshold the first (largest)."""
+        from privcal.calibrators.group_sets import _float
+
+        levels = diagnostics.get("levels")
+        if not isinstance(levels, list) or [x.get("alpha") for x in levels] != list(params.alpha):
+            return ["diagnostics.levels: not one entry per level α"]
+        raw = [_float(x.get("threshold_raw")) for x in levels]
+        nested = [_float(x.get("threshold")) for x in levels]
+        if nested != [max(raw[i:]) for i in range(len(raw))]:
+            return ["diagnostics.levels: thresholds are not the nested maxima of the raw ones"]
+        if threshold != nested[0]:
+            return [f"threshold {threshold} is not the smallest α's ({nested[0]})"]
+        return []
+
+    def calibrate(self, data: CalibrationInput, params: LevelsParams,
+                  rng: random.Random) -> CalibrationResult:
+        """One run per level (fresh noise each), thresholds made nested (module docstring)."""
+        runs = [(a, self.inner.calibrate(data, p, rng)) for a, p in params.per_level()]
+        raw = [float(r.threshold) for _, r in runs]
+        nested = [max(raw[i:]) for i in range(len(raw))]
+        return CalibrationResult(threshold=nested[0], diagnostics={"levels": [
+            {"alpha": a, "threshold": t, "threshold_raw": t_raw, "diagnostics": r.diagnostics}
+            for (a, r), t, t_raw in zip(runs, nested, raw, strict=True)
+        ]})

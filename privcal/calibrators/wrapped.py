@@ -1,0 +1,119 @@
+"""What the two calibrator wrappers (:mod:`~privcal.calibrators.levels`,
+:mod:`~privcal.calibrators.mondrian`) share: parameters laid over an inner method's
+parameter model, and nested guarantees written into one flat ``details`` dict.
+
+A wrapper is itself a :class:`~privcal.calibrators.base.Calibrator`; its registry name is
+``"<wrapper>:<inner name>"`` (``levels:pcoqs``, ``mondrian:levels:pcoqs``), so a release
+records which method ran inside it and ``privcal audit verify`` rebuilds the same wrapper
+(:func:`privcal.calibrators.registry.get`). Only central methods are wrapped: a local or
+federated method charges per subject or per agent, and a subject's rows could fall in
+several groups (refused with a one-line error, nothing charged).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import ConfigDict, ValidationError
+
+from privcal.calibrators.base import Calibrator, CalibratorParams, CoverageGuarantee
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.errors import InvalidInput
+
+#: the privacy models a wrapper accepts inside it (see the module docstring)
+WRAPPABLE = frozenset({"none", "central-zcdp", "central-pure"})
+
+AnyCost = PureDP | ZCDP | ApproxDP | LocalDP
+
+
+def check_wrappable(inner: Calibrator, wrapper: str) -> None:
+    """Refuse an inner method the wrapper's privacy argument does not cover."""
+    if inner.privacy_model not in WRAPPABLE and not isinstance(inner, WrappedCalibrator):
+        raise InvalidInput(
+            f"{wrapper} calibration takes a central method (split, pcoqs, exponq, …); "
+            f"{inner.name} is {inner.privacy_model}: its per-subject charge does not compose "
+            "over groups or levels this way")
+    if getattr(inner, "interactive", False):
+        raise InvalidInput(f"{inner.name} is interactive; {wrapper} calibration needs a "
+                           "method that runs on the data at once")
+
+
+def validation_message(exc: ValidationError, model: str) -> str:
+    """One line naming the first bad parameter of an inner model."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "parameters"
+    if err["type"] == "extra_forbidden":
+        return f"{model} takes no parameter {where!r}"
+    return f"{model}: invalid {where}: {plain_message(err['msg'])}"
+
+
+def plain_message(msg: str) -> str:
+    """A pydantic message without the "Value error, " prefix of a validator's ValueError."""
+    return msg.removeprefix("Value error, ")
+
+
+class WrappedParams(CalibratorParams):
+    """Parameters of a wrapper: its own fields, and every other field passed to the inner
+    method's model (validated there; stored flat, so a release's ``params`` read as the
+    inner method's plus the wrapper's)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    #: the inner method's parameter model (set on each generated subclass)
+    inner_model: ClassVar[type[CalibratorParams]]
+
+    def inner_values(self) -> dict[str, Any]:
+        """The inner method's parameters (everything that is not the wrapper's own)."""
+        return dict(self.model_extra or {})
+
+
+def params_class(base: type[WrappedParams], inner: Calibrator) -> type[WrappedParams]:
+    """``base`` bound to ``inner``'s parameter model (one class per inner method)."""
+    return type(f"{base.__name__.removesuffix('Params')}{inner.Params.__name__}", (base,),
+                {"inner_model": inner.Params, "__module__": base.__module__})
+
+
+def inner_dump(model: type[CalibratorParams], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` validated by ``model`` and dumped by field name (defaults filled in)."""
+    try:
+        return model.model_validate(values).model_dump(mode="python")
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc, model.__name__.removesuffix("Params")
+                                            .lower())) from None
+
+
+def flat_details(prefix: str, g: CoverageGuarantee) -> dict[str, float | int | str | None]:
+    """A nested guarantee's numbers as flat ``"{prefix}: key"`` entries of ``details``, so
+    ``audit verify`` compares each of them when it recomputes the wrapper's guarantee."""
+    out: dict[str, float | int | str | None] = {
+        f"{prefix}: target": g.target, f"{prefix}: lower": g.lower,
+        f"{prefix}: upper": g.upper, f"{prefix}: failure_probability": g.failure_probability,
+        f"{prefix}: rank": g.rank,
+    }
+    for key, value in g.details.items():
+        out[f"{prefix}: {key}"] = value
+    return out
+
+
+def max_cost(costs: list[AnyCost]) -> AnyCost:
+    """The cost of mechanisms run on disjoint parts of the data, one part each: the largest
+    (parallel composition, McSherry 2009 "Privacy Integrated Queries", Theorem 4, for ε-DP;
+    for ρ-zCDP and (ε, δ)-DP the same argument: neighbouring datasets differ in one part, so
+    only one mechanism's output distribution changes — Dwork & Roth 2014, §2.3)."""
+    first = costs[0]
+    if any(type(c) is not type(first) for c in costs):
+        raise InvalidInput("the groups' costs are of different notions")
+    if isinstance(first, ZCDP):
+        return ZCDP(max(c.rho for c in costs))  # type: ignore[union-attr]
+    if isinstance(first, PureDP):
+        return PureDP(max(c.eps for c in costs))  # type: ignore[union-attr]
+    if isinstance(first, ApproxDP):
+        return ApproxDP(max(c.eps for c in costs),  # type: ignore[union-attr]
+                        max(c.delta for c in costs))  # type: ignore[union-attr]
+    return LocalDP(max(c.eps0 for c in costs))  # type: ignore[union-attr]
+
+
+class WrappedCalibrator:
+    """Marker base of the wrappers (a wrapper may wrap a wrapper: ``mondrian:levels:…``)."""
+
+    inner: Calibrator
