@@ -23,7 +23,7 @@ from sqlalchemy import func, select, update
 
 from privcal import Accountant, Ledger
 from privcal.calibrators.validation import check_scores
-from privcal.cli.inputs import load_array
+from privcal.data.files import load_array
 from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.models import AuditHead, Base, Dataset
 from tests.cli_env import CliEnv

@@ -1,4 +1,5 @@
-"""The CLI's input readers (privcal.cli.inputs): .npy, .npz (FILE:NAME), .csv, .parquet."""
+"""The data-file readers of the CLI and the service (privcal.data.files): .npy, .npz
+(FILE:NAME), .csv, .parquet."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from privcal.cli.inputs import load_array, load_reports
+from privcal.data.files import load_array, load_reports
 from privcal.errors import InvalidInput
 
 

@@ -28,13 +28,14 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.inputs import class_names, load_array, load_labels
+from privcal.cli.inputs import class_names, load_labels
 from privcal.cli.method_options import (
     apply_deprecated,
     deprecated_aliases,
     param_options,
     parse_score_options,
 )
+from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
 

@@ -13,7 +13,8 @@ import click
 import numpy as np
 
 from privcal.cli.app import FILE, emit, info, json_option, main, pass_settings
-from privcal.cli.inputs import load_array, load_labels
+from privcal.cli.inputs import load_labels
+from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
 OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")

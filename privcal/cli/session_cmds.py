@@ -24,7 +24,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.inputs import load_reports
+from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
 
 

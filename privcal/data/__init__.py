@@ -1,4 +1,5 @@
-"""Example data shipped inside the package (used by ``privcal quickstart`` and the docs).
+"""Data: example data shipped inside the package (used by ``privcal quickstart`` and the
+docs); reading the user's data files is :mod:`privcal.data.files`.
 
 ``digits``: softmax outputs of a small logistic regression on scikit-learn's
 bundled handwritten-digits data (10 classes): 900 calibration rows and 500

@@ -225,6 +225,7 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
 
     from privcal.service import (
         routes_audit,
+        routes_calibrations,
         routes_datasets,
         routes_meta,
         routes_plans,
@@ -234,7 +235,8 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
 
     # the routes themselves, not included sub-routers: `app.routes` lists every APIRoute
     # with its declared roles (the role-matrix test walks it)
-    for mod in (routes_meta, routes_datasets, routes_sessions, routes_plans, routes_audit, ui):
+    for mod in (routes_meta, routes_datasets, routes_calibrations, routes_sessions, routes_plans,
+                routes_audit, ui):
         for route in mod.router.routes:
             app.router.routes.append(route)
     app.add_middleware(ServiceMiddleware, body_limit=body_limit)

@@ -1,12 +1,11 @@
-"""Datasets, budgets, charges and calibrations."""
+"""Datasets, budgets and charges (calibrations: :mod:`privcal.service.routes_calibrations`)."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
 
-import numpy as np
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse
 
@@ -69,22 +68,6 @@ class ChargeBody(BaseModel):
 
     cost: Cost
     purpose: str | None = Field(default=None, max_length=10_000)
-
-
-class CalibrationBody(BaseModel):
-    """``POST /v1/datasets/{name}/calibrations``: a method, its parameters and the data."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    method: str = Field(min_length=1, max_length=100)
-    params: dict[str, Any] = Field(default_factory=dict)
-    scores: list[float] | None = Field(default=None, max_length=5_000_000)
-    probs: list[list[float]] | None = Field(default=None, max_length=5_000_000)
-    labels: list[int] | None = Field(default=None, max_length=5_000_000)
-    score: str | None = Field(default=None, max_length=100)
-    subjects: list[str | int] | None = Field(default=None, max_length=5_000_000)
-    agents: list[str | int] | None = Field(default=None, max_length=5_000_000)
-    shuffled: bool = False
 
 
 def _lib_key(p: Principal, key: str) -> str:
@@ -163,53 +146,3 @@ def charge(name: str, body: ChargeBody, request: Request,
     return idempotent(request, idempotency_key,
                       {"dataset": name, "cost": body.cost.model_dump(),
                        "purpose": body.purpose}, run)
-
-
-def _arrays(body: CalibrationBody) -> dict[str, Any]:
-    def arr(v: Any, dtype: Any = None) -> Any:
-        return None if v is None else np.asarray(v, dtype=dtype)
-
-    return {"scores": arr(body.scores, float), "probs": arr(body.probs, float),
-            "labels": arr(body.labels), "subjects": arr(body.subjects, object),
-            "agents": arr(body.agents, object)}
-
-
-@router.post("/datasets/{name}/calibrations", status_code=201, **allow("analyst"))
-def calibrate(name: str, body: CalibrationBody, request: Request,
-              p: Principal = Depends(principal),
-              dry_run: bool = Query(default=False),
-              idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
-                                                   max_length=200)) -> JSONResponse:
-    """Charge, calibrate and release (201 + Location); ``?dry_run=true``: cost only, no write.
-
-    A replay is matched on the method, parameters and the data's *shape* — never on the
-    data values, of which the ledger stores no fingerprint (DESIGN.md).
-    """
-    from privcal.accountant import calibration
-
-    p.check_dataset(name)
-    if body.probs is not None and len({len(r) for r in body.probs}) > 1:
-        raise InvalidInput("probs must be a matrix: every row the same length")
-    arrays = _arrays(body)
-    common = dict(dataset=name, score=body.score, shuffled=body.shuffled, **arrays)
-    if dry_run:
-        rep = calibration.dry_run(_acct(request), body.method, dict(body.params), **common)
-        return JSONResponse(doc(rep), status_code=200)
-
-    def run() -> tuple[int, Any]:
-        rel = calibration.calibrate(_acct(request), body.method, dict(body.params),
-                                     requester=p.requester,
-                                     idempotency_key=_lib_key(p, idempotency_key or ""),
-                                     **common)
-        return 201, rel
-
-    shape = {k: (None if v is None else list(np.shape(v))) for k, v in arrays.items()}
-    resp = idempotent(request, idempotency_key,
-                      {"dataset": name, "method": body.method, "params": body.params,
-                       "score": body.score, "shuffled": body.shuffled, "shape": shape}, run)
-    import json
-
-    rid = json.loads(resp.body).get("id")
-    if rid is not None:
-        resp.headers["Location"] = f"/v1/releases/{rid}"
-    return resp

@@ -9,11 +9,13 @@ ledger (no dataset, no charge), so they need no Idempotency-Key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from privcal.errors import InvalidInput, PrivcalError
 from privcal.service.auth import allow
 from privcal.service.common import doc
 
@@ -21,6 +23,19 @@ router = APIRouter(prefix="/v1")
 
 #: size bounds of the planning inputs (the library checks the rest, one-line 422s)
 MAX_N = 10**12
+
+
+def _computed(fn: Callable[[], Any]) -> Any:
+    """``fn()``'s document; a numeric failure inside the bounds (an overflow, a division by
+    zero, a degenerate pair: inputs at the edge of the float range, e.g. ε = 5e-324, found
+    by schemathesis) is a one-line 422, not a 500. Nothing is computed or claimed then."""
+    try:
+        return doc(fn())
+    except PrivcalError:
+        raise
+    except (ArithmeticError, ValueError) as exc:
+        raise InvalidInput(f"these inputs are outside the range the bounds can be computed "
+                           f"for ({type(exc).__name__}: {exc})") from None
 
 
 class AdviseBody(BaseModel):
@@ -73,8 +88,9 @@ def advise(body: AdviseBody) -> dict[str, Any]:
     """LDP-CP-L vs LDP-CP-S slack for (n, k, ε, α) — the ``privcal advise --json`` document."""
     from privcal.calibrators.advisor import advise as run
 
-    return doc(run(body.n, body.k, body.epsilon, body.alpha, body.failure_probability,
-                   slack=body.slack, rounds=body.rounds))
+    return _computed(lambda: run(body.n, body.k, body.epsilon, body.alpha,
+                                 body.failure_probability, slack=body.slack,
+                                 rounds=body.rounds))
 
 
 @router.post("/amplify", **allow("analyst"))
@@ -82,7 +98,7 @@ def amplify(body: AmplifyBody) -> dict[str, Any]:
     """The proven central (ε, δ) of n shuffled ε0-LDP reports — ``privcal amplify --json``."""
     from privcal.accountant.privacy.shuffle import amplify as run
 
-    return doc(run(body.epsilon0, body.n, body.delta, body.randomizer, body.k))
+    return _computed(lambda: run(body.epsilon0, body.n, body.delta, body.randomizer, body.k))
 
 
 @router.post("/fed/plan", **allow("analyst"))
@@ -92,8 +108,6 @@ def fed_plan(body: FedPlanBody) -> dict[str, Any]:
 
     sizes = [body.local_n] if isinstance(body.local_n, int) else body.local_n
     if any(s < 1 for s in sizes):
-        from privcal.errors import InvalidInput
-
         raise InvalidInput("local_n: every local size must be ≥ 1")
-    return doc(plan_federated(body.agents, sizes, body.alpha, body.epsilon, body.bins,
-                              body.upper, body.lower))
+    return _computed(lambda: plan_federated(body.agents, sizes, body.alpha, body.epsilon,
+                                            body.bins, body.upper, body.lower))

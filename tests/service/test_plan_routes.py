@@ -108,3 +108,15 @@ def test_plans_are_analyst_only_and_documented(live: Live) -> None:
         assert op["x-privcal-roles"] == ["analyst"]
         assert op["security"] == [{"HTTPBearer": []}]
         assert "422" in op["responses"] and "401" in op["responses"]
+
+
+def test_inputs_at_the_edge_of_the_float_range_are_a_422(live: Live) -> None:
+    # found by schemathesis: ε = 5e-324 divided by zero inside the slack bounds (a 500)
+    with live.client("analyst") as c:
+        r = c.post("/v1/advise", json={"n": 1, "k": 2, "epsilon": 5e-324, "alpha": 5e-324})
+    assert r.status_code == 422, r.text
+    assert "outside the range" in r.json()["detail"]
+    with live.client("analyst") as c:
+        r = c.post("/v1/amplify", json={"delta": 5e-324, "epsilon0": 5e-324, "n": 1})
+    assert r.status_code == 422, r.text
+    assert "outside the range" in r.json()["detail"]

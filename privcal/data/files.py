@@ -1,0 +1,286 @@
+"""Reading data files — the CLI's paths and the service's uploads: ``.npy``, ``.npz``,
+``.csv`` and ``.parquet``.
+
+Tables (CSV and parquet) are read with pyarrow (imported only when a table is read):
+column types are pyarrow's, ids are read as text (never through a float), a pandas
+index column (``df.to_csv()``'s unnamed first column, parquet's ``__index_level_0__``)
+is ignored. Every failure is an :class:`~privcal.errors.InvalidInput` with one line
+naming the file and the problem. Shape and content checks (NaN, rows summing to 1,
+labels in range) are the library's (:mod:`privcal.calibrators.validation`), so the
+Python API, the CLI and the service refuse the same inputs.
+
+Selecting data inside a file:
+
+- ``FILE:NAME`` — one array of a ``.npz``, one column of a table (``reports.csv:bit``);
+- ``FILE:FIRST:LAST`` or ``--columns FIRST:LAST`` — the columns from FIRST to LAST in the
+  file's order (``calib.csv:p0:p9``); ``A,B,C`` lists columns; both combine (``a,c:e``);
+- a single-array file, or a table whose columns are all wanted, needs no name.
+
+A CSV file whose first row holds any non-numeric cell has a header; otherwise its
+columns are named ``c0``, ``c1``, ….
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privcal.calibrators.validation import id_strings
+from privcal.errors import InvalidInput
+
+SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
+#: names pandas gives its default index column when a frame is written with it
+_INDEX_NAMES = ("", "Unnamed: 0")
+
+
+def _split_key(spec: str) -> tuple[Path, str | None]:
+    # "C:\x.npy" never reaches us on POSIX; the key is what follows the first ':' after a suffix
+    for suffix in SUFFIXES:
+        marker = suffix + ":"
+        if marker in spec:
+            head, key = spec.split(marker, 1)
+            return Path(head + suffix), key or None
+    return Path(spec), None
+
+
+def _is_number(s: str) -> bool:
+    if "_" in s:  # float("1_0") is 10: a typo is not a number here
+        return False
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_row(path: Path) -> list[str] | None:
+    """The first non-blank row (to tell a header from data; pyarrow reads the rest)."""
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        for row in csv.reader(fh):
+            if row and any(c.strip() for c in row):
+                return row
+    return None
+
+
+def _ragged_line(path: Path, width: int) -> str:
+    """The error-path message for a row of the wrong width, with its line number."""
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        for i, row in enumerate(csv.reader(fh), start=1):
+            if row and any(c.strip() for c in row) and len(row) != width:
+                return f"line {i} has {len(row)} fields, expected {width}"
+    return "a row has the wrong number of fields"
+
+
+def _read_csv(path: Path, *, text: bool | frozenset[str] = False) -> dict[str, np.ndarray]:
+    """Columns of a CSV file, read by pyarrow. Columns in ``text`` (``True``: all) are read
+    as strings exactly as written; the others get pyarrow's inferred type (int64, double,
+    or string when a cell is not a number)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    first = _first_row(path)
+    if first is None:
+        raise InvalidInput(f"{path}: the file is empty")
+    has_header = any(not _is_number(c.strip()) for c in first)
+    names = [c.strip() for c in first] if has_header else [f"c{i}" for i in range(len(first))]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"{path}: the header names a column twice ({', '.join(names)})")
+    wanted = set(names) if text is True else set(text or ())
+    types = {n: pa.string() for n in names if n in wanted}
+    try:
+        tab = pcsv.read_csv(
+            path,
+            read_options=pcsv.ReadOptions(column_names=names, skip_rows=1 if has_header else 0),
+            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+        )
+    except pa.ArrowInvalid as exc:
+        if "columns, got" in str(exc):
+            raise InvalidInput(f"{path}: {_ragged_line(path, len(names))}") from exc
+        raise
+    out = {n: _numpy(tab.column(n)) for n in tab.column_names}
+    if has_header and names[0] in _INDEX_NAMES and len(names) > 1:
+        out.pop(names[0])  # pandas' default index column
+    return out
+
+
+def _numpy(col: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return np.array(col.to_pylist(), dtype=object)
+    if col.null_count and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+        col = col.cast(pa.float64())  # a missing cell is NaN, which the library refuses
+    return col.to_numpy(zero_copy_only=False)
+
+
+def _read_parquet(path: Path, *, text: bool | frozenset[str] = False) -> dict[str, np.ndarray]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    out: dict[str, np.ndarray] = {}
+    for name in table.column_names:
+        if name.startswith("__index_level_"):
+            continue  # pandas' index, stored as a column
+        col = table.column(name)
+        if text is True or (not isinstance(text, bool) and name in text):
+            if pa.types.is_floating(col.type):
+                out[name] = col.to_numpy(zero_copy_only=False)  # id_strings refuses floats
+                continue
+            col = col.cast(pa.string())
+        out[name] = _numpy(col)
+    return out
+
+
+def _table(
+    path: Path, *, shape_only: bool = False, text: bool | frozenset[str] = False
+) -> dict[str, np.ndarray]:
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise InvalidInput(f"{path}: no such file")
+    try:
+        if suffix == ".npy":
+            # a memory map reads the header only: enough to know the shape, no value is read
+            return {"": np.load(path, allow_pickle=False, mmap_mode="r" if shape_only else None)}
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        if suffix == ".csv":
+            return _read_csv(path, text=text)
+        if suffix == ".parquet":
+            return _read_parquet(path, text=text)
+    except InvalidInput:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise InvalidInput(f"{path}: cannot read it ({type(exc).__name__}: {first})") from exc
+    raise InvalidInput(f"{path}: unsupported file type {suffix!r} (use {', '.join(SUFFIXES)})")
+
+
+def select_columns(names: list[str], spec: str, where: str) -> list[str]:
+    """The columns ``spec`` names, in file order for a range: ``a``, ``a,b``, ``p0:p9``,
+    ``a,c:e``. An unknown name is an error listing the columns the file has."""
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part in names:
+            out.append(part)
+            continue
+        if ":" in part:
+            lo, hi = (s.strip() for s in part.split(":", 1))
+            for end in (lo, hi):
+                if end not in names:
+                    raise InvalidInput(f"{where}: no column {end!r} (has: {', '.join(names)})")
+            i, j = names.index(lo), names.index(hi)
+            if i > j:
+                raise InvalidInput(f"{where}: column {lo!r} comes after {hi!r}")
+            out.extend(names[i : j + 1])
+            continue
+        raise InvalidInput(f"{where}: no column {part!r} (has: {', '.join(names)})")
+    if not out:
+        raise InvalidInput(f"{where}: no column selected by {spec!r}")
+    return out
+
+
+def _matrix(tab: dict[str, np.ndarray], cols: list[str], path: Path, what: str) -> np.ndarray:
+    for c in cols:
+        if np.asarray(tab[c]).dtype.kind not in "iufb":
+            raise InvalidInput(f"{path}: {what} must be numeric (column {c!r} holds text)")
+    return np.column_stack([np.asarray(tab[c], dtype=np.float64) for c in cols])
+
+
+def load_array(
+    spec: str,
+    what: str,
+    *,
+    matrix: bool = False,
+    shape_only: bool = False,
+    ids: bool = False,
+    columns: str | None = None,
+    exclude: tuple[str, ...] = (),
+) -> np.ndarray:
+    """Read one array from ``spec`` (``FILE``, ``FILE:NAME`` or ``FILE:FIRST:LAST``).
+
+    ``what`` names the array in messages and is also the default name looked up
+    in a multi-array file (e.g. ``probs`` in an ``.npz``). ``matrix=True`` reads the
+    columns of a CSV/parquet table as an n×k matrix: those ``columns`` selects (see
+    :func:`select_columns`), else every column but ``exclude`` (e.g. the label column).
+    ``shape_only=True`` memory-maps ``.npy`` files so that only their header is read
+    (for ``--dry-run``). ``ids=True`` reads subject or agent ids: table cells as text,
+    everything through :func:`~privcal.calibrators.validation.id_strings`.
+    """
+    path, key = _split_key(spec)
+    tab = _table(path, shape_only=shape_only, text=ids)
+    table_file = path.suffix.lower() in (".csv", ".parquet")
+    if columns is not None and key is not None:
+        raise InvalidInput(f"{spec}: name the columns once, as FILE:COLUMNS or with --columns")
+    if matrix and table_file:
+        sel = key if key is not None else columns
+        if sel is not None:
+            cols = select_columns(list(tab), sel, str(path))
+        else:
+            cols = [c for c in tab if c not in exclude]
+        return _matrix(tab, cols, path, what)
+    if columns is not None:
+        raise InvalidInput(f"--columns selects columns of a .csv/.parquet table, not {path.name}")
+    if key is not None:
+        if key not in tab:
+            kind = "column" if table_file else "array"
+            raise InvalidInput(f"{path}: no {kind} named {key!r} (has: {', '.join(tab)})")
+        arr = tab[key]
+    elif len(tab) == 1:
+        arr = next(iter(tab.values()))
+    elif what in tab:
+        arr = tab[what]
+    else:
+        raise InvalidInput(
+            f"{path}: holds several arrays ({', '.join(tab)}); name one as {path}:NAME")
+    return id_strings(arr, f"{path}: {what}") if ids else arr
+
+
+def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) -> list[str] | None:
+    """The names of the probability columns :func:`load_array` selects from a table with a
+    header (class names), or None for arrays and headerless CSV (columns ``c0``, ``c1``, …)."""
+    path, key = _split_key(spec)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet"):
+        return None
+    if suffix == ".csv":
+        first = _first_row(path)
+        if first is None or all(_is_number(c.strip()) for c in first):
+            return None
+    names = list(_table(path))
+    sel = key if key is not None else columns
+    if sel is not None:
+        return select_columns(names, sel, str(path))
+    return [c for c in names if c not in exclude]
+
+
+def column_names(spec: str) -> list[str]:
+    """The column names of a table file (``[]`` for ``.npy``/``.npz``), for class names."""
+    path, key = _split_key(spec)
+    if path.suffix.lower() not in (".csv", ".parquet"):
+        return []
+    names = list(_table(path))
+    return select_columns(names, key, str(path)) if key else names
+
+
+def load_reports(
+    spec: str, id_column: str, value_column: str, *, label: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Read a report batch: the id column (as strings, see
+    :func:`~privcal.calibrators.validation.id_strings`), the value column, and the optional
+    ``round`` column (``None`` when absent). ``label`` names the kind of report in errors."""
+    path, _ = _split_key(spec)
+    tab = _table(path, text=frozenset({id_column}))
+    if id_column not in tab or value_column not in tab:
+        cols = ", ".join(tab) or "(none)"
+        raise InvalidInput(
+            f"{path}: {label}reports need columns {id_column!r} and {value_column!r} "
+            f"(has: {cols})"
+        )
+    return id_strings(tab[id_column], f"{path}: {id_column}"), tab[value_column], tab.get("round")

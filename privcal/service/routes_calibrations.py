@@ -1,0 +1,78 @@
+"""Calibrations: ``POST /v1/datasets/{name}/calibrations`` (JSON arrays or uploaded files,
+see :mod:`privcal.service.uploads`), ``?dry_run=true`` for the cost only."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Header, Query, Request
+from starlette.responses import JSONResponse
+
+from privcal.service.auth import Principal, allow, principal
+from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.routes_datasets import _acct, _lib_key
+from privcal.service.uploads import (
+    CalibrationInput,
+    calibration_input,
+    load_arrays,
+    request_body_openapi,
+)
+
+router = APIRouter(prefix="/v1")
+
+_route = allow("analyst", responses={
+    415: {"description": "neither application/json nor multipart/form-data",
+          "content": {"application/problem+json": {}}}})
+_route["openapi_extra"]["requestBody"] = request_body_openapi()
+
+
+@router.post("/datasets/{name}/calibrations", status_code=201, **_route)
+def calibrate(name: str, request: Request,
+              inp: CalibrationInput = Depends(calibration_input),
+              p: Principal = Depends(principal),
+              dry_run: bool = Query(default=False),
+              idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                   max_length=200)) -> JSONResponse:
+    """Charge, calibrate and release (201 + Location); ``?dry_run=true``: cost only, no write.
+
+    The data come as JSON arrays or as uploaded ``.npy/.npz/.csv/.parquet`` files (a
+    multipart form; read as the CLI reads them). A replay is matched on the method,
+    parameters and the data's *shape* — never on the data values, of which the ledger
+    stores no fingerprint (DESIGN.md).
+    """
+    from privcal.accountant import calibration
+
+    p.check_dataset(name)
+    body = inp.body
+    arrays = load_arrays(inp, shape_only=dry_run)
+    common = dict(dataset=name, score=body.score, score_options=body.score_options,
+                  shuffled=body.shuffled,
+                  assume_unlinkable_features=body.assume_unlinkable_features, **arrays)
+    if dry_run:
+        rep = calibration.dry_run(_acct(request), body.method, dict(body.params), **common)
+        return JSONResponse(doc(rep), status_code=200)
+
+    def run() -> tuple[int, Any]:
+        rel = calibration.calibrate(_acct(request), body.method, dict(body.params),
+                                    requester=p.requester,
+                                    idempotency_key=_lib_key(p, idempotency_key or ""),
+                                    **common)
+        return 201, rel
+
+    shape = {k: (None if v is None else list(np.shape(v)))
+             for k, v in arrays.items() if k != "classes"}
+    resp = idempotent(request, idempotency_key,
+                      {"dataset": name, "method": body.method, "params": body.params,
+                       "score": body.score, "score_options": body.score_options,
+                       "classes": arrays["classes"], "shuffled": body.shuffled,
+                       "assume_unlinkable_features": body.assume_unlinkable_features,
+                       "shape": shape}, run)
+    rid = json.loads(resp.body).get("id")
+    if rid is not None:
+        resp.headers["Location"] = f"/v1/releases/{rid}"
+    return resp
+
+
+__all__ = ["router"]

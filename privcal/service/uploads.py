@@ -1,0 +1,217 @@
+"""The body of ``POST /v1/datasets/{name}/calibrations``: a JSON document, or a multipart
+form whose files are read exactly as the CLI reads its table inputs.
+
+- ``application/json``: :class:`CalibrationBody` with the data as JSON arrays.
+- ``multipart/form-data``: a ``request`` field holding the same JSON document (without
+  the arrays), and the data as files named ``scores``, ``probs``, ``labels``,
+  ``subjects``, ``agents`` (``.npy``, ``.npz``, ``.csv`` or ``.parquet``, told by the
+  uploaded file name's suffix). The files are read by :func:`privcal.inputs.load_array`,
+  so an upload is refused with the CLI's one-line error for that file (naming the
+  uploaded file, never a server path). ``columns`` and ``label_column`` are the CLI's
+  ``--columns`` and ``--label-column``; ``select`` names what to read inside one file
+  (the CLI's ``FILE:NAME``: ``{"scores": "score"}`` reads column ``score``).
+
+Bodies past the service's limit are refused (413) before any of this runs.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from privcal.errors import InvalidInput
+from privcal.service.problems import ProblemError
+
+__all__ = ["FILE_PARTS", "CalibrationBody", "CalibrationInput", "calibration_input",
+           "request_body_openapi"]
+
+#: the data a calibration takes, as JSON arrays or as uploaded files
+FILE_PARTS = ("scores", "probs", "labels", "subjects", "agents")
+_MAX = 5_000_000
+
+
+class CalibrationBody(BaseModel):
+    """A calibration: method, parameters, and the data (JSON arrays, or uploaded files)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    method: str = Field(min_length=1, max_length=100)
+    params: dict[str, Any] = Field(default_factory=dict)
+    scores: list[float] | None = Field(default=None, max_length=_MAX)
+    probs: list[list[float]] | None = Field(default=None, max_length=_MAX)
+    labels: list[int] | list[str] | None = Field(
+        default=None, max_length=_MAX,
+        description="class indices, or class names (with `classes`, or all k present)")
+    classes: list[str] | None = Field(
+        default=None, min_length=2, max_length=100_000,
+        description="the class names of the probability columns, in column order")
+    score: str | None = Field(default=None, max_length=100)
+    score_options: dict[str, bool | int | float | str] | None = Field(default=None,
+                                                                      max_length=50)
+    subjects: list[str | int] | None = Field(default=None, max_length=_MAX)
+    agents: list[str | int] | None = Field(default=None, max_length=_MAX)
+    shuffled: bool = False
+    assume_unlinkable_features: bool = False
+    columns: str | None = Field(default=None, max_length=10_000,
+                                description="uploads: the probability columns of `probs`")
+    label_column: str | None = Field(default=None, max_length=1_000,
+                                     description="uploads: the label column of `labels`, "
+                                                 "or of the `probs` table")
+    select: dict[str, str] | None = Field(default=None, max_length=len(FILE_PARTS),
+                                          description="uploads: part → array or column")
+
+
+@dataclass
+class CalibrationInput:
+    """A parsed calibration request: its options and, for an upload, its files' bytes."""
+
+    body: CalibrationBody
+    files: dict[str, tuple[str, bytes]]  # part → (uploaded file name, content)
+
+
+def _invalid(exc: ValidationError, where: str) -> RequestValidationError:
+    return RequestValidationError([{**e, "loc": (where, *e.get("loc", ()))}
+                                   for e in exc.errors(include_input=False)])
+
+
+async def calibration_input(request: Request) -> CalibrationInput:
+    """The calibration request, from a JSON body or a multipart form (a dependency)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "multipart/form-data":
+        return await _from_form(request)
+    if ctype not in ("application/json", ""):
+        raise ProblemError(415, "unsupported-media-type", "Unsupported media type",
+                           "send application/json or multipart/form-data")
+    raw = await request.body()
+    try:
+        return CalibrationInput(CalibrationBody.model_validate_json(raw or b"null"), {})
+    except ValidationError as exc:
+        raise _invalid(exc, "body") from None
+
+
+async def _from_form(request: Request) -> CalibrationInput:
+    try:
+        form = await request.form(max_files=len(FILE_PARTS), max_fields=len(FILE_PARTS) + 1)
+    except Exception as exc:  # a malformed multipart body
+        first = (str(getattr(exc, "detail", exc)) or type(exc).__name__).splitlines()[0]
+        raise InvalidInput(f"malformed multipart body: {first}") from None
+    try:
+        files: dict[str, tuple[str, bytes]] = {}
+        text: str | None = None
+        for key, value in form.multi_items():
+            if key == "request" and isinstance(value, str) and text is None:
+                text = value
+            elif key in FILE_PARTS and not isinstance(value, str) and key not in files:
+                name = Path(value.filename or "").name
+                files[key] = (name, await value.read())
+            else:
+                raise InvalidInput(
+                    f"unexpected form part {key[:60]!r}: send one 'request' field (the JSON "
+                    f"options) and files named {', '.join(FILE_PARTS)}")
+    finally:
+        await form.close()
+    if text is None:
+        raise InvalidInput("the form has no 'request' field (the JSON options: method, params…)")
+    try:
+        body = CalibrationBody.model_validate_json(text)
+    except ValidationError as exc:
+        raise _invalid(exc, "request") from None
+    for part in files:
+        if getattr(body, part) is not None:
+            raise InvalidInput(f"{part} given twice: as a JSON array and as a file")
+    return CalibrationInput(body, files)
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def load_arrays(inp: CalibrationInput, *, shape_only: bool) -> dict[str, Any]:
+    """The arrays and class names of the request (files read like the CLI reads them)."""
+    body = inp.body
+
+    def arr(v: Any, dtype: Any = None) -> Any:
+        return None if v is None else np.asarray(v, dtype=dtype)
+
+    out: dict[str, Any] = {
+        "scores": arr(body.scores, float), "probs": arr(body.probs, float),
+        "labels": arr(body.labels), "subjects": arr(body.subjects, object),
+        "agents": arr(body.agents, object), "classes": body.classes}
+    if body.probs is not None and len({len(r) for r in body.probs}) > 1:
+        raise InvalidInput("probs must be a matrix: every row the same length")
+    if not inp.files:
+        for opt in ("columns", "label_column", "select"):
+            if getattr(body, opt) is not None:
+                raise InvalidInput(f"{opt} selects inside uploaded files; this request has none")
+        return out
+    with tempfile.TemporaryDirectory(prefix="privcal-upload-") as tmp:
+        try:
+            return _load_files(inp, Path(tmp), out, shape_only)
+        except InvalidInput as exc:  # the CLI's message, naming the uploaded file
+            shown = re.sub(re.escape(tmp) + r"/(?:" + "|".join(FILE_PARTS) + r")/", "",
+                           str(exc)).replace(tmp, "")
+            raise InvalidInput(shown) from None
+
+
+def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
+                shape_only: bool) -> dict[str, Any]:
+    from privcal.calibrators.class_labels import is_text_labels
+    from privcal.data.files import SUFFIXES, load_array, prob_column_names
+
+    body = inp.body
+    select = dict(body.select or {})
+    if unknown := set(select) - set(inp.files):
+        raise InvalidInput(f"select names {sorted(unknown)[0]!r}, which is not an uploaded file")
+    specs: dict[str, str] = {}
+    for part, (name, content) in inp.files.items():
+        suffix = Path(name).suffix.lower()
+        if suffix not in SUFFIXES:
+            raise InvalidInput(f"{part}: unsupported file type {suffix or name!r:.40} "
+                               f"(use {', '.join(SUFFIXES)})")
+        shown = (_SAFE.sub("_", Path(name).stem)[:80] or part) + suffix
+        (tmp / part).mkdir()
+        path = tmp / part / shown
+        path.write_bytes(content)
+        specs[part] = str(path) + (f":{select[part]}" if part in select else "")
+    if body.columns is not None and "probs" not in specs:
+        raise InvalidInput("columns selects the probability columns of the probs file")
+    lc = body.label_column
+    exclude = (lc,) if lc else ()
+    for part, what in (("scores", "scores"), ("subjects", "subjects"), ("agents", "agents")):
+        if part in specs:
+            out[part] = load_array(specs[part], what, shape_only=shape_only,
+                                   ids=part != "scores")
+    if "probs" in specs:
+        out["probs"] = load_array(specs["probs"], "probs", matrix=True, columns=body.columns,
+                                  exclude=exclude, shape_only=shape_only)
+    if lc is not None:
+        source = specs.get("labels") or specs.get("probs")
+        if source is None or "labels" in select or ("labels" not in specs and "probs" in select):
+            raise InvalidInput("label_column names a column of the labels file or of the "
+                               "probs table (and no select for it)")
+        out["labels"] = load_array(f"{source}:{lc}", "labels", shape_only=shape_only)
+    elif "labels" in specs:
+        out["labels"] = load_array(specs["labels"], "labels", shape_only=shape_only)
+    if out["classes"] is None and "probs" in specs and not shape_only \
+            and out["labels"] is not None and is_text_labels(out["labels"]):
+        out["classes"] = prob_column_names(specs["probs"], body.columns, exclude)
+    return out
+
+
+def request_body_openapi() -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of the route: the JSON document, or the multipart form."""
+    schema = CalibrationBody.model_json_schema()
+    form = {"type": "object", "required": ["request"], "properties": {
+        "request": {"type": "string", "description": "the JSON options (CalibrationBody "
+                    "without the arrays given as files)"},
+        **{p: {"type": "string", "format": "binary"} for p in FILE_PARTS}}}
+    return {"required": True, "content": {
+        "application/json": {"schema": schema},
+        "multipart/form-data": {"schema": form}}}
