@@ -103,14 +103,14 @@ def test_a_charge_does_not_wait_for_another_datasets_batch(
     info = S.open_session(accountant, "ldp-score", dataset="a", alpha=0.1, epsilon=2,
                           rounds=2, group_size=50, lower=0, upper=1)
     inside, release = threading.Event(), threading.Event()
-    real = S._insert_reports
+    real = type(accountant.ledger).insert_reports
 
     def slow_insert(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         inside.set()
         release.wait(30)
 
-    monkeypatch.setattr(S, "_insert_reports", slow_insert)
+    monkeypatch.setattr(type(accountant.ledger), "insert_reports", slow_insert)
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(S.submit_reports(
         accountant, info.id, np.arange(20).astype(str), np.ones(20, dtype=int))))

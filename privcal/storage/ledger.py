@@ -63,6 +63,7 @@ from privcal.storage.models import (
     SubjectSpend,
 )
 from privcal.storage.records import AuditHeadInfo, ReleaseRecord, VerifyReport, parse_threshold
+from privcal.storage.session_store import SessionStore
 
 __all__ = ["MAX_ATTEMPTS", "Ledger"]
 
@@ -187,7 +188,7 @@ def _members_hex(s: Session, charge_id: int) -> set[str]:
     return {h[i:i + w] for i in range(0, len(h), w)}
 
 
-class Ledger:
+class Ledger(SessionStore):
     """A privcal ledger at a database URL (see the module docstring)."""
 
     def __init__(self, url: str | None = None) -> None:

@@ -1,0 +1,69 @@
+"""Persistent collection sessions: LDP-CP-S (``ldp-score``), FedCP²-QQ and FedCP-QQ collected
+report by report through the ledger (issues 3 and 5; SPEC §7, §9, §10).
+
+Every operation is one call with validated inputs returning a serializable pydantic
+record (the HTTP API is a thin layer, as the CLI is): :func:`open_session`,
+:func:`submit_reports`, :func:`session_status`, :func:`close_session`. All state lives
+in the ledger (tables: :mod:`privcal.storage.sessions`), so a session survives restarts.
+
+This package is the protocol — what is accepted, who is charged, when a round advances,
+what is released; how its rows are read and written is
+:class:`privcal.storage.session_store.SessionStore`'s (no SQL here). One module per step:
+
+- :mod:`~privcal.accountant.sessions.records` — the records returned, the rejection reasons;
+- :mod:`~privcal.accountant.sessions.state` — the protocol state stored on a session row;
+- :mod:`~privcal.accountant.sessions.opening` — :func:`open_session`;
+- :mod:`~privcal.accountant.sessions.ingest` — :func:`submit_reports`;
+- :mod:`~privcal.accountant.sessions.release` — the release a finished session writes;
+- :mod:`~privcal.accountant.sessions.closing` — :func:`close_session`;
+- :mod:`~privcal.accountant.sessions.status` — :func:`session_status`, :func:`release_of`.
+
+One batch is one transaction: lock the dataset row, then the session row; drop the
+rows that cannot be used (each with a reason, counted — subject ids are never echoed
+or logged); charge ε to each remaining subject against its per-subject cap with the
+accountant's bulk SQL; store the reports; advance the protocol when the round is
+full; write the release when it finishes. If no row is accepted nothing is written.
+
+**Decisions**
+
+- Row filters apply in this order: malformed value, wrong round (``closed round`` for
+  an earlier round, ``round not open`` for a later one), subject already reported in
+  this session, duplicate within the batch (the first valid occurrence is kept),
+  subject budget exhausted, then ``round full`` (rows beyond what the round needs,
+  in file order). Budget comes before fullness, so a round is never left short
+  because an over-cap subject took a slot, and nobody is charged for a row that is
+  then dropped.
+- A round's bits answer *that* round's query, so surplus rows are rejected, not
+  carried over.
+- ``--shuffled`` computes the amplified central (ε, δ) at open time (it depends only
+  on the public plan) and, on an (ε, δ) dataset, charges it then: the published
+  queries are already outputs, so the central charge precedes any data.
+- Closing an unfinished session without a release (``abandon``) keeps every charge:
+  privacy spent on accepted reports is never refunded.
+- ``--allow-missing`` (federated) releases with the plan recomputed for the agents that
+  answered: their messages are fixed (FedCP²-QQ: level q; FedCP-QQ: order ℓ) and only
+  the server side is re-chosen (``replan_*_subset``). The release's params pin that agent
+  side (``level`` / ``agent_order``), from which the calibrator's ``guarantee`` derives
+  the same replanned plan, so ``audit verify`` reproduces it. When no valid replan
+  exists it refuses, writes nothing and the session stays open (see
+  :func:`~privcal.accountant.sessions.release.subset_plan`).
+"""
+
+from __future__ import annotations
+
+from privcal.accountant.sessions.closing import close_session
+from privcal.accountant.sessions.ingest import submit_reports
+from privcal.accountant.sessions.opening import open_session
+from privcal.accountant.sessions.records import METHODS, SessionInfo, SubmitResult
+from privcal.accountant.sessions.status import release_of, session_status
+
+__all__ = [
+    "METHODS",
+    "SessionInfo",
+    "SubmitResult",
+    "close_session",
+    "open_session",
+    "release_of",
+    "session_status",
+    "submit_reports",
+]

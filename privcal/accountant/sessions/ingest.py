@@ -1,0 +1,303 @@
+"""Submitting a batch of reports to a session: one transaction that filters the rows, charges
+each accepted subject, stores the reports, advances the protocol and, when the last round is
+full, writes the release. The order of the filters is a decision of the protocol (see
+:mod:`privcal.accountant.sessions`); the SQL is
+:class:`privcal.storage.session_store.SessionStore`'s.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import Counter
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privcal.accountant.accountant import (
+    Accountant,
+    _text,
+    json_safe,
+    record_members,
+    request_digest,
+)
+from privcal.accountant.sessions import records as R
+from privcal.accountant.sessions.records import SubmitResult
+from privcal.accountant.sessions.release import fed_release_args, ldp_release_args, release_in_tx
+from privcal.accountant.sessions.state import (
+    dump_protocol,
+    fed_plan_of,
+    info_of,
+    protocol_of,
+    session_key,
+)
+from privcal.accountant.sessions.status import session_status
+from privcal.calibrators.federated_agent import check_message
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
+from privcal.calibrators.validation import id_strings
+from privcal.errors import InvalidInput, PlanRejected
+from privcal.storage.audit import canonical, charge_doc, now, threshold_str
+from privcal.storage.models import SUBJECT_UNIT
+from privcal.storage.pseudonyms import key_id, reports_digest, state_digest, subjects_digest
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from privcal.storage import Ledger
+    from privcal.storage.sessions import CollectionSession
+
+__all__ = ["submit_reports"]
+
+
+class _NothingAccepted(Exception):  # control flow only: never escapes this module
+    """Raised inside the transaction so it rolls back; carries the counts to report."""
+
+    def __init__(self, reasons: dict[str, int]) -> None:
+        super().__init__("nothing accepted")
+        self.reasons = reasons
+
+
+def _parse_values(method: str, values: np.ndarray, plan: Any) -> tuple[np.ndarray, list[str],
+                                                                       str]:
+    """(ok mask, stored value strings, reason for bad rows)."""
+    n = values.shape[0]
+    ok = np.zeros(n, dtype=bool)
+    out = [""] * n
+    if method == "ldp-score":
+        for i, v in enumerate(values.tolist()):
+            if isinstance(v, bool):
+                b: int | None = int(v)
+            elif isinstance(v, int | float) and v in (0, 1):
+                b = int(v)
+            elif isinstance(v, str) and v.strip() in ("0", "1"):
+                b = int(v.strip())
+            else:
+                b = None
+            if b is not None:
+                ok[i], out[i] = True, str(b)
+        return ok, out, R.MALFORMED_BIT
+    for i, v in enumerate(values.tolist()):
+        try:
+            x = check_message(v, plan)
+        except (PlanRejected, InvalidInput):
+            continue
+        ok[i], out[i] = True, threshold_str(x)
+    return ok, out, R.OFF_GRID if method == "fedcp2-qq" else R.MALFORMED_VALUE
+
+
+def _round_reasons(rounds: Any, n: int, current: int) -> list[str | None]:
+    """Per row: None if its ``round`` is the current one (or absent), else the reason."""
+    if rounds is None:
+        return [None] * n
+    r = np.asarray(rounds, dtype=object).ravel()
+    if r.shape[0] != n:
+        raise InvalidInput(f"rounds has {r.shape[0]} rows, the batch has {n}")
+    out: list[str | None] = []
+    for v in r.tolist():
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            x = float(v)
+            if not x.is_integer():
+                raise ValueError
+        except (TypeError, ValueError):
+            out.append(R.MALFORMED_ROUND)
+            continue
+        out.append(None if int(x) == current else R.CLOSED_ROUND if int(x) < current
+                   else R.FUTURE_ROUND)
+    return out
+
+
+def _candidates(ledger: Ledger, s: Session, row: CollectionSession, plan: Any, current: int,
+                sids: np.ndarray, pids: np.ndarray, vals: np.ndarray, rounds: Any,
+                why: Counter[str]) -> tuple[np.ndarray, list[str]]:
+    """The rows that may be accepted, in file order, and every row's stored value string.
+
+    Filters, each row counted once in ``why`` under its first problem: malformed value,
+    wrong round, subject already reported in this session, duplicate within the batch (the
+    first valid occurrence is kept).
+    """
+    n = int(sids.shape[0])
+    ok, stored, bad = _parse_values(row.method, vals, plan)
+    why[bad] += int((~ok).sum())
+    valid = ok.copy()
+    for i, reason in enumerate(_round_reasons(rounds, n, current)):
+        if reason is not None and ok[i]:
+            valid[i] = False
+            why[reason] += 1
+    seen = ledger.reported_subjects(s, row.id, sorted(set(pids[valid].tolist())))
+    if seen:
+        old = valid & np.isin(pids, np.asarray(sorted(seen), dtype=pids.dtype))
+        why[R.ALREADY] += int(old.sum())
+        valid &= ~old
+    idx = np.flatnonzero(valid)
+    _, first = np.unique(sids[idx], return_index=True)
+    keep = np.zeros(n, dtype=bool)
+    keep[idx[first]] = True
+    why[R.DUPLICATE] += int((valid & ~keep).sum())
+    return np.flatnonzero(keep), stored
+
+
+def _advance_round(st: dict[str, Any], proto: LdpScoreProtocol, values: list[str],
+                   n_acc: int) -> tuple[bool, dict[str, Any] | None]:
+    """ldp-score: count the accepted bits in the state ``st``; a full round answers its query
+    and the protocol moves to the next round or finishes. (advanced, release args if done)."""
+    st["round_count"] = int(st["round_count"]) + n_acc
+    st["round_ones"] = int(st["round_ones"]) + sum(v == "1" for v in values)
+    if st["round_count"] < proto.group_size:
+        return False, None
+    proto = proto.advance(int(st["round_ones"]), int(st["round_count"]))
+    st.update(protocol=dump_protocol(proto), round_count=0, round_ones=0)
+    return True, ldp_release_args(proto) if proto.finished else None
+
+
+def _batch_digest(ledger: Ledger, session_id: Any, sids: np.ndarray, vals: np.ndarray,
+                  rounds: Any) -> str:
+    """What an idempotency key binds: a keyed digest of the batch's ids, values, rounds."""
+    skey = ledger.subject_key()
+    rnd = None if rounds is None else np.asarray(rounds, dtype=object).ravel().tolist()
+    body = canonical(json_safe([[str(v) for v in vals.tolist()], rnd]))
+    return request_digest({
+        "kind": "session batch", "session_id": str(session_id),
+        "subjects": subjects_digest(skey, sids.tolist()),
+        "reports": hmac.new(skey, body.encode("utf-8", "surrogatepass"),
+                            "sha256").hexdigest()})
+
+
+def submit_reports(
+    accountant: Accountant,
+    session_id: int,
+    subjects: Sequence[Any] | np.ndarray,
+    values: Sequence[Any] | np.ndarray,
+    rounds: Sequence[Any] | np.ndarray | None = None,
+    *,
+    idempotency_key: str | None = None,
+) -> SubmitResult:
+    """Ingest one batch of reports (subject id + bit, or agent id + message) in one
+    transaction; see :mod:`privcal.accountant.sessions` for the filters, charging and
+    advancing.
+
+    Raises on a malformed batch (lengths differ, empty, float or over-long ids) or an
+    unknown session; otherwise returns the counts, writing nothing if none is accepted.
+    ``idempotency_key`` (unique per session) binds the batch — a keyed digest of its
+    subject ids, values and rounds: the same key and batch return the recorded result
+    (``replayed=True``), a different batch is an error naming the key.
+    """
+    # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
+    sids = id_strings(subjects, "subject ids")
+    try:
+        vals = np.asarray(values, dtype=object).ravel()
+    except Exception as exc:  # ragged nested sequences
+        raise InvalidInput(f"values are not a 1-D sequence: {exc}") from exc
+    if sids.size == 0:
+        raise InvalidInput("a batch needs a non-empty 1-D list of subject ids")
+    if vals.shape[0] != sids.shape[0]:
+        raise InvalidInput(f"the batch has {sids.shape[0]} subject ids but {vals.shape[0]} values")
+    n = int(sids.shape[0])
+    ledger = accountant.ledger
+    key = _text(idempotency_key, "idempotency key")
+    skey = ledger.subject_key()
+    pids = ledger.pseudonyms(sids.tolist())  # stored and looked up: never the ids
+    digest = None if key is None else _batch_digest(ledger, session_id, sids, vals, rounds)
+
+    def tx(s: Session) -> SubmitResult:
+        row, ds = ledger.lock_session(s, session_key(session_id))
+        if key is not None:
+            done = ledger.batch_by_key(s, row.id, key)
+            if done is not None:
+                if done.request_digest != digest:
+                    raise InvalidInput(
+                        f"idempotency key {key!r} was already used for a different batch of "
+                        f"session {row.id} (batch {done.batch}): use a new key")
+                return SubmitResult(**done.result, replayed=True,
+                                    session=info_of(ledger, s, row, ds.name))
+        why: Counter[str] = Counter()
+        if row.status != "open":
+            raise _NothingAccepted({R.LATE.format(status=row.status): n})
+        fed = row.method != "ldp-score"
+        proto = None if fed else protocol_of(row)
+        plan = fed_plan_of(row) if fed else None
+        current = 0 if fed else proto.round  # type: ignore[union-attr]
+        cand, stored = _candidates(ledger, s, row, plan, current, sids, pids, vals, rounds, why)
+        if fed:
+            need = plan.m - int(row.state.get("total", 0))  # type: ignore[union-attr]
+        else:
+            need = proto.group_size - int(row.state.get("round_count", 0))  # type: ignore
+        eps0 = row.state.get("eps0")
+        charged = eps0 is not None
+        if charged:
+            e_units = int(Decimal(eps0) / SUBJECT_UNIT)
+            cap_units = int((ds.subject_epsilon or Decimal(0)) / SUBJECT_UNIT)
+            # budget before fullness: find the over-cap first, so they do not take a slot
+            if cand.size > need:
+                over = ledger.subjects_over(s, ds.id, pids[cand].tolist(), cap_units - e_units)
+                if over:
+                    is_over = np.isin(pids[cand], np.asarray(sorted(over), dtype=pids.dtype))
+                    why[R.OVER_CAP] += int(is_over.sum())
+                    cand = cand[~is_over]
+        chosen = cand[:need]
+        why[R.EXTRA_AGENT if fed else R.ROUND_FULL] += int(cand.size - chosen.size)
+        if charged and chosen.size:
+            late_over = accountant._bulk_subjects(s, ds.id, np.sort(pids[chosen]), e_units,
+                                                  cap_units)
+            if late_over:
+                is_over = np.isin(pids[chosen], np.asarray(late_over, dtype=pids.dtype))
+                why[R.OVER_CAP] += int(is_over.sum())
+                chosen = chosen[~is_over]
+        reasons = {k: v for k, v in why.items() if v}
+        if chosen.size == 0:
+            raise _NothingAccepted(reasons)
+        n_acc = int(chosen.size)
+        n_rej = n - n_acc
+        charge_id: int | None = None
+        if charged:
+            charge = ledger.add_charge(s, ds, {
+                "dataset_id": ds.id, "scope": "subjects", "notion": "local",
+                "eps0": Decimal(eps0), "subjects_accepted": n_acc, "subjects_rejected": n_rej,
+                "purpose": f"session {row.id}: {row.method} round {current}",
+                "requester": row.requester, "idempotency_key": None, "created_at": now()})
+            record_members(s, key_id(skey), charge, pids[chosen])
+            ledger.append_audit(s, "charge", charge_doc(charge, ds.name))
+            charge_id = charge.id
+        acc_vals = [stored[i] for i in chosen.tolist()]
+        batch = ledger.next_batch(s, row.id)
+        acc_subj = pids[chosen].tolist()
+        ledger.insert_reports(s, row.id, current, acc_subj, acc_vals, batch)
+        st = dict(row.state)
+        st["total"] = int(st.get("total", 0)) + n_acc
+        if charge_id is not None:
+            st["charge_ids"] = [*st.get("charge_ids", []), charge_id]
+        advanced, finish = False, None
+        if proto is not None:
+            advanced, finish = _advance_round(st, proto, acc_vals, n_acc)
+        elif st["total"] >= plan.m:  # type: ignore[union-attr]
+            advanced = True
+            finish = fed_release_args(accountant, s, row, plan)  # type: ignore[arg-type]
+        ledger.update_session(s, row, state=st, updated_at=now())
+        result = {"session_id": row.id, "batch_round": current, "accepted": n_acc,
+                  "rejected": n_rej, "reasons": dict(sorted(reasons.items())),
+                  "charge_id": charge_id, "epsilon": eps0, "advanced": advanced}
+        ledger.add_batch(s, row.id, batch, key, digest, result)
+        ledger.append_audit(s, "session_batch", {
+            "session_id": row.id, "round": current, "accepted": n_acc, "rejected": n_rej,
+            "reasons": dict(sorted(reasons.items())), "charge_id": charge_id,
+            "eps0": eps0, "advanced": advanced, "batch": batch,
+            "idempotency_key": key, "request_digest": digest,
+            "reports_digest": reports_digest(
+                (a, current, v) for a, v in zip(acc_subj, acc_vals, strict=True)),
+            "status": row.status, "state_digest": state_digest(st),
+        })
+        if finish is not None:
+            release_in_tx(accountant, s, ds, row, privacy_extra=st.get("privacy_extra"),
+                          **finish)
+        return SubmitResult(**result, session=info_of(ledger, s, row, ds.name))
+
+    try:
+        return ledger.write(tx)
+    except _NothingAccepted as nothing:
+        info = session_status(accountant, session_id)
+        return SubmitResult(
+            session_id=info.id, batch_round=info.round, accepted=0, rejected=n,
+            reasons=dict(sorted(nothing.reasons.items())), charge_id=None,
+            epsilon=None, advanced=False, session=info)

@@ -1,0 +1,169 @@
+"""Opening a collection session: validate the request, plan the protocol, check the budget
+it will need, and (shuffled, on an (ε, δ) dataset) charge the amplified central cost, in
+one transaction that also writes the session row and its ``session_open`` audit entry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from privcal.accountant import privacy as acc
+from privcal.accountant.accountant import (
+    Accountant,
+    _cost_json,
+    _text,
+    json_safe,
+    normalize_cost,
+)
+from privcal.accountant.sessions.records import METHODS, SessionInfo
+from privcal.accountant.sessions.state import dump_protocol, info_of, number
+from privcal.calibrators import registry
+from privcal.calibrators.base import DataShape
+from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
+from privcal.costs import ApproxDP, LocalDP
+from privcal.errors import BudgetRefused, InvalidInput
+from privcal.storage.audit import now
+from privcal.storage.pseudonyms import state_digest
+from privcal.storage.sessions import session_doc
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+__all__ = ["open_session"]
+
+
+def open_session(
+    accountant: Accountant,
+    method: str,
+    *,
+    dataset: str,
+    alpha: float,
+    epsilon: float | None = None,
+    rounds: int | None = None,
+    group_size: int | None = None,
+    lower: float = 0.0,
+    upper: float = 1.0,
+    delta: float = 0.001,
+    nominal: bool = False,
+    agents: int | None = None,
+    local_n: int | None = None,
+    bins: int = 100,
+    smax: float | None = None,
+    failure_probability: float | None = None,
+    shuffled: bool = False,
+    requester: str | None = None,
+) -> SessionInfo:
+    """Open a collection session and publish round 0's query (ldp-score) or the plan (fed).
+
+    ``ldp-score`` needs ``epsilon``, ``rounds`` (T) and ``group_size`` (n'); the dataset
+    needs a per-subject ε cap ≥ ε. ``fedcp2-qq`` needs ``agents`` (m), ``local_n`` (n),
+    ``epsilon`` (and ``bins``, ``lower``, ``upper``: the public grid); ``fedcp-qq`` needs m
+    and n and a dataset that
+    allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
+    (ε, δ) and charges it to an (ε, δ) dataset now. Writes nothing on bad input.
+    """
+    from privcal.accountant.amplification import (
+        check_shuffle_method,
+        check_shuffled_dataset,
+        shuffled_guarantee,
+    )
+
+    if not isinstance(method, str) or method not in METHODS:
+        raise InvalidInput(f"unknown session method {method!r:.60} (one of: {', '.join(METHODS)})")
+    if not isinstance(shuffled, bool) or not isinstance(nominal, bool):
+        raise InvalidInput("shuffled and nominal must be True or False")
+    if shuffled and method != "fedcp-qq":
+        check_shuffle_method(method)
+    requester = _text(requester, "requester")
+    alpha = number(alpha, "α")
+    if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
+        delta = failure_probability
+    if smax is not None:  # deprecated name of ``upper`` for fedcp2-qq
+        upper = smax
+    info = accountant.dataset(dataset)  # NotFound before any other work
+    cal = registry.get(method).calibrator
+    state: dict[str, Any] = {"total": 0, "charge_ids": []}
+    if method == "ldp-score":
+        for name, v in (("epsilon", epsilon), ("rounds", rounds), ("group size", group_size)):
+            if v is None:
+                raise InvalidInput(f"ldp-score sessions need --{name.replace(' ', '-')}")
+        proto = LdpScoreProtocol.open(
+            alpha=alpha, epsilon=number(epsilon, "ε"),
+            rounds=number(rounds, "rounds", integer=True),
+            group_size=number(group_size, "group size", integer=True),
+            lower=number(lower, "lower"), upper=number(upper, "upper"),
+            delta=number(delta, "δ"), nominal=bool(nominal))
+        p: Any = proto.to_params()
+        shape = DataShape(n=proto.rounds * proto.group_size)
+        state.update(protocol=dump_protocol(proto), round_count=0, round_ones=0)
+    else:
+        if agents is None or local_n is None:
+            raise InvalidInput(f"{method} sessions need --agents and --local-n")
+        m = number(agents, "agents", integer=True)
+        n = number(local_n, "local n", integer=True)
+        if method == "fedcp2-qq":
+            if epsilon is None:
+                raise InvalidInput("fedcp2-qq sessions need --epsilon")
+            plan: Fed2Plan | FedPlan = plan_fedcp2_qq(
+                m, n, alpha, number(epsilon, "ε"), bins=number(bins, "bins", integer=True),
+                smax=number(upper, "upper"), lower=number(lower, "lower"))
+            p = cal.Params.model_validate({"alpha": alpha, "epsilon": plan.epsilon,
+                                           "bins": plan.bins, "lower": plan.lower,
+                                           "upper": plan.smax})
+        else:
+            if epsilon is not None or shuffled:
+                raise InvalidInput("fedcp-qq is not private: it takes no ε and no --shuffled")
+            plan = plan_fedcp_qq(m, n, alpha)
+            p = cal.Params.model_validate({"alpha": alpha})
+        shape = DataShape(n=m * n, group_sizes=(n,) * m)
+        state["plan"] = plan.model_dump(mode="json")
+    cost = cal.cost(p, shape)
+    if cost is None and not info.allow_nonprivate:
+        raise BudgetRefused(
+            f"non-private release refused: {method} is not differentially private and dataset "
+            f"{dataset!r} does not allow non-private releases (create it with "
+            "--allow-nonprivate)", scope=f"dataset {dataset!r}", asked="non-private",
+            remaining="")
+    if isinstance(cost, LocalDP):
+        cost = normalize_cost(cost)
+        assert isinstance(cost, LocalDP)
+        if info.subject_epsilon is None or cost.eps0 > info.subject_epsilon:
+            raise BudgetRefused(
+                f"budget refused on the subjects of dataset {dataset!r}: each subject is charged "
+                f"{cost.describe()} but the per-subject cap is "
+                f"{info.subject_epsilon if info.subject_epsilon is not None else 'not set'} "
+                "(create the dataset with --subject-epsilon)",
+                scope=f"dataset {dataset!r} subjects", asked=cost.describe(), remaining="")
+        state["eps0"] = acc.dstr(cost.eps0)
+    central: ApproxDP | None = None
+    if shuffled:
+        if method == "fedcp-qq":
+            raise InvalidInput("fedcp-qq has no shuffled variant")
+        # only a proven amplification (ldp-score), charged to a cap that can hold it (14.5/6)
+        amplified, extra = shuffled_guarantee(method, p, shape, info.reporting_delta)
+        check_shuffled_dataset(info)
+        state["privacy_extra"] = json_safe(extra)
+        if amplified is not None:
+            central = normalize_cost(amplified)  # type: ignore[assignment]
+            state["central_cost"] = _cost_json(central)  # type: ignore[arg-type]
+    params = json_safe(p.model_dump(mode="python"))
+
+    def tx(s: Session) -> SessionInfo:
+        ds = accountant.ledger.lock_dataset(s, dataset)
+        t = now()
+        row = accountant.ledger.insert_session(s, {
+            "dataset_id": ds.id, "method": method, "params": params, "state": {},
+            "status": "open", "shuffled": bool(shuffled), "requester": requester,
+            "created_at": t, "updated_at": t})
+        st = dict(state)
+        if central is not None:
+            c = accountant._charge_central(s, ds, central, f"session {row.id}: {method} "
+                                           "(shuffled, amplified central cost)", requester, None)
+            st["central_charge_id"] = c.id
+        accountant.ledger.update_session(s, row, state=st)
+        accountant.ledger.append_audit(s, "session_open", {
+            **session_doc(row, ds.name), "status": row.status, "state_digest": state_digest(st)})
+        return info_of(accountant.ledger, s, row, ds.name)
+
+    return accountant.ledger.write(tx)

@@ -1,0 +1,93 @@
+"""What the session calls return (pydantic records) and the stable strings they carry.
+
+Every record is serializable as is: the CLI prints it, the HTTP service returns it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from privcal.storage.records import UTCDateTime
+
+__all__ = [
+    "METHODS",
+    "REPORTS_ARE",
+    "Method",
+    "SessionInfo",
+    "SubmitResult",
+]
+
+METHODS = ("ldp-score", "fedcp2-qq", "fedcp-qq")
+Method = Literal["ldp-score", "fedcp2-qq", "fedcp-qq"]
+
+# rejection reasons (stable strings: clients may match on them)
+MALFORMED_BIT = "malformed bit"
+MALFORMED_VALUE = "malformed value"
+OFF_GRID = "value off the published grid"
+MALFORMED_ROUND = "malformed round"
+CLOSED_ROUND = "closed round"
+FUTURE_ROUND = "round not open"
+ALREADY = "subject already reported in this session"
+DUPLICATE = "duplicate subject in batch"
+OVER_CAP = "subject budget exhausted"
+ROUND_FULL = "round full"
+EXTRA_AGENT = "all agents have answered (extra agent beyond m)"
+LATE = "late: session is {status}"
+
+
+class SessionInfo(BaseModel):
+    """A session's public state: what ``session status`` shows and every call returns."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    dataset: str
+    method: str
+    status: str
+    shuffled: bool
+    requester: str | None
+    params: dict[str, Any]
+    created_at: UTCDateTime
+    updated_at: UTCDateTime
+    round: int
+    rounds: int
+    received: int
+    needed: int
+    total_reports: int
+    interval: tuple[float, float] | None = None
+    query: float | None = None
+    plan: dict[str, Any] | None = None
+    grid: dict[str, Any] | None = None
+    release_id: int | None = None
+    threshold: float | None = None
+    central_charge_id: int | None = None
+    #: what the stored reports are (FedCP-QQ: raw order statistics — not private)
+    reports_are: str = ""
+
+
+#: what ``session_reports.value`` holds, per method (issue 16 item 6: said in every record)
+REPORTS_ARE = {
+    "ldp-score": "randomized bits (each ε-local DP for its subject)",
+    "fedcp2-qq": "grid points (each ε-DP for its agent's data)",
+    "fedcp-qq": "each agent's raw order statistic of its own scores (not private: stored as "
+                "received, and revealed by the release)",
+}
+
+
+class SubmitResult(BaseModel):
+    """The outcome of one batch: counts per rejection reason, never subject ids."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: int
+    batch_round: int
+    accepted: int
+    rejected: int
+    reasons: dict[str, int]
+    charge_id: int | None
+    epsilon: str | None
+    advanced: bool
+    session: SessionInfo
+    replayed: bool = False

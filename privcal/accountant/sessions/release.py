@@ -1,0 +1,157 @@
+"""How a session ends in a release: the calibrator's inputs from a finished protocol, the
+federated replan for the agents that answered, and the release written in the transaction
+of the batch (or close) that finishes the session.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from privcal.accountant.accountant import Accountant, _info, json_safe
+from privcal.accountant.sessions.state import charge_ids
+from privcal.calibrators import registry
+from privcal.calibrators.base import DataShape
+from privcal.calibrators.federated_agent import aggregate
+from privcal.calibrators.fedplan import (
+    Fed2Plan,
+    FedPlan,
+    replan_fedcp2_qq_subset,
+    replan_fedcp_qq_subset,
+)
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
+from privcal.errors import InfeasiblePlan, InvalidInput, PlanRejected
+from privcal.storage.audit import release_doc, threshold_str
+from privcal.storage.pseudonyms import state_digest
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from privcal.storage.models import Dataset, ReleaseRow
+    from privcal.storage.sessions import CollectionSession
+
+__all__ = ["fed_release_args", "ldp_release_args", "release_in_tx", "subset_extra",
+           "subset_plan"]
+
+
+def release_in_tx(
+    acct: Accountant, s: Session, ds: Dataset, row: CollectionSession, *, threshold: float,
+    params: dict[str, Any], shape: DataShape, privacy_extra: dict[str, Any] | None,
+    diagnostics: dict[str, Any],
+) -> ReleaseRow:
+    """Append the release (``record_release`` semantics) inside the batch's transaction,
+    tied to every charge of the session, and close the session as released."""
+    reg = registry.get(row.method)
+    cal = reg.calibrator
+    p = cal.Params.model_validate(params)
+    coverage = cal.guarantee(p, shape)
+    cost = cal.cost(p, shape)
+    privacy = acct._privacy(cost, _info(ds), privacy_extra, cal)
+    central = row.state.get("central_cost")
+    if central is not None:
+        privacy["central_cost"] = central
+    if math.isnan(threshold):
+        raise InvalidInput("threshold is NaN")
+    rel = acct.ledger.insert_release(s, ds.id, {
+        "method": cal.name, "calibrator_version": cal.version,
+        "distribution": reg.distribution, "distribution_version": reg.distribution_version,
+        "params": json_safe(p.model_dump(mode="python")),
+        "shape": json_safe(shape.model_dump(mode="python")),
+        "threshold": threshold_str(float(threshold)), "coverage": json_safe(coverage),
+        "privacy": json_safe(privacy),
+        "diagnostics": json_safe({**diagnostics, "session_id": row.id}),
+        "requester": row.requester,
+    }, charge_ids(row))
+    acct.ledger.append_audit(s, "release", release_doc(rel, ds.name))
+    acct.ledger.update_session(s, row, release_id=rel.id, status="released")
+    acct.ledger.append_audit(s, "session_close", {
+        "session_id": row.id, "status": "released", "release_id": rel.id,
+        "reports": int(row.state.get("total", 0)), "state_digest": state_digest(row.state)})
+    return rel
+
+
+def ldp_release_args(proto: LdpScoreProtocol) -> dict[str, Any]:
+    """The release of a finished ldp-score protocol: its threshold, params, shape, history."""
+    thr = proto.threshold if proto.threshold is not None else math.inf
+    return {
+        "threshold": thr, "params": proto.to_params().model_dump(mode="python"),
+        "shape": DataShape(n=proto.rounds * proto.group_size),
+        "diagnostics": {
+            "rounds": proto.rounds, "rounds_used": proto.round, "group_size": proto.group_size,
+            "delta_S": proto.slack, "calibration_target": proto.target, "band": proto.band,
+            "trivial": math.isinf(thr),
+            "history": [r.model_dump(mode="json") for r in proto.history],
+        },
+    }
+
+
+def fed_release_args(acct: Accountant, s: Session, row: CollectionSession,
+                     plan: Fed2Plan | FedPlan, replanned: bool = False,
+                     params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The release of a federated session: the agents' stored messages aggregated by
+    ``plan`` (the published one, or the replan for the agents that answered)."""
+    msgs = [float(v) for v in acct.ledger.report_values(s, row.id)]
+    thr = aggregate(msgs, plan)
+    diag: dict[str, Any] = {"m": plan.m, "n": plan.n, "k": plan.k,
+                            "messages": sorted(msgs) if isinstance(plan, Fed2Plan) else None}
+    if isinstance(plan, Fed2Plan):
+        # each message is its agent's ε-DP output: publishing them costs nothing more
+        diag.update(gamma=plan.gamma, l_gamma=plan.l_gamma, l_cor=plan.l_cor, q=plan.q)
+    else:
+        diag.pop("messages")
+        diag.update(l=plan.l)
+    if replanned:
+        diag["replanned"] = {"m_planned": int(row.state["plan"]["m"]), "m_answered": plan.m}
+    return {"threshold": thr, "params": row.params if params is None else params,
+            "shape": DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m),
+            "diagnostics": diag}
+
+
+def subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan,
+                m2: int) -> tuple[Fed2Plan | FedPlan, dict[str, Any]]:
+    """The plan for the ``m2`` agents that answered, and the release params that pin it.
+
+    The agents' answers are fixed (level q, or order ℓ), so only the server side is
+    re-chosen (``replan_*_subset``). The params get ``level`` = q (fedcp2-qq) or
+    ``agent_order`` = ℓ (fedcp-qq); with them the calibrator's ``plan``/``guarantee``
+    derive this same plan from (params, shape), which is what ``audit verify`` recomputes.
+    Raises :class:`InfeasiblePlan` when no server side reaches 1−α for these agents.
+    """
+    try:
+        if isinstance(plan, Fed2Plan):
+            sub: Fed2Plan | FedPlan = replan_fedcp2_qq_subset(plan, m2)
+            params = {**row.params, "level": plan.q}
+        else:
+            sub = replan_fedcp_qq_subset(plan, m2)
+            params = {**row.params, "agent_order": plan.l}
+    except InfeasiblePlan as exc:
+        raise InfeasiblePlan(
+            f"session {row.id}: {exc}; nothing released and the session stays open (wait for "
+            "more agents, or close it with --abandon)") from None
+    cal = registry.get(row.method).calibrator
+    p = cal.Params.model_validate(params)
+    shape = DataShape(n=m2 * plan.n, group_sizes=(plan.n,) * m2)
+    pinned = cal.plan(p, shape)  # type: ignore[attr-defined]
+    if pinned != sub:  # the installed calibrator must recompute exactly what is released
+        raise PlanRejected(
+            f"session {row.id}: {row.method}'s calibrator derives {pinned!r} from the pinned "
+            f"params, not the replanned {sub!r}: refusing a release `audit verify` could not "
+            "reproduce")
+    return sub, json_safe(p.model_dump(mode="python"))
+
+
+def subset_extra(row: CollectionSession, plan: Fed2Plan | FedPlan, ds: Dataset,
+                 params: dict[str, Any]) -> dict[str, Any] | None:
+    """The shuffled record for the agents that answered (the shuffle hid m' senders, not m)."""
+    if not row.shuffled:
+        return None
+    if row.state.get("central_cost") is not None:
+        # the central charge was made for m agents; fewer senders amplify less
+        raise PlanRejected("a shuffled session on an (ε, δ) dataset was charged the amplified "
+                           "cost for all m agents; it cannot be released with agents missing")
+    from privcal.accountant.amplification import shuffled_guarantee
+
+    cal = registry.get(row.method).calibrator
+    p = cal.Params.model_validate(params)
+    shape = DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m)
+    return json_safe(shuffled_guarantee(row.method, p, shape, ds.reporting_delta)[1])

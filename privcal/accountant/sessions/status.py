@@ -1,0 +1,23 @@
+"""Reading a session: its public state, and the release it ended in."""
+
+from __future__ import annotations
+
+from privcal.accountant.accountant import Accountant, Release
+from privcal.accountant.sessions.records import SessionInfo
+from privcal.accountant.sessions.state import info_of, session_key
+
+__all__ = ["release_of", "session_status"]
+
+
+def session_status(accountant: Accountant, session_id: int) -> SessionInfo:
+    """The session's method, status, round, counts, current interval and query, release."""
+    ledger = accountant.ledger
+    with ledger.read() as s:
+        row = ledger.session_row(s, session_key(session_id))
+        return info_of(ledger, s, row, ledger.dataset_name(s, row.dataset_id))
+
+
+def release_of(accountant: Accountant, session_id: int) -> Release | None:
+    """The session's release, if it has one."""
+    info = session_status(accountant, session_id)
+    return accountant.release(info.release_id) if info.release_id is not None else None
