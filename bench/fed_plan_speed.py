@@ -24,18 +24,19 @@ import numpy as np
 
 
 def _clear() -> None:
-    from privcal.calibrators import fedplan
+    from privcal.calibrators.fedplan import coverage, plan_qq, plan_qq2, unequal
 
-    fedplan._table.cache_clear()
-    fedplan._plan_cached.cache_clear()
-    fedplan._plan2_cached.cache_clear()
-    fedplan._plan_unequal_cached.cache_clear()
+    coverage.table.cache_clear()
+    plan_qq._plan_cached.cache_clear()
+    plan_qq2._plan2_cached.cache_clear()
+    plan_qq2._plan2_pinned_cached.cache_clear()
+    unequal._plan_unequal_cached.cache_clear()
 
 
 def _evals(m: int, n: int) -> int:
-    from privcal.calibrators import fedplan
+    from privcal.calibrators.fedplan import coverage
 
-    return len(fedplan._table(m, n)._memo)
+    return len(coverage.table(m, n)._memo)
 
 
 def main() -> None:

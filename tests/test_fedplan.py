@@ -257,7 +257,7 @@ def test_coverage_M_bad_orders() -> None:
 def test_unequal_reduces_to_equal(m: int, n: int) -> None:
     ell = conformal_rank(n, 0.1)
     ks = np.arange(1, m + 1)
-    from privcal.calibrators.fedplan import _unequal_M
+    from privcal.calibrators.fedplan.unequal import _unequal_M
 
     got = _unequal_M(np.full(m, ell), np.full(m, n), ks)
     np.testing.assert_allclose(got, coverage_M_array(ell, ks, m, n), rtol=0, atol=1e-12)
