@@ -142,8 +142,7 @@ def _expected(roles: list[str], who: str, path: str, method: str) -> set[int]:
     return {200, 201}
 
 
-@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
-def test_every_route_every_principal(live: Live) -> None:
+def test_every_route_every_principal(live: Live) -> None:  # SQLite and PostgreSQL
     ctx = _setup(live)
     toks = ctx["toks"]
     seen = 0

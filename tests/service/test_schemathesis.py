@@ -13,7 +13,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis import checks  # noqa: E402
 
-from tests.service.conftest import Live, open_ldp  # noqa: E402
+from tests.service.conftest import Live, open_fed, open_ldp  # noqa: E402
 
 EXAMPLES = 6
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
@@ -22,10 +22,14 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
 
 
 @pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
-@pytest.mark.parametrize("role", ["admin", "analyst", "auditor", "device"])
+@pytest.mark.parametrize("role", ["admin", "analyst", "auditor", "device", "agent", "ingestor"])
 def test_schemathesis_per_role(live: Live, role: str) -> None:
     sid = open_ldp(live, group_size=100)
-    token = live.tokens.get(role) or live.token("device", session=sid, subject="st-1")
+    token = live.tokens.get(role) or {
+        "device": lambda: live.token("device", session=sid, subject="st-1"),
+        "agent": lambda: live.token("agent", session=open_fed(live), agent="ag-1"),
+        "ingestor": lambda: live.token("ingestor", session=sid),
+    }[role]()
     schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
     failures: list[str] = []
     ran = 0
