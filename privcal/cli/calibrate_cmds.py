@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 import numpy as np
+from click.core import ParameterSource
 
 from privcal import progress
 from privcal.calibrators import registry
@@ -34,13 +35,20 @@ from privcal.cli.method_options import (
     deprecated_aliases,
     param_options,
     parse_score_options,
+    regression_options,
 )
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
 
-def fmt_threshold(t: float) -> str:
-    return "+inf (every label: the trivial set)" if math.isinf(t) and t > 0 else f"{t:.10g}"
+def fmt_threshold(t: float, regression: bool = False) -> str:
+    if math.isinf(t) and t > 0:
+        return "+inf (every interval is (−inf, +inf))" if regression else (
+            "+inf (every label: the trivial set)")
+    return f"{t:.10g}"
+
+
+_RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
 
 
 def render_release(rel: Any, budget: Any | None = None) -> None:
@@ -49,7 +57,19 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
     click.echo(
         f"Release {rel.id} on dataset {rel.dataset!r}: {rel.method} {rel.calibrator_version}"
     )
-    click.echo(f"  threshold           {fmt_threshold(rel.threshold)}")
+    diag = rel.diagnostics or {}
+    score = diag.get("score") if isinstance(diag.get("score"), dict) else None
+    regression = bool(score) and score.get("name") in ("absolute", "cqr")
+    click.echo(f"  threshold           {fmt_threshold(rel.threshold, regression)}")
+    if score:
+        hint = {"absolute": "  (intervals: privcal predict --preds …)",
+                "cqr": "  (intervals: privcal predict --lower-preds … --upper-preds …)"}
+        click.echo(f"  score               {score.get('name')}{hint.get(score.get('name'), '')}")
+    ranged = diag.get("score_range")
+    if isinstance(ranged, dict):
+        click.echo(f"  score range         [{ranged.get('lower')}, {ranged.get('upper')}] "
+                   f"({_RANGE_SOURCES.get(ranged.get('source'), ranged.get('source'))}); "
+                   f"{ranged.get('outside')}")
     n = rel.shape.get("n") if isinstance(rel.shape, dict) else getattr(rel.shape, "n", None)
     click.echo(f"  n                   {n}" + (f"   rank {cov.rank}" if cov.rank else ""))
     click.echo(f"  coverage guarantee  {cov.statement}")
@@ -104,6 +124,10 @@ def _make_calibrate_command(name: str) -> click.Command:
         as_json = kw.pop("as_json")
         params = {k: v for k, v in kw.items() if k in model.model_fields and v is not None}
         apply_deprecated(model, kw, params)
+        ctx = click.get_current_context()
+        for end in ("lower", "upper"):  # a range end not typed is the method's default
+            if end in params and ctx.get_parameter_source(end) == ParameterSource.DEFAULT:
+                del params[end]
         if "score" in model.model_fields and kw.get("score") is not None:
             params["score"] = kw["score"]
         if getattr(cal, "interactive", False) and not kw.get("simulate"):
@@ -132,6 +156,11 @@ def _make_calibrate_command(name: str) -> click.Command:
             "labels": load_labels(kw.get("labels"), label_column, kw.get("probs"), shape_only),
             "agents": load("agent_of", "agents", ids=True),
             "subjects": load("subjects", "subjects", ids=True),
+            # regression: the scores are computed from predictions and targets
+            "preds": load("preds", "preds"),
+            "lower_preds": load("lower_preds", "lower_preds"),
+            "upper_preds": load("upper_preds", "upper_preds"),
+            "targets": load("targets", "targets"),
         }
         arrays["classes"] = class_names(kw.get("classes"), kw.get("probs"), columns,
                                      label_column, arrays["labels"], shape_only)
@@ -142,6 +171,7 @@ def _make_calibrate_command(name: str) -> click.Command:
             score_options=parse_score_options(kw.get("score_option") or ()),
             shuffled=kw.get("shuffled", False),
             assume_unlinkable_features=kw.get("assume_unlinkable_features", False),
+            score_range=kw.get("score_range"),
             **arrays,
         )
         if kw.get("dry_run"):
@@ -200,9 +230,13 @@ def _make_calibrate_command(name: str) -> click.Command:
             "default: the --probs table's column names, else the sorted names when all k "
             "appear."))
         if "score" not in model.model_fields:
-            opts.append(
-                click.Option(["--score"], help="Score for --probs/--labels: lac, aps, raps.")
-            )
+            opts.append(click.Option(
+                ["--score"], help="Score for --probs/--labels: lac, aps, raps; for regression "
+                "--preds/--targets: absolute, or cqr with --lower-preds/--upper-preds."))
+        if "probs" not in needs:
+            from privcal.calibrators.score_range import has_range
+
+            opts += regression_options(has_range(model))
         opts.append(
             click.Option(["--score-option"], multiple=True, help="Score option KEY=VALUE (repeat).")
         )

@@ -22,6 +22,7 @@ __all__ = [
     "deprecated_aliases",
     "param_options",
     "parse_score_options",
+    "regression_options",
 ]
 
 #: options every ``calibrate`` subcommand has; a parameter of the same name is fed from them
@@ -29,6 +30,7 @@ COMMON = {
     "dataset", "scores", "probs", "labels", "score", "score_option", "agent_of", "subjects",
     "requester", "idempotency_key", "dry_run", "as_json", "simulate", "shuffled",
     "assume_unlinkable_features", "columns", "label_column", "classes",
+    "preds", "lower_preds", "upper_preds", "targets", "score_range",
 }  # fmt: skip
 
 
@@ -150,3 +152,27 @@ def parse_score_options(items: tuple[str, ...]) -> dict[str, Any]:
                     value = raw
         out[key.strip()] = value
     return out
+
+
+def regression_options(ranged: bool) -> list[click.Option]:
+    """``--preds``/``--lower-preds``/``--upper-preds``/``--targets`` (regression scores computed
+    inside), and ``--score-range`` for a method with a public score range (``ranged``)."""
+    from privcal.cli.app import FILE
+
+    opts = [
+        click.Option(["--preds"], type=FILE,
+                     help="Regression predictions f(x), one per row (--score absolute); "
+                     "FILE or FILE:COLUMN."),
+        click.Option(["--lower-preds", "lower_preds"], type=FILE,
+                     help="Lower quantile predictions (--score cqr); FILE or FILE:COLUMN."),
+        click.Option(["--upper-preds", "upper_preds"], type=FILE,
+                     help="Upper quantile predictions (--score cqr); FILE or FILE:COLUMN."),
+        click.Option(["--targets"], type=FILE,
+                     help="True regression targets y, one per row; FILE or FILE:COLUMN."),
+    ]
+    if ranged:
+        opts.append(click.Option(
+            ["--score-range", "score_range"], metavar="LO,HI",
+            help="Public range of the scores (sets --lower and --upper; recorded). Scores "
+            "outside it are not clipped: they can only widen the interval or make it infinite."))
+    return opts

@@ -20,13 +20,8 @@ from privcal.errors import InvalidInput
 OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
 
 
-def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
-                classes: list[str] | None = None) -> None:
-    """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
-    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (named by the
-    release's class names, else ``0`` … ``k-1``) and the set ``size``."""
-    if out is None:
-        return
+def check_out(out: str) -> tuple[Path, str]:
+    """The ``--out`` path and its (lower-case) suffix, or a one-line error."""
     path = Path(out)
     if path.is_dir():
         raise InvalidInput(f"--out {out}: is a directory; name a file")
@@ -35,6 +30,43 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
     suffix = path.suffix.lower()
     if suffix not in OUT_SUFFIXES:
         raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
+    return path, suffix
+
+
+def _regression_given(preds: str | None, lower_preds: str | None, upper_preds: str | None,
+                      probs: str | None) -> bool:
+    """Whether the request is for intervals (regression predictions) rather than sets."""
+    regression = any(p is not None for p in (preds, lower_preds, upper_preds))
+    if regression and probs is not None:
+        raise InvalidInput("give --probs (a classification release) or --preds / "
+                           "--lower-preds/--upper-preds (a regression release), not both")
+    if not regression and probs is None:
+        raise InvalidInput("give --probs (classification) or --preds, or --lower-preds and "
+                           "--upper-preds (regression)")
+    return regression
+
+
+def _regression_options(f: Any) -> Any:
+    for opt in reversed((
+        click.option("--preds", default=None, type=FILE,
+                     help="Regression predictions f(x) (a release on score absolute)."),
+        click.option("--lower-preds", default=None, type=FILE,
+                     help="Lower quantile predictions (a release on score cqr)."),
+        click.option("--upper-preds", default=None, type=FILE,
+                     help="Upper quantile predictions (a release on score cqr)."),
+    )):
+        f = opt(f)
+    return f
+
+
+def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
+                classes: list[str] | None = None) -> None:
+    """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
+    labels, ``.csv``/``.parquet`` as a table with one 0/1 column per class (named by the
+    release's class names, else ``0`` … ``k-1``) and the set ``size``."""
+    if out is None:
+        return
+    path, suffix = check_out(out)
     try:
         _write_sets_to(sets, path, suffix, classes)
     except OSError as exc:
@@ -77,25 +109,38 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
 
 @main.command("predict")
 @click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", required=True, type=FILE,
+@click.option("--probs", default=None, type=FILE,
               help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns).")
+@_regression_options
 @click.option("--columns", default=None, help="The probability columns of a --probs table.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
 @click.option(
     "--out", default=None, type=FILE,
     help="Write the sets to .npy/.npz (boolean n×k), .json (lists), or .csv/.parquet (one 0/1 "
-    "column per class, and the size).",
+    "column per class, and the size); intervals as n×2 [lower, upper] (columns lower, upper).",
 )
 @json_option
 @pass_settings
 def predict(
-    settings: Any, release_id: int, probs: str, columns: str | None, score: str | None,
+    settings: Any, release_id: int, probs: str | None, preds: str | None,
+    lower_preds: str | None, upper_preds: str | None, columns: str | None, score: str | None,
     out: str | None, as_json: bool
 ) -> None:
-    """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold."""
+    """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold; for a regression
+    release (score absolute or cqr), the intervals [lower, upper] (±inf when it is +inf)."""
     from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
 
+    regression = _regression_given(preds, lower_preds, upper_preds, probs)
     rel = settings.ledger().release(release_id)
+    if regression:
+        from privcal.calibrators.intervals import release_intervals
+        from privcal.cli.interval_output import emit_intervals, load_regression_inputs
+
+        iv = release_intervals(rel, score_name=score,
+                               **load_regression_inputs(preds, lower_preds, upper_preds))
+        emit_intervals(rel, iv, out, as_json)
+        return
+    assert probs is not None
     sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
                         score_name=score)
     classes = release_classes(rel)
@@ -119,7 +164,11 @@ def predict(
 
 @main.command("evaluate")
 @click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", required=True, type=FILE, help="n×k probabilities of held-out points.")
+@click.option("--probs", default=None, type=FILE, help="n×k probabilities of held-out points.")
+@_regression_options
+@click.option("--targets", default=None, type=FILE,
+              help="True regression targets of held-out points (with --preds, or "
+              "--lower-preds/--upper-preds).")
 @click.option("--columns", default=None, help="The probability columns of a --probs table.")
 @click.option("--labels", default=None, type=FILE, help="Their true labels (FILE or FILE:COLUMN).")
 @click.option("--label-column", default=None,
@@ -128,13 +177,31 @@ def predict(
 @json_option
 @pass_settings
 def evaluate(
-    settings: Any, release_id: int, probs: str, columns: str | None, labels: str | None,
-    label_column: str | None, score: str | None, as_json: bool
+    settings: Any, release_id: int, probs: str | None, preds: str | None,
+    lower_preds: str | None, upper_preds: str | None, targets: str | None,
+    columns: str | None, labels: str | None, label_column: str | None, score: str | None,
+    as_json: bool
 ) -> None:
-    """Empirical coverage, mean set size and singleton fraction on held-out data."""
+    """Empirical coverage, mean set size and singleton fraction on held-out data; for a
+    regression release, coverage and interval length (infinite intervals counted)."""
     from privcal.calibrators.evaluation import evaluate_sets
     from privcal.calibrators.prediction_sets import release_classes, release_sets
 
+    if _regression_given(preds, lower_preds, upper_preds, probs):
+        from privcal.calibrators.intervals import evaluate_intervals, release_intervals
+        from privcal.cli.interval_output import emit_evaluation, load_regression_inputs
+
+        if targets is None:
+            raise click.UsageError("give the true targets: --targets FILE")
+        rel = settings.accountant().release(release_id)
+        iv = release_intervals(rel, score_name=score,
+                               **load_regression_inputs(preds, lower_preds, upper_preds))
+        ev = evaluate_intervals(iv, load_array(targets, "targets"), rel.coverage.lower)
+        emit_evaluation(rel, ev, as_json)
+        return
+    if targets is not None:
+        raise InvalidInput("--targets are regression targets; with --probs give --labels")
+    assert probs is not None
     if labels is None and label_column is None:
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
     rel = settings.accountant().release(release_id)  # coverage typed (.lower)
