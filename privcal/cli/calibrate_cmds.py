@@ -29,6 +29,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
+from privcal.cli.group_options import group_args, group_options
 from privcal.cli.inputs import class_names, load_labels
 from privcal.cli.method_options import (
     apply_deprecated,
@@ -75,12 +76,25 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
     click.echo(f"  coverage guarantee  {cov.statement}")
     priv = rel.privacy or {}
     click.echo(f"  privacy             {priv.get('statement') or priv.get('summary') or priv}")
+    render_thresholds(rel)
     dropped = (rel.diagnostics or {}).get("dropped_rows")
     if dropped is not None:
         click.echo(f"  rows dropped        {dropped.get('duplicate_subject', 0)} duplicate "
                    f"subject, {dropped.get('subject_over_cap', 0)} subject past its cap")
     if budget is not None:
         click.echo(f"  budget left         {getattr(budget, 'summary', budget)}")
+
+
+def render_thresholds(rel: Any) -> None:
+    """Each group's and level's n, threshold and guaranteed bound (levels/Mondrian only)."""
+    from privcal.calibrators.group_sets import is_wrapped, threshold_rows
+
+    if not is_wrapped(rel.method):
+        return
+    for r in threshold_rows(rel):
+        where = f"group {r['group']} (n={r['n']})" if r["group"] is not None else "level"
+        click.echo(f"  {where:<19} α={r['alpha']:g}: threshold {fmt_threshold(r['threshold'])}"
+                   f", coverage ≥ {r['lower']:.6g}")
 
 
 def render_dry_run(report: Any) -> None:
@@ -153,7 +167,9 @@ def _make_calibrate_command(name: str) -> click.Command:
             "scores": load("scores", "scores"),
             "probs": load("probs", "probs", matrix=True, columns=columns,
                           exclude=(label_column,) if label_column else ()),
-            "labels": load_labels(kw.get("labels"), label_column, kw.get("probs"), shape_only),
+            # label groups (--mondrian label) are read even in a dry run: they set the cost
+            "labels": load_labels(kw.get("labels"), label_column, kw.get("probs"),
+                                  shape_only and kw.get("mondrian") != "label"),
             "agents": load("agent_of", "agents", ids=True),
             "subjects": load("subjects", "subjects", ids=True),
             # regression: the scores are computed from predictions and targets
@@ -173,6 +189,7 @@ def _make_calibrate_command(name: str) -> click.Command:
             assume_unlinkable_features=kw.get("assume_unlinkable_features", False),
             score_range=kw.get("score_range"),
             **arrays,
+            **group_args(kw),
         )
         if kw.get("dry_run"):
             report = dry_run(acct, name, params, **common)
@@ -240,6 +257,8 @@ def _make_calibrate_command(name: str) -> click.Command:
         opts.append(
             click.Option(["--score-option"], multiple=True, help="Score option KEY=VALUE (repeat).")
         )
+    if needs & {"scores"}:
+        opts += group_options(cal)
     if "agents" in needs:
         opts.append(
             click.Option(

@@ -31,6 +31,7 @@ COMMON = {
     "requester", "idempotency_key", "dry_run", "as_json", "simulate", "shuffled",
     "assume_unlinkable_features", "columns", "label_column", "classes",
     "preds", "lower_preds", "upper_preds", "targets", "score_range",
+    "mondrian", "groups", "public_groups",
 }  # fmt: skip
 
 
@@ -117,6 +118,13 @@ def param_options(params_model: type) -> list[click.Option]:
                     help=help_text,
                 )
             )
+            continue
+        if name == "alpha":  # several levels at once: --alpha 0.05,0.1 (issue 12B)
+            from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
+
+            opts.append(click.Option([flag, name], type=AlphaLevels(), required=required,
+                                     default=default, show_default=default is not None,
+                                     help=help_text + ALPHA_HELP))
             continue
         opts.append(
             click.Option(

@@ -13,6 +13,14 @@ import click
 import numpy as np
 
 from privcal.cli.app import FILE, emit, info, json_option, main, pass_settings
+from privcal.cli.group_options import (
+    ALPHA_OPTION,
+    GROUPS_OPTION,
+    echo_groups,
+    emit_all_levels,
+    load_groups,
+    one_level,
+)
 from privcal.cli.inputs import load_labels
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
@@ -114,20 +122,27 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
 @_regression_options
 @click.option("--columns", default=None, help="The probability columns of a --probs table.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@ALPHA_OPTION
+@GROUPS_OPTION
 @click.option(
     "--out", default=None, type=FILE,
     help="Write the sets to .npy/.npz (boolean n×k), .json (lists), or .csv/.parquet (one 0/1 "
-    "column per class, and the size); intervals as n×2 [lower, upper] (columns lower, upper).",
+    "column per class, and the size); intervals as n×2 [lower, upper] (columns lower, upper); "
+    "with --alpha all: .json or .npz, one entry per level.",
 )
 @json_option
 @pass_settings
 def predict(
     settings: Any, release_id: int, probs: str | None, preds: str | None,
     lower_preds: str | None, upper_preds: str | None, columns: str | None, score: str | None,
-    out: str | None, as_json: bool
+    alpha: str | None, groups: str | None, out: str | None, as_json: bool
 ) -> None:
     """Prediction sets {y : S(x, y) ≤ threshold} of a released threshold; for a regression
-    release (score absolute or cqr), the intervals [lower, upper] (±inf when it is +inf)."""
+    release (score absolute or cqr), the intervals [lower, upper] (±inf when it is +inf).
+
+    A Mondrian release uses each row's threshold: label groups test each label y against
+    its class's threshold; column groups need --groups. A release with several levels takes
+    --alpha (one level, or 'all')."""
     from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
 
     regression = _regression_given(preds, lower_preds, upper_preds, probs)
@@ -141,8 +156,12 @@ def predict(
         emit_intervals(rel, iv, out, as_json)
         return
     assert probs is not None
-    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns),
-                        score_name=score)
+    p = load_array(probs, "probs", matrix=True, columns=columns)
+    if alpha is not None and alpha.strip().lower() == "all":
+        emit_all_levels(rel, p, score, load_groups(groups), out, as_json)
+        return
+    sets = release_sets(rel, p, score_name=score, alpha=one_level(alpha),
+                        groups=load_groups(groups))
     classes = release_classes(rel)
     _write_sets(sets, out, as_json, classes)
     lists = set_labels(sets, classes)
@@ -157,6 +176,8 @@ def predict(
         click.echo(f"{len(lists)} sets, mean size {sizes.mean():.3f}", err=out is None)
 
     doc: dict[str, Any] = {"release": rel.id, "threshold": rel.threshold, "sets": lists}
+    if alpha is not None:
+        doc["alpha"] = one_level(alpha)
     if classes is not None:
         doc["classes"] = classes
     emit(doc, as_json=as_json, human=human)
@@ -174,19 +195,19 @@ def predict(
 @click.option("--label-column", default=None,
               help="The labels' column, of --labels or of the --probs table.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@ALPHA_OPTION
+@GROUPS_OPTION
 @json_option
 @pass_settings
 def evaluate(
     settings: Any, release_id: int, probs: str | None, preds: str | None,
     lower_preds: str | None, upper_preds: str | None, targets: str | None,
     columns: str | None, labels: str | None, label_column: str | None, score: str | None,
-    as_json: bool
+    alpha: str | None, groups: str | None, as_json: bool
 ) -> None:
-    """Empirical coverage, mean set size and singleton fraction on held-out data; for a
-    regression release, coverage and interval length (infinite intervals counted)."""
-    from privcal.calibrators.evaluation import evaluate_sets
-    from privcal.calibrators.prediction_sets import release_classes, release_sets
-
+    """Empirical coverage, mean set size and singleton fraction on held-out data (and, for a
+    Mondrian release, per group against each group's guarantee); for a regression release,
+    coverage and interval length (infinite intervals counted)."""
     if _regression_given(preds, lower_preds, upper_preds, probs):
         from privcal.calibrators.intervals import evaluate_intervals, release_intervals
         from privcal.cli.interval_output import emit_evaluation, load_regression_inputs
@@ -206,10 +227,9 @@ def evaluate(
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
     rel = settings.accountant().release(release_id)  # coverage typed (.lower)
     exclude = (label_column,) if label_column else ()
-    sets = release_sets(rel, load_array(probs, "probs", matrix=True, columns=columns,
-                                        exclude=exclude), score_name=score)
-    ev = evaluate_sets(sets, load_labels(labels, label_column, probs, False), rel.coverage.lower,
-                       classes=release_classes(rel))
+    ev = rel.evaluate(load_array(probs, "probs", matrix=True, columns=columns, exclude=exclude),
+                      load_labels(labels, label_column, probs, False), score_name=score,
+                      alpha=one_level(alpha), groups=load_groups(groups))
 
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
@@ -228,5 +248,6 @@ def evaluate(
             )
         )
         click.echo(f"  guarantee           {verdict} the recorded guarantee")
+        echo_groups(ev)
 
     emit(ev, as_json=as_json, human=human)
