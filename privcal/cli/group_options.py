@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from privcal.cli.app import FILE
-from privcal.cli.inputs import load_array
+from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
 __all__ = ["ALPHA_HELP", "ALPHA_OPTION", "GROUPS_OPTION", "AlphaLevels", "echo_groups",
