@@ -6,7 +6,9 @@ The public API:
 - :class:`Accountant` — budgets per dataset and per subject, atomic charges,
   ``calibrate`` (charge, compute, record) and the release log;
 - cost values :class:`PureDP`, :class:`ZCDP`, :class:`ApproxDP`, :class:`LocalDP`;
-- :mod:`privcal.client` — what runs on a user's device or a federated agent.
+- :mod:`privcal.client` — what runs on a user's device or a federated agent;
+- :class:`PrivateConformalClassifier`, :class:`PrivateConformalRegressor` — a fitted model
+  wrapped scikit-learn style (:mod:`privcal.estimators`).
 
 Names are imported on first use, so that ``privcal --help`` and the client
 module do not pay for SQLAlchemy and SciPy.
@@ -53,6 +55,8 @@ _EXPORTS = {
     "NotFound": "privcal.errors",
     "PrivcalError": "privcal.errors",
     "SchemaOutOfDate": "privcal.errors",
+    "PrivateConformalClassifier": "privcal.estimators",
+    "PrivateConformalRegressor": "privcal.estimators",
 }
 
 __all__ = [
@@ -66,6 +70,8 @@ __all__ = [
     "Ledger",
     "LocalDP",
     "NotFound",
+    "PrivateConformalClassifier",
+    "PrivateConformalRegressor",
     "PrivcalError",
     "PureDP",
     "Release",
@@ -84,6 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
         PrivcalError,
         SchemaOutOfDate,
     )
+    from privcal.estimators import PrivateConformalClassifier, PrivateConformalRegressor
     from privcal.storage import Ledger
 
 

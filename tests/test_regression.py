@@ -253,3 +253,30 @@ def test_release_load_errors_are_one_line(tmp_path: Path) -> None:
         Release.load(str(tmp_path / "bad.json"))
     with pytest.raises(InvalidInput, match="JSON string or a file path"):
         Release.load(42)
+
+
+def test_levels_and_mondrian_group_releases_give_each_rows_interval(
+    accountant: Accountant,
+) -> None:
+    accountant.create_dataset("d", rho=10, allow_nonprivate=True)
+    f, y = _data(8, 2000)
+    g = np.where(f < 0.5, "low", "high")
+    rel = accountant.calibrate("split", dataset="d", preds=f, targets=y, score="absolute",
+                               alpha=[0.1, 0.2])
+    t = {a: r["threshold"] for r in rel.thresholds() for a in [r["alpha"]]}
+    iv = rel.predict_interval(f[:5], alpha=0.2)
+    np.testing.assert_array_equal(iv, np.column_stack([f[:5] - t[0.2], f[:5] + t[0.2]]))
+    with pytest.raises(InvalidInput, match="choose one"):
+        rel.predict_interval(f[:5])
+    assert rel.evaluate_interval(y, f, alpha=0.1).guaranteed_lower == 0.9
+    mon = accountant.calibrate("split", dataset="d", preds=f, targets=y, score="absolute",
+                               alpha=0.1, groups=g, public_groups=True)
+    tg = {r["group"]: r["threshold"] for r in mon.thresholds()}
+    assert tg["low"] < tg["high"]  # the noise grows with x
+    iv = mon.predict_interval(f[:6], groups=g[:6])
+    want = np.array([tg[k] for k in g[:6]])
+    np.testing.assert_array_equal(iv, np.column_stack([f[:6] - want, f[:6] + want]))
+    with pytest.raises(InvalidInput, match="give the group of every row"):
+        mon.predict_interval(f[:6])
+    with pytest.raises(InvalidInput, match="no Mondrian groups"):
+        rel.predict_interval(f[:6], alpha=0.1, groups=g[:6])

@@ -285,22 +285,26 @@ class Release(ReleaseRecord):
         return load_release(cls, source)
 
     def predict_interval(self, preds: Any = None, *, lower_preds: Any = None,
-                         upper_preds: Any = None, score_name: str | None = None) -> np.ndarray:
+                         upper_preds: Any = None, score_name: str | None = None,
+                         alpha: float | None = None, groups: Any = None) -> np.ndarray:
         """Intervals [lower, upper] (n×2) of a regression release (``absolute``: ``preds``;
-        ``cqr``: ``lower_preds`` and ``upper_preds``); (−inf, +inf) when the threshold is +inf."""
+        ``cqr``: ``lower_preds`` and ``upper_preds``); (−inf, +inf) where the threshold is
+        +inf. Several levels: choose ``alpha``; Mondrian groups: each row's ``groups``."""
         from privcal.calibrators.intervals import release_intervals
 
         return release_intervals(self, preds=preds, lower_preds=lower_preds,
-                                 upper_preds=upper_preds, score_name=score_name)
+                                 upper_preds=upper_preds, score_name=score_name, alpha=alpha,
+                                 groups=groups)
 
     def evaluate_interval(self, targets: Any, preds: Any = None, *, lower_preds: Any = None,
-                          upper_preds: Any = None, score_name: str | None = None) -> Any:
+                          upper_preds: Any = None, score_name: str | None = None,
+                          alpha: float | None = None, groups: Any = None) -> Any:
         """Coverage and interval length on held-out targets (an ``IntervalEvaluation``)."""
-        from privcal.calibrators.intervals import evaluate_intervals
+        from privcal.calibrators.intervals import evaluate_intervals, release_lower
 
         iv = self.predict_interval(preds, lower_preds=lower_preds, upper_preds=upper_preds,
-                                   score_name=score_name)
-        return evaluate_intervals(iv, targets, self.coverage.lower)
+                                   score_name=score_name, alpha=alpha, groups=groups)
+        return evaluate_intervals(iv, targets, release_lower(self, alpha=alpha))
 
     def predict_set(self, probs: Any, *, score_name: str | None = None,
                     rng: random.Random | None = None, alpha: float | None = None,

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from privcal.calibrators.prediction_sets import regression_interval
-from privcal.calibrators.scores import SCORES
+from privcal.calibrators.scores import SCORES, regression_bounds
 from privcal.calibrators.validation import check_lengths, check_targets
 from privcal.errors import InvalidInput
 
@@ -29,7 +28,9 @@ __all__ = [
     "evaluate_intervals",
     "is_regression_release",
     "release_intervals",
+    "release_lower",
     "release_score_name",
+    "release_thresholds",
 ]
 
 
@@ -59,6 +60,40 @@ def is_regression_release(release: Any, score_name: str | None = None) -> bool:
     return SCORES[release_score_name(release, score_name)].kind == "regression"
 
 
+def release_thresholds(release: Any, n: int, *, alpha: float | None = None,
+                       groups: Any = None) -> np.ndarray:
+    """Each row's threshold (shape (n,)): the release's threshold; for a release with
+    several levels, the one of level ``alpha``; for one with Mondrian groups from a column,
+    that of each row's group (``groups``). Label groups do not apply to regression."""
+    from privcal.calibrators.group_sets import is_wrapped, table_of
+
+    if not is_wrapped(release.method):
+        if groups is not None:
+            raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
+        own = (release.params or {}).get("alpha")
+        if alpha is not None and not (isinstance(alpha, int | float)
+                                      and isinstance(own, int | float)
+                                      and math.isclose(own, alpha)):
+            raise InvalidInput(f"release {release.id} is at the one level α = {own}, "
+                               f"not {alpha}")
+        return np.full(n, float(release.threshold))
+    cov = release.coverage
+    details = dict(cov.get("details", {}) if isinstance(cov, dict) else cov.details)
+    table = table_of(release.method, release.params, release.diagnostics or {}, details)
+    col = table.level(alpha)
+    if table.groups is None:
+        if groups is not None:
+            raise InvalidInput("this release has no Mondrian groups; give no groups")
+        return np.full(n, float(table.values[0, col]))
+    if table.group_by == "label":
+        raise InvalidInput("this release's groups are class labels: it gives prediction "
+                           "sets, not intervals")
+    if groups is None:
+        raise InvalidInput("this release has one threshold per group: give the group of "
+                           "every row (groups=…, --groups FILE[:COLUMN])")
+    return np.asarray(table.values[:, col], dtype=np.float64)[table.group_rows(groups, n)]
+
+
 def release_intervals(
     release: Any,
     *,
@@ -66,19 +101,43 @@ def release_intervals(
     lower_preds: Any = None,
     upper_preds: Any = None,
     score_name: str | None = None,
+    alpha: float | None = None,
+    groups: Any = None,
 ) -> np.ndarray:
     """The n×2 array [lower, upper] of a release's intervals for new predictions.
 
     ``absolute``: ``preds`` (n,); ``cqr``: ``lower_preds`` and ``upper_preds`` (or ``preds``
-    of shape (n, 2)). Rows are (−inf, +inf) when the threshold is +inf.
+    of shape (n, 2)). Rows are (−inf, +inf) where the threshold is +inf. A release with
+    several levels takes ``alpha``, one with Mondrian groups each row's ``groups``.
     """
     name = release_score_name(release, score_name)
     if SCORES[name].kind != "regression":
         raise InvalidInput(f"release {release.id} was calibrated on the classification score "
                            f"{name!r}: it gives prediction sets (--probs), not intervals")
-    lo, hi = regression_interval(name, preds, release.threshold, lower_preds=lower_preds,
-                                 upper_preds=upper_preds)
-    return np.column_stack([lo, hi])
+    lo, hi = regression_bounds(name, preds=preds, lower_preds=lower_preds,
+                               upper_preds=upper_preds)
+    t = release_thresholds(release, int(lo.shape[0]), alpha=alpha, groups=groups)
+    if np.isnan(t).any():
+        raise InvalidInput(f"release {release.id} records a NaN threshold")
+    infinite = t == math.inf
+    with np.errstate(invalid="ignore"):
+        out = np.column_stack([lo - t, hi + t])
+    out[infinite] = (-math.inf, math.inf)
+    return out
+
+
+def release_lower(release: Any, *, alpha: float | None = None) -> float:
+    """The guaranteed coverage to evaluate against: the release's; for several levels, that
+    of level ``alpha``; for Mondrian groups, the smallest group bound at that level (each
+    group is covered at its own bound, so the mixture at least at the smallest)."""
+    from privcal.calibrators.group_sets import is_wrapped, table_of
+
+    cov = release.coverage
+    if not is_wrapped(release.method):
+        return float(cov.get("lower") if isinstance(cov, dict) else cov.lower)
+    details = dict(cov.get("details", {}) if isinstance(cov, dict) else cov.details)
+    table = table_of(release.method, release.params, release.diagnostics or {}, details)
+    return float(np.min(table.lowers[:, table.level(alpha)]))
 
 
 class IntervalEvaluation(BaseModel):

@@ -209,7 +209,11 @@ def evaluate(
     Mondrian release, per group against each group's guarantee); for a regression release,
     coverage and interval length (infinite intervals counted)."""
     if _regression_given(preds, lower_preds, upper_preds, probs):
-        from privcal.calibrators.intervals import evaluate_intervals, release_intervals
+        from privcal.calibrators.intervals import (
+            evaluate_intervals,
+            release_intervals,
+            release_lower,
+        )
         from privcal.cli.interval_output import emit_evaluation, load_regression_inputs
 
         if targets is None:
@@ -217,7 +221,7 @@ def evaluate(
         rel = settings.accountant().release(release_id)
         iv = release_intervals(rel, score_name=score,
                                **load_regression_inputs(preds, lower_preds, upper_preds))
-        ev = evaluate_intervals(iv, load_array(targets, "targets"), rel.coverage.lower)
+        ev = evaluate_intervals(iv, load_array(targets, "targets"), release_lower(rel))
         emit_evaluation(rel, ev, as_json)
         return
     if targets is not None:

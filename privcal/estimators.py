@@ -1,0 +1,274 @@
+"""Wrap a fitted model, scikit-learn style, for private conformal calibration (issue 12).
+
+The shape follows MAPIE v1's ``SplitConformalClassifier`` / ``SplitConformalRegressor``
+(a fitted estimator, ``confidence_level``, ``conformalize(X_conf, y_conf)``, then
+``predict_set`` / ``predict_interval``), with the calibration charged to a privcal
+dataset through an :class:`~privcal.accountant.Accountant`::
+
+    clf = PrivateConformalClassifier(model, method="pcoqs", confidence_level=0.9,
+                                     accountant=acct, dataset="d", rho=0.5)
+    clf.conformalize(X_cal, y_cal)
+    y_pred, sets = clf.predict_set(X_test)      # sets: n × k × 1 booleans
+
+The estimator is duck-typed: a classifier needs ``predict_proba`` (and ``classes_`` when
+its labels are not 0 … k−1; string labels are fine), a regressor ``predict``. For
+``score="cqr"`` the regressor is a pair ``(lower_estimator, upper_estimator)`` of
+quantile regressors, or one estimator whose ``predict`` returns n × 2 [lower, upper].
+scikit-learn is not imported. The estimator must be fitted on data *other* than the
+calibration data (split conformal); it is never refitted here (MAPIE's ``prefit=True``).
+
+Each ``conformalize`` is one privcal calibration: it is charged, recorded in the ledger,
+and its :class:`~privcal.accountant.Release` is ``release_``. ``release_`` can be saved
+(``release_.model_dump_json()``) and a wrapper rebuilt around it without the ledger
+(:meth:`PrivateConformalClassifier.from_release`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from privcal.errors import InvalidInput
+
+__all__ = ["PrivateConformalClassifier", "PrivateConformalRegressor"]
+
+
+def _levels(confidence_level: Any) -> list[float]:
+    """The confidence levels (one or several), each in (0, 1)."""
+    many = isinstance(confidence_level, Sequence) and not isinstance(confidence_level, str)
+    values = list(confidence_level) if many else [confidence_level]
+    if not values:
+        raise InvalidInput("confidence_level: give at least one level")
+    out = []
+    for c in values:
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c < 1:
+            raise InvalidInput(f"confidence_level must be in (0, 1), got {c!r:.40}")
+        out.append(float(c))
+    return out
+
+
+def _alpha(levels: list[float]) -> float | list[float]:
+    """α = 1 − confidence level, as the decimal the user meant (0.9 → 0.1, not 0.09999…)."""
+    alphas = [float(f"{1 - c:.12g}") for c in levels]
+    return alphas[0] if len(alphas) == 1 else alphas
+
+
+def _call(estimator: Any, method: str, X: Any) -> np.ndarray:
+    fn = getattr(estimator, method, None)
+    if not callable(fn):
+        raise InvalidInput(f"the estimator {type(estimator).__name__} has no {method}(X)")
+    return np.asarray(fn(X))
+
+
+class _Base:
+    """What the classifier and the regressor share: the accountant, the method, the release."""
+
+    def __init__(self, estimator: Any, method: str, confidence_level: Any, *,
+                 accountant: Any, dataset: str | None, score: str,
+                 requester: str | None, rng: random.Random | None,
+                 params: dict[str, Any]) -> None:
+        self.estimator = estimator
+        self.method = method
+        self.confidence_level = confidence_level
+        self.accountant = accountant
+        self.dataset = dataset
+        self.score = score
+        self.requester = requester
+        self.rng = rng
+        self.params = params
+        self.release_: Any = None
+
+    def _calibrate(self, **data: Any) -> None:
+        if self.accountant is None or self.dataset is None:
+            raise InvalidInput("conformalize needs accountant= and dataset= (the budget that "
+                               "pays for the calibration)")
+        levels = _levels(self.confidence_level)
+        # the method's parameters and calibration options (score_range=, …) as keywords
+        self.release_ = self.accountant.calibrate(
+            self.method, dataset=self.dataset, score=self.score, requester=self.requester,
+            rng=self.rng, alpha=_alpha(levels), **self.params, **data)
+
+    def _release(self) -> Any:
+        if self.release_ is None:
+            raise InvalidInput(f"{type(self).__name__} is not conformalized: call "
+                               "conformalize(X_conf, y_conf) first")
+        return self.release_
+
+    def _alphas(self, confidence_level: Any) -> list[float | None]:
+        """The level(s) to predict at: those asked, else every conformalized one (None: the
+        release's only level)."""
+        if confidence_level is None:
+            levels = _levels(self.confidence_level)
+            return [None] if len(levels) == 1 else list(_alpha(levels))  # type: ignore[arg-type]
+        alphas = _alpha(_levels(confidence_level))
+        return list(alphas) if isinstance(alphas, list) else [alphas]
+
+
+class PrivateConformalClassifier(_Base):
+    """Prediction sets with a privately calibrated threshold (MAPIE v1 shape).
+
+    ``method``: a privcal calibrator that takes scores or probabilities (``split``,
+    ``pcoqs``, ``exponq``, ``ldp-label``, …); ``confidence_level``: 1 − α, or a list of levels
+    (one release with a threshold per level); ``score``: ``lac``, ``aps`` or ``raps``;
+    ``**params``: the method's parameters (``rho=``, ``epsilon=``, …), as in
+    :meth:`Accountant.calibrate <privcal.accountant.Accountant.calibrate>`.
+    """
+
+    def __init__(self, estimator: Any, method: str = "pcoqs", confidence_level: Any = 0.9, *,
+                 accountant: Any = None, dataset: str | None = None, score: str = "lac",
+                 requester: str | None = None, rng: random.Random | None = None,
+                 **params: Any) -> None:
+        super().__init__(estimator, method, confidence_level, accountant=accountant,
+                         dataset=dataset, score=score, requester=requester, rng=rng,
+                         params=params)
+        self.classes_: np.ndarray | None = None
+
+    def _probs(self, X: Any) -> np.ndarray:
+        return _call(self.estimator, "predict_proba", X)
+
+    def _columns(self, k: int) -> np.ndarray:
+        classes = getattr(self.estimator, "classes_", None)
+        if classes is None:
+            return np.arange(k)
+        classes = np.asarray(classes)
+        if classes.shape != (k,):
+            raise InvalidInput(f"the estimator has {classes.shape[0]} classes_ but "
+                               f"predict_proba gives {k} columns")
+        return classes
+
+    def conformalize(self, X_conf: Any, y_conf: Any) -> PrivateConformalClassifier:
+        """Calibrate on held-out data (charged to ``dataset``); returns self."""
+        probs = self._probs(X_conf)
+        if probs.ndim != 2:
+            raise InvalidInput(f"predict_proba must give an n×k matrix, got {probs.shape}")
+        classes = self._columns(probs.shape[1])
+        index = {c.item() if hasattr(c, "item") else c: j for j, c in enumerate(classes)}
+        y = np.asarray(y_conf, dtype=object).ravel()
+        labels = np.empty(y.shape[0], dtype=np.int64)
+        for i, v in enumerate(y):
+            j = index.get(v.item() if hasattr(v, "item") else v)
+            if j is None:
+                raise InvalidInput(f"y_conf: row {i} is {v!r:.40}, not one of the estimator's "
+                                   f"classes ({', '.join(map(str, classes[:10]))})")
+            labels[i] = j
+        names = [str(c) for c in classes]
+        if len(set(names)) != len(names):
+            raise InvalidInput("the estimator's classes_ are not distinct as text")
+        self._calibrate(probs=probs, labels=labels, classes=names)
+        self.classes_ = classes
+        return self
+
+    @classmethod
+    def from_release(cls, estimator: Any, release: Any) -> PrivateConformalClassifier:
+        """A conformalized classifier from a saved release (no ledger, nothing charged)."""
+        from privcal.accountant import Release
+
+        rel = release if isinstance(release, Release) else Release.load(release)
+        alphas = [float(a) for a in rel.params["alpha"]] if isinstance(
+            rel.params.get("alpha"), list) else [float(rel.params["alpha"])]
+        levels = [float(f"{1 - a:.12g}") for a in alphas]
+        score = ((rel.diagnostics or {}).get("score") or {}).get("name", "lac")
+        out = cls(estimator, rel.method, levels if len(levels) > 1 else levels[0], score=score)
+        out.release_ = rel
+        names = rel.classes
+        k = len(names) if names else None
+        out.classes_ = out._columns(k) if k else None
+        return out
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The estimator's point predictions (``predict``, else the most probable class)."""
+        if callable(getattr(self.estimator, "predict", None)):
+            return np.asarray(self.estimator.predict(X))
+        probs = self._probs(X)
+        return self._columns(probs.shape[1])[np.argmax(probs, axis=1)]
+
+    def predict_set(self, X: Any, confidence_level: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(y_pred, sets)``: point predictions and boolean sets of shape n × k × L, one slice
+        per confidence level (L = 1 for one level), columns in ``classes_`` order."""
+        rel = self._release()
+        probs = self._probs(X)
+        sets = [rel.predict_set(probs, alpha=a, rng=self.rng) if a is not None
+                else rel.predict_set(probs, rng=self.rng) for a in self._alphas(confidence_level)]
+        return self.predict(X), np.stack(sets, axis=-1)
+
+    def predict_labels(self, X: Any, confidence_level: float | None = None) -> list[list[Any]]:
+        """Each row's prediction set as a list of the estimator's class labels (one level)."""
+        _, sets = self.predict_set(X, confidence_level)
+        if sets.shape[-1] != 1:
+            raise InvalidInput("several levels: choose one (confidence_level=…)")
+        classes = self._columns(sets.shape[1])
+        return [[c.item() if hasattr(c, "item") else c for c in classes[row]]
+                for row in sets[:, :, 0]]
+
+
+class PrivateConformalRegressor(_Base):
+    """Prediction intervals with a privately calibrated threshold (MAPIE v1 shape).
+
+    ``score="absolute"``: ``estimator.predict`` gives f(x), intervals [f − t, f + t];
+    ``score="cqr"``: ``estimator`` is ``(lower, upper)`` quantile regressors (or one whose
+    ``predict`` gives n × 2), intervals [f_lo − t, f_hi + t]. ``score_range=(lo, hi)``: the
+    public range of the scores for a method that needs one (recorded; scores outside it are
+    not clipped, they can only make intervals wider or infinite).
+    """
+
+    def __init__(self, estimator: Any, method: str = "pcoqs", confidence_level: Any = 0.9, *,
+                 accountant: Any = None, dataset: str | None = None, score: str = "absolute",
+                 requester: str | None = None, rng: random.Random | None = None,
+                 **params: Any) -> None:
+        if score not in ("absolute", "cqr"):
+            raise InvalidInput(f"score must be 'absolute' or 'cqr', got {score!r:.40}")
+        super().__init__(estimator, method, confidence_level, accountant=accountant,
+                         dataset=dataset, score=score, requester=requester, rng=rng,
+                         params=params)
+
+    def _band(self, X: Any) -> dict[str, np.ndarray]:
+        est = self.estimator
+        if self.score == "absolute":
+            return {"preds": _call(est, "predict", X)}
+        if isinstance(est, tuple | list):
+            if len(est) != 2:
+                raise InvalidInput("score 'cqr' takes (lower_estimator, upper_estimator)")
+            return {"lower_preds": _call(est[0], "predict", X),
+                    "upper_preds": _call(est[1], "predict", X)}
+        return {"preds": _call(est, "predict", X)}  # n × 2, checked by the score
+
+    def conformalize(self, X_conf: Any, y_conf: Any) -> PrivateConformalRegressor:
+        """Calibrate on held-out data (charged to ``dataset``); returns self."""
+        self._calibrate(targets=np.asarray(y_conf), **self._band(X_conf))
+        return self
+
+    @classmethod
+    def from_release(cls, estimator: Any, release: Any) -> PrivateConformalRegressor:
+        """A conformalized regressor from a saved release (no ledger, nothing charged)."""
+        from privcal.accountant import Release
+
+        rel = release if isinstance(release, Release) else Release.load(release)
+        raw = rel.params.get("alpha")
+        alphas = [float(a) for a in raw] if isinstance(raw, list) else [float(raw)]
+        levels = [float(f"{1 - a:.12g}") for a in alphas]
+        score = ((rel.diagnostics or {}).get("score") or {}).get("name", "absolute")
+        out = cls(estimator, rel.method, levels if len(levels) > 1 else levels[0], score=score)
+        out.release_ = rel
+        return out
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Point predictions: f(x) (absolute), the band's midpoint (cqr)."""
+        band = self._band(X)
+        if "lower_preds" in band:
+            return (band["lower_preds"] + band["upper_preds"]) / 2
+        p = band["preds"]
+        return p.mean(axis=1) if p.ndim == 2 else p
+
+    def predict_interval(self, X: Any,
+                         confidence_level: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(y_pred, intervals)``: point predictions and intervals of shape n × 2 × L
+        ([lower, upper] per row, one slice per level); ±inf when the threshold is +inf."""
+        rel = self._release()
+        band = self._band(X)
+        ivs = [rel.predict_interval(**band, alpha=a) if a is not None
+               else rel.predict_interval(**band) for a in self._alphas(confidence_level)]
+        y_pred = self.predict(X)
+        return y_pred, np.stack(ivs, axis=-1)
