@@ -25,11 +25,12 @@ def env(ledger_url: str, tmp_path: Path) -> CliEnv:
                     "lo": x[:2000] - 0.5, "hi": x[:2000] + 0.5,
                     "lot": x[2000:] - 0.5, "hit": x[2000:] + 0.5}.items():
         np.save(tmp_path / f"{name}.npy", a)
-    for args in (("dataset", "create", "z", "--rho", "10", "--allow-nonprivate"),
+    for args in (("db", "upgrade"), ("dataset", "create", "z", "--rho", "10", "--allow-nonprivate"),
                  ("dataset", "create", "e", "--epsilon", "10"),
                  ("dataset", "create", "fed", "--epsilon", "10", "--subject-epsilon", "10",
                   "--allow-nonprivate")):
-        assert e.run(*args).exit_code == 0
+        res = e.run(*args)
+        assert res.exit_code == 0, res.stderr
     return e
 
 
