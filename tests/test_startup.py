@@ -65,7 +65,7 @@ def test_head_revision_scan_agrees_with_alembic() -> None:
     from alembic.script import ScriptDirectory
 
     from privcal.storage import Ledger
-    from privcal.storage.ledger import _scan_head
+    from privcal.storage.schema import _scan_head
 
     led = Ledger("sqlite://")
     want = ScriptDirectory.from_config(led._alembic_config()).get_current_head()

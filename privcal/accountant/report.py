@@ -15,11 +15,10 @@ from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
 
 from privcal.accountant import privacy as acc
+from privcal.accountant.policy import charge_cost, policy_of, renyi_orders_of
 from privcal.costs import LocalDP
-from privcal.storage.models import Charge, Dataset
 
 
 class TimelineEntry(BaseModel):
@@ -69,25 +68,20 @@ class DatasetReport(BaseModel):
 
 def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetReport]:
     """The report for one dataset, or for all of them in creation order."""
-    from privcal.accountant.accountant import _charge_cost, _orders, _policy
-
     names = [dataset] if dataset is not None else [d.name for d in accountant.datasets()]
     for name in names:
         accountant.dataset(name)  # NotFound for an unknown name, before any work
     out: list[DatasetReport] = []
     for name in names:
-        with accountant.ledger.read() as s:
-            ds = s.execute(select(Dataset).where(Dataset.name == name)).scalar_one()
-            policy = _policy(ds)
-            charges = (
-                s.execute(select(Charge).where(Charge.dataset_id == ds.id).order_by(Charge.id))
-                .scalars()
-                .all()
-            )
+        ledger = accountant.ledger
+        with ledger.read() as s:
+            ds = ledger.get_dataset(s, name)
+            policy = policy_of(ds)
+            charges = ledger.charges_of(s, ds.id)
             spent = acc.Spent()
             timeline = []
             for c in charges:
-                cost = _charge_cost(c)
+                cost = charge_cost(c)
                 if not isinstance(cost, LocalDP):
                     spent = spent.add(cost)
                 rep = acc.spent_epsilon(policy, spent, ds.reporting_delta)
@@ -106,7 +100,7 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                 )
             reporting_delta = ds.reporting_delta
             guarantee = acc.filter_guarantee(policy, reporting_delta).statement
-            orders = _orders(ds)
+            orders = renyi_orders_of(ds)
         releases = [
             ReleaseLine(
                 release=r.id,

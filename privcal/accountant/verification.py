@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from privcal.accountant.normalize import cost_json, json_safe, normalize_cost
+from privcal.accountant.release_privacy import privacy_record
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
@@ -96,8 +98,6 @@ def _diff(what: str, recorded: dict[str, Any], recomputed: dict[str, Any]) -> li
 
 def _plain(obj: Any) -> Any:
     """What a JSON column gives back: the form in which recorded values are compared."""
-    from privcal.accountant.accountant import json_safe
-
     return json.loads(json.dumps(json_safe(obj), default=str))
 
 
@@ -138,11 +138,9 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
                 rel.method, params, shape, ds.reporting_delta,
                 assume_unlinkable_features="assumption" in extra,
             )  # fmt: skip
-        privacy = accountant._privacy(cost, ds, new_extra, cal)
+        privacy = privacy_record(cost, ds, new_extra, cal)
         if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
-            from privcal.accountant.accountant import _cost_json, normalize_cost
-
-            privacy["central_cost"] = _cost_json(normalize_cost(central_cost))
+            privacy["central_cost"] = cost_json(normalize_cost(central_cost))
         problems += _diff("privacy", _plain(rel.privacy), _plain(privacy))
     except PrivcalError as exc:
         problems.append(f"cannot recompute: {exc}")

@@ -41,6 +41,7 @@ __all__ = [
     "hex_of",
     "key_id",
     "members_blob",
+    "members_commitment",
     "members_digest",
     "new_secret",
     "pseudonym",
@@ -124,6 +125,22 @@ def members_blob(hex_pseudonyms: Iterable[str]) -> bytes:
 def members_digest(kid: str, blob: bytes) -> str:
     """SHA-256 commitment to a charge's members under the secret's fingerprint ``kid``."""
     return hashlib.sha256(b"privcal members\x00" + kid.encode() + b"\x00" + blob).hexdigest()
+
+
+def members_commitment(kid: str, accepted: np.ndarray, *,
+                       presorted: bool = False) -> tuple[bytes, str]:
+    """(blob, members_digest) of the distinct pseudonyms a charge charged: the blob is what
+    ``charge_members`` stores (sorted, 32 raw bytes each), the digest what its entry commits.
+    ``accepted``: raw 32-byte pseudonyms (dtype ``S32``) or their hex."""
+    if accepted.dtype.kind == "S":  # raw 32-byte pseudonyms
+        raw = accepted if presorted else np.sort(accepted)
+        blob = np.ascontiguousarray(raw).tobytes()
+    else:  # hex; lowercase hex sorts as the bytes it encodes
+        acc_hex = np.asarray(accepted, dtype="<U64")
+        if not presorted:
+            acc_hex = np.sort(acc_hex)
+        blob = bytes.fromhex("".join(acc_hex.tolist()))
+    return blob, members_digest(kid, blob)
 
 
 def subjects_digest(key: bytes, subjects: Sequence[str]) -> str:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound
 from privcal.storage.audit import now
-from privcal.storage.models import Charge, Dataset, ReleaseRow
+from privcal.storage.models import Dataset, ReleaseRow
 from privcal.storage.sessions import CollectionSession, SessionBatch, SessionReport
 
 __all__ = ["SessionStore"]
@@ -182,26 +182,3 @@ class SessionStore:
         """Record an accepted batch: its number, idempotency key, request digest, result."""
         s.add(SessionBatch(session_id=session_id, batch=batch, idempotency_key=key,
                            request_digest=digest, result=result, created_at=now()))
-
-    # ------------------------------------------------------------ charge and release rows
-    @staticmethod
-    def add_charge(s: Session, ds: Dataset, values: dict[str, Any]) -> Charge:
-        """A charge row (``values``: every column but ``id``), flushed so that it has its
-        id, counted on ``ds`` (locked by the caller)."""
-        c = Charge(**values)
-        s.add(c)
-        ds.charge_count += 1
-        s.flush()
-        return c
-
-    @staticmethod
-    def insert_release(s: Session, dataset_id: int, values: dict[str, Any],
-                       charge_ids: Sequence[int]) -> ReleaseRow:
-        """A release row of ``dataset_id`` (``values``: its stored fields), tied to
-        ``charge_ids`` (the first is its ``charge_id``); flushed so that it has its id."""
-        ids = list(charge_ids)
-        row = ReleaseRow(dataset_id=dataset_id, created_at=now(),
-                         charge_id=ids[0] if ids else None, charge_ids=ids, **values)
-        s.add(row)
-        s.flush()
-        return row

@@ -15,13 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from privcal.accountant.accountant import (
-    Accountant,
-    _text,
-    json_safe,
-    record_members,
-    request_digest,
-)
+from privcal.accountant.accountant import Accountant
+from privcal.accountant.normalize import json_safe, optional_text, request_digest
 from privcal.accountant.sessions import records as R
 from privcal.accountant.sessions.records import SubmitResult
 from privcal.accountant.sessions.release import fed_release_args, ldp_release_args, release_in_tx
@@ -38,6 +33,7 @@ from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings
 from privcal.errors import InvalidInput, PlanRejected
 from privcal.storage.audit import canonical, charge_doc, now, threshold_str
+from privcal.storage.charges import record_members
 from privcal.storage.models import SUBJECT_UNIT
 from privcal.storage.pseudonyms import key_id, reports_digest, state_digest, subjects_digest
 
@@ -196,7 +192,7 @@ def submit_reports(
         raise InvalidInput(f"the batch has {sids.shape[0]} subject ids but {vals.shape[0]} values")
     n = int(sids.shape[0])
     ledger = accountant.ledger
-    key = _text(idempotency_key, "idempotency key")
+    key = optional_text(idempotency_key, "idempotency key")
     skey = ledger.subject_key()
     pids = ledger.pseudonyms(sids.tolist())  # stored and looked up: never the ids
     digest = None if key is None else _batch_digest(ledger, session_id, sids, vals, rounds)
@@ -239,8 +235,8 @@ def submit_reports(
         chosen = cand[:need]
         why[R.EXTRA_AGENT if fed else R.ROUND_FULL] += int(cand.size - chosen.size)
         if charged and chosen.size:
-            late_over = accountant._bulk_subjects(s, ds.id, np.sort(pids[chosen]), e_units,
-                                                  cap_units)
+            late_over = accountant.ledger.bulk_charge_subjects(
+                s, ds.id, np.sort(pids[chosen]), e_units, cap_units)
             if late_over:
                 is_over = np.isin(pids[chosen], np.asarray(late_over, dtype=pids.dtype))
                 why[R.OVER_CAP] += int(is_over.sum())

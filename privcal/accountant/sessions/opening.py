@@ -8,13 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from privcal.accountant import privacy as acc
-from privcal.accountant.accountant import (
-    Accountant,
-    _cost_json,
-    _text,
-    json_safe,
-    normalize_cost,
-)
+from privcal.accountant.accountant import Accountant
+from privcal.accountant.charges import charge_in_session
+from privcal.accountant.normalize import cost_json, json_safe, normalize_cost, optional_text
 from privcal.accountant.sessions.records import METHODS, SessionInfo
 from privcal.accountant.sessions.state import dump_protocol, info_of, number
 from privcal.calibrators import registry
@@ -75,7 +71,7 @@ def open_session(
         raise InvalidInput("shuffled and nominal must be True or False")
     if shuffled and method != "fedcp-qq":
         check_shuffle_method(method)
-    requester = _text(requester, "requester")
+    requester = optional_text(requester, "requester")
     alpha = number(alpha, "α")
     if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
         delta = failure_probability
@@ -146,7 +142,7 @@ def open_session(
         state["privacy_extra"] = json_safe(extra)
         if amplified is not None:
             central = normalize_cost(amplified)  # type: ignore[assignment]
-            state["central_cost"] = _cost_json(central)  # type: ignore[arg-type]
+            state["central_cost"] = cost_json(central)  # type: ignore[arg-type]
     params = json_safe(p.model_dump(mode="python"))
 
     def tx(s: Session) -> SessionInfo:
@@ -158,8 +154,9 @@ def open_session(
             "created_at": t, "updated_at": t})
         st = dict(state)
         if central is not None:
-            c = accountant._charge_central(s, ds, central, f"session {row.id}: {method} "
-                                           "(shuffled, amplified central cost)", requester, None)
+            c = charge_in_session(accountant.ledger, s, ds, central,
+                                  f"session {row.id}: {method} (shuffled, amplified central "
+                                  "cost)", requester, None)
             st["central_charge_id"] = c.id
         accountant.ledger.update_session(s, row, state=st)
         accountant.ledger.append_audit(s, "session_open", {

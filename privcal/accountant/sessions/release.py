@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from privcal.accountant.accountant import Accountant, _info, json_safe
+from privcal.accountant.accountant import Accountant
+from privcal.accountant.normalize import json_safe
+from privcal.accountant.policy import dataset_info
+from privcal.accountant.release_privacy import privacy_record
 from privcal.accountant.sessions.state import charge_ids
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
@@ -46,7 +49,7 @@ def release_in_tx(
     p = cal.Params.model_validate(params)
     coverage = cal.guarantee(p, shape)
     cost = cal.cost(p, shape)
-    privacy = acct._privacy(cost, _info(ds), privacy_extra, cal)
+    privacy = privacy_record(cost, dataset_info(ds), privacy_extra, cal)
     central = row.state.get("central_cost")
     if central is not None:
         privacy["central_cost"] = central

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from privcal.accountant.accountant import Accountant, Release
+from privcal.accountant.accountant import Accountant
+from privcal.accountant.results import Release
 from privcal.accountant.sessions.records import SessionInfo
 from privcal.accountant.sessions.state import info_of, session_key
 

@@ -1,0 +1,341 @@
+"""The calibration run — charge, calibrate, release — and the dry run that only prices it.
+
+:func:`run` is the flow of DESIGN.md, "The flow of one calibration", one call per step:
+
+1. validate the parameters and the data's public shape (:func:`params_of`, :func:`check_data`,
+   :func:`shape_of`), and everything that needs only those (``calibrator.guarantee``,
+   e.g. an infeasible plan) — before anything is charged;
+2. the cost, from the parameters and the shape alone: ``calibrator.cost(params, shape)``;
+3. charge it and COMMIT: :func:`privcal.accountant.charges.charge` (central), or
+   :func:`privcal.accountant.subject_charges.charge_subjects` (local DP: per subject; the
+   rows of refused subjects are dropped, counted by reason in ``diagnostics["dropped_rows"]``,
+   and the guarantee is re-checked for the rows accepted, inside the charge transaction);
+   a non-private method runs only if the dataset allows it;
+4. ``calibrator.calibrate(data, params, rng)`` — the only step that touches the data;
+5. :func:`privcal.accountant.releases.record_release` with the privacy record of
+   :func:`privcal.accountant.release_privacy.privacy_record`, in its own transaction.
+
+A crash between 3 and 5 leaves a charge without a release, never the reverse. With an
+idempotency key the run holds the key's lock (:meth:`privcal.storage.Ledger.key_lock`)
+from 3 to 5; a replayed charge returns its release, or — if the first run crashed —
+calibrates again under the same charge, so only one output is ever released for it.
+A shuffled run is refused unless the dataset has an (ε, δ) cap that is charged the
+amplified cost (:func:`privcal.accountant.amplification.check_shuffled_dataset`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from privcal.accountant import privacy as acc
+from privcal.accountant.charges import charge
+from privcal.accountant.datasets import get_dataset
+from privcal.accountant.normalize import (
+    CentralCost,
+    cost_json,
+    normalize_cost,
+    optional_text,
+)
+from privcal.accountant.policy import exact, policy_of, spent_of
+from privcal.accountant.release_privacy import privacy_record
+from privcal.accountant.releases import record_release, release_for_charge
+from privcal.accountant.results import ChargeReceipt, DryRun, Release
+from privcal.accountant.subject_charges import charge_subjects
+from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, default_rng
+from privcal.calibrators.validation import group_sizes, id_strings
+from privcal.costs import ApproxDP, LocalDP
+from privcal.errors import BudgetRefused, InvalidInput
+from privcal.storage import Ledger
+
+__all__ = ["check_data", "dry_run", "params_of", "rows_of", "run", "shape_of"]
+
+
+def rows_of(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:
+    """The calibration input restricted to the rows in ``mask``."""
+    return dataclasses.replace(data, **{
+        f: np.asarray(getattr(data, f))[mask]
+        for f in ("scores", "probs", "labels", "agents", "subjects", "groups")
+        if getattr(data, f) is not None
+    })
+
+
+def shape_of(data: CalibrationInput, n: int | None = None, k: int | None = None) -> DataShape:
+    """The public shape of the data (n, k, group sizes): what costs and guarantees may use."""
+    if data.probs is not None and np.ndim(data.probs) == 2:
+        k = int(np.shape(data.probs)[1])
+    groups = group_sizes(data.agents) if data.agents is not None else None
+    if data.groups is not None:  # Mondrian groups (ints in [0, group_count)), in order
+        groups = tuple(int(c) for c in np.bincount(np.asarray(data.groups, dtype=np.int64),
+                                                  minlength=data.group_count or 0))
+    try:
+        return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
+    except (ValidationError, ValueError) as exc:
+        raise InvalidInput(f"unusable calibration data: {exc}") from exc
+
+
+def params_of(calibrator: Calibrator, params: Any) -> Any:
+    """The calibrator's parameters validated (a one-line InvalidInput naming the first bad one)."""
+    if isinstance(params, calibrator.Params):
+        return params
+    if isinstance(params, dict):
+        try:
+            return calibrator.Params.model_validate(params)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            raise InvalidInput(f"invalid {calibrator.name} parameter {where}: "
+                               f"{first.get('msg')}") from exc
+    raise InvalidInput(f"params must be a {calibrator.Params.__name__} or a dict")
+
+
+def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
+    """Generic checks before anything is charged (calibrators check the rest themselves)."""
+    for field in calibrator.inputs:
+        arr = getattr(data, field, None)
+        if arr is None:
+            raise InvalidInput(f"{calibrator.name} needs {field!r} data")
+        arr = np.asarray(arr)
+        if arr.shape[0] == 0:
+            raise InvalidInput(f"{field} is empty")
+        if arr.dtype.kind == "f" and np.isnan(arr).any():
+            raise InvalidInput(f"{field} contains NaN")
+    lengths = {f: int(np.asarray(getattr(data, f)).shape[0])
+               for f in ("scores", "probs", "labels", "agents", "subjects")
+               if getattr(data, f) is not None}
+    if len(set(lengths.values())) > 1:
+        raise InvalidInput(f"calibration arrays differ in length: {lengths}")
+
+
+def run(
+    ledger: Ledger,
+    calibrator: Calibrator,
+    params: Any,
+    data: CalibrationInput,
+    *,
+    dataset: str,
+    requester: str | None = None,
+    idempotency_key: str | None = None,
+    rng: random.Random | None = None,
+    registered: Any = None,
+    privacy_extra: dict[str, Any] | None = None,
+    central_cost: CentralCost | None = None,
+    extra_diagnostics: dict[str, Any] | None = None,
+    shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None = None,
+    classes: int | None = None,
+) -> Release:
+    """Charge, calibrate, release (DESIGN.md, "The flow of one calibration").
+
+    1. validate ``params`` and the data's basic shape; 2. ``cost(params, shape)``;
+    3. charge it and COMMIT (non-private: only if the dataset allows it; local DP: per
+    subject, rows of refused subjects are dropped and n becomes the accepted count);
+    4. ``calibrate``; 5. append the release and its audit entry and commit. A crash
+    between 3 and 5 leaves a charge without a release, never the reverse.
+    ``registered`` (a :class:`privcal.calibrators.registry.Registered`) supplies the
+    distribution name and version recorded with the release. ``central_cost`` (local-DP
+    methods only, e.g. the amplified (ε, δ) of a shuffled run) is charged to the dataset
+    in the same transaction as the subjects; ``extra_diagnostics`` are public facts
+    (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` (local DP,
+    reports sent through a shuffler) maps the shape of the rows actually accepted to the
+    amplified (ε, δ) and its record: it is evaluated inside the charge transaction, once
+    refused subjects are known, because fewer shuffled reports amplify less. ``classes``
+    is the number of classes k of the probabilities that precomputed scores came from:
+    it is recorded in the release's shape, and ``predict_set`` refuses another k.
+
+    With an ``idempotency_key`` the key binds the whole request (method, params, cost,
+    public shape, subjects) and the run holds the key's lock (:meth:`Ledger.key_lock`)
+    from charge to release: a concurrent retry waits and returns the one release.
+    """
+    if idempotency_key is None:
+        return _run(ledger, calibrator, params, data, dataset=dataset, requester=requester,
+                    idempotency_key=None, rng=rng, registered=registered,
+                    privacy_extra=privacy_extra, central_cost=central_cost,
+                    extra_diagnostics=extra_diagnostics, shuffle=shuffle, classes=classes)
+    key = optional_text(idempotency_key, "idempotency key")
+    assert key is not None
+    with ledger.key_lock(dataset, key):
+        return _run(ledger, calibrator, params, data, dataset=dataset, requester=requester,
+                    idempotency_key=key, rng=rng, registered=registered,
+                    privacy_extra=privacy_extra, central_cost=central_cost,
+                    extra_diagnostics=extra_diagnostics, shuffle=shuffle, classes=classes)
+
+
+def _run(
+    ledger: Ledger,
+    calibrator: Calibrator,
+    params: Any,
+    data: CalibrationInput,
+    *,
+    dataset: str,
+    requester: str | None,
+    idempotency_key: str | None,
+    rng: random.Random | None,
+    registered: Any,
+    privacy_extra: dict[str, Any] | None,
+    central_cost: CentralCost | None,
+    extra_diagnostics: dict[str, Any] | None,
+    shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None,
+    classes: int | None,
+) -> Release:
+    """:func:`run` once the idempotency key (if any) is locked: steps 1 to 5."""
+    if not isinstance(calibrator, Calibrator):
+        raise InvalidInput(f"not a calibrator: {calibrator!r:.60}")
+    if not isinstance(data, CalibrationInput):
+        raise InvalidInput("data must be a CalibrationInput")
+    p = params_of(calibrator, params)
+    check_data(calibrator, data)
+    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
+                                or classes < 2):
+        raise InvalidInput(f"classes must be an integer ≥ 2, got {classes!r}")
+    shape = shape_of(data, k=classes)
+    cost = calibrator.cost(p, shape)
+    request = {"kind": "calibrate", "method": calibrator.name,
+               "params": p.model_dump(mode="python"), "shape": shape.model_dump(mode="python"),
+               "shuffled": shuffle is not None or central_cost is not None}
+    if (central_cost is not None or shuffle is not None) and not isinstance(cost, LocalDP):
+        raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
+                           "run); a central method's cost is charged as declared")
+    ds = get_dataset(ledger, dataset)
+    if shuffle is not None:
+        from privcal.accountant.amplification import check_shuffled_dataset
+
+        check_shuffled_dataset(ds)  # what is recorded must be what is charged (14.5)
+    # every check that needs only the parameters and the public shape runs before the
+    # charge (issue 16.2); the local-DP branch repeats it for the rows actually accepted
+    calibrator.guarantee(p, shape)
+    rng = rng if rng is not None else default_rng()
+    charge_ids: list[int] = []
+    shuffled: dict[str, Any] = {}
+    central_receipt: ChargeReceipt | None = None
+    dropped: dict[str, int] | None = None
+    purpose = f"release: {calibrator.name}"
+    if cost is None:
+        if not ds.allow_nonprivate:
+            raise BudgetRefused(
+                f"non-private release refused: {calibrator.name} is not differentially "
+                f"private and dataset {dataset!r} does not allow non-private releases "
+                "(create it with --allow-nonprivate)",
+                scope=f"dataset {dataset!r}", asked="non-private", remaining="",
+            )
+    elif isinstance(cost, LocalDP):
+        if data.subjects is None:
+            raise InvalidInput(
+                f"{calibrator.name} is local DP: give the subject id of each row")
+        # a federated agent holds many rows but is one subject, charged once
+        per_agent = calibrator.privacy_model == "federated"
+        sids = id_strings(data.subjects, "subject ids")
+        charged, row_of = (np.unique(sids, return_inverse=True) if per_agent
+                           else (sids, None))
+
+        def central(accepted: np.ndarray) -> CentralCost | None:
+            # runs inside the charge transaction, once refused subjects are known: a
+            # request infeasible for the accepted rows (e.g. ldp-score with most subjects
+            # at their cap) raises here and rolls every subject charge back (16.2)
+            row_mask = accepted[row_of].reshape(-1) if row_of is not None else accepted
+            kept = shape
+            if not row_mask.all():  # the full shape was checked before the charge
+                kept = shape_of(rows_of(data, row_mask), k=classes)
+                calibrator.guarantee(p, kept)
+            if shuffle is None:
+                return central_cost
+            amplified, record = shuffle(kept)
+            shuffled.clear()
+            shuffled.update(record)
+            return amplified
+
+        res = charge_subjects(ledger, dataset, cost, charged, central_cost=central,
+                              purpose=purpose, requester=requester,
+                              idempotency_key=idempotency_key, request=request)
+        if res.replayed:
+            done = release_for_charge(ledger, res.charge_id)
+            if done is not None:
+                return done
+            if res.accepted_mask is None:
+                raise InvalidInput(
+                    f"idempotency key {idempotency_key!r}: the local-DP batch was charged "
+                    "before privcal recorded who it charged, and was not released; its "
+                    "accepted rows are unknown")
+            if shuffle is not None:  # the record of the crashed run, for the same rows
+                m = res.accepted_mask
+                shuffled.update(shuffle(shape_of(rows_of(
+                    data, m[row_of] if row_of is not None else m)))[1])
+        charge_ids.append(res.charge_id)
+        if res.central is not None:
+            charge_ids.append(res.central.charge_id)
+            central_receipt = res.central
+        mask = res.accepted_mask
+        assert mask is not None
+        if row_of is not None:
+            mask = mask[row_of].reshape(-1)
+            dropped = {"duplicate_subject": 0, "subject_over_cap": int((~mask).sum())}
+        else:
+            dropped = {"duplicate_subject": res.rejected_duplicate,
+                       "subject_over_cap": res.rejected - res.rejected_duplicate}
+        if not mask.all():
+            data = rows_of(data, mask)
+            shape = shape_of(data, k=classes)
+    else:
+        receipt = charge(ledger, dataset, cost, purpose=purpose, requester=requester,
+                         idempotency_key=idempotency_key, request=request)
+        if receipt.replayed:
+            done = release_for_charge(ledger, receipt.charge_id)
+            if done is not None:
+                return done
+        charge_ids.append(receipt.charge_id)
+    # ---- the charge is committed; from here on the data is touched
+    result = calibrator.calibrate(data, p, rng)
+    guarantee = calibrator.guarantee(p, shape)
+    privacy = privacy_record(cost, ds, {**(privacy_extra or {}), **shuffled} or None,
+                             calibrator)
+    if central_receipt is not None:
+        privacy["central_cost"] = central_receipt.cost
+    return record_release(
+        ledger, dataset, method=calibrator.name, calibrator_version=calibrator.version,
+        threshold=float(result.threshold), params=p.model_dump(mode="python"),
+        shape=shape.model_dump(mode="python"), coverage=guarantee,
+        privacy=privacy, diagnostics={
+            **result.diagnostics, **(extra_diagnostics or {}),
+            # rows left out of the calibration, by reason: counts only, never ids (14.4)
+            **({"dropped_rows": dropped} if dropped is not None else {}),
+        },
+        distribution=getattr(registered, "distribution", "privcal"),
+        distribution_version=getattr(registered, "distribution_version", ""),
+        requester=requester, charge_ids=charge_ids,
+    )
+
+
+def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShape,
+            dataset: str) -> DryRun:
+    """The cost of a run and what would remain after it; writes nothing."""
+    p = params_of(calibrator, params)
+    cost = calibrator.cost(p, shape)
+    with ledger.read() as s:
+        ds = ledger.get_dataset(s, dataset)
+        pol, sp = policy_of(ds), spent_of(ds)
+        before = exact(acc.remaining(pol, sp))
+        if cost is None:
+            ok = bool(ds.allow_nonprivate)
+            return DryRun(dataset=dataset, cost=None, allowed=ok,
+                          reason="non-private; " + ("allowed" if ok else
+                                                    "the dataset does not allow it"),
+                          remaining_before=before, remaining_after=before if ok else None)
+        cost = normalize_cost(cost)
+        if isinstance(cost, LocalDP):
+            ok = ds.subject_epsilon is not None and cost.eps0 <= ds.subject_epsilon
+            return DryRun(dataset=dataset, cost=cost_json(cost), allowed=ok,
+                          reason=("charged per subject against the per-subject cap"
+                                  if ok else "ε0 exceeds the per-subject cap (or none set)"),
+                          remaining_before=before, remaining_after=before)
+        try:
+            after = acc.check_charge(pol, sp, cost, scope=f"dataset {dataset!r}")
+        except BudgetRefused as exc:
+            return DryRun(dataset=dataset, cost=cost_json(cost), allowed=False,
+                          reason=str(exc), remaining_before=before, remaining_after=None)
+        return DryRun(dataset=dataset, cost=cost_json(cost), allowed=True, reason="fits",
+                      remaining_before=before,
+                      remaining_after=exact(acc.remaining(pol, after)))

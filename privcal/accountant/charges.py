@@ -1,0 +1,145 @@
+"""Central charges: one cost charged to a dataset's cap atomically, or refused writing nothing.
+
+One charge is one write transaction (:meth:`privcal.storage.Ledger.write_core`, a Core
+connection: the hot path, issue 11):
+
+1. lock the dataset row (:meth:`~privcal.storage.Ledger.dataset_row`);
+2. with an idempotency key, find an earlier charge under it: the same request replays its
+   receipt, any other is an error naming the key (:func:`check_replay`);
+3. check the cost against the cap with the filter of :mod:`privcal.accountant.privacy.filters`
+   (:func:`~privcal.accountant.privacy.filters.check_charge` — BudgetRefused writes nothing);
+4. insert the charge with the dataset's new totals (:meth:`~privcal.storage.Ledger.insert_charge`)
+   and queue its audit entry; the ledger appends it last, before COMMIT.
+
+:func:`charge_in_session` is the same policy for a writer holding an ORM session (a
+collection session charging its amplified cost when it opens).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from privcal.accountant import privacy as acc
+from privcal.accountant.normalize import (
+    CentralCost,
+    cost_json,
+    normalize_cost,
+    optional_text,
+    request_digest,
+)
+from privcal.accountant.policy import (
+    charge_cost,
+    exact,
+    policy_of,
+    receipt_of,
+    spent_columns,
+    spent_of,
+)
+from privcal.accountant.results import ChargeReceipt
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.errors import InvalidInput
+from privcal.storage import Ledger
+from privcal.storage.audit import charge_doc, now
+
+__all__ = ["charge", "charge_central", "charge_in_session", "check_replay"]
+
+
+def check_replay(old: Any, key: str, digest: str | None, *, scope: str,
+                 same_cost: bool) -> None:
+    """InvalidInput naming ``key`` unless ``old`` (a charge row) was charged for this very
+    request (its ``request_digest``; before migration 0005, its scope and cost)."""
+    if old.request_digest is not None:
+        same = old.request_digest == digest
+    else:  # a charge from before migration 0005: only its scope and cost are known
+        same = old.scope == scope and same_cost
+    if not same:
+        what = (f"a local-DP batch (ε0 {acc.dstr(old.eps0)})" if old.scope == "subjects"
+                else f"{(old.purpose or 'a charge')!r}")
+        raise InvalidInput(
+            f"idempotency key {key!r} was already used for a different charge or request (charge "
+            f"{old.id}: {what}); a key binds the whole request — kind, dataset, method, every "
+            "parameter, the cost and the data's public shape: use a new key")
+
+
+def charge(
+    ledger: Ledger,
+    dataset: str,
+    cost: CentralCost,
+    *,
+    purpose: str | None = None,
+    requester: str | None = None,
+    idempotency_key: str | None = None,
+    request: dict[str, Any] | None = None,
+) -> ChargeReceipt:
+    """:meth:`privcal.accountant.Accountant.charge` (see the module docstring for the steps)."""
+    if isinstance(cost, LocalDP):
+        raise InvalidInput("a local-DP cost is charged per subject: use charge_subjects")
+    if not isinstance(cost, PureDP | ZCDP | ApproxDP):
+        raise InvalidInput(f"not a privacy cost: {cost!r}")
+    cost = normalize_cost(cost)  # type: ignore[assignment]
+    purpose = optional_text(purpose, "purpose", 10_000)
+    requester = optional_text(requester, "requester")
+    key = optional_text(idempotency_key, "idempotency key")
+    digest = None
+    if key is not None:
+        req = request if request is not None else {"kind": "charge", "purpose": purpose}
+        digest = request_digest({**req, "dataset": dataset, "cost": cost_json(cost)})
+
+    def tx(conn: Any) -> ChargeReceipt:
+        ds = ledger.dataset_row(conn, dataset)
+        if key is not None:
+            old = ledger.charge_by_key(conn, ds.id, key)
+            if old is not None:
+                check_replay(old, key, digest, scope="dataset",
+                             same_cost=cost_json(charge_cost(old)) == cost_json(cost))
+                return receipt_of(old, ds, replayed=True)
+        return charge_central(ledger, conn, ds, cost, purpose, requester, key, digest)
+
+    return ledger.write_core(tx)
+
+
+def charge_central(ledger: Ledger, conn: Any, ds: Any, cost: CentralCost,
+                   purpose: str | None, requester: str | None,
+                   key: str | None, digest: str | None = None) -> ChargeReceipt:
+    """Check ``cost`` against the cap of ``ds`` (the dataset row locked on the Core
+    connection ``conn``) and record it: steps 3 and 4 of the module docstring.
+
+    Hot path: the budget check and the audit document are built in Python between the
+    dataset lock and the audit append; one INSERT (with the totals UPDATE) writes it.
+    """
+    pol = policy_of(ds)
+    after = acc.check_charge(pol, spent_of(ds), cost, scope=f"dataset {ds.name!r}")
+    values: dict[str, Any] = {
+        "dataset_id": ds.id, "scope": "dataset", "notion": cost.kind,
+        "epsilon": getattr(cost, "eps", None), "delta": getattr(cost, "delta", None),
+        "rho": getattr(cost, "rho", None), "eps0": None, "subjects_accepted": None,
+        "subjects_rejected": None, "purpose": purpose, "requester": requester,
+        "idempotency_key": key, "created_at": now(),
+        "request_digest": digest if key is not None else None, "members_digest": None,
+    }
+    cid = ledger.insert_charge(conn, values, spent_columns(after))
+    c = SimpleNamespace(id=cid, **values)
+    ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
+    return ChargeReceipt(
+        charge_id=cid, dataset=ds.name, scope="dataset", cost=cost_json(cost),
+        purpose=purpose, requester=requester, idempotency_key=key,
+        created_at=values["created_at"], remaining=exact(acc.remaining(pol, after)),
+        replayed=False,
+    )
+
+
+def charge_in_session(ledger: Ledger, s: Any, ds: Any, cost: CentralCost,
+                      purpose: str | None, requester: str | None, key: str | None,
+                      digest: str | None = None) -> Any:
+    """:func:`charge_central` in an ORM session ``s`` whose dataset row ``ds`` (an ORM object)
+    is locked; returns the charge row (its ``id`` is set)."""
+    after = acc.check_charge(policy_of(ds), spent_of(ds), cost, scope=f"dataset {ds.name!r}")
+    c = ledger.add_charge(s, ds, {
+        "dataset_id": ds.id, "scope": "dataset", "notion": cost.kind,
+        "epsilon": getattr(cost, "eps", None), "delta": getattr(cost, "delta", None),
+        "rho": getattr(cost, "rho", None), "purpose": purpose, "requester": requester,
+        "idempotency_key": key, "created_at": now(), "request_digest": digest if key else None,
+    }, spent_columns(after))
+    ledger.append_audit(s, "charge", charge_doc(c, ds.name))
+    return c

@@ -1,0 +1,133 @@
+"""How what a caller gives becomes what the ledger stores: amounts, costs, text, JSON documents
+and the digest of an idempotent request. Shared by every part of the accountant (and by
+:mod:`privcal.accountant.verification`, which must store and compare values the same way).
+
+Amounts are exact decimals limited to :data:`AMOUNT_PLACES` decimal places; a cost with
+more digits (e.g. an amplified ε computed in floating point) is rounded *up* before it is
+charged — charging slightly more is always safe. A cap with more places is rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+from privcal import checks
+from privcal.accountant import privacy as acc
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.errors import InvalidInput
+from privcal.storage.audit import canonical, threshold_str
+
+__all__ = [
+    "AMOUNT_PLACES",
+    "DEFAULT_REPORTING_DELTA",
+    "AnyCost",
+    "CentralCost",
+    "cost_json",
+    "json_safe",
+    "normalize_cost",
+    "optional_text",
+    "parse_amount",
+    "request_digest",
+]
+
+#: decimal places kept for every stored amount (see the module docstring)
+AMOUNT_PLACES = 12
+_QUANTUM = Decimal(1).scaleb(-AMOUNT_PLACES)
+DEFAULT_REPORTING_DELTA = Decimal("1e-6")
+#: a cost charged to a dataset; any cost (a local-DP one is charged per subject)
+CentralCost = PureDP | ZCDP | ApproxDP
+AnyCost = PureDP | ZCDP | ApproxDP | LocalDP
+
+
+def parse_amount(
+    value: object, what: str, *, allow_zero: bool = False, below_one: bool = False
+) -> Decimal:
+    """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
+    if isinstance(value, bool):
+        raise InvalidInput(f"{what} must be a number, got {value!r}")
+    if isinstance(value, str) and "_" in value:  # Decimal("1_0") is 10: a typo, not a number
+        raise InvalidInput(f"{what} must be a number, got {value!r}")
+    try:
+        d = Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value).strip())
+    except (InvalidOperation, ValueError) as exc:
+        raise InvalidInput(f"{what} must be a number, got {value!r}") from exc
+    if not d.is_finite():
+        raise InvalidInput(f"{what} must be finite, got {value!r}")
+    if d < 0 or (d == 0 and not allow_zero):
+        raise InvalidInput(f"{what} must be {'≥' if allow_zero else '>'} 0, got {value}")
+    if below_one and d >= 1:
+        raise InvalidInput(f"{what} must be < 1, got {value}")
+    if d >= Decimal("1e15"):
+        raise InvalidInput(f"{what} is too large ({value})")
+    if d != d.quantize(_QUANTUM, rounding=ROUND_CEILING):
+        raise InvalidInput(f"{what} has more than {AMOUNT_PLACES} decimal places ({value})")
+    return d
+
+
+#: no amount at or above this is stored (a larger one is a typo, and 10¹⁵ with 12 decimal
+#: places is the most a 28-digit decimal context holds exactly)
+_MAX_AMOUNT = Decimal("1e15")
+
+
+def _up(d: Decimal) -> Decimal:
+    """``d`` rounded up to :data:`AMOUNT_PLACES` places (InvalidInput if it is too large)."""
+    if not d.is_finite() or abs(d) >= _MAX_AMOUNT:
+        raise InvalidInput(f"privacy amount {d} is too large (must be < {_MAX_AMOUNT:.0E})")
+    return d.quantize(_QUANTUM, rounding=ROUND_CEILING).normalize()
+
+
+def normalize_cost(cost: AnyCost) -> AnyCost:
+    """The cost with every amount rounded *up* to 12 decimal places (what is stored)."""
+    if isinstance(cost, PureDP):
+        return PureDP(eps=_up(cost.eps))
+    if isinstance(cost, ZCDP):
+        return ZCDP(rho=_up(cost.rho))
+    if isinstance(cost, ApproxDP):
+        delta = _up(cost.delta)
+        if delta >= 1:
+            raise InvalidInput(f"δ must be < 1, got {cost.delta}")
+        return ApproxDP(eps=_up(cost.eps), delta=delta)
+    if isinstance(cost, LocalDP):
+        return LocalDP(eps0=_up(cost.eps0))
+    raise InvalidInput(f"not a privacy cost: {cost!r}")
+
+
+def cost_json(cost: AnyCost) -> dict[str, Any]:
+    """A cost as stored in receipts and release records: its fields, amounts as exact text."""
+    return {k: acc.dstr(v) if isinstance(v, Decimal) else v
+            for k, v in cost.model_dump(mode="python").items()}
+
+
+def json_safe(obj: Any) -> Any:
+    """A value storable in a JSON column: numpy → Python, ±inf/NaN → strings, Decimal → string."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str | int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else threshold_str(obj) if not math.isnan(obj) else "NaN"
+    if isinstance(obj, Decimal):
+        return acc.dstr(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "model_dump"):
+        return json_safe(obj.model_dump(mode="python"))
+    if hasattr(obj, "tolist"):
+        return json_safe(obj.tolist())
+    raise InvalidInput(f"cannot store a {type(obj).__name__} in a release")
+
+
+def request_digest(request: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the RFC 8785 canonical JSON of an idempotent request (issue 16.1)."""
+    return hashlib.sha256(canonical(json_safe(request)).encode("utf-8")).hexdigest()
+
+
+def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
+    """A free-text field (purpose, requester, key …) that is storable text of at most ``limit``
+    characters (:func:`privcal.checks.text`), or None."""
+    if value is None:
+        return None
+    return checks.text(value, what, limit=limit, allow_empty=True)

@@ -1,0 +1,70 @@
+"""The privacy record of a release: what was charged and the guarantee it gives, in words.
+
+One function, :func:`privacy_record`, used where a release is recorded (a calibration run,
+a collection session) and where it is recomputed (:mod:`privcal.accountant.verification`),
+so the recorded and the recomputed record come from the same code. zCDP is stated as
+(ε, δ)-DP at the dataset's reporting δ by CKS20 (Canonne, Kamath & Steinke 2020,
+Prop. 12 / Cor. 13; :func:`privcal.accountant.privacy.conversions.cks20_epsilon`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from privcal.accountant import privacy as acc
+from privcal.accountant.normalize import AnyCost, cost_json, json_safe
+from privcal.accountant.results import DatasetInfo
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+
+__all__ = ["privacy_record"]
+
+
+def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
+                   calibrator: Any = None) -> dict[str, Any]:
+    """The privacy record of a release; a non-private calibrator may say what it reveals
+    (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent)."""
+    out: dict[str, Any] = {"cost": cost_json(cost) if cost is not None else None}
+    rd = ds.reporting_delta
+    if cost is None:
+        what = getattr(calibrator, "privacy_statement", None) or "non-private release"
+        out.update(model="none",
+                   statement=f"{what} (allowed by the dataset policy)")
+    elif isinstance(cost, PureDP):
+        e = acc.dstr(cost.eps)
+        out.update(model="central", epsilon=e, delta="0", rule="pure ε-DP",
+                   statement=f"{e}-DP (pure, central)")
+    elif isinstance(cost, ZCDP):
+        e = acc.dstr(acc.round_up(acc.cks20_epsilon(float(cost.rho), float(rd))))
+        out.update(model="central", epsilon=e, delta=acc.dstr(rd),
+                   rule="CKS20 conversion of ρ at the dataset's reporting δ",
+                   statement=f"{acc.dstr(cost.rho)}-zCDP (central), hence "
+                             f"({e}, {acc.dstr(rd)})-DP by CKS20")
+    elif isinstance(cost, ApproxDP):
+        e, d = acc.dstr(cost.eps), acc.dstr(cost.delta)
+        out.update(model="central", epsilon=e, delta=d, rule="(ε, δ)-DP as charged",
+                   statement=f"({e}, {d})-DP (central)")
+    else:
+        e = acc.dstr(cost.eps0)
+        out.update(model="local", epsilon=e, delta="0",
+                   rule="ε0-local DP for each participating subject",
+                   statement=f"{e}-local DP for each participating subject")
+    # the neighbouring relation the claim is about (issue 14.7): the calibrator's own
+    # statement, else the one its cost type implies
+    if cost is not None:
+        out["neighbouring"] = getattr(calibrator, "neighbouring", None) or (
+            "any two inputs of one subject (local DP)" if isinstance(cost, LocalDP)
+            else "substitution of one record; n is public")
+    if extra:
+        out["extra"] = json_safe(extra)
+        amp = extra.get("amplification") if extra.get("shuffled") else None
+        if amp is not None:
+            if amp.get("amplified"):
+                out["statement"] += (
+                    f"; shuffled: ({amp['eps']}, {amp['delta']})-DP for the aggregator "
+                    f"{extra.get('scope', '')} by the {amp['bound']} bound (the paper's "
+                    f"ε0/√n = {amp['heuristic_eps0_over_sqrt_n']:.4g} is a heuristic, "
+                    "not a guarantee)")
+            else:
+                out["statement"] += ("; shuffled, but no amplification bound applies at "
+                                     "this n and δ: the central guarantee stays ε0")
+    return out

@@ -1,0 +1,92 @@
+"""Releases: record one tied to the charges that paid for it, and read them back typed.
+
+A release is appended in its own write transaction after its charges committed (a crash
+in between leaves a charge without a release, never the reverse): lock the dataset row,
+check that every charge is the dataset's and that the first carries no release yet,
+insert the row and queue its audit entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from privcal import checks
+from privcal.accountant.normalize import json_safe, optional_text
+from privcal.accountant.results import Release
+from privcal.calibrators.base import CoverageGuarantee
+from privcal.errors import InvalidInput
+from privcal.storage import Ledger
+from privcal.storage.audit import release_doc, threshold_str
+
+__all__ = ["get_release", "list_releases", "record_release", "release_for_charge"]
+
+
+def list_releases(ledger: Ledger, dataset: str | None = None) -> list[Release]:
+    """Every release (optionally of one dataset), coverage typed."""
+    return [Release.model_validate(r.model_dump()) for r in ledger.releases(dataset)]
+
+
+def get_release(ledger: Ledger, release_id: int) -> Release:
+    """One release by id."""
+    return Release.model_validate(ledger.release(release_id).model_dump())
+
+
+def release_for_charge(ledger: Ledger, charge_id: int) -> Release | None:
+    """The release made under ``charge_id``, if any (a replayed run returns it)."""
+    with ledger.read() as s:
+        rid = ledger.release_id_for_charge(s, charge_id)
+    return get_release(ledger, rid) if rid is not None else None
+
+
+def record_release(
+    ledger: Ledger,
+    dataset: str,
+    *,
+    method: str,
+    calibrator_version: str,
+    threshold: float,
+    params: dict[str, Any],
+    shape: dict[str, Any],
+    coverage: CoverageGuarantee | dict[str, Any],
+    privacy: dict[str, Any],
+    diagnostics: dict[str, Any] | None = None,
+    distribution: str = "privcal",
+    distribution_version: str = "",
+    requester: str | None = None,
+    charge_ids: Sequence[int] = (),
+) -> Release:
+    """:meth:`privcal.accountant.Accountant.record_release` (see the module docstring)."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise InvalidInput(f"threshold must be a number, got {threshold!r}")
+    thr = threshold_str(float(threshold)) if not math.isnan(threshold) else None
+    if thr is None:
+        raise InvalidInput("threshold is NaN")
+    cov = coverage if isinstance(coverage, CoverageGuarantee) else \
+        CoverageGuarantee.model_validate(coverage)
+    if isinstance(charge_ids, str | bytes):
+        raise InvalidInput("charge_ids must be a sequence of charge ids")
+    ids = [checks.row_id(i, "charge") for i in charge_ids]
+    row_data = {
+        "method": str(method), "calibrator_version": str(calibrator_version),
+        "distribution": str(distribution), "distribution_version": str(distribution_version),
+        "params": json_safe(params), "shape": json_safe(shape), "threshold": thr,
+        "coverage": json_safe(cov), "privacy": json_safe(privacy),
+        "diagnostics": json_safe(diagnostics or {}),
+        "requester": optional_text(requester, "requester"),
+    }
+
+    def tx(s: Any) -> Release:
+        ds = ledger.lock_dataset(s, dataset)
+        owner = ledger.charge_dataset_ids(s, ids)
+        for cid in ids:
+            if owner.get(cid) != ds.id:
+                raise InvalidInput(f"charge {cid} is not a charge of dataset {dataset!r}")
+        if ids and ledger.release_id_for_charge(s, ids[0]) is not None:
+            raise InvalidInput(f"charge {ids[0]} already has a release")
+        row = ledger.insert_release(s, ds.id, row_data, ids)
+        ledger.append_audit(s, "release", release_doc(row, ds.name))
+        return Release.model_validate(ledger.release_record(row, ds.name).model_dump())
+
+    return ledger.write(tx)

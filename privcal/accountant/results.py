@@ -1,0 +1,266 @@
+"""What the accountant returns: datasets, charge receipts, budget reports, dry runs, releases.
+
+Frozen pydantic models, independent of any database session; amounts are exact decimals.
+"""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from privcal.accountant import privacy as acc
+from privcal.calibrators.base import CoverageGuarantee
+from privcal.storage.records import ReleaseRecord, UTCDateTime
+
+__all__ = [
+    "BudgetReport",
+    "ChargeReceipt",
+    "DatasetInfo",
+    "DryRun",
+    "GuaranteeReport",
+    "Release",
+    "SpentReport",
+    "SubjectChargeResult",
+    "SubjectSummary",
+]
+
+
+class DatasetInfo(BaseModel):
+    """A dataset and its budget policy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    name: str
+    description: str
+    notion: str
+    cap: dict[str, Decimal]
+    reporting_delta: Decimal
+    subject_epsilon: Decimal | None
+    allow_nonprivate: bool
+    created_at: UTCDateTime
+    policy: str
+    #: the (ε, δ) cap's Rényi orders, fixed at creation (None for pure and zCDP caps)
+    renyi_orders: list[Decimal] | None = None
+
+
+class ChargeReceipt(BaseModel):
+    """An accepted charge (``replayed``: returned for a repeated idempotency key)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    charge_id: int
+    dataset: str
+    scope: str
+    cost: dict[str, Any]
+    purpose: str | None
+    requester: str | None
+    idempotency_key: str | None
+    created_at: UTCDateTime
+    remaining: dict[str, Decimal]
+    replayed: bool = False
+
+
+class SubjectChargeResult(BaseModel):
+    """A local-DP batch: who was charged (``accepted_mask``, aligned with the input ids)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    charge_id: int
+    dataset: str
+    eps0: Decimal
+    accepted: int
+    rejected: int
+    rejected_over_cap: int
+    rejected_duplicate: int
+    accepted_mask: np.ndarray | None = Field(default=None, exclude=True)
+    central: ChargeReceipt | None = None
+    replayed: bool = False
+    reason: str = ""
+
+
+class SpentReport(BaseModel):
+    """The realized spend as (ε, δ) and the rule that gave it.
+
+    Valid only had the charges been fixed in advance; under adaptive use it is an odometer
+    reading, not a guarantee (``note`` says so; the guarantee is :class:`GuaranteeReport`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    epsilon: Decimal
+    delta: Decimal
+    rule: str
+    candidates: dict[str, str]
+    note: str = acc.REALIZED_NOTE
+
+
+class GuaranteeReport(BaseModel):
+    """The dataset's guarantee: its cap's filter, valid however requests adapt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    epsilon: Decimal
+    delta: Decimal
+    rule: str
+    statement: str
+
+
+class BudgetReport(BaseModel):
+    """Cap, spent and remaining in the dataset's notion; the cap's guarantee; and the realized
+    spend as (ε, δ) at the reporting δ (``spent_dp``, not a guarantee under adaptive use)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: str
+    notion: str
+    policy: str
+    cap: dict[str, Decimal]
+    spent: dict[str, Decimal]
+    remaining: dict[str, Decimal]
+    reporting_delta: Decimal
+    guarantee: GuaranteeReport
+    spent_dp: SpentReport
+    charges: int
+    releases: int
+    subject_epsilon: Decimal | None
+    renyi_orders: list[Decimal] | None = None
+
+    @property
+    def summary(self) -> str:
+        """One line: spent and left, the cap's guarantee, and the realized spend labelled so."""
+
+        def fmt(d: dict[str, Decimal]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in d.items()) or "nothing"
+
+        return (
+            f"{self.dataset}: spent {fmt(self.spent)}, remaining {fmt(self.remaining)}; "
+            f"guarantee ({self.guarantee.epsilon}, {self.guarantee.delta})-DP by the cap's "
+            f"filter; spent so far as (ε, δ): ε={self.spent_dp.epsilon}, "
+            f"δ={self.spent_dp.delta} [{self.spent_dp.rule}] (not a guarantee under adaptive use)"
+        )
+
+
+class SubjectSummary(BaseModel):
+    """Summary of per-subject local-DP spends of one dataset."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: str
+    subject_epsilon: Decimal | None
+    subjects: int
+    at_cap: int
+    max: Decimal
+    mean: float
+    quantiles: dict[str, Decimal]
+
+
+class DryRun(BaseModel):
+    """What a run would cost and leave, computed without writing anything."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: str
+    cost: dict[str, Any] | None
+    allowed: bool
+    reason: str
+    remaining_before: dict[str, Decimal]
+    remaining_after: dict[str, Decimal] | None
+
+
+class Release(ReleaseRecord):
+    """A stored release, its coverage guarantee typed.
+
+    ``model_dump_json()`` / :meth:`load` save and load it (±∞ kept), to serve a model without
+    the ledger (:mod:`privcal.accountant.saved_release`).
+    """
+
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+
+    coverage: CoverageGuarantee  # type: ignore[assignment]
+
+    @classmethod
+    def load(cls, source: Any) -> Release:
+        """A release saved by ``model_dump_json()``: the JSON itself, or a file's path."""
+        from privcal.accountant.saved_release import load_release
+
+        return load_release(cls, source)
+
+    def predict_interval(self, preds: Any = None, *, lower_preds: Any = None,
+                         upper_preds: Any = None, score_name: str | None = None,
+                         alpha: float | None = None, groups: Any = None) -> np.ndarray:
+        """Intervals [lower, upper] (n×2) of a regression release (``absolute``: ``preds``;
+        ``cqr``: ``lower_preds`` and ``upper_preds``); (−inf, +inf) where the threshold is
+        +inf. Several levels: choose ``alpha``; Mondrian groups: each row's ``groups``."""
+        from privcal.calibrators.intervals import release_intervals
+
+        return release_intervals(self, preds=preds, lower_preds=lower_preds,
+                                 upper_preds=upper_preds, score_name=score_name, alpha=alpha,
+                                 groups=groups)
+
+    def evaluate_interval(self, targets: Any, preds: Any = None, *, lower_preds: Any = None,
+                          upper_preds: Any = None, score_name: str | None = None,
+                          alpha: float | None = None, groups: Any = None) -> Any:
+        """Coverage and interval length on held-out targets (an ``IntervalEvaluation``)."""
+        from privcal.calibrators.intervals import evaluate_intervals, release_lower
+
+        iv = self.predict_interval(preds, lower_preds=lower_preds, upper_preds=upper_preds,
+                                   score_name=score_name, alpha=alpha, groups=groups)
+        return evaluate_intervals(iv, targets, release_lower(self, alpha=alpha))
+
+    def predict_set(self, probs: Any, *, score_name: str | None = None,
+                    rng: random.Random | None = None, alpha: float | None = None,
+                    groups: Any = None) -> np.ndarray:
+        """Prediction sets (boolean n×k) of this release for new class probabilities.
+
+        A release with several levels takes the level ``alpha``; one with Mondrian groups
+        from a column takes each row's group (``groups``); label groups need neither."""
+        from privcal.calibrators.prediction_sets import release_sets
+
+        return release_sets(self, probs, score_name=score_name, rng=rng, alpha=alpha,
+                            groups=groups)
+
+    def thresholds(self) -> list[dict[str, Any]]:
+        """One row per group and level α: ``group``, ``n``, ``alpha``, ``threshold`` (+inf for
+        a group too small for the method) and guaranteed ``lower`` bound; a release without
+        groups or levels has one row."""
+        from privcal.calibrators.group_sets import threshold_rows
+
+        return threshold_rows(self)
+
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names, in probability-column order, when the release records them."""
+        from privcal.calibrators.prediction_sets import release_classes
+
+        return release_classes(self)
+
+    def predict_labels(self, probs: Any, *, score_name: str | None = None,
+                       rng: random.Random | None = None, alpha: float | None = None,
+                       groups: Any = None) -> list[list[Any]]:
+        """Prediction sets as lists of class names (of column indices when none recorded)."""
+        from privcal.calibrators.prediction_sets import set_labels
+
+        return set_labels(self.predict_set(probs, score_name=score_name, rng=rng, alpha=alpha,
+                                           groups=groups), self.classes)
+
+    def evaluate(self, probs: Any, labels: Any, *, score_name: str | None = None,
+                 rng: random.Random | None = None, alpha: float | None = None,
+                 groups: Any = None) -> Any:
+        """Coverage, mean set size and singleton fraction on held-out data (an ``Evaluation``;
+        for a Mondrian release also ``by_group``, each group against its own bound).
+
+        ``labels`` are column indices, or class names when the release records them."""
+        from privcal.calibrators.evaluation import evaluate_sets
+        from privcal.calibrators.group_sets import evaluate_wrapped, is_wrapped
+
+        sets = self.predict_set(probs, score_name=score_name, rng=rng, alpha=alpha,
+                                groups=groups)
+        if is_wrapped(self.method):
+            return evaluate_wrapped(self, sets, labels, alpha=alpha, groups=groups,
+                                    classes=self.classes)
+        return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes)

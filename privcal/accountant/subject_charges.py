@@ -1,0 +1,189 @@
+"""Per-subject local-DP charges: ε0 charged to each listed subject against the dataset's
+per-subject cap, in bulk, with an optional central cost charged in the same transaction.
+
+A batch is one write transaction (:meth:`privcal.storage.Ledger.write_core`):
+
+1. lock the dataset row; with an idempotency key, replay an earlier identical batch
+   (its counts, and ``accepted_mask`` recovered from the stored pseudonyms);
+2. charge every distinct subject that has room under its cap, in one set-based
+   statement (:meth:`~privcal.storage.Ledger.bulk_charge_subjects`); the first
+   occurrence of a subject in the batch is charged, later ones are duplicates; a batch
+   in which no subject can be charged is refused, writing nothing, unless
+   ``refuse_if_none=False``;
+3. the central cost, possibly a function of who was accepted (the amplified ε of the
+   reports actually shuffled), is checked and charged
+   (:func:`~privcal.accountant.charges.charge_central`); a refusal there rolls the
+   subject charges back;
+4. the local-DP charge row, the sorted pseudonyms it charged (``charge_members``) and
+   its audit entry, which commits to them by digest — never to the ids.
+
+Subject ids are stored only as keyed pseudonyms (:mod:`privcal.storage.pseudonyms`), so
+``audit verify`` recomputes every per-subject spend without ever seeing an id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from privcal.accountant import privacy as acc
+from privcal.accountant.charges import charge_central, check_replay
+from privcal.accountant.normalize import (
+    CentralCost,
+    cost_json,
+    normalize_cost,
+    optional_text,
+    parse_amount,
+    request_digest,
+)
+from privcal.accountant.policy import receipt_of
+from privcal.accountant.results import SubjectChargeResult
+from privcal.calibrators.validation import id_strings
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.errors import BudgetRefused, InvalidInput
+from privcal.storage import Ledger, pseudonyms
+from privcal.storage.audit import charge_doc, now
+from privcal.storage.models import SUBJECT_UNIT
+from privcal.storage.pseudonyms import hex_of, key_id, pseudonyms_raw, subjects_digest
+
+__all__ = ["charge_subjects"]
+
+
+def charge_subjects(
+    ledger: Ledger,
+    dataset: str,
+    eps0: float | str | Decimal | LocalDP,
+    subject_ids: Sequence[Any] | np.ndarray,
+    *,
+    central_cost: CentralCost | Callable[[np.ndarray], CentralCost | None] | None = None,
+    purpose: str | None = None,
+    requester: str | None = None,
+    idempotency_key: str | None = None,
+    refuse_if_none: bool = True,
+    request: dict[str, Any] | None = None,
+) -> SubjectChargeResult:
+    """:meth:`privcal.accountant.Accountant.charge_subjects` (steps in the module docstring)."""
+    cost0 = eps0 if isinstance(eps0, LocalDP) else LocalDP(eps0=parse_amount(eps0, "ε0"))
+    cost0 = normalize_cost(cost0)  # type: ignore[assignment]
+    assert isinstance(cost0, LocalDP)
+    def central_of(accepted: np.ndarray) -> CentralCost | None:
+        cc = central_cost(accepted) if callable(central_cost) else central_cost
+        if cc is None:
+            return None
+        if not isinstance(cc, PureDP | ZCDP | ApproxDP):
+            raise InvalidInput("central_cost must be a central cost (PureDP, ZCDP, ApproxDP)")
+        return normalize_cost(cc)  # type: ignore[return-value]
+
+    if not callable(central_cost):
+        central_of(np.ones(0, dtype=bool))  # a bad central cost fails before any work
+    if isinstance(subject_ids, str):
+        raise InvalidInput("subject_ids must be a sequence of ids, not one string")
+    sids = id_strings(subject_ids, "subject ids")  # one normalisation everywhere (14.4)
+    if sids.size == 0:
+        raise InvalidInput("subject_ids must be a non-empty 1-D sequence")
+    uniq, first, inverse = np.unique(sids, return_index=True, return_inverse=True)
+    is_first = np.zeros(sids.shape[0], dtype=bool)
+    is_first[first] = True
+    n_dup = int(sids.shape[0] - uniq.shape[0])
+    purpose = optional_text(purpose, "purpose", 10_000)
+    requester = optional_text(requester, "requester")
+    key = optional_text(idempotency_key, "idempotency key")
+    e_units = int(cost0.eps0 / SUBJECT_UNIT)
+    skey = ledger.subject_key()
+    kid = key_id(skey)
+    # what the ledger stores, never the ids; staged in pseudonym order, so that the
+    # primary-key B-tree is filled in key order (random order is ~4× slower on SQLite)
+    raw = pseudonyms_raw(skey, uniq.tolist())
+    by_key = np.argsort(raw)
+    raw_sorted = raw[by_key]
+    pseud, pseud_sorted = hex_of(raw), hex_of(raw_sorted)
+    digest = None
+    if key is not None:
+        req = request if request is not None else {
+            "kind": "subjects", "purpose": purpose,
+            "central_cost": ("computed from the accepted subjects" if callable(central_cost)
+                             else cost_json(central_of(np.ones(0, dtype=bool)))
+                             if central_cost is not None else None)}
+        digest = request_digest({**req, "dataset": dataset, "eps0": acc.dstr(cost0.eps0),
+                                 "subjects": subjects_digest(skey, sids.tolist())})
+
+    def tx(conn: Any) -> SubjectChargeResult:
+        ds = ledger.dataset_row(conn, dataset)
+        if key is not None:
+            old = ledger.charge_by_key(conn, ds.id, key)
+            if old is not None:
+                check_replay(old, key, digest, scope="subjects",
+                             same_cost=old.eps0 == cost0.eps0)
+                central_old = ledger.charge_by_key(conn, ds.id, f"{key}#central")
+                mask = None
+                if old.members_digest is not None:  # recover who was charged
+                    mask = is_first & np.isin(pseud, ledger.members_of(conn, old.id))[inverse]
+                return SubjectChargeResult(
+                    charge_id=old.id, dataset=ds.name, eps0=cost0.eps0,
+                    accepted=old.subjects_accepted or 0, rejected=old.subjects_rejected or 0,
+                    rejected_over_cap=(old.subjects_rejected or 0) - n_dup,
+                    rejected_duplicate=n_dup, accepted_mask=mask,
+                    central=receipt_of(central_old, ds, replayed=True) if central_old else None,
+                    replayed=True, reason="replayed",
+                )
+        if ds.subject_epsilon is None:
+            raise BudgetRefused(
+                f"budget refused on dataset {ds.name!r}: it has no per-subject ε cap for "
+                "local-DP charges (create it with --subject-epsilon)",
+                scope=f"dataset {ds.name!r} subjects", asked=cost0.describe(), remaining="",
+            )
+        cap_units = int(ds.subject_epsilon / SUBJECT_UNIT)
+        if e_units > cap_units:
+            over_u = np.ones(uniq.shape[0], dtype=bool)
+        else:
+            over = ledger.bulk_charge_subjects(conn, ds.id, pseud_sorted, e_units, cap_units)
+            over_u = np.isin(pseud, np.asarray(over, dtype="<U64"))
+        n_over = int(over_u.sum())
+        accepted_mask = is_first & ~over_u[inverse]
+        n_acc = int(accepted_mask.sum())
+        n_rej = int(sids.shape[0] - n_acc)
+        if n_acc == 0 and refuse_if_none:
+            raise BudgetRefused(
+                f"budget refused on the subjects of dataset {ds.name!r}: asked "
+                f"{cost0.describe()}, no listed subject has that much left of its "
+                f"ε cap {acc.dstr(ds.subject_epsilon)} ({n_over} over cap, "
+                f"{n_dup} duplicates)",
+                scope=f"dataset {ds.name!r} subjects", asked=cost0.describe(),
+                remaining="0 for every listed subject",
+            )
+        # the central cost may depend on who was accepted (e.g. the amplified ε of the
+        # reports actually shuffled); a refusal here rolls the subject charges back too
+        cc = central_of(accepted_mask)
+        central = None
+        if cc is not None:
+            central = charge_central(
+                ledger, conn, ds, cc, purpose, requester,
+                f"{key}#central" if key is not None else None, digest,
+            )
+        blob, mdigest = pseudonyms.members_commitment(kid, raw_sorted[~over_u[by_key]],
+                                                      presorted=True)
+        values: dict[str, Any] = {
+            "dataset_id": ds.id, "scope": "subjects", "notion": "local", "epsilon": None,
+            "delta": None, "rho": None, "eps0": cost0.eps0, "subjects_accepted": n_acc,
+            "subjects_rejected": n_rej, "purpose": purpose, "requester": requester,
+            "idempotency_key": key, "created_at": now(), "request_digest": digest,
+            "members_digest": mdigest,
+        }
+        c = SimpleNamespace(id=ledger.insert_charge(conn, values), **values)
+        ledger.insert_members(conn, c.id, blob)
+        ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
+        reason = (f"{n_over} subject(s) over the per-subject cap "
+                  f"{acc.dstr(ds.subject_epsilon)}, {n_dup} duplicate(s) in the batch")
+        return SubjectChargeResult(
+            charge_id=c.id, dataset=ds.name, eps0=cost0.eps0, accepted=n_acc,
+            rejected=n_rej, rejected_over_cap=n_over, rejected_duplicate=n_dup,
+            accepted_mask=accepted_mask,
+            central=central,
+            reason=reason,
+        )
+
+    return ledger.write_core(tx)

@@ -1,0 +1,112 @@
+"""Charges in the ledger: the locked dataset row, a charge row with its dataset's new totals,
+a charge found by idempotency key, and the pseudonyms a local-DP charge charged.
+
+The Core operations (:meth:`ChargeStore.dataset_row`, :meth:`ChargeStore.insert_charge`, …)
+are the hot path of :meth:`privcal.accountant.Accountant.charge`, inside
+:meth:`~privcal.storage.transactions.LedgerTransactions.write_core`; the ORM operations
+(:meth:`ChargeStore.add_charge`, :func:`record_members`) serve writers that hold an ORM
+session (collection sessions). No policy here: the caller has checked the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Row, insert, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from privcal import checks
+from privcal.errors import NotFound
+from privcal.storage import pseudonyms
+from privcal.storage.models import Charge, ChargeMembers, Dataset
+
+__all__ = ["ChargeStore", "record_members"]
+
+
+class ChargeStore:
+    """The charge operations of a :class:`~privcal.storage.ledger.Ledger`."""
+
+    # ``backend`` and ``_stmt`` are the Ledger's
+
+    def dataset_row(self, conn: Connection, name: str) -> Row[Any]:
+        """:meth:`lock_dataset` for :meth:`write_core`: the locked row's columns (Core)."""
+        checks.text(name, "dataset name")  # a driver error on PostgreSQL otherwise (NUL)
+        row = conn.execute(self._stmt("dataset"), {"name": name}).one_or_none()
+        if row is None:
+            raise NotFound(f"unknown dataset {name!r}")
+        return row
+
+    def charge_by_key(self, conn: Connection, dataset_id: int, key: str) -> Row[Any] | None:
+        """The charge of ``dataset_id`` recorded under idempotency ``key``, if any (Core)."""
+        return conn.execute(self._stmt("by_key"), {"d": dataset_id, "k": key}).first()
+
+    def insert_charge(self, conn: Connection, values: dict[str, Any],
+                      spent: dict[str, Any] | None = None) -> int:
+        """Insert a charge row (every column but ``id``) and count it on its dataset, whose
+        row the caller has locked, setting the dataset's running totals to ``spent``
+        (column → value) if given. Returns the charge id. PostgreSQL: one statement (the
+        UPDATE as a CTE); SQLite: two."""
+        upd = "count_spent" if spent is not None else "count"
+        cparams = {f"c_{k}": v for k, v in values.items()}
+        uparams = {"d": values["dataset_id"], **{f"s_{k}": v for k, v in (spent or {}).items()}}
+        if self.backend == "postgresql":
+            return int(conn.execute(self._stmt(f"charge+{upd}"),
+                                    {**cparams, **uparams}).scalar_one())
+        conn.execute(self._stmt(upd), uparams)
+        return int(conn.execute(self._stmt("charge"), cparams).scalar_one())
+
+    def insert_members(self, conn: Connection, charge_id: int, blob: bytes) -> None:
+        """Store the sorted pseudonyms a local-DP charge charged (``charge_members``)."""
+        conn.execute(insert(ChargeMembers.__table__), {"charge_id": charge_id, "members": blob})
+
+    def members_of(self, tx: Session | Connection, charge_id: int) -> np.ndarray:
+        """The pseudonyms (hex) a local-DP charge charged, from ``charge_members``."""
+        blob = tx.scalar(select(ChargeMembers.members)
+                         .where(ChargeMembers.charge_id == charge_id))
+        if blob is None:
+            return np.zeros(0, dtype="<U64")
+        h = bytes(blob).hex()
+        w = 2 * pseudonyms.PSEUDONYM_BYTES
+        return np.asarray([h[i:i + w] for i in range(0, len(h), w)], dtype="<U64")
+
+    @staticmethod
+    def add_charge(s: Session, ds: Dataset, values: dict[str, Any],
+                   spent: dict[str, Any] | None = None) -> Charge:
+        """:meth:`insert_charge` in an ORM session: the charge row (``values``: every column
+        but ``id``), flushed so that it has its id, counted on ``ds`` (locked by the caller),
+        whose running totals become ``spent`` (column → value) if given."""
+        c = Charge(**values)
+        s.add(c)
+        for col, value in (spent or {}).items():
+            setattr(ds, col, value)
+        ds.charge_count += 1
+        s.flush()
+        return c
+
+    @staticmethod
+    def charge_dataset_ids(s: Session, charge_ids: Sequence[int]) -> dict[int, int]:
+        """charge id → its dataset id, for those of ``charge_ids`` that exist."""
+        if not charge_ids:
+            return {}
+        return dict(s.execute(select(Charge.id, Charge.dataset_id)
+                              .where(Charge.id.in_(list(charge_ids)))).all())
+
+    @staticmethod
+    def charges_of(s: Session, dataset_id: int) -> list[Charge]:
+        """Every charge of a dataset, oldest first."""
+        return list(s.scalars(select(Charge).where(Charge.dataset_id == dataset_id)
+                              .order_by(Charge.id)))
+
+
+def record_members(s: Session, key_id: str, charge: Charge, accepted: np.ndarray, *,
+                   presorted: bool = False) -> None:
+    """Store the (distinct) pseudonyms ``charge`` (an ORM row) charged and commit to them in
+    its row. Call before the charge's audit entry is queued: ``members_digest`` is part of it.
+    """
+    blob, charge.members_digest = pseudonyms.members_commitment(key_id, accepted,
+                                                                presorted=presorted)
+    s.flush()
+    s.add(ChargeMembers(charge_id=charge.id, members=blob))

@@ -1,0 +1,190 @@
+"""The ledger's schema: the revision this privcal expects, Alembic upgrades under a lock, and
+the first-use creation of new SQLite ledgers (:class:`LedgerSchema`, a part of
+:class:`~privcal.storage.ledger.Ledger`)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, inspect, select, text
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
+
+from privcal.errors import LedgerError, SchemaOutOfDate
+
+__all__ = ["MIGRATIONS_DIR", "LedgerSchema"]
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+#: key of the PostgreSQL advisory lock held during schema upgrades ("privcal" in ASCII)
+_UPGRADE_LOCK_KEY = 0x70726976_63616C
+
+
+_REVISION_LINE = re.compile(
+    r"^(down_revision|revision)\s*(?::[^=]*)?=\s*(None|['\"]([^'\"]+)['\"])\s*$", re.M)
+
+
+@functools.cache
+def _scan_head() -> str | None:
+    """The single head of the migration files (a revision no other one revises), or None
+    if the files do not say so plainly (then Alembic decides)."""
+    revs: set[str] = set()
+    downs: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        found = {m.group(1): m.group(3) for m in _REVISION_LINE.finditer(path.read_text())}
+        if "revision" not in found:
+            continue
+        if found["revision"] is None or "down_revision" not in found:
+            return None
+        revs.add(found["revision"])
+        if found["down_revision"] is not None:
+            downs.add(found["down_revision"])
+    heads = revs - downs
+    return heads.pop() if len(heads) == 1 else None
+
+
+
+class LedgerSchema:
+    """Schema revision checks and migrations of a :class:`~privcal.storage.ledger.Ledger`."""
+
+    # set by Ledger.__init__; ``backend``, ``_connect`` and ``_unreachable`` are the Ledger's
+    _url: URL
+    _lock: threading.Lock
+    _schema_ok: bool
+    is_default: bool
+
+    def _alembic_config(self, conn: Connection | None = None) -> Any:
+        from alembic.config import Config
+
+        cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        if conn is not None:
+            cfg.attributes["connection"] = conn
+        return cfg
+
+    def head_revision(self) -> str:
+        """The schema revision this version of privcal expects.
+
+        Read from the migration files' ``revision``/``down_revision`` lines (no Alembic
+        import on every command's start-up); Alembic itself is asked only if the files
+        do not name exactly one head (tests check the two agree).
+        """
+        head = _scan_head()
+        if head is not None:
+            return head
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+        assert head is not None
+        return head
+
+    def current(self) -> str | None:
+        """The ledger's schema revision (None for an empty database)."""
+        with self._connect(write=False) as conn:
+            try:
+                if not inspect(conn).has_table("alembic_version"):
+                    return None
+                heads = conn.execute(
+                    text("SELECT version_num FROM alembic_version")).scalars().all()
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+        if len(heads) > 1:  # Alembic's own message for a branched ledger
+            from alembic.runtime.migration import MigrationContext
+
+            with self._connect(write=False) as conn:
+                return MigrationContext.configure(conn).get_current_revision()
+        return heads[0] if heads else None
+
+    def check(self) -> str:
+        """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``."""
+        cur, head = self.current(), self.head_revision()
+        if cur != head:
+            what = "empty (no privcal schema)" if cur is None else f"at revision {cur}"
+            raise SchemaOutOfDate(
+                f"ledger {self.url} is {what}, this privcal needs revision {head}: "
+                "run `privcal db upgrade`"
+            )
+        return cur
+
+    def upgrade(self, revision: str = "head") -> str:
+        """Migrate the schema to ``revision`` under a lock; returns the resulting revision.
+
+        PostgreSQL: a session-level advisory lock; SQLite: the migration runs inside
+        one ``BEGIN IMMEDIATE`` transaction. Concurrent upgraders wait, then find
+        nothing to do.
+        """
+        from alembic import command
+
+        with self._connect(write=True) as conn:
+            try:
+                if self.backend == "postgresql":
+                    conn.execute(select(func.pg_advisory_lock(_UPGRADE_LOCK_KEY)))
+                    conn.commit()
+                try:
+                    command.upgrade(self._alembic_config(conn), revision)
+                    if conn.in_transaction():
+                        conn.commit()
+                finally:
+                    if self.backend == "postgresql":
+                        conn.rollback()
+                        conn.execute(select(func.pg_advisory_unlock(_UPGRADE_LOCK_KEY)))
+                        conn.commit()
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+        self._schema_ok = False
+        cur = self.current()
+        return cur or ""
+
+    def downgrade(self, revision: str) -> None:
+        """Migrate down (for tests and operators; never called by privcal itself)."""
+        from alembic import command
+
+        with self._connect(write=True) as conn:
+            command.downgrade(self._alembic_config(conn), revision)
+            if conn.in_transaction():
+                conn.commit()
+        self._schema_ok = False
+
+    def _sqlite_file(self) -> Path | None:
+        """The SQLite file of this ledger (None in memory or on PostgreSQL)."""
+        if self.backend != "sqlite" or self._url.database in (None, "", ":memory:"):
+            return None
+        return Path(self._url.database)
+
+    def exists(self) -> bool:
+        """False only for a SQLite file that does not exist yet (nothing is created)."""
+        path = self._sqlite_file()
+        return path is None or path.exists()
+
+    def _is_new_sqlite(self) -> bool:
+        """A SQLite ledger with nothing in it yet: in memory, a missing file, or an empty one."""
+        if self.backend != "sqlite":
+            return False
+        path = self._sqlite_file()
+        if path is not None and (not path.exists() or path.stat().st_size == 0):
+            if not path.parent.is_dir():
+                raise LedgerError(f"cannot create the ledger {path}: no such directory "
+                                  f"{path.parent}")
+            return True
+        from sqlalchemy import inspect
+
+        with self._connect(write=False) as conn:
+            return not inspect(conn).get_table_names()
+
+    def ensure_schema(self) -> None:
+        """Before any ledger operation: create and migrate the embedded default and any new
+        SQLite ledger; refuse every other ledger whose schema is not current (exit 5)."""
+        if self._schema_ok:
+            return
+        with self._lock:
+            if self._schema_ok:
+                return
+            if self.is_default and self.current() != self.head_revision():
+                self.upgrade()
+            elif self._is_new_sqlite():
+                self.upgrade()
+            self.check()
+            self._schema_ok = True

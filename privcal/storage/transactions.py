@@ -1,0 +1,236 @@
+"""Write and read transactions of the ledger, idempotency-key locks, and the audit append.
+
+Write transactions go through :meth:`LedgerTransactions.write` (an ORM session) or
+:meth:`LedgerTransactions.write_core` (a Core connection, for the hot charge path), which
+retry transient lock and serialization failures — and a connection found dead — a bounded
+number of times. Within one, the accountant locks the dataset row and queues its audit
+entries (:meth:`LedgerTransactions.append_audit`, which canonicalises the entry at once).
+The queued entries are appended as the *last* step before COMMIT, under the lock of the
+single ``audit_head`` row (:meth:`LedgerTransactions._append_pending`): so the log stays one
+gap-free, fork-free sequence in commit order, while the global lock is held only for that
+append and the commit. Locks are always taken dataset rows first, head last, so writers
+cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from privcal.errors import LedgerError
+from privcal.storage import audit
+
+__all__ = ["MAX_ATTEMPTS", "LedgerTransactions"]
+
+T = TypeVar("T")
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: SQLite key locks are per process only
+    fcntl = None  # type: ignore[assignment]
+
+#: in-process locks of idempotency keys (fcntl locks do not exclude threads of one process)
+_KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
+
+#: attempts of one write transaction before a transient failure is reported
+MAX_ATTEMPTS = 12
+#: the audit append on PostgreSQL: lock the head, number the entry, hash it (SHA-256 in the
+#: server, the same bytes as :func:`privcal.storage.audit.chain_hash`), insert it and move the
+#: head — one statement, so the head lock is held for one round trip and the commit
+_PG_APPEND = (
+    "WITH h AS (SELECT seq + 1 AS seq, entry_hash AS prev FROM audit_head WHERE id = 1 "
+    "FOR UPDATE), "
+    "e AS (SELECT h.seq, h.prev, %(prefix)s || h.seq::text || '}' AS payload FROM h), "
+    "x AS (SELECT e.seq, e.prev, e.payload, encode(sha256('\\x01'::bytea || decode(e.prev, 'hex')"
+    " || sha256('\\x00'::bytea || convert_to(e.payload, 'UTF8'))), 'hex') AS hash FROM e), "
+    "i AS (INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+    "SELECT x.seq, %(kind)s, x.payload, x.prev, x.hash FROM x) "
+    "UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x WHERE audit_head.id = 1"
+)
+_PENDING = "privcal_audit_pending"
+_PENDING = "privcal_audit_pending"
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A lock timeout, deadlock or serialization failure: the transaction may simply be retried."""
+    if isinstance(exc, OperationalError | DBAPIError):
+        orig = getattr(exc, "orig", None)
+        msg = str(orig).lower()
+        if "database is locked" in msg or "database is busy" in msg:
+            return True
+        sqlstate = getattr(orig, "sqlstate", None)
+        # serialization_failure, deadlock_detected, lock_not_available
+        return sqlstate in ("40001", "40P01", "55P03")
+    return False
+
+
+
+class LedgerTransactions:
+    """Transactions of a :class:`~privcal.storage.ledger.Ledger` (see the module docstring)."""
+
+    # set by Ledger.__init__; ``backend``, ``url``, ``_connect``, ``_unreachable``, ``_stmt``
+    # and ``ensure_schema`` are the Ledger's
+    _url: URL
+
+    def write(self, fn: Callable[[Session], T], *, attempts: int = MAX_ATTEMPTS) -> T:
+        """Run ``fn(session)`` in one write transaction and commit; retry transient failures.
+
+        SQLite: the transaction begins ``IMMEDIATE`` (the write lock is held from the first
+        read). PostgreSQL: ``fn`` locks the rows it reads (``FOR UPDATE``). The audit
+        entries ``fn`` queued are appended last (see the module docstring). On a transient
+        failure everything is rolled back and ``fn`` runs again, up to ``attempts`` times.
+        """
+
+        def run(conn: Connection) -> T:
+            with Session(bind=conn, expire_on_commit=False) as session:
+                with session.begin():
+                    result = fn(session)
+                    session.flush()
+                    self._append_pending(conn)
+                return result
+
+        return self._retry(run, attempts)
+
+    def write_core(self, fn: Callable[[Connection], T], *,
+                   attempts: int = MAX_ATTEMPTS) -> T:
+        """:meth:`write` with a Core connection instead of an ORM session (no unit of work,
+        no identity map: the hot path of a charge)."""
+
+        def run(conn: Connection) -> T:
+            with conn.begin():
+                result = fn(conn)
+                self._append_pending(conn)
+            return result
+
+        return self._retry(run, attempts)
+
+    def _retry(self, run: Callable[[Connection], T], attempts: int) -> T:
+        self.ensure_schema()
+        delay = 0.01
+        for attempt in range(1, attempts + 1):
+            try:
+                with self._connect(write=True) as conn:
+                    conn.info[_PENDING] = []
+                    try:
+                        return run(conn)
+                    finally:
+                        conn.info.pop(_PENDING, None)
+            except (OperationalError, DBAPIError) as exc:
+                # a pooled connection the server closed (no pre-ping: see engine.py) is
+                # invalidated by SQLAlchemy; nothing was committed, so run again on a fresh one
+                dead = bool(getattr(exc, "connection_invalidated", False))
+                if attempt < attempts and (_is_transient(exc) or dead):
+                    if not dead:
+                        time.sleep(delay * (1 + random.random()))
+                        delay = min(delay * 2, 1.0)
+                    continue
+                if isinstance(exc, IntegrityError):
+                    raise
+                if _is_transient(exc):
+                    raise LedgerError(
+                        f"the ledger stayed locked after {attempts} attempts; try again"
+                    ) from exc
+                if dead or "connect" in str(exc).lower():
+                    raise self._unreachable(exc) from exc
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session on one consistent snapshot."""
+        self.ensure_schema()
+        with self._connect(write=False) as conn:
+            if self.backend == "postgresql":
+                # READ COMMITTED would give each statement its own snapshot, and `verify` could
+                # see a charge row committed after it read the log
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with Session(bind=conn, expire_on_commit=False) as session:
+                with session.begin():
+                    yield session
+
+    @contextmanager
+    def key_lock(self, dataset: str, key: str) -> Iterator[None]:
+        """Hold the lock of idempotency key ``key`` of ``dataset`` (issue 16 item 1).
+
+        Held by :meth:`privcal.accountant.Accountant.run` from the charge to the release,
+        so a concurrent retry with the same key waits, then finds the release. The lock
+        dies with its holder, so a crashed run's retry takes it and re-runs once.
+        PostgreSQL: a session-level advisory lock on a connection of its own. SQLite: a
+        lock within the process, plus (file databases, POSIX) an ``fcntl`` byte-range
+        lock on ``<database>.keylocks`` beside the file, which the OS releases when the
+        process dies.
+        """
+        digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
+            "utf-8", "surrogatepass")).digest()
+        lock_id = int.from_bytes(digest[:8], "big", signed=True)
+        with _KEY_LOCKS_GUARD:
+            local = _KEY_LOCKS.setdefault((self.url, lock_id), threading.Lock())
+        with local:
+            if self.backend == "postgresql":
+                with self._connect(write=True) as conn:
+                    conn.execute(select(func.pg_advisory_lock(lock_id)))
+                    conn.commit()
+                    try:
+                        yield
+                    finally:
+                        conn.rollback()
+                        conn.execute(select(func.pg_advisory_unlock(lock_id)))
+                        conn.commit()
+                return
+            path = self._url.database
+            if fcntl is None or path in (None, "", ":memory:"):
+                yield
+                return
+            offset = lock_id & 0x7FFF_FFFF_FFFF
+            with open(f"{path}.keylocks", "a+b") as fh:
+                fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+                try:
+                    yield
+                finally:
+                    fcntl.lockf(fh, fcntl.LOCK_UN, 1, offset)
+
+    def append_audit(self, tx: Session | Connection, kind: str, data: dict[str, Any]) -> None:
+        """Queue one entry for the chain in ``tx``'s write transaction.
+
+        The entry is canonicalised now (once); it is numbered, hashed and appended under
+        the head-row lock as the transaction's last step (:meth:`_append_pending`).
+        """
+        conn = tx.connection() if isinstance(tx, Session) else tx
+        pending = conn.info.get(_PENDING)
+        if pending is None:
+            raise LedgerError("audit entries are appended only inside Ledger.write")
+        pending.append((kind, audit.entry_prefix(kind, data)))
+
+    def _append_pending(self, conn: Connection) -> None:
+        """Append the queued entries, in order, under the ``audit_head`` row lock."""
+        pending: list[tuple[str, str]] = conn.info.get(_PENDING) or []
+        if not pending:
+            return
+        if self.backend == "postgresql":
+            for kind, prefix in pending:
+                conn.exec_driver_sql(_PG_APPEND, {"prefix": prefix, "kind": kind})
+        else:
+            # SQLite: the BEGIN IMMEDIATE transaction already holds the database write lock
+            seq, prev = conn.execute(self._stmt("head")).one()
+            rows = []
+            for kind, prefix in pending:
+                seq += 1
+                payload = audit.payload_at(prefix, seq)
+                entry_hash = audit.chain_hash(prev, payload)
+                rows.append({"seq": seq, "kind": kind, "payload": payload,
+                             "prev_hash": prev, "entry_hash": entry_hash})
+                prev = entry_hash
+            conn.execute(self._stmt("entry"), rows)
+            conn.execute(self._stmt("move_head"), {"s": seq, "h": prev})
+        pending.clear()

@@ -1,0 +1,404 @@
+"""Verifying the ledger: the whole hash chain recomputed and every row checked against its entry.
+
+:meth:`LedgerVerifier.verify` (``Ledger.verify``) names the first entry or row that does not
+verify: a broken hash or link, a gap, a payload that is not canonical, an edited or
+unlogged dataset/charge/release row, running totals or per-subject spends that the logged
+charges do not add up to, collection sessions that differ from what their entries
+committed, a replaced ledger secret, a truncated or rewritten log (``expect_head``, a
+signed head). The recomputation of every release's *guarantees* with the installed
+calibrators is :mod:`privcal.accountant.verification`, on top of this.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from decimal import Decimal, localcontext
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from privcal import progress
+from privcal.errors import AuditFailed, InvalidInput
+from privcal.storage import audit, pseudonyms
+from privcal.storage import sessions as _sessions
+from privcal.storage.models import (
+    SUBJECT_UNIT,
+    AuditEntry,
+    AuditHead,
+    Charge,
+    ChargeMembers,
+    Dataset,
+    LedgerSecret,
+    ReleaseRow,
+    SubjectBaseline,
+    SubjectSpend,
+)
+from privcal.storage.records import VerifyReport
+
+__all__ = ["LedgerVerifier"]
+
+
+def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> None:
+    """The ``audit_head`` row must name the last entry of the chain; say what differs."""
+    if head_row is None:
+        raise AuditFailed("audit head: the audit_head row is missing (deleted outside privcal)")
+    if head_row.seq > last:
+        raise AuditFailed(
+            f"audit entry {last + 1}: the audit_head row says the log ends at entry "
+            f"{head_row.seq} but it ends at {last}: entries were deleted from the end (log "
+            "truncated) or the head row's seq was edited")
+    if head_row.seq < last:
+        raise AuditFailed(
+            f"audit head: the audit_head row says the log ends at entry {head_row.seq} but "
+            f"entries continue to {last}: the head row's seq was edited (or entries were "
+            "appended outside privcal)")
+    if head_row.entry_hash != last_hash:
+        raise AuditFailed(
+            f"audit head: the audit_head row's hash differs from entry {last}'s hash: the head "
+            "row was edited")
+
+
+def _s32(hex_ids: list[str]) -> np.ndarray:
+    """Hex pseudonyms as 32-byte NumPy strings (a malformed one fails verification)."""
+    try:
+        raw = bytes.fromhex("".join(hex_ids))
+    except ValueError as exc:
+        raise AuditFailed("a stored subject is not a pseudonym (row edited)") from exc
+    if len(raw) != len(hex_ids) * pseudonyms.PSEUDONYM_BYTES:
+        raise AuditFailed("a stored subject is not a pseudonym (row edited)")
+    return np.frombuffer(raw, dtype="S32")
+
+
+def _sum_by_key(keys: list[np.ndarray], units: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct keys, summed units per key): exact int64 sums."""
+    if not keys:
+        return np.zeros(0, dtype="S32"), np.zeros(0, dtype=np.int64)
+    k = np.concatenate(keys)
+    u = np.concatenate(units)
+    uniq, inv = np.unique(k, return_inverse=True)
+    sums = np.zeros(uniq.shape[0], dtype=np.int64)
+    np.add.at(sums, inv.ravel(), u)
+    return uniq, sums
+
+
+def _members_hex(s: Session, charge_id: int) -> set[str]:
+    """The pseudonyms (hex) stored for one local-DP charge (only read to explain a failure)."""
+    blob = s.scalar(select(ChargeMembers.members).where(ChargeMembers.charge_id == charge_id))
+    h, w = bytes(blob or b"").hex(), 2 * pseudonyms.PSEUDONYM_BYTES
+    return {h[i:i + w] for i in range(0, len(h), w)}
+
+
+
+class LedgerVerifier:
+    """The audit verification of a :class:`~privcal.storage.ledger.Ledger`."""
+
+    # ``read`` is the Ledger's
+
+    def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
+               trusted_key: Any = None, allow_unsigned_tail: bool = False) -> VerifyReport:
+        """Recompute the whole chain and cross-check every row against its entry.
+
+        Raises AuditFailed naming the first entry (or row) that does not verify:
+        a broken hash or link, a gap in the sequence (a deleted entry), a payload
+        that is not canonical, a dataset/charge/release row that differs from what
+        its entry recorded (an edited threshold or amount) or has no entry, running
+        totals that do not equal the sum of the charges, per-subject spends that the
+        logged local-DP charges (and the 0005 baseline) do not add up to subject by
+        subject, session status/state or reports that differ from what their entries
+        committed, a replaced ledger secret, and — with ``expect_head="SEQ:HASH"`` — a log
+        truncated before SEQ or rewritten up to it.
+
+        ``signed_head`` (a :class:`~privcal.storage.signing.SignedHead`, its document or
+        file) with ``trusted_key`` (an Ed25519 public key or its PEM file): the signature
+        must verify, the log must contain the signed head, and every later entry is one
+        the key holder did not sign — a failure naming the first, unless
+        ``allow_unsigned_tail`` (then counted in ``unsigned_entries``).
+        """
+        signed = None
+        if signed_head is not None or trusted_key is not None:
+            from privcal.storage import signing
+
+            if signed_head is None or trusted_key is None:
+                raise InvalidInput("a signed head is verified with a trusted public key: give "
+                                   "both (--signed-head FILE --trusted-key PUBFILE)")
+            signed = signing.read_signed_head(signed_head)
+            signing.verify_signed_head(signed, trusted_key)
+        want: tuple[int, str] | None = None
+        wants: list[tuple[int, str, str]] = []
+        if expect_head is not None:
+            if not isinstance(expect_head, str):
+                raise InvalidInput("expect_head must be SEQ:HASH text (an integer and 64 hex "
+                                   f"digits), got {type(expect_head).__name__}")
+            try:
+                seq_s, hash_s = expect_head.strip().split(":", 1)
+                want = (int(seq_s), hash_s.lower())
+                bytes.fromhex(want[1])
+                if len(want[1]) != 64 or want[0] < 0:
+                    raise ValueError
+            except ValueError as exc:
+                raise InvalidInput(
+                    "--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
+                    f"got {expect_head!r}"
+                ) from exc
+        if want is not None:
+            wants.append((want[0], want[1], "expected head"))
+        if signed is not None:
+            wants.append((signed.seq, signed.hash.lower(), "signed head"))
+        with self.read() as s:
+            datasets = {d.id: d for d in s.scalars(select(Dataset))}
+            charges = {c.id: c for c in s.scalars(select(Charge))}
+            releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
+            names = {i: d.name for i, d in datasets.items()}
+            seen: dict[str, set[int]] = defaultdict(set)
+            prev = audit.GENESIS
+            expected = 1
+            count = 0
+            head_row = s.get(AuditHead, 1)
+            coll = {c.id: c for c in s.scalars(select(_sessions.CollectionSession))}
+            tally = _sessions.SessionTally()
+            charge_seq: dict[int, int] = {}
+            migration: tuple[int, dict[str, Any]] | None = None
+            for e in progress.iterate(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)),
+                                      "verifying the audit log", head_row.seq if head_row else 0):
+                if e.seq != expected:
+                    raise AuditFailed(
+                        f"audit entry {expected} is missing (the log jumps from {expected - 1} "
+                        f"to {e.seq}): a row was deleted"
+                    )
+                if e.prev_hash != prev:
+                    raise AuditFailed(
+                        f"audit entry {e.seq}: prev_hash does not link to entry {e.seq - 1}")
+                try:
+                    doc = json.loads(e.payload)
+                    canonical_ok = audit.canonical(doc) == e.payload
+                except (ValueError, TypeError):
+                    canonical_ok, doc = False, {}
+                if not canonical_ok:
+                    raise AuditFailed(f"audit entry {e.seq}: payload is not canonical JSON")
+                if audit.chain_hash(prev, e.payload) != e.entry_hash:
+                    raise AuditFailed(f"audit entry {e.seq}: hash does not match its payload "
+                                      "(entry altered)")
+                if doc.get("seq") != e.seq or doc.get("kind") != e.kind:
+                    raise AuditFailed(f"audit entry {e.seq}: payload records seq {doc.get('seq')} "
+                                      f"kind {doc.get('kind')!r} (entries reordered)")
+                if e.kind in _sessions.SESSION_KINDS:
+                    _sessions.check_entry(e.seq, e.kind, doc.get("data") or {}, coll, names,
+                                          tally)
+                elif e.kind == "migration":
+                    if migration is not None:
+                        raise AuditFailed(f"audit entry {e.seq}: a second migration entry")
+                    migration = (e.seq, doc.get("data") or {})
+                    _sessions.check_migration(e.seq, migration[1], coll, tally)
+                else:
+                    if e.kind == "charge":
+                        cid = (doc.get("data") or {}).get("charge_id")
+                        if isinstance(cid, int):
+                            charge_seq[cid] = e.seq
+                    self._check_row(e.seq, e.kind, doc.get("data") or {}, datasets, charges,
+                                    releases, names, seen)
+                prev = e.entry_hash
+                expected += 1
+                count += 1
+                for w_seq, w_hash, w_what in wants:
+                    if e.seq == w_seq and e.entry_hash != w_hash:
+                        raise AuditFailed(f"audit entry {e.seq}: hash differs from the {w_what} "
+                                          "(log rewritten)")
+            last = count
+            _check_head_row(head_row, last, prev)
+            for w_seq, w_hash, w_what in wants:
+                if w_seq > last:
+                    raise AuditFailed(f"audit entry {last + 1}: missing; the {w_what} is "
+                                      f"entry {w_seq} but the log ends at {last} "
+                                      "(log truncated)")
+                if w_seq == 0 and w_hash != audit.GENESIS:
+                    raise AuditFailed(f"audit entry 0: the {w_what}'s hash is not the genesis "
+                                      "hash")
+            unsigned = 0
+            if signed is not None:
+                unsigned = last - signed.seq
+                if unsigned > 0 and not allow_unsigned_tail:
+                    raise AuditFailed(
+                        f"audit entry {signed.seq + 1}: not signed by the trusted key (the signed "
+                        f"head is entry {signed.seq}, signed {signed.time}; {unsigned} later "
+                        "entr" + ("y is" if unsigned == 1 else "ies are") + " unsigned: "
+                        "appended since, or forged)")
+            for kind, rows in (("dataset", datasets), ("charge", charges), ("release", releases)):
+                missing = sorted(set(rows) - seen[kind])
+                if missing:
+                    raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
+                                      "outside privcal, or its entry deleted)")
+            _sessions.check_sessions(s, coll, tally)
+            self._check_totals(s, datasets, charges)
+            self._check_subjects(s, datasets, charges, charge_seq, migration)
+            return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
+                                charges=len(charges), releases=len(releases),
+                                signed_through=signed.seq if signed is not None else None,
+                                unsigned_entries=unsigned)
+
+    @staticmethod
+    def _check_row(
+        seq: int, kind: str, data: dict[str, Any], datasets: dict[int, Dataset],
+        charges: dict[int, Charge], releases: dict[int, ReleaseRow], names: dict[int, str],
+        seen: dict[str, set[int]],
+    ) -> None:
+        if kind == "dataset":
+            rid = data.get("dataset_id")
+            row_d = datasets.get(rid) if isinstance(rid, int) else None
+            if row_d is None:
+                raise AuditFailed(f"audit entry {seq}: dataset {rid} is missing from the ledger")
+            if audit.dataset_doc(row_d) != data:
+                raise AuditFailed(f"audit entry {seq}: dataset {rid} ({row_d.name!r}) differs "
+                                  "from what the log recorded (row edited)")
+        elif kind == "charge":
+            rid = data.get("charge_id")
+            row_c = charges.get(rid) if isinstance(rid, int) else None
+            if row_c is None:
+                raise AuditFailed(f"audit entry {seq}: charge {rid} is missing from the ledger "
+                                  "(row deleted)")
+            if audit.charge_doc(row_c, names.get(row_c.dataset_id, "?")) != data:
+                raise AuditFailed(f"audit entry {seq}: charge {rid} differs from what the log "
+                                  "recorded (row edited)")
+        elif kind == "release":
+            rid = data.get("release_id")
+            row_r = releases.get(rid) if isinstance(rid, int) else None
+            if row_r is None:
+                raise AuditFailed(f"audit entry {seq}: release {rid} is missing from the ledger "
+                                  "(row deleted)")
+            if audit.release_doc(row_r, names.get(row_r.dataset_id, "?")) != data:
+                raise AuditFailed(f"audit entry {seq}: release {rid} differs from what the log "
+                                  "recorded (threshold or another field edited)")
+        else:
+            raise AuditFailed(f"audit entry {seq}: unknown kind {kind!r}")
+        if rid in seen[kind]:
+            raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
+        seen[kind].add(rid)
+
+    @staticmethod
+    def _check_subjects(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge],
+                        charge_seq: dict[int, int],
+                        migration: tuple[int, dict[str, Any]] | None) -> None:
+        """Recompute every per-subject spend from the chain (issue 16 item 3).
+
+        Expected units of (dataset, pseudonym) = its baseline (committed by the 0005
+        ``migration`` entry) + ε0 of every local-DP charge whose committed members include
+        it. Any difference from ``subject_spend`` — a renamed subject, moved, added or
+        deleted units — fails naming the dataset and the pseudonym.
+        """
+        secret = s.get(LedgerSecret, 1)
+        kid = pseudonyms.key_id(bytes.fromhex(secret.secret)) if secret is not None else None
+        keys: dict[int, list[np.ndarray]] = defaultdict(list)  # dataset → S32 pseudonyms
+        weights: dict[int, list[np.ndarray]] = defaultdict(list)  # … and their units
+        baseline: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for d, subj, units in s.execute(select(SubjectBaseline.dataset_id,
+                                               SubjectBaseline.subject,
+                                               SubjectBaseline.spent_units)):
+            baseline[d].append((subj, int(units)))
+        for d, rows in baseline.items():
+            keys[d].append(_s32([r[0] for r in rows]))
+            weights[d].append(np.asarray([r[1] for r in rows], dtype=np.int64))
+        mdata = migration[1] if migration is not None else {}
+        if migration is not None and mdata.get("subject_key") != kid:
+            raise AuditFailed(f"audit entry {migration[0]}: the ledger secret of subject "
+                              "pseudonyms is not the one the log recorded (secret replaced)")
+        logged = mdata.get("subject_spend") or {}
+        for d in sorted(set(baseline) | {int(k) for k in logged}):
+            want = logged.get(str(d))
+            if want is None or want.get("digest") != pseudonyms.spend_digest(baseline[d]):
+                where = f"audit entry {migration[0]}" if migration else "the audit log"
+                raise AuditFailed(f"{where}: the per-subject baseline of dataset {d} differs "
+                                  "from what the log recorded (rows edited)")
+        blobs = dict(s.execute(select(ChargeMembers.charge_id, ChargeMembers.members)).all())
+        for cid, c in sorted(charges.items()):
+            seq = charge_seq.get(cid, 0)
+            if c.members_digest is None:
+                if c.scope == "subjects" and c.subjects_accepted and (
+                        migration is None or seq > migration[0]):
+                    raise AuditFailed(f"audit entry {seq}: charge {cid} does not record which "
+                                      "subjects it charged")
+                continue
+            blob = blobs.pop(cid, None)
+            if blob is None or kid is None or \
+                    pseudonyms.members_digest(kid, bytes(blob)) != c.members_digest:
+                raise AuditFailed(f"audit entry {seq}: the subjects charged by charge {cid} "
+                                  "differ from what the log recorded (rows edited, or the "
+                                  "ledger secret replaced)")
+            n = len(blob) // pseudonyms.PSEUDONYM_BYTES
+            if n * pseudonyms.PSEUDONYM_BYTES != len(blob) or n != (c.subjects_accepted or 0):
+                raise AuditFailed(f"audit entry {seq}: charge {cid} records "
+                                  f"{c.subjects_accepted} subjects but stores {n}")
+            keys[c.dataset_id].append(np.frombuffer(bytes(blob), dtype="S32"))
+            weights[c.dataset_id].append(np.full(
+                n, int((c.eps0 or Decimal(0)) / SUBJECT_UNIT), dtype=np.int64))
+        if blobs:
+            raise AuditFailed(f"charge_members of charge {min(blobs)} has no logged charge "
+                              "(row inserted)")
+        stored: dict[int, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
+        # 10⁶ rows: the DB-API cursor directly, without ORM row objects
+        for d, subj, u in s.connection().exec_driver_sql(
+                "SELECT dataset_id, subject, spent_units FROM subject_spend"):
+            stored[d][0].append(subj)
+            stored[d][1].append(int(u))
+        for d in sorted(set(keys) | set(stored)):
+            want_k, want_u = _sum_by_key(keys.get(d, []), weights.get(d, []))
+            got_k, got_u = _sum_by_key([_s32(stored[d][0])] if d in stored else [],
+                                       [np.asarray(stored[d][1], dtype=np.int64)]
+                                       if d in stored else [])
+            if got_k.shape == want_k.shape and (got_k == want_k).all() and \
+                    (got_u == want_u).all() and len(stored[d][0]) == got_k.size:
+                continue
+            exp = dict(zip(want_k.tolist(), want_u.tolist(), strict=True))
+            act = dict(zip(got_k.tolist(), got_u.tolist(), strict=True))
+            # a subject the log knows first: its entries are the ones to name
+            bad = sorted((k for k in set(act) | set(exp) if act.get(k, 0) != exp.get(k, 0)),
+                         key=lambda k: (exp.get(k, 0) == 0, k))
+            if not bad:  # the same subject stored twice (cannot happen with the primary key)
+                raise AuditFailed(f"dataset {d}: a subject has two spend rows (rows edited)")
+            k = bad[0]
+            subj = bytes(k).ljust(pseudonyms.PSEUDONYM_BYTES, b"\x00").hex()
+            name = datasets[d].name if d in datasets else "?"
+            seqs = [charge_seq.get(cid, 0) for cid, c in sorted(charges.items())
+                    if c.dataset_id == d and c.members_digest is not None
+                    and subj in _members_hex(s, cid)]
+            raise AuditFailed(
+                f"dataset {d} ({name!r}): subject {subj[:16]}… has spent "
+                f"{act.get(k, 0)} units in subject_spend but the log's charges "
+                f"(entries {seqs or 'none'}) add up to {exp.get(k, 0)} "
+                f"({len(bad)} subject row(s) differ: renamed, moved or edited)")
+
+    @staticmethod
+    def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:
+        zero = Decimal(0)
+        with localcontext() as ctx:
+            ctx.prec = 80
+            sums: dict[int, list[Decimal]] = defaultdict(lambda: [zero] * 5)
+            counts: dict[int, int] = defaultdict(int)
+            local_units: dict[int, Decimal] = defaultdict(lambda: zero)
+            for c in charges.values():
+                t = sums[c.dataset_id]
+                counts[c.dataset_id] += 1
+                if c.notion == "pure" and c.epsilon is not None:
+                    t[0] += c.epsilon
+                    t[1] += c.epsilon * c.epsilon / 2
+                elif c.notion == "zcdp" and c.rho is not None:
+                    t[2] += c.rho
+                elif c.notion == "approx" and c.epsilon is not None and c.delta is not None:
+                    t[3] += c.epsilon
+                    t[4] += c.delta
+                if c.eps0 is not None and c.subjects_accepted:
+                    local_units[c.dataset_id] += c.eps0 / SUBJECT_UNIT * c.subjects_accepted
+            stored_units = dict(
+                s.execute(select(SubjectSpend.dataset_id, func.sum(SubjectSpend.spent_units))
+                          .group_by(SubjectSpend.dataset_id)).all()
+            )
+            for ds in datasets.values():
+                got = [ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
+                       ds.spent_approx_eps, ds.spent_approx_delta]
+                if got != sums[ds.id] or ds.charge_count != counts[ds.id]:
+                    raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): spent totals do not equal "
+                                      "the sum of its logged charges (row edited)")
+                if Decimal(int(stored_units.get(ds.id) or 0)) != local_units[ds.id]:
+                    raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): per-subject spends do not "
+                                      "add up to its logged local-DP charges (rows edited)")
