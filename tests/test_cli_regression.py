@@ -162,3 +162,22 @@ def test_split_has_no_score_range_option_and_predict_needs_one_kind(env: CliEnv)
         assert res.exit_code != 0 and msg in res.stderr, res.stderr
     res = env.run("evaluate", "--release", "1", "--preds", env.f("ft.npy"))
     assert res.exit_code == 2 and "--targets" in res.stderr
+
+
+def test_levels_release_intervals_take_alpha(env: CliEnv) -> None:
+    rel = env.json("calibrate", "split", "--dataset", "z", "--preds", env.f("f.npy"),
+                   "--targets", env.f("y.npy"), "--score", "absolute",
+                   "--alpha", "0.1,0.2")["release"]
+    res = env.run("predict", "--release", str(rel["id"]), "--preds", env.f("ft.npy"))
+    assert res.exit_code != 0 and "choose one" in res.stderr
+    wide = env.json("predict", "--release", str(rel["id"]), "--preds", env.f("ft.npy"),
+                    "--alpha", "0.1")["intervals"]
+    narrow = env.json("predict", "--release", str(rel["id"]), "--preds", env.f("ft.npy"),
+                      "--alpha", "0.2")["intervals"]
+    assert all(w[0] <= n[0] and n[1] <= w[1] for w, n in zip(wide, narrow, strict=True))
+    ev = env.json("evaluate", "--release", str(rel["id"]), "--preds", env.f("ft.npy"),
+                  "--targets", env.f("yt.npy"), "--alpha", "0.2")
+    assert ev["guaranteed_lower"] == 0.8
+    res = env.run("predict", "--release", str(rel["id"]), "--preds", env.f("ft.npy"),
+                  "--alpha", "all")
+    assert res.exit_code != 0 and "choose one level" in res.stderr

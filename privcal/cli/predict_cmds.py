@@ -67,6 +67,14 @@ def _regression_options(f: Any) -> Any:
     return f
 
 
+def _interval_level(alpha: str | None) -> float | None:
+    """The one level of a regression request (``--alpha all`` is for prediction sets)."""
+    if alpha is not None and alpha.strip().lower() == "all":
+        raise InvalidInput("--alpha all writes prediction sets; for intervals choose one "
+                           "level (--alpha A)")
+    return one_level(alpha)
+
+
 def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
                 classes: list[str] | None = None) -> None:
     """Write the n×k boolean sets: ``.npy``/``.npz`` as the matrix, ``.json`` as lists of
@@ -151,7 +159,8 @@ def predict(
         from privcal.calibrators.intervals import release_intervals
         from privcal.cli.interval_output import emit_intervals, load_regression_inputs
 
-        iv = release_intervals(rel, score_name=score,
+        iv = release_intervals(rel, score_name=score, alpha=_interval_level(alpha),
+                               groups=load_groups(groups),
                                **load_regression_inputs(preds, lower_preds, upper_preds))
         emit_intervals(rel, iv, out, as_json)
         return
@@ -219,9 +228,11 @@ def evaluate(
         if targets is None:
             raise click.UsageError("give the true targets: --targets FILE")
         rel = settings.accountant().release(release_id)
-        iv = release_intervals(rel, score_name=score,
+        level = _interval_level(alpha)
+        iv = release_intervals(rel, score_name=score, alpha=level, groups=load_groups(groups),
                                **load_regression_inputs(preds, lower_preds, upper_preds))
-        ev = evaluate_intervals(iv, load_array(targets, "targets"), release_lower(rel))
+        ev = evaluate_intervals(iv, load_array(targets, "targets"),
+                                release_lower(rel, alpha=level))
         emit_evaluation(rel, ev, as_json)
         return
     if targets is not None:
