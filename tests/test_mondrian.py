@@ -248,3 +248,29 @@ def test_dry_run_reads_group_sizes(acct: Accountant) -> None:
                   labels=y, mondrian="label", public_groups=True)
     assert rep.cost == {"kind": "zcdp", "rho": "1"}  # 2 levels × 0.5, over 3 classes once
     assert acct.budget("d").charges == 0
+
+
+def test_regression_intervals_per_group_and_level(acct: Accountant) -> None:
+    """Mondrian column groups and several levels on regression scores: each row's interval
+    is f ± its group's threshold at the chosen level; label groups give no intervals."""
+    rng = np.random.default_rng(4)
+    n = 3000
+    region = rng.choice(["calm", "noisy"], size=n, p=[0.6, 0.4])
+    f = rng.normal(size=n)
+    y = f + rng.normal(size=n) * np.where(region == "calm", 0.05, 0.3)
+    rel = acct.calibrate("pcoqs", dataset="d", preds=f, targets=y, score="absolute",
+                         alpha=[0.1, 0.2], rho=0.5, score_range=(0, 2), groups=region,
+                         public_groups=True, rng=random.Random(8))
+    assert rel.method == "mondrian:levels:pcoqs"
+    rows = {(r["group"], r["alpha"]): r["threshold"] for r in rel.thresholds()}
+    assert rows[("calm", 0.1)] < rows[("noisy", 0.1)]  # the noisy group's intervals are wider
+    ft = rng.normal(size=20)
+    gt = np.array(["calm", "noisy"] * 10)
+    iv = rel.predict_interval(ft, alpha=0.1, groups=gt)
+    t = np.array([rows[(g, 0.1)] for g in gt])
+    assert np.allclose(iv[:, 0], ft - t) and np.allclose(iv[:, 1], ft + t)
+    ev = rel.evaluate_interval(ft, ft, alpha=0.2, groups=gt)
+    assert ev.n == 20
+    with pytest.raises(InvalidInput, match="give the group of every row"):
+        rel.predict_interval(ft, alpha=0.1)
+    assert acct.verify().guarantees_recomputed == 1
