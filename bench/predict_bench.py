@@ -51,7 +51,9 @@ def main() -> None:
     alpha = 0.1
     r = math.ceil((args.n + 1) * (1 - alpha))
     q = float(np.partition(1 - probs[np.arange(args.n), labels], r - 1)[r - 1])
-    rel = Release.model_construct(threshold=q, diagnostics={"score": {"name": "lac"}})
+    rel = Release.model_construct(threshold=q, diagnostics={"score": {"name": "lac"}},
+                                  shape={"n": args.n, "k": args.k}, method="split",
+                                  params={"alpha": alpha})
     assert (rel.predict_set(probs) == (1 - probs <= q)).all()
 
     def calibrate() -> float:
