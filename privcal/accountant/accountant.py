@@ -343,15 +343,18 @@ class Accountant:
 
     # ------------------------------------------------------------ audit
     def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
-               trusted_key: Any = None, allow_unsigned_tail: bool = False) -> Any:
+               trusted_key: Any = None, allow_unsigned_tail: bool = False,
+               progress: Any = None) -> Any:
         """Verify the audit log and recompute every release's guarantees with the installed code.
 
         Returns an :class:`~privcal.accountant.verification.AuditReport`; raises
         :class:`~privcal.errors.AuditFailed` naming the first entry or release that does not
         verify. ``signed_head`` + ``trusted_key``: see :meth:`privcal.storage.Ledger.verify`
-        and :mod:`privcal.storage.signing`.
+        and :mod:`privcal.storage.signing`; ``progress`` reports the walk over the log (the
+        CLI passes its bar's :func:`privcal.cli.progress.iterate`).
         """
         from privcal.accountant.verification import verify
 
         return verify(self, expect_head=expect_head, signed_head=signed_head,
-                      trusted_key=trusted_key, allow_unsigned_tail=allow_unsigned_tail)
+                      trusted_key=trusted_key, allow_unsigned_tail=allow_unsigned_tail,
+                      progress=progress)

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from privcal import checks
 from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import DEFAULT_REPORTING_DELTA, optional_text, parse_amount
 from privcal.accountant.policy import (
@@ -27,7 +26,7 @@ from privcal.accountant.policy import (
 )
 from privcal.accountant.results import BudgetReport, DatasetInfo, SpentReport, SubjectSummary
 from privcal.calibrators.validation import id_strings
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_text
 from privcal.storage import Ledger
 from privcal.storage.audit import dataset_doc, now
 from privcal.storage.models import SUBJECT_UNIT
@@ -62,7 +61,7 @@ def create_dataset(
     the row and its audit entry in one transaction (AlreadyExists if the name is taken)."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidInput("dataset name must be 1 to 200 characters")
-    checks.text(name, "dataset name")
+    check_text(name, "dataset name")
     if not isinstance(allow_nonprivate, bool | np.bool_):  # 'no' is not False
         raise InvalidInput(f"allow_nonprivate must be True or False, got {allow_nonprivate!r}")
     if name != name.strip():

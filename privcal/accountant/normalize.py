@@ -14,10 +14,9 @@ import math
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
-from privcal import checks
 from privcal.accountant import privacy as acc
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_text
 from privcal.storage.audit import canonical, threshold_str
 
 __all__ = [
@@ -127,7 +126,7 @@ def request_digest(request: dict[str, Any]) -> str:
 
 def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
     """A free-text field (purpose, requester, key …) that is storable text of at most ``limit``
-    characters (:func:`privcal.checks.text`), or None."""
+    characters (:func:`privcal.errors.check_text`), or None."""
     if value is None:
         return None
-    return checks.text(value, what, limit=limit, allow_empty=True)
+    return check_text(value, what, limit=limit, allow_empty=True)

@@ -12,11 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from privcal import checks
 from privcal.accountant.normalize import json_safe, optional_text
 from privcal.accountant.results import Release
 from privcal.calibrators.base import CoverageGuarantee
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_row_id
 from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
 
@@ -67,7 +66,7 @@ def record_release(
         CoverageGuarantee.model_validate(coverage)
     if isinstance(charge_ids, str | bytes):
         raise InvalidInput("charge_ids must be a sequence of charge ids")
-    ids = [checks.row_id(i, "charge") for i in charge_ids]
+    ids = [check_row_id(i, "charge") for i in charge_ids]
     row_data = {
         "method": str(method), "calibrator_version": str(calibrator_version),
         "distribution": str(distribution), "distribution_version": str(distribution_version),

@@ -151,7 +151,7 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
 def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> AuditReport:
     """Verify the log, then every release's guarantees; raise :class:`AuditFailed` on the first
     release whose recorded guarantee the installed code does not reproduce. ``signed``:
-    ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` of
+    ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
     rep = accountant.ledger.verify(expect_head=expect_head, **signed)
     checked = 0

@@ -12,8 +12,7 @@ import math
 
 import numpy as np
 
-from privcal.checks import utf8_problem
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, utf8_problem
 
 __all__ = [
     "PROB_SUM_TOL",

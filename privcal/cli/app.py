@@ -103,7 +103,7 @@ class PrivcalGroup(click.Group):
         try:
             if not root:
                 return super().invoke(ctx)
-            from privcal import progress
+            from privcal.cli import progress
 
             # a progress bar for long work: on a terminal only, never under --json
             bar = progress.rich_listener(as_json=bool(settings and settings.as_json),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from privcal.cli import progress
 from privcal.cli.app import (
     Settings,
     cell,
@@ -45,7 +46,8 @@ def audit_verify(settings: Settings, expect_head: str | None, signed_head: str |
     holder signed: an entry appended after it (or forged, chain recomputed) fails."""
     rep = settings.accountant().verify(expect_head=expect_head, signed_head=signed_head,
                                        trusted_key=trusted_key,
-                                       allow_unsigned_tail=allow_unsigned_tail)
+                                       allow_unsigned_tail=allow_unsigned_tail,
+                                       progress=progress.iterate)
     emit({"ok": True, **rep.model_dump()}, as_json=as_json, human=rep.summary)
 
 

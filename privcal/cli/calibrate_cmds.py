@@ -15,9 +15,9 @@ import click
 import numpy as np
 from click.core import ParameterSource
 
-from privcal import progress
 from privcal.calibrators import registry
 from privcal.calibrators.base import PRIVACY_MODEL_LABELS
+from privcal.cli import progress
 from privcal.cli.app import (
     FILE,
     PrivcalGroup,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from privcal import progress
+from privcal.cli import progress
 from privcal.cli.app import emit, json_option, main, table
 from privcal.errors import InvalidInput
 

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import numpy as np
 
-from privcal import progress
+from privcal.cli import progress
 from privcal.cli.app import (
     complete_dataset,
     emit,

@@ -18,8 +18,7 @@ from sqlalchemy import Row, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from privcal import checks
-from privcal.errors import NotFound
+from privcal.errors import NotFound, check_text
 from privcal.storage import pseudonyms
 from privcal.storage.models import Charge, ChargeMembers, Dataset
 
@@ -33,7 +32,7 @@ class ChargeStore:
 
     def dataset_row(self, conn: Connection, name: str) -> Row[Any]:
         """:meth:`lock_dataset` for :meth:`write_core`: the locked row's columns (Core)."""
-        checks.text(name, "dataset name")  # a driver error on PostgreSQL otherwise (NUL)
+        check_text(name, "dataset name")  # a driver error on PostgreSQL otherwise (NUL)
         row = conn.execute(self._stmt("dataset"), {"name": name}).one_or_none()
         if row is None:
             raise NotFound(f"unknown dataset {name!r}")

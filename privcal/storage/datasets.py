@@ -8,8 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from privcal import checks
-from privcal.errors import AlreadyExists, NotFound
+from privcal.errors import AlreadyExists, NotFound, check_text
 from privcal.storage.models import Dataset, ReleaseRow
 
 __all__ = ["DatasetStore"]
@@ -22,7 +21,7 @@ class DatasetStore:
 
     def lock_dataset(self, session: Session, name: str) -> Dataset:
         """The dataset row, locked for the rest of the transaction; NotFound if there is none."""
-        checks.text(name, "dataset name")
+        check_text(name, "dataset name")
         stmt = select(Dataset).where(Dataset.name == name)
         if self.backend == "postgresql":
             stmt = stmt.with_for_update()
@@ -34,7 +33,7 @@ class DatasetStore:
     @staticmethod
     def get_dataset(s: Session, name: str) -> Dataset:
         """The dataset row named ``name``, not locked (reads); NotFound if there is none."""
-        checks.text(name, "dataset name")
+        check_text(name, "dataset name")
         ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
         if ds is None:
             raise NotFound(f"unknown dataset {name!r}")

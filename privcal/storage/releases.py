@@ -8,8 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from privcal import checks
-from privcal.errors import NotFound
+from privcal.errors import NotFound, check_row_id, check_text
 from privcal.storage.audit import now
 from privcal.storage.models import Dataset, ReleaseRow
 from privcal.storage.records import ReleaseRecord, parse_threshold
@@ -55,7 +54,7 @@ class ReleaseStore:
     def releases(self, dataset: str | None = None) -> list[ReleaseRecord]:
         """Every release, oldest first, optionally of one dataset (NotFound if there is none)."""
         if dataset is not None:
-            checks.text(dataset, "dataset name")
+            check_text(dataset, "dataset name")
         with self.read() as s:
             stmt = select(ReleaseRow, Dataset.name).join(
                 Dataset, Dataset.id == ReleaseRow.dataset_id)
@@ -68,7 +67,7 @@ class ReleaseStore:
 
     def release(self, release_id: int) -> ReleaseRecord:
         """One release by id (NotFound if there is none)."""
-        release_id = checks.row_id(release_id, "release")
+        release_id = check_row_id(release_id, "release")
         with self.read() as s:
             row = s.execute(
                 select(ReleaseRow, Dataset.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from decimal import Decimal, localcontext
 from typing import Any
 
@@ -20,7 +21,6 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from privcal import progress
 from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage import audit, pseudonyms
 from privcal.storage import sessions as _sessions
@@ -37,6 +37,9 @@ from privcal.storage.models import (
     SubjectSpend,
 )
 from privcal.storage.records import VerifyReport
+
+#: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
+Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
 
 __all__ = ["LedgerVerifier"]
 
@@ -98,7 +101,8 @@ class LedgerVerifier:
     # ``read`` is the Ledger's
 
     def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
-               trusted_key: Any = None, allow_unsigned_tail: bool = False) -> VerifyReport:
+               trusted_key: Any = None, allow_unsigned_tail: bool = False,
+               progress: Progress | None = None) -> VerifyReport:
         """Recompute the whole chain and cross-check every row against its entry.
 
         Raises AuditFailed naming the first entry (or row) that does not verify:
@@ -116,6 +120,9 @@ class LedgerVerifier:
         must verify, the log must contain the signed head, and every later entry is one
         the key holder did not sign — a failure naming the first, unless
         ``allow_unsigned_tail`` (then counted in ``unsigned_entries``).
+
+        ``progress(entries, description, total)``, if given, wraps the iteration over the
+        log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         """
         signed = None
         if signed_head is not None or trusted_key is not None:
@@ -161,8 +168,11 @@ class LedgerVerifier:
             tally = _sessions.SessionTally()
             charge_seq: dict[int, int] = {}
             migration: tuple[int, dict[str, Any]] | None = None
-            for e in progress.iterate(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)),
-                                      "verifying the audit log", head_row.seq if head_row else 0):
+            entries: Iterable[AuditEntry] = s.scalars(select(AuditEntry).order_by(AuditEntry.seq))
+            if progress is not None:
+                entries = progress(entries, "verifying the audit log",
+                                   head_row.seq if head_row else 0)
+            for e in entries:
                 if e.seq != expected:
                     raise AuditFailed(
                         f"audit entry {expected} is missing (the log jumps from {expected - 1} "

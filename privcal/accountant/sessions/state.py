@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from privcal import checks
 from privcal.accountant.sessions.records import REPORTS_ARE, SessionInfo
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_row_id
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -65,7 +64,7 @@ def session_key(session_id: Any) -> int:
     """A session id as given (the CLI and the service pass it as text) as the row's id."""
     if isinstance(session_id, str) and session_id.strip().isdecimal():
         session_id = int(session_id)
-    return int(checks.row_id(session_id, "session"))
+    return int(check_row_id(session_id, "session"))
 
 
 def dump_protocol(proto: LdpScoreProtocol) -> dict[str, Any]:

@@ -1,18 +1,16 @@
-"""Progress of long work, reported to whoever listens — by default, nobody.
+"""Progress of long work on the command line: a transient rich bar on stderr.
 
-Library code that may run long (a calibration at large n, a federated plan at large
-m·n, the ingestion of a large report batch, the verification of a long audit log)
-wraps it in :func:`task` and calls the returned ``advance``::
+A command wraps long work in :func:`task` and calls the returned ``advance``::
 
-    with progress.task("verifying the audit log", total=len(entries)) as advance:
-        for entry in entries:
-            ...
-            advance()
+    with progress.task("calibrating pcoqs on 10⁶ rows", None, size=n):
+        release = run_calibration(...)
 
+and hands :func:`iterate` to a library call that reports its own steps (the audit
+verification: ``Accountant.verify(progress=iterate)``; the library itself knows no bar).
 Without a listener this costs one context-variable lookup per task (``advance`` is a
-no-op). The CLI installs a rich progress bar (:func:`rich_listener`) only when stderr is
-a terminal and ``--json`` is off, and only for work of at least :data:`MIN_TOTAL` steps,
-so that scripts, pipes and JSON consumers never see it.
+no-op). :class:`privcal.cli.app.PrivcalGroup` installs the rich bar (:func:`rich_listener`)
+only when stderr is a terminal and ``--json`` is off, and only for work of at least
+:data:`MIN_TOTAL` steps, so that scripts, pipes and JSON consumers never see it.
 """
 
 from __future__ import annotations
