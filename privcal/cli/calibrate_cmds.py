@@ -8,7 +8,6 @@ the same parameters. ``predict`` and ``evaluate`` are :mod:`privcal.cli.predict_
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import click
@@ -38,78 +37,9 @@ from privcal.cli.method_options import (
     parse_score_options,
     regression_options,
 )
+from privcal.cli.render import render_dry_run, render_release
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
-
-
-def fmt_threshold(t: float, regression: bool = False) -> str:
-    if math.isinf(t) and t > 0:
-        return "+inf (every interval is (−inf, +inf))" if regression else (
-            "+inf (every label: the trivial set)")
-    return f"{t:.10g}"
-
-
-_RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
-
-
-def render_release(rel: Any, budget: Any | None = None) -> None:
-    """Print a release for people."""
-    cov = rel.coverage
-    click.echo(
-        f"Release {rel.id} on dataset {rel.dataset!r}: {rel.method} {rel.calibrator_version}"
-    )
-    diag = rel.diagnostics or {}
-    score = diag.get("score") if isinstance(diag.get("score"), dict) else None
-    regression = bool(score) and score.get("name") in ("absolute", "cqr")
-    click.echo(f"  threshold           {fmt_threshold(rel.threshold, regression)}")
-    if score:
-        hint = {"absolute": "  (intervals: privcal predict --preds …)",
-                "cqr": "  (intervals: privcal predict --lower-preds … --upper-preds …)"}
-        click.echo(f"  score               {score.get('name')}{hint.get(score.get('name'), '')}")
-    ranged = diag.get("score_range")
-    if isinstance(ranged, dict):
-        click.echo(f"  score range         [{ranged.get('lower')}, {ranged.get('upper')}] "
-                   f"({_RANGE_SOURCES.get(ranged.get('source'), ranged.get('source'))}); "
-                   f"{ranged.get('outside')}")
-    n = rel.shape.get("n") if isinstance(rel.shape, dict) else getattr(rel.shape, "n", None)
-    click.echo(f"  n                   {n}" + (f"   rank {cov.rank}" if cov.rank else ""))
-    click.echo(f"  coverage guarantee  {cov.statement}")
-    priv = rel.privacy or {}
-    click.echo(f"  privacy             {priv.get('statement') or priv.get('summary') or priv}")
-    render_thresholds(rel)
-    dropped = (rel.diagnostics or {}).get("dropped_rows")
-    if dropped is not None:
-        click.echo(f"  rows dropped        {dropped.get('duplicate_subject', 0)} duplicate "
-                   f"subject, {dropped.get('subject_over_cap', 0)} subject past its cap")
-    if budget is not None:
-        click.echo(f"  budget left         {getattr(budget, 'summary', budget)}")
-
-
-def render_thresholds(rel: Any) -> None:
-    """Each group's and level's n, threshold and guaranteed bound (levels/Mondrian only)."""
-    from privcal.calibrators.group_sets import is_wrapped, threshold_rows
-
-    if not is_wrapped(rel.method):
-        return
-    for r in threshold_rows(rel):
-        where = f"group {r['group']} (n={r['n']})" if r["group"] is not None else "level"
-        click.echo(f"  {where:<19} α={r['alpha']:g}: threshold {fmt_threshold(r['threshold'])}"
-                   f", coverage ≥ {r['lower']:.6g}")
-
-
-def render_dry_run(report: Any) -> None:
-    """Print a dry run for people."""
-    cost = report.cost or {"kind": "none (non-private)"}
-    click.echo(f"dry run on dataset {report.dataset!r}: nothing read, nothing written")
-    click.echo(f"  cost        {', '.join(f'{k}={v}' for k, v in cost.items())}")
-    click.echo(f"  allowed     {'yes' if report.allowed else 'NO'} ({report.reason})")
-    click.echo(f"  remaining   {_amounts(report.remaining_before)} now")
-    if report.remaining_after is not None:
-        click.echo(f"              {_amounts(report.remaining_after)} after")
-
-
-def _amounts(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in d.items()) or "(no cap)"
 
 
 class CalibrateGroup(PrivcalGroup):

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from privcal.cli.app import emit, json_option, main, pass_settings
-from privcal.cli.calibrate_cmds import fmt_threshold
+from privcal.cli.render import fmt_threshold
 from privcal.errors import BudgetRefused
 
 _quiet = False

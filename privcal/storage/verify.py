@@ -7,6 +7,9 @@ charges do not add up to, collection sessions that differ from what their entrie
 committed, a replaced ledger secret, a truncated or rewritten log (``expect_head``, a
 signed head). The recomputation of every release's *guarantees* with the installed
 calibrators is :mod:`privcal.accountant.verification`, on top of this.
+
+Size: one walk over the log and the cross-checks it feeds (rows, per-subject spends,
+running totals) share that walk's state; split apart, each would re-read the chain.
 """
 
 from __future__ import annotations
