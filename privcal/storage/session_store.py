@@ -13,6 +13,7 @@ expanded by ``json_each`` on SQLite; the bulk insert: ``COPY`` vs one ``json_eac
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ __all__ = ["SessionStore"]
 
 # Keyed probes: (PostgreSQL, SQLite). On SQLite the CROSS JOIN pins json_each as the outer
 # loop: SQLite would otherwise scan the table and probe the unindexed JSON array (quadratic).
+# On PostgreSQL :ids is an array, or (the usual case, see SessionStore._probe) the ids joined
+# by newlines, split by the server: ANY(…) probes the primary key either way.
 _REPORTED = (
     "SELECT subject FROM session_reports WHERE session_id = :sid AND subject = ANY(:ids)",
     "SELECT j.value FROM json_each(:ids) j CROSS JOIN session_reports r "
@@ -48,6 +51,10 @@ _INSERT_REPORTS_SQLITE = (
 
 #: COPY text format escapes (backslash first, then the separators it must not confuse)
 _COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+#: a character that COPY text format must escape
+_COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
+#: the PostgreSQL probes with the ids as one newline-joined text split by the server
+_SPLIT_IDS = "ANY(string_to_array(:ids, chr(10)))"
 
 
 class SessionStore:
@@ -120,7 +127,14 @@ class SessionStore:
         if not ids:
             return set()
         if self.backend == "postgresql":
-            return set(s.execute(text(sql[0]), {**params, "ids": list(ids)}).scalars())
+            ids = list(ids)
+            joined = "\n".join(ids)
+            if joined.count("\n") == len(ids) - 1 and "" not in ids:  # one text value
+                # (no id holds a newline or is empty, which string_to_array would drop; psycopg
+                # dumps a list element by element, ~10 µs each: 0.25 s for 20 000 ids)
+                split = sql[0].replace("ANY(:ids)", _SPLIT_IDS)
+                return set(s.execute(text(split), {**params, "ids": joined}).scalars())
+            return set(s.execute(text(sql[0]), {**params, "ids": ids}).scalars())
         return set(s.execute(text(sql[1]), {**params, "ids": json.dumps(list(ids))}).scalars())
 
     def reported_subjects(self, s: Session, session_id: int, subjects: Sequence[str]
@@ -142,12 +156,16 @@ class SessionStore:
         conn = s.connection()
         if self.backend == "postgresql":
             raw = conn.connection.driver_connection
-            # one pre-formatted COPY text block: ~10× faster than write_row per report
+            # one pre-formatted COPY text block: ~10× faster than write_row per report; the
+            # fields are escaped one by one only if some field needs it (pseudonyms are hex)
             head, tail = f"{session_id}\t", f"\t{round_}\t"
             ts = "\t" + t.isoformat() + f"\t{batch}\n"
-            block = "".join(head + subj.translate(_COPY_ESCAPE) + tail
-                            + val.translate(_COPY_ESCAPE) + ts
-                            for subj, val in zip(subjects, values, strict=True))
+            subjects, values = list(subjects), list(values)
+            if _COPY_SPECIAL.search("".join(subjects)) or _COPY_SPECIAL.search("".join(values)):
+                subjects = [x.translate(_COPY_ESCAPE) for x in subjects]
+                values = [x.translate(_COPY_ESCAPE) for x in values]
+            block = "".join([head + subj + tail + val + ts
+                             for subj, val in zip(subjects, values, strict=True)])
             with raw.cursor() as cur, cur.copy(_COPY_REPORTS) as cp:
                 cp.write(block)
             return
