@@ -99,6 +99,14 @@ def _write(path: Path, option: str, line: str, k: int) -> None:
         else:  # pragma: no cover - a new kind of batch: say how to make it here
             pytest.fail(f"do not know how to generate reports with columns {names}")
         return
+    if option in REGRESSION:
+        # one regression sample per split: calibration files, and files named test_*
+        reg = np.random.default_rng(2 if path.name.startswith("test") else 1)
+        x = reg.uniform(0, 1, N)
+        band = {"--preds": x, "--lower-preds": x - 0.5, "--upper-preds": x + 0.5,
+                "--targets": x + reg.normal(0, 0.1 + x)}
+        np.save(path, band[option])
+        return
     if suffix == ".csv" and option in ("--probs", "--labels") and "--columns" in line:
         # a table as a model writes it: pandas' index, p0..p{k-1}, label
         index = np.arange(N)
@@ -128,7 +136,10 @@ def _write(path: Path, option: str, line: str, k: int) -> None:
         pytest.fail(f"cannot generate {path.name}")
 
 
-INPUTS = ("--scores", "--probs", "--labels", "--subjects", "--agent-of", "--reports")
+#: regression inputs (.npy): predictions, a quantile band, and targets y = x + noise
+REGRESSION = ("--preds", "--lower-preds", "--upper-preds", "--targets")
+INPUTS = ("--scores", "--probs", "--labels", "--subjects", "--agent-of", "--reports",
+          *REGRESSION)
 
 
 def generate_inputs(cmds: list[str], where: Path) -> list[str]:
