@@ -208,6 +208,34 @@ def test_federated_and_local_methods_take_regression_scores(accountant: Accounta
                                 rng=random.Random(0))  # fmt: skip
     assert rel3.diagnostics["score_range"]["source"] == "score_range"
     assert rel3.predict_interval(f[:2]).shape == (2, 2)
+    # the records (the score range included) verify
+    assert accountant.verify().guarantees_recomputed == 3
+
+
+def test_a_session_release_gives_intervals_for_the_score_its_clients_used(
+    accountant: Accountant,
+) -> None:
+    """Agents compute their own regression scores (privcal.client) and send FedCP-QQ
+    messages; the session's release records no score, so predict names it."""
+    from privcal.accountant import sessions
+    from privcal.calibrators.fedplan import plan_fedcp_qq
+    from privcal.client import fedcp_qq_message, regression_scores
+
+    accountant.create_dataset("d", epsilon=1, allow_nonprivate=True)
+    f, y = _data(9, 2000)
+    info = sessions.open_session(accountant, "fedcp-qq", dataset="d", alpha=0.1, agents=10,
+                                 local_n=200)
+    plan = plan_fedcp_qq(10, 200, 0.1)
+    msgs = [fedcp_qq_message(regression_scores("absolute", y[200 * j:200 * (j + 1)],
+                                               preds=f[200 * j:200 * (j + 1)]), plan)
+            for j in range(10)]
+    r = sessions.submit_reports(accountant, info.id, [f"a{j}" for j in range(10)], msgs)
+    rel = accountant.release(r.session.release_id)
+    with pytest.raises(InvalidInput, match="precomputed scores"):
+        rel.predict_interval(f[:3])
+    iv = rel.predict_interval(f[:3], score_name="absolute")
+    np.testing.assert_array_equal(iv, np.column_stack([f[:3] - rel.threshold,
+                                                       f[:3] + rel.threshold]))
 
 
 def test_saved_release_loads_in_a_fresh_process_with_identical_intervals(

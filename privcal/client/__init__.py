@@ -14,6 +14,11 @@ Local DP (Penso et al., seed 004):
 HTTP (``privcal serve``): :class:`Reporter` (a device) and :class:`Agent` (a federated agent),
 see :mod:`privcal.client.http`.
 
+Scores: a user or agent with a regressor computes its own scores with
+``regression_scores("absolute", y, preds=f)`` (or ``"cqr"`` with ``lower_preds``/``upper_preds``),
+and a classifier's with ``label_scores``; the release then gives intervals or sets for the
+score named at ``privcal predict --score`` (a session's release records no score).
+
 Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``
 (its ℓ-th smallest score) or ``fedcp2_qq_message(scores, plan)`` (an ε-DP bin from the
 public grid on [lower, upper]).
@@ -31,6 +36,7 @@ _EXPORTS = {
     "SCORES": "privcal.calibrators.scores",
     "all_class_scores": "privcal.calibrators.scores",
     "label_scores": "privcal.calibrators.scores",
+    "regression_scores": "privcal.calibrators.scores",
     "bin_grid": "privcal.calibrators.federated_agent",
     "fedcp2_qq_message": "privcal.calibrators.federated_agent",
     "fedcp_qq_message": "privcal.calibrators.federated_agent",
@@ -51,7 +57,12 @@ if TYPE_CHECKING:  # pragma: no cover
         krr,
         krr_many,
     )
-    from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
+    from privcal.calibrators.scores import (
+        SCORES,
+        all_class_scores,
+        label_scores,
+        regression_scores,
+    )
     from privcal.client.http import Agent, Reporter, ServiceError
 
 
@@ -72,4 +83,5 @@ __all__ = [
     "krr",
     "krr_many",
     "label_scores",
+    "regression_scores",
 ]
