@@ -2,26 +2,55 @@
 
 :class:`Accountant` is the one object callers use (the CLI, the service, the Python API);
 each of its methods is one call into the module of its concern, which is the policy, and
-which composes named operations of :class:`privcal.storage.Ledger` (where all SQL is):
+which composes named operations of :class:`privcal.storage.Ledger` (where all SQL is;
+the accountant imports no SQLAlchemy, ``tests/test_sql_in_storage.py``):
 
-========================================  ===============================================
-:mod:`privcal.accountant.datasets`        create a dataset; its budget report and subjects
-:mod:`privcal.accountant.charges`         central charges (the hot path), idempotent replay
-:mod:`privcal.accountant.subject_charges` per-subject local-DP charges in bulk
-:mod:`privcal.accountant.releases`        record a release tied to its charges; read them
-:mod:`privcal.accountant.calibration_run` the run: prepare → charge → calibrate → record;
-                                          the dry run
-:mod:`privcal.accountant.release_privacy` the privacy record of a release
-:mod:`privcal.accountant.policy`          ledger rows read as policy and as results
-:mod:`privcal.accountant.normalize`       amounts, costs, text and JSON as stored
-:mod:`privcal.accountant.results`         the models returned
-========================================  ===============================================
+=========================================  ==============================================
+:mod:`privcal.accountant.calibration`      one request by method name: prepare, then run
+:mod:`privcal.accountant.prepare`          parameters, data → scores, the public shape
+:mod:`privcal.accountant.calibration_run`  the run: charge → calibrate → record; dry run
+:mod:`privcal.accountant.charges`          central charges (the hot path), key replays
+:mod:`privcal.accountant.subject_charges`  per-subject local-DP charges in bulk
+:mod:`privcal.accountant.releases`         record a release tied to its charges; read them
+:mod:`privcal.accountant.release_privacy`  the privacy record of a release
+:mod:`privcal.accountant.datasets`         create a dataset; budget report; subject spends
+:mod:`privcal.accountant.policy`           ledger rows read as policy and as results
+:mod:`privcal.accountant.normalize`        amounts, costs, text and JSON as stored
+:mod:`privcal.accountant.results`          the models returned (``Release``, …)
+:mod:`privcal.accountant.sessions`         collection sessions (reports arriving over time)
+:mod:`privcal.accountant.verification`     every release's guarantees recomputed
+:mod:`privcal.accountant.report`           ``privcal audit report``
+:mod:`privcal.accountant.privacy`          the pure mathematics (no database)
+=========================================  ==============================================
 
-Every write is one database transaction (:meth:`privcal.storage.Ledger.write`):
-lock the dataset row, check every scope the cost touches with the filters of
-:mod:`privcal.accountant.privacy.filters`, write the charge and its audit entry,
-commit — or raise :class:`~privcal.errors.BudgetRefused` having written
-nothing. See DESIGN.md, "The flow of one calibration", for :meth:`Accountant.run`.
+**One calibration, call by call** — ``privcal calibrate pcoqs --dataset d --scores s.npy
+--alpha 0.1 --rho 0.1``:
+
+1. *CLI* (:mod:`privcal.cli.calibrate_cmds`): parse the options, read the arrays
+   (:func:`privcal.data.files.load_array`), call
+   :func:`privcal.accountant.calibration.calibrate` — the function
+   :meth:`Accountant.calibrate` and the service's calibration route call too.
+2. *Prepare* (:func:`privcal.accountant.prepare.prepare`): the calibrator from the
+   registry, its parameters validated, scores computed, the public shape (n, k, groups);
+   nothing is charged. Then :meth:`Accountant.run` → :func:`.calibration_run.run`.
+3. *Charge* (:func:`.calibration_run.run`): ``cost = calibrator.cost(params, shape)``, then
+   :func:`.charges.charge` — one transaction, :meth:`Ledger.write_core
+   <privcal.storage.transactions.LedgerTransactions.write_core>`: ``dataset_row`` (the
+   locked row), :func:`~privcal.accountant.privacy.filters.check_charge` (the cap's filter),
+   ``insert_charge`` (with the new totals), ``append_audit``; COMMIT, the audit entry
+   appended last under the head lock.
+4. *Calibrate*: ``calibrator.calibrate(data, params, rng)``
+   (:mod:`privcal.calibrators.pcoqs`) — the only step that reads the data; then
+   ``calibrator.guarantee(params, shape)``, the coverage it proves.
+5. *Record*: :func:`.release_privacy.privacy_record` and :func:`.releases.record_release`
+   — one transaction, :meth:`Ledger.write
+   <privcal.storage.transactions.LedgerTransactions.write>`: ``lock_dataset``,
+   ``charge_dataset_ids`` (the charges are the dataset's), ``insert_release``,
+   ``append_audit``; COMMIT. The :class:`~privcal.accountant.results.Release` returns up
+   the same path, and the CLI prints it with :meth:`Accountant.budget`.
+
+A crash between 3 and 5 leaves a charge without a release, never the reverse. Refused at
+3 (:class:`~privcal.errors.BudgetRefused`), nothing is written.
 
 **Decisions** where the spec is silent:
 

@@ -21,7 +21,8 @@ A :class:`Ledger` is one object whose operations are grouped by concern, one mod
   :mod:`~privcal.storage.session_store` — the named operations the accountant composes
   into its transactions (lock a dataset, insert a charge, bulk-charge subjects, insert a
   release, store a collection session's reports, …);
-- :mod:`~privcal.storage.verify` — the audit verification of the whole ledger.
+- :mod:`~privcal.storage.verify`, :mod:`~privcal.storage.verify_subjects` — the audit
+  verification of the whole ledger.
 
 The policy — what may be charged — is the accountant's (:mod:`privcal.accountant`);
 storage never imports it, nor the calibrators.

@@ -5,11 +5,9 @@ verify: a broken hash or link, a gap, a payload that is not canonical, an edited
 unlogged dataset/charge/release row, running totals or per-subject spends that the logged
 charges do not add up to, collection sessions that differ from what their entries
 committed, a replaced ledger secret, a truncated or rewritten log (``expect_head``, a
-signed head). The recomputation of every release's *guarantees* with the installed
-calibrators is :mod:`privcal.accountant.verification`, on top of this.
-
-Size: one walk over the log and the cross-checks it feeds (rows, per-subject spends,
-running totals) share that walk's state; split apart, each would re-read the chain.
+signed head). Per-subject spends are recomputed by :mod:`privcal.storage.verify_subjects`.
+The recomputation of every release's *guarantees* with the installed calibrators is
+:mod:`privcal.accountant.verification`, on top of this.
 """
 
 from __future__ import annotations
@@ -20,26 +18,23 @@ from collections.abc import Callable, Iterable
 from decimal import Decimal, localcontext
 from typing import Any
 
-import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from privcal.errors import AuditFailed, InvalidInput
-from privcal.storage import audit, pseudonyms
+from privcal.storage import audit
 from privcal.storage import sessions as _sessions
 from privcal.storage.models import (
     SUBJECT_UNIT,
     AuditEntry,
     AuditHead,
     Charge,
-    ChargeMembers,
     Dataset,
-    LedgerSecret,
     ReleaseRow,
-    SubjectBaseline,
     SubjectSpend,
 )
 from privcal.storage.records import VerifyReport
+from privcal.storage.verify_subjects import check_subject_spends
 
 #: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
@@ -65,37 +60,6 @@ def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> No
         raise AuditFailed(
             f"audit head: the audit_head row's hash differs from entry {last}'s hash: the head "
             "row was edited")
-
-
-def _s32(hex_ids: list[str]) -> np.ndarray:
-    """Hex pseudonyms as 32-byte NumPy strings (a malformed one fails verification)."""
-    try:
-        raw = bytes.fromhex("".join(hex_ids))
-    except ValueError as exc:
-        raise AuditFailed("a stored subject is not a pseudonym (row edited)") from exc
-    if len(raw) != len(hex_ids) * pseudonyms.PSEUDONYM_BYTES:
-        raise AuditFailed("a stored subject is not a pseudonym (row edited)")
-    return np.frombuffer(raw, dtype="S32")
-
-
-def _sum_by_key(keys: list[np.ndarray], units: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted distinct keys, summed units per key): exact int64 sums."""
-    if not keys:
-        return np.zeros(0, dtype="S32"), np.zeros(0, dtype=np.int64)
-    k = np.concatenate(keys)
-    u = np.concatenate(units)
-    uniq, inv = np.unique(k, return_inverse=True)
-    sums = np.zeros(uniq.shape[0], dtype=np.int64)
-    np.add.at(sums, inv.ravel(), u)
-    return uniq, sums
-
-
-def _members_hex(s: Session, charge_id: int) -> set[str]:
-    """The pseudonyms (hex) stored for one local-DP charge (only read to explain a failure)."""
-    blob = s.scalar(select(ChargeMembers.members).where(ChargeMembers.charge_id == charge_id))
-    h, w = bytes(blob or b"").hex(), 2 * pseudonyms.PSEUDONYM_BYTES
-    return {h[i:i + w] for i in range(0, len(h), w)}
-
 
 
 class LedgerVerifier:
@@ -245,7 +209,7 @@ class LedgerVerifier:
                                       "outside privcal, or its entry deleted)")
             _sessions.check_sessions(s, coll, tally)
             self._check_totals(s, datasets, charges)
-            self._check_subjects(s, datasets, charges, charge_seq, migration)
+            check_subject_spends(s, datasets, charges, charge_seq, migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
                                 charges=len(charges), releases=len(releases),
                                 signed_through=signed.seq if signed is not None else None,
@@ -289,97 +253,6 @@ class LedgerVerifier:
             raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
         seen[kind].add(rid)
 
-    @staticmethod
-    def _check_subjects(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge],
-                        charge_seq: dict[int, int],
-                        migration: tuple[int, dict[str, Any]] | None) -> None:
-        """Recompute every per-subject spend from the chain (issue 16 item 3).
-
-        Expected units of (dataset, pseudonym) = its baseline (committed by the 0005
-        ``migration`` entry) + ε0 of every local-DP charge whose committed members include
-        it. Any difference from ``subject_spend`` — a renamed subject, moved, added or
-        deleted units — fails naming the dataset and the pseudonym.
-        """
-        secret = s.get(LedgerSecret, 1)
-        kid = pseudonyms.key_id(bytes.fromhex(secret.secret)) if secret is not None else None
-        keys: dict[int, list[np.ndarray]] = defaultdict(list)  # dataset → S32 pseudonyms
-        weights: dict[int, list[np.ndarray]] = defaultdict(list)  # … and their units
-        baseline: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for d, subj, units in s.execute(select(SubjectBaseline.dataset_id,
-                                               SubjectBaseline.subject,
-                                               SubjectBaseline.spent_units)):
-            baseline[d].append((subj, int(units)))
-        for d, rows in baseline.items():
-            keys[d].append(_s32([r[0] for r in rows]))
-            weights[d].append(np.asarray([r[1] for r in rows], dtype=np.int64))
-        mdata = migration[1] if migration is not None else {}
-        if migration is not None and mdata.get("subject_key") != kid:
-            raise AuditFailed(f"audit entry {migration[0]}: the ledger secret of subject "
-                              "pseudonyms is not the one the log recorded (secret replaced)")
-        logged = mdata.get("subject_spend") or {}
-        for d in sorted(set(baseline) | {int(k) for k in logged}):
-            want = logged.get(str(d))
-            if want is None or want.get("digest") != pseudonyms.spend_digest(baseline[d]):
-                where = f"audit entry {migration[0]}" if migration else "the audit log"
-                raise AuditFailed(f"{where}: the per-subject baseline of dataset {d} differs "
-                                  "from what the log recorded (rows edited)")
-        blobs = dict(s.execute(select(ChargeMembers.charge_id, ChargeMembers.members)).all())
-        for cid, c in sorted(charges.items()):
-            seq = charge_seq.get(cid, 0)
-            if c.members_digest is None:
-                if c.scope == "subjects" and c.subjects_accepted and (
-                        migration is None or seq > migration[0]):
-                    raise AuditFailed(f"audit entry {seq}: charge {cid} does not record which "
-                                      "subjects it charged")
-                continue
-            blob = blobs.pop(cid, None)
-            if blob is None or kid is None or \
-                    pseudonyms.members_digest(kid, bytes(blob)) != c.members_digest:
-                raise AuditFailed(f"audit entry {seq}: the subjects charged by charge {cid} "
-                                  "differ from what the log recorded (rows edited, or the "
-                                  "ledger secret replaced)")
-            n = len(blob) // pseudonyms.PSEUDONYM_BYTES
-            if n * pseudonyms.PSEUDONYM_BYTES != len(blob) or n != (c.subjects_accepted or 0):
-                raise AuditFailed(f"audit entry {seq}: charge {cid} records "
-                                  f"{c.subjects_accepted} subjects but stores {n}")
-            keys[c.dataset_id].append(np.frombuffer(bytes(blob), dtype="S32"))
-            weights[c.dataset_id].append(np.full(
-                n, int((c.eps0 or Decimal(0)) / SUBJECT_UNIT), dtype=np.int64))
-        if blobs:
-            raise AuditFailed(f"charge_members of charge {min(blobs)} has no logged charge "
-                              "(row inserted)")
-        stored: dict[int, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
-        # 10⁶ rows: the DB-API cursor directly, without ORM row objects
-        for d, subj, u in s.connection().exec_driver_sql(
-                "SELECT dataset_id, subject, spent_units FROM subject_spend"):
-            stored[d][0].append(subj)
-            stored[d][1].append(int(u))
-        for d in sorted(set(keys) | set(stored)):
-            want_k, want_u = _sum_by_key(keys.get(d, []), weights.get(d, []))
-            got_k, got_u = _sum_by_key([_s32(stored[d][0])] if d in stored else [],
-                                       [np.asarray(stored[d][1], dtype=np.int64)]
-                                       if d in stored else [])
-            if got_k.shape == want_k.shape and (got_k == want_k).all() and \
-                    (got_u == want_u).all() and len(stored[d][0]) == got_k.size:
-                continue
-            exp = dict(zip(want_k.tolist(), want_u.tolist(), strict=True))
-            act = dict(zip(got_k.tolist(), got_u.tolist(), strict=True))
-            # a subject the log knows first: its entries are the ones to name
-            bad = sorted((k for k in set(act) | set(exp) if act.get(k, 0) != exp.get(k, 0)),
-                         key=lambda k: (exp.get(k, 0) == 0, k))
-            if not bad:  # the same subject stored twice (cannot happen with the primary key)
-                raise AuditFailed(f"dataset {d}: a subject has two spend rows (rows edited)")
-            k = bad[0]
-            subj = bytes(k).ljust(pseudonyms.PSEUDONYM_BYTES, b"\x00").hex()
-            name = datasets[d].name if d in datasets else "?"
-            seqs = [charge_seq.get(cid, 0) for cid, c in sorted(charges.items())
-                    if c.dataset_id == d and c.members_digest is not None
-                    and subj in _members_hex(s, cid)]
-            raise AuditFailed(
-                f"dataset {d} ({name!r}): subject {subj[:16]}… has spent "
-                f"{act.get(k, 0)} units in subject_spend but the log's charges "
-                f"(entries {seqs or 'none'}) add up to {exp.get(k, 0)} "
-                f"({len(bad)} subject row(s) differ: renamed, moved or edited)")
 
     @staticmethod
     def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:
