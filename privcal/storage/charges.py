@@ -3,9 +3,9 @@ a charge found by idempotency key, and the pseudonyms a local-DP charge charged.
 
 The Core operations (:meth:`ChargeStore.dataset_row`, :meth:`ChargeStore.insert_charge`, …)
 are the hot path of :meth:`privcal.accountant.Accountant.charge`, inside
-:meth:`~privcal.storage.transactions.LedgerTransactions.write_core`; the ORM operations
-(:meth:`ChargeStore.add_charge`, :func:`record_members`) serve writers that hold an ORM
-session (collection sessions). No policy here: the caller has checked the budget.
+:meth:`~privcal.storage.transactions.LedgerTransactions.write_core`;
+:meth:`ChargeStore.add_charge` serves writers that hold an ORM session (collection
+sessions). No policy here: the caller has checked the budget.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from privcal.errors import NotFound, check_text
 from privcal.storage import pseudonyms
 from privcal.storage.models import Charge, ChargeMembers, Dataset
 
-__all__ = ["ChargeStore", "record_members"]
+__all__ = ["ChargeStore"]
 
 
 class ChargeStore:
@@ -57,7 +57,7 @@ class ChargeStore:
         conn.execute(self._stmt(upd), uparams)
         return int(conn.execute(self._stmt("charge"), cparams).scalar_one())
 
-    def insert_members(self, conn: Connection, charge_id: int, blob: bytes) -> None:
+    def insert_members(self, conn: Session | Connection, charge_id: int, blob: bytes) -> None:
         """Store the sorted pseudonyms a local-DP charge charged (``charge_members``)."""
         conn.execute(insert(ChargeMembers.__table__), {"charge_id": charge_id, "members": blob})
 
@@ -99,13 +99,3 @@ class ChargeStore:
         return list(s.scalars(select(Charge).where(Charge.dataset_id == dataset_id)
                               .order_by(Charge.id)))
 
-
-def record_members(s: Session, key_id: str, charge: Charge, accepted: np.ndarray, *,
-                   presorted: bool = False) -> None:
-    """Store the (distinct) pseudonyms ``charge`` (an ORM row) charged and commit to them in
-    its row. Call before the charge's audit entry is queued: ``members_digest`` is part of it.
-    """
-    blob, charge.members_digest = pseudonyms.members_commitment(key_id, accepted,
-                                                                presorted=presorted)
-    s.flush()
-    s.add(ChargeMembers(charge_id=charge.id, members=blob))

@@ -16,6 +16,9 @@ the session and counts, never subject ids, plus the session's status and a diges
 its state; each batch's entry commits to a digest of the reports it stored (under its
 ``batch`` number). :func:`check_entry`, :func:`check_migration` and
 :func:`check_sessions` are what :meth:`privcal.storage.Ledger.verify` runs on them.
+
+The operations that read and write these tables (lock a session, probe the stored reports,
+insert a batch, …) are :class:`privcal.storage.session_store.SessionStore`'s.
 """
 
 from __future__ import annotations

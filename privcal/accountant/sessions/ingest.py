@@ -33,9 +33,14 @@ from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings
 from privcal.errors import InvalidInput, PlanRejected
 from privcal.storage.audit import canonical, charge_doc, now, threshold_str
-from privcal.storage.charges import record_members
 from privcal.storage.models import SUBJECT_UNIT
-from privcal.storage.pseudonyms import key_id, reports_digest, state_digest, subjects_digest
+from privcal.storage.pseudonyms import (
+    key_id,
+    members_commitment,
+    reports_digest,
+    state_digest,
+    subjects_digest,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -248,12 +253,15 @@ def submit_reports(
         n_rej = n - n_acc
         charge_id: int | None = None
         if charged:
+            # who was charged: stored with the charge, committed to by its audit entry
+            blob, mdigest = members_commitment(key_id(skey), pids[chosen])
             charge = ledger.add_charge(s, ds, {
                 "dataset_id": ds.id, "scope": "subjects", "notion": "local",
                 "eps0": Decimal(eps0), "subjects_accepted": n_acc, "subjects_rejected": n_rej,
                 "purpose": f"session {row.id}: {row.method} round {current}",
-                "requester": row.requester, "idempotency_key": None, "created_at": now()})
-            record_members(s, key_id(skey), charge, pids[chosen])
+                "requester": row.requester, "idempotency_key": None, "created_at": now(),
+                "members_digest": mdigest})
+            ledger.insert_members(s, charge.id, blob)
             ledger.append_audit(s, "charge", charge_doc(charge, ds.name))
             charge_id = charge.id
         acc_vals = [stored[i] for i in chosen.tolist()]
