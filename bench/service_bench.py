@@ -61,8 +61,25 @@ def _load(args: tuple[str, int, list[str], int, float]) -> tuple[int, list[float
     return asyncio.run(main())
 
 
+def _cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its child processes (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:  # fields[1]: the parent pid
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
-          window: float, workers: int) -> list[Row]:
+          window: float, workers: int, profile: str | None = None) -> list[Row]:
     from privcal.accountant import Accountant
     from privcal.accountant.sessions import open_session, session_status
     from privcal.storage import Ledger
@@ -106,8 +123,18 @@ def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
         time.sleep(2.0 if workers > 1 else 0.0)
         start_at = time.time() + 1.0
         chunks = [tokens[i::procs] for i in range(procs)]
+        spy = None
+        if profile:  # py-spy (pip install py-spy) samples the server while the load runs
+            spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--format", "raw",
+                                    "-o", f"{profile}.{backend}.txt", "--pid", str(proc.pid)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu0 = _cpu(proc.pid)
         with mp.get_context("spawn").Pool(procs) as pool:
             outs = pool.map(_load, [(base, sess.id, ch, concurrency, start_at) for ch in chunks])
+        cpu = _cpu(proc.pid) - cpu0
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(timeout=60)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -130,6 +157,11 @@ def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
                    f"{dict(sorted(codes.items()))}; session {st.status})"},
         {"backend": backend, "measurement": "device PUT latency",
          "result": f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"},
+        {"backend": backend, "measurement": "server CPU per report (user+sys, all its threads "
+         "and worker processes; the load-independent cost)",
+         "result": f"{cpu / max(ok, 1) * 1000:.2f} ms/report ({cpu:.1f} CPU-s; capacity on "
+                   f"2 idle cores ≈ {2 * max(ok, 1) / max(cpu, 1e-9):,.0f} reports/s if the "
+                   "server had them to itself)"},
         {"backend": backend, "measurement": "setup: device tokens created",
          "result": f"{reports:,} in {t_tok:.1f} s; audit verify ok ({rep.entries} entries)"
                    if hasattr(rep, "entries") else f"{reports:,} in {t_tok:.1f} s"},
@@ -145,11 +177,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=128, help="connections per process")
     ap.add_argument("--report-window", type=float, default=0.004)
     ap.add_argument("--workers", type=int, default=1, help="privcal serve --workers")
+    ap.add_argument("--profile", default=None, help="py-spy the server: PREFIX.BACKEND.txt "
+                    "(collapsed stacks)")
     a = ap.parse_args()
     rows = run_backends(lambda url, b: bench(url, b, reports=a.reports, procs=a.procs,
                                              concurrency=a.concurrency,
                                              window=a.report_window,
-                                             workers=a.workers), a.pg)
+                                             workers=a.workers, profile=a.profile), a.pg)
     print_table(rows)
 
 

@@ -12,6 +12,7 @@ status, token id, latency — never a body, a query string or a subject id.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -62,11 +63,12 @@ class ServiceMiddleware:
             await self._handle(scope, receive, send_wrapped)
         finally:
             route = scope.get("route")
-            tok = scope["state"].get("principal")
-            access_log.info("%s %s %s %s %.1fms", scope["method"],
-                            getattr(route, "path", "-"), status["code"],
-                            tok.id if tok is not None else "-",
-                            (time.perf_counter() - t0) * 1000)
+            if access_log.isEnabledFor(logging.INFO):
+                tok = scope["state"].get("principal") or scope["state"].get("deferred")
+                access_log.info("%s %s %s %s %.1fms", scope["method"],
+                                getattr(route, "path", "-"), status["code"],
+                                tok.id if tok is not None else "-",
+                                (time.perf_counter() - t0) * 1000)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = dict(scope["headers"]).get(b"content-length")
@@ -81,7 +83,18 @@ class ServiceMiddleware:
                     f"the body limit is {self.body_limit} bytes"))
                 return
         path: str = scope["path"]
-        if path.startswith("/v1/") or path == "/v1":
+        if scope["method"] == "PUT" and _REPORT_PATH.match(path):
+            # a device's report: its token is checked by the report writer, in bulk, just
+            # before the write (auth.DeferredPrincipal); a malformed one is refused now
+            from privcal.service.auth import DeferredPrincipal
+            from privcal.storage.tokens import presented_token
+
+            presented = presented_token(_bearer(scope) or "")
+            if presented is None:
+                await self._problem(scope, send, unauthenticated())
+                return
+            scope["state"]["deferred"] = DeferredPrincipal(presented)
+        elif path.startswith("/v1/") or path == "/v1":
             tok = await self._authenticate(scope)
             if tok is None:
                 await self._problem(scope, send, unauthenticated())
@@ -130,11 +143,9 @@ class ServiceMiddleware:
         from privcal.storage.tokens import authenticate
 
         if presented is None:
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            scheme, _, presented = auth.partition(" ")
-            if scheme.lower() != "bearer" or not presented.strip():
+            presented = _bearer(scope)
+            if presented is None:
                 return None
-            presented = presented.strip()
         ledger = scope["app"].state.accountant.ledger
         try:
             return await anyio.to_thread.run_sync(authenticate, ledger, presented)
@@ -149,6 +160,18 @@ class ServiceMiddleware:
             return {"type": "http.disconnect"}
 
         await resp(scope, _nothing, send)
+
+
+_REPORT_PATH = re.compile(r"^/v1/sessions/[^/]+/reports/[^/]+$")
+
+
+def _bearer(scope: Scope) -> str | None:
+    """The bearer token of the ``Authorization`` header, if any."""
+    auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, presented = auth.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        return None
+    return presented.strip()
 
 
 def _cookie(scope: Scope, name: str) -> str | None:
@@ -182,7 +205,7 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         app.state.accountant = acct
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         batcher = ReportBatcher(acct, window=report_window)
-        batcher.start()
+        await anyio.to_thread.run_sync(batcher.start)
         app.state.batcher = batcher
         try:
             yield
@@ -209,6 +232,13 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Any:
+        if request.scope.get("state", {}).get("deferred") is not None:
+            from privcal.service.auth import resolve_deferred
+
+            try:  # 401/403/404 come before an input error, as for every other route
+                await resolve_deferred(request, _int(request.path_params.get("sid")))
+            except ProblemError as p:
+                return problem_response(p)
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
                    "type": e.get("type", "")} for e in exc.errors()]  # never the input
         first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
@@ -241,6 +271,13 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
             app.router.routes.append(route)
     app.add_middleware(ServiceMiddleware, body_limit=body_limit)
     return app
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def app_from_env() -> FastAPI:

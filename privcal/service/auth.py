@@ -18,7 +18,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from privcal.service.problems import Problem, forbidden, not_found, unauthenticated
 from privcal.storage.tokens import TokenInfo
 
-__all__ = ["ERROR_RESPONSES", "Principal", "allow", "bearer"]
+__all__ = ["ERROR_RESPONSES", "DeferredPrincipal", "Principal", "allow", "bearer",
+           "device_problem", "resolve_deferred"]
 
 bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer pcl_<id>_<secret>`")
 
@@ -72,11 +73,57 @@ class Principal:
             raise not_found(f"unknown session {session_id}")
 
 
-def _principal(request: Request) -> Principal:
-    tok = request.scope.get("state", {}).get("principal")
-    if tok is None:  # the middleware authenticates every /v1 request; defence in depth
-        raise unauthenticated()
-    return Principal(tok)
+class DeferredPrincipal:
+    """A well-formed bearer token on a device's report PUT, not yet checked against the
+    ledger: the report writer checks a whole write window's tokens with one read, just
+    before it writes (:func:`device_problem` answers as :func:`allow` would: 401, 403, 404).
+    """
+
+    def __init__(self, presented: tuple[str, str]) -> None:
+        self.presented = presented  # (token id, SHA-256 of the secret)
+
+    @property
+    def id(self) -> str:
+        return self.presented[0]
+
+
+def device_problem(info: TokenInfo | None, session_id: int | None) -> Any:
+    """The problem a device-report token answers with (None: it may put to this session;
+    ``session_id`` None: a malformed session id, whose 422 follows a valid device token)."""
+    if info is None:
+        return unauthenticated()
+    if info.role != "device":
+        return forbidden(f"a {info.role} token may not call this route")
+    if session_id is not None and info.session != session_id:
+        return not_found(f"unknown session {session_id}")
+    return None
+
+
+async def resolve_deferred(request: Request, session_id: int | None) -> None:
+    """Check a deferred device token now (before answering an input error), raising its
+    401/403/404 problem if it has one."""
+    import anyio
+
+    from privcal.storage.tokens import verify_presented
+
+    p = request.scope.get("state", {}).get("deferred")
+    if p is None:
+        return
+    ledger = request.app.state.accountant.ledger
+    info = (await anyio.to_thread.run_sync(verify_presented, ledger, [p.presented]))[0]
+    problem = device_problem(info, session_id)
+    if problem is not None:
+        raise problem
+
+
+def _principal(request: Request) -> Principal | DeferredPrincipal:
+    state = request.scope.get("state", {})
+    tok = state.get("principal")
+    if tok is not None:
+        return Principal(tok)
+    if state.get("deferred") is not None:
+        return state["deferred"]
+    raise unauthenticated()  # the middleware authenticates every /v1 request; defence in depth
 
 
 def allow(*roles: str, responses: dict[int | str, dict[str, Any]] | None = None
@@ -84,9 +131,12 @@ def allow(*roles: str, responses: dict[int | str, dict[str, Any]] | None = None
     """Route keyword arguments that allow exactly ``roles`` (and document it)."""
     allowed = frozenset(roles)
 
-    def dep(request: Request,
-            _cred: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
+    async def dep(request: Request,
+                  _cred: HTTPAuthorizationCredentials | None = Security(bearer)) -> Any:
         p = _principal(request)
+        if isinstance(p, DeferredPrincipal):  # only a device's report PUT; see the class
+            request.state.p = p
+            return p
         if p.role not in allowed:
             raise forbidden(f"a {p.role} token may not call this route")
         request.state.p = p
@@ -99,8 +149,9 @@ def allow(*roles: str, responses: dict[int | str, dict[str, Any]] | None = None
     }
 
 
-def principal(request: Request) -> Principal:
-    """The principal that :func:`allow` authorized (a dependency for handlers)."""
+async def principal(request: Request) -> Any:
+    """The principal that :func:`allow` authorized (a dependency for handlers; async, so it
+    costs no thread hop)."""
     p = getattr(request.state, "p", None)
     if p is None:
         raise unauthenticated()

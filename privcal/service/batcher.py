@@ -2,24 +2,29 @@
 time are written in batches.
 
 One background writer thread takes every pending report, waits a short window for
-more, groups them per session and writes each group with one
-:func:`privcal.accountant.sessions.submit_reports` call (one transaction: one lock of
-the dataset and session rows, one bulk charge, one bulk insert, one audit entry),
-instead of one locked transaction per report. Each request waits for its own outcome:
+more, checks the window's device tokens with one read (a token revoked or expired by
+then is refused: 401; another role 403; another session 404 — see
+:class:`privcal.service.auth.DeferredPrincipal`), groups the reports per session and
+writes each group with one :func:`privcal.accountant.sessions.submit_reports` call (one
+transaction: one lock of the dataset and session rows, one bulk charge, one bulk
+insert, one audit entry), instead of one locked transaction per report. Each request
+waits for its own outcome (an async request awaits it without holding a thread):
 
 - ``accepted`` (201): stored by this batch;
 - ``duplicate`` (200): this subject had already stored this very report (a retry);
 - ``rejected`` (409): not stored, with the library's reason (another value already
   stored, closed round, round full, subject budget exhausted, session closed, …).
 
-Outcomes are read back from the ledger, not guessed from counts: the subjects'
-stored reports are read before and after the batch. Two reports of one subject in one
+Outcomes are read from the ledger, not guessed: the subjects' stored reports are read
+before the batch, and after it unless every report of the batch was accepted (then
+each was stored as sent). Two reports of one subject in one
 window are never put in one batch (the second waits for the next), so a retry racing
 its original is answered ``duplicate``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import queue
@@ -51,9 +56,10 @@ class Outcome:
 @dataclass
 class _Item:
     session_id: int
-    subject: str
+    subject: str | None  # None until its deferred device token is checked
     round: int | None
     value: Any
+    token: tuple[str, str] | None = None  # a device's (token id, digest), checked in bulk
     future: Future[Outcome] = field(default_factory=Future)
 
 
@@ -84,6 +90,10 @@ class ReportBatcher:
         self.reports = 0
 
     def start(self) -> None:
+        """Import what the writer runs (the session protocol pulls in SciPy: seconds on a
+        busy machine, which the first reports would otherwise wait for), then start it."""
+        import privcal.accountant.sessions  # noqa: F401
+
         self._thread.start()
 
     def stop(self) -> None:
@@ -99,6 +109,18 @@ class ReportBatcher:
         item = _Item(session_id, subject, rnd, value)
         self._q.put(item)
         return item.future.result(timeout=timeout)
+
+    async def submit_async(self, session_id: int, subject: str | None, rnd: int | None,
+                           value: Any, *, token: tuple[str, str] | None = None,
+                           timeout: float = 60.0) -> Outcome:
+        """:meth:`submit` for a request on the event loop (no thread is held while it
+        waits). ``token``: a device's unchecked (id, digest), for ``subject`` None — the
+        writer checks it and takes the subject from it, or answers its problem."""
+        if self._stopped:
+            raise RuntimeError("the report writer is stopped")
+        item = _Item(session_id, subject, rnd, value, token)
+        self._q.put(item)
+        return await asyncio.wait_for(asyncio.wrap_future(item.future), timeout)
 
     # ---------------------------------------------------------------- writer
     def _run(self) -> None:
@@ -123,13 +145,15 @@ class ReportBatcher:
                     break
                 pending.append(it)
             carry = []
+            pending = self._check_tokens(pending)
             groups: dict[int, list[_Item]] = defaultdict(list)
+            seen: set[tuple[int, str | None]] = set()
             for it in pending:
-                g = groups[it.session_id]
-                if any(o.subject == it.subject for o in g):
+                if (it.session_id, it.subject) in seen:
                     carry.append(it)  # same subject twice: the next batch answers it
                 else:
-                    g.append(it)
+                    seen.add((it.session_id, it.subject))
+                    groups[it.session_id].append(it)
             for sid, items in groups.items():
                 try:
                     self._write(sid, items)
@@ -143,6 +167,30 @@ class ReportBatcher:
                 for it in carry:
                     it.future.set_exception(RuntimeError("the report writer is stopped"))
                 return
+
+    def _check_tokens(self, items: list[_Item]) -> list[_Item]:
+        """The items whose device token is valid for their session (their subject set from
+        it); the others are answered with their 401/403/404 problem."""
+        from privcal.service.auth import device_problem
+        from privcal.storage.tokens import verify_presented
+
+        deferred = [it for it in items if it.token is not None]
+        if not deferred:
+            return items
+        try:
+            infos = verify_presented(self.accountant.ledger, [it.token for it in deferred])
+        except Exception as exc:  # the ledger is unreachable: every waiter gets the error
+            for it in deferred:
+                it.future.set_exception(exc)
+            return [it for it in items if it.token is None]
+        for it, info in zip(deferred, infos, strict=True):
+            problem = device_problem(info, it.session_id)
+            if problem is not None:
+                it.future.set_exception(problem)
+            else:
+                assert info is not None and info.subject is not None
+                it.subject, it.token = info.subject, None
+        return [it for it in items if it.token is None and not it.future.done()]
 
     def _write(self, sid: int, items: list[_Item]) -> None:
         from privcal.accountant.sessions import submit_reports
@@ -169,6 +217,10 @@ class ReportBatcher:
                              None if todo[0].round is None else [it.round for it in todo])
         self.batches += 1
         self.reports += res.accepted
+        if res.accepted == len(todo):  # every report stored as sent: nothing to read back
+            for it in todo:
+                it.future.set_result(Outcome("accepted", None, res.session))
+            return
         after = stored_reports(ledger, sid, [it.subject for it in todo]) if res.accepted else {}
         other = {k: v for k, v in res.reasons.items() if k not in _ROUND_REASONS}
         for it in todo:

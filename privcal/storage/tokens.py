@@ -9,7 +9,8 @@ Only ``SHA-256(secret)`` is stored; a presented token is checked with
 the time taken does not say whether the id exists (the design of collector tokens in
 the IETF DAP / Janus implementation, see ``shared/SERVICE.md``). A token carries one
 role and its bindings; it expires (``expires_at``) and is revoked at once
-(``revoked_at``): every request reads the row, nothing is cached.
+(``revoked_at``): every request's token is read from the ledger, nothing is cached
+(device reports: in bulk, by the service's write window, just before the write).
 
 **Idempotency records** remember, per principal and ``Idempotency-Key``, the route,
 a fingerprint of the request and the response that was sent, so a retried request
@@ -54,9 +55,11 @@ __all__ = [
     "finish_idempotent",
     "forget_idempotent",
     "list_tokens",
+    "presented_token",
     "reserve_idempotent",
     "revoke_token",
     "stored_report",
+    "verify_presented",
 ]
 
 Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
@@ -220,27 +223,53 @@ def revoke_token(ledger: Any, token_id: str) -> TokenInfo:
     return ledger.write(tx)
 
 
-def authenticate(ledger: Any, presented: str) -> TokenInfo | None:
-    """The token's record if ``presented`` is a valid, unexpired, unrevoked token; else None."""
+def presented_token(presented: str) -> tuple[str, str] | None:
+    """(id, SHA-256 of the secret) of a well-formed ``pcl_<id>_<secret>``; else None.
+
+    Nothing is read: the check against the stored row is :func:`verify_presented`.
+    """
     m = _TOKEN_RE.match(presented or "")
-    tid, secret = (m.group(1), m.group(2)) if m else ("", presented or "")
-    digest = hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()
-    row = None
-    if m:
-        with ledger.read() as s:
-            row = s.get(ApiToken, tid)
-            info = _info(row) if row is not None else None
-            stored = row.secret_sha256 if row is not None else _DUMMY_HASH
-    else:
-        info, stored = None, _DUMMY_HASH
-    ok = hmac.compare_digest(digest, stored)
-    if not ok or info is None:
+    if not m:
         return None
-    if info.revoked_at is not None:
+    return m.group(1), hashlib.sha256(m.group(2).encode()).hexdigest()
+
+
+def _valid(row: ApiToken | None, digest: str, at: datetime) -> TokenInfo | None:
+    """The row's record if ``digest`` matches it (constant time; a dummy hash is compared
+    for a missing row) and it is neither revoked nor expired at ``at``."""
+    ok = hmac.compare_digest(digest, row.secret_sha256 if row is not None else _DUMMY_HASH)
+    if not ok or row is None or row.revoked_at is not None:
         return None
-    if info.expires_at is not None and info.expires_at <= now():
+    info = _info(row)
+    if info.expires_at is not None and info.expires_at <= at:
         return None
     return info
+
+
+def authenticate(ledger: Any, presented: str) -> TokenInfo | None:
+    """The token's record if ``presented`` is a valid, unexpired, unrevoked token; else None."""
+    tok = presented_token(presented)
+    if tok is None:
+        hmac.compare_digest(hashlib.sha256((presented or "").encode("utf-8", "replace"))
+                            .hexdigest(), _DUMMY_HASH)
+        return None
+    with ledger.read() as s:
+        return _valid(s.get(ApiToken, tok[0]), tok[1], now())
+
+
+def verify_presented(ledger: Any, presented: Sequence[tuple[str, str]]
+                     ) -> list[TokenInfo | None]:
+    """:func:`authenticate` for many (id, digest) pairs of :func:`presented_token` with one
+    read (the service's report writer checks a window's device tokens at once, just before
+    it writes: a token revoked or expired by then is refused)."""
+    ids = sorted({tid for tid, _ in presented})
+    rows: dict[str, ApiToken] = {}
+    with ledger.read() as s:
+        for i in range(0, len(ids), 500):
+            for r in s.scalars(select(ApiToken).where(ApiToken.id.in_(ids[i:i + 500]))):
+                rows[r.id] = r
+        at = now()
+        return [_valid(rows.get(tid), digest, at) for tid, digest in presented]
 
 
 # ----------------------------------------------------------------- idempotency
