@@ -119,6 +119,8 @@ def _write(path: Path, option: str, line: str, k: int) -> None:
         data = probs
     elif option == "--labels":
         data = labels
+    elif option == "--groups":  # a public group column (Mondrian calibration)
+        data = np.array(["north", "south"])[gen.integers(0, 2, N)]
     elif option in ("--subjects", "--agent-of"):
         data = np.char.add("user-" if option == "--subjects" else "agent-",
                            (np.arange(N) % (N if option == "--subjects" else 20)).astype(str))
@@ -139,7 +141,7 @@ def _write(path: Path, option: str, line: str, k: int) -> None:
 #: regression inputs (.npy): predictions, a quantile band, and targets y = x + noise
 REGRESSION = ("--preds", "--lower-preds", "--upper-preds", "--targets")
 INPUTS = ("--scores", "--probs", "--labels", "--subjects", "--agent-of", "--reports",
-          *REGRESSION)
+          "--groups", *REGRESSION)
 
 
 def generate_inputs(cmds: list[str], where: Path) -> list[str]:
