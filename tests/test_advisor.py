@@ -9,6 +9,7 @@ import pytest
 from privcal.calibrators.advisor import (
     advise,
     crossover_k,
+    crossover_k_at,
     min_epsilon_label,
     min_epsilon_score,
     min_n_label,
@@ -16,7 +17,7 @@ from privcal.calibrators.advisor import (
     slack_ratio,
 )
 from privcal.calibrators.ldp_label import label_slack
-from privcal.calibrators.ldp_score_bounds import best_rounds, score_slack
+from privcal.calibrators.ldp_score_bounds import best_rounds, exact_slack, score_slack
 from privcal.errors import InvalidInput
 
 
@@ -85,7 +86,7 @@ def test_min_n_is_smallest() -> None:
 
 
 def test_advise_consistency() -> None:
-    a = advise(10_000, 10, 2.0, 0.1, slack=0.08)
+    a = advise(10_000, 10, 2.0, 0.1, slack=0.08, score_bound="hoeffding")
     t = best_rounds(10_000, 2.0, 0.001)
     assert a.score.rounds == t and a.score.group_size == 10_000 // t
     assert a.label.slack == label_slack(10_000, 10, 2.0, 0.001).delta_L
@@ -100,8 +101,25 @@ def test_advise_consistency() -> None:
     assert advise(10**6, 200, 2.0, 0.1).recommended == "ldp-score"
     assert advise(10**6, 2, 4.0, 0.1).recommended == "ldp-label"
     assert advise(100, 10, 2.0, 0.1).requested_slack is None
-    b = advise(10_000, 10, 2.0, 0.1, rounds=10)
+    b = advise(10_000, 10, 2.0, 0.1, rounds=10, score_bound="hoeffding")
     assert b.score.rounds == 10 and b.crossover_k_paper == 12
+
+
+def test_advise_uses_the_recorded_exact_slack_at_this_n() -> None:
+    """Issue 13: the default compares what releases record (the exact Δ_S, which depends on
+    n), with the rounds a release would use for this n and α."""
+    for n in (1_000, 10_000, 100_000):
+        a = advise(n, 10, 2.0, 0.1)
+        t = best_rounds(n, 2.0, 0.001, alpha=0.1, bound="exact")
+        assert a.score.rounds == t and a.score.slack == exact_slack(n // t, t, 0.1, 2.0, 0.001)
+        assert a.score.slack <= a.score.details["delta_S_hoeffding"]
+        assert a.crossover_k == crossover_k_at(n, a.score.slack, 2.0, 0.001, "proven")
+        k = a.crossover_k
+        if k is not None:  # the crossover is where the recorded slacks cross, at this n
+            assert advise(n, k, 2.0, 0.1).recommended == "ldp-score"
+            if k > 2:
+                assert advise(n, k - 1, 2.0, 0.1).recommended == "ldp-label"
+        assert not any("does not depend on n" in note for note in a.notes)
 
 
 @pytest.mark.parametrize(

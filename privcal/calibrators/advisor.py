@@ -1,9 +1,13 @@
 """Which local-DP calibrator for a given (n, k, ε)? The guideline of Penso et al. (seed 004,
 §4.1 "LDP-CP-L vs. LDP-CP-S", and the Δ_L/Δ_S comparison of §5, Fig. 5) made computable.
 
-Both slacks scale as 1/√n (Δ_L = C_L(k, ε, δ)/√n, Δ_S = C_S(ε, δ, T)·√T/√n when T | n), so
-Δ_S/Δ_L does not depend on n and the choice is a function of (k, ε, δ, T) alone: LDP-CP-L's
-slack grows with k through β = k/(k−1+e^ε), LDP-CP-S's does not depend on k (SPEC §7).
+With Hoeffding's Δ_S both slacks scale as 1/√n (Δ_L = C_L(k, ε, δ)/√n, Δ_S =
+C_S(ε, δ, T)·√T/√n when T | n), so that ratio does not depend on n (:func:`slack_ratio`,
+:func:`crossover_k`). Releases now record LDP-CP-S's exact binomial slack (issue 13,
+:mod:`~privcal.calibrators.ldp_score_bounds`), which is not C/√n: it depends on n, α and the
+variance of the reports, so :func:`advise` compares the recorded slacks *at the given n*
+(:func:`crossover_k_at`) and its default rounds are chosen for that n. LDP-CP-L's slack grows
+with k through β = k/(k−1+e^ε), LDP-CP-S's does not depend on k (SPEC §7).
 
 Two comparisons are offered:
 
@@ -21,7 +25,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.calibrators.ldp_label import label_slack
-from privcal.calibrators.ldp_score_bounds import best_rounds, rr_range, score_slack
+from privcal.calibrators.ldp_score_bounds import (
+    Bound as ScoreBound,
+)
+from privcal.calibrators.ldp_score_bounds import (
+    best_rounds,
+    exact_slack,
+    rr_range,
+    score_slack,
+)
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -29,6 +41,7 @@ __all__ = [
     "Bound",
     "advise",
     "crossover_k",
+    "crossover_k_at",
     "min_epsilon_label",
     "min_epsilon_score",
     "min_n_label",
@@ -104,6 +117,28 @@ def crossover_k(
             hi = mid
         else:
             lo = mid
+    return hi
+
+
+def crossover_k_at(
+    n: int, score_slack_value: float, epsilon: float, delta: float = 0.001,
+    bound: Bound = "proven", k_max: int = 10**9,
+) -> int | None:  # fmt: skip
+    """The smallest k ≥ 2 with Δ_L(n, k) > ``score_slack_value`` (LDP-CP-S's slack at this n,
+    which does not depend on k), or None up to ``k_max``; Δ_L increases with k: bisect."""
+    _check(n=n, eps=epsilon, delta=delta)
+
+    def wins(k: int) -> bool:
+        return score_slack_value < _label_value(n, k, epsilon, delta, bound)
+
+    if wins(2):
+        return 2
+    if not wins(k_max):
+        return None
+    lo, hi = 2, k_max
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if wins(mid) else (mid, hi)
     return hi
 
 
@@ -227,7 +262,9 @@ class Advice(BaseModel):
     recommended_paper: Literal["ldp-label", "ldp-score"] = Field(
         description="the same comparison with the paper's Δ_paper for LDP-CP-L"
     )
-    crossover_k: int | None = Field(description="smallest k where LDP-CP-S wins (proven, same T)")
+    crossover_k: int | None = Field(
+        description="smallest k where LDP-CP-S wins (proven; at this n for the exact bound)"
+    )
     crossover_k_paper: int | None = Field(description="the same with Δ_paper")
     notes: list[str]
 
@@ -240,21 +277,32 @@ def advise(
     delta: float = 0.001,
     slack: float | None = None,
     rounds: int | None = None,
+    score_bound: ScoreBound = "exact",
 ) -> Advice:
     """Δ_L and Δ_S side by side for (n, k, ε, δ), which is smaller, and — for a requested
     ``slack`` — the smallest ε (at this n) and the smallest n (at this ε) for each method.
 
-    LDP-CP-S uses ``rounds`` or, by default, :func:`best_rounds` for this n; its min-ε and
-    min-n keep that T fixed (with T free, fewer rounds always lower Δ_S, at the cost of a
-    coarser bisection, so "the best T" is only meaningful for a given n).
+    LDP-CP-S uses ``rounds`` or, by default, :func:`best_rounds` for this n (and α, with the
+    exact bound); its slack is the one a release records (``score_bound``: "exact", the
+    default since issue 13, or "hoeffding"). Its min-ε and min-n use Hoeffding's closed
+    form (an upper bound on the exact slack, so they are sufficient, not necessary) and
+    keep that T fixed (with T free, fewer rounds always lower Δ_S, at the cost of a coarser
+    bisection, so "the best T" is only meaningful for a given n).
     """
     _check(n=n, k=k, eps=epsilon, delta=delta, alpha=alpha, slack=slack, rounds=rounds)
-    t = rounds if rounds is not None else best_rounds(n, epsilon, delta)
+    if score_bound not in ("exact", "hoeffding"):
+        raise InvalidInput(f"score bound must be 'exact' or 'hoeffding', got {score_bound!r}")
+    t = rounds
+    if t is None:
+        t = best_rounds(n, epsilon, delta, alpha=alpha, bound=score_bound)
     if n < t:
         raise InvalidInput(f"n = {n} is smaller than the number of rounds T = {t}")
     g = n // t
     sl = label_slack(n, k, epsilon, delta)
-    d_s = score_slack(g, t, epsilon, delta)
+    if score_bound == "exact":
+        d_s = exact_slack(g, t, alpha, epsilon, delta)
+    else:
+        d_s = score_slack(g, t, epsilon, delta)
     label = MethodAdvice(
         method="ldp-label",
         privacy="label-only ε-LDP: features sent in the clear",
@@ -284,11 +332,19 @@ def advise(
         details={
             "rr_range_c": rr_range(epsilon),
             "delta_S_T10": score_slack(n // 10, 10, epsilon, delta) if n >= 10 else None,
+            "delta_S_hoeffding": score_slack(g, t, epsilon, delta),
         },
     )
+    exact = score_bound == "exact"
     notes = [
-        "Δ_S/Δ_L does not depend on n (both scale as 1/√n); LDP-CP-S wins for k ≥ crossover_k.",
+        "LDP-CP-S wins for k ≥ crossover_k at this n (its exact slack depends on n, α and T; "
+        "the rounds T are chosen for this n)"
+        if exact
+        else "Δ_S/Δ_L does not depend on n (both scale as 1/√n); LDP-CP-S wins for k ≥ "
+        "crossover_k.",
         "ldp-label protects labels only; ldp-score protects features and labels.",
+        "ldp-score searches the public range [lower, upper] (default [0, 1]): a narrower "
+        "public range that still holds the scores' 1−α quantile needs fewer rounds.",
     ]
     if slack is not None:
         notes.append("ldp-score's min ε / min n keep T fixed at the rounds shown.")
@@ -303,7 +359,11 @@ def advise(
         score=score,
         recommended="ldp-score" if d_s < sl.delta_L else "ldp-label",
         recommended_paper="ldp-score" if d_s < sl.delta_paper else "ldp-label",
-        crossover_k=crossover_k(epsilon, delta, t, "proven"),
-        crossover_k_paper=crossover_k(epsilon, delta, t, "paper"),
+        crossover_k=crossover_k_at(n, d_s, epsilon, delta, "proven")
+        if exact
+        else crossover_k(epsilon, delta, t, "proven"),
+        crossover_k_paper=crossover_k_at(n, d_s, epsilon, delta, "paper")
+        if exact
+        else crossover_k(epsilon, delta, t, "paper"),
         notes=notes,
     )

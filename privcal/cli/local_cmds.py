@@ -1,6 +1,8 @@
 """``privcal advise``: which local-DP calibrator (LDP-CP-L or LDP-CP-S) for this (n, k, ε)?
+And, with ``--method pcoqs|exponq``, from which n a central method can be finite.
 
-A thin skin over :func:`privcal.calibrators.advisor.advise` (seed 004, §4.1).
+A thin skin over :func:`privcal.calibrators.advisor.advise` (seed 004, §4.1) and
+:func:`privcal.calibrators.advisor_central.advise_central` (issue 13).
 """
 
 from __future__ import annotations
@@ -15,17 +17,29 @@ def _fmt(x: float | int | None, spec: str = ".4g") -> str:
 
 
 @main.command("advise")
-@click.option("--n", "n", type=int, required=True, help="Number of calibration subjects.")
-@click.option("--k", "k", type=int, required=True, help="Number of classes.")
-@click.option("--epsilon", type=float, required=True, help="Local ε each subject spends.")
+@click.option(
+    "--method",
+    type=click.Choice(["local", "pcoqs", "exponq"]),
+    default="local",
+    show_default=True,
+    help="local: compare LDP-CP-L and LDP-CP-S (needs --n, --k, --epsilon); pcoqs (--rho) "
+    "or exponq (--epsilon): the smallest n with a finite threshold (and, with --n, whether "
+    "this n reaches it).",
+)
+@click.option("--n", "n", type=int, default=None, help="Number of calibration subjects.")
+@click.option("--k", "k", type=int, default=None, help="Number of classes (local).")
+@click.option("--epsilon", type=float, default=None, help="ε (local: per subject; exponq).")
+@click.option("--rho", type=float, default=None, help="pcoqs: ρ (zCDP).")
 @click.option("--alpha", type=float, required=True, help="Miscoverage level α.")
+@click.option("--nominal", is_flag=True, default=False, help="pcoqs: the paper's nominal rank.")
 @click.option(
     "--failure-probability",
     "failure_probability",
     type=float,
     default=None,
-    help="Failure probability δ of the coverage bound (over the data and the users' "
-    "randomized responses; not a DP δ)  [default: 0.001]",
+    help="Failure probability of the coverage bound (local: δ over the data and the users' "
+    "randomized responses; pcoqs: β over the noise; not a DP δ)  [default: 0.001 local, "
+    "0.05 pcoqs]",
 )
 @click.option("--delta", type=float, default=None, hidden=True,
               help="Deprecated spelling of --failure-probability.")
@@ -39,28 +53,41 @@ def _fmt(x: float | int | None, spec: str = ".4g") -> str:
     "--rounds",
     type=int,
     default=None,
-    help="LDP-CP-S rounds T (default: the T minimising Δ_S(T) + 2^-T for this n).",
+    help="LDP-CP-S rounds T (default: the T minimising Δ_S(T) + 2^-T for this n and α).",
 )
 @json_option
 def advise_cmd(
-    n: int,
-    k: int,
-    epsilon: float,
+    method: str,
+    n: int | None,
+    k: int | None,
+    epsilon: float | None,
+    rho: float | None,
     alpha: float,
+    nominal: bool,
     failure_probability: float | None,
     delta: float | None,
     slack: float | None,
     rounds: int | None,
     as_json: bool,
 ) -> None:
-    """Compare LDP-CP-L (Δ_L) and LDP-CP-S (Δ_S) for N subjects, K classes and ε."""
+    """Compare LDP-CP-L (Δ_L) and LDP-CP-S (Δ_S) for N subjects, K classes and ε; or, with
+    --method pcoqs/exponq, the smallest n at which that central method can be finite."""
     from privcal.calibrators.advisor import advise
     from privcal.errors import InvalidInput
 
     if delta is not None and failure_probability is not None:
         raise InvalidInput("give --failure-probability or its deprecated spelling --delta")
-    delta = next((v for v in (failure_probability, delta) if v is not None), 0.001)
-    adv = advise(n, k, epsilon, alpha, delta, slack=slack, rounds=rounds)
+    fp = next((v for v in (failure_probability, delta) if v is not None), None)
+    need = {"local": (("--n", n), ("--k", k), ("--epsilon", epsilon)),
+            "pcoqs": (("--rho", rho),), "exponq": (("--epsilon", epsilon),)}[method]  # fmt: skip
+    for name, v in need:
+        if v is None:  # a usage error (exit 2), as for any missing required option
+            raise click.UsageError(f"advise --method {method} needs {name}")
+    if method != "local":
+        _advise_central(method, n, epsilon, rho, alpha, nominal, fp, as_json)
+        return
+    delta = fp if fp is not None else 0.001
+    adv = advise(n, k, epsilon, alpha, delta, slack=slack, rounds=rounds)  # type: ignore[arg-type]
 
     def human() -> None:
         rows = []
@@ -82,7 +109,34 @@ def advise_cmd(
         click.echo(
             f"LDP-CP-S wins for k ≥ {_fmt(adv.crossover_k, 'd')} (proven Δ_L), "
             f"k ≥ {_fmt(adv.crossover_k_paper, 'd')} (paper's Δ, Δ_paper = "
-            f"{_fmt(adv.label.details['delta_paper'])}); independent of n"
+            f"{_fmt(adv.label.details['delta_paper'])}) at n = {adv.n}, with "
+            f"T = {adv.score.rounds} rounds chosen for this n (LDP-CP-S's exact slack depends "
+            "on n)"
         )
+        click.echo(adv.notes[-1])
+
+    emit(adv, as_json=as_json, human=human)
+
+
+def _advise_central(
+    method: str, n: int | None, epsilon: float | None, rho: float | None, alpha: float,
+    nominal: bool, fp: float | None, as_json: bool,
+) -> None:  # fmt: skip
+    from privcal.calibrators.advisor_central import advise_central
+
+    adv = advise_central(method, alpha, n=n, rho=rho, epsilon=epsilon, nominal=nominal,
+                         failure_probability=fp if fp is not None else 0.05)  # fmt: skip
+
+    def human() -> None:
+        budget = f"ρ = {rho:g}" if method == "pcoqs" else f"ε = {epsilon:g}"
+        click.echo(f"{method} at α = {alpha:g}, {budget}: finite threshold possible from "
+                   f"n = {adv.min_n}")  # fmt: skip
+        if n is not None:
+            verdict = "yes" if adv.finite_possible else "no: the release would be +inf"
+            click.echo(f"at n = {n}: {verdict}")
+        for key, val in adv.details.items():
+            click.echo(f"  {key} = {val:.6g}" if isinstance(val, float) else f"  {key} = {val}")
+        for note in adv.notes:
+            click.echo(note)
 
     emit(adv, as_json=as_json, human=human)
