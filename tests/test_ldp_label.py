@@ -123,13 +123,23 @@ def test_delta_l_formula() -> None:
     beta = k / (k - 1 + math.exp(eps))
     t_n = math.sqrt(math.log(4 / d) / (2 * n))
     t_r = math.sqrt(math.pi / (2 * n)) + math.sqrt(math.log(2 / d) / (2 * n))
-    sl = label_slack(n, k, eps, d)
+    sl = label_slack(n, k, eps, d, bound="two-sided")  # calibrator version 1
     assert sl.beta == pytest.approx(beta, rel=1e-13)
     assert sl.delta_L == pytest.approx((t_n + beta * t_r) / (1 - beta), rel=1e-13)
     h = (1 - beta) / (1 + beta)
     assert sl.delta_paper == pytest.approx(math.sqrt(math.log(4 / d) / (2 * n * h * h)), rel=1e-13)
     # the proven term is the larger one here (it pays for F̂ʳ not being an i.i.d. ECDF)
     assert sl.delta_L > sl.delta_paper
+    # issue 13: the one-sided (default) slack, and never above the two-sided one
+    one = label_slack(n, k, eps, d)
+    c_sup = (math.sqrt(math.log(2)) + math.sqrt(math.pi) / 2 * math.erfc(math.sqrt(math.log(2))))
+    t_n1 = math.sqrt(math.log(2 / d) / (2 * n))
+    t_r1 = c_sup / math.sqrt(2 * n) + math.sqrt(math.log(2 / d) / (2 * n))
+    assert one.delta_L == pytest.approx((t_n1 + beta * t_r1) / (1 - beta), rel=1e-13)
+    assert one.t_n < sl.t_n and one.t_r < sl.t_r and one.delta_L < sl.delta_L
+    for nn, kk, ee, dd in [(100, 2, 0.5, 0.5), (10**6, 100, 8.0, 1e-9), (800, 10, 1.0, 0.001)]:
+        old = label_slack(nn, kk, ee, dd, "two-sided").delta_L
+        assert label_slack(nn, kk, ee, dd).delta_L < old
 
 
 def test_contract_cost_and_guarantee() -> None:
@@ -217,16 +227,17 @@ def _true_cdf(types: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.statistical
+@pytest.mark.parametrize("bound", ["two-sided", "one-sided"])
 @pytest.mark.parametrize(("k", "eps", "delta"), [(4, 2.0, 0.05), (10, 3.0, 0.05)])
-def test_coverage_and_uniform_deviation(k: int, eps: float, delta: float) -> None:
+def test_coverage_and_uniform_deviation(k: int, eps: float, delta: float, bound: str) -> None:
     n, alpha = 5000, 0.1
     gen = np.random.default_rng(1234 + k)
     # peaked probability vectors (a fairly accurate model) so the 0.9-quantile is not at 1
     types = gen.dirichlet(np.full(k, 0.3), size=M_TYPES)
     beta = krr_beta(k, eps)
-    sl = label_slack(n, k, eps, delta)
+    sl = label_slack(n, k, eps, delta, bound)
     cal = LDPLabel()
-    p_def = LDPLabelParams(alpha=alpha, epsilon=eps, k=k, delta=delta)
+    p_def = LDPLabelParams(alpha=alpha, epsilon=eps, k=k, delta=delta, bound=bound)
     p_nom = p_def.model_copy(update={"nominal": True})
     lower_nom = cal.guarantee(p_nom, DataShape(n=n, k=k)).lower
     fail_def = fail_nom = fail_sup = 0
@@ -252,7 +263,9 @@ def test_coverage_and_uniform_deviation(k: int, eps: float, delta: float) -> Non
         f_n = np.searchsorted(np.sort(s_all[np.arange(n), y_noisy]), cands, side="right") / n
         f_r = np.searchsorted(np.sort(s_all.reshape(-1)), cands, side="right") / (n * k)
         f_hat = (f_n - beta * f_r) / (1 - beta)
-        fail_sup += np.max(np.abs(f_hat - _true_cdf(types, cands))) > sl.delta_L
+        dev = f_hat - _true_cdf(types, cands)
+        # two-sided: |F̂ᶜ − Fᶜ| ≤ Δ_L; one-sided (issue 13): F̂ᶜ − Fᶜ ≤ Δ_L (what coverage uses)
+        fail_sup += (np.max(np.abs(dev)) if bound == "two-sided" else np.max(dev)) > sl.delta_L
     allowed = _allowed_failures(delta)
     assert fail_sup <= allowed, (fail_sup, allowed)
     assert fail_def <= allowed, (fail_def, allowed)
@@ -262,5 +275,6 @@ def test_coverage_and_uniform_deviation(k: int, eps: float, delta: float) -> Non
     # needlessly conservative (e.g. a first crossing of a wrong β) breaks this.
     _, inv = np.unique(1 - types.reshape(-1), return_inverse=True)
     atom = float(np.bincount(inv, weights=types.reshape(-1) / M_TYPES).max())
-    too_high = int(np.sum(np.array(cov_nom) > 1 - alpha + sl.delta_L + atom))
-    assert too_high <= allowed, (too_high, allowed)
+    if bound == "two-sided":  # the one-sided bound claims nothing about this side
+        too_high = int(np.sum(np.array(cov_nom) > 1 - alpha + sl.delta_L + atom))
+        assert too_high <= allowed, (too_high, allowed)

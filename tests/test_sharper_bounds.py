@@ -169,11 +169,17 @@ def test_old_releases_verify_by_their_own_formula(ledger_url: str) -> None:
     r = random.Random(0)
     pc = acct.calibrate("pcoqs", dataset="z", scores=s, alpha=0.1, rho=0.5, rng=r)
     ls = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2, rng=r)
+    probs = np.random.default_rng(3).dirichlet(np.ones(4), 3000)
+    labels = np.random.default_rng(4).integers(0, 4, 3000)
+    ll = acct.calibrate("ldp-label", dataset="z", probs=probs, labels=labels, alpha=0.1,
+                        epsilon=2, rng=r)  # fmt: skip
     assert pc.coverage.details["bound"] == "exact" and ls.coverage.details["bound"] == "exact"
+    assert ll.coverage.details["bound"] == "one-sided"
     _legacy(acct, pc, "1.0.0", {"bound": "subgaussian"})
     _legacy(acct, ls, "1", {"bound": "hoeffding"})
+    _legacy(acct, ll, "1", {"bound": "two-sided"})
     rep = acct.verify()
-    assert rep.guarantees_recomputed == 4
+    assert rep.guarantees_recomputed == 6
     # a version-1 release whose coverage was computed with the new formula does not verify
     bad = _legacy(acct, pc, "1.0.0", {"bound": "exact"})
     from privcal.errors import AuditFailed
@@ -242,3 +248,37 @@ def test_ldp_score_at_the_edge(nominal: bool) -> None:
         fails += int(math.isfinite(proto.threshold))  # coverage F < the recorded level
     p_round = stats.binom.sf(k - 1, g, report_probability(f, eps))
     _check_edge(fails, delta, 1 - (1 - p_round) ** rounds)
+
+
+@pytest.mark.statistical
+def test_ldp_label_one_sided_at_the_edge() -> None:
+    """LDP-CP-L with β ≈ 0 (k = 2, ε = 8) and near-continuous scores: F̂ᶜ ≈ F̂ⁿ and Δ_L ≈ t_n,
+    Massart's one-sided bound, which is tight for continuous F. The overestimate
+    sup(F̂ᶜ − Fᶜ) exceeds Δ_L in at most a δ fraction of trials (validity) and in a fraction
+    near δ/2 (sharpness: asserted ≥ the 1e-4 quantile of Binomial(trials, δ/5))."""
+    from privcal.calibrators.ldp_label import label_slack
+    from privcal.calibrators.mechanisms.randomized_response import krr_beta, krr_many
+
+    n, k, eps, delta, types_n = 2000, 2, 8.0, 0.2, 50_000
+    gen = np.random.default_rng(11)
+    p1 = gen.random(types_n)
+    types = np.stack([p1, 1 - p1], axis=1)
+    s_types, w = (1 - types).reshape(-1), types.reshape(-1) / types_n
+    order = np.argsort(s_types, kind="stable")
+    atoms, cw = s_types[order], np.cumsum(w[order])
+    beta = krr_beta(k, eps)
+    sl = label_slack(n, k, eps, delta)
+    assert beta * sl.t_r < 0.02 * sl.t_n  # the β term is negligible: Δ_L ≈ t_n
+    fails = 0
+    for _ in range(EDGE_TRIALS):
+        x = gen.integers(0, types_n, n)
+        probs = types[x]
+        y = (gen.random(n) > probs[:, 0]).astype(np.int64)
+        y_noisy = krr_many(y, k, eps, gen)
+        s_all = 1 - probs
+        f_n = np.searchsorted(np.sort(s_all[np.arange(n), y_noisy]), atoms, side="right") / n
+        f_r = np.searchsorted(np.sort(s_all.reshape(-1)), atoms, side="right") / (n * k)
+        f_hat = (f_n - beta * f_r) / (1 - beta)
+        fails += int(np.max(f_hat - cw) > sl.delta_L)
+    assert fails <= stats.binom.isf(TEST_LEVEL, EDGE_TRIALS, delta), fails
+    assert fails >= stats.binom.ppf(TEST_LEVEL, EDGE_TRIALS, delta / 5), fails

@@ -167,7 +167,7 @@ def min_epsilon_label(
             return None
         beta = (slack - base.t_n) / (slack + base.t_r)
     else:
-        h = base.t_n / slack  # t_n = √(ln(4/δ)/(2n)) is also Δ_paper's numerator
+        h = math.sqrt(math.log(4 / delta) / (2 * n)) / slack  # Δ_paper = that numerator / h
         if h >= 1:
             return None
         beta = (1 - h) / (1 + h)

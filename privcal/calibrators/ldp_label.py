@@ -25,11 +25,12 @@ Review (issue 14.8)
   CSPRNG; the aggregator here adds no noise.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
   users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
-  ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven DKW–Massart + McDiarmid slack
-  (:func:`label_slack`). Assumptions, each enforced: (i) i.i.d. (x, y); (ii)
-  k equals the probabilities' columns (checked; by default k is read from
-  them); (iii) the labels were randomized by k-RR with this ε (the users'
-  side; not checkable from the data); (iv) no score range: the threshold is a
+  ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven one-sided DKW–Massart + McDiarmid
+  slack (:func:`label_slack`; the two-sided version-1 slack with
+  ``bound="two-sided"``). Assumptions, each enforced: (i) i.i.d. (x, y); (ii) k equals
+  the probabilities' columns (checked; by default k is read from them); (iii) the
+  labels were randomized by k-RR with this ε (the users' side; not checkable from the
+  data); (iv) no score range: the threshold is a
   candidate score, or +∞ when F̂ᶜ does not stay above the target.
 """
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -69,6 +70,16 @@ PRIVACY_NOTE = "label-only ε-LDP: features sent in the clear"
 _CHUNK = 1 << 18
 
 
+LabelBound = Literal["one-sided", "two-sided"]
+
+#: E sup_q (F(q) − F̃(q)) ≤ C_SUP/√n for an empirical CDF F̃ of n i.i.d. values, from
+#: Massart's one-sided bound: ∫₀^∞ min(1, e^{−2nt²}) dt with the bound used only where
+#: e^{−2nt²} ≤ 1/2, i.e. C_SUP = (√ln 2 + (√π/2)·erfc(√ln 2))/√2 ≈ 0.7385 (< √(π/2) ≈ 1.2533)
+C_SUP = (math.sqrt(math.log(2)) + math.sqrt(math.pi) / 2 * math.erfc(math.sqrt(math.log(2)))) / (
+    math.sqrt(2)
+)
+
+
 class LabelSlack(BaseModel):
     """The finite-sample terms of LDP-CP-L for (n, k, ε, δ); all public quantities."""
 
@@ -79,28 +90,54 @@ class LabelSlack(BaseModel):
     epsilon: float
     delta: float
     beta: float = Field(description="k-RR noise level β = k/(k−1+e^ε)")
-    t_n: float = Field(description="DKW–Massart term for F̂ⁿ at δ/2: √(ln(4/δ)/(2n))")
-    t_r: float = Field(description="McDiarmid term for F̂ʳ at δ/2: √(π/(2n)) + √(ln(2/δ)/(2n))")
+    t_n: float = Field(
+        description="DKW–Massart term for F̂ⁿ at δ/2: √(ln(2/δ)/(2n)) one-sided (default), "
+        "√(ln(4/δ)/(2n)) two-sided (version 1)"
+    )
+    t_r: float = Field(
+        description="McDiarmid term for F̂ʳ at δ/2: C/√n + √(ln(2/δ)/(2n)), C = 0.7385 "
+        "one-sided (default) or √(π/2) (version 1)"
+    )
     delta_L: float = Field(description="proven slack (t_n + β t_r)/(1 − β)")
     h: float = Field(description="(1 − β)/(1 + β)")
     delta_paper: float = Field(description="seed 004 Thm 1: √(ln(4/δ)/(2n h²)) (not proven)")
 
 
-def label_slack(n: int, k: int, epsilon: float, delta: float = 0.001) -> LabelSlack:
+def label_slack(
+    n: int, k: int, epsilon: float, delta: float = 0.001, bound: LabelBound = "one-sided"
+) -> LabelSlack:
     """Δ_L (proven, recorded) and Δ_paper (seed 004, Theorem 1; recorded beside it) — SPEC §6.
 
-    With probability ≥ 1 − δ over the calibration data and the users' randomization,
-    sup_q |F̂ᶜ(q) − Fᶜ(q)| ≤ Δ_L: DKW–Massart bounds sup|F̂ⁿ − Fⁿ| by t_n with probability
-    1 − δ/2; McDiarmid (bounded differences 1/n, E sup ≤ √(π/(2n))) bounds sup|F̂ʳ − Fʳ| by
-    t_r with probability 1 − δ/2; then Eq. (2) of seed 004 divides by 1 − β.
+    ``bound="two-sided"`` (calibrator version 1): with probability ≥ 1 − δ over the
+    calibration data and the users' randomization, sup_q |F̂ᶜ(q) − Fᶜ(q)| ≤ Δ_L:
+    DKW–Massart bounds sup|F̂ⁿ − Fⁿ| by t_n with probability 1 − δ/2; McDiarmid (bounded
+    differences 1/n, E sup ≤ √(π/(2n))) bounds sup|F̂ʳ − Fʳ| by t_r with probability 1 − δ/2;
+    then Eq. (2) of seed 004 divides by 1 − β.
+
+    ``bound="one-sided"`` (version 2, the default; issue 13): the release q̂ has
+    F̂ᶜ(q̂) ≥ target, so coverage needs only that F̂ᶜ does not *over*-estimate:
+    F̂ᶜ − Fᶜ = [(F̂ⁿ − Fⁿ) − β(F̂ʳ − Fʳ)]/(1−β) ≤ [sup(F̂ⁿ − Fⁿ) + β·sup(Fʳ − F̂ʳ)]/(1−β).
+    (i) Massart (1990, Ann. Probab. 18(3), Thm 1 and its one-sided statement):
+    P(sup(F̂ⁿ − Fⁿ) > t) ≤ exp(−2nt²) whenever exp(−2nt²) ≤ 1/2, for any distribution; at
+    δ/2 ≤ 1/2 this gives t_n = √(ln(2/δ)/(2n)). (ii) F̂ʳ(q) = E[F̃(q) | x] where F̃ is the
+    empirical CDF of S(x_i, U_i), U_i uniform labels, i.i.d. with CDF Fʳ; so E sup(Fʳ − F̂ʳ)
+    ≤ E sup(Fʳ − F̃) = ∫₀^∞ P(sup > t) dt ≤ t₀ + ∫_{t₀}^∞ e^{−2nt²} dt with t₀ = √(ln 2/(2n))
+    (Massart one-sided for the reflected sample) = C_SUP/√n; McDiarmid (one-sided,
+    differences 1/n) adds √(ln(2/δ)/(2n)) at δ/2. Both terms are ≤ the version-1 ones.
     """
     if n < 1:
         raise InvalidInput(f"n must be ≥ 1, got {n}")
     if not (0 < delta < 1):
         raise InvalidInput(f"δ must be in (0, 1), got {delta}")
     beta = krr_beta(k, epsilon)
-    t_n = math.sqrt(math.log(4 / delta) / (2 * n))
-    t_r = math.sqrt(math.pi / (2 * n)) + math.sqrt(math.log(2 / delta) / (2 * n))
+    if bound == "two-sided":
+        t_n = math.sqrt(math.log(4 / delta) / (2 * n))
+        t_r = math.sqrt(math.pi / (2 * n)) + math.sqrt(math.log(2 / delta) / (2 * n))
+    elif bound == "one-sided":
+        t_n = math.sqrt(math.log(2 / delta) / (2 * n))
+        t_r = C_SUP / math.sqrt(n) + math.sqrt(math.log(2 / delta) / (2 * n))
+    else:
+        raise InvalidInput(f"bound must be 'one-sided' or 'two-sided', got {bound!r}")
     h = (1 - beta) / (1 + beta)
     return LabelSlack(
         n=n,
@@ -207,6 +244,11 @@ class LDPLabelParams(CalibratorParams):
     nominal: bool = Field(
         default=False, description="target 1−α (coverage ≥ 1−α−Δ_L) instead of 1−α+Δ_L"
     )
+    bound: LabelBound = Field(
+        default="one-sided",
+        description="Δ_L from one-sided Massart bounds (default) or the two-sided bound of "
+        "calibrator version 1",
+    )
 
     @field_validator("score")
     @classmethod
@@ -230,12 +272,15 @@ class LDPLabel:
     from k-RR labels. Privacy: label-only ε-LDP (features are sent in the clear)."""
 
     name: ClassVar[str] = "ldp-label"
-    version: ClassVar[str] = "1"
+    #: 2: one-sided Massart + McDiarmid slack (issue 13); 1: two-sided
+    version: ClassVar[str] = "2"
+    #: parameters a release of an older version was made with (``privcal audit verify``
+    #: recomputes it by its own formula): version 1 had no ``bound`` and was two-sided
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"}}
     privacy_model: ClassVar[str] = "local"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
-        "any two labels of one subject (label-only local DP: the features are sent in the "
-        "clear)"
+        "any two labels of one subject (label-only local DP: the features are sent in the clear)"
     )
     Params: ClassVar[type[CalibratorParams]] = LDPLabelParams
     inputs: ClassVar[frozenset[str]] = frozenset({"probs", "labels"})
@@ -258,7 +303,7 @@ class LDPLabel:
         """Coverage ≥ 1−α (default) or ≥ 1−α−Δ_L (nominal) with probability ≥ 1−δ."""
         k = self._k(params, shape)
         delta = params.failure_probability
-        sl = label_slack(shape.n, k, params.epsilon, delta)
+        sl = label_slack(shape.n, k, params.epsilon, delta, params.bound)
         target = target_level(params, sl)
         lower = 1 - params.alpha if not params.nominal else max(0.0, 1 - params.alpha - sl.delta_L)
         mode = "nominal target 1−α" if params.nominal else "target 1−α+Δ_L"
@@ -287,6 +332,7 @@ class LDPLabel:
                 "nominal": int(params.nominal),
                 "score": params.score,
                 "privacy": PRIVACY_NOTE,
+                **({"bound": "one-sided"} if params.bound == "one-sided" else {}),
             },
         )
 
@@ -302,7 +348,7 @@ class LDPLabel:
         k = self._k(params, DataShape(n=probs.shape[0], k=probs.shape[1]))
         labels = check_labels(data.labels, k, min_rows=1)
         n = check_lengths(probs=probs, labels=labels)
-        sl = label_slack(n, k, params.epsilon, params.failure_probability)
+        sl = label_slack(n, k, params.epsilon, params.failure_probability, params.bound)
         target = target_level(params, sl)
         scores = all_class_scores(params.score, probs, rng=rng)
         if np.may_share_memory(scores, probs) or np.may_share_memory(scores, data.probs):
