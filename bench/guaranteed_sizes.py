@@ -1,16 +1,18 @@
 """Mean prediction-set size of the guaranteed (default) modes before and after issue 13.
 
-"before" is the bound of calibrator versions 1 (P-COQS: two-sided sub-Gaussian τ;
-LDP-CP-S: Hoeffding Δ_S and its default rounds), still selectable with ``bound=...``;
-"after" is the default exact bound. Both run in the same process on the same calibration
-draws (paired), next to non-private split conformal and the papers' nominal mode (no proven
-1−α guarantee). Score: lac (1 − p̂_y); α = 0.1; failure probability 0.05 (P-COQS β) and
-0.001 (LDP-CP-S δ), the defaults. P-COQS is run at ρ = ε²/2 (the zCDP level implied by ε-DP).
+"before" is the bound of calibrator versions 1 (P-COQS: two-sided sub-Gaussian τ; LDP-CP-L:
+two-sided DKW–Massart + McDiarmid; LDP-CP-S: Hoeffding Δ_S and its default rounds), still
+selectable with ``bound=...``; "after" is the default (exact / one-sided bounds). "LDP-CP-S
+after, interpolate" is the opt-in ``search="interpolate"`` query rule with the same bound.
+All run in the same process on the same calibration draws (paired), next to non-private
+split conformal and the papers' nominal mode (no proven 1−α guarantee). Score: lac
+(1 − p̂_y); α = 0.1; failure probability 0.05 (P-COQS β) and 0.001 (LDP-CP-S, LDP-CP-L δ),
+the defaults. P-COQS is run at ρ = ε²/2 (the zCDP level implied by ε-DP).
 
 Data: the bundled ``digits`` example (k = 10; random splits of its 1 400 rows into 900
-calibration and 500 test rows), and a
-synthetic *calibrated* model: logits ~ N(0, s²) per class, p̂ = softmax, y ~ p̂ (so p̂ is
-exactly calibrated), k ∈ {10, 100}, n ∈ {1 000, 5 000, 20 000}, 2 000 test points.
+calibration and 500 test rows), and a synthetic *calibrated* model: logits ~ N(0, s²) per
+class, p̂ = softmax, y ~ p̂ (so p̂ is exactly calibrated), k ∈ {10, 100},
+n ∈ {1 000, 5 000, 20 000}, 2 000 test points.
 
 Run:  python bench/guaranteed_sizes.py [--trials 20]
 """
@@ -27,7 +29,9 @@ import time
 import numpy as np
 
 from privcal.calibrators.base import CalibrationInput, conformal_rank
+from privcal.calibrators.ldp_label import LDPLabel, LDPLabelParams
 from privcal.calibrators.ldp_score import LDPScoreParams, simulate
+from privcal.calibrators.mechanisms.randomized_response import krr_many
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
 from privcal.data import load_example
 
@@ -61,18 +65,28 @@ METHODS = (
     ("pcoqs after", {"bound": "exact"}),
     ("pcoqs nominal", {"nominal": True}),
     ("ldp-score before", {"bound": "hoeffding"}),
-    ("ldp-score after", {"bound": "exact"}),
+    ("ldp-score after", {}),
+    ("ldp-score interpolate", {"search": "interpolate"}),
     ("ldp-score nominal", {"nominal": True}),
+    ("ldp-label before", {"bound": "two-sided"}),
+    ("ldp-label after", {}),
+    ("ldp-label nominal", {"nominal": True}),
 )
 
 
-def thresholds(cal_scores: np.ndarray, eps: float, seed: int) -> dict[str, float]:
-    n = cal_scores.shape[0]
+def thresholds(probs: np.ndarray, y: np.ndarray, eps: float, seed: int) -> dict[str, float]:
+    n, k = probs.shape
+    cal_scores = 1 - probs[np.arange(n), y]
+    noisy = krr_many(y, k, eps, np.random.default_rng(seed))  # the users' k-RR labels
     out: dict[str, float] = {}
     for name, kw in METHODS:
         if name == "split":
             r = conformal_rank(n, ALPHA)
             out[name] = math.inf if r > n else float(np.sort(cal_scores)[r - 1])
+        elif name.startswith("ldp-label"):
+            p = LDPLabelParams(alpha=ALPHA, epsilon=eps, k=k, **kw)
+            data = CalibrationInput(probs=probs, labels=noisy)
+            out[name] = float(LDPLabel().calibrate(data, p, random.Random(seed)).threshold)
         elif name.startswith("pcoqs"):
             p = PCOQSParams(alpha=ALPHA, rho=eps * eps / 2, **kw)
             res = PCOQS().calibrate(CalibrationInput(scores=cal_scores), p, random.Random(seed))
@@ -100,7 +114,7 @@ def run(
             (label, n, eps), ({m: [] for m, _ in METHODS}, {m: [] for m, _ in METHODS})
         )
         for cp, cy in draws:
-            ts = thresholds(1 - cp[np.arange(n), cy], eps, 1000 + len(sizes["split"]))
+            ts = thresholds(cp, cy, eps, 1000 + len(sizes["split"]))
             for m, t in ts.items():
                 sizes[m].append(_size(test_scores, t))
                 covs[m].append(_cov(test_true, t))
@@ -113,9 +127,8 @@ def _flush(label: str) -> None:
         if lab != label:
             continue
         cells = " | ".join(f"{np.mean(sizes[m]):.2f}" for m, _ in METHODS)
-        cov_after = " / ".join(
-            f"{np.mean(covs[m]):.3f}" for m in ("pcoqs after", "ldp-score after")
-        )
+        after = ("pcoqs after", "ldp-score after", "ldp-label after")
+        cov_after = " / ".join(f"{np.mean(covs[m]):.3f}" for m in after)
         print(f"| {label} | {n:,} | {eps:g} | {cells} | {cov_after} |", flush=True)
         del _ACC[(lab, n, eps)]
 
@@ -131,9 +144,11 @@ def main() -> None:
     )
     print(
         "| data | n | ε | split | P-COQS before | P-COQS after | P-COQS nominal | "
-        "LDP-CP-S before | LDP-CP-S after | LDP-CP-S nominal | coverage after (P-COQS / LDP-CP-S) |"
+        "LDP-CP-S before | LDP-CP-S after | LDP-CP-S after, interpolate | LDP-CP-S nominal | "
+        "LDP-CP-L before | LDP-CP-L after | LDP-CP-L nominal | "
+        "coverage after (P-COQS / LDP-CP-S / LDP-CP-L) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 15 + "|")
     ex = load_example("digits")
     pool_p = np.concatenate([ex.calib_probs, ex.test_probs])
     pool_y = np.concatenate([ex.calib_labels, ex.test_labels])

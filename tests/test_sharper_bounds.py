@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from privcal import Accountant, Ledger
@@ -282,3 +284,53 @@ def test_ldp_label_one_sided_at_the_edge() -> None:
         fails += int(np.max(f_hat - cw) > sl.delta_L)
     assert fails <= stats.binom.isf(TEST_LEVEL, EDGE_TRIALS, delta), fails
     assert fails >= stats.binom.ppf(TEST_LEVEL, EDGE_TRIALS, delta / 5), fails
+
+
+# --- the opt-in interpolating query rule --------------------------------------------
+
+
+@given(
+    fractions=st.lists(st.floats(0, 1), min_size=1, max_size=12),
+    rounds=st.integers(1, 10),
+    nominal=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_interpolating_search_invariants(fractions: list[float], rounds: int, nominal: bool):
+    p = LdpScoreProtocol.open(
+        alpha=0.1, epsilon=1.0, rounds=rounds, group_size=500, lower=-2.0, upper=6.0,
+        nominal=nominal, search="interpolate",
+    )  # fmt: skip
+    for f in fractions:
+        if p.finished:
+            break
+        q = p.current_query()
+        assert p.lo < q < p.hi
+        p = p.advance(round(f * 500), 500)
+        assert LdpScoreProtocol.model_validate_json(p.model_dump_json()) == p
+    if p.finished and p.history[-1].decision == "stop":
+        assert p.threshold == p.history[-1].query and p.passes(p.history[-1].ones, 500)
+
+
+def test_interpolating_search_reaches_a_quantile_near_the_top_sooner() -> None:
+    """Scores piled up just below 1 (LAC at large k): a few rounds of bisection do not reach
+    them; interpolation between the estimates does (and the guarantee is unchanged)."""
+    s = 1 - np.random.default_rng(0).beta(1, 400, 20_000)  # 0.9-quantile ≈ 0.9995
+    kw = {"alpha": 0.1, "epsilon": 4.0, "rounds": 8}
+    bis = simulate(s, LDPScoreParams(**kw), random.Random(1))
+    itp = simulate(s, LDPScoreParams(**kw, search="interpolate"), random.Random(1))
+    assert math.isinf(bis.threshold) and math.isfinite(itp.threshold)
+    assert itp.guarantee_lower() == bis.guarantee_lower() == 0.9
+    assert float((s <= itp.threshold).mean()) >= 0.9
+
+
+@pytest.mark.statistical
+def test_interpolating_search_keeps_the_guarantee() -> None:
+    """U[0, 1] scores (F(t) = t): coverage below 1 − α in at most a δ fraction of trials."""
+    trials, delta = 300, 0.05
+    p = LDPScoreParams(alpha=0.1, epsilon=2.0, failure_probability=delta, search="interpolate")
+    gen = np.random.default_rng(5)
+    fails = sum(
+        min(simulate(gen.random(20_000), p, random.Random(i)).threshold, 1.0) < 0.9
+        for i in range(trials)
+    )
+    assert fails <= stats.binom.isf(TEST_LEVEL, trials, delta), fails

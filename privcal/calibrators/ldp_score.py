@@ -60,7 +60,7 @@ from privcal.calibrators.base import (
     numpy_rng,
 )
 from privcal.calibrators.ldp_score_bounds import Bound, best_rounds, rr_range
-from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol, Search
 from privcal.calibrators.mechanisms.randomized_response import binary_rr_many
 from privcal.calibrators.validation import check_scores
 from privcal.costs import LocalDP
@@ -99,6 +99,12 @@ class LDPScoreParams(CalibratorParams):
         description="pass cut-off: 'exact' binomial tail (default) or 'hoeffding' (the "
         "version-1 bound, kept for old releases and comparison)",
     )
+    search: Search = Field(
+        default="bisect",
+        description="query rule: 'bisect' (midpoints, the paper's rule; default) or "
+        "'interpolate' between the rounds' DP estimates (fewer rounds when the scores' "
+        "quantile is near an end of the range); the guarantee is the same for both",
+    )
 
     @property
     def delta(self) -> float:
@@ -136,6 +142,7 @@ def open_protocol(params: LDPScoreParams, n: int) -> LdpScoreProtocol:
         nominal=params.nominal,
         band=params.band,
         bound=params.bound,
+        search=params.search,
     )
 
 

@@ -25,6 +25,9 @@ from privcal.calibrators.ldp_score_bounds import (
 )
 from privcal.errors import InvalidInput, PlanRejected
 
+#: the query rule of the search (see :meth:`LdpScoreProtocol.current_query`)
+Search = Literal["interpolate", "bisect"]
+
 if TYPE_CHECKING:
     from privcal.calibrators.ldp_score import LDPScoreParams
 
@@ -92,6 +95,11 @@ class LdpScoreProtocol(BaseModel):
         description="pass cut-off: exact binomial (default) or Hoeffding (states saved before "
         "issue 13 have no 'bound' and load as 'hoeffding')",
     )
+    search: Search = Field(
+        default="bisect",
+        description="query rule: 'bisect' (the paper's midpoint, default) or 'interpolate' "
+        "between the DP estimates (states saved before issue 13 load as 'bisect')",
+    )
     # state
     round: int = Field(default=0, ge=0, description="index of the current round (0-based)")
     lo: float = Field(allow_inf_nan=False)
@@ -105,8 +113,11 @@ class LdpScoreProtocol(BaseModel):
     @classmethod
     def _legacy_state(cls, data: object) -> object:
         """A stored state from before issue 13 (no ``bound``) continues with its own rule."""
-        if isinstance(data, dict) and "bound" not in data and "lo" in data:
-            return {**data, "bound": "hoeffding"}
+        if isinstance(data, dict) and "lo" in data:
+            if "bound" not in data:
+                data = {**data, "bound": "hoeffding"}
+            if "search" not in data:
+                data = {**data, "search": "bisect"}
         return data
 
     @model_validator(mode="after")
@@ -139,6 +150,7 @@ class LdpScoreProtocol(BaseModel):
         nominal: bool = False,
         band: float | None = None,
         bound: Bound = "exact",
+        search: Search = "bisect",
     ) -> LdpScoreProtocol:
         """A fresh protocol at round 0 with interval [lower, upper]; band defaults to Δ_S."""
         try:
@@ -159,6 +171,7 @@ class LdpScoreProtocol(BaseModel):
                 nominal=nominal,
                 band=w,
                 bound=bound,
+                search=search,
                 lo=lower,
                 hi=upper,
             )
@@ -225,13 +238,40 @@ class LdpScoreProtocol(BaseModel):
             nominal=self.nominal,
             band=self.band,
             bound=self.bound,
+            search=self.search,
         )
 
     def current_query(self) -> float:
-        """q⁽ʲ⁾ = (lo + hi)/2, the threshold group ``round`` is asked about."""
+        """q⁽ʲ⁾, the threshold group ``round`` is asked about: (lo + hi)/2 (``bisect``), or
+        (``interpolate``, a safeguarded regula falsi) the point where the line through the
+        DP estimates at lo and hi (0 at ``lower`` and 1 at ``upper`` when none was made
+        there) reaches the middle of the attainable part of the stop band, kept within the
+        central 80 % of [lo, hi] — except in round 0, which bisects.
+
+        Why this keeps every guarantee: a query is a function of the public outputs of the
+        earlier rounds only (post-processing), and the proofs hold for any such query rule
+        (:mod:`~privcal.calibrators.ldp_score_bounds`); only the set size depends on it.
+        Interpolation finds a quantile that sits near an end of the range (e.g. LAC scores
+        near 0.99 at k = 100) in fewer rounds than bisection, and is about even or worse
+        elsewhere (bench/RESULTS.md, issue 13), so it is opt-in.
+        """
         if self.finished:
             raise PlanRejected("the ldp-score protocol is finished; no more queries")
-        return (self.lo + self.hi) / 2
+        mid = (self.lo + self.hi) / 2
+        if self.search == "bisect" or self.round == 0:
+            return mid
+        f_lo, f_hi = 0.0, 1.0
+        for r in self.history:  # the latest estimates made at the current ends
+            if r.query == self.lo:
+                f_lo = r.estimate
+            if r.query == self.hi:
+                f_hi = r.estimate
+        aim = self.target + min(self.band, max(0.0, 1 - self.target)) / 2
+        if not f_hi > f_lo:
+            return mid
+        frac = min(max((aim - f_lo) / (f_hi - f_lo), 0.1), 0.9)
+        q = self.lo + (self.hi - self.lo) * frac
+        return q if self.lo < q < self.hi else mid
 
     def advance(self, sum_of_bits: int, count: int) -> LdpScoreProtocol:
         """Consume the current round's reports (``sum_of_bits`` ones out of ``count``)."""
