@@ -113,7 +113,7 @@ def run(url: str, backend: str, *, devices: int, rounds: int, threads: int,
          f"threads, LDP-CP-S T = {rounds}, window {window * 1000:g} ms",
          "result": f"{devices / wall:,.0f} devices/s ({wall:.1f} s; answers "
                    f"{dict(sorted(codes.items()))}; session {st.status}"
-                   + (f", release n = {rel.n}" if rel is not None else "") + ")"},
+                   + (f", release shape {rel.shape}" if rel is not None else "") + ")"},
         {"backend": backend, "measurement": "privcal audit verify --expect-head (CLI process)",
          "result": f"exit {cli.returncode}, ok {ok}, head {head['seq']} ({t_verify:.1f} s)"},
         {"backend": backend, "measurement": "setup: device tokens created",
