@@ -95,7 +95,11 @@ class ServiceMiddleware:
                 return
             scope["state"]["deferred"] = DeferredPrincipal(presented)
         elif path.startswith("/v1/") or path == "/v1":
-            tok = await self._authenticate(scope)
+            try:
+                tok = await self._authenticate(scope)
+            except PrivcalError as exc:  # the ledger could not be read: 503, not 401
+                await self._problem(scope, send, problem_for(exc))
+                return
             if tok is None:
                 await self._problem(scope, send, unauthenticated())
                 return
@@ -105,7 +109,10 @@ class ServiceMiddleware:
 
             cookie = _cookie(scope, COOKIE)
             if cookie:
-                tok = await self._authenticate(scope, cookie)
+                try:
+                    tok = await self._authenticate(scope, cookie)
+                except PrivcalError:  # the page itself answers the ledger's state
+                    tok = None
                 if tok is not None:
                     scope["state"]["principal"] = tok
 
@@ -147,10 +154,7 @@ class ServiceMiddleware:
             if presented is None:
                 return None
         ledger = scope["app"].state.accountant.ledger
-        try:
-            return await anyio.to_thread.run_sync(authenticate, ledger, presented)
-        except PrivcalError:
-            return None
+        return await anyio.to_thread.run_sync(authenticate, ledger, presented)
 
     @staticmethod
     async def _problem(scope: Scope, send: Send, p: ProblemError) -> None:

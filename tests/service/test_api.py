@@ -349,3 +349,18 @@ def test_access_log_has_no_body_and_no_subject(live: Live,
     text = "\n".join(lines)
     for secret in ("secret-subject-42", "report-xyz", "body-text-77", dev.split("_")[2]):
         assert secret not in text
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_an_unreadable_ledger_is_503_not_401(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by bench/service_scale.py: a token read that failed under load answered 401,
+    # which a client takes for a bad token (it retries a 503)
+    import privcal.storage.tokens as tokens
+    from privcal.errors import LedgerError
+
+    def down(*a: Any, **k: Any) -> Any:
+        raise LedgerError("database is locked")
+
+    monkeypatch.setattr(tokens, "authenticate", down)
+    with live.client("auditor") as c:
+        _problem(c.get("/v1/audit/head"), 503, "ledger-unavailable")
