@@ -13,7 +13,9 @@ codec encodes a lone surrogate, and no SQL integer holds 2⁷⁰).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
 
 
 class PrivcalError(Exception):
@@ -79,6 +81,35 @@ class InfeasiblePlan(InvalidInput):
 
 class PlanRejected(InvalidInput):
     """A report or message was rejected by a collection session (closed round, duplicate, …)."""
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def numeric_edge(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorate a computation on public numbers (advise, amplify, a plan) so that a numeric
+    failure inside the accepted bounds — an overflow, a division by zero, a degenerate pair at
+    the edge of the float range, e.g. ε = 5e-324 — is a one-line :class:`InvalidInput` naming
+    ``what``, not a traceback. Privcal errors pass through unchanged; nothing is computed or
+    claimed when this fires."""
+
+    def deco(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        @wraps(fn)
+        def inner(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return fn(*args, **kwargs)
+            except PrivcalError:
+                raise
+            except (ArithmeticError, ValueError) as exc:
+                raise InvalidInput(
+                    f"{what}: these inputs are outside the range the bounds can be computed "
+                    f"for ({type(exc).__name__}: {exc})"
+                ) from None
+
+        return inner
+
+    return deco
 
 
 # ------------------------------------------ argument checks: storable everywhere, or an error above

@@ -93,3 +93,55 @@ def test_cli_advise_central_json_and_human() -> None:
     assert r.exit_code == 2 and "advise --method exponq needs --epsilon" in r.stderr
     r = CliRunner().invoke(main, ["advise", "--alpha", "0.1", "--n", "100", "--epsilon", "1"])
     assert r.exit_code == 2 and "needs --k" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "alpha,eps,bins",
+    [(0.1, 1.0, None), (0.05, 0.01, None), (0.2, 3.0, 50), (0.5, 0.1, 2), (0.01, 0.3, None)],
+)
+def test_exponq_n_floor_is_proven_infeasible(alpha: float, eps: float, bins: int | None) -> None:
+    """No n at or below the floor has q̃ < 1 (the calibrator's own computation), and the floor
+    is not vacuous: it lies below the first feasible n."""
+    from privcal.calibrators.advisor_central import exponq_n_floor
+
+    p = ExponQParams(alpha=alpha, epsilon=eps, bins=bins)
+    floor = exponq_n_floor(p)
+    top = int(floor)
+    probe = sorted({1, 2, 3, top // 3, top // 2, max(1, top - 1), max(1, top)}
+                   | set(np.linspace(1, max(1, top), 200).astype(int).tolist()))
+    assert all(ExponQ().plan(p, n)[2] >= 1 for n in probe if n >= 1)
+    assert 0 < floor < min_n_exponq(p)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: advise_central("exponq", 0.1, epsilon=5e-324),
+        lambda: advise_central("pcoqs", 0.1, rho=5e-324),
+    ],
+)
+def test_central_advice_at_the_edge_of_the_float_range_is_one_line(call) -> None:
+    """ε or ρ = 5e-324 (found by schemathesis over HTTP): a one-line InvalidInput at once,
+    not a traceback or a scan of 10⁹ sizes."""
+    with pytest.raises(InvalidInput) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["advise", "--n", "1000", "--k", "10", "--epsilon", "5e-324", "--alpha", "0.1"],
+        ["advise", "--method", "pcoqs", "--rho", "5e-324", "--alpha", "0.1"],
+        ["advise", "--method", "exponq", "--epsilon", "5e-324", "--alpha", "0.1"],
+        ["amplify", "--epsilon0", "5e-324", "--n", "1000", "--delta", "1e-6"],
+    ],
+)
+def test_cli_planning_at_the_edge_of_the_float_range_is_one_line(args: list[str]) -> None:
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert isinstance(res.exception, SystemExit), res.exception  # an error document, no crash
+    doc = json.loads(res.stdout)
+    assert doc["error"]["type"] == "InvalidInput" and res.exit_code == doc["error"]["exit_code"]
+    message = doc["error"]["message"]
+    assert "\n" not in message
+    assert "outside the range" in message or "needs more than" in message

@@ -34,7 +34,7 @@ from privcal.calibrators.ldp_score_bounds import (
     rr_range,
     score_slack,
 )
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, numeric_edge
 
 __all__ = [
     "Advice",
@@ -269,6 +269,7 @@ class Advice(BaseModel):
     notes: list[str]
 
 
+@numeric_edge("advise")
 def advise(
     n: int,
     k: int,

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.calibrators.exponq import MAX_BINS, MIN_BINS, ExponQ, ExponQParams
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, numeric_edge
 
 __all__ = ["CentralAdvice", "advise_central", "min_n_exponq", "min_n_pcoqs"]
 
@@ -72,11 +72,28 @@ def _q_tilde_many(params: ExponQParams, ns: np.ndarray) -> np.ndarray:
     return np.where(gamma >= 1, np.inf, q)
 
 
+def exponq_n_floor(params: ExponQParams) -> float:
+    """A proven lower bound: no n ≤ this value has q̃(n) < 1.
+
+    With γ < 1 (else q̃ = ∞) and m ≥ m₀ bins (m₀ = ``bins``, or the default's minimum),
+    q̃(n) = (n+1)(1−α)/(n(1−γα)) + (2/(εn))·ln(m/(γα)) > (1−α) + (2/(εn))·ln(m₀/α),
+    which is ≥ 1 as soon as n ≤ 2·ln(m₀/α)/(εα). Tiny ε make this astronomically large
+    (or ∞), which is how :func:`min_n_exponq` answers them at once instead of scanning."""
+    m0 = float(params.bins) if params.bins is not None else float(MIN_BINS)
+    a, e = params.alpha, params.epsilon
+    with np.errstate(over="ignore", divide="ignore"):
+        return float(np.float64(2.0) * np.log(m0 / a) / (np.float64(e) * a))
+
+
 def min_n_exponq(params: ExponQParams) -> int:
-    """The smallest n with q̃(n) < 1 (ExponQ can return a finite threshold). Every smaller n
-    is checked: blocks are scanned vectorised and each n whose vectorised q̃ is within 10⁻⁹
-    of 1 or below is re-checked with the calibrator's own (scalar) computation."""
-    start, block = 1, 4096
+    """The smallest n with q̃(n) < 1 (ExponQ can return a finite threshold). Every n from
+    the proven floor of :func:`exponq_n_floor` on is checked: blocks are scanned vectorised
+    and each n whose vectorised q̃ is within 10⁻⁹ of 1 or below is re-checked with the
+    calibrator's own (scalar) computation."""
+    floor = exponq_n_floor(params)
+    if not floor < N_LIMIT:
+        raise InvalidInput(f"ExponQ needs more than {N_LIMIT:,} scores at these parameters")
+    start, block = max(1, int(floor)), 4096
     while start <= N_LIMIT:
         ns = np.arange(start, start + block)
         q = _q_tilde_many(params, ns)
@@ -107,6 +124,7 @@ class CentralAdvice(BaseModel):
     notes: list[str]
 
 
+@numeric_edge("advise")
 def advise_central(
     method: str,
     alpha: float,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, numeric_edge
 
 if TYPE_CHECKING:  # the planning module pulls in SciPy: imported when a plan is made
     from privcal.calibrators.fedplan import Fed2Plan, FedPlan, FedPlanUnequal
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the planning module pulls in SciPy: imported when a plan is
 __all__ = ["plan_federated"]
 
 
+@numeric_edge("fed plan")
 def plan_federated(
     agents: int | None,
     sizes: Sequence[int],

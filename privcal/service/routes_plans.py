@@ -15,7 +15,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from privcal.errors import InvalidInput, PrivcalError
+from privcal.errors import InvalidInput
 from privcal.service.auth import allow
 from privcal.service.common import doc
 
@@ -26,16 +26,10 @@ MAX_N = 10**12
 
 
 def _computed(fn: Callable[[], Any]) -> Any:
-    """``fn()``'s document; a numeric failure inside the bounds (an overflow, a division by
-    zero, a degenerate pair: inputs at the edge of the float range, e.g. ε = 5e-324, found
-    by schemathesis) is a one-line 422, not a 500. Nothing is computed or claimed then."""
-    try:
-        return doc(fn())
-    except PrivcalError:
-        raise
-    except (ArithmeticError, ValueError) as exc:
-        raise InvalidInput(f"these inputs are outside the range the bounds can be computed "
-                           f"for ({type(exc).__name__}: {exc})") from None
+    """``fn()``'s document. The library turns a numeric failure at the edge of the float
+    range (e.g. ε = 5e-324, found by schemathesis) into a one-line InvalidInput — a 422 here
+    (:func:`privcal.errors.numeric_edge`)."""
+    return doc(fn())
 
 
 class AdviseBody(BaseModel):

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant.privacy import shuffle_bounds as sb
 from privcal.costs import ApproxDP
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, numeric_edge
 
 __all__ = [
     "BOUND_NONE",
@@ -189,6 +189,7 @@ def _not_applicable(name: str, reason: str) -> BoundRow:
     return BoundRow(name=name, reference=REFERENCES[name], eps=None, reason=reason)
 
 
+@numeric_edge("amplify")
 def amplify(eps0: float, n: int, delta: float, randomizer: Randomizer = "generic",
             k: int | None = None) -> AmplificationResult:
     """Central (ε, δ) of n ε0-LDP reports through a trusted shuffler (substitution adjacency).
