@@ -6,7 +6,9 @@ from block to block, as for a reader following the README). Before that, every i
 command names is generated from the option that names it (scores, probabilities, labels,
 subject ids, report batches whose columns the line's comment states). Each command must exit 0,
 unless its line ends with ``# exit N``. A block that must not run starts with the visible
-marker ``# readme-test: skip (reason)``; the reason is required. The ```python blocks run too.
+marker ``# readme-test: skip (reason)``, or has ``<!-- readme-test: skip (reason) -->`` on the
+line just above its fence (invisible when rendered: the README's first block holds exactly its
+two set-up commands); the reason is required. The ```python blocks run too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SKIP = re.compile(r"^#\s*readme-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*$")
+SKIP_ABOVE = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->\s*$")
 EXPECT = re.compile(r"#\s*exit\s+(?P<code>\d+)\s*$")
 N, K = 2000, 10
 
@@ -34,18 +37,26 @@ class Block:
     lang: str
     line: int  # 1-based line of the opening fence
     text: str
+    above: str = ""  # the line just above the opening fence
+
+    @property
+    def marker(self) -> str:
+        """The block's readme-test marker line (its first line, or an HTML comment above it)."""
+        if "readme-test" in self.above:
+            return self.above.strip()
+        return self.text.strip().splitlines()[0].strip() if self.text.strip() else ""
 
     @property
     def skip_reason(self) -> str | None:
-        first = self.text.strip().splitlines()[0] if self.text.strip() else ""
-        m = SKIP.match(first.strip())
+        m = SKIP.match(self.marker) or SKIP_ABOVE.match(self.marker)
         return m.group("reason").strip() if m else None
 
 
 def blocks(text: str) -> list[Block]:
     out = []
     for m in re.finditer(r"^```(\w+)\n(.*?)^```", text, re.S | re.M):
-        out.append(Block(m.group(1), text.count("\n", 0, m.start()) + 1, m.group(2)))
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        out.append(Block(m.group(1), text.count("\n", 0, m.start()) + 1, m.group(2), before))
     return out
 
 
@@ -165,9 +176,18 @@ def generate_inputs(cmds: list[str], where: Path) -> list[str]:
 # ------------------------------------------------------------------ the test
 def test_readme_skip_markers_have_reasons() -> None:
     for b in blocks(README.read_text()):
-        first = b.text.strip().splitlines()[0] if b.text.strip() else ""
-        if "readme-test" in first:
+        if "readme-test" in b.marker:
             assert b.skip_reason, f"README line {b.line}: a skip marker needs a (reason)"
+
+
+def test_readme_opens_with_exactly_the_two_setup_commands() -> None:
+    """The README's first code block: one command installs and runs the main job, one
+    installs the test extras and runs the tests — nothing else."""
+    first = blocks(README.read_text())[0]
+    cmds = [c for c, _ in commands(first)]
+    assert len(cmds) == 2, cmds
+    assert "privcal quickstart" in cmds[0] and "[test]" in cmds[1] and "pytest" in cmds[1]
+    assert first.skip_reason  # running them is tests/test_quickstart.py's and CI's job
 
 
 def test_every_readme_example_runs(tmp_path: Path) -> None:
