@@ -140,3 +140,12 @@ def test_advise_bad_input(kw: dict) -> None:
     args = {"n": 1000, "k": 10, "epsilon": 2.0, "alpha": 0.1, **kw}
     with pytest.raises(InvalidInput):
         advise(**args)
+
+
+def test_advise_points_to_the_interpolating_search_for_many_classes() -> None:
+    from privcal.calibrators.advisor import INTERPOLATE_K, advise
+
+    many = advise(5000, INTERPOLATE_K, 4.0, 0.1)
+    few = advise(5000, INTERPOLATE_K - 1, 4.0, 0.1)
+    assert any("--search interpolate" in note for note in many.notes)
+    assert not any("--search interpolate" in note for note in few.notes)
