@@ -219,7 +219,7 @@ class Release(ReleaseRecord):
 
         A release with several levels takes the level ``alpha``; one with Mondrian groups
         from a column takes each row's group (``groups``); label groups need neither."""
-        from privcal.calibrators.prediction_sets import release_sets
+        from privcal.calibrators.group_sets import release_sets
 
         return release_sets(self, probs, score_name=score_name, rng=rng, alpha=alpha,
                             groups=groups)

@@ -1,4 +1,5 @@
-"""Prediction sets of a wrapped release: one threshold per level α and per Mondrian group.
+"""Prediction sets of a stored release (:func:`release_sets`), in particular of a wrapped
+release: one threshold per level α and per Mondrian group.
 
 A ``levels:`` / ``mondrian:`` release (:mod:`privcal.calibrators.levels`,
 :mod:`privcal.calibrators.mondrian`) stores its thresholds in ``diagnostics`` and each
@@ -25,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from privcal.calibrators.prediction_sets import lac_cut, prediction_sets
+from privcal.calibrators.prediction_sets import lac_cut, prediction_sets, sets_for
 from privcal.calibrators.scores import all_class_scores, score_options, score_spec
 from privcal.calibrators.validation import check_probs, id_strings
 from privcal.errors import InvalidInput
 
-__all__ = ["ThresholdTable", "is_wrapped", "table_of", "wrapped_sets"]
+__all__ = ["ThresholdTable", "is_wrapped", "release_sets", "table_of", "wrapped_sets"]
 
 
 def is_wrapped(method: str) -> bool:
@@ -168,7 +169,6 @@ def evaluate_wrapped(release: Any, sets: np.ndarray, labels: Any, *,
     Mondrian release, coverage per group against each group's own bound."""
     from privcal.calibrators.class_labels import encode_labels, is_text_labels
     from privcal.calibrators.evaluation import evaluate_sets, group_coverage
-    from privcal.calibrators.prediction_sets import _details
     from privcal.calibrators.validation import check_labels
 
     table = table_of(release.method, release.params, release.diagnostics or {},
@@ -191,7 +191,6 @@ def evaluate_wrapped(release: Any, sets: np.ndarray, labels: Any, *,
 def threshold_rows(release: Any) -> list[dict[str, Any]]:
     """Every (group, level) of a release: group, its n, α, threshold, guaranteed lower bound
     (one row for a plain release; group None without groups)."""
-    from privcal.calibrators.prediction_sets import _details
 
     if not is_wrapped(release.method):
         cov = release.coverage
@@ -207,3 +206,45 @@ def threshold_rows(release: Any) -> list[dict[str, Any]]:
              "alpha": a, "threshold": float(table.values[i, j]),
              "lower": float(table.lowers[i, j])}
             for i, g in enumerate(names) for j, a in enumerate(table.levels)]
+
+
+def _details(release: Any) -> dict[str, Any]:
+    cov = release.coverage
+    return dict(cov.get("details", {}) if isinstance(cov, dict) else cov.details)
+
+
+def release_sets(
+    release: Any, probs: Any, *, score_name: str | None = None, rng: random.Random | None = None,
+    alpha: float | None = None, groups: Any = None,
+) -> np.ndarray:
+    """Prediction sets of a stored release for new probabilities (boolean n×k).
+
+    A release calibrated on probabilities records their number of classes k; probabilities
+    with another number of columns are refused (the threshold means nothing for them).
+    A release with several levels or Mondrian groups takes the level ``alpha`` and the
+    rows' ``groups`` (this module).
+    """
+    score = (release.diagnostics or {}).get("score")
+    shape = release.shape if isinstance(release.shape, dict) else {}
+    k = shape.get("k")
+    got = np.shape(probs)
+    if k is not None and len(got) == 2 and got[1] != k:
+        raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
+                           f"probabilities have {got[1]} columns")
+    if is_wrapped(release.method):
+        name = score_name or (score or {}).get("name")
+        if name is None:
+            sets_for(score, release.threshold, probs, score_name=score_name)  # its error
+        options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name \
+            else {}
+        table = table_of(release.method, release.params, release.diagnostics or {},
+                         _details(release))
+        return wrapped_sets(table, str(name), options, probs, alpha=alpha, groups=groups,
+                            rng=rng)
+    if groups is not None:
+        raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
+    own = (release.params or {}).get("alpha")
+    if alpha is not None and not (isinstance(own, int | float) and isinstance(alpha, int | float)
+                                  and math.isclose(own, alpha)):
+        raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
+    return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)

@@ -48,7 +48,6 @@ import random
 from typing import ClassVar
 
 import numpy as np
-from pydantic import Field, model_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -56,11 +55,11 @@ from privcal.calibrators.base import (
     CalibratorParams,
     CoverageGuarantee,
     DataShape,
-    LocalFailureProbability,
     numpy_rng,
 )
-from privcal.calibrators.ldp_score_bounds import Bound, best_rounds, rr_range
-from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol, Search
+from privcal.calibrators.ldp_score_bounds import best_rounds, rr_range
+from privcal.calibrators.ldp_score_params import LDPScoreParams
+from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.mechanisms.randomized_response import binary_rr_many
 from privcal.calibrators.validation import check_scores
 from privcal.costs import LocalDP
@@ -73,49 +72,6 @@ __all__ = [
     "open_protocol",
     "simulate",
 ]
-
-
-class LDPScoreParams(CalibratorParams):
-    """Parameters of ``ldp-score`` (alpha from the base model)."""
-
-    epsilon: float = Field(gt=0, allow_inf_nan=False, description="users' binary-RR ε")
-    rounds: int | None = Field(
-        default=None,
-        ge=1,
-        le=1000,
-        description="T; default: best_rounds(n, ε, δ, α) (minimises Δ_S(T) + 2^−T)",
-    )
-    failure_probability: LocalFailureProbability = 0.001
-    lower: float = Field(
-        default=0.0, allow_inf_nan=False, description="public score range: lower end"
-    )
-    upper: float = Field(
-        default=1.0, allow_inf_nan=False, description="public score range: upper end"
-    )
-    nominal: bool = False
-    band: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="w; Δ_S")
-    bound: Bound = Field(
-        default="exact",
-        description="pass cut-off: 'exact' binomial tail (default) or 'hoeffding' (the "
-        "version-1 bound, kept for old releases and comparison)",
-    )
-    search: Search = Field(
-        default="bisect",
-        description="query rule: 'bisect' (midpoints, the paper's rule; default) or "
-        "'interpolate' between the rounds' DP estimates (fewer rounds when the scores' "
-        "quantile is near an end of the range); the guarantee is the same for both",
-    )
-
-    @property
-    def delta(self) -> float:
-        """The failure probability under the protocol's (and the paper's) name δ."""
-        return self.failure_probability
-
-    @model_validator(mode="after")
-    def _range(self) -> LDPScoreParams:
-        if not self.lower < self.upper:
-            raise ValueError(f"score range needs lower < upper, got [{self.lower}, {self.upper}]")
-        return self
 
 
 def _plan(params: LDPScoreParams, n: int) -> tuple[int, int]:

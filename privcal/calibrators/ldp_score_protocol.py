@@ -9,7 +9,7 @@ per-round pass rule and the release decision. The statistics behind the pass rul
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,13 +23,8 @@ from privcal.calibrators.ldp_score_bounds import (
     nominal_level,
     score_slack,
 )
+from privcal.calibrators.ldp_score_params import LDPScoreParams, Search
 from privcal.errors import InvalidInput, PlanRejected
-
-#: the query rule of the search (see :meth:`LdpScoreProtocol.current_query`)
-Search = Literal["interpolate", "bisect"]
-
-if TYPE_CHECKING:
-    from privcal.calibrators.ldp_score import LDPScoreParams
 
 __all__ = ["LdpScoreProtocol", "RoundRecord"]
 
@@ -226,8 +221,6 @@ class LdpScoreProtocol(BaseModel):
     def to_params(self) -> LDPScoreParams:
         """The calibrator parameters of this protocol. ``LDPScore().guarantee(p.to_params(),
         DataShape(n=p.rounds * p.group_size))`` is the guarantee a session records."""
-        from privcal.calibrators.ldp_score import LDPScoreParams
-
         return LDPScoreParams(
             alpha=self.alpha,
             epsilon=self.epsilon,

@@ -1,9 +1,10 @@
 """What a released threshold t is used for: prediction sets {y : S(x, y) ≤ t} and intervals.
 
 Classification scores give a boolean n×k membership matrix (:func:`prediction_sets`),
-regression scores an interval per row (:func:`regression_interval`); :func:`release_sets`
-applies a stored release (its threshold, score and options, number of classes) to new
-probabilities. The score functions themselves are :mod:`privcal.calibrators.scores`.
+regression scores an interval per row (:func:`regression_interval`); :func:`sets_for`
+applies one threshold with its recorded score and options to new probabilities
+(:func:`privcal.calibrators.group_sets.release_sets` applies a whole stored release, with
+its levels and groups). The score functions themselves are :mod:`privcal.calibrators.scores`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ __all__ = [
     "prediction_sets",
     "regression_interval",
     "release_classes",
-    "release_sets",
     "set_labels",
     "sets_for",
 ]
@@ -154,50 +154,6 @@ def sets_for(
         )
     options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name else {}
     return prediction_sets(name, probs, threshold, rng=rng, **options)
-
-
-def release_sets(
-    release: Any, probs: Any, *, score_name: str | None = None, rng: random.Random | None = None,
-    alpha: float | None = None, groups: Any = None,
-) -> np.ndarray:
-    """Prediction sets of a stored release for new probabilities (boolean n×k).
-
-    A release calibrated on probabilities records their number of classes k; probabilities
-    with another number of columns are refused (the threshold means nothing for them).
-    A release with several levels or Mondrian groups takes the level ``alpha`` and the
-    rows' ``groups`` (:mod:`privcal.calibrators.group_sets`).
-    """
-    score = (release.diagnostics or {}).get("score")
-    shape = release.shape if isinstance(release.shape, dict) else {}
-    k = shape.get("k")
-    got = np.shape(probs)
-    if k is not None and len(got) == 2 and got[1] != k:
-        raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
-                           f"probabilities have {got[1]} columns")
-    from privcal.calibrators.group_sets import is_wrapped, table_of, wrapped_sets
-
-    if is_wrapped(release.method):
-        name = score_name or (score or {}).get("name")
-        if name is None:
-            sets_for(score, release.threshold, probs, score_name=score_name)  # its error
-        options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name \
-            else {}
-        table = table_of(release.method, release.params, release.diagnostics or {},
-                         _details(release))
-        return wrapped_sets(table, str(name), options, probs, alpha=alpha, groups=groups,
-                            rng=rng)
-    if groups is not None:
-        raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
-    own = (release.params or {}).get("alpha")
-    if alpha is not None and not (isinstance(own, int | float) and isinstance(alpha, int | float)
-                                  and math.isclose(own, alpha)):
-        raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
-    return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)
-
-
-def _details(release: Any) -> dict[str, Any]:
-    cov = release.coverage
-    return dict(cov.get("details", {}) if isinstance(cov, dict) else cov.details)
 
 
 def release_classes(release: Any) -> list[str] | None:

@@ -18,12 +18,13 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 import click
 
 from privcal import __version__
-from privcal.errors import BudgetRefused, PrivcalError
+from privcal.errors import BudgetRefused, InvalidInput, PrivcalError
 
 
 def wants_json(args: Sequence[str]) -> bool:
@@ -149,6 +150,22 @@ pass_settings = click.make_pass_decorator(Settings, ensure=True)
 
 #: a file option: completes paths in the shell, keeps FILE:COLUMN specs as text
 FILE = click.Path(dir_okay=False)
+
+#: the formats ``predict --out`` writes (sets and intervals)
+OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
+
+
+def check_out(out: str) -> tuple[Path, str]:
+    """The ``--out`` path and its (lower-case) suffix, or a one-line error."""
+    path = Path(out)
+    if path.is_dir():
+        raise InvalidInput(f"--out {out}: is a directory; name a file")
+    if not path.parent.is_dir():
+        raise InvalidInput(f"--out {out}: the directory {path.parent} does not exist")
+    suffix = path.suffix.lower()
+    if suffix not in OUT_SUFFIXES:
+        raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
+    return path, suffix
 
 
 def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:

@@ -105,7 +105,8 @@ def emit_all_levels(rel: Any, probs: Any, score: str | None, groups: Any, out: s
 
     import numpy as np
 
-    from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
+    from privcal.calibrators.group_sets import release_sets
+    from privcal.calibrators.prediction_sets import release_classes, set_labels
     from privcal.cli.app import emit, info
 
     levels = (rel.params or {}).get("alpha")

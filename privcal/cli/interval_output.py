@@ -16,7 +16,7 @@ from typing import Any
 import click
 import numpy as np
 
-from privcal.cli.app import emit, info, to_jsonable
+from privcal.cli.app import OUT_SUFFIXES, check_out, emit, info, to_jsonable
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
@@ -36,7 +36,6 @@ def load_regression_inputs(preds: str | None, lower_preds: str | None,
 def write_intervals(iv: np.ndarray, out: str | None, as_json: bool) -> None:
     """Write the n×2 intervals: ``.npy``/``.npz`` as the matrix, ``.json`` as [lo, hi] pairs,
     ``.csv``/``.parquet`` as a table with columns ``lower``, ``upper``."""
-    from privcal.cli.predict_cmds import OUT_SUFFIXES, check_out
 
     if out is None:
         return

@@ -12,7 +12,15 @@ from typing import Any
 import click
 import numpy as np
 
-from privcal.cli.app import FILE, emit, info, json_option, main, pass_settings
+from privcal.cli.app import (
+    FILE,
+    check_out,
+    emit,
+    info,
+    json_option,
+    main,
+    pass_settings,
+)
 from privcal.cli.group_options import (
     ALPHA_OPTION,
     GROUPS_OPTION,
@@ -24,21 +32,6 @@ from privcal.cli.group_options import (
 from privcal.cli.inputs import load_labels
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
-
-OUT_SUFFIXES = (".npy", ".npz", ".json", ".csv", ".parquet")
-
-
-def check_out(out: str) -> tuple[Path, str]:
-    """The ``--out`` path and its (lower-case) suffix, or a one-line error."""
-    path = Path(out)
-    if path.is_dir():
-        raise InvalidInput(f"--out {out}: is a directory; name a file")
-    if not path.parent.is_dir():
-        raise InvalidInput(f"--out {out}: the directory {path.parent} does not exist")
-    suffix = path.suffix.lower()
-    if suffix not in OUT_SUFFIXES:
-        raise InvalidInput(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {path.name}")
-    return path, suffix
 
 
 def _regression_given(preds: str | None, lower_preds: str | None, upper_preds: str | None,
@@ -151,7 +144,8 @@ def predict(
     A Mondrian release uses each row's threshold: label groups test each label y against
     its class's threshold; column groups need --groups. A release with several levels takes
     --alpha (one level, or 'all')."""
-    from privcal.calibrators.prediction_sets import release_classes, release_sets, set_labels
+    from privcal.calibrators.group_sets import release_sets
+    from privcal.calibrators.prediction_sets import release_classes, set_labels
 
     regression = _regression_given(preds, lower_preds, upper_preds, probs)
     rel = settings.ledger().release(release_id)

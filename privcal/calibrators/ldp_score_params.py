@@ -1,0 +1,63 @@
+"""The parameters of LDP-CP-S (``ldp-score``) and its query rule, shared by the calibrator
+(:mod:`privcal.calibrators.ldp_score`) and the aggregator's state machine
+(:mod:`privcal.calibrators.ldp_score_protocol`), which both depend on this module and not on
+each other's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from privcal.calibrators.base import CalibratorParams, LocalFailureProbability
+from privcal.calibrators.ldp_score_bounds import Bound
+
+__all__ = ["LDPScoreParams", "Search"]
+
+#: the query rule of the search (see
+#: :meth:`~privcal.calibrators.ldp_score_protocol.LdpScoreProtocol.current_query`)
+Search = Literal["interpolate", "bisect"]
+
+
+class LDPScoreParams(CalibratorParams):
+    """Parameters of ``ldp-score`` (alpha from the base model)."""
+
+    epsilon: float = Field(gt=0, allow_inf_nan=False, description="users' binary-RR ε")
+    rounds: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="T; default: best_rounds(n, ε, δ, α) (minimises Δ_S(T) + 2^−T)",
+    )
+    failure_probability: LocalFailureProbability = 0.001
+    lower: float = Field(
+        default=0.0, allow_inf_nan=False, description="public score range: lower end"
+    )
+    upper: float = Field(
+        default=1.0, allow_inf_nan=False, description="public score range: upper end"
+    )
+    nominal: bool = False
+    band: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="w; Δ_S")
+    bound: Bound = Field(
+        default="exact",
+        description="pass cut-off: 'exact' binomial tail (default) or 'hoeffding' (the "
+        "version-1 bound, kept for old releases and comparison)",
+    )
+    search: Search = Field(
+        default="bisect",
+        description="query rule: 'bisect' (midpoints, the paper's rule; default) or "
+        "'interpolate' between the rounds' DP estimates (fewer rounds when the scores' "
+        "quantile is near an end of the range); the guarantee is the same for both",
+    )
+
+    @property
+    def delta(self) -> float:
+        """The failure probability under the protocol's (and the paper's) name δ."""
+        return self.failure_probability
+
+    @model_validator(mode="after")
+    def _range(self) -> LDPScoreParams:
+        if not self.lower < self.upper:
+            raise ValueError(f"score range needs lower < upper, got [{self.lower}, {self.upper}]")
+        return self
