@@ -129,28 +129,8 @@ def run(
     shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None = None,
     classes: int | None = None,
 ) -> Release:
-    """Charge, calibrate, release (DESIGN.md, "The flow of one calibration").
-
-    1. validate ``params`` and the data's basic shape; 2. ``cost(params, shape)``;
-    3. charge it and COMMIT (non-private: only if the dataset allows it; local DP: per
-    subject, rows of refused subjects are dropped and n becomes the accepted count);
-    4. ``calibrate``; 5. append the release and its audit entry and commit. A crash
-    between 3 and 5 leaves a charge without a release, never the reverse.
-    ``registered`` (a :class:`privcal.calibrators.registry.Registered`) supplies the
-    distribution name and version recorded with the release. ``central_cost`` (local-DP
-    methods only, e.g. the amplified (ε, δ) of a shuffled run) is charged to the dataset
-    in the same transaction as the subjects; ``extra_diagnostics`` are public facts
-    (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` (local DP,
-    reports sent through a shuffler) maps the shape of the rows actually accepted to the
-    amplified (ε, δ) and its record: it is evaluated inside the charge transaction, once
-    refused subjects are known, because fewer shuffled reports amplify less. ``classes``
-    is the number of classes k of the probabilities that precomputed scores came from:
-    it is recorded in the release's shape, and ``predict_set`` refuses another k.
-
-    With an ``idempotency_key`` the key binds the whole request (method, params, cost,
-    public shape, subjects) and the run holds the key's lock (:meth:`Ledger.key_lock`)
-    from charge to release: a concurrent retry waits and returns the one release.
-    """
+    """:meth:`privcal.accountant.Accountant.run`: charge, calibrate, release (DESIGN.md,
+    "The flow of one calibration"; the steps and parameters are documented there)."""
     if idempotency_key is None:
         return _run(ledger, calibrator, params, data, dataset=dataset, requester=requester,
                     idempotency_key=None, rng=rng, registered=registered,
