@@ -37,6 +37,7 @@ def run(url: str, backend: str, *, devices: int, rounds: int, threads: int,
     from privcal.accountant.sessions import open_session, session_status
     from privcal.client import Reporter
     from privcal.storage import Ledger
+    from privcal.storage.token_bulk import create_device_tokens
     from privcal.storage.tokens import create_token
 
     led = Ledger(url)
@@ -46,8 +47,7 @@ def run(url: str, backend: str, *, devices: int, rounds: int, threads: int,
     sess = open_session(acct, "ldp-score", dataset="scale", alpha=0.1, epsilon=2.0,
                         rounds=rounds, group_size=devices // rounds, requester="bench")
     t = time.perf_counter()
-    tokens = [create_token(led, "device", session=sess.id, subject=f"dev-{i}").token
-              for i in range(devices)]
+    tokens = create_device_tokens(led, sess.id, [f"dev-{i}" for i in range(devices)])
     auditor = create_token(led, "auditor", name="bench-auditor").token
     t_tok = time.perf_counter() - t
     env = {**os.environ, "PRIVCAL_DATABASE_URL": url}

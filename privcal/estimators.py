@@ -163,7 +163,8 @@ class PrivateConformalClassifier(_Base):
 
     @classmethod
     def from_release(cls, estimator: Any, release: Any) -> PrivateConformalClassifier:
-        """A conformalized classifier from a saved release (no ledger, nothing charged)."""
+        """A conformalized classifier from a saved release (no ledger, nothing charged). An
+        estimator with ``classes_`` must list the release's classes in the release's order."""
         from privcal.accountant import Release
 
         rel = release if isinstance(release, Release) else Release.load(release)
@@ -176,6 +177,13 @@ class PrivateConformalClassifier(_Base):
         names = rel.classes
         k = len(names) if names else None
         out.classes_ = out._columns(k) if k else None
+        if names and getattr(estimator, "classes_", None) is not None \
+                and [str(c) for c in out.classes_] != list(names):  # type: ignore[union-attr]
+            # the release's thresholds are in its class order (one per class for label
+            # groups): another order would test each class against another's threshold
+            raise InvalidInput(
+                f"the estimator's classes_ ({', '.join(map(str, out.classes_[:10]))}) are "  # type: ignore[index]
+                f"not the release's classes in its order ({', '.join(names[:10])})")
         return out
 
     def predict(self, X: Any) -> np.ndarray:

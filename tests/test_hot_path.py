@@ -4,6 +4,7 @@ of a write, liveness without a pre-ping, and the COPY of subject ids."""
 from __future__ import annotations
 
 import threading
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -92,8 +93,9 @@ def test_a_charge_does_not_wait_for_another_datasets_batch(
     accountant: Any, ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a session batch on dataset a is still writing its reports (its charge entry
-    already queued), a charge to dataset b commits: the audit head is locked only for the
-    final append and commit, not through the batch."""
+    already collected), a charge to dataset b commits: the audit sequencer's lock is taken
+    only by the final append, not through the batch (the batch's reports are written by
+    ``insert_batch_reports``, which the hook below holds open)."""
     import numpy as np
 
     from privcal.accountant import sessions as S
@@ -103,14 +105,14 @@ def test_a_charge_does_not_wait_for_another_datasets_batch(
     info = S.open_session(accountant, "ldp-score", dataset="a", alpha=0.1, epsilon=2,
                           rounds=2, group_size=50, lower=0, upper=1)
     inside, release = threading.Event(), threading.Event()
-    real = type(accountant.ledger).insert_reports
+    real = type(accountant.ledger).insert_batch_reports
 
     def slow_insert(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         inside.set()
         release.wait(30)
 
-    monkeypatch.setattr(type(accountant.ledger), "insert_reports", slow_insert)
+    monkeypatch.setattr(type(accountant.ledger), "insert_batch_reports", slow_insert)
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(S.submit_reports(
         accountant, info.id, np.arange(20).astype(str), np.ones(20, dtype=int))))
@@ -140,3 +142,176 @@ def test_subject_ids_with_copy_special_characters(accountant: Any) -> None:
     plain = [f"u{i}" for i in range(100)]
     assert accountant.charge_subjects("d", 1, plain).accepted == 100
     assert accountant.subject_spend("d", "u7") == 1
+
+
+# ------------------------------------------------------------------ the charge's own cost
+class _Wire:
+    """What the charge path sends to the database, counted on the driver connection: every
+    SQL statement SQLite runs (its trace callback), every round trip to PostgreSQL (each
+    ``Sync`` or simple ``Query`` message the client sends, from libpq's protocol trace —
+    each is answered by one ``ReadyForQuery``)."""
+
+    def __init__(self, ledger: Any, tmp_path: Any) -> None:
+        from sqlalchemy import event
+
+        self.ledger, self.sql, self.trace = ledger, [], tmp_path / "libpq.trace"
+        self._fh = open(self.trace, "w")  # closed in count()
+        self._traced: list[Any] = []
+
+        def checkout(dbapi_conn: Any, _rec: Any, _proxy: Any) -> None:
+            if ledger.backend == "sqlite":
+                dbapi_conn.set_trace_callback(self.sql.append)
+            else:
+                dbapi_conn.pgconn.trace(self._fh.fileno())
+                from psycopg import pq
+
+                dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            self._traced.append(dbapi_conn)
+
+        self._checkout = checkout
+        event.listen(ledger.engine, "checkout", checkout)
+
+    def count(self) -> int:
+        """Statements (SQLite) or round trips (PostgreSQL) since this wire was attached."""
+        from sqlalchemy import event
+
+        event.remove(self.ledger.engine, "checkout", self._checkout)
+        for c in self._traced:
+            if self.ledger.backend == "sqlite":
+                c.set_trace_callback(None)
+            else:
+                c.pgconn.untrace()
+        self._fh.close()
+        if self.ledger.backend == "sqlite":
+            return len(self.sql)
+        lines = self.trace.read_text().splitlines()
+        return sum(1 for ln in lines if ln.split("\t")[:1] == ["F"]
+                   and ln.split("\t")[2].split(" ")[0] in ("Sync", "Query"))
+
+
+def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path: Any) -> None:
+    """One central charge (warm ledger, no idempotency key): SQLite runs exactly BEGIN
+    IMMEDIATE, the dataset row, the totals UPDATE, the charge INSERT, the audit head, the
+    entry, the head UPDATE and COMMIT; PostgreSQL needs 5 round trips — BEGIN, the
+    dataset's row lock, the charge INSERT with the totals UPDATE, the audit append, COMMIT
+    (issue 11). A change that adds a statement or a round trip to every
+    charge must change this test."""
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.01"))  # warm: schema checked, pool filled
+    wire = _Wire(accountant.ledger, tmp_path)
+    accountant.charge("d", ZCDP(rho="0.01"))
+    n = wire.count()
+    if accountant.ledger.backend == "sqlite":
+        assert wire.sql[0] == "BEGIN IMMEDIATE" and wire.sql[-1] == "COMMIT", wire.sql
+        assert n == 8, wire.sql
+    else:
+        assert n == 5, wire.trace.read_text()
+    assert accountant.budget("d").charges == 2
+    assert accountant.ledger.verify().charges == 2
+
+
+def test_a_charge_receipt_is_what_validation_gives(accountant: Any) -> None:
+    """The receipt built without a second validation equals the validated one, field by
+    field and type by type (aware UTC time, exact decimals)."""
+    from privcal.accountant.results import ChargeReceipt
+    from privcal.costs import ApproxDP, PureDP
+
+    accountant.create_dataset("z", rho=1)
+    accountant.create_dataset("p", epsilon=1)
+    accountant.create_dataset("a", approx_epsilon=1, approx_delta="1e-6")
+    for ds, cost in (("z", ZCDP(rho="0.0100")), ("p", PureDP(eps=0.25)),
+                     ("a", ApproxDP(eps="0.5", delta="1e-7")), ("a", ZCDP(rho="0.001"))):
+        r = accountant.charge(ds, cost, purpose="π ü", requester="r", idempotency_key=None)
+        again = ChargeReceipt.model_validate(r.model_dump())
+        assert again == r
+        assert {k: type(v) for k, v in dict(again).items()} == \
+            {k: type(v) for k, v in dict(r).items()}
+        assert r.created_at.tzinfo is not None and r.created_at.utcoffset().total_seconds() == 0
+        assert r.remaining == accountant.budget(ds).remaining
+
+
+_decimal = st.one_of(
+    st.none(),
+    st.decimals(allow_nan=False, allow_infinity=False, min_value=-10**30, max_value=10**30),
+    st.decimals(allow_nan=False, allow_infinity=False, places=30, min_value=0, max_value=1),
+    st.sampled_from([Decimal("-0"), Decimal("0E-30"), Decimal("1E+14"), Decimal("1E-30"),
+                     Decimal("123.4560000")]),
+)
+_text = st.one_of(st.none(), st.text(), st.text(st.characters(codec="utf-8")),
+                  st.sampled_from(["", "\x00\x1f\x7f\u2028\u2029\ufeff", '"\\/', "π😀", "\ud800"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cid=st.integers(1, 2**53 - 1), dsid=st.integers(1, 2**31), name=st.text(),
+    scope=st.sampled_from(["dataset", "subjects"]),
+    notion=st.sampled_from(["pure", "zcdp", "approx", "local"]),
+    eps=_decimal, delta=_decimal, rho=_decimal, eps0=_decimal,
+    acc_n=st.one_of(st.none(), st.integers(0, 2**53)),
+    rej_n=st.one_of(st.none(), st.integers(0, 10)),
+    purpose=_text, requester=_text, key=_text,
+    when=st.datetimes(timezones=st.just(__import__("datetime").UTC)),
+    digest=st.one_of(st.none(), st.text("0123456789abcdef", min_size=64, max_size=64)),
+    members=st.one_of(st.none(), st.text("0123456789abcdef", min_size=64, max_size=64)),
+    floats=st.one_of(st.none(), st.sampled_from([-0.0, 5e-324, 1.7976931348623157e308, 0.1])),
+)
+def test_the_charge_entry_is_rfc8785(cid: int, dsid: int, name: str, scope: str, notion: str,
+                                     eps: Any, delta: Any, rho: Any, eps0: Any, acc_n: Any,
+                                     rej_n: Any, purpose: Any, requester: Any, key: Any,
+                                     when: Any, digest: Any, members: Any, floats: Any) -> None:
+    """The charge document and its entry prefix, written directly on the hot path
+    (audit.charge_doc, audit._flat_prefix), are byte for byte RFC 8785 of the generic
+    document (jsonable + rfc8785.dumps) — unicode names, control characters, huge and tiny
+    decimals, -0, floats (-0.0, subnormal, the largest) — or refused alike (a lone
+    surrogate)."""
+    from types import SimpleNamespace
+
+    c = SimpleNamespace(
+        id=cid, dataset_id=dsid, scope=scope, notion=notion,
+        epsilon=floats if floats is not None else eps, delta=delta, rho=rho, eps0=eps0,
+        subjects_accepted=acc_n, subjects_rejected=rej_n, purpose=purpose,
+        requester=requester, idempotency_key=key, created_at=when,
+        request_digest=digest, members_digest=members)
+    generic = {k: v for k, v in (("request_digest", digest), ("members_digest", members))
+               if v is not None}
+    generic.update({
+        "charge_id": cid, "dataset_id": dsid, "dataset": name, "scope": scope,
+        "notion": notion, "epsilon": c.epsilon, "delta": delta, "rho": rho, "eps0": eps0,
+        "subjects_accepted": acc_n, "subjects_rejected": rej_n, "purpose": purpose,
+        "requester": requester, "idempotency_key": key,
+        "created_at": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")})
+    doc = audit.charge_doc(c, name)  # type: ignore[arg-type]
+    assert doc == audit.jsonable(generic)
+    try:
+        want = rfc8785.dumps(audit.jsonable({"seq": 0, "kind": "charge", "data": generic}))
+    except Exception:  # rfc8785 refuses it (a lone surrogate): so must the hot path
+        with pytest.raises(Exception):  # noqa: B017
+            audit.entry_prefix("charge", doc).encode("utf-8")
+        return
+    prefix = audit.entry_prefix("charge", doc)
+    assert (prefix + "0}").encode("utf-8") == want
+    assert audit.payload_at(prefix, cid) == audit.entry_payload(cid, "charge", doc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.decimals(allow_nan=False, allow_infinity=False, min_value=Decimal("1e-20"),
+                   max_value=Decimal("1e14")),
+       st.sampled_from(["pure", "zcdp"]))
+def test_a_normalized_cost_is_returned_as_is(amount: Decimal, kind: str) -> None:
+    """normalize_cost hands back a cost already in stored form unchanged, and otherwise
+    the rounded-up one: either way it equals the freshly validated normalized cost, and
+    cost_json equals its model_dump form."""
+    from privcal.accountant.normalize import cost_json, normalize_cost
+    from privcal.accountant.privacy import dstr
+    from privcal.costs import PureDP
+
+    make = PureDP if kind == "pure" else ZCDP
+    field = "eps" if kind == "pure" else "rho"
+    cost = make(**{field: amount})
+    got = normalize_cost(cost)
+    want = make(**{field: getattr(normalize_cost(make(**{field: amount})), field)})
+    up = amount.quantize(Decimal("1e-12"), rounding="ROUND_CEILING").normalize()
+    assert getattr(got, field).as_tuple() == up.as_tuple()
+    assert got == want and (got is cost) == (amount.as_tuple() == up.as_tuple())
+    assert cost_json(got) == {k: dstr(v) if isinstance(v, Decimal) else v
+                              for k, v in got.model_dump(mode="python").items()}

@@ -152,7 +152,10 @@ def _legacy(acct: Accountant, rel: Any, version: str, old: dict[str, Any]) -> in
     and the coverage the version's formula gives (what the old code wrote)."""
     cal = get(rel.method).calibrator
     params = {k: v for k, v in rel.params.items() if k != "bound"}
-    cov = cal.guarantee(cal.Params.model_validate({**params, **old}), DataShape(**rel.shape))
+    p, shape = cal.Params.model_validate({**params, **old}), DataShape(**rel.shape)
+    # a calibrator whose recorded text changed with its version writes that version's text
+    as_version = getattr(cal, "guarantee_as", None)
+    cov = as_version(version, p, shape) if as_version else cal.guarantee(p, shape)
     return acct.record_release(
         rel.dataset, method=rel.method, calibrator_version=version, threshold=rel.threshold,
         params=params, shape=rel.shape, coverage=cov, privacy=rel.privacy,

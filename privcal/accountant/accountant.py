@@ -5,23 +5,24 @@ each of its methods is one call into the module of its concern, which is the pol
 which composes named operations of :class:`privcal.storage.Ledger` (where all SQL is;
 the accountant imports no SQLAlchemy, ``tests/test_sql_in_storage.py``):
 
-=========================================  ==============================================
-:mod:`privcal.accountant.calibration`      one request by method name: prepare, then run
-:mod:`privcal.accountant.prepare`          parameters, data → scores, the public shape
-:mod:`privcal.accountant.calibration_run`  the run: charge → calibrate → record; dry run
-:mod:`privcal.accountant.charges`          central charges (the hot path), key replays
-:mod:`privcal.accountant.subject_charges`  per-subject local-DP charges in bulk
-:mod:`privcal.accountant.releases`         record a release tied to its charges; read them
-:mod:`privcal.accountant.release_privacy`  the privacy record of a release
-:mod:`privcal.accountant.datasets`         create a dataset; budget report; subject spends
-:mod:`privcal.accountant.policy`           ledger rows read as policy and as results
-:mod:`privcal.accountant.normalize`        amounts, costs, text and JSON as stored
-:mod:`privcal.accountant.results`          the models returned (``Release``, …)
-:mod:`privcal.accountant.sessions`         collection sessions (reports arriving over time)
-:mod:`privcal.accountant.verification`     every release's guarantees recomputed
-:mod:`privcal.accountant.report`           ``privcal audit report``
-:mod:`privcal.accountant.privacy`          the pure mathematics (no database)
-=========================================  ==============================================
+===============================================  ==============================================
+:mod:`privcal.accountant.calibration_request`    the inputs of one request, listed and checked
+:mod:`privcal.accountant.calibration`            one request by method name: prepare, then run
+:mod:`privcal.accountant.prepare`                parameters, data → scores, the public shape
+:mod:`privcal.accountant.calibration_run`        the run: charge → calibrate → record; dry run
+:mod:`privcal.accountant.charges`                central charges (the hot path), key replays
+:mod:`privcal.accountant.subject_charges`        per-subject local-DP charges in bulk
+:mod:`privcal.accountant.releases`               record a release tied to its charges; read them
+:mod:`privcal.accountant.release_privacy`        the privacy record of a release
+:mod:`privcal.accountant.datasets`               create a dataset; budget report; subject spends
+:mod:`privcal.accountant.policy`                 ledger rows read as policy and as results
+:mod:`privcal.accountant.normalize`              amounts, costs, text and JSON as stored
+:mod:`privcal.accountant.results`                the models returned (``Release``, …)
+:mod:`privcal.accountant.sessions`               collection sessions (reports arriving over time)
+:mod:`privcal.accountant.verification`           every release's guarantees recomputed
+:mod:`privcal.accountant.report`                 ``privcal audit report``
+:mod:`privcal.accountant.privacy`                the pure mathematics (no database)
+===============================================  ==============================================
 
 **One calibration, call by call** — ``privcal calibrate pcoqs --dataset d --scores s.npy
 --alpha 0.1 --rho 0.1``:
@@ -37,8 +38,8 @@ the accountant imports no SQLAlchemy, ``tests/test_sql_in_storage.py``):
    :func:`.charges.charge` — one transaction, :meth:`Ledger.write_core
    <privcal.storage.transactions.LedgerTransactions.write_core>`: ``dataset_row`` (the
    locked row), :func:`~privcal.accountant.privacy.filters.check_charge` (the cap's filter),
-   ``insert_charge`` (with the new totals), ``append_audit``; COMMIT, the audit entry
-   appended last under the head lock.
+   ``insert_charge`` (with the new totals), ``append_audit``; the audit entry appended last
+   (on PostgreSQL by the audit sequencer, :mod:`privcal.storage.audit_queue`); COMMIT.
 4. *Calibrate*: ``calibrator.calibrate(data, params, rng)``
    (:mod:`privcal.calibrators.pcoqs`) — the only step that reads the data; then
    ``calibrator.guarantee(params, shape)``, the coverage it proves.
@@ -105,6 +106,7 @@ from privcal.accountant import (
     releases,
     subject_charges,
 )
+from privcal.accountant.calibration_request import INPUTS
 from privcal.accountant.normalize import AMOUNT_PLACES, CentralCost
 from privcal.accountant.results import (
     BudgetReport,
@@ -137,13 +139,10 @@ __all__ = [
     "SubjectSummary",
 ]
 
-#: keyword arguments of :meth:`Accountant.calibrate` that are data or options, not parameters
-CALIBRATE_OPTIONS = frozenset({
-    "scores", "probs", "labels", "score", "score_options", "agents", "subjects", "classes",
-    "preds", "lower_preds", "upper_preds", "targets", "score_range", "shuffled",
-    "mondrian", "groups", "public_groups",
-    "assume_unlinkable_features", "requester", "idempotency_key", "rng",
-})
+#: keyword arguments of :meth:`Accountant.calibrate` that are data or options, not parameters:
+#: the inputs of a :class:`~privcal.accountant.calibration_request.CalibrationRequest`, and
+#: who asks, the retry key and the random source of the run
+CALIBRATE_OPTIONS = frozenset({*INPUTS, "requester", "idempotency_key", "rng"})
 
 
 class Accountant:
@@ -355,15 +354,20 @@ class Accountant:
         Data and options (``scores``, ``probs``, ``labels``, ``preds``, ``targets``,
         ``score``, ``score_range``, ``subjects``,
         ``shuffled``, ``requester``, ``idempotency_key``, ``rng``, …) are passed on; every
-        other keyword is a calibrator parameter. Validation and data preparation are
-        :func:`privcal.accountant.calibration.calibrate`; the charge and release are :meth:`run`.
+        other keyword is a calibrator parameter. They become one
+        :class:`~privcal.accountant.calibration_request.CalibrationRequest`; validation and
+        data preparation are :func:`privcal.accountant.calibration.calibrate`; the charge and
+        release are :meth:`run`.
         """
         from privcal.accountant.calibration import calibrate as _calibrate
+        from privcal.accountant.calibration_request import CalibrationRequest
 
         if params is not None and not isinstance(params, dict):
             raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
-        opts = {k: kwargs.pop(k) for k in list(kwargs) if k in CALIBRATE_OPTIONS}
-        return _calibrate(self, method, {**(params or {}), **kwargs}, dataset=dataset, **opts)
+        run = {k: kwargs.pop(k) for k in ("requester", "idempotency_key", "rng") if k in kwargs}
+        inputs = {k: kwargs.pop(k) for k in INPUTS if k in kwargs}
+        request = CalibrationRequest.of(method, {**(params or {}), **kwargs}, **inputs)
+        return _calibrate(self, request, dataset=dataset, **run)
 
     def dry_run(self, calibrator: Calibrator, params: Any, shape: DataShape,
                 dataset: str) -> DryRun:

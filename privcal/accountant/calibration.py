@@ -5,7 +5,9 @@ the CLI and the service call: it prepares the request
 (:func:`privcal.accountant.prepare.prepare`: parameters, scores, shape — nothing charged),
 refuses an unproven shuffle amplification, then hands the calibrator and data to
 :meth:`Accountant.run`, which charges, calibrates and records the release.
-:func:`dry_run` does the same from the data's shape only and writes nothing.
+:func:`dry_run` does the same from the data's shape only and writes nothing. Both take a
+:class:`~privcal.accountant.calibration_request.CalibrationRequest` (or the method,
+parameters and inputs as keywords, which build one).
 """
 
 from __future__ import annotations
@@ -15,72 +17,52 @@ from typing import Any
 
 import numpy as np
 
+from privcal.accountant.calibration_request import CalibrationRequest
 from privcal.accountant.prepare import prepare, prepare_shape, validate_params
 from privcal.calibrators import registry
 from privcal.calibrators.base import Calibrator, DataShape
 from privcal.calibrators.score_range import resolve_score_range
-from privcal.errors import InvalidInput
 
 __all__ = ["calibrate", "dry_run"]
 
 
 def calibrate(
     accountant: Any,
-    method: str | Calibrator,
-    params: dict[str, Any],
+    request: CalibrationRequest | str | Calibrator,
+    params: dict[str, Any] | None = None,
     *,
     dataset: str,
-    scores: Any = None,
-    probs: Any = None,
-    labels: Any = None,
-    score: str | None = None,
-    score_options: dict[str, Any] | None = None,
-    agents: Any = None,
-    subjects: Any = None,
-    classes: Any = None,
-    preds: Any = None,
-    lower_preds: Any = None,
-    upper_preds: Any = None,
-    targets: Any = None,
-    score_range: Any = None,
-    mondrian: str | None = None,
-    groups: Any = None,
-    public_groups: bool = False,
-    shuffled: bool = False,
-    assume_unlinkable_features: bool = False,
     requester: str | None = None,
     idempotency_key: str | None = None,
     rng: random.Random | None = None,
+    **inputs: Any,
 ) -> Any:
-    """Validate, charge, calibrate and record one release (see :meth:`Accountant.calibrate`)."""
+    """Validate, charge, calibrate and record one release (see :meth:`Accountant.calibrate`).
+
+    ``request`` is a :class:`CalibrationRequest`, or the method with ``params`` and the
+    inputs as keywords (its fields)."""
     from privcal.accountant.amplification import (
         check_shuffle_method,
         check_shuffled_dataset,
         shuffled_guarantee,
     )
 
+    req = CalibrationRequest.of(request, params, **inputs)
     ds = accountant.dataset(dataset)  # an unknown dataset fails before any data work
-    if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
-        raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
-    prep = prepare(
-        method, params, scores=scores, probs=probs, labels=labels, score=score,
-        score_options=score_options, agents=agents, subjects=subjects, classes=classes,
-        preds=preds, lower_preds=lower_preds, upper_preds=upper_preds, targets=targets,
-        score_range=score_range, mondrian=mondrian, groups=groups,
-        public_groups=public_groups, rng=rng,
-    )  # fmt: skip
+    prep = prepare(req, rng=rng)
     # the guarantee depends on public quantities only: Accountant.run computes it before
     # anything is charged, refusing an infeasible request (e.g. a FedCP²-QQ plan with ε too
     # small for n), and again for the subjects actually accepted, inside the charge
     shuffle = None
-    if shuffled:
+    unlinkable = req.assume_unlinkable_features
+    if req.shuffled:
         name = prep.calibrator.name
-        check_shuffle_method(name, assume_unlinkable_features=assume_unlinkable_features)
+        check_shuffle_method(name, assume_unlinkable_features=unlinkable)
 
         def shuffle(shape: DataShape) -> tuple[Any, dict[str, Any]]:
             return shuffled_guarantee(
                 name, prep.params, shape, ds.reporting_delta,
-                assume_unlinkable_features=assume_unlinkable_features,
+                assume_unlinkable_features=unlinkable,
             )  # fmt: skip
 
         # refuse an unproven amplification claim (fedcp2-qq, ldp-label) and a cap that cannot
@@ -88,8 +70,6 @@ def calibrate(
         # the subjects actually accepted
         shuffle(prep.shape)
         check_shuffled_dataset(ds)
-    elif assume_unlinkable_features:
-        raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
     return accountant.run(
         prep.calibrator,
         prep.params,
@@ -114,61 +94,38 @@ def calibrate(
 
 def dry_run(
     accountant: Any,
-    method: str | Calibrator,
-    params: dict[str, Any],
+    request: CalibrationRequest | str | Calibrator,
+    params: dict[str, Any] | None = None,
     *,
     dataset: str,
-    scores: Any = None,
-    probs: Any = None,
-    labels: Any = None,
-    agents: Any = None,
-    subjects: Any = None,
-    classes: Any = None,
-    preds: Any = None,
-    lower_preds: Any = None,
-    upper_preds: Any = None,
-    targets: Any = None,
-    score_range: Any = None,
-    mondrian: str | None = None,
-    groups: Any = None,
-    public_groups: bool = False,
-    shuffled: bool = False,
-    assume_unlinkable_features: bool = False,
-    **_ignored: Any,
+    **inputs: Any,
 ) -> Any:
     """The cost of a calibration and what would remain, from the data's *shape* only.
 
     Only the number of rows (and classes, and agents) is read, never a value — except, for
     Mondrian groups, each row's group (the label, or the group column): the caller asserts
-    it is public (``public_groups=True``), and the group sizes set the cost.
+    it is public (``public_groups=True``), and the group sizes set the cost. ``request`` as
+    for :func:`calibrate`; what only a run uses (``requester``, ``idempotency_key``,
+    ``rng``) is ignored here.
     """
+    from privcal.accountant.amplification import check_shuffle_method, check_shuffled_dataset
     from privcal.accountant.wrapping import wrap, wrapping
 
-    how, params = wrapping(params, mondrian=mondrian, groups=groups,
-                           public_groups=public_groups)
-    reg = registry.get(method) if isinstance(method, str) else None
-    cal = reg.calibrator if reg else method  # type: ignore[union-attr]
-    if not isinstance(cal, Calibrator):
-        raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
-    from privcal.accountant.amplification import check_shuffle_method, check_shuffled_dataset
-
-    if not isinstance(params, dict):
-        raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
-    params, _ = resolve_score_range(cal.name, cal.Params, params, score_range)
-    p = validate_params(cal, params)  # type: ignore[arg-type]
+    for run_only in ("requester", "idempotency_key", "rng"):
+        inputs.pop(run_only, None)
+    req = CalibrationRequest.of(request, params, **inputs)
+    how, params = wrapping(req.params, mondrian=req.mondrian, groups=req.groups,
+                           public_groups=req.public_groups)
+    cal = registry.get(req.method).calibrator if isinstance(req.method, str) else req.method
+    params, _ = resolve_score_range(cal.name, cal.Params, params, req.score_range)
+    p = validate_params(cal, params)
     ds = accountant.dataset(dataset)
-    shape = prepare_shape(cal, scores=scores, probs=probs, labels=labels, agents=agents,
-                          subjects=subjects, classes=classes, preds=preds,
-                          lower_preds=lower_preds, upper_preds=upper_preds, targets=targets)
-    if not isinstance(shuffled, bool) or not isinstance(assume_unlinkable_features, bool):
-        raise InvalidInput("shuffled and assume_unlinkable_features must be True or False")
-    if shuffled:
-        check_shuffle_method(cal.name, assume_unlinkable_features=assume_unlinkable_features)
+    shape = prepare_shape(cal, req)
+    if req.shuffled:
+        check_shuffle_method(cal.name, assume_unlinkable_features=req.assume_unlinkable_features)
         check_shuffled_dataset(ds)
-    elif assume_unlinkable_features:
-        raise InvalidInput("--assume-unlinkable-features only matters with --shuffled")
     if how.wanted:
-        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=labels)
+        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=req.labels)
         if index is not None and names is not None:
             shape = DataShape(n=shape.n, k=shape.k, group_sizes=tuple(
                 int(c) for c in np.bincount(index, minlength=len(names))))

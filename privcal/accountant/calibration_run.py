@@ -71,12 +71,29 @@ def shape_of(data: CalibrationInput, n: int | None = None, k: int | None = None)
         k = int(np.shape(data.probs)[1])
     groups = group_sizes(data.agents) if data.agents is not None else None
     if data.groups is not None:  # Mondrian groups (ints in [0, group_count)), in order
-        groups = tuple(int(c) for c in np.bincount(np.asarray(data.groups, dtype=np.int64),
-                                                  minlength=data.group_count or 0))
+        groups = _mondrian_sizes(data)
     try:
         return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
     except (ValidationError, ValueError) as exc:
         raise InvalidInput(f"unusable calibration data: {exc}") from exc
+
+
+def _mondrian_sizes(data: CalibrationInput) -> tuple[int, ...]:
+    """Each Mondrian group's row count, or a one-line InvalidInput for a group column that is
+    not one integer index in [0, ``group_count``) per row (a hand-built input; refused before
+    anything is charged)."""
+    g, count = np.asarray(data.groups), data.group_count
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int | np.integer)
+                              or count < 1):
+        raise InvalidInput(f"group_count must be an integer ≥ 1, got {count!r}")
+    if g.ndim != 1 or g.dtype.kind not in "iu":
+        raise InvalidInput("groups must be a 1-D array of integer group indices")
+    if g.shape[0] != data.n:
+        raise InvalidInput(f"groups has {g.shape[0]} rows, the calibration data {data.n}")
+    if g.size and (int(g.min()) < 0 or (count is not None and int(g.max()) >= count)):
+        raise InvalidInput("group indices must lie in [0, "
+                           + (f"{int(count)})" if count is not None else "∞)"))
+    return tuple(int(c) for c in np.bincount(g.astype(np.int64), minlength=int(count or 0)))
 
 
 def params_of(calibrator: Calibrator, params: Any) -> Any:

@@ -108,7 +108,7 @@ def charge_central(ledger: Ledger, conn: Any, ds: Any, cost: CentralCost,
     Hot path: the budget check and the audit document are built in Python between the
     dataset lock and the audit append; one INSERT (with the totals UPDATE) writes it.
     """
-    pol = policy_of(ds)
+    pol = _policy(ds)
     after = acc.check_charge(pol, spent_of(ds), cost, scope=f"dataset {ds.name!r}")
     values: dict[str, Any] = {
         "dataset_id": ds.id, "scope": "dataset", "notion": cost.kind,
@@ -121,12 +121,34 @@ def charge_central(ledger: Ledger, conn: Any, ds: Any, cost: CentralCost,
     cid = ledger.insert_charge(conn, values, spent_columns(after))
     c = SimpleNamespace(id=cid, **values)
     ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
-    return ChargeReceipt(
+    # every field is already of its type (an int id, text checked by the caller, an aware
+    # UTC datetime, exact decimals): built without a second validation (issue 11;
+    # tests/test_hot_path.py checks it equals the validated receipt)
+    return ChargeReceipt.model_construct(
         charge_id=cid, dataset=ds.name, scope="dataset", cost=cost_json(cost),
         purpose=purpose, requester=requester, idempotency_key=key,
         created_at=values["created_at"], remaining=exact(acc.remaining(pol, after)),
         replayed=False,
     )
+
+
+#: dataset policy columns → its Policy (frozen; a few distinct caps per process)
+_POLICIES: dict[tuple[Any, ...], acc.Policy] = {}
+_MAX_POLICIES = 4096
+
+
+def _policy(ds: Any) -> acc.Policy:
+    """:func:`~privcal.accountant.policy.policy_of`, memoised on the columns it reads (it
+    depends only on the cap, never on the totals)."""
+    orders = ds.renyi_orders
+    key = (ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,
+           tuple(orders) if orders is not None else None)
+    pol = _POLICIES.get(key)
+    if pol is None:
+        if len(_POLICIES) >= _MAX_POLICIES:
+            _POLICIES.clear()
+        pol = _POLICIES[key] = policy_of(ds)
+    return pol
 
 
 def charge_in_session(ledger: Ledger, s: Any, ds: Any, cost: CentralCost,

@@ -78,12 +78,22 @@ def _up(d: Decimal) -> Decimal:
     return d.quantize(_QUANTUM, rounding=ROUND_CEILING).normalize()
 
 
+def _same(a: Decimal, b: Decimal) -> bool:
+    """``a`` and ``b`` are the very same decimal (value *and* digits: 0.10 is not 0.1)."""
+    return a.as_tuple() == b.as_tuple()
+
+
 def normalize_cost(cost: AnyCost) -> AnyCost:
-    """The cost with every amount rounded *up* to 12 decimal places (what is stored)."""
+    """The cost with every amount rounded *up* to 12 decimal places (what is stored).
+
+    A cost already in that form is returned as is (costs are frozen): no second validation
+    on the charge's hot path (issue 11)."""
     if isinstance(cost, PureDP):
-        return PureDP(eps=_up(cost.eps))
+        eps = _up(cost.eps)
+        return cost if _same(eps, cost.eps) else PureDP(eps=eps)
     if isinstance(cost, ZCDP):
-        return ZCDP(rho=_up(cost.rho))
+        rho = _up(cost.rho)
+        return cost if _same(rho, cost.rho) else ZCDP(rho=rho)
     if isinstance(cost, ApproxDP):
         delta = _up(cost.delta)
         if delta >= 1:
@@ -96,8 +106,9 @@ def normalize_cost(cost: AnyCost) -> AnyCost:
 
 def cost_json(cost: AnyCost) -> dict[str, Any]:
     """A cost as stored in receipts and release records: its fields, amounts as exact text."""
-    return {k: acc.dstr(v) if isinstance(v, Decimal) else v
-            for k, v in cost.model_dump(mode="python").items()}
+    # the model's fields (``model_dump`` of these flat models, without its serializer: a
+    # charge's hot path, issue 11)
+    return {k: acc.dstr(v) if isinstance(v, Decimal) else v for k, v in vars(cost).items()}
 
 
 def json_safe(obj: Any) -> Any:

@@ -1,6 +1,7 @@
 """Step one of a calibration (DESIGN.md, "The flow of one calibration"): prepare.
 
-From a method name, parameters and arrays to a calibrator, validated parameters and a
+From a :class:`~privcal.accountant.calibration_request.CalibrationRequest` (a method name,
+parameters and arrays) to a calibrator, validated parameters and a
 :class:`~privcal.calibrators.base.CalibrationInput` with its public
 :class:`~privcal.calibrators.base.DataShape` — before anything is charged. Parameters
 are validated, data are checked and turned into scores, and the public shape of the
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from privcal.accountant.calibration_request import CalibrationRequest
 from privcal.calibrators import registry
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -82,28 +84,16 @@ def _ids(a: Any, what: str, n: int) -> np.ndarray:
 
 
 def prepare(
-    method: str | Calibrator,
-    params: dict[str, Any],
+    request: CalibrationRequest | str | Calibrator,
+    params: dict[str, Any] | None = None,
     *,
-    scores: Any = None,
-    probs: Any = None,
-    labels: Any = None,
-    score: str | None = None,
-    score_options: dict[str, Any] | None = None,
-    agents: Any = None,
-    subjects: Any = None,
-    classes: Any = None,
-    preds: Any = None,
-    lower_preds: Any = None,
-    upper_preds: Any = None,
-    targets: Any = None,
-    score_range: Any = None,
-    mondrian: str | None = None,
-    groups: Any = None,
-    public_groups: bool = False,
     rng: random.Random | None = None,
+    **inputs: Any,
 ) -> Prepared:
     """Validate everything about one calibration request, touching no ledger.
+
+    ``request`` is a :class:`~privcal.accountant.calibration_request.CalibrationRequest`, or
+    the method with ``params`` and the inputs as keywords (its fields).
 
     Scores come either precomputed (``scores``) or from ``probs`` + ``labels``
     with a score function named by ``score`` (SPEC §1). ``ldp-label`` takes the
@@ -125,21 +115,15 @@ def prepare(
     """
     from privcal.accountant import wrapping as wr
 
-    how, params = wr.wrapping(params, mondrian=mondrian, groups=groups,
-                              public_groups=public_groups) if isinstance(params, dict) \
-        else (None, params)
-    if isinstance(method, str):
-        reg = registry.get(method)
-    elif isinstance(method, Calibrator):
-        reg = registry.Registered(method, type(method).__module__.split(".")[0], "unknown")
+    req = CalibrationRequest.of(request, params, **inputs)
+    scores, probs, labels, score = req.scores, req.probs, req.labels, req.score
+    how, params = wr.wrapping(req.params, mondrian=req.mondrian, groups=req.groups,
+                              public_groups=req.public_groups)
+    if isinstance(req.method, str):
+        reg = registry.get(req.method)
     else:
-        raise InvalidInput(f"method must be a calibrator name, got {method!r:.60}")
-    if not isinstance(params, dict):
-        raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
-    if score is not None and not isinstance(score, str):
-        raise InvalidInput(f"score must be a score name, got {score!r:.60}")
-    if score_options is not None and not isinstance(score_options, dict):
-        raise InvalidInput("score_options must be a dict of option names to values")
+        reg = registry.Registered(req.method, type(req.method).__module__.split(".")[0],
+                                  "unknown")
     cal = reg.calibrator
     if score is not None and "score" in cal.Params.model_fields:
         # a method whose parameters name the score (ldp-label) takes ``score=`` in every form
@@ -149,20 +133,21 @@ def prepare(
             )
         params = {**params, "score": score}
         score = None
-    params, range_source = resolve_score_range(cal.name, cal.Params, params, score_range)
+    params, range_source = resolve_score_range(cal.name, cal.Params, params, req.score_range)
     p = validate_params(cal, params)
     needs = set(cal.inputs)
     score_record: dict[str, Any] | None = None
     names: list[str] | None = None
-    if classes is not None or is_text_labels(labels):
+    if req.classes is not None or is_text_labels(labels):
         if probs is None or labels is None:
             raise InvalidInput("class names label probability columns: give --probs and --labels")
         pshape = np.shape(probs)
         if len(pshape) != 2:
             raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
-        labels, names = encode_labels(labels, classes, int(pshape[1]))
+        labels, names = encode_labels(labels, req.classes, int(pshape[1]))
 
-    regression = any(a is not None for a in (preds, lower_preds, upper_preds, targets))
+    regression = any(a is not None for a in (req.preds, req.lower_preds, req.upper_preds,
+                                             req.targets))
     if regression:
         if "probs" in needs:
             raise InvalidInput(f"{cal.name} calibrates classifiers (probabilities and labels); "
@@ -170,8 +155,8 @@ def prepare(
         if scores is not None or probs is not None or labels is not None:
             raise InvalidInput("give regression predictions with --targets, or --probs with "
                                "--labels, or --scores; not several")
-        scores = _regression_scores(score, score_options, targets, preds, lower_preds,
-                                    upper_preds)
+        scores = _regression_scores(score, req.score_options, req.targets, req.preds,
+                                    req.lower_preds, req.upper_preds)
         score_record = {"name": score, "options": {}}
     if "probs" in needs:
         if probs is None or labels is None:
@@ -197,7 +182,7 @@ def prepare(
                 raise InvalidInput("with --probs and --labels, name a score: --score lac|aps|raps")
             if score not in SCORES:
                 raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
-            opts = dict(score_options or {})
+            opts = dict(req.score_options or {})
             data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
             score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
             if SCORES[score].kind == "classification":
@@ -208,6 +193,7 @@ def prepare(
 
     agent_ids = None
     sizes: tuple[int, ...] | None = None
+    agents, subjects = req.agents, req.subjects
     if "agents" in needs:
         if agents is None:
             raise InvalidInput(f"{cal.name} needs the agent of every score (--agent-of FILE)")
@@ -285,30 +271,17 @@ def _rows_of(a: Any, what: str, *, ndim: int | None = None) -> int:
     return int(shape[0])
 
 
-def prepare_shape(
-    cal: Calibrator,
-    *,
-    scores: Any = None,
-    probs: Any = None,
-    labels: Any = None,
-    agents: Any = None,
-    subjects: Any = None,
-    classes: Any = None,
-    preds: Any = None,
-    lower_preds: Any = None,
-    upper_preds: Any = None,
-    targets: Any = None,
-) -> DataShape:
+def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
     """The public shape of a request from its inputs' *shapes* only (for a dry run).
 
     Only the number of rows (and classes, and agents) is read, never a data value; ids
     and class names are checked (they are public).
     """
+    probs, agents, subjects = req.probs, req.agents, req.subjects
     rows = {}
-    for what, a, ndim in (("scores", scores, 1), ("labels", labels, 1), ("probs", probs, 2),
-                          ("preds", preds, None), ("lower_preds", lower_preds, 1),
-                          ("upper_preds", upper_preds, 1), ("targets", targets, 1)):
-        if a is not None:
+    for what, ndim in (("scores", 1), ("labels", 1), ("probs", 2), ("preds", None),
+                       ("lower_preds", 1), ("upper_preds", 1), ("targets", 1)):
+        if (a := getattr(req, what)) is not None:
             rows[what] = _rows_of(a, what, ndim=ndim)
     if not rows:
         raise InvalidInput(
@@ -319,8 +292,8 @@ def prepare_shape(
         raise InvalidInput(f"inputs differ in length: {rows}")
     n = next(iter(rows.values()))
     k = int(np.shape(probs)[1]) if probs is not None else None
-    if classes is not None:
-        check_classes(classes, k)  # names are public; the labels themselves are not read
+    if req.classes is not None:
+        check_classes(req.classes, k)  # names are public; the labels themselves are not read
     sizes = None
     if agents is not None:
         sizes = group_sizes(_ids(agents, "agent ids", n))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -51,6 +52,8 @@ class AuditReport(BaseModel):
     guarantees_recomputed: int
     signed_through: int | None = None
     unsigned_entries: int = 0
+    queued: int = 0
+    queued_since: datetime | None = None
 
     @property
     def summary(self) -> str:
@@ -59,8 +62,15 @@ class AuditReport(BaseModel):
             signed = f"; signed by the trusted key through entry {self.signed_through}"
             if self.unsigned_entries:
                 signed += f", {self.unsigned_entries} later entries unsigned"
+        queued = ""
+        if self.queued:
+            since = self.queued_since.strftime("%Y-%m-%d %H:%M:%S") if self.queued_since else "?"
+            queued = (f"; {self.queued} more entr{'y' if self.queued == 1 else 'ies'} committed "
+                      f"(oldest {since} UTC) but not yet chained: still in the audit queue, "
+                      "checked against their rows (not covered by the head; any write, or "
+                      "`privcal audit head` with write access, chains them)")
         return (
-            f"ok: {self.entries} log entries verify (head {self.head}){signed}; "
+            f"ok: {self.entries} log entries verify (head {self.head}){signed}{queued}; "
             f"{self.guarantees_recomputed} release guarantees recomputed and match"
         )
 
@@ -121,7 +131,11 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
     try:
         params = validate_params(cal, {**(legacy or {}), **rel.params})
         shape = DataShape.model_validate(rel.shape)
-        coverage = cal.guarantee(params, shape).model_dump(mode="json")
+        # an older version's recorded text, where a calibrator's changed between versions
+        as_version = getattr(cal, "guarantee_as", None)
+        coverage = (as_version(rel.calibrator_version, params, shape)
+                    if as_version is not None and rel.calibrator_version != cal.version
+                    else cal.guarantee(params, shape)).model_dump(mode="json")  # fmt: skip
         recorded_cov = (
             rel.coverage if isinstance(rel.coverage, dict) else rel.coverage.model_dump(mode="json")
         )

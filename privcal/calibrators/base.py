@@ -23,10 +23,10 @@ import math
 import random
 import secrets
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, ClassVar, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
@@ -48,6 +48,43 @@ class CalibratorParams(BaseModel):
     alpha: float = Field(
         gt=0, lt=1, allow_inf_nan=False, description="miscoverage level α in (0, 1)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        """Refuse True/False for a numeric parameter: pydantic would read ``rho: true`` as
+        ρ = 1 and charge it (a JSON body or a Python call could smuggle it; the CLI cannot);
+        and anything but True/False for a bool parameter, which pydantic would read from
+        ``1``, ``"yes"``, ``"on"``, … (``nominal: 1``; the CLI's flags give only bools)."""
+        if not isinstance(data, dict):
+            return data
+        for name, field in cls.model_fields.items():
+            keys = [name, *(c for c in getattr(field.validation_alias, "choices", ()) or ()
+                            if isinstance(c, str))]
+            strict_bool = _only_bool(field.annotation)
+            if _admits_bool(field.annotation) and not strict_bool:
+                continue
+            for key in keys:
+                v = data.get(key)
+                if strict_bool and v is not None and not isinstance(v, bool | np.bool_):
+                    raise ValueError(f"{key} must be true or false, not {v!r}")
+                if not strict_bool and isinstance(v, bool | np.bool_):
+                    raise ValueError(f"{key} must be a number, not {bool(v)}")
+        return data
+
+
+def _only_bool(annotation: Any) -> bool:
+    """Whether a field's type is bool (or bool | None): it takes nothing but True/False."""
+    return annotation is bool or (
+        bool(get_args(annotation)) and set(get_args(annotation)) <= {bool, type(None)}
+        and bool in get_args(annotation))
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field's type accepts a bool as such (bool, or a union with bool)."""
+    if annotation is bool:
+        return True
+    return any(_admits_bool(a) for a in get_args(annotation))
 
 
 #: the failure probability δ of a local-DP method's coverage guarantee (ldp-label, ldp-score)

@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from privcal.calibrators.prediction_sets import lac_cut, prediction_sets, sets_for
+from privcal.calibrators.prediction_sets import (
+    lac_cut,
+    prediction_sets,
+    release_score,
+    sets_for,
+)
 from privcal.calibrators.scores import all_class_scores, score_options, score_spec
 from privcal.calibrators.validation import check_probs, id_strings
 from privcal.errors import InvalidInput
@@ -232,11 +237,7 @@ def release_sets(
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
     if is_wrapped(release.method):
-        name = score_name or (score or {}).get("name")
-        if name is None:
-            sets_for(score, release.threshold, probs, score_name=score_name)  # its error
-        options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name \
-            else {}
+        name, options = release_score(score, score_name)
         table = table_of(release.method, release.params, release.diagnostics or {},
                          _details(release))
         return wrapped_sets(table, str(name), options, probs, alpha=alpha, groups=groups,

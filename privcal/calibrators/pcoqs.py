@@ -21,7 +21,7 @@ matters: a noise below −τ can only move ``left`` up, never release a low
 ``right``. Two bound versions (parameter ``bound``; each release records its own and
 ``privcal audit verify`` recomputes it by that formula):
 
-- ``"exact"`` (calibrator version 2.0.0, the default, issue 13): τ is the smallest
+- ``"exact"`` (calibrator version ≥ 2.0.0, the default, issue 13): τ is the smallest
   integer with P(Z > τ) ≤ β/N for Z ~ N_ℤ(0, σ²), σ² = N/(2ρ), from the exact
   discrete-Gaussian tail (:func:`~privcal.calibrators.tail_bounds.discrete_gaussian_cutoff`,
   proof there). The counts and the noise are integers, so an integer τ loses nothing,
@@ -65,7 +65,8 @@ Review (issue 14.8)
   threshold is released only if a noisy count backed it — when ``right``
   never moved the release is +∞ (:func:`noisy_binary_search`); a score below
   ``lower`` is counted at every step, which only makes the threshold
-  conservative; (iii) the τ bound: the exact discrete-Gaussian tail
+  conservative (and voids the *upper* bound: its ``upper_requires`` names the range
+  since version 2.1.0); (iii) the τ bound: the exact discrete-Gaussian tail
   (:mod:`~privcal.calibrators.tail_bounds`) or, for version 1, its σ²-subgaussian bound
   (CKS20, Cor. 9), both checked by ``test_pcoqs``. The default range is [0, 1]: for
   scores that can exceed it (``absolute`` residuals, ``raps`` with a penalty)
@@ -245,15 +246,21 @@ def noisy_binary_search(
     return left, right, backed
 
 
+#: versions whose ``upper_requires`` omitted the score range (:meth:`PCOQS.guarantee_as`)
+_SHORT_UPPER_REQUIRES = frozenset({"1.0.0", "2.0.0"})
+
+
 class PCOQS:
     """P-COQS: ρ-zCDP conformal threshold by noisy binary search (seed 003, Alg. 1–2)."""
 
     name: ClassVar[str] = "pcoqs"
-    #: 2.0.0: exact one-sided discrete-Gaussian τ (issue 13); 1.0.0: sub-Gaussian τ
-    version: ClassVar[str] = "2.0.0"
+    #: 2.1.0: upper_requires names the score range; 2.0.0: exact τ (issue 13); 1.0.0: sub-Gaussian
+    version: ClassVar[str] = "2.1.0"
     #: parameters a release of an older version was made with (``privcal audit verify``
-    #: recomputes it by its own formula): 1.0.0 had no ``bound`` and used the sub-Gaussian τ
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {"bound": "subgaussian"}}
+    #: recomputes it by its own formula, :meth:`guarantee_as`): 1.0.0 had no ``bound`` and
+    #: used the sub-Gaussian τ; 1.0.0 and 2.0.0 recorded the shorter ``upper_requires``
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {"bound": "subgaussian"},
+                                                             "2.0.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "central-zcdp"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -281,6 +288,14 @@ class PCOQS:
 
     def guarantee(self, params: PCOQSParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage bounds of seed 003 Thm 2 (nominal) or ≥ 1−α (guaranteed), w.p. ≥ 1−β."""
+        return self.guarantee_as(self.version, params, shape)
+
+    def guarantee_as(
+        self, version: str, params: PCOQSParams, shape: DataShape
+    ) -> CoverageGuarantee:
+        """The guarantee as ``version`` recorded it (``audit verify``): before 2.1.0, its
+        ``upper_requires`` omitted the range the upper bound needs (a score below ``lower``
+        is always counted, so ``left`` may never move; one above ``upper`` never is)."""
         n, alpha, beta = shape.n, params.alpha, params.failure_probability
         n_steps, tau, r = self._plan(params, n)
         exact = params.bound == "exact"
@@ -331,7 +346,10 @@ class PCOQS:
             lower = 1 - alpha
             # on E, #{s ≤ left} < r' + τ, so P(S ≤ left) ≤ ⌈r' + τ⌉/(n+1) without ties
             upper = min(1.0, math.ceil(r + tau) / (n + 1))
-        details["upper_requires"] = "no ties; ignores the score mass inside the final tol interval"
+        details["upper_requires"] = "no ties; " + ("" if version in _SHORT_UPPER_REQUIRES else (
+            "every score in [lower, upper] (a score below lower is counted at every step, one "
+            "above upper never: either can push the coverage above this bound); ")
+        ) + "ignores the score mass inside the final tol interval"
         if exact:  # the upper bound needs the lower tail, the same τ by symmetry
             details["upper_requires"] += "; holds given E₋ (no noise below −τ), P(E₋) ≥ 1−β"
         # (a +inf release, when no count backs the top of the range, has coverage 1)
@@ -355,7 +373,7 @@ class PCOQS:
                     else " "
                 )
                 + f"(seed 003, Thm 2; target rank {r} of n = {n}; the upper bound also needs no "
-                f"ties and every score ≤ upper, the lower bound needs neither)"
+                f"ties and every score in [lower, upper], the lower bound needs neither)"
             ),
             details=details,
         )

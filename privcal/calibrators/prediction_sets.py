@@ -31,6 +31,7 @@ __all__ = [
     "prediction_sets",
     "regression_interval",
     "release_classes",
+    "release_score",
     "set_labels",
     "sets_for",
 ]
@@ -147,13 +148,29 @@ def sets_for(
     score_name: str | None = None,
 ) -> np.ndarray:
     """Prediction sets (boolean n×k) for a released threshold and the score it was calibrated on."""
-    name = score_name or (score or {}).get("name")
+    name, options = release_score(score, score_name)
+    return prediction_sets(name, probs, threshold, rng=rng, **options)
+
+
+def release_score(score: dict[str, Any] | None,
+                  score_name: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The score (name, options) to compare with a release's threshold: the recorded one, or
+    ``score_name`` for a release made from precomputed scores (which records none).
+
+    Naming another score than the recorded one is refused: the threshold is a quantile of
+    *that* score, and sets on another score have no guarantee (a lac threshold read on raps
+    scores covers far less than 1−α; ``tests/test_red_team.py``).
+    """
+    recorded = (score or {}).get("name")
+    if recorded is not None and score_name is not None and score_name != recorded:
+        raise InvalidInput(f"this release was calibrated on score {recorded!r}, not "
+                           f"{score_name!r}: its threshold means nothing for another score")
+    name = recorded or score_name
     if name is None:
         raise InvalidInput(
             "this release was calibrated on precomputed scores; say which score they were (--score)"
         )
-    options = dict((score or {}).get("options", {})) if (score or {}).get("name") == name else {}
-    return prediction_sets(name, probs, threshold, rng=rng, **options)
+    return name, dict((score or {}).get("options", {})) if recorded is not None else {}
 
 
 def release_classes(release: Any) -> list[str] | None:

@@ -26,6 +26,7 @@ from privcal.errors import InvalidInput
 
 __all__ = [
     "MARGIN",
+    "MIN_LEVEL",
     "binomial_upper_cutoff",
     "binomial_upper_tail",
     "discrete_gaussian_cutoff",
@@ -36,11 +37,21 @@ __all__ = [
 MARGIN = 1e-8
 #: the largest number of discrete-Gaussian pmf terms summed explicitly
 _MAX_TERMS = 2_000_000
+#: the smallest tail level accepted (see :func:`_level`)
+MIN_LEVEL = 1e-300
+#: scipy's binomial tail is used only at or above this value; below it scipy can underflow
+#: internally (it returns 0 for P(Bin(1077, 1/2) ≥ 1039) ≈ 1.06e-254), so the Chernoff bound
+#: is used there (:func:`_chernoff_tail`)
+SCIPY_TRUSTED = 1e-100
 
 
 def _level(a: float) -> float:
     if not (isinstance(a, int | float) and 0 < a < 1):
         raise InvalidInput(f"tail level must be in (0, 1), got {a!r}")
+    if a < MIN_LEVEL:
+        # below it the tails compared with a are subnormal floats (a few bits, or none)
+        raise InvalidInput(f"tail level {a:g} is below {MIN_LEVEL:g}: the failure "
+                           "probability is too small to be checked in floating point")
     return float(a)
 
 
@@ -57,7 +68,26 @@ def _binomial_tail(m: int, p_hi: float, k: int) -> float:
         return 1.0
     if k > m:
         return 0.0
-    return min(1.0, float(binom.sf(k - 1, m, p_hi)) * (1 + MARGIN))
+    sf = float(binom.sf(k - 1, m, p_hi))
+    if sf < SCIPY_TRUSTED:
+        return min(1.0, max(sf * (1 + MARGIN), _chernoff_tail(m, p_hi, k)))
+    return min(1.0, sf * (1 + MARGIN))
+
+
+def _chernoff_tail(m: int, p: float, k: int) -> float:
+    """An upper bound on P(Bin(m, p) ≥ k), 1 ≤ k ≤ m, valid whatever the float range:
+    exp(−m·KL(k/m ‖ p)) for k/m > p (Chernoff 1952; Hoeffding 1963, Thm 1, eq. (2.1)),
+    else 1. The exponent is made less negative by 10⁻¹²·m·(|A| + |B| + 1), A and B the two
+    terms of KL, far above their float error (a few ulps each). It equals p^m at k = m.
+    An exponent below −745 gives 0.0: the true tail is then < 5·10⁻³²⁴ ≤ any level
+    accepted (:data:`MIN_LEVEL`)."""
+    x = k / m
+    if x <= p or p <= 0.0:
+        return 1.0 if p > 0.0 else 0.0
+    a = x * math.log(x / p)
+    b = 0.0 if k == m else (1 - x) * (math.log1p(-x) - math.log1p(-p))
+    kl = a + b - 1e-12 * (abs(a) + abs(b) + 1)
+    return min(1.0, math.exp(-m * kl) * (1 + MARGIN)) if kl > 0 else 1.0
 
 
 def binomial_upper_tail(m: int, p: float, k: int) -> float:

@@ -12,6 +12,7 @@ several groups (refused with a one-line error, nothing charged).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 from pydantic import ConfigDict, ValidationError
@@ -117,3 +118,38 @@ class WrappedCalibrator:
     """Marker base of the wrappers (a wrapper may wrap a wrapper: ``mondrian:levels:…``)."""
 
     inner: Calibrator
+    version: str
+
+    def _prefix(self) -> str:
+        """This wrapper's part of ``version``: ``"<own>/"`` before the inner version."""
+        return self.version.removesuffix(self.inner.version)
+
+    @property
+    def legacy_params(self) -> dict[str, dict[str, object]]:
+        """The inner method's older versions, under this wrapper's version prefix, so that
+        ``privcal audit verify`` recomputes an old wrapped release by its own formula."""
+        return {self._prefix() + v: p
+                for v, p in getattr(self.inner, "legacy_params", {}).items()}
+
+    def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
+        """The guarantee as wrapped calibrator ``version`` recorded it: the inner method's
+        per-group or per-level guarantees by the inner version's own formula."""
+        inner_version = version.removeprefix(self._prefix())
+        if inner_version == self.inner.version or not hasattr(self.inner, "guarantee_as"):
+            return self.guarantee(params, shape)  # type: ignore[attr-defined, no-any-return]
+        twin = copy.copy(self)
+        twin.inner = _AsVersion(self.inner, inner_version)  # type: ignore[assignment]
+        return twin.guarantee(params, shape)  # type: ignore[attr-defined, no-any-return]
+
+
+class _AsVersion:
+    """An inner calibrator whose ``guarantee`` is the one a given older version recorded."""
+
+    def __init__(self, inner: Calibrator, version: str) -> None:
+        self._inner, self._version = inner, version
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def guarantee(self, params: Any, shape: Any) -> CoverageGuarantee:
+        return self._inner.guarantee_as(self._version, params, shape)  # type: ignore[attr-defined, no-any-return]

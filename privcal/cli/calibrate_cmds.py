@@ -64,6 +64,7 @@ def _make_calibrate_command(name: str) -> click.Command:
     def callback(settings: Any, **kw: Any) -> None:
         from privcal.accountant.calibration import calibrate as run_calibration
         from privcal.accountant.calibration import dry_run
+        from privcal.accountant.calibration_request import CalibrationRequest
 
         as_json = kw.pop("as_json")
         params = {k: v for k, v in kw.items() if k in model.model_fields and v is not None}
@@ -111,8 +112,8 @@ def _make_calibrate_command(name: str) -> click.Command:
         arrays["classes"] = class_names(kw.get("classes"), kw.get("probs"), columns,
                                      label_column, arrays["labels"], shape_only)
         acct = settings.accountant()
-        common = dict(
-            dataset=kw["dataset"],
+        request = CalibrationRequest.of(
+            name, params,
             score=None if "score" in model.model_fields else kw.get("score"),
             score_options=parse_score_options(kw.get("score_option") or ()),
             shuffled=kw.get("shuffled", False),
@@ -120,22 +121,17 @@ def _make_calibrate_command(name: str) -> click.Command:
             score_range=kw.get("score_range"),
             **arrays,
             **group_args(kw),
-        )
+        )  # fmt: skip
         if kw.get("dry_run"):
-            report = dry_run(acct, name, params, **common)
+            report = dry_run(acct, request, dataset=kw["dataset"])
             emit(report, as_json=as_json, human=lambda: render_dry_run(report))
             return
         rows = next((int(np.shape(a)[0]) for a in arrays.values()
                      if a is not None and np.ndim(a) >= 1), 0)
         with progress.task(f"calibrating {name} on {rows} rows", None, size=rows):
-            release = run_calibration(
-                acct,
-                name,
-                params,
-                requester=kw.get("requester"),
-                idempotency_key=kw.get("idempotency_key"),
-                **common,
-            )
+            release = run_calibration(acct, request, dataset=kw["dataset"],
+                                      requester=kw.get("requester"),
+                                      idempotency_key=kw.get("idempotency_key"))
         budget = acct.budget(kw["dataset"])
         emit(
             {"release": release, "budget": budget},

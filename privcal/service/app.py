@@ -6,7 +6,9 @@ schema there; each library call scopes its own transaction. Handlers are sync ``
 (run in the thread pool). :class:`ServiceMiddleware` (pure ASGI, before any body is
 read) enforces the body limit (413), authenticates every ``/v1`` request (401 with
 ``WWW-Authenticate: Bearer``), and writes the access log: method, route template,
-status, token id, latency — never a body, a query string or a subject id.
+status, token id, latency — never a body, a query string or a subject id. A device's
+valid report PUT, the hot path, is answered before all of this by :class:`PrivcalApp`
+(same checks, same answers, same access log: :mod:`privcal.service.device_reports`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from privcal import __version__
 from privcal.errors import PrivcalError
+from privcal.service.device_reports import REPORT_ROUTE, try_lean
 from privcal.service.problems import (
     ProblemError,
     problem_for,
@@ -33,7 +36,7 @@ from privcal.service.problems import (
     unauthenticated,
 )
 
-__all__ = ["DEFAULT_BODY_LIMIT", "ServiceMiddleware", "app_from_env", "create_app"]
+__all__ = ["DEFAULT_BODY_LIMIT", "PrivcalApp", "ServiceMiddleware", "app_from_env", "create_app"]
 
 access_log = logging.getLogger("privcal.access")
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
@@ -62,13 +65,7 @@ class ServiceMiddleware:
         try:
             await self._handle(scope, receive, send_wrapped)
         finally:
-            route = scope.get("route")
-            if access_log.isEnabledFor(logging.INFO):
-                tok = scope["state"].get("principal") or scope["state"].get("deferred")
-                access_log.info("%s %s %s %s %.1fms", scope["method"],
-                                getattr(route, "path", "-"), status["code"],
-                                tok.id if tok is not None else "-",
-                                (time.perf_counter() - t0) * 1000)
+            _log_access(scope, status["code"], t0)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = dict(scope["headers"]).get(b"content-length")
@@ -133,16 +130,7 @@ class ServiceMiddleware:
                     return
                 if not message.get("more_body", False):
                     break
-            body = b"".join(chunks)
-            sent = {"done": False}
-
-            async def replay() -> Message:
-                if not sent["done"]:
-                    sent["done"] = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send)
+            await self.app(scope, _replay(b"".join(chunks), receive), send)
             return
         await self.app(scope, receive, send)
 
@@ -164,6 +152,56 @@ class ServiceMiddleware:
             return {"type": "http.disconnect"}
 
         await resp(scope, _nothing, send)
+
+
+def _log_access(scope: Scope, status: int, t0: float) -> None:
+    """One access-log line: method, route template, status, token id, latency (never a
+    body, a query string or a subject id)."""
+    if access_log.isEnabledFor(logging.INFO):
+        route = scope.get("route")
+        state = scope.get("state", {})
+        tok = state.get("principal") or state.get("deferred")
+        access_log.info("%s %s %s %s %.1fms", scope["method"], getattr(route, "path", "-"),
+                        status, tok.id if tok is not None else "-",
+                        (time.perf_counter() - t0) * 1000)
+
+
+class PrivcalApp(FastAPI):
+    """The FastAPI app, with a device's valid report PUT answered before the framework
+    (:func:`privcal.service.device_reports.try_lean`); every other request, and every
+    report that is not exactly a valid one, goes through the whole app."""
+
+    privcal_body_limit: int = DEFAULT_BODY_LIMIT
+    _report_route: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "PUT":
+            t0 = time.perf_counter()
+            scope["app"] = self
+            out = await try_lean(scope, receive, send, body_limit=self.privcal_body_limit)
+            if isinstance(out, int):
+                if self._report_route is None:
+                    self._report_route = next(r for r in self.routes
+                                              if getattr(r, "path", None) == REPORT_ROUTE)
+                scope["route"] = self._report_route
+                _log_access(scope, out, t0)
+                return
+            if out is not None:
+                receive = _replay(out, receive)
+        await super().__call__(scope, receive, send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the already-read ``body``, then the real channel."""
+    sent = {"done": False}
+
+    async def replay() -> Message:
+        if not sent["done"]:
+            sent["done"] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 _REPORT_PATH = re.compile(r"^/v1/sessions/[^/]+/reports/[^/]+$")
@@ -218,7 +256,7 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
             if accountant is None:
                 acct.ledger.close()
 
-    app = FastAPI(
+    app = PrivcalApp(
         title="privcal", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
         description="Privacy-accountable conformal calibration over HTTP. Every route but "
                     "/healthz, /readyz and the /ui login needs `Authorization: Bearer "
@@ -274,6 +312,7 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         for route in mod.router.routes:
             app.router.routes.append(route)
     app.add_middleware(ServiceMiddleware, body_limit=body_limit)
+    app.privcal_body_limit = body_limit
     return app
 
 

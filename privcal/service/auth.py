@@ -16,6 +16,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from privcal.service.problems import Problem, forbidden, not_found, unauthenticated
+from privcal.storage.token_checks import DeviceGrant
 from privcal.storage.tokens import TokenInfo
 
 __all__ = ["ERROR_RESPONSES", "DeferredPrincipal", "Principal", "allow", "bearer",
@@ -87,7 +88,7 @@ class DeferredPrincipal:
         return self.presented[0]
 
 
-def device_problem(info: TokenInfo | None, session_id: int | None) -> Any:
+def device_problem(info: TokenInfo | DeviceGrant | None, session_id: int | None) -> Any:
     """The problem a device-report token answers with (None: it may put to this session;
     ``session_id`` None: a malformed session id, whose 422 follows a valid device token)."""
     if info is None:

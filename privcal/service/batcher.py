@@ -1,14 +1,17 @@
 """The report write window: device reports and agent messages that arrive one request at a
 time are written in batches.
 
-One background writer thread takes every pending report, waits a short window for
-more, checks the window's device tokens with one read (a token revoked or expired by
+One background writer thread takes every pending report (group commit: under load, all
+that arrived while the previous batch was being written, so a batch grows with the load;
+when the queue was empty it first waits a short window for company), checks the batch's
+device tokens with one read (a token revoked or expired by
 then is refused: 401; another role 403; another session 404 — see
 :class:`privcal.service.auth.DeferredPrincipal`), groups the reports per session and
 writes each group with one :func:`privcal.accountant.sessions.submit_reports` call (one
 transaction: one lock of the dataset and session rows, one bulk charge, one bulk
 insert, one audit entry), instead of one locked transaction per report. Each request
-waits for its own outcome (an async request awaits it without holding a thread):
+waits for its own outcome (an async request awaits it without holding a thread; the
+answers of a batch reach an event loop in one thread-safe call, not one wake-up each):
 
 - ``accepted`` (201): stored by this batch;
 - ``duplicate`` (200): this subject had already stored this very report (a retry);
@@ -32,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from privcal.errors import PrivcalError
@@ -60,7 +63,54 @@ class _Item:
     round: int | None
     value: Any
     token: tuple[str, str] | None = None  # a device's (token id, digest), checked in bulk
-    future: Future[Outcome] = field(default_factory=Future)
+    future: Future[Outcome] | None = None  # a thread's waiter (submit)
+    afuture: asyncio.Future[Outcome] | None = None  # a request's waiter (submit_async) ...
+    loop: asyncio.AbstractEventLoop | None = None  # ... on this event loop
+    outcome: Outcome | None = None
+    error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None or self.error is not None
+
+    def answer(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+
+
+def _settle(items: list[_Item]) -> None:
+    """On the event loop: hand each request its answer (one call per batch and loop)."""
+    for it in items:
+        fut = it.afuture
+        if fut is None or fut.done():  # its request timed out or went away
+            continue
+        if it.error is not None:
+            fut.set_exception(it.error)
+        else:
+            fut.set_result(it.outcome)  # type: ignore[arg-type]
+
+
+def _deliver(items: list[_Item]) -> None:
+    """Answer the waiters of every answered item: a thread's future at once, the requests
+    of each event loop with one thread-safe call (not one wake-up per report)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Item]] = defaultdict(list)
+    for it in items:
+        if not it.done:
+            continue
+        if it.loop is not None:
+            by_loop[it.loop].append(it)
+        elif it.future is not None and not it.future.done():
+            if it.error is not None:
+                it.future.set_exception(it.error)
+            else:
+                it.future.set_result(it.outcome)  # type: ignore[arg-type]
+    for loop, its in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, its)
+        except RuntimeError:  # that loop is closed: nobody is waiting any more
+            pass
 
 
 def _same(stored: tuple[int, str], rnd: int | None, value: Any) -> bool:
@@ -106,8 +156,9 @@ class ReportBatcher:
         """Queue one report and wait for its outcome (library errors are re-raised)."""
         if self._stopped:
             raise RuntimeError("the report writer is stopped")
-        item = _Item(session_id, subject, rnd, value)
+        item = _Item(session_id, subject, rnd, value, future=Future())
         self._q.put(item)
+        assert item.future is not None
         return item.future.result(timeout=timeout)
 
     async def submit_async(self, session_id: int, subject: str | None, rnd: int | None,
@@ -118,9 +169,11 @@ class ReportBatcher:
         writer checks it and takes the subject from it, or answers its problem."""
         if self._stopped:
             raise RuntimeError("the report writer is stopped")
-        item = _Item(session_id, subject, rnd, value, token)
-        self._q.put(item)
-        return await asyncio.wait_for(asyncio.wrap_future(item.future), timeout)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Outcome] = loop.create_future()
+        self._q.put(_Item(session_id, subject, rnd, value, token, afuture=fut, loop=loop))
+        async with asyncio.timeout(timeout):
+            return await fut
 
     # ---------------------------------------------------------------- writer
     def _run(self) -> None:
@@ -131,9 +184,12 @@ class ReportBatcher:
                 if first is None:
                     return
                 pending = [first]
-                time.sleep(self.window)
+                if self._q.empty():  # a quiet moment: wait a window for company
+                    time.sleep(self.window)
             else:
                 pending = carry
+            # group commit: everything that arrived meanwhile (while the previous batch was
+            # being written, under load) goes into this batch
             stop = False
             while len(pending) < self.max_batch:
                 try:
@@ -145,52 +201,67 @@ class ReportBatcher:
                     break
                 pending.append(it)
             carry = []
-            pending = self._check_tokens(pending)
-            groups: dict[int, list[_Item]] = defaultdict(list)
-            seen: set[tuple[int, str | None]] = set()
-            for it in pending:
-                if (it.session_id, it.subject) in seen:
-                    carry.append(it)  # same subject twice: the next batch answers it
-                else:
-                    seen.add((it.session_id, it.subject))
-                    groups[it.session_id].append(it)
-            for sid, items in groups.items():
-                try:
-                    self._write(sid, items)
-                except Exception as exc:  # every waiter gets the error, the writer goes on
-                    for it in items:
-                        if not it.future.done():
-                            it.future.set_exception(exc)
-                    if not isinstance(exc, PrivcalError):
-                        log.exception("report batch for session %s failed", sid)
+            try:
+                carry = self._cycle(pending)
+            except Exception as exc:  # a fault of the writer itself: answer, do not hang
+                log.exception("report writer cycle failed")
+                for it in pending:
+                    if not it.done:
+                        it.fail(exc)
+            _deliver(pending)
             if stop:
                 for it in carry:
-                    it.future.set_exception(RuntimeError("the report writer is stopped"))
+                    it.fail(RuntimeError("the report writer is stopped"))
+                _deliver(carry)
                 return
+
+    def _cycle(self, pending: list[_Item]) -> list[_Item]:
+        """Check tokens and write one batch per session; the items left for the next batch
+        (a second report of a subject already in this one)."""
+        carry: list[_Item] = []
+        pending = self._check_tokens(pending)
+        groups: dict[int, list[_Item]] = defaultdict(list)
+        seen: set[tuple[int, str | None]] = set()
+        for it in pending:
+            if (it.session_id, it.subject) in seen:
+                carry.append(it)  # same subject twice: the next batch answers it
+            else:
+                seen.add((it.session_id, it.subject))
+                groups[it.session_id].append(it)
+        for sid, items in groups.items():
+            try:
+                self._write(sid, items)
+            except Exception as exc:  # every waiter gets the error, the writer goes on
+                for it in items:
+                    if not it.done:
+                        it.fail(exc)
+                if not isinstance(exc, PrivcalError):
+                    log.exception("report batch for session %s failed", sid)
+        return carry
 
     def _check_tokens(self, items: list[_Item]) -> list[_Item]:
         """The items whose device token is valid for their session (their subject set from
         it); the others are answered with their 401/403/404 problem."""
         from privcal.service.auth import device_problem
-        from privcal.storage.tokens import verify_presented
+        from privcal.storage.token_checks import check_presented
 
         deferred = [it for it in items if it.token is not None]
         if not deferred:
             return items
         try:
-            infos = verify_presented(self.accountant.ledger, [it.token for it in deferred])
+            infos = check_presented(self.accountant.ledger, [it.token for it in deferred])
         except Exception as exc:  # the ledger is unreachable: every waiter gets the error
             for it in deferred:
-                it.future.set_exception(exc)
+                it.fail(exc)
             return [it for it in items if it.token is None]
         for it, info in zip(deferred, infos, strict=True):
             problem = device_problem(info, it.session_id)
             if problem is not None:
-                it.future.set_exception(problem)
+                it.fail(problem)
             else:
                 assert info is not None and info.subject is not None
                 it.subject, it.token = info.subject, None
-        return [it for it in items if it.token is None and not it.future.done()]
+        return [it for it in items if it.token is None and not it.done]
 
     def _write(self, sid: int, items: list[_Item]) -> None:
         from privcal.accountant.sessions import submit_reports
@@ -204,9 +275,9 @@ class ReportBatcher:
             if old is None:
                 todo.append(it)
             elif _same(old, it.round, it.value):
-                it.future.set_result(Outcome("duplicate", None, None))
+                it.answer(Outcome("duplicate", None, None))
             else:
-                it.future.set_result(Outcome(
+                it.answer(Outcome(
                     "rejected", "subject already reported in this session (another report)",
                     None))
         if not todo:
@@ -219,14 +290,14 @@ class ReportBatcher:
         self.reports += res.accepted
         if res.accepted == len(todo):  # every report stored as sent: nothing to read back
             for it in todo:
-                it.future.set_result(Outcome("accepted", None, res.session))
+                it.answer(Outcome("accepted", None, res.session))
             return
         after = stored_reports(ledger, sid, [it.subject for it in todo]) if res.accepted else {}
         other = {k: v for k, v in res.reasons.items() if k not in _ROUND_REASONS}
         for it in todo:
             got = after.get(it.subject)
             if got is not None and _same(got, it.round, it.value):
-                it.future.set_result(Outcome("accepted", None, res.session))
+                it.answer(Outcome("accepted", None, res.session))
                 continue
             if it.round is not None and it.round != res.batch_round and \
                     res.session.method == "ldp-score":
@@ -235,5 +306,5 @@ class ReportBatcher:
                 reason = next(iter(other))
             else:
                 reason = "; ".join(sorted(other)) or "rejected"
-            it.future.set_result(Outcome("rejected", reason, res.session))
+            it.answer(Outcome("rejected", reason, res.session))
 

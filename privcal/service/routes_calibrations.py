@@ -1,5 +1,10 @@
 """Calibrations: ``POST /v1/datasets/{name}/calibrations`` (JSON arrays or uploaded files,
-see :mod:`privcal.service.uploads`), ``?dry_run=true`` for the cost only."""
+see :mod:`privcal.service.uploads`), ``?dry_run=true`` for the cost only.
+
+The body is the library's :class:`~privcal.accountant.calibration_request.CalibrationRequest`
+(classification, regression with ``preds``/``targets`` and ``score_range``, Mondrian
+``mondrian``/``groups`` with ``public_groups``, several levels as a list ``alpha``), so a
+request is refused or charged exactly as ``privcal calibrate`` would refuse or charge it."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import JSONResponse
 
+from privcal.accountant.calibration_request import ARRAYS
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
 from privcal.service.routes_datasets import _acct, _lib_key
@@ -47,28 +53,21 @@ def calibrate(name: str, request: Request,
     p.check_dataset(name)
     body = inp.body
     arrays = load_arrays(inp, shape_only=dry_run)
-    common = dict(dataset=name, score=body.score, score_options=body.score_options,
-                  shuffled=body.shuffled,
-                  assume_unlinkable_features=body.assume_unlinkable_features, **arrays)
+    req = body.request(arrays)
     if dry_run:
-        rep = calibration.dry_run(_acct(request), body.method, dict(body.params), **common)
+        rep = calibration.dry_run(_acct(request), req, dataset=name)
         return JSONResponse(doc(rep), status_code=200)
 
     def run() -> tuple[int, Any]:
-        rel = calibration.calibrate(_acct(request), body.method, dict(body.params),
-                                    requester=p.requester,
-                                    idempotency_key=_lib_key(p, idempotency_key or ""),
-                                    **common)
+        rel = calibration.calibrate(_acct(request), req, dataset=name, requester=p.requester,
+                                    idempotency_key=_lib_key(p, idempotency_key or ""))
         return 201, rel
 
-    shape = {k: (None if v is None else list(np.shape(v)))
-             for k, v in arrays.items() if k != "classes"}
+    # a replay is matched on every option and the data's shape, never on data values
+    shape = {k: list(np.shape(arrays[k])) for k in ARRAYS if arrays[k] is not None}
     resp = idempotent(request, idempotency_key,
-                      {"dataset": name, "method": body.method, "params": body.params,
-                       "score": body.score, "score_options": body.score_options,
-                       "classes": arrays["classes"], "shuffled": body.shuffled,
-                       "assume_unlinkable_features": body.assume_unlinkable_features,
-                       "shape": shape}, run)
+                      {"dataset": name, **body.model_dump(exclude=set(ARRAYS)),
+                       "classes": arrays["classes"], "shape": shape}, run)
     rid = json.loads(resp.body).get("id")
     if rid is not None:
         resp.headers["Location"] = f"/v1/releases/{rid}"

@@ -33,20 +33,40 @@ def _computed(fn: Callable[[], Any]) -> Any:
 
 
 class AdviseBody(BaseModel):
-    """``POST /v1/advise``: as ``privcal advise``."""
+    """``POST /v1/advise``: as ``privcal advise`` — ``method`` ``local`` (the default: LDP-CP-L
+    vs LDP-CP-S for ``n``, ``k``, ``epsilon``), or ``pcoqs`` (``rho``) / ``exponq``
+    (``epsilon``): the smallest n with a finite threshold (and, with ``n``, whether it is
+    reached). A field that does not apply to the method is refused, not ignored."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    n: int = Field(ge=1, le=MAX_N, description="number of calibration subjects")
-    k: int = Field(ge=2, le=1_000_000, description="number of classes")
-    epsilon: float = Field(gt=0, description="local ε each subject spends")
+    method: Literal["local", "pcoqs", "exponq"] = Field(
+        default="local", description="local: LDP-CP-L vs LDP-CP-S; pcoqs or exponq: the "
+        "smallest n at which that central method can return a finite threshold")
+    n: int | None = Field(default=None, ge=1, le=MAX_N,
+                          description="number of calibration subjects (required for local)")
+    k: int | None = Field(default=None, ge=2, le=1_000_000,
+                          description="number of classes (local; required there)")
+    epsilon: float | None = Field(default=None, gt=0,
+                                  description="ε: local ε each subject spends, or ExponQ's ε")
+    rho: float | None = Field(default=None, gt=0, description="pcoqs: ρ (zCDP)")
     alpha: float = Field(gt=0, lt=1, description="miscoverage level α")
-    failure_probability: float = Field(
-        default=0.001, gt=0, lt=1,
-        description="failure probability δ of the coverage bound (not a DP δ)")
+    nominal: bool = Field(default=False, description="pcoqs: the paper's nominal rank")
+    failure_probability: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="failure probability of the coverage bound (not a DP δ); default 0.001 "
+        "for local, 0.05 for pcoqs")
     slack: float | None = Field(default=None, gt=0,
                                 description="a slack Δ to reach: the smallest ε and n per method")
     rounds: int | None = Field(default=None, ge=1, le=10_000, description="LDP-CP-S rounds T")
+
+
+#: per ``advise`` method: the fields it needs, and those it takes (the CLI's options)
+_ADVISE_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "local": (("n", "k", "epsilon"), ("failure_probability", "slack", "rounds")),
+    "pcoqs": (("rho",), ("n", "nominal", "failure_probability")),
+    "exponq": (("epsilon",), ("n",)),
+}
 
 
 class AmplifyBody(BaseModel):
@@ -79,11 +99,29 @@ class FedPlanBody(BaseModel):
 
 @router.post("/advise", **allow("analyst"))
 def advise(body: AdviseBody) -> dict[str, Any]:
-    """LDP-CP-L vs LDP-CP-S slack for (n, k, ε, α) — the ``privcal advise --json`` document."""
+    """The ``privcal advise --json`` document: LDP-CP-L vs LDP-CP-S slack for (n, k, ε, α),
+    or (``method`` pcoqs/exponq) the smallest n for a finite central threshold."""
+    needs, takes = _ADVISE_FIELDS[body.method]
+    given = {f for f in body.model_fields_set - {"method", "alpha"}
+             if getattr(body, f) not in (None, False)}
+    for name in needs:
+        if getattr(body, name) is None:
+            raise InvalidInput(f"advise method {body.method} needs {name}")
+    if extra := sorted(given - set(needs) - set(takes)):
+        raise InvalidInput(f"advise method {body.method} takes no {extra[0]} (it applies to "
+                           + " or ".join(m for m, (nd, tk) in _ADVISE_FIELDS.items()
+                                         if extra[0] in nd + tk) + ")")
+    fp = body.failure_probability
+    if body.method != "local":
+        from privcal.calibrators.advisor_central import advise_central
+
+        return _computed(lambda: advise_central(
+            body.method, body.alpha, n=body.n, rho=body.rho, epsilon=body.epsilon,
+            nominal=body.nominal, failure_probability=fp if fp is not None else 0.05))
     from privcal.calibrators.advisor import advise as run
 
     return _computed(lambda: run(body.n, body.k, body.epsilon, body.alpha,
-                                 body.failure_probability, slack=body.slack,
+                                 fp if fp is not None else 0.001, slack=body.slack,
                                  rounds=body.rounds))
 
 

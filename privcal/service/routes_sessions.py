@@ -160,7 +160,9 @@ async def report_put(request: Request, report_id: str, body: ReportBody, sid: in
 
     The hot path of the service: no thread and no ledger read per request — the report
     writer checks the window's device tokens with one read and writes the window with
-    one transaction (:mod:`privcal.service.batcher`).
+    one transaction (:mod:`privcal.service.batcher`). A valid report is answered before
+    FastAPI by the lean path of :mod:`privcal.service.device_reports` (same rules, same
+    answers); this handler answers the rest and documents the route.
     """
     from privcal.service.auth import DeferredPrincipal, resolve_deferred
 

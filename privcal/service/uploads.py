@@ -3,9 +3,10 @@ form whose files are read exactly as the CLI reads its table inputs.
 
 - ``application/json``: :class:`CalibrationBody` with the data as JSON arrays.
 - ``multipart/form-data``: a ``request`` field holding the same JSON document (without
-  the arrays), and the data as files named ``scores``, ``probs``, ``labels``,
-  ``subjects``, ``agents`` (``.npy``, ``.npz``, ``.csv`` or ``.parquet``, told by the
-  uploaded file name's suffix). The files are read by :func:`privcal.inputs.load_array`,
+  the arrays), and the data as files named as the arrays (:data:`FILE_PARTS`: ``scores``,
+  ``probs``, ``labels``, ``subjects``, ``agents``, ``preds``, ``lower_preds``,
+  ``upper_preds``, ``targets``, ``groups``; ``.npy``, ``.npz``, ``.csv`` or ``.parquet``,
+  told by the uploaded file name's suffix). The files are read by :func:`privcal.inputs.load_array`,
   so an upload is refused with the CLI's one-line error for that file (naming the
   uploaded file, never a server path). ``columns`` and ``label_column`` are the CLI's
   ``--columns`` and ``--label-column``; ``select`` names what to read inside one file
@@ -20,13 +21,19 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
+from privcal.accountant.calibration_request import (
+    ARRAYS,
+    INPUTS,
+    CalibrationRequest,
+    as_invalid_input,
+)
 from privcal.errors import InvalidInput
 from privcal.service.problems import ProblemError
 
@@ -34,17 +41,21 @@ __all__ = ["FILE_PARTS", "CalibrationBody", "CalibrationInput", "calibration_inp
            "request_body_openapi"]
 
 #: the data a calibration takes, as JSON arrays or as uploaded files
-FILE_PARTS = ("scores", "probs", "labels", "subjects", "agents")
+FILE_PARTS = ARRAYS
 _MAX = 5_000_000
 
 
-class CalibrationBody(BaseModel):
-    """A calibration: method, parameters, and the data (JSON arrays, or uploaded files)."""
+class CalibrationBody(CalibrationRequest):
+    """A calibration: the library's :class:`CalibrationRequest` — method, parameters, the data
+    (JSON arrays, or uploaded files) and the options — with JSON types, and the options that
+    select inside uploaded files."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    method: str = Field(min_length=1, max_length=100)
-    params: dict[str, Any] = Field(default_factory=dict)
+    method: str = Field(min_length=1, max_length=100, description="a registered calibrator")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the method's parameters; `alpha` may be a list of "
+        "levels (one threshold each, the costs add up)")
     scores: list[float] | None = Field(default=None, max_length=_MAX)
     probs: list[list[float]] | None = Field(default=None, max_length=_MAX)
     labels: list[int] | list[str] | None = Field(
@@ -53,13 +64,29 @@ class CalibrationBody(BaseModel):
     classes: list[str] | None = Field(
         default=None, min_length=2, max_length=100_000,
         description="the class names of the probability columns, in column order")
-    score: str | None = Field(default=None, max_length=100)
-    score_options: dict[str, bool | int | float | str] | None = Field(default=None,
-                                                                      max_length=50)
     subjects: list[str | int] | None = Field(default=None, max_length=_MAX)
     agents: list[str | int] | None = Field(default=None, max_length=_MAX)
-    shuffled: bool = False
-    assume_unlinkable_features: bool = False
+    preds: list[float] | None = Field(
+        default=None, max_length=_MAX, description="regression predictions f(x) (score absolute)")
+    lower_preds: list[float] | None = Field(
+        default=None, max_length=_MAX, description="lower quantile predictions (score cqr)")
+    upper_preds: list[float] | None = Field(
+        default=None, max_length=_MAX, description="upper quantile predictions (score cqr)")
+    targets: list[float] | None = Field(
+        default=None, max_length=_MAX, description="true regression targets y")
+    groups: list[str | int] | None = Field(
+        default=None, max_length=_MAX, description="the Mondrian group of every row (a public "
+        "column; needs public_groups)")
+    score: str | None = Field(default=None, max_length=100, description="lac, aps, raps "
+                              "(probabilities) or absolute, cqr (regression)")
+    score_options: dict[str, bool | int | float | str] | None = Field(default=None,
+                                                                      max_length=50)
+    score_range: tuple[float, float] | None = Field(
+        default=None, description="the public score range [lo, hi] of a method that bins or "
+        "searches the score axis (pcoqs, exponq, fedcp2-qq, ldp-score); recorded")
+    mondrian: Literal["label", "column"] | None = Field(
+        default=None, description="one threshold per class (label) or per group of `groups` "
+        "(column), charged once; needs public_groups")
     columns: str | None = Field(default=None, max_length=10_000,
                                 description="uploads: the probability columns of `probs`")
     label_column: str | None = Field(default=None, max_length=1_000,
@@ -67,6 +94,12 @@ class CalibrationBody(BaseModel):
                                                  "or of the `probs` table")
     select: dict[str, str] | None = Field(default=None, max_length=len(FILE_PARTS),
                                           description="uploads: part → array or column")
+
+    def request(self, arrays: dict[str, Any]) -> CalibrationRequest:
+        """The library's request, with the arrays read from the body or the files."""
+        return CalibrationRequest.checked({"method": self.method, "params": self.params,
+                                           **{k: getattr(self, k) for k in INPUTS},
+                                           **arrays})
 
 
 @dataclass
@@ -77,7 +110,12 @@ class CalibrationInput:
     files: dict[str, tuple[str, bytes]]  # part → (uploaded file name, content)
 
 
-def _invalid(exc: ValidationError, where: str) -> RequestValidationError:
+def _invalid(exc: ValidationError, where: str) -> Exception:
+    """The library's one-line InvalidInput where a check of :class:`CalibrationRequest` failed
+    (the CLI's message), else the field's validation error."""
+    first = exc.errors(include_input=False)[0]
+    if isinstance((first.get("ctx") or {}).get("error"), InvalidInput):
+        return as_invalid_input(exc)
     return RequestValidationError([{**e, "loc": (where, *e.get("loc", ()))}
                                    for e in exc.errors(include_input=False)])
 
@@ -134,16 +172,19 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def load_arrays(inp: CalibrationInput, *, shape_only: bool) -> dict[str, Any]:
-    """The arrays and class names of the request (files read like the CLI reads them)."""
+    """The arrays and class names of the request (files read like the CLI reads them).
+
+    With ``shape_only`` (a dry run) only shapes are read — except, as in the CLI, the labels
+    of a label-Mondrian request and a group column: their group sizes set the cost."""
     body = inp.body
 
     def arr(v: Any, dtype: Any = None) -> Any:
         return None if v is None else np.asarray(v, dtype=dtype)
 
     out: dict[str, Any] = {
-        "scores": arr(body.scores, float), "probs": arr(body.probs, float),
-        "labels": arr(body.labels), "subjects": arr(body.subjects, object),
-        "agents": arr(body.agents, object), "classes": body.classes}
+        **{part: arr(getattr(body, part), float) for part in _FLOATS},
+        "labels": arr(body.labels), "classes": body.classes,
+        **{part: arr(getattr(body, part), object) for part in _IDS}}
     if body.probs is not None and len({len(r) for r in body.probs}) > 1:
         raise InvalidInput("probs must be a matrix: every row the same length")
     if not inp.files:
@@ -158,6 +199,11 @@ def load_arrays(inp: CalibrationInput, *, shape_only: bool) -> dict[str, Any]:
             shown = re.sub(re.escape(tmp) + r"/(?:" + "|".join(FILE_PARTS) + r")/", "",
                            str(exc)).replace(tmp, "")
             raise InvalidInput(shown) from None
+
+
+#: the parts read as numbers, and as ids (text: subjects, agents, groups)
+_FLOATS = ("scores", "probs", "preds", "lower_preds", "upper_preds", "targets")
+_IDS = ("subjects", "agents", "groups")
 
 
 def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
@@ -184,21 +230,24 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
         raise InvalidInput("columns selects the probability columns of the probs file")
     lc = body.label_column
     exclude = (lc,) if lc else ()
-    for part, what in (("scores", "scores"), ("subjects", "subjects"), ("agents", "agents")):
-        if part in specs:
-            out[part] = load_array(specs[part], what, shape_only=shape_only,
-                                   ids=part != "scores")
+    for part in (*_FLOATS, *_IDS):
+        if part in specs and part != "probs":
+            # groups are read whole even in a dry run: their sizes set the cost
+            out[part] = load_array(specs[part], part, shape_only=shape_only and part != "groups",
+                                   ids=part in _IDS)
     if "probs" in specs:
         out["probs"] = load_array(specs["probs"], "probs", matrix=True, columns=body.columns,
                                   exclude=exclude, shape_only=shape_only)
+    # label groups (mondrian label) are read even in a dry run: they set the cost
+    labels_shape_only = shape_only and body.mondrian != "label"
     if lc is not None:
         source = specs.get("labels") or specs.get("probs")
         if source is None or "labels" in select or ("labels" not in specs and "probs" in select):
             raise InvalidInput("label_column names a column of the labels file or of the "
                                "probs table (and no select for it)")
-        out["labels"] = load_array(f"{source}:{lc}", "labels", shape_only=shape_only)
+        out["labels"] = load_array(f"{source}:{lc}", "labels", shape_only=labels_shape_only)
     elif "labels" in specs:
-        out["labels"] = load_array(specs["labels"], "labels", shape_only=shape_only)
+        out["labels"] = load_array(specs["labels"], "labels", shape_only=labels_shape_only)
     if out["classes"] is None and "probs" in specs and not shape_only \
             and out["labels"] is not None and is_text_labels(out["labels"]):
         out["classes"] = prob_column_names(specs["probs"], body.columns, exclude)

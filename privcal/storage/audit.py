@@ -1,12 +1,14 @@
 """The hash-chained audit log: canonical payloads, hashing, and what each entry records.
 
-Every dataset creation, charge and release appends one entry, in the same
-transaction as the row it describes: the entry is canonicalised when the row is
-written and appended as the transaction's last step before COMMIT, under the
-lock of the single ``audit_head`` row (``FOR UPDATE`` on PostgreSQL, where the
-server numbers and hashes it in the same statement; SQLite write transactions
-are ``BEGIN IMMEDIATE``), so sequence numbers are gapless, follow commit order,
-and the chain cannot fork.
+Every dataset creation, charge and release appends one entry, committed in the
+same transaction as the row it describes: the entry is canonicalised when the row
+is written and appended as the transaction's last step. SQLite numbers and hashes
+it there (write transactions are ``BEGIN IMMEDIATE``); PostgreSQL numbers it there
+if the audit sequencer's lock is free, else commits it to ``audit_queue``, where the
+next holder of that lock or the next reader of the chain numbers it
+(:mod:`privcal.storage.audit_queue`). Either way
+every number is assigned under one lock, so sequence numbers are gapless, follow
+commit order per dataset, and the chain cannot fork.
 
 How a third party re-verifies the log (all hashes SHA-256, hex-encoded in the DB):
 
@@ -35,6 +37,7 @@ import json
 import math
 from datetime import UTC, datetime
 from decimal import Decimal
+from json.encoder import encode_basestring as _encode_str  # type: ignore[attr-defined]
 from typing import Any
 
 import rfc8785
@@ -165,6 +168,8 @@ def iso(dt: datetime) -> str:
     """
     if dt.tzinfo is not None:
         dt = dt.astimezone(UTC).replace(tzinfo=None)
+    if dt.year >= 1000:  # the same text as strftime below, ~5× faster (the charge hot path)
+        return dt.isoformat(timespec="microseconds") + "Z"
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -188,14 +193,62 @@ def entry_payload(seq: int, kind: str, data: dict[str, Any]) -> str:
     return canonical({"seq": seq, "kind": kind, "data": data})
 
 
+def _flat_text(v: Any) -> str | None:
+    """The RFC 8785 text of a JSON scalar that needs no float formatting: None, a bool, a
+    safe integer, or a string that encodes to UTF-8; else None (see :func:`_plain`)."""
+    t = type(v)
+    if t is str:
+        if not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: rfc8785 refuses it
+                return None
+        return _encode_str(v)
+    if v is None:
+        return "null"
+    if t is int:
+        return str(v) if -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT else None
+    if t is bool:
+        return "true" if v else "false"
+    return None
+
+
+def _flat_prefix(kind: str, data: dict[str, Any]) -> str | None:
+    """:func:`entry_prefix` of a flat ``data`` (ASCII keys, scalar values: a charge's
+    document) written directly, or None for any other document.
+
+    RFC 8785 orders keys by UTF-16 code unit, which for ASCII keys is :func:`sorted`'s order;
+    it writes ``null``/``true``/``false``, integers in decimal, and strings escaped as
+    :func:`json.encoder.encode_basestring` escapes them (§3.2.2.2; see :func:`_plain`).
+    """
+    parts = []
+    for k in sorted(data):
+        if type(k) is not str or not k.isascii():
+            return None
+        text = _flat_text(data[k])
+        if text is None:
+            return None
+        parts.append(f"{_encode_str(k)}:{text}")
+    kind_text = _flat_text(kind)
+    if kind_text is None or type(kind) is not str:
+        return None
+    return f'{{"data":{{{",".join(parts)}}},"kind":{kind_text},"seq":'
+
+
 def entry_prefix(kind: str, data: dict[str, Any]) -> str:
     """The payload of an entry of ``kind`` recording ``data``, without its sequence number.
 
     RFC 8785 sorts keys (``data`` < ``kind`` < ``seq``), so a payload is this prefix
     followed by the decimal seq and ``}``: :func:`payload_at`. The writer canonicalises
-    each entry once, before it takes the log's head lock, and only the number is filled
-    in under the lock.
+    each entry once, before it takes the log's sequencer lock, and only the number is filled
+    in under the lock. A flat document (a charge's) is written directly
+    (:func:`_flat_prefix`, ~10× faster than :func:`fast_canonical`); ``audit verify``
+    re-checks every payload with ``rfc8785``.
     """
+    if type(data) is dict:
+        flat = _flat_prefix(kind, data)
+        if flat is not None:
+            return flat
     text = fast_canonical({"seq": 0, "kind": kind, "data": data})
     if not text.endswith(',"seq":0}'):  # pragma: no cover - guaranteed by RFC 8785 key order
         raise AssertionError("canonical payload does not end with its seq")
@@ -241,26 +294,40 @@ def charge_doc(c: Charge, dataset_name: str) -> dict[str, Any]:
     ``request_digest`` and ``members_digest`` appear only when set, so entries written before
     migration 0005 still equal the doc of their row.
     """
-    extra = {k: v for k, v in (("request_digest", c.request_digest),
-                               ("members_digest", c.members_digest)) if v is not None}
-    return jsonable({
-        **extra,
-        "charge_id": c.id,
-        "dataset_id": c.dataset_id,
-        "dataset": dataset_name,
-        "scope": c.scope,
-        "notion": c.notion,
-        "epsilon": c.epsilon,
-        "delta": c.delta,
-        "rho": c.rho,
-        "eps0": c.eps0,
-        "subjects_accepted": c.subjects_accepted,
-        "subjects_rejected": c.subjects_rejected,
-        "purpose": c.purpose,
-        "requester": c.requester,
-        "idempotency_key": c.idempotency_key,
+    # jsonable(...) of the dict, written out for the hot path (issue 11): the values are
+    # ints, strings, None and Decimals, which become plain decimal strings (dec)
+    doc = {
+        "charge_id": _scalar(c.id),
+        "dataset_id": _scalar(c.dataset_id),
+        "dataset": _scalar(dataset_name),
+        "scope": _scalar(c.scope),
+        "notion": _scalar(c.notion),
+        "epsilon": _scalar(c.epsilon),
+        "delta": _scalar(c.delta),
+        "rho": _scalar(c.rho),
+        "eps0": _scalar(c.eps0),
+        "subjects_accepted": _scalar(c.subjects_accepted),
+        "subjects_rejected": _scalar(c.subjects_rejected),
+        "purpose": _scalar(c.purpose),
+        "requester": _scalar(c.requester),
+        "idempotency_key": _scalar(c.idempotency_key),
         "created_at": iso(c.created_at),
-    })
+    }
+    if c.request_digest is not None:
+        doc["request_digest"] = _scalar(c.request_digest)
+    if c.members_digest is not None:
+        doc["members_digest"] = _scalar(c.members_digest)
+    return doc
+
+
+def _scalar(v: Any) -> Any:
+    """:func:`jsonable` of one value, with the hot path's types first."""
+    t = type(v)
+    if v is None or t is str or t is int:
+        return v
+    if t is Decimal:
+        return dec(v)
+    return jsonable(v)
 
 
 def release_doc(r: ReleaseRow, dataset_name: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Charges in the ledger: the locked dataset row, a charge row with its dataset's new totals,
 a charge found by idempotency key, and the pseudonyms a local-DP charge charged.
 
-The Core operations (:meth:`ChargeStore.dataset_row`, :meth:`ChargeStore.insert_charge`, …)
-are the hot path of :meth:`privcal.accountant.Accountant.charge`, inside
-:meth:`~privcal.storage.transactions.LedgerTransactions.write_core`;
+The operations :meth:`ChargeStore.dataset_row`, :meth:`ChargeStore.charge_by_key` and
+:meth:`ChargeStore.insert_charge` are the hot path of
+:meth:`privcal.accountant.Accountant.charge`, inside
+:meth:`~privcal.storage.transactions.LedgerTransactions.write_core`: SQL strings on the
+driver connection (:mod:`privcal.storage.statements`);
 :meth:`ChargeStore.add_charge` serves writers that hold an ORM session (collection
 sessions). No policy here: the caller has checked the budget.
 """
@@ -14,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Row, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_text
 from privcal.storage import pseudonyms
 from privcal.storage.models import Charge, ChargeMembers, Dataset
+from privcal.storage.statements import SPENT_COLUMNS
 
 __all__ = ["ChargeStore"]
 
@@ -28,34 +31,44 @@ __all__ = ["ChargeStore"]
 class ChargeStore:
     """The charge operations of a :class:`~privcal.storage.ledger.Ledger`."""
 
-    # ``backend`` and ``_stmt`` are the Ledger's
+    # ``backend``, ``hot_sql`` and ``_sql`` are the Ledger's (storage/statements.py)
 
-    def dataset_row(self, conn: Connection, name: str) -> Row[Any]:
-        """:meth:`lock_dataset` for :meth:`write_core`: the locked row's columns (Core)."""
+    def dataset_row(self, conn: Connection, name: str) -> Any:
+        """:meth:`lock_dataset` for :meth:`write_core`: the locked row, every column (a named
+        tuple; PostgreSQL ``FOR UPDATE``, SQLite under ``BEGIN IMMEDIATE``)."""
         check_text(name, "dataset name")  # a driver error on PostgreSQL otherwise (NUL)
-        row = conn.execute(self._stmt("dataset"), {"name": name}).one_or_none()
-        if row is None:
+        q = self.hot_sql
+        raw = self._sql(conn, q.lock_dataset, (name,)).fetchone()
+        if raw is None:
             raise NotFound(f"unknown dataset {name!r}")
-        return row
+        return q.dataset.load(raw)
 
-    def charge_by_key(self, conn: Connection, dataset_id: int, key: str) -> Row[Any] | None:
-        """The charge of ``dataset_id`` recorded under idempotency ``key``, if any (Core)."""
-        return conn.execute(self._stmt("by_key"), {"d": dataset_id, "k": key}).first()
+    def charge_by_key(self, conn: Connection, dataset_id: int, key: str) -> Any | None:
+        """The charge of ``dataset_id`` recorded under idempotency ``key``, if any (a named
+        tuple of every column)."""
+        q = self.hot_sql
+        raw = self._sql(conn, q.by_key, (dataset_id, key)).fetchone()
+        return None if raw is None else q.charge.load(raw)
 
     def insert_charge(self, conn: Connection, values: dict[str, Any],
                       spent: dict[str, Any] | None = None) -> int:
-        """Insert a charge row (every column but ``id``) and count it on its dataset, whose
-        row the caller has locked, setting the dataset's running totals to ``spent``
-        (column → value) if given. Returns the charge id. PostgreSQL: one statement (the
-        UPDATE as a CTE); SQLite: two."""
-        upd = "count_spent" if spent is not None else "count"
-        cparams = {f"c_{k}": v for k, v in values.items()}
-        uparams = {"d": values["dataset_id"], **{f"s_{k}": v for k, v in (spent or {}).items()}}
+        """Insert a charge row (``values``: every column but ``id``) and count it on its
+        dataset, whose row the caller has locked, setting the dataset's running totals to
+        ``spent`` (column → value, every column of
+        :data:`~privcal.storage.statements.SPENT_COLUMNS`) if given. Returns the charge id.
+        PostgreSQL: one statement (the UPDATE as a CTE); SQLite: two."""
+        q = self.hot_sql
+        upd: list[Any] = []
+        if spent is not None:
+            upd = [s(spent[c]) if s is not None else spent[c]
+                   for c, s in zip(SPENT_COLUMNS, q.spent_bind, strict=True)]
+        upd.append(values["dataset_id"])
+        row = q.charge.dump(values, q.charge_cols)
         if self.backend == "postgresql":
-            return int(conn.execute(self._stmt(f"charge+{upd}"),
-                                    {**cparams, **uparams}).scalar_one())
-        conn.execute(self._stmt(upd), uparams)
-        return int(conn.execute(self._stmt("charge"), cparams).scalar_one())
+            sql = q.insert_charge_count_spent if spent is not None else q.insert_charge_count
+            return int(self._sql(conn, sql, upd + row).fetchone()[0])
+        self._sql(conn, q.count_spent if spent is not None else q.count, upd)
+        return int(self._sql(conn, q.insert_charge, row).fetchone()[0])
 
     def insert_members(self, conn: Session | Connection, charge_id: int, blob: bytes) -> None:
         """Store the sorted pseudonyms a local-DP charge charged (``charge_members``)."""

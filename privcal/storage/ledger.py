@@ -15,6 +15,8 @@ A :class:`Ledger` is one object whose operations are grouped by concern, one mod
 - :mod:`~privcal.storage.schema` — the schema revision, migrations, first use;
 - :mod:`~privcal.storage.transactions` — write/read transactions with retries,
   idempotency-key locks, and the audit append as the last step before COMMIT;
+- :mod:`~privcal.storage.audit_queue` — the audit sequencer of PostgreSQL ledgers (entries
+  committed with their rows, numbered into the chain under one advisory lock);
 - :mod:`~privcal.storage.statements` — the hot path's Core statements, built once;
 - :mod:`~privcal.storage.datasets`, :mod:`~privcal.storage.charges`,
   :mod:`~privcal.storage.subject_spend`, :mod:`~privcal.storage.releases`,
@@ -43,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import LedgerError
 from privcal.storage import audit, pseudonyms
+from privcal.storage.audit_queue import AuditSequencer
 from privcal.storage.charges import ChargeStore
 from privcal.storage.datasets import DatasetStore
 from privcal.storage.engine import make_engine, parse_url, resolve_url
@@ -51,7 +54,7 @@ from privcal.storage.records import AuditHeadInfo
 from privcal.storage.releases import ReleaseStore
 from privcal.storage.schema import LedgerSchema
 from privcal.storage.session_store import SessionStore
-from privcal.storage.statements import HotStatements
+from privcal.storage.statements import HotSQL, HotStatements
 from privcal.storage.subject_spend import SubjectSpendStore
 from privcal.storage.transactions import MAX_ATTEMPTS, LedgerTransactions
 from privcal.storage.verify import LedgerVerifier
@@ -62,6 +65,7 @@ __all__ = ["MAX_ATTEMPTS", "Ledger"]
 class Ledger(
     LedgerSchema,
     LedgerTransactions,
+    AuditSequencer,
     HotStatements,
     DatasetStore,
     ChargeStore,
@@ -85,7 +89,7 @@ class Ledger(
         self.engine: Engine = make_engine(raw)
         self._schema_ok = False
         self._lock = threading.Lock()
-        self._stmts: dict[str, Any] = {}
+        self._hot: HotSQL | None = None
         self._subject_key: bytes | None = None
 
     # ------------------------------------------------------------------ basics
@@ -154,7 +158,13 @@ class Ledger(
 
     # ----------------------------------------------------------------- reading
     def head(self) -> AuditHeadInfo:
-        """The last entry of the audit log (seq 0 and 64 zeros for an empty log)."""
+        """The last entry of the audit log (seq 0 and 64 zeros for an empty log).
+
+        Entries committed but still queued (PostgreSQL) are chained first
+        (:meth:`sequence_audit`), so the head covers every committed write; on a ledger
+        this connection may only read, the head of the chain as it stands.
+        """
+        self.sequence_audit(read_only_ok=True)
         with self.read() as s:
             last = s.scalars(select(AuditEntry).order_by(AuditEntry.seq.desc()).limit(1)).first()
             if last is None:

@@ -29,6 +29,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -38,6 +39,7 @@ __all__ = [
     "SUBJECT_UNIT",
     "AuditEntry",
     "AuditHead",
+    "AuditQueue",
     "Base",
     "Charge",
     "ChargeMembers",
@@ -231,3 +233,22 @@ class AuditHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     seq: Mapped[int] = mapped_column(Integer)
     entry_hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditQueue(Base):
+    """Audit entries committed with their rows but not yet numbered into the chain (PostgreSQL).
+
+    A write transaction that finds the audit sequencer busy queues its entries here, as
+    :func:`~privcal.storage.audit.entry_prefix` made them, and commits; a sequencer then
+    numbers, hashes and moves them into ``audit_log`` in ``id`` order
+    (:mod:`privcal.storage.audit_queue`, migration 0006). SQLite ledgers never queue.
+    """
+
+    __tablename__ = "audit_queue"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    prefix: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True),
+                                                 server_default=func.now())

@@ -81,3 +81,8 @@ class VerifyReport(BaseModel):
     #: with a signed head: the last entry it covers, and how many entries follow it
     signed_through: int | None = None
     unsigned_entries: int = 0
+    #: entries committed with their rows but not yet chained (PostgreSQL's ``audit_queue``,
+    #: left when the sequencer could not run: a read-only connection), checked against
+    #: their rows, and when the oldest was committed
+    queued: int = 0
+    queued_since: UTCDateTime | None = None

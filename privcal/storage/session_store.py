@@ -7,7 +7,12 @@ reports already stored, the subjects over their cap, the bulk insert of a batch'
 the batch records. Where SQLite and PostgreSQL differ there is one implementation per
 backend, side by side (keyed probes: an array bound to ``= ANY`` on PostgreSQL, a JSON array
 expanded by ``json_each`` on SQLite; the bulk insert: ``COPY`` vs one ``json_each``
-``INSERT … SELECT``). The tables are in :mod:`privcal.storage.sessions`.
+``INSERT … SELECT``). A batch of pseudonyms (raw 32-byte values, 64 hex characters stored)
+is passed as one fixed-width text — split by the server on PostgreSQL, cut by ``substr``
+from a BLOB on SQLite — so that neither side builds a Python object per row: its probe
+(:meth:`SessionStore.probe_batch`: reports and spends in one statement) and its reports
+(:meth:`SessionStore.insert_batch_reports`). The tables are in
+:mod:`privcal.storage.sessions`.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound
 from privcal.storage.audit import now
 from privcal.storage.models import Dataset, ReleaseRow
+from privcal.storage.pseudonyms import fixed_lines, hex_matrix, hex_of
 from privcal.storage.sessions import CollectionSession, SessionBatch, SessionReport
 
 __all__ = ["SessionStore"]
@@ -49,12 +56,54 @@ _INSERT_REPORTS_SQLITE = (
     "SELECT :sid, json_extract(value, '$[0]'), :r, json_extract(value, '$[1]'), :t, :b "
     "FROM json_each(:rows)")
 
+# One batch's probe (SessionStore.probe_batch): (0, pseudonym, 0) for each already reported in
+# the session, (1, pseudonym, units) for each with a spend row on the dataset. The pseudonyms
+# are one text of fixed-width hex: split by the server on PostgreSQL, cut by substr from a
+# BLOB on SQLite (byte offsets; a recursive CTE counts the rows, json_each is not needed).
+# On PostgreSQL the statement must be planned with the array's values (a custom plan): then it
+# probes the primary key or, on a table it believes small, scans it with a *hashed* ANY. A
+# plan without them (a generic plan, which psycopg's automatic prepare after 5 executions
+# lets the server choose; or an array from a sub-select) scans with a linear ANY: one array
+# search per table row, seconds for 10³ ids on a table of 10⁴ rows. So the probe goes
+# through the driver with prepare=False (psycopg placeholders).
+_BATCH_IDS_PG = "ANY(string_to_array(%(ids)s, chr(10)))"
+_PROBE_REPORTED_PG = ("SELECT 0, subject, 0 FROM session_reports WHERE session_id = %(sid)s "
+                      f"AND subject = {_BATCH_IDS_PG}")
+_PROBE_SPENT_PG = (" UNION ALL SELECT 1, subject, spent_units FROM subject_spend "
+                   f"WHERE dataset_id = %(d)s AND subject = {_BATCH_IDS_PG}")
+_SQLITE_IDS = (
+    "WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < :n), "
+    "b(sid) AS (SELECT CAST(substr(:ids, i * 64 + 1, 64) AS TEXT) FROM c) ")
+_PROBE_REPORTED_SQLITE = (
+    _SQLITE_IDS + "SELECT 0, r.subject, 0 FROM b CROSS JOIN session_reports r "
+    "WHERE r.session_id = :sid AND r.subject = b.sid")
+_PROBE_SPENT_SQLITE = (
+    " UNION ALL SELECT 1, p.subject, p.spent_units FROM b CROSS JOIN subject_spend p "
+    "WHERE p.dataset_id = :d AND p.subject = b.sid")
+_INSERT_BITS_SQLITE = (
+    "WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < :n) "
+    "INSERT INTO session_reports (session_id, subject, round, value, received_at, batch) "
+    "SELECT :sid, CAST(substr(:ids, i * 64 + 1, 64) AS TEXT), :r, "
+    "CAST(substr(:vals, i * :w + 1, :w) AS TEXT), :t, :b FROM c")
+
 #: COPY text format escapes (backslash first, then the separators it must not confuse)
 _COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 #: a character that COPY text format must escape
 _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
 #: the PostgreSQL probes with the ids as one newline-joined text split by the server
 _SPLIT_IDS = "ANY(string_to_array(:ids, chr(10)))"
+
+
+def _plain_matrix(values: np.ndarray) -> np.ndarray | None:
+    """``values`` (dtype ``S``) as an ``(n, w)`` ``uint8`` matrix if every entry is exactly
+    ``w`` ASCII bytes, none of which COPY text format must escape; else None."""
+    if values.dtype.kind != "S" or values.dtype.itemsize == 0 or values.ndim != 1:
+        return None
+    m = np.frombuffer(np.ascontiguousarray(values).tobytes(),
+                      dtype=np.uint8).reshape(values.shape[0], values.dtype.itemsize)
+    if m.size and (int(m.min()) < 0x20 or int(m.max()) > 0x7E or bool((m == 0x5C).any())):
+        return None  # NUL padding (a shorter entry), a control character, non-ASCII, "\\"
+    return m
 
 
 class SessionStore:
@@ -172,6 +221,67 @@ class SessionStore:
         conn.execute(text(_INSERT_REPORTS_SQLITE), {
             "sid": session_id, "r": round_, "t": t.isoformat(sep=" "), "b": batch,
             "rows": json.dumps([[a, b] for a, b in zip(subjects, values, strict=True)])})
+
+    def probe_batch(self, s: Session, session_id: int, raw: np.ndarray,
+                    dataset_id: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One statement for a batch's distinct pseudonyms ``raw`` (``S32``): those already
+        reported in the session, and — if ``dataset_id`` is given — those with a spend row
+        on that dataset and their units. Returns (reported, spent, units): ``S32`` arrays
+        sorted ascending and the ``int64`` units of ``spent``, in its order. Both lookups
+        probe a primary key."""
+        empty = np.zeros(0, dtype="S32")
+        if raw.shape[0] == 0:
+            return empty, empty, np.zeros(0, dtype=np.int64)
+        hexes = hex_matrix(raw)
+        params: dict[str, Any] = {"sid": session_id, "d": dataset_id}
+        rows: list[Any]
+        if self.backend == "postgresql":
+            sql = _PROBE_REPORTED_PG + (_PROBE_SPENT_PG if dataset_id is not None else "")
+            params["ids"] = fixed_lines(raw.shape[0], [hexes, b"\n"])[:-1].decode("ascii")
+            with s.connection().connection.driver_connection.cursor() as cur:
+                rows = cur.execute(sql, params, prepare=False).fetchall()
+        else:
+            sql = _PROBE_REPORTED_SQLITE + (
+                _PROBE_SPENT_SQLITE if dataset_id is not None else "")
+            params.update(ids=hexes.tobytes(), n=int(raw.shape[0]))
+            rows = list(s.execute(text(sql), params).all())
+        found = [[bytes.fromhex(r[1]) for r in rows if r[0] == k] for k in (0, 1)]
+        reported = np.sort(np.asarray(found[0], dtype="S32")) if found[0] else empty
+        if not found[1]:
+            return reported, empty, np.zeros(0, dtype=np.int64)
+        spent = np.asarray(found[1], dtype="S32")
+        units = np.asarray([int(r[2]) for r in rows if r[0] == 1], dtype=np.int64)
+        order = np.argsort(spent)
+        return reported, spent[order], units[order]
+
+    def insert_batch_reports(self, s: Session, session_id: int, round_: int,
+                             raw: np.ndarray, values: np.ndarray | Sequence[str],
+                             batch: int) -> None:
+        """:meth:`insert_reports` of pseudonyms given raw (``S32``; stored as their hex).
+        Values that are an ``S`` array of equal-width ASCII text without a tab, newline,
+        carriage return or backslash (ldp-score's ``0``/``1``) are written without a Python
+        object per row: one fixed-width COPY block on PostgreSQL, one ``INSERT … SELECT``
+        cutting a BLOB on SQLite; other values go through :meth:`insert_reports`."""
+        n = int(raw.shape[0])
+        vals = _plain_matrix(values) if isinstance(values, np.ndarray) else None
+        if vals is None or n == 0:
+            hexes = hex_of(raw).tolist()
+            text_values = (values.astype("U").tolist() if isinstance(values, np.ndarray)
+                           else list(values))
+            self.insert_reports(s, session_id, round_, hexes, text_values, batch)
+            return
+        t = now()
+        if self.backend == "postgresql":
+            block = fixed_lines(n, [f"{session_id}\t".encode(), hex_matrix(raw),
+                                    f"\t{round_}\t".encode(), vals,
+                                    f"\t{t.isoformat()}\t{batch}\n".encode()])
+            raw_conn = s.connection().connection.driver_connection
+            with raw_conn.cursor() as cur, cur.copy(_COPY_REPORTS) as cp:
+                cp.write(block)
+            return
+        s.execute(text(_INSERT_BITS_SQLITE), {
+            "n": n, "sid": session_id, "r": round_, "t": t.isoformat(sep=" "), "b": batch,
+            "ids": hex_matrix(raw).tobytes(), "vals": vals.tobytes(), "w": vals.shape[1]})
 
     @staticmethod
     def report_values(s: Session, session_id: int) -> list[str]:

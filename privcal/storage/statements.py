@@ -1,68 +1,174 @@
-"""The Core statements of the hot path (a charge and its audit append), built once per ledger.
+"""The hot path's SQL (a charge and its audit append), run on the DB-API connection.
 
-A statement object that is reused keeps its cache key, so SQLAlchemy compiles it once
-(issue 11); :meth:`HotStatements._stmt` builds each on first use and keeps it.
+One charge is a handful of primary-key statements around one COMMIT; through SQLAlchemy's
+Core each costs ~50 µs of Python (compiled-cache lookup, parameter processing, result
+objects, events) against ~3 µs on the driver, and the whole charge was 7× one raw committed
+insert (issue 11). So these statements are SQL strings written once per ledger and
+backend (:class:`HotSQL`), executed with the driver's ``execute`` on the connection a
+:class:`~sqlalchemy.engine.Connection` checked out of the pool
+(``conn.connection.driver_connection``), inside the transaction of
+:meth:`~privcal.storage.transactions.LedgerTransactions.write_core`, which begins and
+commits on that connection too (:meth:`HotStatements._begin`, :meth:`HotStatements._commit`).
+
+Values cross the driver exactly as SQLAlchemy would write and read them: every column's
+bind and result processors are taken from its SQLAlchemy type once (:class:`_Codec`), so
+an amount is a decimal string on SQLite and ``NUMERIC`` on PostgreSQL, a timestamp has the
+SQLite dialect's text format, and so on; rows come back as named tuples with every column.
+A driver error is raised as SQLAlchemy's (:meth:`HotStatements._sql`), with a connection
+the server closed invalidated, so :meth:`~privcal.storage.transactions.LedgerTransactions._retry`
+handles both paths alike.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Column, Numeric, Table
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.types import TypeEngine
 
-from privcal.storage.models import AuditEntry, AuditHead, Charge, Dataset
+from privcal.storage.models import Charge, Dataset
 
-__all__ = ["SPENT_COLUMNS", "HotStatements"]
+__all__ = ["SPENT_COLUMNS", "HotSQL", "HotStatements"]
 
 #: the dataset columns holding its running totals, in :class:`privcal.accountant` order
 SPENT_COLUMNS = ("spent_pure_eps", "spent_pure_rho", "spent_zcdp_rho", "spent_approx_eps",
                  "spent_approx_delta")
 
 
-class HotStatements:
-    """The statement cache of a :class:`~privcal.storage.ledger.Ledger`."""
+#: PostgreSQL's type OID of NUMERIC (psycopg's numeric result processor asks for it)
+_PG_NUMERIC_OID = 1700
 
-    # set by Ledger.__init__; ``backend`` is the Ledger's
-    _stmts: dict[str, Any]
 
-    def _stmt(self, name: str) -> Any:
-        """The Core statements of the hot path, built once per ledger (a statement object
-        reused keeps its cache key: SQLAlchemy compiles it once)."""
-        st = self._stmts.get(name)
-        if st is not None:
-            return st
-        pg = self.backend == "postgresql"
+def _coltype(dialect: Dialect, t: TypeEngine[Any]) -> int | None:
+    """The driver's type code of a column of type ``t``, where a result processor needs it."""
+    if dialect.name == "postgresql" and isinstance(getattr(t, "impl_instance", t), Numeric):
+        return _PG_NUMERIC_OID
+    return None
+
+
+class _Codec:
+    """One table's columns as the driver sees them: a named-tuple row type and the
+    SQLAlchemy bind/result processors of each column (None where the value passes as is)."""
+
+    def __init__(self, table: Table, dialect: Dialect, columns: Sequence[Column[Any]]) -> None:
+        self.names = tuple(c.name for c in columns)
+        self.row = namedtuple(f"{table.name}_row", self.names)  # type: ignore[misc]
+        impls = [c.type.dialect_impl(dialect) for c in columns]
+        self._out = tuple((i, p) for i, t in enumerate(impls)
+                          if (p := t.result_processor(dialect, _coltype(dialect, t)))
+                          is not None)
+        self.bind: dict[str, Callable[[Any], Any]] = {
+            c.name: p for c, t in zip(columns, impls, strict=True)
+            if (p := t.bind_processor(dialect)) is not None}
+
+    def load(self, raw: Sequence[Any]) -> Any:
+        """A driver row as the named tuple of Python values SQLAlchemy would return."""
+        vals = list(raw)
+        for i, p in self._out:
+            vals[i] = p(vals[i])
+        return self.row._make(vals)
+
+    def dump(self, values: dict[str, Any], names: Sequence[str]) -> list[Any]:
+        """``values[name]`` for each of ``names``, as the driver is given it."""
+        bind = self.bind
+        return [bind[n](values[n]) if n in bind else values[n] for n in names]
+
+
+class HotSQL:
+    """The hot path's statements for one backend (driver paramstyle: ``?`` on SQLite,
+    ``%s`` on psycopg), and the codecs of the rows they read and write."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        pg = dialect.name == "postgresql"
+        p = "%s" if pg else "?"
         dt, ct = Dataset.__table__, Charge.__table__
-        ht, et = AuditHead.__table__, AuditEntry.__table__
-        if name == "dataset":
-            st = select(dt).where(dt.c.name == bindparam("name"))
-            st = st.with_for_update() if pg else st
-        elif name == "by_key":
-            st = select(ct).where(ct.c.dataset_id == bindparam("d"),
-                                  ct.c.idempotency_key == bindparam("k"))
-        elif name == "count":
-            st = update(dt).where(dt.c.id == bindparam("d")).values(
-                charge_count=dt.c.charge_count + 1)
-        elif name == "count_spent":
-            st = update(dt).where(dt.c.id == bindparam("d")).values(
-                charge_count=dt.c.charge_count + 1,
-                **{c: bindparam(f"s_{c}", type_=dt.c[c].type) for c in SPENT_COLUMNS})
-        elif name.startswith("charge"):  # charge / charge+count / charge+count_spent
-            # bind names differ from every column name: parameters named like a column would
-            # otherwise be added to the statement's SET / VALUES clause
-            st = insert(ct).values(
-                {c.name: bindparam(f"c_{c.name}", type_=c.type) for c in ct.c if c.name != "id"}
-            ).returning(ct.c.id)
-            if "+" in name:
-                st = st.add_cte(self._stmt(name.split("+")[1]).cte("upd"))
-        elif name == "head":
-            st = select(ht.c.seq, ht.c.entry_hash).where(ht.c.id == 1)
-        elif name == "entry":
-            st = insert(et)
-        elif name == "move_head":
-            st = update(ht).where(ht.c.id == 1).values(seq=bindparam("s"),
-                                                       entry_hash=bindparam("h"))
-        else:  # pragma: no cover
-            raise KeyError(name)
-        self._stmts[name] = st
-        return st
+        self.dataset = _Codec(dt, dialect, list(dt.c))
+        self.charge = _Codec(ct, dialect, list(ct.c))
+        #: every charge column but id, in insert order
+        self.charge_cols = tuple(c.name for c in ct.c if c.name != "id")
+        self.spent_bind = [self.dataset.bind.get(c) for c in SPENT_COLUMNS]
+        ds_cols = ", ".join(self.dataset.names)
+        #: the dataset row by name; PostgreSQL locks it (SQLite: BEGIN IMMEDIATE holds the
+        #: database write lock already)
+        self.lock_dataset = (f"SELECT {ds_cols} FROM datasets WHERE name = {p}"
+                             + (" FOR UPDATE" if pg else ""))
+        self.by_key = (f"SELECT {', '.join(self.charge.names)} FROM charges "
+                       f"WHERE dataset_id = {p} AND idempotency_key = {p}")
+        self.count = f"UPDATE datasets SET charge_count = charge_count + 1 WHERE id = {p}"
+        self.count_spent = (
+            "UPDATE datasets SET charge_count = charge_count + 1, "
+            + ", ".join(f"{c} = {p}" for c in SPENT_COLUMNS) + f" WHERE id = {p}")
+        self.insert_charge = (
+            f"INSERT INTO charges ({', '.join(self.charge_cols)}) "
+            f"VALUES ({', '.join([p] * len(self.charge_cols))}) RETURNING id")
+        if pg:  # the totals' UPDATE rides in the INSERT: one round trip
+            self.insert_charge_count = f"WITH upd AS ({self.count}) {self.insert_charge}"
+            self.insert_charge_count_spent = (f"WITH upd AS ({self.count_spent}) "
+                                              f"{self.insert_charge}")
+        # the SQLite audit append (PostgreSQL's is in the server: storage/transactions.py)
+        self.head = "SELECT seq, entry_hash FROM audit_head WHERE id = 1"
+        self.entry = (f"INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+                      f"VALUES ({p}, {p}, {p}, {p}, {p})")
+        self.move_head = f"UPDATE audit_head SET seq = {p}, entry_hash = {p} WHERE id = 1"
+
+
+class HotStatements:
+    """The hot path's SQL of a :class:`~privcal.storage.ledger.Ledger` and how it runs (see the
+    module docstring)."""
+
+    # set by Ledger.__init__; ``backend`` and ``engine`` are the Ledger's
+    _hot: HotSQL | None
+
+    @property
+    def hot_sql(self) -> HotSQL:
+        """The statements for this ledger's backend, written on first use."""
+        if self._hot is None:
+            self._hot = HotSQL(self.engine.dialect)  # type: ignore[attr-defined]
+        return self._hot
+
+    def _sql(self, conn: Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run ``sql`` on the driver connection under ``conn``; the driver's cursor."""
+        try:
+            return conn.connection.driver_connection.execute(sql, params)  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._db_error(conn, exc, sql, params) from exc
+
+    def _sql_many(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """``executemany`` of ``sql`` over ``rows`` on the driver connection under ``conn``."""
+        try:
+            conn.connection.driver_connection.cursor().executemany(sql, rows)  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._db_error(conn, exc, sql, rows) from exc
+
+    def _begin(self, conn: Connection) -> None:
+        """Begin the write transaction on the driver connection: ``BEGIN IMMEDIATE`` on SQLite
+        (the write lock from the first read, see :mod:`privcal.storage.engine`); psycopg begins
+        one by itself with the first statement."""
+        if self.backend == "sqlite":  # type: ignore[attr-defined]
+            self._sql(conn, "BEGIN IMMEDIATE")
+
+    def _commit(self, conn: Connection) -> None:
+        """COMMIT the transaction of :meth:`_begin` — through SQLAlchemy if something on the
+        connection made it begin its own (the same driver transaction), else on the driver."""
+        if conn.in_transaction():
+            conn.commit()
+            return
+        try:
+            conn.connection.driver_connection.commit()  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._db_error(conn, exc, "COMMIT", ()) from exc
+
+    @staticmethod
+    def _db_error(conn: Connection, exc: BaseException, sql: str, params: Any) -> DBAPIError:
+        """The driver error ``exc`` as SQLAlchemy raises it (its DBAPIError subclass), and
+        ``conn`` invalidated if the error says the connection is gone (as SQLAlchemy does)."""
+        dialect = conn.dialect
+        dead = dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
+        if dead:
+            conn.invalidate(exc)
+        return DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,  # type: ignore[arg-type]
+                                   connection_invalidated=dead, dialect=dialect)

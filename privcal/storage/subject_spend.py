@@ -9,6 +9,10 @@ is one of the two places with a statement per backend (the other is the audit ap
   which pays a speculative insertion per row);
 - SQLite: the batch is one JSON array parsed by ``json_each`` (~4× faster than
   ``executemany``) and one ``INSERT … ON CONFLICT DO UPDATE … WHERE`` under the cap.
+
+A collection session's batch has already read its subjects' spends (its one probe, under the
+dataset lock), so :meth:`SubjectSpendStore.charge_probed` needs no staging table: it writes
+the new rows straight into ``subject_spend`` and raises the existing ones under the cap.
 """
 
 from __future__ import annotations
@@ -20,9 +24,29 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from privcal.errors import LedgerError
 from privcal.storage.models import SubjectSpend
+from privcal.storage.pseudonyms import fixed_lines, hex_matrix
 
 __all__ = ["SubjectSpendStore"]
+
+# SubjectSpendStore.charge_probed: raise rows with room (ids: newline-joined hex on PostgreSQL,
+# a BLOB of fixed-width hex cut by substr on SQLite); insert new rows (SQLite; COPY on PG)
+# (PostgreSQL: run by the driver with prepare=False, planned with the ids' values: see the
+# probe in session_store.py)
+_RAISE_PG = ("UPDATE subject_spend SET spent_units = spent_units + %(e)s WHERE dataset_id = %(d)s "
+             "AND subject = ANY(string_to_array(%(ids)s, chr(10))) "
+             "AND spent_units <= %(cap)s - %(e)s")
+_SQLITE_IDS = ("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c "
+               "WHERE i + 1 < :n) ")
+# (the CTE inside the IN: Python's sqlite3 reports no rowcount for a statement led by WITH)
+_RAISE_SQLITE = (
+    "UPDATE subject_spend SET spent_units = spent_units + :e "
+    "WHERE dataset_id = :d AND spent_units <= :cap - :e AND subject IN ("
+    + _SQLITE_IDS + "SELECT CAST(substr(:ids, i * 64 + 1, 64) AS TEXT) FROM c)")
+_INSERT_NEW_SQLITE = (
+    _SQLITE_IDS + "INSERT INTO subject_spend (dataset_id, subject, spent_units) "
+    "SELECT :d, CAST(substr(:ids, i * 64 + 1, 64) AS TEXT), :e FROM c")
 
 
 def _copy_text(conn: Connection, copy_sql: str, values: list[str]) -> None:
@@ -100,6 +124,52 @@ class SubjectSpendStore:
             ), params)
             conn.exec_driver_sql("DELETE FROM privcal_batch")
         return over
+
+    def charge_probed(self, tx: Session | Connection, dataset_id: int, new: np.ndarray,
+                      existing: np.ndarray, e_units: int, cap_units: int) -> None:
+        """Charge ``e_units`` to each subject of a batch whose spend rows were just probed in
+        this transaction (:meth:`privcal.storage.Ledger.probe_batch`), with the dataset row
+        locked since: ``new`` (raw ``S32`` pseudonyms, distinct, best sorted) have no row and
+        get one, ``existing`` have room under ``cap_units`` and are raised.
+
+        The probe is the budget check, so no staging table: new rows are one COPY block
+        (PostgreSQL) or one ``INSERT … SELECT`` cutting a BLOB (SQLite) straight into
+        ``subject_spend``. The statements still refuse what the probe ruled out: an
+        existing row makes the insert fail (primary key) and the update only raises rows
+        with room; if it raised fewer than asked, LedgerError — the transaction rolls back,
+        nobody is charged.
+        """
+        conn = tx.connection() if isinstance(tx, Session) else tx
+        if (new.shape[0] or existing.shape[0]) and e_units > cap_units:
+            raise LedgerError("a subject charge above the per-subject cap was not refused")
+        if existing.shape[0]:
+            hexes = hex_matrix(existing)
+            params = {"d": dataset_id, "e": e_units, "cap": cap_units}
+            if self.backend == "postgresql":
+                params["ids"] = fixed_lines(existing.shape[0],
+                                            [hexes, b"\n"])[:-1].decode("ascii")
+                with conn.connection.driver_connection.cursor() as cur:
+                    done = cur.execute(_RAISE_PG, params, prepare=False).rowcount
+            else:
+                params.update(ids=hexes.tobytes(), n=int(existing.shape[0]))
+                done = conn.execute(text(_RAISE_SQLITE), params).rowcount
+            if done != existing.shape[0]:
+                raise LedgerError(f"per-subject charge: {existing.shape[0] - done} of "
+                                  f"{existing.shape[0]} subjects had no room left; nothing "
+                                  "was charged")
+        if not new.shape[0]:
+            return
+        hexes = hex_matrix(new)
+        if self.backend == "postgresql":
+            block = fixed_lines(new.shape[0], [f"{int(dataset_id)}\t".encode(), hexes,
+                                               f"\t{int(e_units)}\n".encode()])
+            raw = conn.connection.driver_connection
+            with raw.cursor() as cur, cur.copy(
+                    "COPY subject_spend (dataset_id, subject, spent_units) FROM STDIN") as cp:
+                cp.write(block)
+            return
+        conn.execute(text(_INSERT_NEW_SQLITE), {"d": dataset_id, "e": e_units,
+                                                "ids": hexes.tobytes(), "n": int(new.shape[0])})
 
     @staticmethod
     def subject_units(s: Session, dataset_id: int, pseudonym: str) -> int:

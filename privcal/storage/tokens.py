@@ -26,7 +26,6 @@ import hashlib
 import hmac
 import json
 import re
-import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -41,6 +40,7 @@ from privcal.storage.audit import now
 from privcal.storage.models import AuditEntry, Base
 from privcal.storage.records import UTCDateTime
 from privcal.storage.sessions import SessionReport
+from privcal.storage.token_secrets import DUMMY_HASH, new_secret, usable
 
 __all__ = [
     "ROLES",
@@ -68,7 +68,6 @@ TOKEN_PREFIX = "pcl_"
 _TOKEN_RE = re.compile(r"^pcl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
 #: a pending reservation older than this is taken over by a retry (its request died)
 PENDING_TTL = timedelta(minutes=5)
-_DUMMY_HASH = hashlib.sha256(b"privcal: no such token").hexdigest()
 
 
 class ApiToken(Base):
@@ -184,13 +183,12 @@ def create_token(
     check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
     if expires_in is not None and expires_in.total_seconds() <= 0:
         raise InvalidInput("expiry must be in the future")
-    tid = secrets.token_hex(8)
-    secret = secrets.token_urlsafe(32)
+    tid, secret, digest = new_secret()
     t0 = now()
 
     def tx(s: Session) -> TokenInfo:
         row = ApiToken(
-            id=tid, secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), role=role,
+            id=tid, secret_sha256=digest, role=role,
             name=name or f"token-{tid}", datasets=sorted(set(datasets)), session_id=session,
             subject=subject, agent=agent, created_at=t0,
             expires_at=t0 + expires_in if expires_in is not None else None, revoked_at=None)
@@ -235,15 +233,12 @@ def presented_token(presented: str) -> tuple[str, str] | None:
 
 
 def _valid(row: ApiToken | None, digest: str, at: datetime) -> TokenInfo | None:
-    """The row's record if ``digest`` matches it (constant time; a dummy hash is compared
-    for a missing row) and it is neither revoked nor expired at ``at``."""
-    ok = hmac.compare_digest(digest, row.secret_sha256 if row is not None else _DUMMY_HASH)
-    if not ok or row is None or row.revoked_at is not None:
+    """The row's record if ``digest`` opens it at ``at`` (:func:`usable`), else None."""
+    if row is None:
+        usable(digest, None, None, None, at)  # the same comparison as for a known id
         return None
-    info = _info(row)
-    if info.expires_at is not None and info.expires_at <= at:
-        return None
-    return info
+    ok = usable(digest, row.secret_sha256, row.revoked_at, row.expires_at, at)
+    return _info(row) if ok else None
 
 
 def authenticate(ledger: Any, presented: str) -> TokenInfo | None:
@@ -251,7 +246,7 @@ def authenticate(ledger: Any, presented: str) -> TokenInfo | None:
     tok = presented_token(presented)
     if tok is None:
         hmac.compare_digest(hashlib.sha256((presented or "").encode("utf-8", "replace"))
-                            .hexdigest(), _DUMMY_HASH)
+                            .hexdigest(), DUMMY_HASH)
         return None
     with ledger.read() as s:
         return _valid(s.get(ApiToken, tok[0]), tok[1], now())
@@ -352,6 +347,7 @@ def audit_entries(ledger: Any, *, after: int = 0, limit: int = 100) -> list[Audi
         raise InvalidInput("after must be an integer ≥ 0")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise InvalidInput("limit must be an integer in [1, 1000]")
+    ledger.sequence_audit(read_only_ok=True)  # every committed entry chained first
     with ledger.read() as s:
         rows = s.scalars(select(AuditEntry).where(AuditEntry.seq > after)
                          .order_by(AuditEntry.seq).limit(limit))

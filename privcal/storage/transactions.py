@@ -5,11 +5,15 @@ Write transactions go through :meth:`LedgerTransactions.write` (an ORM session) 
 retry transient lock and serialization failures — and a connection found dead — a bounded
 number of times. Within one, the accountant locks the dataset row and queues its audit
 entries (:meth:`LedgerTransactions.append_audit`, which canonicalises the entry at once).
-The queued entries are appended as the *last* step before COMMIT, under the lock of the
-single ``audit_head`` row (:meth:`LedgerTransactions._append_pending`): so the log stays one
-gap-free, fork-free sequence in commit order, while the global lock is held only for that
-append and the commit. Locks are always taken dataset rows first, head last, so writers
-cannot deadlock.
+The queued entries are appended as the *last* step before COMMIT
+(:meth:`LedgerTransactions._append_pending`). SQLite: numbered and chained in the
+transaction, which holds the database write lock since ``BEGIN IMMEDIATE``. PostgreSQL: by
+the audit sequencer of :mod:`privcal.storage.audit_queue` — chained in the transaction if it
+gets the sequencer lock at once, else put in ``audit_queue`` and committed, to be chained by
+the next holder of that lock (the next write granted it) or the next reader of the chain; so
+charges to different datasets do not wait for each other's WAL flush, and the log stays one
+gap-free, fork-free sequence in per-dataset commit order. Locks are always taken dataset
+rows first, the sequencer last, so writers cannot deadlock.
 """
 
 from __future__ import annotations
@@ -45,20 +49,6 @@ _KEY_LOCKS_GUARD = threading.Lock()
 
 #: attempts of one write transaction before a transient failure is reported
 MAX_ATTEMPTS = 12
-#: the audit append on PostgreSQL: lock the head, number the entry, hash it (SHA-256 in the
-#: server, the same bytes as :func:`privcal.storage.audit.chain_hash`), insert it and move the
-#: head — one statement, so the head lock is held for one round trip and the commit
-_PG_APPEND = (
-    "WITH h AS (SELECT seq + 1 AS seq, entry_hash AS prev FROM audit_head WHERE id = 1 "
-    "FOR UPDATE), "
-    "e AS (SELECT h.seq, h.prev, %(prefix)s || h.seq::text || '}' AS payload FROM h), "
-    "x AS (SELECT e.seq, e.prev, e.payload, encode(sha256('\\x01'::bytea || decode(e.prev, 'hex')"
-    " || sha256('\\x00'::bytea || convert_to(e.payload, 'UTF8'))), 'hex') AS hash FROM e), "
-    "i AS (INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
-    "SELECT x.seq, %(kind)s, x.payload, x.prev, x.hash FROM x) "
-    "UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x WHERE audit_head.id = 1"
-)
-_PENDING = "privcal_audit_pending"
 _PENDING = "privcal_audit_pending"
 
 
@@ -79,8 +69,8 @@ def _is_transient(exc: BaseException) -> bool:
 class LedgerTransactions:
     """Transactions of a :class:`~privcal.storage.ledger.Ledger` (see the module docstring)."""
 
-    # set by Ledger.__init__; ``backend``, ``url``, ``_connect``, ``_unreachable``, ``_stmt``
-    # and ``ensure_schema`` are the Ledger's
+    # set by Ledger.__init__; ``backend``, ``url``, ``_connect``, ``_unreachable``, ``hot_sql``,
+    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit`` and ``ensure_schema`` are the Ledger's
     _url: URL
 
     def write(self, fn: Callable[[Session], T], *, attempts: int = MAX_ATTEMPTS) -> T:
@@ -105,22 +95,28 @@ class LedgerTransactions:
     def write_core(self, fn: Callable[[Connection], T], *,
                    attempts: int = MAX_ATTEMPTS) -> T:
         """:meth:`write` with a Core connection instead of an ORM session (no unit of work,
-        no identity map: the hot path of a charge)."""
+        no identity map: the hot path of a charge). The transaction is begun and committed
+        on the driver connection (:mod:`privcal.storage.statements`; ``BEGIN IMMEDIATE`` on
+        SQLite), where the hot path's statements run; a Core statement ``fn`` executes
+        joins it. Anything ``fn`` raises rolls it back (the pool's reset on return)."""
 
         def run(conn: Connection) -> T:
-            with conn.begin():
-                result = fn(conn)
-                self._append_pending(conn)
+            self._begin(conn)
+            result = fn(conn)
+            self._append_pending(conn)
+            self._commit(conn)
             return result
 
-        return self._retry(run, attempts)
+        return self._retry(run, attempts, core=True)
 
-    def _retry(self, run: Callable[[Connection], T], attempts: int) -> T:
+    def _retry(self, run: Callable[[Connection], T], attempts: int, *,
+               core: bool = False) -> T:
         self.ensure_schema()
         delay = 0.01
         for attempt in range(1, attempts + 1):
             try:
-                with self._connect(write=True) as conn:
+                # write_core begins IMMEDIATE itself: no execution option for the begin hook
+                with self._connect(write=not core) as conn:
                     conn.info[_PENDING] = []
                     try:
                         return run(conn)
@@ -203,8 +199,8 @@ class LedgerTransactions:
     def append_audit(self, tx: Session | Connection, kind: str, data: dict[str, Any]) -> None:
         """Queue one entry for the chain in ``tx``'s write transaction.
 
-        The entry is canonicalised now (once); it is numbered, hashed and appended under
-        the head-row lock as the transaction's last step (:meth:`_append_pending`).
+        The entry is canonicalised now (once); it is numbered, hashed and appended as the
+        transaction's last step (:meth:`_append_pending`).
         """
         conn = tx.connection() if isinstance(tx, Session) else tx
         pending = conn.info.get(_PENDING)
@@ -213,24 +209,26 @@ class LedgerTransactions:
         pending.append((kind, audit.entry_prefix(kind, data)))
 
     def _append_pending(self, conn: Connection) -> None:
-        """Append the queued entries, in order, under the ``audit_head`` row lock."""
+        """Append the entries :meth:`append_audit` collected, in order (module docstring)."""
         pending: list[tuple[str, str]] = conn.info.get(_PENDING) or []
         if not pending:
             return
         if self.backend == "postgresql":
-            for kind, prefix in pending:
-                conn.exec_driver_sql(_PG_APPEND, {"prefix": prefix, "kind": kind})
+            self._pg_append_pending(conn, pending)  # type: ignore[attr-defined]
         else:
             # SQLite: the BEGIN IMMEDIATE transaction already holds the database write lock
-            seq, prev = conn.execute(self._stmt("head")).one()
+            q = self.hot_sql  # on the driver connection (storage/statements.py)
+            seq, prev = self._sql(conn, q.head).fetchone()
             rows = []
             for kind, prefix in pending:
                 seq += 1
                 payload = audit.payload_at(prefix, seq)
                 entry_hash = audit.chain_hash(prev, payload)
-                rows.append({"seq": seq, "kind": kind, "payload": payload,
-                             "prev_hash": prev, "entry_hash": entry_hash})
+                rows.append((seq, kind, payload, prev, entry_hash))
                 prev = entry_hash
-            conn.execute(self._stmt("entry"), rows)
-            conn.execute(self._stmt("move_head"), {"s": seq, "h": prev})
+            if len(rows) == 1:
+                self._sql(conn, q.entry, rows[0])
+            else:
+                self._sql_many(conn, q.entry, rows)
+            self._sql(conn, q.move_head, (seq, prev))
         pending.clear()

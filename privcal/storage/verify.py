@@ -21,13 +21,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from privcal.errors import AuditFailed, InvalidInput
+from privcal.errors import AuditFailed, InvalidInput, LedgerError
 from privcal.storage import audit
 from privcal.storage import sessions as _sessions
 from privcal.storage.models import (
     SUBJECT_UNIT,
     AuditEntry,
     AuditHead,
+    AuditQueue,
     Charge,
     Dataset,
     ReleaseRow,
@@ -60,6 +61,41 @@ def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> No
         raise AuditFailed(
             f"audit head: the audit_head row's hash differs from entry {last}'s hash: the head "
             "row was edited")
+
+
+def _check_queue(s: Session, backend: str, last: int,
+                 check: Callable[[int, str, dict[str, Any]], None]) -> list[AuditQueue]:
+    """Check the entries committed but not yet chained (``audit_queue``), in id order.
+
+    Each is checked as the entry ``last + k`` it becomes when the next sequencer chains it
+    (:mod:`privcal.storage.audit_queue`): canonical, of its kind, and equal to the row it
+    records — so a queued entry that was edited, or deleted (its row then has no entry), or
+    forged for no row, fails as a chained one would. SQLite ledgers never queue.
+    """
+    rows = list(s.scalars(select(AuditQueue).order_by(AuditQueue.id)))
+    if rows and backend != "postgresql":
+        raise AuditFailed(f"audit queue: {len(rows)} entries in audit_queue, but a SQLite "
+                          "ledger never queues (rows inserted outside privcal)")
+    for k, q in enumerate(rows, start=1):
+        seq = last + k
+        where = (f"queued audit entry (queue id {q.id}, committed {audit.iso(q.created_at)}, "
+                 f"not yet chained; it would be entry {seq})")
+        payload = audit.payload_at(q.prefix, seq)
+        try:
+            doc = json.loads(payload)
+            canonical_ok = isinstance(doc, dict) and audit.canonical(doc) == payload
+        except (ValueError, TypeError):
+            canonical_ok, doc = False, {}
+        if not canonical_ok:
+            raise AuditFailed(f"{where}: payload is not canonical JSON (entry altered)")
+        if doc.get("seq") != seq or doc.get("kind") != q.kind or q.kind == "migration":
+            raise AuditFailed(f"{where}: payload records kind {doc.get('kind')!r}, the row "
+                              f"kind {q.kind!r} (entry altered)")
+        try:
+            check(seq, q.kind, doc.get("data") or {})
+        except AuditFailed as exc:
+            raise AuditFailed(f"{where}: {exc}") from exc
+    return rows
 
 
 class LedgerVerifier:
@@ -117,6 +153,12 @@ class LedgerVerifier:
                     "--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
                     f"got {expect_head!r}"
                 ) from exc
+        # every committed entry into the chain first; a ledger that may only be read keeps
+        # them queued, and they are checked and counted below
+        try:
+            self.sequence_audit(read_only_ok=True)  # type: ignore[attr-defined]
+        except LedgerError:
+            pass  # the head row is gone: the checks below say so (and check the queue)
         if want is not None:
             wants.append((want[0], want[1], "expected head"))
         if signed is not None:
@@ -135,6 +177,16 @@ class LedgerVerifier:
             tally = _sessions.SessionTally()
             charge_seq: dict[int, int] = {}
             migration: tuple[int, dict[str, Any]] | None = None
+
+            def check(seq: int, kind: str, data: dict[str, Any]) -> None:
+                """Cross-check one (chained or queued) entry with the rows it records."""
+                if kind in _sessions.SESSION_KINDS:
+                    _sessions.check_entry(seq, kind, data, coll, names, tally)
+                    return
+                if kind == "charge" and isinstance(data.get("charge_id"), int):
+                    charge_seq[data["charge_id"]] = seq
+                self._check_row(seq, kind, data, datasets, charges, releases, names, seen)
+
             entries: Iterable[AuditEntry] = s.scalars(select(AuditEntry).order_by(AuditEntry.seq))
             if progress is not None:
                 entries = progress(entries, "verifying the audit log",
@@ -161,21 +213,13 @@ class LedgerVerifier:
                 if doc.get("seq") != e.seq or doc.get("kind") != e.kind:
                     raise AuditFailed(f"audit entry {e.seq}: payload records seq {doc.get('seq')} "
                                       f"kind {doc.get('kind')!r} (entries reordered)")
-                if e.kind in _sessions.SESSION_KINDS:
-                    _sessions.check_entry(e.seq, e.kind, doc.get("data") or {}, coll, names,
-                                          tally)
-                elif e.kind == "migration":
+                if e.kind == "migration":
                     if migration is not None:
                         raise AuditFailed(f"audit entry {e.seq}: a second migration entry")
                     migration = (e.seq, doc.get("data") or {})
                     _sessions.check_migration(e.seq, migration[1], coll, tally)
                 else:
-                    if e.kind == "charge":
-                        cid = (doc.get("data") or {}).get("charge_id")
-                        if isinstance(cid, int):
-                            charge_seq[cid] = e.seq
-                    self._check_row(e.seq, e.kind, doc.get("data") or {}, datasets, charges,
-                                    releases, names, seen)
+                    check(e.seq, e.kind, doc.get("data") or {})
                 prev = e.entry_hash
                 expected += 1
                 count += 1
@@ -202,6 +246,7 @@ class LedgerVerifier:
                         f"head is entry {signed.seq}, signed {signed.time}; {unsigned} later "
                         "entr" + ("y is" if unsigned == 1 else "ies are") + " unsigned: "
                         "appended since, or forged)")
+            queued = _check_queue(s, self.backend, last, check)  # type: ignore[attr-defined]
             for kind, rows in (("dataset", datasets), ("charge", charges), ("release", releases)):
                 missing = sorted(set(rows) - seen[kind])
                 if missing:
@@ -213,6 +258,8 @@ class LedgerVerifier:
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
                                 charges=len(charges), releases=len(releases),
                                 signed_through=signed.seq if signed is not None else None,
+                                queued=len(queued),
+                                queued_since=queued[0].created_at if queued else None,
                                 unsigned_entries=unsigned)
 
     @staticmethod

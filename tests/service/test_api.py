@@ -299,6 +299,11 @@ def test_calibration_release_location_dry_run_and_replay(live: Live) -> None:
             422, "invalid-input")
         _problem(c.post("/v1/datasets/d/calibrations", json={
             "method": "nope", "params": {}, "scores": scores}, headers=_k()), 404, "not-found")
+        for nominal in (1, "true"):  # a bool parameter takes true/false only (red team)
+            p = _problem(c.post("/v1/datasets/d/calibrations", json={
+                "method": "pcoqs", "params": {"alpha": 0.1, "rho": 0.5, "nominal": nominal},
+                "scores": scores}, headers=_k()), 422, "invalid-input")
+            assert "nominal must be true or false" in p["detail"]
         assert _head(live) == head
     with live.client("auditor") as c:
         entries = c.get("/v1/audit/entries", params={"after": 0, "limit": 2}).json()
@@ -347,7 +352,7 @@ def test_access_log_has_no_body_and_no_subject(live: Live,
     assert any(ln.startswith("PUT /v1/sessions/{sid}/reports/{report_id} 201 "
                              + dev.split("_")[1]) for ln in lines), lines
     text = "\n".join(lines)
-    for secret in ("secret-subject-42", "report-xyz", "body-text-77", dev.split("_")[2]):
+    for secret in ("secret-subject-42", "report-xyz", "body-text-77", dev.split("_", 2)[2]):
         assert secret not in text
 
 

@@ -120,3 +120,52 @@ def test_inputs_at_the_edge_of_the_float_range_are_a_422(live: Live) -> None:
         r = c.post("/v1/amplify", json={"delta": 5e-324, "epsilon0": 5e-324, "n": 1})
     assert r.status_code == 422, r.text
     assert "outside the range" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(("body", "cli"), [
+    ({"method": "pcoqs", "alpha": 0.1, "rho": 0.5}, ["--rho", "0.5"]),
+    ({"method": "pcoqs", "alpha": 0.1, "rho": 0.1, "n": 228, "nominal": True,
+      "failure_probability": 0.01},
+     ["--rho", "0.1", "--n", "228", "--nominal", "--failure-probability", "0.01"]),
+    ({"method": "pcoqs", "alpha": 0.2, "rho": 0.05, "n": 40}, ["--rho", "0.05", "--n", "40"]),
+    ({"method": "exponq", "alpha": 0.1, "epsilon": 1.0}, ["--epsilon", "1"]),
+    ({"method": "exponq", "alpha": 0.1, "epsilon": 0.5, "n": 300},
+     ["--epsilon", "0.5", "--n", "300"]),
+    ({"method": "local", "alpha": 0.1, "n": 2000, "k": 5, "epsilon": 1.0,
+      "failure_probability": 0.01, "rounds": 8},
+     ["--n", "2000", "--k", "5", "--epsilon", "1", "--failure-probability", "0.01",
+      "--rounds", "8"]),
+])
+def test_advise_methods_match_the_cli(live: Live, body: dict[str, Any], cli: list[str]) -> None:
+    """``/v1/advise`` with ``method`` pcoqs/exponq (and local's options) is
+    ``privcal advise --method … --json``."""
+    head = live.accountant.ledger.head()
+    with live.client("analyst") as c:
+        r = c.post("/v1/advise", json=body)
+    assert r.status_code == 200, r.text
+    want = _cli_json(live, "advise", "--method", body["method"], "--alpha",
+                     str(body["alpha"]), *cli)
+    _same(r.json(), want)
+    if body["method"] != "local":
+        assert r.json()["min_n"] == want["min_n"] and r.json()["method"] == body["method"]
+    assert live.accountant.ledger.head() == head
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ({"method": "pcoqs", "alpha": 0.1}, "advise method pcoqs needs rho"),
+    ({"method": "exponq", "alpha": 0.1, "n": 10}, "advise method exponq needs epsilon"),
+    ({"alpha": 0.1, "n": 10, "epsilon": 1.0}, "advise method local needs k"),
+    ({"method": "exponq", "alpha": 0.1, "epsilon": 1.0, "k": 3}, "takes no k"),
+    ({"method": "pcoqs", "alpha": 0.1, "rho": 0.1, "slack": 0.1}, "takes no slack"),
+    ({"alpha": 0.1, "n": 10, "k": 3, "epsilon": 1.0, "nominal": True}, "takes no nominal"),
+    ({"method": "ldp", "alpha": 0.1, "epsilon": 1.0}, "method"),
+    ({"method": "pcoqs", "alpha": 0.1, "rho": 0.1, "nominal": 1}, "nominal"),
+    ({"method": "pcoqs", "alpha": 0.1, "rho": 5e-324}, "outside the range"),
+])
+def test_bad_advise_method_input_is_a_one_line_422(live: Live, body: dict[str, Any],
+                                                   where: str) -> None:
+    with live.client("analyst") as c:
+        r = c.post("/v1/advise", json=body)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert "\n" not in r.json()["detail"] and where in r.json()["detail"], r.json()["detail"]

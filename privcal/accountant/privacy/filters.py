@@ -316,10 +316,11 @@ def check_charge(
     """
     if isinstance(cost, LocalDP):
         raise InvalidInput("a local-DP cost is charged per subject (charge_subjects), not here")
-    left = remaining(policy, spent)
-    left_s = ", ".join(f"{k}={dstr(v)}" for k, v in left.items())
 
     def refuse(why: str) -> BudgetRefused:
+        # what is left before this cost, computed only for the refusal (the hot path of an
+        # accepted charge does not need it: issue 11)
+        left_s = ", ".join(f"{k}={dstr(v)}" for k, v in remaining(policy, spent).items())
         return BudgetRefused(
             f"budget refused on {scope}: asked {cost.describe()}, {why}; remaining {left_s}",
             scope=scope, asked=cost.describe(), remaining=left_s,

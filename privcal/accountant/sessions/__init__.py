@@ -14,6 +14,7 @@ what is released; how its rows are read and written is
 - :mod:`~privcal.accountant.sessions.state` — the protocol state stored on a session row;
 - :mod:`~privcal.accountant.sessions.opening` — :func:`open_session`;
 - :mod:`~privcal.accountant.sessions.ingest` — :func:`submit_reports`;
+- :mod:`~privcal.accountant.sessions.parsing` — a batch's values and rounds, checked;
 - :mod:`~privcal.accountant.sessions.release` — the release a finished session writes;
 - :mod:`~privcal.accountant.sessions.closing` — :func:`close_session`;
 - :mod:`~privcal.accountant.sessions.status` — :func:`session_status`, :func:`release_of`.

@@ -17,6 +17,7 @@ import numpy as np
 
 from privcal.accountant.accountant import Accountant
 from privcal.accountant.normalize import json_safe, optional_text, request_digest
+from privcal.accountant.sessions import parsing as P
 from privcal.accountant.sessions import records as R
 from privcal.accountant.sessions.records import SubmitResult
 from privcal.accountant.sessions.release import fed_release_args, ldp_release_args, release_in_tx
@@ -28,18 +29,18 @@ from privcal.accountant.sessions.state import (
     session_key,
 )
 from privcal.accountant.sessions.status import session_status
-from privcal.calibrators.federated_agent import check_message
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings
-from privcal.errors import InvalidInput, PlanRejected
-from privcal.storage.audit import canonical, charge_doc, now, threshold_str
+from privcal.errors import InvalidInput
+from privcal.storage.audit import canonical, charge_doc, now
 from privcal.storage.models import SUBJECT_UNIT
 from privcal.storage.pseudonyms import (
     key_id,
     members_commitment,
-    reports_digest,
+    pseudonyms_raw,
+    reports_digest_sorted,
     state_digest,
-    subjects_digest,
+    subjects_digest_raw,
 )
 
 if TYPE_CHECKING:
@@ -59,93 +60,70 @@ class _NothingAccepted(Exception):  # control flow only: never escapes this modu
         self.reasons = reasons
 
 
-def _parse_values(method: str, values: np.ndarray, plan: Any) -> tuple[np.ndarray, list[str],
-                                                                       str]:
-    """(ok mask, stored value strings, reason for bad rows)."""
-    n = values.shape[0]
-    ok = np.zeros(n, dtype=bool)
-    out = [""] * n
-    if method == "ldp-score":
-        for i, v in enumerate(values.tolist()):
-            if isinstance(v, bool):
-                b: int | None = int(v)
-            elif isinstance(v, int | float) and v in (0, 1):
-                b = int(v)
-            elif isinstance(v, str) and v.strip() in ("0", "1"):
-                b = int(v.strip())
-            else:
-                b = None
-            if b is not None:
-                ok[i], out[i] = True, str(b)
-        return ok, out, R.MALFORMED_BIT
-    for i, v in enumerate(values.tolist()):
-        try:
-            x = check_message(v, plan)
-        except (PlanRejected, InvalidInput):
-            continue
-        ok[i], out[i] = True, threshold_str(x)
-    return ok, out, R.OFF_GRID if method == "fedcp2-qq" else R.MALFORMED_VALUE
+class _Spent:
+    """The spend rows a batch's probe found: ``raw`` pseudonyms (``S32``, sorted) and their
+    ``units``."""
 
+    def __init__(self, raw: np.ndarray, units: np.ndarray) -> None:
+        self.raw, self.units = raw, units
 
-def _round_reasons(rounds: Any, n: int, current: int) -> list[str | None]:
-    """Per row: None if its ``round`` is the current one (or absent), else the reason."""
-    if rounds is None:
-        return [None] * n
-    r = np.asarray(rounds, dtype=object).ravel()
-    if r.shape[0] != n:
-        raise InvalidInput(f"rounds has {r.shape[0]} rows, the batch has {n}")
-    out: list[str | None] = []
-    for v in r.tolist():
-        try:
-            if isinstance(v, bool):
-                raise ValueError
-            x = float(v)
-            if not x.is_integer():
-                raise ValueError
-        except (TypeError, ValueError):
-            out.append(R.MALFORMED_ROUND)
-            continue
-        out.append(None if int(x) == current else R.CLOSED_ROUND if int(x) < current
-                   else R.FUTURE_ROUND)
-    return out
+    def lookup(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(has a spend row, units spent — 0 where none) of each of ``raw``."""
+        if self.raw.shape[0] == 0:
+            return np.zeros(raw.shape[0], dtype=bool), np.zeros(raw.shape[0], dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.raw, raw), self.raw.shape[0] - 1)
+        has = self.raw[at] == raw
+        return has, np.where(has, self.units[at], 0)
 
 
 def _candidates(ledger: Ledger, s: Session, row: CollectionSession, plan: Any, current: int,
-                sids: np.ndarray, pids: np.ndarray, vals: np.ndarray, rounds: Any,
-                why: Counter[str]) -> tuple[np.ndarray, list[str]]:
-    """The rows that may be accepted, in file order, and every row's stored value string.
+                praw: np.ndarray, values: Any, rounds: Any, dataset_id: int | None,
+                why: Counter[str]) -> tuple[np.ndarray, np.ndarray | list[str], _Spent]:
+    """The rows that may be accepted, in file order; every row's stored value (``S1`` bits,
+    or the federated value strings); and the spend rows of the batch's subjects on
+    ``dataset_id`` (when the session charges them).
 
     Filters, each row counted once in ``why`` under its first problem: malformed value,
     wrong round, subject already reported in this session, duplicate within the batch (the
-    first valid occurrence is kept).
+    first valid occurrence is kept). One statement probes both the reports and the spends
+    of the batch's distinct pseudonyms (``praw``, raw ``S32``).
     """
-    n = int(sids.shape[0])
-    ok, stored, bad = _parse_values(row.method, vals, plan)
+    n = int(praw.shape[0])
+    if row.method == "ldp-score":
+        ok, stored = P.parse_bits(values)
+        bad = R.MALFORMED_BIT
+    else:
+        ok, stored = P.parse_messages(row.method, np.asarray(values, dtype=object).ravel(),
+                                      plan)
+        bad = R.OFF_GRID if row.method == "fedcp2-qq" else R.MALFORMED_VALUE
     why[bad] += int((~ok).sum())
     valid = ok.copy()
-    for i, reason in enumerate(_round_reasons(rounds, n, current)):
-        if reason is not None and ok[i]:
-            valid[i] = False
-            why[reason] += 1
-    seen = ledger.reported_subjects(s, row.id, sorted(set(pids[valid].tolist())))
-    if seen:
-        old = valid & np.isin(pids, np.asarray(sorted(seen), dtype=pids.dtype))
+    codes = P.round_codes(rounds, n, current)
+    if codes is not None:
+        late = ok & (codes != P.ROUND_OK)
+        for code, count in zip(*np.unique(codes[late], return_counts=True), strict=True):
+            why[P.ROUND_REASONS[int(code)]] += int(count)  # type: ignore[index]
+        valid &= ~late
+    reported, spent, units = ledger.probe_batch(s, row.id, np.unique(praw[valid]), dataset_id)
+    if reported.shape[0]:
+        old = valid & np.isin(praw, reported)
         why[R.ALREADY] += int(old.sum())
         valid &= ~old
     idx = np.flatnonzero(valid)
-    _, first = np.unique(sids[idx], return_index=True)
+    _, first = np.unique(praw[idx], return_index=True)
     keep = np.zeros(n, dtype=bool)
     keep[idx[first]] = True
     why[R.DUPLICATE] += int((valid & ~keep).sum())
-    return np.flatnonzero(keep), stored
+    return np.flatnonzero(keep), stored, _Spent(spent, units)
 
 
-def _advance_round(st: dict[str, Any], proto: LdpScoreProtocol, values: list[str],
+def _advance_round(st: dict[str, Any], proto: LdpScoreProtocol, ones: int,
                    n_acc: int) -> tuple[bool, dict[str, Any] | None]:
-    """ldp-score: count the accepted bits in the state ``st``; a full round answers its query
-    and the protocol moves to the next round or finishes. (advanced, release args if done)."""
+    """ldp-score: count the accepted reports (``ones`` of them 1) in the state ``st``; a full
+    round answers its query and the protocol moves to the next round or finishes.
+    (advanced, release args if done)."""
     st["round_count"] = int(st["round_count"]) + n_acc
-    st["round_ones"] = int(st["round_ones"]) + sum(v == "1" for v in values)
+    st["round_ones"] = int(st["round_ones"]) + ones
     if st["round_count"] < proto.group_size:
         return False, None
     proto = proto.advance(int(st["round_ones"]), int(st["round_count"]))
@@ -153,15 +131,16 @@ def _advance_round(st: dict[str, Any], proto: LdpScoreProtocol, values: list[str
     return True, ldp_release_args(proto) if proto.finished else None
 
 
-def _batch_digest(ledger: Ledger, session_id: Any, sids: np.ndarray, vals: np.ndarray,
+def _batch_digest(skey: bytes, session_id: Any, praw: np.ndarray, vals: np.ndarray,
                   rounds: Any) -> str:
-    """What an idempotency key binds: a keyed digest of the batch's ids, values, rounds."""
-    skey = ledger.subject_key()
+    """What an idempotency key binds: a keyed digest of the batch's ids (through their raw
+    pseudonyms ``praw``), values and rounds."""
     rnd = None if rounds is None else np.asarray(rounds, dtype=object).ravel().tolist()
-    body = canonical(json_safe([[str(v) for v in vals.tolist()], rnd]))
+    body = canonical(json_safe([[str(v) for v in np.asarray(vals, dtype=object).tolist()],
+                                rnd]))
     return request_digest({
         "kind": "session batch", "session_id": str(session_id),
-        "subjects": subjects_digest(skey, sids.tolist()),
+        "subjects": subjects_digest_raw(skey, praw),
         "reports": hmac.new(skey, body.encode("utf-8", "surrogatepass"),
                             "sha256").hexdigest()})
 
@@ -187,8 +166,9 @@ def submit_reports(
     """
     # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
     sids = id_strings(subjects, "subject ids")
-    try:
-        vals = np.asarray(values, dtype=object).ravel()
+    numeric = isinstance(values, np.ndarray) and values.dtype.kind in "biuf"
+    try:  # a NumPy array of numbers stays one (parsed by array operations)
+        vals = values.ravel() if numeric else np.asarray(values, dtype=object).ravel()
     except Exception as exc:  # ragged nested sequences
         raise InvalidInput(f"values are not a 1-D sequence: {exc}") from exc
     if sids.size == 0:
@@ -199,8 +179,9 @@ def submit_reports(
     ledger = accountant.ledger
     key = optional_text(idempotency_key, "idempotency key")
     skey = ledger.subject_key()
-    pids = ledger.pseudonyms(sids.tolist())  # stored and looked up: never the ids
-    digest = None if key is None else _batch_digest(ledger, session_id, sids, vals, rounds)
+    # stored and looked up, never the ids: one HMAC per id, once per batch (raw S32 bytes)
+    praw = pseudonyms_raw(skey, sids.tolist())
+    digest = None if key is None else _batch_digest(skey, session_id, praw, vals, rounds)
 
     def tx(s: Session) -> SubmitResult:
         row, ds = ledger.lock_session(s, session_key(session_id))
@@ -220,41 +201,40 @@ def submit_reports(
         proto = None if fed else protocol_of(row)
         plan = fed_plan_of(row) if fed else None
         current = 0 if fed else proto.round  # type: ignore[union-attr]
-        cand, stored = _candidates(ledger, s, row, plan, current, sids, pids, vals, rounds, why)
+        eps0 = row.state.get("eps0")
+        charged = eps0 is not None
+        cand, stored, spent = _candidates(ledger, s, row, plan, current, praw, vals, rounds,
+                                          ds.id if charged else None, why)
         if fed:
             need = plan.m - int(row.state.get("total", 0))  # type: ignore[union-attr]
         else:
             need = proto.group_size - int(row.state.get("round_count", 0))  # type: ignore
-        eps0 = row.state.get("eps0")
-        charged = eps0 is not None
+        has = np.zeros(cand.shape[0], dtype=bool)
         if charged:
             e_units = int(Decimal(eps0) / SUBJECT_UNIT)
             cap_units = int((ds.subject_epsilon or Decimal(0)) / SUBJECT_UNIT)
-            # budget before fullness: find the over-cap first, so they do not take a slot
-            if cand.size > need:
-                over = ledger.subjects_over(s, ds.id, pids[cand].tolist(), cap_units - e_units)
-                if over:
-                    is_over = np.isin(pids[cand], np.asarray(sorted(over), dtype=pids.dtype))
-                    why[R.OVER_CAP] += int(is_over.sum())
-                    cand = cand[~is_over]
-        chosen = cand[:need]
+            # budget before fullness: drop the over-cap first, so they do not take a slot
+            has, units = spent.lookup(praw[cand])
+            is_over = units > cap_units - e_units
+            why[R.OVER_CAP] += int(is_over.sum())
+            cand, has = cand[~is_over], has[~is_over]
+        chosen, has = cand[:need], has[:need]
         why[R.EXTRA_AGENT if fed else R.ROUND_FULL] += int(cand.size - chosen.size)
-        if charged and chosen.size:
-            late_over = accountant.ledger.bulk_charge_subjects(
-                s, ds.id, np.sort(pids[chosen]), e_units, cap_units)
-            if late_over:
-                is_over = np.isin(pids[chosen], np.asarray(late_over, dtype=pids.dtype))
-                why[R.OVER_CAP] += int(is_over.sum())
-                chosen = chosen[~is_over]
         reasons = {k: v for k, v in why.items() if v}
         if chosen.size == 0:
             raise _NothingAccepted(reasons)
+        # from here on in pseudonym order: the primary keys fill in key order, the members
+        # blob and the reports digest need that order, one sort serves them all
+        order = np.argsort(praw[chosen])
+        chosen, has = chosen[order], has[order]
+        acc_raw = praw[chosen]
         n_acc = int(chosen.size)
         n_rej = n - n_acc
         charge_id: int | None = None
         if charged:
+            ledger.charge_probed(s, ds.id, acc_raw[~has], acc_raw[has], e_units, cap_units)
             # who was charged: stored with the charge, committed to by its audit entry
-            blob, mdigest = members_commitment(key_id(skey), pids[chosen])
+            blob, mdigest = members_commitment(key_id(skey), acc_raw, presorted=True)
             charge = ledger.add_charge(s, ds, {
                 "dataset_id": ds.id, "scope": "subjects", "notion": "local",
                 "eps0": Decimal(eps0), "subjects_accepted": n_acc, "subjects_rejected": n_rej,
@@ -264,17 +244,19 @@ def submit_reports(
             ledger.insert_members(s, charge.id, blob)
             ledger.append_audit(s, "charge", charge_doc(charge, ds.name))
             charge_id = charge.id
-        acc_vals = [stored[i] for i in chosen.tolist()]
+        acc_vals: np.ndarray | list[str] = (
+            stored[chosen] if isinstance(stored, np.ndarray)
+            else [stored[i] for i in chosen.tolist()])
         batch = ledger.next_batch(s, row.id)
-        acc_subj = pids[chosen].tolist()
-        ledger.insert_reports(s, row.id, current, acc_subj, acc_vals, batch)
+        ledger.insert_batch_reports(s, row.id, current, acc_raw, acc_vals, batch)
         st = dict(row.state)
         st["total"] = int(st.get("total", 0)) + n_acc
         if charge_id is not None:
             st["charge_ids"] = [*st.get("charge_ids", []), charge_id]
         advanced, finish = False, None
         if proto is not None:
-            advanced, finish = _advance_round(st, proto, acc_vals, n_acc)
+            ones = int(np.count_nonzero(np.asarray(acc_vals) == b"1"))
+            advanced, finish = _advance_round(st, proto, ones, n_acc)
         elif st["total"] >= plan.m:  # type: ignore[union-attr]
             advanced = True
             finish = fed_release_args(accountant, s, row, plan)  # type: ignore[arg-type]
@@ -288,8 +270,7 @@ def submit_reports(
             "reasons": dict(sorted(reasons.items())), "charge_id": charge_id,
             "eps0": eps0, "advanced": advanced, "batch": batch,
             "idempotency_key": key, "request_digest": digest,
-            "reports_digest": reports_digest(
-                (a, current, v) for a, v in zip(acc_subj, acc_vals, strict=True)),
+            "reports_digest": reports_digest_sorted(acc_raw, current, acc_vals),
             "status": row.status, "state_digest": state_digest(st),
         })
         if finish is not None:

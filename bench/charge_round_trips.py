@@ -1,0 +1,113 @@
+"""Round trips and commits per charge with N clients: a load-independent count (issue 11).
+
+    python bench/charge_round_trips.py [--clients 8] [--charges 50] [--one-dataset] [--pg URL]
+
+N client processes each make --charges ``Accountant.charge`` calls (client i on dataset i, or
+all on one dataset) on a scratch PostgreSQL schema of --pg (default
+``$PRIVCAL_TEST_DATABASE_URL``), counting in each client with SQLAlchemy events the SQL
+statements it sends, its COMMITs, and the audit sequencer's transactions after a COMMIT
+(``privcal.storage.audit_queue``). Wall-clock rates on a shared machine are noise; these
+counts depend only on how often a writer finds the sequencer busy. Prints per charge:
+statements, commits, sequencer transactions, and the share of charges whose entry was queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import uuid
+from typing import Any
+from urllib.parse import quote
+
+from _db import PG_DEFAULT  # bench/_db.py
+
+
+def _worker(url: str, dataset: str, n: int, start: Any, out: Any) -> None:
+    from sqlalchemy import event
+
+    from privcal.accountant import Accountant
+    from privcal.costs import ZCDP
+
+    acct = Accountant(url)
+    counts = {"statements": 0, "commits": 0, "sequencer": 0, "queued": 0}
+    seq = getattr(type(acct.ledger), "sequence_audit", None)
+    if seq is not None:  # privcal with the audit sequencer
+        def counting(self: Any, *a: Any, **k: Any) -> Any:
+            counts["sequencer"] += 1
+            return seq(self, *a, **k)
+
+        type(acct.ledger).sequence_audit = counting  # type: ignore[method-assign]
+        first = type(acct.ledger)._pg_append_pending
+
+        def queued(self: Any, conn: Any, pending: Any) -> bool:
+            q = first(self, conn, pending)
+            counts["queued"] += q
+            return q
+
+        type(acct.ledger)._pg_append_pending = queued  # type: ignore[attr-defined]
+    acct.charge(dataset, ZCDP(rho="0.0001"))  # warm: schema checked, statements compiled
+    event.listen(acct.ledger.engine, "before_cursor_execute",
+                 lambda *a: counts.__setitem__("statements", counts["statements"] + 1))
+    event.listen(acct.ledger.engine, "commit",
+                 lambda *a: counts.__setitem__("commits", counts["commits"] + 1))
+    counts["sequencer"] = counts["queued"] = 0
+    start.wait()
+    for _ in range(n):
+        acct.charge(dataset, ZCDP(rho="0.0001"))
+    acct.ledger.close()
+    out.put(counts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--charges", type=int, default=50, help="per client")
+    ap.add_argument("--one-dataset", action="store_true", help="all clients on one dataset")
+    ap.add_argument("--pg", default=PG_DEFAULT)
+    args = ap.parse_args()
+    if not args.pg:
+        raise SystemExit("needs PostgreSQL: --pg URL or PRIVCAL_TEST_DATABASE_URL")
+    import psycopg
+
+    from privcal.accountant import Accountant
+
+    admin = args.pg.replace("postgresql+psycopg://", "postgresql://", 1)
+    schema = f"privcal_rt_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in args.pg else "?"
+    url = f"{args.pg}{sep}options={quote(f'-csearch_path={schema}')}"
+    try:
+        acct = Accountant(url)
+        acct.ledger.upgrade()
+        names = ["d0"] if args.one_dataset else [f"d{i}" for i in range(args.clients)]
+        for name in names:
+            acct.create_dataset(name, rho=1000)
+        acct.ledger.close()
+        ctx = mp.get_context("fork")
+        start, q = ctx.Barrier(args.clients), ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(url, names[i % len(names)], args.charges,
+                                                   start, q)) for i in range(args.clients)]
+        for p in procs:
+            p.start()
+        res = [q.get(timeout=900) for _ in procs]
+        for p in procs:
+            p.join()
+        acct = Accountant(url)
+        rep = acct.ledger.verify()
+        acct.ledger.close()
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    total = {k: sum(r[k] for r in res) for k in res[0]}
+    n = args.clients * args.charges
+    print(f"# load average at the end: {os.getloadavg()[0]:.1f}; {args.clients} clients on "
+          f"{len(names)} dataset(s), {n} charges; the log verifies: {rep.entries} entries")
+    print(f"per charge: {total['statements'] / n:.2f} statements, {total['commits'] / n:.2f} "
+          f"commits, {total['sequencer'] / n:.2f} sequencer transactions; "
+          f"{total['queued'] / n:.1%} of the entries queued")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Parsing a batch's values and rounds: which rows are well formed, the value each stores.
+
+Every row is judged on its own, with the same verdicts and reasons whatever the container:
+a NumPy array of numbers is checked by array operations (one pass each, no Python object
+per row); any other sequence (lists from the CLI or the HTTP service, mixed types) row by
+row, in Python. Tests check that both give the same answer on the same rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privcal.accountant.sessions import records as R
+from privcal.calibrators.federated_agent import check_message
+from privcal.errors import InvalidInput, PlanRejected
+from privcal.storage.audit import threshold_str
+
+__all__ = ["ROUND_OK", "ROUND_REASONS", "parse_bits", "parse_messages", "round_codes"]
+
+#: kinds of NumPy arrays whose entries are checked by array operations
+_NUMERIC = "biuf"
+
+#: :func:`round_codes`: 0 = the current round; else the index of the reason in ROUND_REASONS
+ROUND_OK = 0
+ROUND_REASONS = (None, R.MALFORMED_ROUND, R.CLOSED_ROUND, R.FUTURE_ROUND)
+
+
+def _bit(v: Any) -> int:
+    """One report's bit (0 or 1), or -1 if it is not one (bools, the numbers 0 and 1, and
+    the strings "0" and "1" with surrounding whitespace are bits)."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int | float):
+        return int(v) if v in (0, 1) else -1
+    if isinstance(v, str):
+        t = v.strip()
+        return int(t) if t in ("0", "1") else -1
+    return -1
+
+
+def parse_bits(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """ldp-score reports: (ok mask, stored value of each row as ``S1``: ``b"0"``/``b"1"``,
+    ``b"0"`` where not ok). ``values`` is 1-D: a NumPy array or an object array."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in _NUMERIC:  # what np.asarray(values, dtype=object) would hold: ints,
+        # bools and floats, each a bit iff it equals 0 or 1 (NaN does not)
+        one = arr == 1
+        ok = one | (arr == 0)
+    else:
+        bits = np.fromiter((_bit(v) for v in arr.tolist()), dtype=np.int8, count=arr.shape[0])
+        ok, one = bits >= 0, bits == 1
+    return ok, (one.astype(np.uint8) + ord("0")).view("S1")
+
+
+def parse_messages(method: str, values: np.ndarray, plan: Any) -> tuple[np.ndarray, list[str]]:
+    """Federated messages (an object array): (ok mask, stored value strings, "" where not ok)."""
+    n = values.shape[0]
+    ok = np.zeros(n, dtype=bool)
+    out = [""] * n
+    for i, v in enumerate(values.tolist()):
+        try:
+            x = check_message(v, plan)
+        except (PlanRejected, InvalidInput):
+            continue
+        ok[i], out[i] = True, threshold_str(x)
+    return ok, out
+
+
+def _round_code(v: Any, current: int) -> int:
+    """:func:`round_codes` of one row."""
+    if isinstance(v, int) and not isinstance(v, bool):  # exact, however large (no float)
+        return 0 if v == current else 2 if v < current else 3
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        x = float(v)
+        if not x.is_integer():
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        return 1
+    return 0 if int(x) == current else 2 if int(x) < current else 3
+
+
+def round_codes(rounds: Any, n: int, current: int) -> np.ndarray | None:
+    """Per row, an index into :data:`ROUND_REASONS`: 0 if its ``round`` is the current one,
+    else malformed / closed / not yet open. None if the batch gives no rounds (all current).
+    Raises InvalidInput if there are not ``n`` rounds."""
+    if rounds is None:
+        return None
+    numeric = isinstance(rounds, np.ndarray) and rounds.dtype.kind in "iuf"
+    r = rounds.ravel() if numeric else np.asarray(rounds, dtype=object).ravel()
+    if r.shape[0] != n:
+        raise InvalidInput(f"rounds has {r.shape[0]} rows, the batch has {n}")
+    if not numeric:
+        return np.fromiter((_round_code(v, current) for v in r.tolist()), dtype=np.int8,
+                           count=n)
+    if r.dtype.kind == "f":
+        whole = np.isfinite(r) & (r == np.floor(np.where(np.isfinite(r), r, 0)))
+    else:
+        whole = np.ones(n, dtype=bool)
+    codes = np.where(r == current, 0, np.where(r < current, 2, 3)).astype(np.int8)
+    codes[~whole] = 1
+    return codes

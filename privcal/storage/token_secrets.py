@@ -1,0 +1,37 @@
+"""What a service token's secret is and when a presented one opens a stored token: the one
+rule that every token check applies (:func:`privcal.storage.tokens.authenticate` and
+``verify_presented`` for the routes, :func:`privcal.storage.token_checks.check_presented`
+for the report writer), and how a new secret is made (``create_token``, and
+:func:`privcal.storage.token_bulk.create_device_tokens`). No database here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+
+__all__ = ["DUMMY_HASH", "new_secret", "usable"]
+
+#: compared against a presented secret whose token id is unknown, so that the time taken
+#: does not say whether the id exists
+DUMMY_HASH = hashlib.sha256(b"privcal: no such token").hexdigest()
+
+
+def new_secret() -> tuple[str, str, str]:
+    """A new token's id, secret, and the secret's SHA-256 (all that is stored)."""
+    tid, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
+    return tid, secret, hashlib.sha256(secret.encode()).hexdigest()
+
+
+def usable(digest: str, stored: str | None, revoked_at: datetime | None,
+           expires_at: datetime | None, at: datetime) -> bool:
+    """The one rule of every token check: ``digest`` matches ``stored`` (constant time; a
+    dummy hash if the id is unknown, ``stored`` None) and it is neither revoked nor expired."""
+    ok = hmac.compare_digest(digest, stored if stored is not None else DUMMY_HASH)
+    if not ok or stored is None or revoked_at is not None:
+        return False
+    if expires_at is not None and expires_at.tzinfo is None:  # SQLite gives naive UTC
+        expires_at = expires_at.replace(tzinfo=UTC)
+    return expires_at is None or expires_at > at
