@@ -13,7 +13,11 @@
 - **charge**: ``Accountant.charge`` of a zCDP cost, client i charging dataset i
   (c datasets), and with c > 1 also all c clients on *one* dataset;
 
-and prints ``ratio = raw rate / privcal rate`` (1.0 = the database's own speed).
+and prints ``ratio = raw rate / privcal rate`` (1.0 = the database's own speed); beside it
+- **raw, same statements**: the charge's own SQL hand-written on the driver (lock and read
+  the dataset row, update its totals, insert the charge, read the audit head, insert the
+  audit entry, move the head, commit) into scratch tables, and its ratio to privcal — how
+  much of the gap is the SQL and how much the Python around it.
 Raw and privcal rounds alternate (raw, charge, raw, charge) and each figure is
 the better of its two rounds, so a burst of load on the shared machine hits
 both sides alike.
@@ -60,6 +64,15 @@ _RAW_DDL = [
     "prev_hash VARCHAR(64) NOT NULL, entry_hash VARCHAR(64) NOT NULL)",
     "CREATE TABLE raw_subjects (dataset_id INTEGER NOT NULL, subject VARCHAR(200) NOT NULL, "
     "spent_units BIGINT NOT NULL, PRIMARY KEY (dataset_id, subject))",
+    # "raw, same statements": a charge's own SQL on the driver (datasets, audit log and head)
+    "CREATE TABLE raw_datasets (id {pk}, name VARCHAR(200) NOT NULL UNIQUE, notion VARCHAR(16) "
+    "NOT NULL, cap_rho {num}, charge_count INTEGER NOT NULL, spent_pure_eps {num}, "
+    "spent_pure_rho {num}, spent_zcdp_rho {num}, spent_approx_eps {num}, "
+    "spent_approx_delta {num}, created_at {ts} NOT NULL)",
+    "CREATE TABLE raw_chain (seq INTEGER PRIMARY KEY, kind VARCHAR(32) NOT NULL, payload TEXT "
+    "NOT NULL, prev_hash VARCHAR(64) NOT NULL, entry_hash VARCHAR(64) NOT NULL)",
+    "CREATE TABLE raw_head (id INTEGER PRIMARY KEY, seq INTEGER NOT NULL, "
+    "entry_hash VARCHAR(64) NOT NULL)",
 ]
 
 
@@ -89,6 +102,13 @@ def _raw_setup(url: str) -> None:
                    "ts": "DATETIME"})
     for ddl in _RAW_DDL:
         conn.execute(ddl.format(**types))
+    p = "%s" if pg else "?"
+    conn.execute(f"INSERT INTO raw_head VALUES (1, 0, {p})", ("00" * 32,))
+    ts = "2026-01-01 00:00:00.000000"
+    for i in range(64):
+        conn.execute(f"INSERT INTO raw_datasets (name, notion, cap_rho, charge_count, "
+                     f"spent_zcdp_rho, created_at) VALUES ({p}, 'zcdp', '1000000', 0, '0', {p})",
+                     (f"d{i}", ts))
     conn.commit()
     conn.close()
 
@@ -110,6 +130,44 @@ def _raw_worker(url: str, seconds: float, start: Any, out: Any) -> None:
             conn.execute("BEGIN IMMEDIATE")
         conn.execute(ins_c, (1, "dataset", "zcdp", rho, ts))
         conn.execute(ins_a, ("charge", _PAYLOAD, _HASH, _HASH))
+        conn.commit() if not sqlite else conn.execute("COMMIT")
+        n += 1
+    out.put((n, time.perf_counter() - t0))
+    conn.close()
+
+
+def _same_worker(url: str, dataset: str, seconds: float, start: Any, out: Any) -> None:
+    """"raw, same statements": the SQL of one charge written by hand on the driver — lock and
+    read the dataset row, update its totals, insert the charge, read the audit head, insert
+    the audit entry, move the head, commit (no budget arithmetic, no hashing: the SQL alone)."""
+    conn, p = _raw_connect(url)
+    sqlite = isinstance(conn, sqlite3.Connection)
+    sel = (f"SELECT id, name, notion, cap_rho, charge_count, spent_pure_eps, spent_pure_rho, "
+           f"spent_zcdp_rho, spent_approx_eps, spent_approx_delta, created_at FROM raw_datasets "
+           f"WHERE name = {p}" + ("" if sqlite else " FOR UPDATE"))
+    upd = (f"UPDATE raw_datasets SET charge_count = charge_count + 1, spent_pure_eps = {p}, "
+           f"spent_pure_rho = {p}, spent_zcdp_rho = {p}, spent_approx_eps = {p}, "
+           f"spent_approx_delta = {p} WHERE id = {p}")
+    ins_c = ("INSERT INTO raw_charges (dataset_id, scope, notion, rho, created_at) "
+             f"VALUES ({p}, {p}, {p}, {p}, {p}) RETURNING id")
+    head = "SELECT seq, entry_hash FROM raw_head WHERE id = 1" + ("" if sqlite else " FOR UPDATE")
+    ins_a = (f"INSERT INTO raw_chain (seq, kind, payload, prev_hash, entry_hash) "
+             f"VALUES ({p}, {p}, {p}, {p}, {p})")
+    move = f"UPDATE raw_head SET seq = {p}, entry_hash = {p} WHERE id = 1"
+    dec = (lambda x: x) if sqlite else __import__("decimal").Decimal
+    ts = "2026-01-01 00:00:00.000000" if sqlite else __import__("datetime").datetime.now(
+        __import__("datetime").UTC)
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if sqlite:
+            conn.execute("BEGIN IMMEDIATE")
+        ds = conn.execute(sel, (dataset,)).fetchone()
+        conn.execute(upd, (None, None, dec("0.001"), None, None, ds[0]))
+        conn.execute(ins_c, (ds[0], "dataset", "zcdp", dec("0.000001"), ts)).fetchone()
+        seq, _prev = conn.execute(head).fetchone()
+        conn.execute(ins_a, (seq + 1, "charge", _PAYLOAD, _HASH, _HASH))
+        conn.execute(move, (seq + 1, _HASH))
         conn.commit() if not sqlite else conn.execute("COMMIT")
         n += 1
     out.put((n, time.perf_counter() - t0))
@@ -157,13 +215,15 @@ def _charges(url: str, backend: str, clients: list[int], seconds: float) -> list
         if c > 1:
             cases.append(("charges, all clients on one dataset", lambda i: "d0"))
         for what, ds_of in cases:
-            raw = best = 0.0
+            raw = same = best = 0.0
             for _ in range(2):
                 raw = max(raw, _rate(_raw_worker, lambda i: (url, seconds), c))
                 best = max(best, _rate(_charge_worker, lambda i, f=ds_of: (url, f(i), seconds), c))
+                same = max(same, _rate(_same_worker, lambda i, f=ds_of: (url, f(i), seconds), c))
             rows.append({"backend": backend, "measurement": f"{c} client(s): {what}",
                          "result": f"raw {raw:,.0f}/s, privcal {best:,.0f}/s, "
-                                   f"ratio {raw / best:.2f}"})
+                                   f"ratio {raw / best:.2f}; raw, same statements "
+                                   f"{same:,.0f}/s, ratio {same / best:.2f}"})
     led = Ledger(url)
     t = time.perf_counter()
     v = led.verify()
