@@ -46,6 +46,14 @@ def _worker(url: str, dataset: str, n: int, start: Any, out: Any) -> None:
             return q
 
         type(acct.ledger)._pg_append_pending = queued  # type: ignore[attr-defined]
+        with_row = getattr(type(acct.ledger), "_pg_append_with_row", None)
+        if with_row is not None:  # a charge's row and entry in one statement
+            def queued_with_row(self: Any, *a: Any) -> tuple[int, bool]:
+                rid, q = with_row(self, *a)
+                counts["queued"] += q
+                return rid, q
+
+            type(acct.ledger)._pg_append_with_row = queued_with_row  # type: ignore[attr-defined]
     acct.charge(dataset, ZCDP(rho="0.0001"))  # warm: schema checked, statements compiled
     event.listen(acct.ledger.engine, "before_cursor_execute",
                  lambda *a: counts.__setitem__("statements", counts["statements"] + 1))

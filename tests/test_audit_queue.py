@@ -283,15 +283,25 @@ def test_an_uncontended_charge_appends_in_one_statement(accountant: Any) -> None
     log: list[str] = []
     me = [threading.get_ident()]  # statements of this thread only
 
+    # statements on the driver (the hot path's, storage/statements.py) and through Core
+    sql, commit = led._sql, led._commit
+
+    def _driver(conn: Any, statement: str, *args: Any) -> Any:
+        if threading.get_ident() == me[0]:
+            log.append(statement)
+        return sql(conn, statement, *args)
+
+    def _driver_commit(conn: Any) -> None:
+        if threading.get_ident() == me[0]:
+            log.append("COMMIT")
+        commit(conn)
+
+    led._sql, led._commit = _driver, _driver_commit  # type: ignore[method-assign]
+
     @event.listens_for(led.engine, "before_cursor_execute")
     def _stmt(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if threading.get_ident() == me[0]:
             log.append(statement)
-
-    @event.listens_for(led.engine, "commit")
-    def _commit(conn: Any) -> None:
-        if threading.get_ident() == me[0]:
-            log.append("COMMIT")
 
     accountant.charge("d", ZCDP(rho="0.1"))
     audit_stmts = [s for s in log if "audit_" in s]

@@ -8,8 +8,9 @@ connection: the hot path, issue 11):
    receipt, any other is an error naming the key (:func:`check_replay`);
 3. check the cost against the cap with the filter of :mod:`privcal.accountant.privacy.filters`
    (:func:`~privcal.accountant.privacy.filters.check_charge` — BudgetRefused writes nothing);
-4. insert the charge with the dataset's new totals (:meth:`~privcal.storage.Ledger.insert_charge`)
-   and queue its audit entry; the ledger appends it last, before COMMIT.
+4. insert the charge with the dataset's new totals and append its audit entry, the write's
+   last step before COMMIT (:meth:`~privcal.storage.Ledger.record_charge`; one statement on
+   PostgreSQL).
 
 :func:`charge_in_session` is the same policy for a writer holding an ORM session (a
 collection session charging its amplified cost when it opens).
@@ -17,7 +18,6 @@ collection session charging its amplified cost when it opens).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from privcal.accountant import privacy as acc
@@ -118,9 +118,7 @@ def charge_central(ledger: Ledger, conn: Any, ds: Any, cost: CentralCost,
         "idempotency_key": key, "created_at": now(),
         "request_digest": digest if key is not None else None, "members_digest": None,
     }
-    cid = ledger.insert_charge(conn, values, spent_columns(after))
-    c = SimpleNamespace(id=cid, **values)
-    ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
+    cid = ledger.record_charge(conn, values, spent_columns(after), ds.name)
     # every field is already of its type (an int id, text checked by the caller, an aware
     # UTC datetime, exact decimals): built without a second validation (issue 11;
     # tests/test_hot_path.py checks it equals the validated receipt)

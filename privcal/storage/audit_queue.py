@@ -69,7 +69,8 @@ from sqlalchemy.exc import DBAPIError
 from privcal.errors import LedgerError
 from privcal.storage import audit
 
-__all__ = ["SEQUENCER_LOCK", "AuditSequencer"]
+__all__ = ["CHARGE_ID_HEAD", "SEQUENCER_LOCK", "AuditSequencer", "pg_append_with",
+           "pg_charge_entry"]
 
 #: the key of the audit sequencer's advisory lock *K*, as a SQL expression: "audq" in the
 #: high 32 bits, the OID of this ledger's ``audit_queue`` table in the low 32
@@ -95,26 +96,50 @@ _PG_APPEND = (
     "SELECT x.seq, %(kind)s, x.payload, x.prev, x.hash FROM x) "
     "UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x WHERE audit_head.id = 1"
 )
-#: a write's first entry, one statement: try K; granted with the queue empty (in this
-#: statement's snapshot) — append as :data:`_PG_APPEND`; not granted — queue it; granted with
-#: a non-empty queue — nothing yet (the caller drains). Returns (granted, queue empty, head
-#: rows moved).
-_PG_FIRST = (
-    f"WITH k AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({SEQUENCER_LOCK}) AS got), "
-    "d AS MATERIALIZED (SELECT k.got, k.got AND NOT EXISTS (SELECT 1 FROM audit_queue) "
-    "AS direct FROM k), "
-    "q AS (INSERT INTO audit_queue (kind, prefix) SELECT %(kind)s, %(prefix)s FROM d "
-    "WHERE NOT d.got), "
-    "h AS (SELECT a.seq + 1 AS seq, a.entry_hash AS prev FROM audit_head a, d "
-    "WHERE a.id = 1 AND d.direct FOR UPDATE OF a), "
-    "e AS (SELECT h.seq, h.prev, %(prefix)s || h.seq::text || '}' AS payload FROM h), "
-    f"x AS (SELECT e.seq, e.prev, e.payload, {_HASH} AS hash FROM e), "
-    "i AS (INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
-    "SELECT x.seq, %(kind)s, x.payload, x.prev, x.hash FROM x), "
-    "u AS (UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x "
-    "WHERE audit_head.id = 1 RETURNING 1) "
-    "SELECT d.got, d.direct, (SELECT count(*) FROM u) FROM d"
-)
+#: where a charge's entry prefix (:func:`~privcal.storage.audit.entry_prefix` of
+#: :func:`~privcal.storage.audit.charge_doc`) puts the charge id: RFC 8785 sorts ``charge_id``
+#: first of the document's keys, so the prefix is this, the id in decimal, then the rest
+CHARGE_ID_HEAD = '{"data":{"charge_id":'
+
+
+def pg_append_with(source: str) -> str:
+    """A write's first entry in one statement, after the CTEs ``source`` (the last of them a
+    one-row CTE ``p`` of ``(id, kind, prefix)``): try K; granted with the queue empty (in this
+    statement's snapshot) — append it as :data:`_PG_APPEND`; not granted — queue it; granted
+    with a non-empty queue — nothing yet (the caller drains). Returns (granted, queue empty,
+    head rows moved, ``p.id``)."""
+    return (
+        f"WITH {source}, "
+        f"k AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({SEQUENCER_LOCK}) AS got), "
+        "d AS MATERIALIZED (SELECT k.got, k.got AND NOT EXISTS (SELECT 1 FROM audit_queue) "
+        "AS direct FROM k), "
+        "q AS (INSERT INTO audit_queue (kind, prefix) SELECT p.kind, p.prefix FROM d, p "
+        "WHERE NOT d.got), "
+        "h AS (SELECT a.seq + 1 AS seq, a.entry_hash AS prev FROM audit_head a, d "
+        "WHERE a.id = 1 AND d.direct FOR UPDATE OF a), "
+        "e AS (SELECT h.seq, h.prev, p.kind, p.prefix || h.seq::text || '}' AS payload "
+        "FROM h, p), "
+        f"x AS (SELECT e.seq, e.prev, e.kind, e.payload, {_HASH} AS hash FROM e), "
+        "i AS (INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+        "SELECT x.seq, x.kind, x.payload, x.prev, x.hash FROM x), "
+        "u AS (UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x "
+        "WHERE audit_head.id = 1 RETURNING 1) "
+        "SELECT d.got, d.direct, (SELECT count(*) FROM u), (SELECT p.id FROM p) FROM d"
+    )
+
+
+def pg_charge_entry(charge: str) -> str:
+    """The CTE ``p`` of :func:`pg_append_with` for a charge inserted by the CTE ``charge``
+    (``RETURNING id``): its id, and the prefix of its entry with that id filled in by the
+    server, from two parameters — the kind and the prefix after the id
+    (:meth:`AuditSequencer._pg_append_with_row`)."""
+    return (f"p AS (SELECT {charge}.id, %s::text AS kind, "
+            f"'{CHARGE_ID_HEAD}' || {charge}.id::text || %s::text AS prefix FROM {charge})")
+
+
+#: a write's first entry (:func:`pg_append_with`), given as parameters
+_PG_FIRST = pg_append_with(
+    "p AS (SELECT NULL::bigint AS id, %(kind)s::text AS kind, %(prefix)s::text AS prefix)")
 #: queue a write's further entries, in order (ids are drawn row by row in ORDER BY order)
 _PG_QUEUE = (
     "INSERT INTO audit_queue (kind, prefix) SELECT t.k, t.p FROM "
@@ -153,7 +178,7 @@ class AuditSequencer:
     """The PostgreSQL audit append and sequencer of a :class:`~privcal.storage.ledger.Ledger`
     (see the module docstring)."""
 
-    # ``backend``, ``_connect``, ``ensure_schema`` are the Ledger's
+    # ``backend``, ``_connect``, ``ensure_schema``, ``_sql`` are the Ledger's
 
     def _pg_append_pending(self, conn: Connection, pending: list[tuple[str, str]]) -> bool:
         """Chain or queue a write's ``(kind, prefix)`` entries as its last step, in order.
@@ -162,28 +187,43 @@ class AuditSequencer:
         module docstring).
         """
         kind, prefix = pending[0]
-        got, direct, moved = conn.exec_driver_sql(
-            _PG_FIRST, {"kind": kind, "prefix": prefix}).one()
+        got, direct, moved, _ = self._sql(  # type: ignore[attr-defined]
+            conn, _PG_FIRST, {"kind": kind, "prefix": prefix}).fetchone()
         if direct and moved != 1:
             raise _no_head()
         if not got:
             if len(pending) > 1:
-                conn.exec_driver_sql(_PG_QUEUE, {"kinds": [k for k, _ in pending[1:]],
-                                                 "prefixes": [p for _, p in pending[1:]]})
+                self._sql(conn, _PG_QUEUE, {  # type: ignore[attr-defined]
+                    "kinds": [k for k, _ in pending[1:]],
+                    "prefixes": [p for _, p in pending[1:]]})
             return True
         if direct:
             for kind, prefix in pending[1:]:
-                if conn.exec_driver_sql(_PG_APPEND, {"prefix": prefix, "kind": kind}
-                                        ).rowcount != 1:
+                if self._sql(conn, _PG_APPEND,  # type: ignore[attr-defined]
+                             {"prefix": prefix, "kind": kind}).rowcount != 1:
                     raise _no_head()
         else:
             self._drain(conn, pending)
         return False
 
-    @staticmethod
-    def _drain(conn: Connection, own: list[tuple[str, str]]) -> int:
+    def _pg_append_with_row(self, conn: Connection, sql: str, params: list[Any], kind: str,
+                            head: str, rest: str) -> tuple[int, bool]:
+        """Run ``sql`` — :func:`pg_append_with` after CTEs that insert a row and name its
+        entry (``p``: its id, ``kind`` and the prefix ``head`` + id + ``rest``, see
+        :func:`pg_charge_entry`; ``params`` end with ``kind`` and ``rest``) — as a write's
+        last step: the row and its entry in one round trip. Returns (the row's id, whether
+        the entry was queued)."""
+        got, direct, moved, rid = self._sql(  # type: ignore[attr-defined]
+            conn, sql, params).fetchone()
+        if direct and moved != 1:
+            raise _no_head()
+        if got and not direct:  # granted behind queued entries: they come first
+            self._drain(conn, [(kind, f"{head}{rid}{rest}")])
+        return int(rid), not got
+
+    def _drain(self, conn: Connection, own: list[tuple[str, str]]) -> int:
         """Holding K: chain every queued entry (id order), then ``own``; the number chained."""
-        rows = conn.exec_driver_sql(_PG_READ).all()
+        rows = self._sql(conn, _PG_READ).fetchall()  # type: ignore[attr-defined]
         queued = [(int(r[2]), r[3], r[4]) for r in rows if r[2] is not None]
         entries = [(k, p) for _, k, p in queued] + own
         if not entries:
@@ -201,9 +241,9 @@ class AuditSequencer:
             for col, v in zip(cols, (seq, kind, payload, prev, entry_hash), strict=True):
                 cols[col].append(v)
             prev = entry_hash
-        moved, deleted = conn.exec_driver_sql(_PG_WRITE, {
+        moved, deleted = self._sql(conn, _PG_WRITE, {  # type: ignore[attr-defined]
             **cols, "ids": [i for i, _, _ in queued], "seq": seq, "hash": prev,
-            "old_seq": old_seq, "old_hash": old_hash}).one()
+            "old_seq": old_seq, "old_hash": old_hash}).fetchone()
         if moved != 1 or deleted != len(queued):
             # cannot happen while every writer of the chain holds K: refuse rather than fork
             raise LedgerError("the audit head or queue changed under the sequencer lock "

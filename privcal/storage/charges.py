@@ -13,6 +13,7 @@ sessions). No policy here: the caller has checked the budget.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,15 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_text
 from privcal.storage import pseudonyms
+from privcal.storage.audit import charge_doc, entry_prefix
+from privcal.storage.audit_queue import CHARGE_ID_HEAD
 from privcal.storage.models import Charge, ChargeMembers, Dataset
 from privcal.storage.statements import SPENT_COLUMNS
 
 __all__ = ["ChargeStore"]
+
+#: a charge entry's prefix up to the end of its id, for charge id 0
+_ID_ZERO = f"{CHARGE_ID_HEAD}0,"
 
 
 class ChargeStore:
@@ -58,17 +64,54 @@ class ChargeStore:
         :data:`~privcal.storage.statements.SPENT_COLUMNS`) if given. Returns the charge id.
         PostgreSQL: one statement (the UPDATE as a CTE); SQLite: two."""
         q = self.hot_sql
-        upd: list[Any] = []
-        if spent is not None:
-            upd = [s(spent[c]) if s is not None else spent[c]
-                   for c, s in zip(SPENT_COLUMNS, q.spent_bind, strict=True)]
-        upd.append(values["dataset_id"])
+        upd = self._totals(values, spent)
         row = q.charge.dump(values, q.charge_cols)
         if self.backend == "postgresql":
             sql = q.insert_charge_count_spent if spent is not None else q.insert_charge_count
             return int(self._sql(conn, sql, upd + row).fetchone()[0])
         self._sql(conn, q.count_spent if spent is not None else q.count, upd)
         return int(self._sql(conn, q.insert_charge, row).fetchone()[0])
+
+    def _totals(self, values: dict[str, Any], spent: dict[str, Any] | None) -> list[Any]:
+        """The parameters of the totals UPDATE (``count_spent``, or ``count`` without
+        ``spent``) as the driver is given them."""
+        q = self.hot_sql
+        upd: list[Any] = []
+        if spent is not None:
+            upd = [s(spent[c]) if s is not None else spent[c]
+                   for c, s in zip(SPENT_COLUMNS, q.spent_bind, strict=True)]
+        upd.append(values["dataset_id"])
+        return upd
+
+    def record_charge(self, conn: Connection, values: dict[str, Any],
+                      spent: dict[str, Any], dataset: str) -> int:
+        """:meth:`insert_charge` with the totals ``spent``, and the charge's audit entry
+        (:func:`~privcal.storage.audit.charge_doc`, ``dataset`` its name) appended — the
+        write's *last* step: nothing may be written after it. Returns the charge id.
+
+        PostgreSQL: one statement and one round trip — the audit sequencer's append
+        (:func:`~privcal.storage.audit_queue.pg_append_with`) after the totals UPDATE and
+        the charge INSERT as CTEs; the entry is canonicalised here with the id left out and
+        the server writes the id it drew into it (RFC 8785 puts ``charge_id`` first:
+        :data:`~privcal.storage.audit_queue.CHARGE_ID_HEAD`), so the stored payload is the
+        one :meth:`append_audit` would write. Entries queued earlier in the write come
+        first, so then (and on SQLite) it is the two steps.
+        """
+        if self.backend == "postgresql" and not self.has_pending_audit(conn):  # type: ignore[attr-defined]
+            prefix = entry_prefix("charge", charge_doc(  # type: ignore[arg-type]
+                SimpleNamespace(id=0, **values), dataset))  # type: ignore[arg-type]
+            if not prefix.startswith(_ID_ZERO):  # pragma: no cover - RFC 8785 key order
+                raise AssertionError("a charge entry does not begin with its charge_id")
+            q = self.hot_sql
+            rest = prefix[len(_ID_ZERO) - 1:]  # from the "," after the id
+            params = (self._totals(values, spent) + q.charge.dump(values, q.charge_cols)
+                      + ["charge", rest])
+            return self._pg_append_with_row(  # type: ignore[attr-defined, no-any-return]
+                conn, q.record_charge_spent, params, "charge", CHARGE_ID_HEAD, rest)[0]
+        cid = self.insert_charge(conn, values, spent)
+        self.append_audit(conn, "charge",  # type: ignore[attr-defined]
+                          charge_doc(SimpleNamespace(id=cid, **values), dataset))  # type: ignore[arg-type]
+        return cid
 
     def insert_members(self, conn: Session | Connection, charge_id: int, blob: bytes) -> None:
         """Store the sorted pseudonyms a local-DP charge charged (``charge_members``)."""

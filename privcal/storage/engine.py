@@ -14,8 +14,10 @@ begins ``IMMEDIATE`` on the driver itself; a Core statement inside it joins that
 
 PostgreSQL: psycopg 3 (``postgresql+psycopg://``; a bare ``postgresql://`` is
 mapped to it); write transactions lock the rows they read with
-``SELECT … FOR UPDATE``. Liveness without a round trip per checkout (SQLAlchemy's
-``pool_pre_ping`` costs one per transaction): connections are recycled after
+``SELECT … FOR UPDATE``; a hot-path write (:meth:`privcal.storage.Ledger.write_core`) sends
+its ``BEGIN`` with its first statement, and the ``begin`` hook sends it alone if a Core
+statement comes first (:func:`begin_pending`). Liveness without a round trip per
+checkout (SQLAlchemy's ``pool_pre_ping`` costs one per transaction): connections are recycled after
 :data:`RECYCLE_S`, one idle in the pool for more than :data:`IDLE_PING_S` is pinged
 when checked out (and replaced if dead: the pool's ``DisconnectionError`` protocol),
 and a write that still meets a dead connection is retried by
@@ -37,7 +39,8 @@ from sqlalchemy.pool import StaticPool
 
 from privcal.errors import LedgerError
 
-__all__ = ["BUSY_TIMEOUT_MS", "default_sqlite_path", "make_engine", "parse_url", "resolve_url"]
+__all__ = ["BEGIN_WITH_NEXT", "BUSY_TIMEOUT_MS", "begin_pending", "default_sqlite_path",
+           "make_engine", "parse_url", "resolve_url"]
 
 BUSY_TIMEOUT_MS = 30_000
 #: PostgreSQL connections older than this (seconds) are replaced at checkout
@@ -45,6 +48,18 @@ RECYCLE_S = 1800
 #: a PostgreSQL connection idle in the pool for longer than this (seconds) is pinged at checkout
 IDLE_PING_S = 30.0
 DB_FILENAME = "privcal.sqlite"
+#: ``Connection.info`` flag of a PostgreSQL write whose ``BEGIN`` goes with its first
+#: statement (:meth:`privcal.storage.statements.HotStatements._begin`)
+BEGIN_WITH_NEXT = "privcal_begin_with_next"
+
+
+def begin_pending(conn: Any) -> None:
+    """Send the ``BEGIN`` that :meth:`~privcal.storage.statements.HotStatements._begin`
+    deferred to a write's first statement, now and on its own, if no statement has carried
+    it yet: a write whose first statement is not one of the hot path's (the PostgreSQL
+    engine's ``begin`` hook: a Core statement) still runs in its transaction."""
+    if conn.info.pop(BEGIN_WITH_NEXT, False):
+        conn.connection.driver_connection.execute("BEGIN")
 
 
 def default_sqlite_path() -> Path:
@@ -129,6 +144,14 @@ def _sqlite_engine(u: URL) -> Engine:
 
 def _pg_engine(u: URL) -> Engine:
     engine = create_engine(u, pool_recycle=RECYCLE_S)
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        try:
+            begin_pending(conn)
+        except conn.dialect.loaded_dbapi.Error as exc:  # raised as SQLAlchemy would
+            raise DBAPIError.instance("BEGIN", (), exc, conn.dialect.loaded_dbapi.Error,
+                                      dialect=conn.dialect) from exc
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_conn: Any, record: Any) -> None:

@@ -30,6 +30,8 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
+from privcal.storage.audit_queue import pg_append_with, pg_charge_entry
+from privcal.storage.engine import BEGIN_WITH_NEXT, begin_pending
 from privcal.storage.models import Charge, Dataset
 
 __all__ = ["SPENT_COLUMNS", "HotSQL", "HotStatements"]
@@ -38,6 +40,9 @@ __all__ = ["SPENT_COLUMNS", "HotSQL", "HotStatements"]
 SPENT_COLUMNS = ("spent_pure_eps", "spent_pure_rho", "spent_zcdp_rho", "spent_approx_eps",
                  "spent_approx_delta")
 
+
+#: psycopg's ``TransactionStatus.IDLE``: no transaction open on the connection
+_PG_IDLE = 0
 
 #: PostgreSQL's type OID of NUMERIC (psycopg's numeric result processor asks for it)
 _PG_NUMERIC_OID = 1700
@@ -109,6 +114,11 @@ class HotSQL:
             self.insert_charge_count = f"WITH upd AS ({self.count}) {self.insert_charge}"
             self.insert_charge_count_spent = (f"WITH upd AS ({self.count_spent}) "
                                               f"{self.insert_charge}")
+            #: the same, and the charge's audit entry appended, in one statement
+            #: (:meth:`~privcal.storage.charges.ChargeStore.record_charge`)
+            self.record_charge_spent = pg_append_with(
+                f"upd AS ({self.count_spent}), c AS ({self.insert_charge}), "
+                f"{pg_charge_entry('c')}")
         # the SQLite audit append (PostgreSQL's is in the server: storage/transactions.py)
         self.head = "SELECT seq, entry_hash FROM audit_head WHERE id = 1"
         self.entry = (f"INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
@@ -130,9 +140,21 @@ class HotStatements:
             self._hot = HotSQL(self.engine.dialect)  # type: ignore[attr-defined]
         return self._hot
 
-    def _sql(self, conn: Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-        """Run ``sql`` on the driver connection under ``conn``; the driver's cursor."""
+    def _sql(self, conn: Connection, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+             ) -> Any:
+        """Run ``sql`` on the driver connection under ``conn``; the driver's cursor.
+
+        The first statement of a PostgreSQL write (:meth:`_begin`) carries the transaction's
+        ``BEGIN``: both go in one simple-protocol message (parameters bound by the client,
+        psycopg's ``ClientCursor``), one round trip instead of two."""
         try:
+            if conn.info.pop(BEGIN_WITH_NEXT, False):
+                from psycopg import ClientCursor
+
+                cur = ClientCursor(conn.connection.driver_connection)  # type: ignore[arg-type]
+                cur.execute(f"BEGIN; {sql}", params)
+                cur.nextset()
+                return cur
             return conn.connection.driver_connection.execute(sql, params)  # type: ignore[union-attr]
         except conn.dialect.loaded_dbapi.Error as exc:
             raise self._db_error(conn, exc, sql, params) from exc
@@ -140,16 +162,47 @@ class HotStatements:
     def _sql_many(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """``executemany`` of ``sql`` over ``rows`` on the driver connection under ``conn``."""
         try:
+            begin_pending(conn)
             conn.connection.driver_connection.cursor().executemany(sql, rows)  # type: ignore[union-attr]
         except conn.dialect.loaded_dbapi.Error as exc:
             raise self._db_error(conn, exc, sql, rows) from exc
 
     def _begin(self, conn: Connection) -> None:
-        """Begin the write transaction on the driver connection: ``BEGIN IMMEDIATE`` on SQLite
-        (the write lock from the first read, see :mod:`privcal.storage.engine`); psycopg begins
-        one by itself with the first statement."""
+        """Begin the write transaction on the driver connection.
+
+        SQLite: ``BEGIN IMMEDIATE`` (the write lock from the first read, see
+        :mod:`privcal.storage.engine`). PostgreSQL: psycopg would send its own ``BEGIN``, a
+        round trip, before the first statement; instead the connection is put in autocommit
+        mode (psycopg sends no ``BEGIN``) and the ``BEGIN`` goes with the first statement
+        (:meth:`_sql`; a Core statement first sends it alone: the engine's ``begin`` hook,
+        :func:`begin_pending`). :meth:`_end` restores the connection before it returns to the
+        pool.
+        """
         if self.backend == "sqlite":  # type: ignore[attr-defined]
             self._sql(conn, "BEGIN IMMEDIATE")
+            return
+        try:
+            conn.connection.driver_connection.autocommit = True  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._db_error(conn, exc, "BEGIN", ()) from exc
+        conn.info[BEGIN_WITH_NEXT] = True
+
+    def _end(self, conn: Connection) -> None:
+        """After a write on PostgreSQL, committed or not: roll back what is left of it and
+        leave the driver connection as the pool gave it (out of autocommit mode); a
+        connection that cannot be is invalidated, never pooled."""
+        if self.backend != "postgresql":  # type: ignore[attr-defined]
+            return
+        conn.info.pop(BEGIN_WITH_NEXT, None)
+        if conn.invalidated:
+            return
+        dc = conn.connection.driver_connection
+        try:
+            if dc.info.transaction_status != _PG_IDLE:  # type: ignore[union-attr]
+                dc.rollback()  # type: ignore[union-attr]
+            dc.autocommit = False  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            conn.invalidate(exc)
 
     def _commit(self, conn: Connection) -> None:
         """COMMIT the transaction of :meth:`_begin` — through SQLAlchemy if something on the

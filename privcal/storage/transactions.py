@@ -70,7 +70,8 @@ class LedgerTransactions:
     """Transactions of a :class:`~privcal.storage.ledger.Ledger` (see the module docstring)."""
 
     # set by Ledger.__init__; ``backend``, ``url``, ``_connect``, ``_unreachable``, ``hot_sql``,
-    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit`` and ``ensure_schema`` are the Ledger's
+    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit``, ``_end`` and ``ensure_schema`` are the
+    # Ledger's
     _url: URL
 
     def write(self, fn: Callable[[Session], T], *, attempts: int = MAX_ATTEMPTS) -> T:
@@ -97,14 +98,19 @@ class LedgerTransactions:
         """:meth:`write` with a Core connection instead of an ORM session (no unit of work,
         no identity map: the hot path of a charge). The transaction is begun and committed
         on the driver connection (:mod:`privcal.storage.statements`; ``BEGIN IMMEDIATE`` on
-        SQLite), where the hot path's statements run; a Core statement ``fn`` executes
-        joins it. Anything ``fn`` raises rolls it back (the pool's reset on return)."""
+        SQLite; on PostgreSQL the ``BEGIN`` goes with the first statement), where the hot
+        path's statements run; a Core statement ``fn`` executes joins it. Anything ``fn``
+        raises rolls it back (:meth:`~privcal.storage.statements.HotStatements._end` on
+        PostgreSQL, the pool's reset on return on SQLite)."""
 
         def run(conn: Connection) -> T:
             self._begin(conn)
-            result = fn(conn)
-            self._append_pending(conn)
-            self._commit(conn)
+            try:
+                result = fn(conn)
+                self._append_pending(conn)
+                self._commit(conn)
+            finally:
+                self._end(conn)
             return result
 
         return self._retry(run, attempts, core=True)
@@ -195,6 +201,11 @@ class LedgerTransactions:
                     yield
                 finally:
                     fcntl.lockf(fh, fcntl.LOCK_UN, 1, offset)
+
+    @staticmethod
+    def has_pending_audit(conn: Connection) -> bool:
+        """Whether the write on ``conn`` has audit entries not yet appended."""
+        return bool(conn.info.get(_PENDING))
 
     def append_audit(self, tx: Session | Connection, kind: str, data: dict[str, Any]) -> None:
         """Queue one entry for the chain in ``tx``'s write transaction.
