@@ -28,7 +28,7 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.class_labels import check_classes, encode_labels, is_text_labels
 from privcal.calibrators.score_range import range_record, resolve_score_range
-from privcal.calibrators.scores import SCORES, label_scores, regression_scores
+from privcal.calibrators.scores import SCORES, label_scores, regression_scores, score_options
 from privcal.calibrators.validation import (
     check_labels,
     check_lengths,
@@ -183,6 +183,9 @@ def prepare(
             if score not in SCORES:
                 raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
             opts = dict(req.score_options or {})
+            # names checked before they become keywords: an option called rng, probs, labels
+            # or name is unknown (InvalidInput), not a second value for that argument
+            score_options(SCORES[score], opts)
             data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
             score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
             if SCORES[score].kind == "classification":

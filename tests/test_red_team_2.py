@@ -1,0 +1,282 @@
+"""Red team, session 5: attacks on the charge path on the DB-API driver
+(:mod:`privcal.storage.statements`, :mod:`privcal.storage.transactions`) and on the PostgreSQL
+audit sequencer (:mod:`privcal.storage.audit_queue`). Each test is an attack; it passes when
+the attack fails (nothing written, the pooled connection clean, the chain intact)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import text
+
+from privcal.costs import ZCDP, ApproxDP, PureDP
+
+_pg = pytest.mark.parametrize("ledger_url", [pytest.param("postgresql",
+                                                          marks=pytest.mark.postgres)],
+                              indirect=True)
+
+
+def _state(acct: Any, name: str = "d") -> tuple[Any, ...]:
+    """Everything a charge writes: the budget, the charges, the chain (and queue) length."""
+    led = acct.ledger
+    with led.engine.connect() as conn:
+        charges = conn.execute(text("SELECT count(*) FROM charges")).scalar()
+        entries = conn.execute(text("SELECT count(*) FROM audit_log")).scalar()
+        queued = (conn.execute(text("SELECT count(*) FROM audit_queue")).scalar()
+                  if led.backend == "postgresql" else 0)
+    b = acct.budget(name)
+    return b.spent, b.charges if hasattr(b, "charges") else None, charges, entries, queued
+
+
+def _boom_trigger(acct: Any) -> None:
+    """A trigger that fails the INSERT of a charge whose purpose is 'boom' — after the
+    dataset's totals were updated in the same transaction (SQLite: a statement before it;
+    PostgreSQL: the CTE of the same statement)."""
+    led = acct.ledger
+    with led.engine.begin() as conn:
+        if led.backend == "sqlite":
+            conn.execute(text(
+                "CREATE TRIGGER boom BEFORE INSERT ON charges WHEN NEW.purpose = 'boom' "
+                "BEGIN SELECT RAISE(ABORT, 'boom refused'); END"))
+        else:
+            conn.execute(text(
+                "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.purpose = 'boom' THEN RAISE EXCEPTION 'boom refused' "
+                "USING ERRCODE = '23514'; END IF; RETURN NEW; END $$"))
+            conn.execute(text("CREATE TRIGGER boom BEFORE INSERT ON charges FOR EACH ROW "
+                              "EXECUTE FUNCTION boom()"))
+
+
+@pytest.mark.parametrize("cost", [ZCDP(rho="0.1"), PureDP(eps="0.1"),
+                                  ApproxDP(eps="0.1", delta="1e-7")],
+                         ids=["zcdp", "pure", "approx"])
+def test_a_constraint_violation_mid_charge_writes_nothing_and_leaves_the_pool_clean(
+        accountant: Any, cost: Any) -> None:
+    """Attack: fail a charge's INSERT after its totals' UPDATE ran in the same transaction.
+    If the driver-level transaction were not rolled back before its connection went back to
+    the pool, the next charge on that connection would commit the orphan UPDATE (totals
+    larger than the charges: ``verify`` fails) or could not begin."""
+    kw = {"ZCDP": {"rho": "1"}, "PureDP": {"epsilon": "1"},
+          "ApproxDP": {"approx_epsilon": "1", "approx_delta": "1e-5"}}[type(cost).__name__]
+    accountant.create_dataset("d", **kw)
+    accountant.charge("d", cost, purpose="ok")
+    _boom_trigger(accountant)
+    before = _state(accountant)
+    for _ in range(3):  # the same pooled connection, again and again
+        with pytest.raises(Exception, match="boom refused"):
+            accountant.charge("d", cost, purpose="boom")
+        assert _state(accountant) == before
+    accountant.charge("d", cost, purpose="after")  # (PostgreSQL spent ids on the failures)
+    rep = accountant.ledger.verify()
+    assert (rep.charges, rep.entries) == (2, 3)
+    once = before[0]
+    assert accountant.budget("d").spent == {k: 2 * v for k, v in once.items()}
+
+
+def test_a_refused_charge_writes_nothing_on_the_same_connection(accountant: Any) -> None:
+    """Attack: a refused charge (budget) followed by an accepted one on the same pooled
+    connection: the refusal must leave nothing, the next one exactly its own amount."""
+    accountant.create_dataset("d", rho="0.3")
+    accountant.charge("d", ZCDP(rho="0.2"))
+    before = _state(accountant)
+    from privcal.errors import BudgetRefused
+
+    for _ in range(3):
+        with pytest.raises(BudgetRefused):
+            accountant.charge("d", ZCDP(rho="0.2"))
+        assert _state(accountant) == before
+    accountant.charge("d", ZCDP(rho="0.1"))
+    assert accountant.budget("d").spent == {"rho": Decimal("0.3")}
+    accountant.ledger.verify()
+
+
+@pytest.mark.parametrize("amount", ["0.000000000001", "0.1", "0.999999999999",
+                                    "123456789012.123456789012", "3"])
+def test_exact_amounts_are_stored_as_given(accountant: Any, amount: str) -> None:
+    """Attack: amounts at the edges of the 12 places and of the integer range; the stored
+    bytes (the charge row, the audit payload) must be the decimal given, on both backends."""
+    accountant.create_dataset("d", approx_epsilon="999999999999999", approx_delta="0.5")
+    accountant.charge("d", ApproxDP(eps=amount, delta="0." + "0" * 11 + "1"))
+    led = accountant.ledger
+    with led.engine.connect() as conn:
+        eps, delta = conn.execute(text("SELECT epsilon, delta FROM charges")).one()
+        payload = conn.execute(text(
+            "SELECT payload FROM audit_log WHERE kind = 'charge'")).scalar()
+    assert Decimal(str(eps)) == Decimal(amount) and Decimal(str(delta)) == Decimal("1e-12")
+    assert f'"epsilon":"{amount}"' in payload and '"delta":"0.000000000001"' in payload
+    accountant.ledger.verify()
+
+
+# ------------------------------------------------------------------ PostgreSQL only
+@_pg
+def test_a_statement_timeout_mid_charge_writes_nothing(accountant: Any,
+                                                       ledger_url: str) -> None:
+    """Attack: the dataset row is held by another transaction and the charge's connection
+    has a 300 ms statement timeout: the charge fails with a one-line ledger error (not a
+    traceback of SQL), writes nothing, and the same ledger charges normally afterwards."""
+    from privcal.accountant import Accountant
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("d", rho="1")
+    led = Ledger(ledger_url + quote(" -cstatement_timeout=300"))
+    acct = Accountant(led)
+    acct.charge("d", ZCDP(rho="0.1"))
+    before = _state(acct)
+    holder = accountant.ledger.engine.connect()
+    try:
+        holder.execute(text("SELECT 1 FROM datasets WHERE name = 'd' FOR UPDATE"))
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as err:
+            acct.charge("d", ZCDP(rho="0.1"))
+        assert time.monotonic() - t0 < 30
+        assert "statement timeout" in str(err.value) or "canceling" in str(err.value)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert _state(acct) == before
+    acct.charge("d", ZCDP(rho="0.1"))
+    assert acct.budget("d").spent == {"rho": Decimal("0.2")}
+    acct.ledger.verify()
+    led.close()
+
+
+@_pg
+def test_a_connection_killed_between_charges_is_replaced_and_charged_once(
+        accountant: Any) -> None:
+    """Attack: the server terminates the pooled connection (failover, idle kill) between two
+    charges: the next charge runs on a fresh connection, exactly once."""
+    accountant.create_dataset("d", rho="1")
+    led = accountant.ledger
+    accountant.charge("d", ZCDP(rho="0.1"))
+    with led.engine.connect() as c:  # the pooled connection the charges use
+        pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
+    from privcal.storage import Ledger
+
+    other = Ledger(led.url)
+    with other.engine.connect() as c:
+        assert c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+    other.close()
+    time.sleep(0.2)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    assert accountant.budget("d").spent == {"rho": Decimal("0.2")}
+    rep = led.verify()
+    assert (rep.charges, rep.entries) == (2, 3)
+
+
+def _reader(url: str, stop: Any, out: Any) -> None:
+    """Drain and verify the chain over and over while the writers run."""
+    from privcal.storage import Ledger
+
+    led = Ledger(url)
+    n = drained = 0
+    err = None
+    try:
+        while not stop.is_set():
+            drained += led.sequence_audit() or 0
+            led.verify()
+            n += 1
+    except Exception as exc:  # reported to the parent
+        err = f"{type(exc).__name__}: {exc}"
+    out.put(("reader", n, drained, err))
+
+
+def _writer(url: str, w: int, count: int, out: Any) -> None:
+    from privcal.accountant import Accountant
+
+    acct = Accountant(url)
+    ids, err = [], None
+    try:
+        for _ in range(count):
+            ids.append(acct.charge(f"d{w}", ZCDP(rho="0.01")).charge_id)
+    except Exception as exc:
+        err = f"{type(exc).__name__}: {exc}"
+    out.put(("writer", ids, err))
+
+
+@_pg
+def test_writers_on_many_datasets_with_readers_draining_keep_one_chain(
+        accountant: Any, ledger_url: str) -> None:
+    """Attack: 6 writers on 6 datasets while 2 readers drain the queue and verify the whole
+    ledger in a loop. Every verify passes mid-race; at the end the chain is gap-free, each
+    committed charge has exactly one entry, nothing is left queued after a drain."""
+    writers, per = 6, 25
+    for w in range(writers):
+        accountant.create_dataset(f"d{w}", rho="10")
+    accountant.ledger.engine.dispose()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_writer, args=(ledger_url, w, per, q)) for w in range(writers)]
+    readers = [ctx.Process(target=_reader, args=(ledger_url, stop, q)) for _ in range(2)]
+    for p in procs + readers:
+        p.start()
+    got = []
+    while sum(r[0] == "writer" for r in got) < writers:
+        got.append(q.get(timeout=600))
+    stop.set()
+    while len(got) < writers + len(readers):
+        got.append(q.get(timeout=600))
+    for p in procs + readers:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    results = [r for r in got if r[0] == "writer"]
+    checks = [r for r in got if r[0] == "reader"]
+    assert all(r[2] is None for r in results), [r[2] for r in results]
+    assert all(r[3] is None for r in checks), checks
+    assert sum(r[1] for r in checks) >= 2, checks  # the readers did verify mid-race
+    ids = sorted(c for r in results for c in r[1])
+    assert len(ids) == writers * per == len(set(ids))
+    led = accountant.ledger
+    led.sequence_audit()
+    rep = led.verify()
+    assert (rep.charges, rep.queued, rep.entries) == (len(ids), 0, writers + len(ids))
+    with led.engine.connect() as conn:
+        seqs = [s for (s,) in conn.execute(text("SELECT seq FROM audit_log ORDER BY seq"))]
+        cids = sorted(int(c) for (c,) in conn.execute(text(
+            "SELECT payload::json->'data'->>'charge_id' FROM audit_log WHERE kind = 'charge'")))
+    assert seqs == list(range(1, len(seqs) + 1)) and cids == ids
+
+
+# ------------------------------------------------------------------ score options
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("option", ["rng", "probs", "labels", "name"])
+@pytest.mark.parametrize("score", ["lac", "aps"])
+def test_a_score_option_named_like_an_argument_is_a_one_line_error(
+        accountant: Any, option: str, score: str, tmp_path: Any) -> None:
+    """Attack: a score option named like an argument of the score function (``rng``,
+    ``probs``, ``labels``, ``name``). It used to reach ``label_scores(score, probs, labels,
+    rng=rng, **opts)`` as a keyword and raise TypeError ("got multiple values") — a traceback
+    in the CLI, a 500 from the service. It is an unknown option: a one-line InvalidInput,
+    nothing charged."""
+    import json
+
+    import numpy as np
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("d", rho="1")
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(3), 100)
+    y = rng.integers(0, 3, 100)
+    before = _state(accountant)
+    with pytest.raises(InvalidInput, match=f"does not take option.*{option}"):
+        accountant.calibrate("pcoqs", {"alpha": 0.1, "rho": 0.1}, dataset="d", probs=p,
+                             labels=y, score=score, score_options={option: 1})
+    np.save(tmp_path / "p.npy", p)
+    np.save(tmp_path / "y.npy", y)
+    res = CliRunner().invoke(main, [
+        "--db-url", accountant.ledger.url, "calibrate", "pcoqs", "--dataset", "d",
+        "--alpha", "0.1", "--rho", "0.1", "--probs", str(tmp_path / "p.npy"),
+        "--labels", str(tmp_path / "y.npy"), "--score", score, "--score-option",
+        f"{option}=1", "--json"])
+    assert res.exit_code == 1, res.output
+    msg = json.loads(res.stdout)["error"]["message"]
+    assert "does not take option" in msg and "\n" not in msg
+    assert _state(accountant) == before
