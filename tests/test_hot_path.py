@@ -16,6 +16,7 @@ from sqlalchemy import text
 from privcal.costs import ZCDP
 from privcal.errors import LedgerError
 from privcal.storage import audit
+from tests.wire import Wire
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.text(),
@@ -145,50 +146,6 @@ def test_subject_ids_with_copy_special_characters(accountant: Any) -> None:
 
 
 # ------------------------------------------------------------------ the charge's own cost
-class _Wire:
-    """What the charge path sends to the database, counted on the driver connection: every
-    SQL statement SQLite runs (its trace callback), every round trip to PostgreSQL (each
-    ``Sync`` or simple ``Query`` message the client sends, from libpq's protocol trace —
-    each is answered by one ``ReadyForQuery``)."""
-
-    def __init__(self, ledger: Any, tmp_path: Any) -> None:
-        from sqlalchemy import event
-
-        self.ledger, self.sql, self.trace = ledger, [], tmp_path / "libpq.trace"
-        self._fh = open(self.trace, "w")  # closed in count()
-        self._traced: list[Any] = []
-
-        def checkout(dbapi_conn: Any, _rec: Any, _proxy: Any) -> None:
-            if ledger.backend == "sqlite":
-                dbapi_conn.set_trace_callback(self.sql.append)
-            else:
-                dbapi_conn.pgconn.trace(self._fh.fileno())
-                from psycopg import pq
-
-                dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-            self._traced.append(dbapi_conn)
-
-        self._checkout = checkout
-        event.listen(ledger.engine, "checkout", checkout)
-
-    def count(self) -> int:
-        """Statements (SQLite) or round trips (PostgreSQL) since this wire was attached."""
-        from sqlalchemy import event
-
-        event.remove(self.ledger.engine, "checkout", self._checkout)
-        for c in self._traced:
-            if self.ledger.backend == "sqlite":
-                c.set_trace_callback(None)
-            else:
-                c.pgconn.untrace()
-        self._fh.close()
-        if self.ledger.backend == "sqlite":
-            return len(self.sql)
-        lines = self.trace.read_text().splitlines()
-        return sum(1 for ln in lines if ln.split("\t")[:1] == ["F"]
-                   and ln.split("\t")[2].split(" ")[0] in ("Sync", "Query"))
-
-
 def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path: Any) -> None:
     """One central charge (warm ledger, no idempotency key): SQLite runs exactly BEGIN
     IMMEDIATE, the dataset row, the totals UPDATE, the charge INSERT, the audit head, the
@@ -198,7 +155,7 @@ def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path:
     adds a statement or a round trip to every charge must change this test."""
     accountant.create_dataset("d", rho=1)
     accountant.charge("d", ZCDP(rho="0.01"))  # warm: schema checked, pool filled
-    wire = _Wire(accountant.ledger, tmp_path)
+    wire = Wire(accountant.ledger, tmp_path)
     accountant.charge("d", ZCDP(rho="0.01"))
     n = wire.count()
     if accountant.ledger.backend == "sqlite":

@@ -173,8 +173,7 @@ def charge_subjects(
             "idempotency_key": key, "created_at": now(), "request_digest": digest,
             "members_digest": mdigest,
         }
-        c = SimpleNamespace(id=ledger.insert_charge(conn, values), **values)
-        ledger.insert_members(conn, c.id, blob)
+        c = SimpleNamespace(id=ledger.insert_charge(conn, values, members=blob), **values)
         ledger.append_audit(conn, "charge", charge_doc(c, ds.name))  # type: ignore[arg-type]
         reason = (f"{n_over} subject(s) over the per-subject cap "
                   f"{acc.dstr(ds.subject_epsilon)}, {n_dup} duplicate(s) in the batch")

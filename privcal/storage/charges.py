@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -57,20 +57,31 @@ class ChargeStore:
         return None if raw is None else q.charge.load(raw)
 
     def insert_charge(self, conn: Connection, values: dict[str, Any],
-                      spent: dict[str, Any] | None = None) -> int:
+                      spent: dict[str, Any] | None = None,
+                      members: bytes | None = None) -> int:
         """Insert a charge row (``values``: every column but ``id``) and count it on its
         dataset, whose row the caller has locked, setting the dataset's running totals to
         ``spent`` (column → value, every column of
-        :data:`~privcal.storage.statements.SPENT_COLUMNS`) if given. Returns the charge id.
-        PostgreSQL: one statement (the UPDATE as a CTE); SQLite: two."""
+        :data:`~privcal.storage.statements.SPENT_COLUMNS`) if given, and storing
+        ``members`` (a local-DP charge's sorted pseudonyms, ``charge_members``) if given.
+        Returns the charge id. PostgreSQL: one statement (the UPDATE and the members row as
+        CTEs); SQLite: two, three with members."""
         q = self.hot_sql
+        if spent is not None and members is not None:
+            raise ValueError("a charge sets the dataset's totals or has members, not both")
         upd = self._totals(values, spent)
         row = q.charge.dump(values, q.charge_cols)
         if self.backend == "postgresql":
+            if members is not None:
+                return int(self._sql(conn, q.insert_charge_count_members,
+                                     [*upd, *row, members]).fetchone()[0])
             sql = q.insert_charge_count_spent if spent is not None else q.insert_charge_count
             return int(self._sql(conn, sql, upd + row).fetchone()[0])
         self._sql(conn, q.count_spent if spent is not None else q.count, upd)
-        return int(self._sql(conn, q.insert_charge, row).fetchone()[0])
+        cid = int(self._sql(conn, q.insert_charge, row).fetchone()[0])
+        if members is not None:
+            self._sql(conn, q.insert_members, (cid, members))
+        return cid
 
     def _totals(self, values: dict[str, Any], spent: dict[str, Any] | None) -> list[Any]:
         """The parameters of the totals UPDATE (``count_spent``, or ``count`` without
@@ -112,10 +123,6 @@ class ChargeStore:
         self.append_audit(conn, "charge",  # type: ignore[attr-defined]
                           charge_doc(SimpleNamespace(id=cid, **values), dataset))  # type: ignore[arg-type]
         return cid
-
-    def insert_members(self, conn: Session | Connection, charge_id: int, blob: bytes) -> None:
-        """Store the sorted pseudonyms a local-DP charge charged (``charge_members``)."""
-        conn.execute(insert(ChargeMembers.__table__), {"charge_id": charge_id, "members": blob})
 
     def members_of(self, tx: Session | Connection, charge_id: int) -> np.ndarray:
         """The pseudonyms (hex) a local-DP charge charged, from ``charge_members``."""

@@ -11,8 +11,12 @@ expanded by ``json_each`` on SQLite; the bulk insert: ``COPY`` vs one ``json_eac
 is passed as one fixed-width text — split by the server on PostgreSQL, cut by ``substr``
 from a BLOB on SQLite — so that neither side builds a Python object per row: its probe
 (:meth:`SessionStore.probe_batch`: reports and spends in one statement) and its reports
-(:meth:`SessionStore.insert_batch_reports`). The tables are in
-:mod:`privcal.storage.sessions`.
+(:meth:`SessionStore.insert_batch_reports`). A batch's statements run on the DB-API
+connection (:mod:`privcal.storage.statements`: SQL strings written once per ledger, values
+through SQLAlchemy's own type processors), inside
+:meth:`~privcal.storage.Ledger.write_core`: the session and dataset rows locked with the
+last batch number (:meth:`SessionStore.lock_batch_session`), the new state and the batch row
+(:meth:`SessionStore.record_batch`). The tables are in :mod:`privcal.storage.sessions`.
 """
 
 from __future__ import annotations
@@ -20,17 +24,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import func, select, text
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound
 from privcal.storage.audit import now
 from privcal.storage.models import Dataset, ReleaseRow
 from privcal.storage.pseudonyms import fixed_lines, hex_matrix, hex_of
-from privcal.storage.sessions import CollectionSession, SessionBatch, SessionReport
+from privcal.storage.sessions import CollectionSession, SessionReport
+
+if TYPE_CHECKING:
+    from privcal.storage.statements import HotSQL
 
 __all__ = ["SessionStore"]
 
@@ -39,13 +48,13 @@ __all__ = ["SessionStore"]
 # On PostgreSQL :ids is an array, or (the usual case, see SessionStore._probe) the ids joined
 # by newlines, split by the server: ANY(…) probes the primary key either way.
 _REPORTED = (
-    "SELECT subject FROM session_reports WHERE session_id = :sid AND subject = ANY(:ids)",
+    "SELECT subject FROM session_reports WHERE session_id = %(sid)s AND subject = ANY(%(ids)s)",
     "SELECT j.value FROM json_each(:ids) j CROSS JOIN session_reports r "
     "WHERE r.session_id = :sid AND r.subject = j.value",
 )
 _OVER = (
-    "SELECT subject FROM subject_spend WHERE dataset_id = :d AND subject = ANY(:ids) "
-    "AND spent_units > :lim",
+    "SELECT subject FROM subject_spend WHERE dataset_id = %(d)s AND subject = ANY(%(ids)s) "
+    "AND spent_units > %(lim)s",
     "SELECT j.value FROM json_each(:ids) j CROSS JOIN subject_spend p "
     "WHERE p.dataset_id = :d AND p.subject = j.value AND p.spent_units > :lim",
 )
@@ -66,7 +75,7 @@ _INSERT_REPORTS_SQLITE = (
 # lets the server choose; or an array from a sub-select) scans with a linear ANY: one array
 # search per table row, seconds for 10³ ids on a table of 10⁴ rows. So the probe goes
 # through the driver with prepare=False (psycopg placeholders).
-_BATCH_IDS_PG = "ANY(string_to_array(%(ids)s, chr(10)))"
+_BATCH_IDS_PG = _SPLIT_IDS = "ANY(string_to_array(%(ids)s, chr(10)))"
 _PROBE_REPORTED_PG = ("SELECT 0, subject, 0 FROM session_reports WHERE session_id = %(sid)s "
                       f"AND subject = {_BATCH_IDS_PG}")
 _PROBE_SPENT_PG = (" UNION ALL SELECT 1, subject, spent_units FROM subject_spend "
@@ -90,8 +99,6 @@ _INSERT_BITS_SQLITE = (
 _COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 #: a character that COPY text format must escape
 _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
-#: the PostgreSQL probes with the ids as one newline-joined text split by the server
-_SPLIT_IDS = "ANY(string_to_array(:ids, chr(10)))"
 
 
 def _plain_matrix(values: np.ndarray) -> np.ndarray | None:
@@ -106,17 +113,34 @@ def _plain_matrix(values: np.ndarray) -> np.ndarray | None:
     return m
 
 
+def _conn(tx: Session | Connection) -> Connection:
+    """The connection under ``tx`` (an ORM session's begins its transaction)."""
+    return tx.connection() if isinstance(tx, Session) else tx
+
+
 class SessionStore:
     """The collection-session operations of a :class:`~privcal.storage.ledger.Ledger`.
 
     Every operation runs in the caller's ORM session ``s`` (one ledger transaction).
     """
 
-    # ``backend`` and ``lock_dataset`` are the Ledger's
+    # ``backend``, ``lock_dataset``, ``hot_sql``, ``_sql``, ``_driver`` and ``_db_error`` are
+    # the Ledger's (the last four: storage/statements.py)
     backend: str
 
     if TYPE_CHECKING:
+        hot_sql: HotSQL
+
         def lock_dataset(self, session: Session, name: str) -> Dataset: ...
+
+        def _sql(self, conn: Connection, sql: str, params: Any = ()) -> Any: ...
+
+        @staticmethod
+        def _driver(conn: Connection) -> Any: ...
+
+        @staticmethod
+        def _db_error(conn: Connection, exc: BaseException, sql: str,
+                      params: Any) -> Exception: ...
 
     # ------------------------------------------------------------ session rows
     def session_row(self, s: Session, session_id: int, *, lock: bool = False
@@ -169,42 +193,57 @@ class SessionStore:
         return s.scalar(select(ReleaseRow.threshold).where(ReleaseRow.id == release_id))
 
     # ------------------------------------------------------------ reports
-    def _probe(self, s: Session, sql: tuple[str, str], ids: Sequence[str],
+    def _probe(self, tx: Session | Connection, sql: tuple[str, str], ids: Sequence[str],
                params: dict[str, Any]) -> set[str]:
-        """Which of ``ids`` a keyed lookup finds: one statement, an array on PostgreSQL, a
-        JSON array expanded by ``json_each`` on SQLite (both probe the primary key)."""
+        """Which of ``ids`` a keyed lookup finds: one statement on the driver, an array on
+        PostgreSQL (run with ``prepare=False``, so planned with its values: see
+        :meth:`probe_batch`), a JSON array expanded by ``json_each`` on SQLite (both probe
+        the primary key)."""
         if not ids:
             return set()
+        conn = _conn(tx)
         if self.backend == "postgresql":
             ids = list(ids)
             joined = "\n".join(ids)
             if joined.count("\n") == len(ids) - 1 and "" not in ids:  # one text value
                 # (no id holds a newline or is empty, which string_to_array would drop; psycopg
                 # dumps a list element by element, ~10 µs each: 0.25 s for 20 000 ids)
-                split = sql[0].replace("ANY(:ids)", _SPLIT_IDS)
-                return set(s.execute(text(split), {**params, "ids": joined}).scalars())
-            return set(s.execute(text(sql[0]), {**params, "ids": ids}).scalars())
-        return set(s.execute(text(sql[1]), {**params, "ids": json.dumps(list(ids))}).scalars())
+                return self._pg_rows(conn, sql[0].replace("ANY(%(ids)s)", _SPLIT_IDS),
+                                     {**params, "ids": joined}, 0)
+            return self._pg_rows(conn, sql[0], {**params, "ids": ids}, 0)
+        return {r[0] for r in self._sql(conn, sql[1], {**params, "ids": json.dumps(list(ids))})}
 
-    def reported_subjects(self, s: Session, session_id: int, subjects: Sequence[str]
+    def _pg_rows(self, conn: Connection, sql: str, params: dict[str, Any],
+                 column: int | None = None) -> Any:
+        """PostgreSQL: the rows of ``sql`` run by the driver with ``prepare=False`` — planned
+        with the parameters' values every time (see :meth:`probe_batch`); the set of one
+        ``column`` of them if given."""
+        try:
+            with self._driver(conn).cursor() as cur:
+                rows = cur.execute(sql, params, prepare=False).fetchall()
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._db_error(conn, exc, sql, params) from exc
+        return rows if column is None else {r[column] for r in rows}
+
+    def reported_subjects(self, s: Session | Connection, session_id: int, subjects: Sequence[str]
                           ) -> set[str]:
         """Those of ``subjects`` (pseudonyms) that already have a report in the session."""
         return self._probe(s, _REPORTED, subjects, {"sid": session_id})
 
-    def subjects_over(self, s: Session, dataset_id: int, subjects: Sequence[str],
+    def subjects_over(self, s: Session | Connection, dataset_id: int, subjects: Sequence[str],
                       limit_units: int) -> set[str]:
         """Those of ``subjects`` (pseudonyms) whose spend on the dataset exceeds
         ``limit_units`` (units of :data:`~privcal.storage.models.SUBJECT_UNIT`)."""
         return self._probe(s, _OVER, subjects, {"d": dataset_id, "lim": limit_units})
 
-    def insert_reports(self, s: Session, session_id: int, round_: int,
+    def insert_reports(self, tx: Session | Connection, session_id: int, round_: int,
                        subjects: Sequence[str], values: Sequence[str], batch: int) -> None:
         """Store one batch's accepted reports (``subjects`` are pseudonyms) under ``batch``:
-        ``COPY`` on PostgreSQL, one ``json_each`` statement on SQLite."""
+        ``COPY`` on PostgreSQL, one ``json_each`` statement on SQLite (on the driver)."""
         t = now()
-        conn = s.connection()
+        conn = _conn(tx)
         if self.backend == "postgresql":
-            raw = conn.connection.driver_connection
+            raw = self._driver(conn)
             # one pre-formatted COPY text block: ~10× faster than write_row per report; the
             # fields are escaped one by one only if some field needs it (pseudonyms are hex)
             head, tail = f"{session_id}\t", f"\t{round_}\t"
@@ -218,11 +257,11 @@ class SessionStore:
             with raw.cursor() as cur, cur.copy(_COPY_REPORTS) as cp:
                 cp.write(block)
             return
-        conn.execute(text(_INSERT_REPORTS_SQLITE), {
+        self._sql(conn, _INSERT_REPORTS_SQLITE, {
             "sid": session_id, "r": round_, "t": t.isoformat(sep=" "), "b": batch,
             "rows": json.dumps([[a, b] for a, b in zip(subjects, values, strict=True)])})
 
-    def probe_batch(self, s: Session, session_id: int, raw: np.ndarray,
+    def probe_batch(self, tx: Session | Connection, session_id: int, raw: np.ndarray,
                     dataset_id: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One statement for a batch's distinct pseudonyms ``raw`` (``S32``): those already
         reported in the session, and — if ``dataset_id`` is given — those with a spend row
@@ -235,16 +274,16 @@ class SessionStore:
         hexes = hex_matrix(raw)
         params: dict[str, Any] = {"sid": session_id, "d": dataset_id}
         rows: list[Any]
+        conn = _conn(tx)
         if self.backend == "postgresql":
             sql = _PROBE_REPORTED_PG + (_PROBE_SPENT_PG if dataset_id is not None else "")
             params["ids"] = fixed_lines(raw.shape[0], [hexes, b"\n"])[:-1].decode("ascii")
-            with s.connection().connection.driver_connection.cursor() as cur:
-                rows = cur.execute(sql, params, prepare=False).fetchall()
+            rows = self._pg_rows(conn, sql, params)
         else:
             sql = _PROBE_REPORTED_SQLITE + (
                 _PROBE_SPENT_SQLITE if dataset_id is not None else "")
             params.update(ids=hexes.tobytes(), n=int(raw.shape[0]))
-            rows = list(s.execute(text(sql), params).all())
+            rows = self._sql(conn, sql, params).fetchall()
         found = [[bytes.fromhex(r[1]) for r in rows if r[0] == k] for k in (0, 1)]
         reported = np.sort(np.asarray(found[0], dtype="S32")) if found[0] else empty
         if not found[1]:
@@ -254,7 +293,7 @@ class SessionStore:
         order = np.argsort(spent)
         return reported, spent[order], units[order]
 
-    def insert_batch_reports(self, s: Session, session_id: int, round_: int,
+    def insert_batch_reports(self, tx: Session | Connection, session_id: int, round_: int,
                              raw: np.ndarray, values: np.ndarray | Sequence[str],
                              batch: int) -> None:
         """:meth:`insert_reports` of pseudonyms given raw (``S32``; stored as their hex).
@@ -268,18 +307,18 @@ class SessionStore:
             hexes = hex_of(raw).tolist()
             text_values = (values.astype("U").tolist() if isinstance(values, np.ndarray)
                            else list(values))
-            self.insert_reports(s, session_id, round_, hexes, text_values, batch)
+            self.insert_reports(tx, session_id, round_, hexes, text_values, batch)
             return
         t = now()
+        conn = _conn(tx)
         if self.backend == "postgresql":
             block = fixed_lines(n, [f"{session_id}\t".encode(), hex_matrix(raw),
                                     f"\t{round_}\t".encode(), vals,
                                     f"\t{t.isoformat()}\t{batch}\n".encode()])
-            raw_conn = s.connection().connection.driver_connection
-            with raw_conn.cursor() as cur, cur.copy(_COPY_REPORTS) as cp:
+            with self._driver(conn).cursor() as cur, cur.copy(_COPY_REPORTS) as cp:
                 cp.write(block)
             return
-        s.execute(text(_INSERT_BITS_SQLITE), {
+        self._sql(conn, _INSERT_BITS_SQLITE, {
             "n": n, "sid": session_id, "r": round_, "t": t.isoformat(sep=" "), "b": batch,
             "ids": hex_matrix(raw).tobytes(), "vals": vals.tobytes(), "w": vals.shape[1]})
 
@@ -290,23 +329,48 @@ class SessionStore:
                               .where(SessionReport.session_id == session_id)))
 
     # ------------------------------------------------------------ batches
-    @staticmethod
-    def batch_by_key(s: Session, session_id: int, key: str) -> SessionBatch | None:
-        """The batch of the session recorded under idempotency ``key``, if any."""
-        return s.scalars(select(SessionBatch).where(
-            SessionBatch.session_id == session_id,
-            SessionBatch.idempotency_key == key)).first()
+    def lock_batch_session(self, conn: Connection, session_id: int) -> tuple[Any, Any, int]:
+        """For a batch in :meth:`~privcal.storage.Ledger.write_core`: the session row and its
+        dataset's (named tuples of every column), both locked in the ledger's order —
+        dataset first — and the session's last batch number (0 before the first); NotFound
+        if there is no such session. SQLite: one statement (``BEGIN IMMEDIATE`` holds the
+        write lock); PostgreSQL: two (the dataset row ``FOR UPDATE``, then the session's)."""
+        q = self.hot_sql
+        if self.backend == "postgresql":
+            got = self._sql(conn, q.lock_session_dataset, (session_id,)).fetchone()
+            ds = None if got is None else q.dataset.load(got)
+            got = None if got is None else self._sql(conn, q.lock_session,
+                                                     (session_id,)).fetchone()
+        else:
+            got = self._sql(conn, q.lock_session, (session_id,)).fetchone()
+            k = len(q.dataset.names)
+            ds = None if got is None else q.dataset.load(got[:k])
+            got = None if got is None else got[k:]
+        if got is None:
+            raise NotFound(f"unknown session {session_id}")
+        return q.session.load(got[:-1]), ds, int(got[-1])
 
-    @staticmethod
-    def next_batch(s: Session, session_id: int) -> int:
-        """The number the session's next batch gets (1 for the first)."""
-        last = s.scalar(select(func.coalesce(func.max(SessionBatch.batch), 0))
-                        .where(SessionBatch.session_id == session_id))
-        return int(last or 0) + 1
+    def batch_by_key(self, conn: Connection, session_id: int, key: str) -> Any | None:
+        """The batch of the session recorded under idempotency ``key``, if any (a named tuple
+        of every ``session_batches`` column)."""
+        q = self.hot_sql
+        got = self._sql(conn, q.batch_by_key, (session_id, key)).fetchone()
+        return None if got is None else q.batch.load(got)
 
-    @staticmethod
-    def add_batch(s: Session, session_id: int, batch: int, key: str | None,
-                  digest: str | None, result: dict[str, Any]) -> None:
-        """Record an accepted batch: its number, idempotency key, request digest, result."""
-        s.add(SessionBatch(session_id=session_id, batch=batch, idempotency_key=key,
-                           request_digest=digest, result=result, created_at=now()))
+    def record_batch(self, conn: Connection, session_id: int, state: dict[str, Any],
+                     updated_at: datetime, batch: int, key: str | None, digest: str | None,
+                     result: dict[str, Any]) -> None:
+        """Record an accepted batch: the session's new ``state`` (and ``updated_at``), and the
+        batch's row — its number, idempotency key, request digest, result. PostgreSQL: one
+        statement (the UPDATE as a CTE); SQLite: two."""
+        q = self.hot_sql
+        upd = q.session.dump({"state": state, "updated_at": updated_at, "id": session_id},
+                             ("state", "updated_at", "id"))
+        row = q.batch.dump({"session_id": session_id, "batch": batch, "idempotency_key": key,
+                            "request_digest": digest, "result": result,
+                            "created_at": now()}, q.batch_cols)
+        if self.backend == "postgresql":
+            self._sql(conn, q.update_state_insert_batch, upd + row)
+            return
+        self._sql(conn, q.update_state, upd)
+        self._sql(conn, q.insert_batch, row)

@@ -1,4 +1,5 @@
-"""The hot path's SQL (a charge and its audit append), run on the DB-API connection.
+"""The hot path's SQL (a charge, a collection session's batch, the audit append), run on the
+DB-API connection.
 
 One charge is a handful of primary-key statements around one COMMIT; through SQLAlchemy's
 Core each costs ~50 µs of Python (compiled-cache lookup, parameter processing, result
@@ -11,7 +12,7 @@ backend (:class:`HotSQL`), executed with the driver's ``execute`` on the connect
 commits on that connection too (:meth:`HotStatements._begin`, :meth:`HotStatements._commit`).
 
 Values cross the driver exactly as SQLAlchemy would write and read them: every column's
-bind and result processors are taken from its SQLAlchemy type once (:class:`_Codec`), so
+bind and result processors are taken from its SQLAlchemy type once (:class:`Codec`), so
 an amount is a decimal string on SQLite and ``NUMERIC`` on PostgreSQL, a timestamp has the
 SQLite dialect's text format, and so on; rows come back as named tuples with every column.
 A driver error is raised as SQLAlchemy's (:meth:`HotStatements._sql`), with a connection
@@ -33,8 +34,9 @@ from sqlalchemy.types import TypeEngine
 from privcal.storage.audit_queue import pg_append_with, pg_charge_entry
 from privcal.storage.engine import BEGIN_WITH_NEXT, begin_pending
 from privcal.storage.models import Charge, Dataset
+from privcal.storage.sessions import CollectionSession, SessionBatch
 
-__all__ = ["SPENT_COLUMNS", "HotSQL", "HotStatements"]
+__all__ = ["SPENT_COLUMNS", "Codec", "HotSQL", "HotStatements"]
 
 #: the dataset columns holding its running totals, in :class:`privcal.accountant` order
 SPENT_COLUMNS = ("spent_pure_eps", "spent_pure_rho", "spent_zcdp_rho", "spent_approx_eps",
@@ -55,7 +57,7 @@ def _coltype(dialect: Dialect, t: TypeEngine[Any]) -> int | None:
     return None
 
 
-class _Codec:
+class Codec:
     """One table's columns as the driver sees them: a named-tuple row type and the
     SQLAlchemy bind/result processors of each column (None where the value passes as is)."""
 
@@ -91,8 +93,8 @@ class HotSQL:
         pg = dialect.name == "postgresql"
         p = "%s" if pg else "?"
         dt, ct = Dataset.__table__, Charge.__table__
-        self.dataset = _Codec(dt, dialect, list(dt.c))
-        self.charge = _Codec(ct, dialect, list(ct.c))
+        self.dataset = Codec(dt, dialect, list(dt.c))
+        self.charge = Codec(ct, dialect, list(ct.c))
         #: every charge column but id, in insert order
         self.charge_cols = tuple(c.name for c in ct.c if c.name != "id")
         self.spent_bind = [self.dataset.bind.get(c) for c in SPENT_COLUMNS]
@@ -110,6 +112,9 @@ class HotSQL:
         self.insert_charge = (
             f"INSERT INTO charges ({', '.join(self.charge_cols)}) "
             f"VALUES ({', '.join([p] * len(self.charge_cols))}) RETURNING id")
+        #: the pseudonyms a local-DP charge charged
+        self.insert_members = (f"INSERT INTO charge_members (charge_id, members) "
+                               f"VALUES ({p}, {p})")
         if pg:  # the totals' UPDATE rides in the INSERT: one round trip
             self.insert_charge_count = f"WITH upd AS ({self.count}) {self.insert_charge}"
             self.insert_charge_count_spent = (f"WITH upd AS ({self.count_spent}) "
@@ -119,11 +124,53 @@ class HotSQL:
             self.record_charge_spent = pg_append_with(
                 f"upd AS ({self.count_spent}), c AS ({self.insert_charge}), "
                 f"{pg_charge_entry('c')}")
+            # … and so does a local-DP charge's members row
+            self.insert_charge_count_members = (
+                f"WITH upd AS ({self.count}), c AS ({self.insert_charge}), "
+                f"m AS (INSERT INTO charge_members (charge_id, members) SELECT id, {p} FROM c) "
+                "SELECT id FROM c")
+        self._session_batch(dialect, p)
         # the SQLite audit append (PostgreSQL's is in the server: storage/transactions.py)
         self.head = "SELECT seq, entry_hash FROM audit_head WHERE id = 1"
         self.entry = (f"INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
                       f"VALUES ({p}, {p}, {p}, {p}, {p})")
         self.move_head = f"UPDATE audit_head SET seq = {p}, entry_hash = {p} WHERE id = 1"
+
+
+    def _session_batch(self, dialect: Dialect, p: str) -> None:
+        """A collection session's batch (:func:`privcal.accountant.sessions.submit_reports`):
+        the session and dataset rows locked with the session's last batch number, a batch
+        by idempotency key, the new state with the batch record."""
+        pg = dialect.name == "postgresql"
+        st, bt = CollectionSession.__table__, SessionBatch.__table__
+        self.session = Codec(st, dialect, list(st.c))
+        self.batch = Codec(bt, dialect, list(bt.c))
+        s_cols = ", ".join(f"s.{c}" for c in self.session.names)
+        last = "(SELECT coalesce(max(batch), 0) FROM session_batches WHERE session_id = s.id)"
+        if pg:
+            # the ledger's lock order, dataset row first; then the session row, read (with its
+            # last batch) in a statement of its own: under READ COMMITTED a statement sees
+            # what was committed before it began, so after the dataset lock it sees every
+            # batch written under that lock
+            self.lock_session_dataset = (
+                f"SELECT {', '.join(self.dataset.names)} FROM datasets WHERE id = "
+                f"(SELECT dataset_id FROM collection_sessions WHERE id = {p}) FOR UPDATE")
+            self.lock_session = (f"SELECT {s_cols}, {last} FROM collection_sessions s "
+                                 f"WHERE s.id = {p} FOR UPDATE")
+        else:  # one statement: BEGIN IMMEDIATE holds the database write lock already
+            d_cols = ", ".join(f"d.{c}" for c in self.dataset.names)
+            self.lock_session = (f"SELECT {d_cols}, {s_cols}, {last} FROM collection_sessions s "
+                                 f"JOIN datasets d ON d.id = s.dataset_id WHERE s.id = {p}")
+        self.batch_by_key = (f"SELECT {', '.join(self.batch.names)} FROM session_batches "
+                             f"WHERE session_id = {p} AND idempotency_key = {p}")
+        self.batch_cols = self.batch.names
+        self.update_state = (f"UPDATE collection_sessions SET state = {p}, updated_at = {p} "
+                             f"WHERE id = {p}")
+        self.insert_batch = (f"INSERT INTO session_batches ({', '.join(self.batch_cols)}) "
+                             f"VALUES ({', '.join([p] * len(self.batch_cols))})")
+        if pg:  # the state's UPDATE rides in the batch's INSERT: one round trip
+            self.update_state_insert_batch = (f"WITH u AS ({self.update_state}) "
+                                              f"{self.insert_batch}")
 
 
 class HotStatements:
@@ -158,6 +205,14 @@ class HotStatements:
             return conn.connection.driver_connection.execute(sql, params)  # type: ignore[union-attr]
         except conn.dialect.loaded_dbapi.Error as exc:
             raise self._db_error(conn, exc, sql, params) from exc
+
+    @staticmethod
+    def _driver(conn: Connection) -> Any:
+        """The driver connection under ``conn``, for a statement :meth:`_sql` cannot run (a
+        COPY, a cursor's ``prepare=False``), inside the write's transaction: a PostgreSQL
+        ``BEGIN`` still deferred (:meth:`_begin`) is sent first (:func:`begin_pending`)."""
+        begin_pending(conn)
+        return conn.connection.driver_connection
 
     def _sql_many(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """``executemany`` of ``sql`` over ``rows`` on the driver connection under ``conn``."""

@@ -18,6 +18,7 @@ the new rows straight into ``subject_spend`` and raises the existing ones under 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy import select, text
@@ -71,7 +72,14 @@ def _copy_text(conn: Connection, copy_sql: str, values: list[str]) -> None:
 class SubjectSpendStore:
     """The per-subject spend operations of a :class:`~privcal.storage.ledger.Ledger`."""
 
-    # ``backend`` is the Ledger's
+    # ``backend``, ``_sql`` and ``_driver`` (storage/statements.py) are the Ledger's
+    if TYPE_CHECKING:
+        backend: str
+
+        def _sql(self, conn: Connection, sql: str, params: Any = ()) -> Any: ...
+
+        @staticmethod
+        def _driver(conn: Connection) -> Any: ...
 
     def bulk_charge_subjects(self, tx: Session | Connection, dataset_id: int, uniq: np.ndarray,
                              e_units: int, cap_units: int) -> list[str]:
@@ -148,11 +156,11 @@ class SubjectSpendStore:
             if self.backend == "postgresql":
                 params["ids"] = fixed_lines(existing.shape[0],
                                             [hexes, b"\n"])[:-1].decode("ascii")
-                with conn.connection.driver_connection.cursor() as cur:
+                with self._driver(conn).cursor() as cur:
                     done = cur.execute(_RAISE_PG, params, prepare=False).rowcount
             else:
                 params.update(ids=hexes.tobytes(), n=int(existing.shape[0]))
-                done = conn.execute(text(_RAISE_SQLITE), params).rowcount
+                done = self._sql(conn, _RAISE_SQLITE, params).rowcount
             if done != existing.shape[0]:
                 raise LedgerError(f"per-subject charge: {existing.shape[0] - done} of "
                                   f"{existing.shape[0]} subjects had no room left; nothing "
@@ -163,13 +171,12 @@ class SubjectSpendStore:
         if self.backend == "postgresql":
             block = fixed_lines(new.shape[0], [f"{int(dataset_id)}\t".encode(), hexes,
                                                f"\t{int(e_units)}\n".encode()])
-            raw = conn.connection.driver_connection
-            with raw.cursor() as cur, cur.copy(
+            with self._driver(conn).cursor() as cur, cur.copy(
                     "COPY subject_spend (dataset_id, subject, spent_units) FROM STDIN") as cp:
                 cp.write(block)
             return
-        conn.execute(text(_INSERT_NEW_SQLITE), {"d": dataset_id, "e": e_units,
-                                                "ids": hexes.tobytes(), "n": int(new.shape[0])})
+        self._sql(conn, _INSERT_NEW_SQLITE, {"d": dataset_id, "e": e_units,
+                                             "ids": hexes.tobytes(), "n": int(new.shape[0])})
 
     @staticmethod
     def subject_units(s: Session, dataset_id: int, pseudonym: str) -> int:

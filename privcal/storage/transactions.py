@@ -115,6 +115,19 @@ class LedgerTransactions:
 
         return self._retry(run, attempts, core=True)
 
+    @contextmanager
+    def orm_in_core(self, conn: Connection) -> Iterator[Session]:
+        """An ORM session inside a :meth:`write_core` transaction on ``conn``, for a rare step
+        of a hot transaction that needs the ORM (a collection session's release): it joins
+        the transaction (SQLAlchemy's begin joins the one begun on the driver) and is
+        flushed at the end; :meth:`write_core` commits."""
+        if not conn.in_transaction():
+            conn.begin()
+        with Session(bind=conn, expire_on_commit=False,
+                     join_transaction_mode="rollback_only") as session:
+            yield session
+            session.flush()
+
     def _retry(self, run: Callable[[Connection], T], attempts: int, *,
                core: bool = False) -> T:
         self.ensure_schema()
