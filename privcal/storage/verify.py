@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
+from functools import partial
 from typing import Any
 
 from sqlalchemy import func, select
@@ -40,7 +42,7 @@ from privcal.storage.verify_subjects import check_subject_spends
 #: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
 
-__all__ = ["LedgerVerifier"]
+__all__ = ["ENTRY_CHECKS", "LedgerVerifier"]
 
 
 def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> None:
@@ -96,6 +98,89 @@ def _check_queue(s: Session, backend: str, last: int,
         except AuditFailed as exc:
             raise AuditFailed(f"{where}: {exc}") from exc
     return rows
+
+
+@dataclass(frozen=True)
+class _RowKind:
+    """How an entry that records one ledger row (a dataset, a charge, a release) is checked:
+    the row it names must exist and be exactly what the entry recorded, once."""
+
+    id_key: str  # the entry's key naming the row
+    doc: Callable[[Any, str], dict[str, Any]]  # the row's audit document (row, dataset name)
+    deleted: str  # appended to "… is missing from the ledger"
+    edited: str  # appended to "… differs from what the log recorded"
+    named: bool = False  # the row is a dataset: its own name, also in the messages
+
+
+_ROW_KINDS: dict[str, _RowKind] = {
+    "dataset": _RowKind("dataset_id", lambda row, _name: audit.dataset_doc(row), "",
+                        " (row edited)", named=True),
+    "charge": _RowKind("charge_id", audit.charge_doc, " (row deleted)", " (row edited)"),
+    "release": _RowKind("release_id", audit.release_doc, " (row deleted)",
+                        " (threshold or another field edited)"),
+}
+
+
+@dataclass
+class _Tally:
+    """What one pass over the log (chained entries, then queued ones) has seen so far."""
+
+    rows: Mapping[str, Mapping[int, Any]]  # kind → id → row, for the :data:`_ROW_KINDS`
+    names: dict[int, str]  # dataset id → name
+    coll: dict[int, _sessions.CollectionSession]  # collection sessions by id
+    sessions: _sessions.SessionTally = field(default_factory=_sessions.SessionTally)
+    #: kind → row id → the entry that recorded it (per-subject spends need the charges')
+    logged: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    migration: tuple[int, dict[str, Any]] | None = None
+
+
+def _check_row(kind: str) -> Callable[[_Tally, int, dict[str, Any]], None]:
+    spec = _ROW_KINDS[kind]
+
+    def check(t: _Tally, seq: int, data: dict[str, Any]) -> None:
+        rid = data.get(spec.id_key)
+        row = t.rows[kind].get(rid) if isinstance(rid, int) else None
+        if row is None:
+            raise AuditFailed(f"audit entry {seq}: {kind} {rid} is missing from the ledger"
+                              + spec.deleted)
+        name = row.name if spec.named else t.names.get(row.dataset_id, "?")
+        what = f"{kind} {rid}" + (f" ({name!r})" if spec.named else "")
+        if spec.doc(row, name) != data:
+            raise AuditFailed(f"audit entry {seq}: {what} differs from what the log recorded"
+                              + spec.edited)
+        if rid in t.logged[kind]:
+            raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
+        t.logged[kind][rid] = seq
+    return check
+
+
+def _check_session(kind: str, t: _Tally, seq: int, data: dict[str, Any]) -> None:
+    _sessions.check_entry(seq, kind, data, t.coll, t.names, t.sessions)
+
+
+def _check_migration(t: _Tally, seq: int, data: dict[str, Any]) -> None:
+    """The one ``migration`` entry (an upgrade from schema ≤ 0004): sessions and spends."""
+    if t.migration is not None:
+        raise AuditFailed(f"audit entry {seq}: a second migration entry")
+    t.migration = (seq, data)
+    _sessions.check_migration(seq, data, t.coll, t.sessions)
+
+
+#: one verifier per audit entry kind: ``check(tally, seq, data)`` raises AuditFailed naming the
+#: entry if the rows it records differ from it. A kind without an entry here fails verification.
+ENTRY_CHECKS: dict[str, Callable[[_Tally, int, dict[str, Any]], None]] = {
+    **{kind: _check_row(kind) for kind in _ROW_KINDS},
+    **{kind: partial(_check_session, kind) for kind in sorted(_sessions.SESSION_KINDS)},
+    "migration": _check_migration,
+}
+
+
+def _check_entry(t: _Tally, seq: int, kind: str, data: dict[str, Any]) -> None:
+    """Cross-check one (chained or queued) entry with the rows it records."""
+    verifier = ENTRY_CHECKS.get(kind)
+    if verifier is None:
+        raise AuditFailed(f"audit entry {seq}: unknown kind {kind!r} (no verifier for it)")
+    verifier(t, seq, data)
 
 
 class LedgerVerifier:
@@ -167,25 +252,15 @@ class LedgerVerifier:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
             releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
-            names = {i: d.name for i, d in datasets.items()}
-            seen: dict[str, set[int]] = defaultdict(set)
+            tally = _Tally(
+                rows={"dataset": datasets, "charge": charges, "release": releases},
+                names={i: d.name for i, d in datasets.items()},
+                coll={c.id: c for c in s.scalars(select(_sessions.CollectionSession))})
             prev = audit.GENESIS
             expected = 1
             count = 0
             head_row = s.get(AuditHead, 1)
-            coll = {c.id: c for c in s.scalars(select(_sessions.CollectionSession))}
-            tally = _sessions.SessionTally()
-            charge_seq: dict[int, int] = {}
-            migration: tuple[int, dict[str, Any]] | None = None
-
-            def check(seq: int, kind: str, data: dict[str, Any]) -> None:
-                """Cross-check one (chained or queued) entry with the rows it records."""
-                if kind in _sessions.SESSION_KINDS:
-                    _sessions.check_entry(seq, kind, data, coll, names, tally)
-                    return
-                if kind == "charge" and isinstance(data.get("charge_id"), int):
-                    charge_seq[data["charge_id"]] = seq
-                self._check_row(seq, kind, data, datasets, charges, releases, names, seen)
+            check = partial(_check_entry, tally)
 
             entries: Iterable[AuditEntry] = s.scalars(select(AuditEntry).order_by(AuditEntry.seq))
             if progress is not None:
@@ -213,13 +288,7 @@ class LedgerVerifier:
                 if doc.get("seq") != e.seq or doc.get("kind") != e.kind:
                     raise AuditFailed(f"audit entry {e.seq}: payload records seq {doc.get('seq')} "
                                       f"kind {doc.get('kind')!r} (entries reordered)")
-                if e.kind == "migration":
-                    if migration is not None:
-                        raise AuditFailed(f"audit entry {e.seq}: a second migration entry")
-                    migration = (e.seq, doc.get("data") or {})
-                    _sessions.check_migration(e.seq, migration[1], coll, tally)
-                else:
-                    check(e.seq, e.kind, doc.get("data") or {})
+                check(e.seq, e.kind, doc.get("data") or {})
                 prev = e.entry_hash
                 expected += 1
                 count += 1
@@ -248,58 +317,20 @@ class LedgerVerifier:
                         "appended since, or forged)")
             queued = _check_queue(s, self.backend, last, check)  # type: ignore[attr-defined]
             for kind, rows in (("dataset", datasets), ("charge", charges), ("release", releases)):
-                missing = sorted(set(rows) - seen[kind])
+                missing = sorted(set(rows) - set(tally.logged[kind]))
                 if missing:
                     raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
                                       "outside privcal, or its entry deleted)")
-            _sessions.check_sessions(s, coll, tally)
+            _sessions.check_sessions(s, tally.coll, tally.sessions)
             self._check_totals(s, datasets, charges)
-            check_subject_spends(s, datasets, charges, charge_seq, migration)
+            check_subject_spends(s, datasets, charges, tally.logged["charge"],
+                                 tally.migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
                                 charges=len(charges), releases=len(releases),
                                 signed_through=signed.seq if signed is not None else None,
                                 queued=len(queued),
                                 queued_since=queued[0].created_at if queued else None,
                                 unsigned_entries=unsigned)
-
-    @staticmethod
-    def _check_row(
-        seq: int, kind: str, data: dict[str, Any], datasets: dict[int, Dataset],
-        charges: dict[int, Charge], releases: dict[int, ReleaseRow], names: dict[int, str],
-        seen: dict[str, set[int]],
-    ) -> None:
-        if kind == "dataset":
-            rid = data.get("dataset_id")
-            row_d = datasets.get(rid) if isinstance(rid, int) else None
-            if row_d is None:
-                raise AuditFailed(f"audit entry {seq}: dataset {rid} is missing from the ledger")
-            if audit.dataset_doc(row_d) != data:
-                raise AuditFailed(f"audit entry {seq}: dataset {rid} ({row_d.name!r}) differs "
-                                  "from what the log recorded (row edited)")
-        elif kind == "charge":
-            rid = data.get("charge_id")
-            row_c = charges.get(rid) if isinstance(rid, int) else None
-            if row_c is None:
-                raise AuditFailed(f"audit entry {seq}: charge {rid} is missing from the ledger "
-                                  "(row deleted)")
-            if audit.charge_doc(row_c, names.get(row_c.dataset_id, "?")) != data:
-                raise AuditFailed(f"audit entry {seq}: charge {rid} differs from what the log "
-                                  "recorded (row edited)")
-        elif kind == "release":
-            rid = data.get("release_id")
-            row_r = releases.get(rid) if isinstance(rid, int) else None
-            if row_r is None:
-                raise AuditFailed(f"audit entry {seq}: release {rid} is missing from the ledger "
-                                  "(row deleted)")
-            if audit.release_doc(row_r, names.get(row_r.dataset_id, "?")) != data:
-                raise AuditFailed(f"audit entry {seq}: release {rid} differs from what the log "
-                                  "recorded (threshold or another field edited)")
-        else:
-            raise AuditFailed(f"audit entry {seq}: unknown kind {kind!r}")
-        if rid in seen[kind]:
-            raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
-        seen[kind].add(rid)
-
 
     @staticmethod
     def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:
