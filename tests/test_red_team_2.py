@@ -5,7 +5,9 @@ the attack fails (nothing written, the pooled connection clean, the chain intact
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import os
 import time
 from decimal import Decimal
 from typing import Any
@@ -280,3 +282,133 @@ def test_a_score_option_named_like_an_argument_is_a_one_line_error(
     msg = json.loads(res.stdout)["error"]["message"]
     assert "does not take option" in msg and "\n" not in msg
     assert _state(accountant) == before
+
+
+_ODD_TEXTS = [
+    "100% of %s and %(kind)s and %%",                   # client-side binding placeholders
+    "'; DROP TABLE charges; --",                        # quotes
+    "back\\slash \\' E'\\x41' $$ $q$",                  # escapes, dollar quotes
+    '{"data":{"charge_id":7},"kind":"charge","seq":',   # the entry prefix itself
+    "\u2028\u2029 \x7f \u00e9 e\u0301 \U0001F600 \ufeff",  # separators, combining, emoji, BOM
+    "\t\r\n",
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["direct", "queued"])
+def test_odd_text_in_a_charge_is_stored_and_logged_byte_for_byte(
+        accountant: Any, ledger_url: str, busy: bool) -> None:
+    """Attack the charge path's SQL (PostgreSQL: BEGIN and the first statement in one
+    message with parameters bound by the client; the server writing the charge id into the
+    canonical prefix) with text that looks like SQL, placeholders, escapes or the prefix
+    itself, in the dataset name, the purpose, the requester and the idempotency key: every
+    charge is stored as given, its entry is its row's document, ``verify`` passes; no other
+    row is touched."""
+    from contextlib import nullcontext
+
+    from privcal.storage import audit
+
+    led = accountant.ledger
+    if busy and led.backend != "postgresql":
+        pytest.skip("only PostgreSQL queues")
+    ctx: Any = nullcontext()
+    if busy:
+        from tests.test_audit_queue import _sequencer_busy
+
+        ctx = _sequencer_busy(led)
+    names = []
+    for i, t in enumerate(_ODD_TEXTS):
+        name = f"d{i} {t[:150]}".strip() + f" {i}"
+        accountant.create_dataset(name, rho="1")
+        names.append(name)
+    with ctx:
+        for i, t in enumerate(_ODD_TEXTS):
+            r = accountant.charge(names[i], ZCDP(rho="0.1"), purpose=t, requester=t[:200],
+                                  idempotency_key=t[:200])
+            again = accountant.charge(names[i], ZCDP(rho="0.1"), purpose=t,
+                                      requester=t[:200], idempotency_key=t[:200])
+            assert again.replayed and again.charge_id == r.charge_id
+    rep = led.verify()
+    assert (rep.charges, rep.queued) == (len(_ODD_TEXTS), 0)
+    with led.engine.connect() as conn:
+        rows = conn.execute(text("SELECT c.purpose, c.requester, c.idempotency_key, d.name, "
+                                 "a.payload FROM charges c JOIN datasets d ON d.id = "
+                                 "c.dataset_id JOIN audit_log a ON a.kind = 'charge' "
+                                 "ORDER BY c.id, a.seq")).all()
+    payloads = sorted({p for *_, p in rows if '"kind":"charge"' in p})
+    docs = [json.loads(p)["data"] for p in payloads]
+    for i, t in enumerate(_ODD_TEXTS):
+        d = next(x for x in docs if x["dataset"] == names[i])
+        assert (d["purpose"], d["requester"], d["idempotency_key"]) == (t, t[:200], t[:200])
+        assert audit.canonical(json.loads(payloads[docs.index(d)])) == payloads[docs.index(d)]
+    assert {(p, q, k, n) for p, q, k, n, _ in rows} == {
+        (t, t[:200], t[:200], names[i]) for i, t in enumerate(_ODD_TEXTS)}
+    for name in names:
+        assert accountant.budget(name).spent == {"rho": Decimal("0.1")}
+
+
+def _dying_writer(url: str, ready: Any) -> None:
+    """Charge with the sequencer busy, and stop dead before COMMIT (killed by the parent)."""
+    from privcal.accountant import Accountant
+    from privcal.storage.statements import HotStatements
+
+    def hang(self: Any, conn: Any) -> None:
+        ready.set()
+        time.sleep(600)
+
+    HotStatements._commit = hang  # type: ignore[method-assign]
+    Accountant(url).charge("d", ZCDP(rho="0.5"))
+
+
+@_pg
+@pytest.mark.parametrize("how", ["killed", "rolled back"])
+def test_a_writer_that_dies_after_queueing_leaves_nothing(accountant: Any, ledger_url: str,
+                                                          how: str) -> None:
+    """Attack: a charge queues its entry (the sequencer is busy) and its process is killed
+    (SIGKILL) — or its COMMIT fails — before it commits. Nothing of it may remain: no
+    charge, no totals, no queued entry; the chain verifies and the next charge is counted."""
+    import signal
+
+    from tests.test_audit_queue import _queue, _sequencer_busy
+
+    accountant.create_dataset("d", rho="1")
+    accountant.charge("d", ZCDP(rho="0.1"))
+    led = accountant.ledger
+    before = _state(accountant)
+    with _sequencer_busy(led):
+        if how == "killed":
+            led.engine.dispose()
+            ctx = mp.get_context("fork")
+            ready = ctx.Event()
+            p = ctx.Process(target=_dying_writer, args=(ledger_url, ready))
+            p.start()
+            assert ready.wait(120)
+            with led.engine.connect() as conn:  # its entry is in the queue, uncommitted
+                assert conn.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in "
+                    "transaction' AND datname = current_database()")).scalar() >= 1
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(60)
+        else:
+            from privcal.storage.statements import HotStatements
+
+            real = HotStatements._commit
+
+            def fail(self: Any, conn: Any) -> None:
+                raise RuntimeError("COMMIT lost")
+
+            HotStatements._commit = fail  # type: ignore[method-assign]
+            try:
+                with pytest.raises(RuntimeError, match="COMMIT lost"):
+                    accountant.charge("d", ZCDP(rho="0.5"))
+            finally:
+                HotStatements._commit = real  # type: ignore[method-assign]
+        deadline = time.monotonic() + 60
+        while _state(accountant) != before and time.monotonic() < deadline:
+            time.sleep(0.1)  # the server notices the dead client and rolls it back
+        assert _state(accountant) == before
+        assert _queue(led) == []
+    accountant.charge("d", ZCDP(rho="0.2"))
+    assert accountant.budget("d").spent == {"rho": Decimal("0.3")}
+    rep = led.verify()
+    assert (rep.charges, rep.queued) == (2, 0)
