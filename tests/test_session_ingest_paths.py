@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -299,3 +300,47 @@ def test_insert_batch_reports_round_trips(ledger: Any, values: Any) -> None:
                          .where(SessionReport.session_id == 2)).all()
     assert sorted(rows) == sorted(zip(PS.hex_of(raw).tolist(), want_values, [3] * 50, [4] * 50,
                                       strict=True))
+
+
+def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan that reads a table."""
+    here = [plan] if "Relation Name" in plan and plan["Node Type"] != "ModifyTable" else []
+    return here + [n for sub in plan.get("Plans", []) for n in _scans(sub)]
+
+
+def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) -> None:
+    """The probe and the raise find each pseudonym by the whole primary key, on tables never
+    ANALYZEd: the plain `session_id = … AND subject = ANY(…)` form read every stored report
+    of the session (and every spend row of the dataset) per batch, so a session's batches
+    slowed down as it grew (bench/RESULTS.md, "Device reports at a session's size")."""
+    if ledger.backend != "postgresql":
+        pytest.skip("PostgreSQL's planner (SQLite's probes pin the join order with CROSS JOIN)")
+    from privcal.storage import session_store, subject_spend
+
+    stored = _raw([f"r{i}" for i in range(5000)])
+    ledger.write(lambda s: ledger.insert_batch_reports(s, 7, 0, stored,
+                                                       np.full(5000, b"1", dtype="S1"), 1))
+    ledger.write(lambda s: ledger.charge_probed(s, 3, stored, stored[:0], 1, 100))
+    ask = np.concatenate([stored[::250], _raw([f"new{i}" for i in range(20)])])
+    ids = PS.fixed_lines(ask.shape[0], [PS.hex_matrix(ask), b"\n"])[:-1].decode("ascii")
+    params = {"sid": 7, "d": 3, "ids": ids, "e": 1, "cap": 100}
+    stmts = [session_store._PROBE_REPORTED_PG + session_store._PROBE_SPENT_PG,
+             subject_spend._RAISE_PG]
+
+    def explain(s: Any) -> list[Any]:
+        with s.connection().connection.driver_connection.cursor() as cur:
+            return [cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params,
+                                prepare=False).fetchone()[0][0]["Plan"] for sql in stmts]
+
+    probe, raise_ = ledger.write(lambda s: (explain(s), s.rollback())[0])
+    for plan in (probe, raise_):
+        scans = _scans(plan)
+        assert scans, plan
+        for node in scans:
+            assert node["Node Type"] in ("Index Scan", "Index Only Scan", "Tid Scan"), node
+            assert node.get("Rows Removed by Filter", 0) == 0, node
+            if node["Node Type"] != "Tid Scan":
+                assert re.search(r"subject\S* = b(_\d+)?\.subject", node["Index Cond"]), node
+    assert sum(n["Node Type"] == "Tid Scan" for n in _scans(raise_)) == 1
+    assert probe["Actual Rows"] == 2 * 20  # 20 reported + 20 with a spend row
+    assert raise_["Actual Rows"] == 0 and raise_["Plans"][-1]["Actual Rows"] == 20  # raised

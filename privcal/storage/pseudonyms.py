@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BATCH_IDS_PG",
     "PSEUDONYM_BYTES",
     "hex_of",
     "key_id",
@@ -188,6 +189,12 @@ def fixed_lines(n: int, parts: Sequence[bytes | np.ndarray]) -> bytes:
         out[:, at:at + w] = c
         at += w
     return out.tobytes()
+
+
+#: PostgreSQL: a batch of pseudonyms passed as one text of newline-joined hex (psycopg
+#: placeholder ``ids``; see :func:`fixed_lines`), split by the server into rows ``b.subject``
+#: — to be probed one primary-key lookup per row (a LATERAL subquery with LIMIT 1)
+BATCH_IDS_PG = "unnest(string_to_array(%(ids)s, chr(10))) AS b(subject)"
 
 
 def _ascii_matrix(values: np.ndarray) -> np.ndarray | None:

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from privcal.errors import NotFound
 from privcal.storage.audit import now
 from privcal.storage.models import Dataset, ReleaseRow
-from privcal.storage.pseudonyms import fixed_lines, hex_matrix, hex_of
+from privcal.storage.pseudonyms import BATCH_IDS_PG, fixed_lines, hex_matrix, hex_of
 from privcal.storage.sessions import CollectionSession, SessionReport
 
 if TYPE_CHECKING:
@@ -69,17 +69,25 @@ _INSERT_REPORTS_SQLITE = (
 # the session, (1, pseudonym, units) for each with a spend row on the dataset. The pseudonyms
 # are one text of fixed-width hex: split by the server on PostgreSQL, cut by substr from a
 # BLOB on SQLite (byte offsets; a recursive CTE counts the rows, json_each is not needed).
-# On PostgreSQL the statement must be planned with the array's values (a custom plan): then it
-# probes the primary key or, on a table it believes small, scans it with a *hashed* ANY. A
-# plan without them (a generic plan, which psycopg's automatic prepare after 5 executions
-# lets the server choose; or an array from a sub-select) scans with a linear ANY: one array
-# search per table row, seconds for 10³ ids on a table of 10⁴ rows. So the probe goes
-# through the driver with prepare=False (psycopg placeholders).
-_BATCH_IDS_PG = _SPLIT_IDS = "ANY(string_to_array(%(ids)s, chr(10)))"
-_PROBE_REPORTED_PG = ("SELECT 0, subject, 0 FROM session_reports WHERE session_id = %(sid)s "
-                      f"AND subject = {_BATCH_IDS_PG}")
-_PROBE_SPENT_PG = (" UNION ALL SELECT 1, subject, spent_units FROM subject_spend "
-                   f"WHERE dataset_id = %(d)s AND subject = {_BATCH_IDS_PG}")
+# On PostgreSQL each pseudonym is looked up by the whole primary key, one index probe per id
+# (a LATERAL subquery with LIMIT 1, which the planner can neither flatten into a hash join
+# nor run as anything but a nested loop over the ids): the batch's cost does not depend on
+# the table's size or statistics. The plain form `session_id = :sid AND subject = ANY(ids)`
+# did: on a table never ANALYZEd (new, or autovacuum off) the planner believes the session
+# has a handful of rows, so it scans all of the session's rows by `session_id` and filters
+# them by the ANY — per batch, a read of every report stored so far (27 ms per batch of 100
+# at 20 000 reports, 0.9 ms now: bench/RESULTS.md, "Device reports at a session's size").
+# With a generic plan (psycopg prepares after 5 executions) the ANY was also searched
+# linearly per row; the probe still goes through the driver with prepare=False
+# (psycopg placeholders), planned with the ids' values.
+_PROBE_REPORTED_PG = (f"SELECT 0, r.subject, 0 FROM {BATCH_IDS_PG} CROSS JOIN LATERAL ("
+                      "SELECT subject FROM session_reports WHERE session_id = %(sid)s "
+                      "AND subject = b.subject LIMIT 1) r")
+_PROBE_SPENT_PG = (f" UNION ALL SELECT 1, p.subject, p.spent_units FROM {BATCH_IDS_PG} "
+                   "CROSS JOIN LATERAL (SELECT subject, spent_units FROM subject_spend "
+                   "WHERE dataset_id = %(d)s AND subject = b.subject LIMIT 1) p")
+#: the keyed probes above (SessionStore._probe) with the ids as one newline-joined text
+_SPLIT_IDS = "ANY(string_to_array(%(ids)s, chr(10)))"
 _SQLITE_IDS = (
     "WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < :n), "
     "b(sid) AS (SELECT CAST(substr(:ids, i * 64 + 1, 64) AS TEXT) FROM c) ")

@@ -27,16 +27,21 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import LedgerError
 from privcal.storage.models import SubjectSpend
-from privcal.storage.pseudonyms import fixed_lines, hex_matrix
+from privcal.storage.pseudonyms import BATCH_IDS_PG, fixed_lines, hex_matrix
 
 __all__ = ["SubjectSpendStore"]
 
 # SubjectSpendStore.charge_probed: raise rows with room (ids: newline-joined hex on PostgreSQL,
 # a BLOB of fixed-width hex cut by substr on SQLite); insert new rows (SQLite; COPY on PG)
-# (PostgreSQL: run by the driver with prepare=False, planned with the ids' values: see the
-# probe in session_store.py)
-_RAISE_PG = ("UPDATE subject_spend SET spent_units = spent_units + %(e)s WHERE dataset_id = %(d)s "
-             "AND subject = ANY(string_to_array(%(ids)s, chr(10))) "
+# (PostgreSQL: run by the driver with prepare=False, planned with the ids' values. The rows
+# are found by one primary-key probe per id, as in the probe in session_store.py — a plain
+# `dataset_id = :d AND subject = ANY(ids)` read every spend row of the dataset on a table
+# never ANALYZEd — and updated by their row address (a TID scan: no other condition, or the
+# planner may prefer it; the addresses are of this statement's snapshot); the dataset row is
+# locked, and a row not raised is counted short and refused by the caller.)
+_RAISE_PG = ("UPDATE subject_spend SET spent_units = spent_units + %(e)s WHERE ctid = ANY(ARRAY("
+             f"SELECT p.ctid FROM {BATCH_IDS_PG} CROSS JOIN LATERAL (SELECT ctid FROM "
+             "subject_spend WHERE dataset_id = %(d)s AND subject = b.subject LIMIT 1) p)) "
              "AND spent_units <= %(cap)s - %(e)s")
 _SQLITE_IDS = ("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c "
                "WHERE i + 1 < :n) ")
