@@ -12,7 +12,8 @@ are per-request latencies seen by the clients. The server writes the reports thr
 write window (``--report-window``, group commit: what arrives while a batch is written
 goes into the next one): one ``submit_reports`` transaction per session per batch. The
 server's CPU per report (user+sys of its process) is the figure that does not depend on
-the machine's load. Checks at the end: every report accepted, session released, audit verify passes.
+the machine's load; on PostgreSQL so is the CPU of the database backends serving the
+server's connections (found by their ``application_name``). Checks at the end: every report accepted, session released, audit verify passes.
 
     python bench/service_bench.py --pg postgresql+psycopg://postgres@127.0.0.1:5432/test
 """
@@ -139,6 +140,28 @@ def _cpu(pid: int) -> float:
     return total
 
 
+def _pg_backend_cpu(url: str, app: str) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend serving connections named ``app`` (the server
+    must run on this machine): the database's share of a report, which does not depend on
+    the machine's load either."""
+    import psycopg
+
+    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        pids = [r[0] for r in c.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,))]
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
           window: float, workers: int, profile: str | None = None,
           client: str = "raw") -> list[Row]:
@@ -156,7 +179,11 @@ def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
     t = time.perf_counter()
     tokens = create_device_tokens(led, sess.id, [f"u{i}" for i in range(reports)])
     t_tok = time.perf_counter() - t
-    env = {**os.environ, "PRIVCAL_DATABASE_URL": url}
+    app = f"privcal_bench_{os.getpid()}"
+    server_url = url
+    if backend == "postgresql":  # the server's connections, named to find their backends
+        server_url = f"{url}{'&' if '?' in url else '?'}application_name={app}"
+    env = {**os.environ, "PRIVCAL_DATABASE_URL": server_url}
     proc = subprocess.Popen([sys.executable, "-c", "from privcal.cli import main; main()",
                              "serve", "--port", "0", "--log-level", "warning",
                              "--report-window", str(window), "--workers", str(workers)],
@@ -190,10 +217,13 @@ def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
                                     "-o", f"{profile}.{backend}.txt", "--pid", str(proc.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = _cpu(proc.pid)
+        db0 = _pg_backend_cpu(url, app) if backend == "postgresql" else {}
         with mp.get_context("spawn").Pool(procs) as pool:
             outs = pool.map(_load, [(base, sess.id, ch, concurrency, start_at, client)
                                   for ch in chunks])
         cpu = _cpu(proc.pid) - cpu0
+        db1 = _pg_backend_cpu(url, app) if backend == "postgresql" else {}
+        db_cpu = sum(v - db0.get(pid, 0.0) for pid, v in db1.items())
         if spy is not None:
             spy.send_signal(2)
             spy.wait(timeout=60)
@@ -225,6 +255,10 @@ def bench(url: str, backend: str, *, reports: int, procs: int, concurrency: int,
          "result": f"{cpu / max(ok, 1) * 1000:.2f} ms/report ({cpu:.1f} CPU-s; capacity on "
                    f"2 idle cores ≈ {2 * max(ok, 1) / max(cpu, 1e-9):,.0f} reports/s if the "
                    "server had them to itself)"},
+        *([{"backend": backend, "measurement": "PostgreSQL backends' CPU per report (the "
+             "server's connections; load-independent)",
+             "result": f"{db_cpu / max(ok, 1) * 1000:.2f} ms/report ({db_cpu:.1f} CPU-s)"}]
+          if backend == "postgresql" else []),
         {"backend": backend, "measurement": f"load generator ({client}) CPU per request",
          "result": f"{client_cpu / max(len(lat), 1) * 1000:.2f} ms/request "
                    f"({client_cpu:.1f} CPU-s in {procs} processes)"},
