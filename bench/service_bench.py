@@ -13,7 +13,8 @@ write window (``--report-window``, group commit: what arrives while a batch is w
 goes into the next one): one ``submit_reports`` transaction per session per batch. The
 server's CPU per report (user+sys of its process) is the figure that does not depend on
 the machine's load; on PostgreSQL so is the CPU of the database backends serving the
-server's connections (found by their ``application_name``). Checks at the end: every report accepted, session released, audit verify passes.
+server's connections (found by their ``application_name``). Checks at the end: every
+report accepted, session released, audit verify passes.
 
     python bench/service_bench.py --pg postgresql+psycopg://postgres@127.0.0.1:5432/test
 """
