@@ -412,3 +412,74 @@ def test_a_writer_that_dies_after_queueing_leaves_nothing(accountant: Any, ledge
     assert accountant.budget("d").spent == {"rho": Decimal("0.3")}
     rep = led.verify()
     assert (rep.charges, rep.queued) == (2, 0)
+
+
+# ------------------------------------------------------------------ subject caps under races
+def _subject_worker(url: str, w: int, sid: int | None, rounds: int, out: Any) -> None:
+    """Charge (or, with a session, report for) 40 overlapping subjects, ``rounds`` times."""
+    from privcal.accountant import Accountant
+    from privcal.errors import BudgetRefused
+
+    acct = Accountant(url)
+    accepted: list[str] = []
+    err = None
+    subjects = [f"u{(w * 13 + i) % 60}" for i in range(40)]
+    try:
+        for _ in range(rounds):
+            if sid is None:
+                try:
+                    r = acct.charge_subjects("d", "1", subjects)
+                except BudgetRefused:
+                    continue
+                accepted += [s for s, ok in zip(subjects, r.accepted_mask, strict=True) if ok]
+            else:
+                from privcal.accountant.sessions import submit_reports
+
+                r = submit_reports(acct, sid + w % 2, subjects, [1] * len(subjects),
+                                   [0] * len(subjects))
+                accepted.append(str(r.accepted))
+    except Exception as exc:
+        err = f"{type(exc).__name__}: {exc}"
+    out.put((accepted, err))
+
+
+@pytest.mark.parametrize("sessions", [False, True], ids=["charge_subjects", "session batches"])
+def test_racing_subject_charges_never_pass_a_subjects_cap(accountant: Any, ledger_url: str,
+                                                          sessions: bool) -> None:
+    """Attack: 6 processes charge 40 overlapping subjects each (of 60) at once — directly
+    (``charge_subjects``, 3 times each) or as batches of reports to two ldp-score sessions of
+    the same dataset — against a per-subject cap of ε = 1.5 (one charge of ε0 = 1). No
+    subject may be charged past its cap, however the writers interleave; the ledger's
+    spends equal the accepted charges and verify."""
+    from privcal.accountant.sessions import open_session
+
+    accountant.create_dataset("d", rho="1", subject_epsilon="1.5")
+    sid = None
+    if sessions:
+        sid = open_session(accountant, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0,
+                           rounds=1, group_size=10_000).id
+        sid2 = open_session(accountant, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0,
+                            rounds=1, group_size=10_000).id
+        assert sid2 == sid + 1
+    accountant.ledger.engine.dispose()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_subject_worker, args=(ledger_url, w, sid, 3, q))
+             for w in range(6)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(err is None for _, err in got), [err for _, err in got]
+    spends = {f"u{i}": accountant.subject_spend("d", f"u{i}") for i in range(60)}
+    assert max(spends.values()) == 1, spends  # each once: the first writer wins it
+    if not sessions:
+        from collections import Counter
+
+        counted = Counter(s for acc, _ in got for s in acc)
+        assert {s: spends[s] for s in counted} == dict(counted)
+        assert sum(spends.values()) == sum(counted.values())
+    else:  # a subject accepted in one session is over its cap for the other
+        assert sum(spends.values()) == sum(int(a) for acc, _ in got for a in acc)
+    accountant.ledger.verify()
