@@ -293,6 +293,23 @@ def test_evaluate_known_metrics(env: Env) -> None:
         assert word in human
 
 
+def test_guarantee_verdict_wording() -> None:
+    """`evaluate`'s verdict line, shared by sets and intervals (cli/render.py)."""
+    from types import SimpleNamespace as NS
+
+    from privcal.cli.render import guarantee_verdict
+
+    def ev(meets: bool, consistent: bool) -> Any:
+        return NS(meets_guarantee=meets, consistent_with_guarantee=consistent,
+                  coverage_upper_95=0.91234)
+
+    assert guarantee_verdict(ev(True, True)) == "meets the recorded guarantee"
+    assert guarantee_verdict(ev(False, True)) == (
+        "below, but consistent with (95% upper bound 0.9123) the recorded guarantee")
+    assert guarantee_verdict(ev(False, False)) == (
+        "BELOW and inconsistent with the recorded guarantee")
+
+
 def test_predict_scores_release_needs_score_name(env: Env) -> None:
     rel = env.json("calibrate", "split", "--dataset", "open", "--alpha", "0.1",
                    "--scores", env.f("s.npy"))["release"]  # fmt: skip

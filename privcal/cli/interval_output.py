@@ -17,6 +17,7 @@ import click
 import numpy as np
 
 from privcal.cli.app import OUT_SUFFIXES, check_out, emit, info, to_jsonable
+from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
@@ -111,15 +112,6 @@ def emit_evaluation(rel: Any, ev: Any, as_json: bool) -> None:
         else:
             click.echo(f"  mean length         {ev.mean_length:.6g}")
         click.echo(f"  median length       {ev.median_length:.6g}")
-        verdict = (
-            "meets"
-            if ev.meets_guarantee
-            else (
-                "below, but consistent with (95% upper bound " + f"{ev.coverage_upper_95:.4f})"
-                if ev.consistent_with_guarantee
-                else "BELOW and inconsistent with"
-            )
-        )
-        click.echo(f"  guarantee           {verdict} the recorded guarantee")
+        click.echo(f"  guarantee           {guarantee_verdict(ev)}")
 
     emit(ev, as_json=as_json, human=human)

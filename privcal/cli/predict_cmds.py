@@ -30,6 +30,7 @@ from privcal.cli.group_options import (
     one_level,
 )
 from privcal.cli.inputs import load_labels
+from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
@@ -247,16 +248,7 @@ def evaluate(
         )
         click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
         click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
-        verdict = (
-            "meets"
-            if ev.meets_guarantee
-            else (
-                "below, but consistent with (95% upper bound " + f"{ev.coverage_upper_95:.4f})"
-                if ev.consistent_with_guarantee
-                else "BELOW and inconsistent with"
-            )
-        )
-        click.echo(f"  guarantee           {verdict} the recorded guarantee")
+        click.echo(f"  guarantee           {guarantee_verdict(ev)}")
         echo_groups(ev)
 
     emit(ev, as_json=as_json, human=human)

@@ -21,6 +21,17 @@ def fmt_threshold(t: float, regression: bool = False) -> str:
 _RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
 
 
+def guarantee_verdict(ev: Any) -> str:
+    """How an evaluation's coverage (sets or intervals) compares with the release's guarantee."""
+    if ev.meets_guarantee:
+        verdict = "meets"
+    elif ev.consistent_with_guarantee:
+        verdict = f"below, but consistent with (95% upper bound {ev.coverage_upper_95:.4f})"
+    else:
+        verdict = "BELOW and inconsistent with"
+    return f"{verdict} the recorded guarantee"
+
+
 def render_release(rel: Any, budget: Any | None = None) -> None:
     """Print a release for people."""
     cov = rel.coverage
