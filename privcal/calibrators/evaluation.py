@@ -50,9 +50,15 @@ class Evaluation(BaseModel):
     by_group: list[GroupCoverage] | None = None
 
 
-def _upper95(covered: int, n: int) -> float:
-    """One-sided 95% Clopper–Pearson upper bound of a proportion covered/n."""
-    return 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
+def coverage_check(covered: int, n: int, lower: float) -> dict[str, Any]:
+    """Empirical coverage ``covered/n`` against the guaranteed ``lower`` (sets, groups and
+    intervals alike): ``meets_guarantee``, and ``consistent_with_guarantee`` when the
+    one-sided 95% Clopper–Pearson upper bound of the proportion reaches ``lower``."""
+    cov = covered / n
+    upper = 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
+    return {"coverage": cov, "guaranteed_lower": lower, "meets_guarantee": cov >= lower,
+            "coverage_upper_95": upper,
+            "consistent_with_guarantee": upper >= lower or math.isclose(upper, lower)}
 
 
 def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tuple[str, ...],
@@ -71,12 +77,8 @@ def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tup
                                      guaranteed_lower=low, meets_guarantee=None,
                                      coverage_upper_95=None, consistent_with_guarantee=None))
             continue
-        covered = int(hits[m].sum())
-        up = _upper95(covered, n)
-        out.append(GroupCoverage(
-            group=name, n=n, coverage=covered / n, mean_set_size=float(sizes[m].mean()),
-            guaranteed_lower=low, meets_guarantee=covered / n >= low, coverage_upper_95=up,
-            consistent_with_guarantee=up >= low or math.isclose(up, low)))
+        out.append(GroupCoverage(group=name, n=n, mean_set_size=float(sizes[m].mean()),
+                                 **coverage_check(int(hits[m].sum()), n, low)))
     return out
 
 
@@ -99,20 +101,13 @@ def evaluate_sets(
     check_lengths(sets=sets, labels=y)
     hits = sets[np.arange(y.shape[0]), y]
     n = int(y.shape[0])
-    covered = int(hits.sum())
     sizes = sets.sum(axis=1)
-    upper = _upper95(covered, n)
-    cov = covered / n
     return Evaluation(
         n=n,
-        coverage=cov,
         mean_set_size=float(sizes.mean()),
         singleton_fraction=float((sizes == 1).mean()),
         empty_fraction=float((sizes == 0).mean()),
-        guaranteed_lower=lower,
-        meets_guarantee=cov >= lower,
-        coverage_upper_95=upper,
-        consistent_with_guarantee=upper >= lower or math.isclose(upper, lower),
+        **coverage_check(int(hits.sum()), n, lower),
         note=(
             "empirical coverage on a finite test set fluctuates around the true coverage; "
             "'consistent' means the 95% upper confidence bound reaches the guaranteed level"

@@ -171,7 +171,7 @@ def evaluate_intervals(intervals: Any, targets: Any, lower: float) -> IntervalEv
     ``consistent_with_guarantee``: the one-sided 95% Clopper–Pearson upper bound of the
     empirical coverage reaches ``lower`` (as for prediction sets).
     """
-    from scipy.stats import beta as beta_dist
+    from privcal.calibrators.evaluation import coverage_check
 
     iv = np.asarray(intervals, dtype=np.float64)
     if iv.ndim != 2 or iv.shape[1] != 2:
@@ -186,21 +186,15 @@ def evaluate_intervals(intervals: Any, targets: Any, lower: float) -> IntervalEv
         length = np.where(infinite, math.inf, np.maximum(hi - lo, 0.0))
     n_inf = int(infinite.sum())
     finite = length[~infinite]
-    upper = 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
-    cov = covered / n
     return IntervalEvaluation(
         n=n,
-        coverage=cov,
         mean_length=math.inf if n_inf else float(length.mean()),
         median_length=float(np.median(length)),
         mean_finite_length=float(finite.mean()) if finite.size else None,
         infinite_count=n_inf,
         infinite_fraction=n_inf / n,
         empty_fraction=float((lo > hi).mean()),
-        guaranteed_lower=lower,
-        meets_guarantee=cov >= lower,
-        coverage_upper_95=upper,
-        consistent_with_guarantee=upper >= lower or math.isclose(upper, lower),
+        **coverage_check(covered, n, lower),
         note=(
             "empirical coverage on a finite test set fluctuates around the true coverage; "
             "'consistent' means the 95% upper bound reaches the guaranteed level"
