@@ -12,7 +12,10 @@ form whose files are read exactly as the CLI reads its table inputs.
   ``--columns`` and ``--label-column``; ``select`` names what to read inside one file
   (the CLI's ``FILE:NAME``: ``{"scores": "score"}`` reads column ``score``).
 
-Bodies past the service's limit are refused (413) before any of this runs.
+Bodies past the service's limit are refused (413) before any of this runs. A compressed
+upload (``.npz``, ``.parquet``) whose arrays would take more than :data:`EXPANDED_LIMIT`
+bytes once decompressed is refused (422) before it is read: a 16 MB ``.npz`` of deflated
+zeros is 16 GB of floats, which would exhaust the server's memory.
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ from privcal.accountant.calibration_request import (
 from privcal.errors import InvalidInput
 from privcal.service.problems import ProblemError
 
-__all__ = ["FILE_PARTS", "CalibrationBody", "CalibrationInput", "calibration_input",
-           "request_body_openapi"]
+__all__ = ["EXPANDED_LIMIT", "FILE_PARTS", "CalibrationBody", "CalibrationInput",
+           "calibration_input", "request_body_openapi"]
 
 #: the data a calibration takes, as JSON arrays or as uploaded files
 FILE_PARTS = ARRAYS
 _MAX = 5_000_000
+#: the most bytes one request's compressed uploads may expand to (their sizes as the files
+#: declare them: a ``.npz``'s members; a ``.parquet``'s uncompressed row groups, or 8 bytes a
+#: cell if more) — 1 GiB, 5 million rows of 25 float64 columns
+EXPANDED_LIMIT = 1 << 30
 
 
 class CalibrationBody(CalibrationRequest):
@@ -216,6 +223,7 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
     if unknown := set(select) - set(inp.files):
         raise InvalidInput(f"select names {sorted(unknown)[0]!r}, which is not an uploaded file")
     specs: dict[str, str] = {}
+    expanded = 0
     for part, (name, content) in inp.files.items():
         suffix = Path(name).suffix.lower()
         if suffix not in SUFFIXES:
@@ -225,6 +233,11 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
         (tmp / part).mkdir()
         path = tmp / part / shown
         path.write_bytes(content)
+        expanded += _expanded_size(path)
+        if expanded > EXPANDED_LIMIT:
+            raise InvalidInput(f"{shown}: the uploaded files expand to more than "
+                               f"{EXPANDED_LIMIT} bytes once decompressed (the service's "
+                               "limit); send fewer rows or uncompressed files")
         specs[part] = str(path) + (f":{select[part]}" if part in select else "")
     if body.columns is not None and "probs" not in specs:
         raise InvalidInput("columns selects the probability columns of the probs file")
@@ -252,6 +265,29 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
             and out["labels"] is not None and is_text_labels(out["labels"]):
         out["classes"] = prob_column_names(specs["probs"], body.columns, exclude)
     return out
+
+
+def _expanded_size(path: Path) -> int:
+    """The bytes ``path`` declares it decompresses to (its own size if not compressed), read
+    from its directory or footer only; a file that has none is left to the reader's error."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npz":
+            import zipfile
+
+            with zipfile.ZipFile(path) as z:
+                return sum(i.file_size for i in z.infolist())
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            # dictionary and run-length encodings expand too: at least 8 bytes a cell
+            return max(meta.num_rows * meta.num_columns * 8,
+                       sum(meta.row_group(i).total_byte_size
+                           for i in range(meta.num_row_groups)))
+    except Exception:  # not a zip / parquet file: load_array says so, naming it
+        return path.stat().st_size
+    return path.stat().st_size
 
 
 def request_body_openapi() -> dict[str, Any]:

@@ -207,3 +207,47 @@ def test_a_score_option_named_like_an_argument_is_a_422_not_a_500(live: Live,
     assert r.status_code == 422, r.text
     assert r.json()["type"] == P + "invalid-input" and "does not take option" in r.json()["detail"]
     assert live.accountant.budget("d").spent == before
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("kind", [".npz", ".parquet"])
+def test_a_compressed_upload_that_expands_past_the_limit_is_refused_unread(
+        live: Live, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Attack (a decompression bomb): a small compressed upload that expands to far more
+    than the body limit — 16 MB of deflated zeros is 16 GB of floats, enough to kill the
+    server. The service reads the size the file declares first and refuses it (422, one
+    line, nothing charged). Here the limit is lowered to 1 MB and the file expands to 8 MB."""
+    import io
+    import uuid
+
+    import numpy as np
+
+    import privcal.service.uploads as up
+
+    monkeypatch.setattr(up, "EXPANDED_LIMIT", 1 << 20, raising=False)
+    zeros = np.zeros(1_000_000)
+    buf = io.BytesIO()
+    if kind == ".npz":
+        np.savez_compressed(buf, scores=zeros)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"scores": zeros}), buf)
+    assert len(buf.getvalue()) < 100_000  # small on the wire
+    before = live.accountant.budget("d").spent
+    with live.client("analyst") as c:
+        r = c.post("/v1/datasets/d/calibrations", headers={"Idempotency-Key": uuid.uuid4().hex},
+                   data={"request": json.dumps({"method": "split", "params": {"alpha": 0.1}})},
+                   files={"scores": ("s" + kind, buf.getvalue())})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "expand to more than 1048576 bytes" in detail and "\n" not in detail, detail
+        assert "/tmp" not in detail
+        small = io.BytesIO()  # under the limit: read as before
+        np.savez_compressed(small, scores=np.linspace(0, 1, 1000))
+        ok = c.post("/v1/datasets/d/calibrations", headers={"Idempotency-Key": uuid.uuid4().hex},
+                    data={"request": json.dumps({"method": "split", "params": {"alpha": 0.1}})},
+                    files={"scores": ("s.npz", small.getvalue())})
+        assert ok.status_code == 201, ok.text
+    assert live.accountant.budget("d").spent == before  # split is non-private: no spend
