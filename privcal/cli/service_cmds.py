@@ -112,23 +112,96 @@ def token() -> None:
 @click.option("--subject", help="the device's subject id")
 @click.option("--agent", help="the federated agent's id")
 @click.option("--expires", help="lifetime: 90s, 15m, 12h, 30d, 2w (default: no expiry)")
+@click.option("--count", type=click.IntRange(1, 1_000_000),
+              help="device tokens in bulk: N tokens for --session, one per subject (with "
+              "--subject-prefix or --subjects), in one transaction; printed as lines "
+              "'SUBJECT<TAB>TOKEN' (--json: a list)")
+@click.option("--subject-prefix", help="with --count N: subjects PREFIX0 … PREFIX{N-1}")
+@click.option("--subjects", "subjects_file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="device tokens in bulk for the subject ids in this file, one per line "
+              "(blank lines skipped; '-': stdin); --count, if given, must match")
 @json_option
 @pass_settings
 def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str, ...],
                  session_id: int | None, subject: str | None, agent: str | None,
-                 expires: str | None, as_json: bool) -> None:
-    """Create a token; it is printed this once (only its hash is stored)."""
+                 expires: str | None, count: int | None, subject_prefix: str | None,
+                 subjects_file: str | None, as_json: bool) -> None:
+    """Create a token — or, with --count/--subjects, one device token per subject of a
+    session; every token is printed this once (only its hash is stored).
+
+    \b
+    privcal token create --role device --session 1 --count 1000 --subject-prefix phone-
+    privcal token create --role device --session 1 --subjects devices.txt --json
+    """
     from privcal.accountant import Accountant
     from privcal.service.routes_meta import create_bound_token
 
+    expires_in = parse_duration(expires) if expires else None
+    if count is not None or subject_prefix is not None or subjects_file is not None:
+        _create_device_tokens(settings, role, name, datasets, session_id, subject, agent,
+                              expires_in, count, subject_prefix, subjects_file, as_json)
+        return
     new = create_bound_token(
         Accountant(settings.ledger()), role, name=name, datasets=list(datasets),
-        session=session_id, subject=subject, agent=agent,
-        expires_in=parse_duration(expires) if expires else None)
+        session=session_id, subject=subject, agent=agent, expires_in=expires_in)
     if not as_json:
         info(f"token {new.id} ({role}) created; it is shown only now:")
     emit({"id": new.id, "token": new.token, "info": new.info}, as_json=as_json,
          human=new.token)
+
+
+def _bulk_subjects(count: int | None, prefix: str | None, path: str | None) -> list[str]:
+    """The subjects of ``token create --count/--subject-prefix/--subjects``."""
+    if (prefix is None) == (path is None):
+        raise InvalidInput("device tokens in bulk need exactly one of --subject-prefix P "
+                           "(with --count N: subjects P0 … P{N-1}) or --subjects FILE")
+    if path is None:
+        if count is None:
+            raise InvalidInput("--subject-prefix needs --count N")
+        return [f"{prefix}{i}" for i in range(count)]
+    try:
+        with click.open_file(path, encoding="utf-8") as f:
+            subs = [line.rstrip("\r\n") for line in f]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"--subjects {path}: cannot read it: {exc}") from None
+    subs = [x for x in subs if x.strip()]
+    if not subs:
+        raise InvalidInput(f"--subjects {path}: no subject ids in it")
+    if count is not None and count != len(subs):
+        raise InvalidInput(f"--count {count} but --subjects {path} holds {len(subs)} ids")
+    return subs
+
+
+def _create_device_tokens(settings: Any, role: str, name: str | None,
+                          datasets: tuple[str, ...], session_id: int | None,
+                          subject: str | None, agent: str | None, expires_in: Any,
+                          count: int | None, prefix: str | None, path: str | None,
+                          as_json: bool) -> None:
+    """``token create --count/--subjects``: one device token per subject, one transaction."""
+    from privcal.accountant import Accountant
+    from privcal.service.routes_meta import create_bound_device_tokens
+    from privcal.storage.tokens import presented_token
+
+    if role != "device":
+        raise InvalidInput(f"--count/--subjects create device tokens; got --role {role}")
+    if session_id is None:
+        raise InvalidInput("device tokens in bulk need --session")
+    given = [o for o, v in (("--name", name), ("--dataset", datasets), ("--subject", subject),
+                            ("--agent", agent)) if v]
+    if given:
+        raise InvalidInput(f"{', '.join(given)} cannot be used with --count/--subjects "
+                           "(each token is named by its id and bound to its own subject)")
+    subs = _bulk_subjects(count, prefix, path)
+    toks = create_bound_device_tokens(Accountant(settings.ledger()), session_id, subs,
+                                      expires_in)
+    rows = [{"subject": sub, "id": (presented_token(tok) or ("", ""))[0], "token": tok}
+            for sub, tok in zip(subs, toks, strict=True)]
+    if not as_json:
+        info(f"{len(rows)} device tokens for session {session_id} created; they are shown "
+             "only now (SUBJECT<TAB>TOKEN):")
+    emit(rows, as_json=as_json,
+         human=lambda: click.echo("".join(f"{r['subject']}\t{r['token']}\n" for r in rows),
+                                  nl=False))
 
 
 @token.command("list")

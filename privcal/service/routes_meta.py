@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -79,26 +80,46 @@ def create_bound_token(acct: Any, role: str, *, name: str | None, datasets: list
                        session: int | None, subject: str | None, agent: str | None,
                        expires_in: timedelta | None) -> Any:
     """Check that what the token is bound to exists, then create it (API and CLI)."""
-    from privcal.accountant.sessions import session_status
     from privcal.storage.tokens import check_bindings, create_token
 
     check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
     for d in datasets:
         acct.dataset(d)  # NotFound
     if session is not None:
-        info = session_status(acct, session)
-        fed = info.method != "ldp-score"
-        if role == "device" and fed:
-            raise InvalidInput(f"session {session} is federated ({info.method}): give its "
-                               "agents agent tokens, not device tokens")
-        if role == "agent" and not fed:
-            raise InvalidInput(f"session {session} is {info.method}: agent tokens are for "
-                               "federated sessions")
-        if role in ("device", "agent") and info.shuffled:
-            raise InvalidInput(f"session {session} is shuffled: reports reach it only through "
-                               "its ingestor (create an ingestor token)")
+        _check_session_binding(acct, role, session)
     return create_token(acct.ledger, role, name=name, datasets=datasets, session=session,
                         subject=subject, agent=agent, expires_in=expires_in)
+
+
+def create_bound_device_tokens(acct: Any, session: int, subjects: Sequence[str],
+                               expires_in: timedelta | None) -> list[str]:
+    """One device token per subject (distinct ids) of an existing, unshuffled ldp-score
+    session, in one transaction (CLI ``token create --count``); the tokens in the order of
+    ``subjects``, shown this once."""
+    from privcal.storage.token_bulk import create_device_tokens
+
+    if isinstance(session, bool) or not isinstance(session, int) or session < 1:
+        raise InvalidInput("session must be a positive integer")
+    _check_session_binding(acct, "device", session)
+    return create_device_tokens(acct.ledger, session, subjects, expires_in=expires_in)
+
+
+def _check_session_binding(acct: Any, role: str, session: int) -> None:
+    """The session exists (NotFound) and takes tokens of ``role``: device tokens for an
+    ldp-score session, agent tokens for a federated one, neither for a shuffled one."""
+    from privcal.accountant.sessions import session_status
+
+    info = session_status(acct, session)
+    fed = info.method != "ldp-score"
+    if role == "device" and fed:
+        raise InvalidInput(f"session {session} is federated ({info.method}): give its "
+                           "agents agent tokens, not device tokens")
+    if role == "agent" and not fed:
+        raise InvalidInput(f"session {session} is {info.method}: agent tokens are for "
+                           "federated sessions")
+    if role in ("device", "agent") and info.shuffled:
+        raise InvalidInput(f"session {session} is shuffled: reports reach it only through "
+                           "its ingestor (create an ingestor token)")
 
 
 @router.post("/v1/tokens", status_code=201, **allow("admin"))

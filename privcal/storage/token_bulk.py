@@ -7,6 +7,7 @@ one (its own id and 256-bit secret, only the secret's SHA-256 stored) and shown 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import insert
@@ -20,16 +21,21 @@ from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text
 __all__ = ["create_device_tokens"]
 
 
-def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str]) -> list[str]:
+def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
+                         expires_in: timedelta | None = None) -> list[str]:
     """One device token per subject of ``subjects`` (distinct ids), bound to ``session``,
-    created in one transaction; the tokens, in the order of ``subjects`` (shown this once).
-    The caller checks that the session exists, as for ``create_token``."""
+    created in one transaction, expiring after ``expires_in`` (default: never); the tokens,
+    in the order of ``subjects`` (shown this once). The caller checks that the session
+    exists, as for ``create_token``."""
     if isinstance(session, bool) or not isinstance(session, int) or session < 1:
         raise InvalidInput("session must be a positive integer")
     subs = [_text(str(x), "subject") for x in subjects]
     if len(set(subs)) != len(subs):
         raise InvalidInput("subjects must be distinct (one device token per subject)")
+    if expires_in is not None and expires_in.total_seconds() <= 0:
+        raise InvalidInput("expiry must be in the future")
     t0 = now()
+    expires_at = t0 + expires_in if expires_in is not None else None
     rows: list[dict[str, Any]] = []
     out: list[str] = []
     for sub in subs:
@@ -37,7 +43,7 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str]) -> 
         rows.append({"id": tid, "secret_sha256": digest,
                      "role": "device", "name": f"token-{tid}", "datasets": [],
                      "session_id": session, "subject": sub, "agent": None, "created_at": t0,
-                     "expires_at": None, "revoked_at": None})
+                     "expires_at": expires_at, "revoked_at": None})
         out.append(f"{TOKEN_PREFIX}{tid}_{secret}")
 
     def tx(s: Session) -> None:

@@ -55,6 +55,64 @@ def test_token_cli_shows_once_stores_hash_and_revokes(ledger: Any, ledger_url: s
     assert json.loads(ok.stdout)["info"]["expires_at"] is not None
 
 
+def test_token_create_count_makes_one_device_token_per_subject(accountant: Any,
+                                                              ledger_url: str,
+                                                              tmp_path: Path) -> None:
+    from privcal.accountant.sessions import open_session
+    from privcal.storage.tokens import authenticate, list_tokens
+
+    accountant.create_dataset("d", rho="1", subject_epsilon="10")
+    sid = open_session(accountant, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0, rounds=1,
+                       group_size=5, requester="t").id
+    led = accountant.ledger
+    r = _run(ledger_url, "token", "create", "--role", "device", "--session", str(sid),
+             "--count", "5", "--subject-prefix", "phone-", "--expires", "2h", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert [x["subject"] for x in rows] == [f"phone-{i}" for i in range(5)]
+    for x in rows:
+        got = authenticate(led, x["token"])
+        assert got is not None and (got.id, got.role, got.session, got.subject) == (
+            x["id"], "device", sid, x["subject"])
+        assert got.expires_at is not None
+    listed = _run(ledger_url, "token", "list", "--json").stdout
+    assert all(x["token"] not in listed for x in rows)  # shown once: only the hash is kept
+
+    # a subjects file (blank lines skipped), printed as SUBJECT<TAB>TOKEN lines
+    f = tmp_path / "devices.txt"
+    f.write_text("watch a\n\nwatch b\n", encoding="utf-8")
+    r = _run(ledger_url, "token", "create", "--role", "device", "--session", str(sid),
+             "--subjects", str(f))
+    assert r.exit_code == 0, r.output
+    lines = [ln.split("\t") for ln in r.stdout.splitlines()]
+    assert [a for a, _ in lines] == ["watch a", "watch b"]
+    assert [authenticate(led, t).subject for _, t in lines] == ["watch a", "watch b"]
+    assert "shown only now" in r.stderr and lines[0][1] not in r.stderr
+
+    before = {t.id for t in list_tokens(led)}
+    bad_calls = [
+        (["--role", "analyst", "--count", "2", "--subject-prefix", "p"], "device tokens"),
+        (["--role", "device", "--count", "2", "--subject-prefix", "p"], "need --session"),
+        (["--role", "device", "--session", str(sid), "--count", "2"], "exactly one of"),
+        (["--role", "device", "--session", str(sid), "--subject-prefix", "p"], "needs --count"),
+        (["--role", "device", "--session", str(sid), "--count", "2", "--subject-prefix", "p",
+          "--subject", "x"], "--subject cannot be used"),
+        (["--role", "device", "--session", str(sid), "--count", "3", "--subjects", str(f)],
+         "holds 2 ids"),
+        (["--role", "device", "--session", str(sid), "--subjects", str(tmp_path / "none")],
+         "cannot read it"),
+        (["--role", "device", "--session", "999", "--count", "2", "--subject-prefix", "p"],
+         "unknown session"),
+        (["--role", "device", "--session", str(sid), "--count", "0", "--subject-prefix", "p"],
+         "--count"),
+    ]
+    for args, msg in bad_calls:
+        r = _run(ledger_url, "token", "create", *args)
+        assert r.exit_code != 0 and msg in r.output, (args, r.output)
+        assert "Traceback" not in r.output
+    assert {t.id for t in list_tokens(led)} == before  # refused: none stored
+
+
 def _spawn(url: str, tmp: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PRIVCAL_DATABASE_URL": url}
     proc = subprocess.Popen([sys.executable, "-c", "from privcal.cli import main; main()",
