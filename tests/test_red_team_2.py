@@ -483,3 +483,41 @@ def test_racing_subject_charges_never_pass_a_subjects_cap(accountant: Any, ledge
     else:  # a subject accepted in one session is over its cap for the other
         assert sum(spends.values()) == sum(int(a) for acc, _ in got for a in acc)
     accountant.ledger.verify()
+
+
+# ------------------------------------------------------------------ in-memory ledger, threads
+def test_threads_charging_an_in_memory_ledger_never_overspend() -> None:
+    """Attack: 8 threads charge one in-memory SQLite ledger (``sqlite:///:memory:``, one
+    connection shared by every checkout). They used to share one transaction: 178 charges
+    of ρ = 0.01 accepted against a cap of 1, totals of 0.74, and a log that failed to
+    verify. Now a thread holds the connection from checkout to checkin: exactly the 100
+    that fit, the rest refused, the chain verifies."""
+    import threading
+
+    from privcal.accountant import Accountant
+    from privcal.errors import BudgetRefused
+
+    acct = Accountant("sqlite:///:memory:")
+    acct.create_dataset("d", rho="1")
+    accepted: list[int] = []
+    errors: list[str] = []
+
+    def work() -> None:
+        for _ in range(20):
+            try:
+                accepted.append(acct.charge("d", ZCDP(rho="0.01")).charge_id)
+            except BudgetRefused:
+                pass
+            except Exception as exc:  # reported below
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == []
+    assert sorted(accepted) == list(range(1, 101))
+    assert acct.budget("d").spent == {"rho": Decimal("1.00")}
+    rep = acct.ledger.verify()
+    assert (rep.charges, rep.entries) == (100, 101)

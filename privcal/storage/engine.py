@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -106,12 +107,42 @@ def parse_url(url: str) -> URL:
     return u
 
 
+class _SerialStaticPool(StaticPool):
+    """The one connection of an in-memory SQLite ledger, used by one thread at a time.
+
+    Every checkout of :class:`~sqlalchemy.pool.StaticPool` hands out the same connection, so
+    two threads writing at once shared one transaction: the second ``BEGIN IMMEDIATE``
+    failed, or its statements ran inside the first's and were committed or rolled back
+    with it — 8 threads charging ρ = 0.01 to a cap of 1 had 178 charges accepted, totals of
+    0.74 and a log that no longer verified. A thread now holds the connection from checkout
+    to checkin (re-entrant: a nested checkout in the same thread gets it again, as before).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_use = threading.RLock()
+
+    def _do_get(self) -> Any:
+        self._in_use.acquire()
+        try:
+            return super()._do_get()
+        except BaseException:
+            self._in_use.release()
+            raise
+
+    def _do_return_conn(self, record: Any) -> None:
+        try:
+            super()._do_return_conn(record)
+        finally:
+            self._in_use.release()
+
+
 def _sqlite_engine(u: URL) -> Engine:
     memory = u.database in (None, "", ":memory:")
     kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000}}
     if memory:
         # one shared connection, else every checkout would see a new empty database
-        kwargs.update(poolclass=StaticPool)
+        kwargs.update(poolclass=_SerialStaticPool)
         kwargs["connect_args"]["check_same_thread"] = False
     engine = create_engine(u, **kwargs)
 
