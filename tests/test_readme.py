@@ -9,6 +9,12 @@ unless its line ends with ``# exit N``. A block that must not run starts with th
 marker ``# readme-test: skip (reason)``, or has ``<!-- readme-test: skip (reason) -->`` on the
 line just above its fence (invisible when rendered: the README's first block holds exactly its
 two set-up commands); the reason is required. The ```python blocks run too.
+
+A block marked ``# readme-test: session (reason)`` (the service tour: a server started in the
+background, tokens in shell variables) runs as one bash script under ``set -euo pipefail``, on
+a free port instead of the one it names, with ``curl -s`` failing on an HTTP error
+(``--fail-with-body``); its ``pip install`` lines are not run (the test environment has the
+extras), and the files its ``-F name=@FILE`` uploads name are generated like the options'.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import itertools
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,6 +35,8 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 SKIP = re.compile(r"^#\s*readme-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*$")
 SKIP_ABOVE = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->\s*$")
+SESSION = re.compile(r"^#\s*readme-test:\s*session\s*\((?P<reason>[^)]+)\)\s*$")
+UPLOAD = re.compile(r"-F\s+(?P<part>\w+)=@(?P<file>[\w.-]+)")
 EXPECT = re.compile(r"#\s*exit\s+(?P<code>\d+)\s*$")
 N, K = 2000, 10
 
@@ -50,6 +59,10 @@ class Block:
     def skip_reason(self) -> str | None:
         m = SKIP.match(self.marker) or SKIP_ABOVE.match(self.marker)
         return m.group("reason").strip() if m else None
+
+    @property
+    def is_session(self) -> bool:
+        return SESSION.match(self.marker) is not None
 
 
 def blocks(text: str) -> list[Block]:
@@ -158,12 +171,18 @@ INPUTS = ("--scores", "--probs", "--labels", "--subjects", "--agent-of", "--repo
 def generate_inputs(cmds: list[str], where: Path) -> list[str]:
     made = []
     for line in cmds:
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:  # pragma: no cover
-            continue
         k_opt = re.search(r"--k\s+(\d+)", line)
         k = int(k_opt.group(1)) if k_opt else K
+        for m in UPLOAD.finditer(line):  # curl's multipart uploads: the part is the option
+            opt, path = "--" + m.group("part").replace("_", "-"), where / m.group("file")
+            assert opt in INPUTS, f"do not know what the upload {m.group(0)!r} holds"
+            if not path.exists():
+                _write(path, opt, line, k)
+                made.append(path.name)
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:  # a line of a multi-line quoted argument (a session block's JSON)
+            continue
         for opt, val in itertools.pairwise(words):
             if opt in INPUTS:
                 path = where / val.split(":", 1)[0]
@@ -173,11 +192,27 @@ def generate_inputs(cmds: list[str], where: Path) -> list[str]:
     return made
 
 
+def session_script(block: Block, port: int) -> str:
+    """A session block as the script the test runs (see the module docstring)."""
+    lines = [line for line in block.text.splitlines()
+             if not line.lstrip().startswith("pip install")]
+    body = "\n".join(lines).replace("8321", str(port))
+    body = body.replace("curl -s ", "curl -s --fail-with-body ")
+    return "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + body + "\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 # ------------------------------------------------------------------ the test
 def test_readme_skip_markers_have_reasons() -> None:
     for b in blocks(README.read_text()):
         if "readme-test" in b.marker:
-            assert b.skip_reason, f"README line {b.line}: a skip marker needs a (reason)"
+            assert b.skip_reason or b.is_session, (
+                f"README line {b.line}: a skip or session marker needs a (reason)")
 
 
 def test_readme_opens_with_exactly_the_two_setup_commands() -> None:
@@ -188,6 +223,43 @@ def test_readme_opens_with_exactly_the_two_setup_commands() -> None:
     assert len(cmds) == 2, cmds
     assert "privcal quickstart" in cmds[0] and "[test]" in cmds[1] and "pytest" in cmds[1]
     assert first.skip_reason  # running them is tests/test_quickstart.py's and CI's job
+
+
+def test_readme_test_command_imports_the_tests_package() -> None:
+    """The README runs the tests with the bare `pytest` script, which (unlike `python -m
+    pytest`) does not put the checkout on sys.path: modules importing `tests.…` must still
+    be collected (pyproject's `pythonpath`)."""
+    pytest_bin = Path(sys.executable).parent / "pytest"
+    importing = "tests/test_cli_regression.py"  # `from tests.cli_env import CliEnv`
+    assert "from tests." in (README.parent / importing).read_text()
+    proc = subprocess.run([str(pytest_bin), "--collect-only", "-q", "-p", "no:cacheprovider",
+                           importing], cwd=README.parent, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def run_session(block: Block, work: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", "-c", session_script(block, _free_port())], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, (f"README line {block.line}: the session exited "
+                                  f"{proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "warning" not in proc.stderr.lower(), proc.stderr
+    # the auditor's verify is the script's last answer (a failed check is 200 with ok false)
+    verify = proc.stdout[proc.stdout.rfind('{"ok":'):]
+    assert verify.startswith('{"ok":true'), proc.stdout[-2000:]
+
+
+def test_readme_service_session_is_a_script() -> None:
+    """The service tour runs as one script: on a free port, curl failing on HTTP errors,
+    without its install line; a session block is never skipped silently."""
+    (b,) = [b for b in blocks(README.read_text()) if b.is_session]
+    assert b.skip_reason is None
+    script = session_script(b, 45678)
+    assert "8321" not in script and ":45678" in script
+    assert not [line for line in script.splitlines() if line.lstrip().startswith("pip ")]
+    assert "pip install" in b.text and "--fail-with-body" in script
+    assert script.startswith("set -euo pipefail")
 
 
 def test_every_readme_example_runs(tmp_path: Path) -> None:
@@ -206,6 +278,10 @@ def test_every_readme_example_runs(tmp_path: Path) -> None:
     generate_inputs([c for b in runnable for c, _ in commands(b)], work)
     ran = 0
     for b in runnable:
+        if b.is_session:
+            run_session(b, work, env)
+            ran += 1
+            continue
         for cmd, code in commands(b):
             proc = subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True,
                                   text=True, timeout=600, check=False)
