@@ -104,6 +104,8 @@ def _wire(led: Ledger, acct: Accountant) -> str:
 
         conns: list[Any] = []
         event.listen(led.engine, "checkout", checkout)
+        for c in led.held_connections():  # kept from the last write: no checkout
+            checkout(c.connection.driver_connection, None, None)
         acct.charge("z", ZCDP(rho="0.000001"))
         event.remove(led.engine, "checkout", checkout)
         for c in conns:

@@ -148,7 +148,7 @@ def test_subject_ids_with_copy_special_characters(accountant: Any) -> None:
 # ------------------------------------------------------------------ the charge's own cost
 def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path: Any) -> None:
     """One central charge (warm ledger, no idempotency key): SQLite runs exactly BEGIN
-    IMMEDIATE, the dataset row, the totals UPDATE, the charge INSERT, the audit head, the
+    IMMEDIATE, the dataset row with the audit head, the totals UPDATE, the charge INSERT, the
     entry, the head UPDATE and COMMIT; PostgreSQL needs 3 round trips — BEGIN with the
     dataset's row lock (one simple-protocol message), the charge INSERT with the totals
     UPDATE and the audit append (one statement), COMMIT (issue 11; raw: 4). A change that
@@ -160,7 +160,7 @@ def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path:
     n = wire.count()
     if accountant.ledger.backend == "sqlite":
         assert wire.sql[0] == "BEGIN IMMEDIATE" and wire.sql[-1] == "COMMIT", wire.sql
-        assert n == 8, wire.sql
+        assert n == 7, wire.sql
     else:
         trace = wire.trace.read_text()
         assert n == 3, trace

@@ -34,6 +34,8 @@ class Wire:
 
         self._checkout = checkout
         event.listen(ledger.engine, "checkout", checkout)
+        for c in ledger.held_connections():  # kept from the last write: no checkout
+            checkout(c.connection.driver_connection, None, None)
 
     def count(self) -> int:
         """Statements (SQLite) or round trips (PostgreSQL) since this wire was attached."""

@@ -26,7 +26,7 @@ from privcal.storage import pseudonyms
 from privcal.storage.audit import charge_doc, entry_prefix
 from privcal.storage.audit_queue import CHARGE_ID_HEAD
 from privcal.storage.models import Charge, ChargeMembers, Dataset
-from privcal.storage.statements import SPENT_COLUMNS
+from privcal.storage.statements import HEAD_INFO, SPENT_COLUMNS
 
 __all__ = ["ChargeStore"]
 
@@ -41,12 +41,17 @@ class ChargeStore:
 
     def dataset_row(self, conn: Connection, name: str) -> Any:
         """:meth:`lock_dataset` for :meth:`write_core`: the locked row, every column (a named
-        tuple; PostgreSQL ``FOR UPDATE``, SQLite under ``BEGIN IMMEDIATE``)."""
+        tuple; PostgreSQL ``FOR UPDATE``, SQLite under ``BEGIN IMMEDIATE``, where the same
+        statement reads the audit head for the transaction's append)."""
         check_text(name, "dataset name")  # a driver error on PostgreSQL otherwise (NUL)
         q = self.hot_sql
         raw = self._sql(conn, q.lock_dataset, (name,)).fetchone()
         if raw is None:
             raise NotFound(f"unknown dataset {name!r}")
+        n = len(q.dataset.names)
+        if len(raw) > n:  # SQLite: the audit head came with it, for this transaction's append
+            conn.info[HEAD_INFO] = (raw[n], raw[n + 1])
+            raw = raw[:n]
         return q.dataset.load(raw)
 
     def charge_by_key(self, conn: Connection, dataset_id: int, key: str) -> Any | None:

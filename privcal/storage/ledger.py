@@ -18,6 +18,8 @@ A :class:`Ledger` is one object whose operations are grouped by concern, one mod
 - :mod:`~privcal.storage.audit_queue` — the audit sequencer of PostgreSQL ledgers (entries
   committed with their rows, numbered into the chain under one advisory lock);
 - :mod:`~privcal.storage.statements` — the hot path's Core statements, built once;
+- :mod:`~privcal.storage.held_connections` — the connections the hot path keeps between
+  writes;
 - :mod:`~privcal.storage.datasets`, :mod:`~privcal.storage.charges`,
   :mod:`~privcal.storage.subject_spend`, :mod:`~privcal.storage.releases`,
   :mod:`~privcal.storage.session_store` — the named operations the accountant composes
@@ -32,6 +34,7 @@ storage never imports it, nor the calibrators.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +52,7 @@ from privcal.storage.audit_queue import AuditSequencer
 from privcal.storage.charges import ChargeStore
 from privcal.storage.datasets import DatasetStore
 from privcal.storage.engine import make_engine, parse_url, resolve_url
+from privcal.storage.held_connections import HeldConnections
 from privcal.storage.models import AuditEntry, LedgerSecret
 from privcal.storage.records import AuditHeadInfo
 from privcal.storage.releases import ReleaseStore
@@ -65,6 +69,7 @@ __all__ = ["MAX_ATTEMPTS", "Ledger"]
 class Ledger(
     LedgerSchema,
     LedgerTransactions,
+    HeldConnections,
     AuditSequencer,
     HotStatements,
     DatasetStore,
@@ -91,6 +96,7 @@ class Ledger(
         self._lock = threading.Lock()
         self._hot: HotSQL | None = None
         self._subject_key: bytes | None = None
+        self._held, self._held_pid = [], os.getpid()
 
     # ------------------------------------------------------------------ basics
     @property
@@ -107,19 +113,24 @@ class Ledger(
         return f"Ledger({self.url!r})"
 
     def close(self) -> None:
-        """Release pooled connections."""
+        """Release pooled connections (and those the hot path keeps: held_connections.py)."""
+        self.close_held()
         self.engine.dispose()
 
     def _unreachable(self, exc: BaseException) -> LedgerError:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
         return LedgerError(f"cannot reach the ledger at {self.url}: {first}")
 
-    @contextmanager
-    def _connect(self, *, write: bool) -> Iterator[Connection]:
+    def _checkout(self) -> Connection:
+        """A connection from the pool (LedgerError if the database cannot be reached)."""
         try:
-            conn = self.engine.connect()
+            return self.engine.connect()
         except DBAPIError as exc:
             raise self._unreachable(exc) from exc
+
+    @contextmanager
+    def _connect(self, *, write: bool) -> Iterator[Connection]:
+        conn = self._checkout()
         try:
             if write:
                 conn.execution_options(privcal_write=True)

@@ -36,7 +36,12 @@ from privcal.storage.engine import BEGIN_WITH_NEXT, begin_pending
 from privcal.storage.models import Charge, Dataset
 from privcal.storage.sessions import CollectionSession, SessionBatch
 
-__all__ = ["SPENT_COLUMNS", "Codec", "HotSQL", "HotStatements"]
+__all__ = ["HEAD_INFO", "SPENT_COLUMNS", "Codec", "HotSQL", "HotStatements"]
+
+#: ``Connection.info`` key of the audit head (seq, entry_hash) a SQLite write transaction read
+#: with its dataset row (:meth:`privcal.storage.Ledger.dataset_row`); used and dropped by the
+#: append of that transaction (storage/transactions.py)
+HEAD_INFO = "privcal_audit_head"
 
 #: the dataset columns holding its running totals, in :class:`privcal.accountant` order
 SPENT_COLUMNS = ("spent_pure_eps", "spent_pure_rho", "spent_zcdp_rho", "spent_approx_eps",
@@ -104,8 +109,14 @@ class HotSQL:
         ds_cols = ", ".join(self.dataset.names)
         #: the dataset row by name; PostgreSQL locks it (SQLite: BEGIN IMMEDIATE holds the
         #: database write lock already)
-        self.lock_dataset = (f"SELECT {ds_cols} FROM datasets WHERE name = {p}"
-                             + (" FOR UPDATE" if pg else ""))
+        #: SQLite reads the audit head in the same statement (one fewer per charge): the
+        #: BEGIN IMMEDIATE transaction holds the write lock, so it is the head the append
+        #: extends, and the append moves it only from that very head (:attr:`move_head`)
+        self.lock_dataset = (f"SELECT {ds_cols} FROM datasets WHERE name = {p} FOR UPDATE"
+                             if pg else
+                             f"SELECT {ds_cols}, (SELECT seq FROM audit_head WHERE id = 1), "
+                             f"(SELECT entry_hash FROM audit_head WHERE id = 1) "
+                             f"FROM datasets WHERE name = {p}")
         self.by_key = (f"SELECT {', '.join(self.charge.names)} FROM charges "
                        f"WHERE dataset_id = {p} AND idempotency_key = {p}")
         self.count = f"UPDATE datasets SET charge_count = charge_count + 1 WHERE id = {p}"
@@ -137,7 +148,8 @@ class HotSQL:
         self.head = "SELECT seq, entry_hash FROM audit_head WHERE id = 1"
         self.entry = (f"INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
                       f"VALUES ({p}, {p}, {p}, {p}, {p})")
-        self.move_head = f"UPDATE audit_head SET seq = {p}, entry_hash = {p} WHERE id = 1"
+        self.move_head = (f"UPDATE audit_head SET seq = {p}, entry_hash = {p} "
+                          f"WHERE id = 1 AND seq = {p} AND entry_hash = {p}")
 
 
     def _session_batch(self, dialect: Dialect, p: str) -> None:

@@ -33,6 +33,8 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import LedgerError
 from privcal.storage import audit
+from privcal.storage.audit_queue import _no_head
+from privcal.storage.statements import HEAD_INFO
 
 __all__ = ["MAX_ATTEMPTS", "LedgerTransactions"]
 
@@ -134,13 +136,15 @@ class LedgerTransactions:
         delay = 0.01
         for attempt in range(1, attempts + 1):
             try:
-                # write_core begins IMMEDIATE itself: no execution option for the begin hook
-                with self._connect(write=not core) as conn:
+                # write_core begins IMMEDIATE itself, on a connection kept from its last
+                # write if there is a clean one (storage/held_connections.py)
+                with (self._hot_connect() if core else self._connect(write=True)) as conn:
                     conn.info[_PENDING] = []
                     try:
                         return run(conn)
                     finally:
                         conn.info.pop(_PENDING, None)
+                        conn.info.pop(HEAD_INFO, None)
             except (OperationalError, DBAPIError) as exc:
                 # a pooled connection the server closed (no pre-ping: see engine.py) is
                 # invalidated by SQLAlchemy; nothing was committed, so run again on a fresh one
@@ -242,7 +246,12 @@ class LedgerTransactions:
         else:
             # SQLite: the BEGIN IMMEDIATE transaction already holds the database write lock
             q = self.hot_sql  # on the driver connection (storage/statements.py)
-            seq, prev = self._sql(conn, q.head).fetchone()
+            head = conn.info.pop(HEAD_INFO, None)  # read with the dataset row, if it was
+            if head is None:
+                head = self._sql(conn, q.head).fetchone()
+            if head is None or head[0] is None:
+                raise _no_head()
+            seq, prev = old_seq, old_prev = head
             rows = []
             for kind, prefix in pending:
                 seq += 1
@@ -254,5 +263,8 @@ class LedgerTransactions:
                 self._sql(conn, q.entry, rows[0])
             else:
                 self._sql_many(conn, q.entry, rows)
-            self._sql(conn, q.move_head, (seq, prev))
+            if self._sql(conn, q.move_head, (seq, prev, old_seq, old_prev)).rowcount != 1:
+                # cannot happen under BEGIN IMMEDIATE: refuse rather than fork the chain
+                raise LedgerError("the audit head changed during the write (written outside "
+                                  "privcal?); nothing was written")
         pending.clear()
