@@ -76,7 +76,7 @@ def test_held_connections_are_bounded_and_closed_with_the_ledger(accountant: Any
             barrier.wait(10)
             for _ in range(5):
                 accountant.charge(f"d{i}", ZCDP(rho="0.01"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
@@ -102,7 +102,7 @@ def _child_charges(accountant: Any, q: Any) -> None:
         accountant.charge("d", ZCDP(rho="0.01"))
         mine = [_driver(c) for c in led.held_connections()]
         q.put(("ok", bool(inherited), any(m is i for m in mine for i in inherited)))
-    except BaseException as exc:  # noqa: BLE001 - sent to the parent
+    except BaseException as exc:
         q.put(("error", repr(exc), None))
 
 
