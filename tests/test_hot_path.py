@@ -327,10 +327,10 @@ def test_the_charge_entry_is_rfc8785(cid: int, dsid: int, name: str, scope: str,
                                      rej_n: Any, purpose: Any, requester: Any, key: Any,
                                      when: Any, digest: Any, members: Any, floats: Any) -> None:
     """The charge document and its entry prefix, written directly on the hot path
-    (audit.charge_doc, audit._flat_prefix), are byte for byte RFC 8785 of the generic
-    document (jsonable + rfc8785.dumps) — unicode names, control characters, huge and tiny
-    decimals, -0, floats (-0.0, subnormal, the largest) — or refused alike (a lone
-    surrogate)."""
+    (audit.charge_doc, audit._flat_prefix, audit.charge_prefix), are byte for byte RFC 8785
+    of the generic document (jsonable + rfc8785.dumps) — unicode names, control characters,
+    huge and tiny decimals, -0, floats (-0.0, subnormal, the largest) — or refused alike (a
+    lone surrogate)."""
     from types import SimpleNamespace
 
     c = SimpleNamespace(
@@ -354,9 +354,13 @@ def test_the_charge_entry_is_rfc8785(cid: int, dsid: int, name: str, scope: str,
     except Exception:  # rfc8785 refuses it (a lone surrogate): so must the hot path
         with pytest.raises(Exception):  # noqa: B017
             audit.entry_prefix("charge", doc).encode("utf-8")
+        with pytest.raises(Exception):  # noqa: B017
+            audit.charge_prefix(c, name).encode("utf-8")
         return
     prefix = audit.entry_prefix("charge", doc)
     assert (prefix + "0}").encode("utf-8") == want
+    # the hot path's own writer, straight from the row (no document dict)
+    assert audit.charge_prefix(c, name) == prefix
     assert audit.payload_at(prefix, cid) == audit.entry_payload(cid, "charge", doc)
 
 

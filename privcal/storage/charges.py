@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_text
 from privcal.storage import pseudonyms
-from privcal.storage.audit import charge_doc, entry_prefix
+from privcal.storage.audit import charge_prefix
 from privcal.storage.audit_queue import CHARGE_ID_HEAD
 from privcal.storage.models import Charge, ChargeMembers, Dataset
 from privcal.storage.statements import HEAD_INFO, SPENT_COLUMNS
@@ -114,8 +114,7 @@ class ChargeStore:
         first, so then (and on SQLite) it is the two steps.
         """
         if self.backend == "postgresql" and not self.has_pending_audit(conn):  # type: ignore[attr-defined]
-            prefix = entry_prefix("charge", charge_doc(  # type: ignore[arg-type]
-                SimpleNamespace(id=0, **values), dataset))  # type: ignore[arg-type]
+            prefix = charge_prefix(SimpleNamespace(id=0, **values), dataset)
             if not prefix.startswith(_ID_ZERO):  # pragma: no cover - RFC 8785 key order
                 raise AssertionError("a charge entry does not begin with its charge_id")
             q = self.hot_sql
@@ -125,8 +124,8 @@ class ChargeStore:
             return self._pg_append_with_row(  # type: ignore[attr-defined, no-any-return]
                 conn, q.record_charge_spent, params, "charge", CHARGE_ID_HEAD, rest)[0]
         cid = self.insert_charge(conn, values, spent)
-        self.append_audit(conn, "charge",  # type: ignore[attr-defined]
-                          charge_doc(SimpleNamespace(id=cid, **values), dataset))  # type: ignore[arg-type]
+        self.append_prefix(conn, "charge",  # type: ignore[attr-defined]
+                           charge_prefix(SimpleNamespace(id=cid, **values), dataset))
         return cid
 
     def members_of(self, tx: Session | Connection, charge_id: int) -> np.ndarray:

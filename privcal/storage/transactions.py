@@ -230,11 +230,17 @@ class LedgerTransactions:
         The entry is canonicalised now (once); it is numbered, hashed and appended as the
         transaction's last step (:meth:`_append_pending`).
         """
+        self.append_prefix(tx, kind, audit.entry_prefix(kind, data))
+
+    def append_prefix(self, tx: Session | Connection, kind: str, prefix: str) -> None:
+        """:meth:`append_audit` of an entry already canonicalised: its
+        :func:`~privcal.storage.audit.entry_prefix` (e.g.
+        :func:`~privcal.storage.audit.charge_prefix`)."""
         conn = tx.connection() if isinstance(tx, Session) else tx
         pending = conn.info.get(_PENDING)
         if pending is None:
             raise LedgerError("audit entries are appended only inside Ledger.write")
-        pending.append((kind, audit.entry_prefix(kind, data)))
+        pending.append((kind, prefix))
 
     def _append_pending(self, conn: Connection) -> None:
         """Append the entries :meth:`append_audit` collected, in order (module docstring)."""
