@@ -155,3 +155,32 @@ def test_a_missing_sqlite_head_refuses_the_charge(accountant: Any) -> None:
     with pytest.raises(LedgerError, match="audit_head row is missing"):
         accountant.charge("d", ZCDP(rho="0.01"))
     assert accountant.budget("d").charges == 0
+
+
+def test_an_in_memory_ledger_keeps_no_connection() -> None:
+    """Its one connection is lent to one thread at a time (engine.py): kept, it would shut
+    out every other thread; so threads still take turns and charge exactly the cap."""
+    from privcal.accountant import Accountant
+
+    acct = Accountant("sqlite://")
+    acct.create_dataset("d", rho=1)
+    acct.charge("d", ZCDP(rho="0.01"))
+    assert acct.ledger.held_connections() == []
+    done: list[int] = []
+
+    def work() -> None:
+        for _ in range(20):
+            try:
+                acct.charge("d", ZCDP(rho="0.01"))
+                done.append(1)
+            except BudgetRefused:
+                pass
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert len(done) == 99 and acct.ledger.verify().charges == 100
+    acct.ledger.close()

@@ -10,6 +10,8 @@ write and takes it back afterwards, under these rules:
   transaction, not invalidated). Anything else — an exception, a refused charge, a dead
   connection — closes it, which returns it to the pool (whose reset rolls back); the next
   write checks out a fresh one.
+- **Not for a single-connection pool.** An in-memory SQLite ledger's one connection is lent
+  to one thread at a time (:mod:`privcal.storage.engine`): it is never kept.
 - **Bounded.** At most :data:`MAX_HELD` are kept (the rest are closed as usual), so a
   server with many threads never holds more than that out of the pool.
 - **Liveness as the pool's.** One idle for longer than the engine's idle-ping time
@@ -31,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.pool import StaticPool
 
 from privcal.storage import engine as engine_mod
 
@@ -60,6 +63,12 @@ class HeldConnections:
         if self._held_pid != os.getpid():
             _INHERITED.append(self._held)  # the parent's: never touched here
             self._held, self._held_pid = [], os.getpid()
+        if isinstance(self.engine.pool, StaticPool):  # type: ignore[attr-defined]
+            # in-memory SQLite: its one connection is lent to one thread at a time, from
+            # checkout to checkin (engine.py): keeping it would shut out every other thread
+            with self._connect(write=False) as conn:  # type: ignore[attr-defined]
+                yield conn
+            return
         held = self._held
         conn = None
         while conn is None:
