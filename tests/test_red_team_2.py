@@ -521,3 +521,45 @@ def test_threads_charging_an_in_memory_ledger_never_overspend() -> None:
     assert acct.budget("d").spent == {"rho": Decimal("1.00")}
     rep = acct.ledger.verify()
     assert (rep.charges, rep.entries) == (100, 101)
+
+
+@_pg
+@pytest.mark.parametrize("write", ["charge (write_core)", "dataset (ORM write)"])
+def test_a_connection_lost_during_commit_is_not_retried_into_a_second_write(
+        accountant: Any, monkeypatch: pytest.MonkeyPatch, write: str) -> None:
+    """Attack: the server commits, then the connection dies before COMMIT's answer arrives
+    (failover, network). The write was retried on a fresh connection as if nothing had been
+    committed: one ``charge`` call recorded two charges (ρ = 0.1 asked, 0.2 spent). An
+    unknown outcome is now a one-line LedgerError and the write is not run again: exactly
+    one charge (or dataset) is recorded, and the ledger verifies."""
+    import psycopg
+
+    from privcal.errors import LedgerError
+
+    accountant.create_dataset("d", rho="1")
+    real = psycopg.Connection.commit
+    lost = {"n": 0}
+
+    def commit_then_lose(self: Any) -> None:
+        real(self)
+        if lost["n"] == 0:
+            lost["n"] += 1
+            self.close()
+            raise psycopg.OperationalError("consuming input failed: server closed the "
+                                           "connection unexpectedly")
+
+    monkeypatch.setattr(psycopg.Connection, "commit", commit_then_lose)
+    with pytest.raises(LedgerError, match="lost during COMMIT") as err:
+        if write.startswith("charge"):
+            accountant.charge("d", ZCDP(rho="0.1"))
+        else:
+            accountant.create_dataset("e", rho="1")
+    assert "\n" not in str(err.value)
+    monkeypatch.setattr(psycopg.Connection, "commit", real)
+    assert lost["n"] == 1
+    rep = accountant.ledger.verify()
+    if write.startswith("charge"):
+        assert accountant.budget("d").spent == {"rho": Decimal("0.1")}
+        assert (rep.charges, rep.datasets) == (1, 1)
+    else:
+        assert (rep.charges, rep.datasets) == (0, 2)

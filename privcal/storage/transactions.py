@@ -67,6 +67,24 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _commit_once(commit: Callable[[], None]) -> None:
+    """Run ``commit``; a connection that dies during it raises a LedgerError, never retried.
+
+    The server may have committed before the connection died, so the outcome is unknown,
+    and running the write again could record it twice: one ``charge`` call on PostgreSQL
+    was two charges (ρ charged twice) when the connection was lost as COMMIT returned.
+    """
+    try:
+        commit()
+    except DBAPIError as exc:
+        if getattr(exc, "connection_invalidated", False):
+            raise LedgerError(
+                "the connection to the ledger was lost during COMMIT: the write may or may "
+                "not have been recorded, so it was not retried (it could be recorded twice); "
+                "check the ledger (privcal budget show, audit head) or retry with the same "
+                "idempotency key") from exc
+        raise
+
 
 class LedgerTransactions:
     """Transactions of a :class:`~privcal.storage.ledger.Ledger` (see the module docstring)."""
@@ -82,15 +100,21 @@ class LedgerTransactions:
         SQLite: the transaction begins ``IMMEDIATE`` (the write lock is held from the first
         read). PostgreSQL: ``fn`` locks the rows it reads (``FOR UPDATE``). The audit
         entries ``fn`` queued are appended last (see the module docstring). On a transient
-        failure everything is rolled back and ``fn`` runs again, up to ``attempts`` times.
+        failure everything is rolled back and ``fn`` runs again, up to ``attempts`` times —
+        but not after the connection died *during* COMMIT (:func:`_commit_once`).
         """
 
         def run(conn: Connection) -> T:
             with Session(bind=conn, expire_on_commit=False) as session:
-                with session.begin():
-                    result = fn(session)
-                    session.flush()
-                    self._append_pending(conn)
+                session.begin()  # closing the session on an exception rolls it back
+                result = fn(session)
+                session.flush()
+                self._append_pending(conn)
+                try:
+                    _commit_once(session.commit)
+                except LedgerError:
+                    conn.rollback()  # the dead connection's transaction, so it can close
+                    raise
                 return result
 
         return self._retry(run, attempts)
@@ -110,7 +134,7 @@ class LedgerTransactions:
             try:
                 result = fn(conn)
                 self._append_pending(conn)
-                self._commit(conn)
+                _commit_once(lambda: self._commit(conn))
             finally:
                 self._end(conn)
             return result
