@@ -8,7 +8,9 @@ read) enforces the body limit (413), authenticates every ``/v1`` request (401 wi
 ``WWW-Authenticate: Bearer``), and writes the access log: method, route template,
 status, token id, latency — never a body, a query string or a subject id. A device's
 valid report PUT, the hot path, is answered before all of this by :class:`PrivcalApp`
-(same checks, same answers, same access log: :mod:`privcal.service.device_reports`).
+(same checks, same answers, same access log: :mod:`privcal.service.device_reports`);
+so is a session-bound token's successful read of its session
+(:mod:`privcal.service.session_reads`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from privcal.service.problems import (
     problem_response,
     unauthenticated,
 )
+from privcal.service.session_reads import SESSION_ROUTE, try_lean_get
 
 __all__ = ["DEFAULT_BODY_LIMIT", "PrivcalApp", "ServiceMiddleware", "app_from_env", "create_app"]
 
@@ -168,13 +171,29 @@ def _log_access(scope: Scope, status: int, t0: float) -> None:
 
 class PrivcalApp(FastAPI):
     """The FastAPI app, with a device's valid report PUT answered before the framework
-    (:func:`privcal.service.device_reports.try_lean`); every other request, and every
-    report that is not exactly a valid one, goes through the whole app."""
+    (:func:`privcal.service.device_reports.try_lean`), and a session-bound token's
+    successful read of its session too (:func:`privcal.service.session_reads.try_lean_get`);
+    every other request, and every report that is not exactly a valid one, goes through
+    the whole app."""
 
     privcal_body_limit: int = DEFAULT_BODY_LIMIT
     _report_route: Any = None
+    _session_route: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            # a session-bound token reading its session: privcal.service.session_reads
+            t0 = time.perf_counter()
+            scope["app"] = self
+            code = await try_lean_get(scope, send)
+            if code is not None:
+                if self._session_route is None:
+                    self._session_route = next(
+                        r for r in self.routes if getattr(r, "path", None) == SESSION_ROUTE
+                        and "GET" in getattr(r, "methods", ()))
+                scope["route"] = self._session_route
+                _log_access(scope, code, t0)
+                return
         if scope["type"] == "http" and scope["method"] == "PUT":
             t0 = time.perf_counter()
             scope["app"] = self
@@ -236,6 +255,7 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
                threads: int = 200) -> FastAPI:
     """The service on the ledger at ``db_url`` (or an open ``accountant``)."""
     from privcal.service.batcher import ReportBatcher
+    from privcal.service.session_reads import PublicStates
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -245,6 +265,7 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         # refuse a stale schema now (the embedded default is migrated, like the CLI does)
         await anyio.to_thread.run_sync(acct.ledger.ensure_schema)
         app.state.accountant = acct
+        app.state.public_states = PublicStates()
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         batcher = ReportBatcher(acct, window=report_window)
         await anyio.to_thread.run_sync(batcher.start)

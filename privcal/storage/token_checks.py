@@ -6,9 +6,11 @@ one read, just before it writes (see :mod:`privcal.service.batcher`). The rules 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from privcal.storage.audit import now
 from privcal.storage.token_secrets import usable
@@ -26,19 +28,20 @@ class DeviceGrant(NamedTuple):
     subject: str | None
 
 
-def check_presented(ledger: Any, presented: Sequence[tuple[str, str]]
-                    ) -> list[DeviceGrant | None]:
+def check_presented(ledger: Any, presented: Sequence[tuple[str, str]], *,
+                    tx: Session | None = None) -> list[DeviceGrant | None]:
     """:func:`verify_presented` at the cost of one Core read of the rows' few columns (no
     ORM objects, no :class:`TokenInfo` per token): the service's report writer checks a
     whole window's device tokens with it, just before it writes. The same rule,
     :func:`~privcal.storage.token_secrets.usable`: a token that does not open, is revoked or
-    expired by now is refused (None)."""
+    expired by now is refused (None). ``tx``: read in this open read transaction (else
+    one of its own)."""
     t = ApiToken.__table__
     cols = (t.c.id, t.c.secret_sha256, t.c.role, t.c.session_id, t.c.subject,
             t.c.expires_at, t.c.revoked_at)
     ids = sorted({tid for tid, _ in presented})
     rows: dict[str, Any] = {}
-    with ledger.read() as s:
+    with ledger.read() if tx is None else nullcontext(tx) as s:
         for i in range(0, len(ids), 500):
             for r in s.execute(select(*cols).where(t.c.id.in_(ids[i:i + 500]))):
                 rows[r[0]] = r

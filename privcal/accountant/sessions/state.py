@@ -37,6 +37,7 @@ __all__ = [
     "info_of",
     "number",
     "protocol_of",
+    "public_key",
     "session_key",
 ]
 
@@ -82,6 +83,18 @@ def fed_plan_of(row: CollectionSession) -> Fed2Plan | FedPlan:
     """A federated session's published plan."""
     p = row.state["plan"]
     return Fed2Plan.model_validate(p) if row.method == "fedcp2-qq" else FedPlan.model_validate(p)
+
+
+def public_key(row: CollectionSession) -> tuple[Any, ...]:
+    """Everything the public part of :func:`info_of` (what a session-bound token reads: id,
+    method, status, shuffled, params, round, rounds, query, interval, plan, grid) is
+    computed from: two rows with the same key have the same public state (the service
+    caches it under this key; the round's counts, the total and the charges are not in it)."""
+    st = row.state or {}
+    return (row.id, row.method, row.status, bool(row.shuffled),
+            json.dumps(row.params, sort_keys=True, default=str),
+            json.dumps(st.get("protocol"), sort_keys=True, default=str),
+            json.dumps(st.get("plan"), sort_keys=True, default=str))
 
 
 def charge_ids(row: CollectionSession) -> list[int]:
