@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -22,6 +21,7 @@ from privcal.accountant.release_privacy import privacy_record
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
+from privcal.storage.records import VerifyReport
 
 #: recorded floats went through JSON; anything beyond this is a real difference
 REL_TOL = 1e-9
@@ -39,21 +39,11 @@ class ReleaseCheck(BaseModel):
     problems: list[str]
 
 
-class AuditReport(BaseModel):
-    """A verified log and the releases whose guarantees were recomputed."""
+class AuditReport(VerifyReport):
+    """A verified log (the storage's :class:`~privcal.storage.records.VerifyReport`) and the
+    number of releases whose guarantees were recomputed."""
 
-    model_config = ConfigDict(frozen=True)
-
-    entries: int
-    head: str
-    datasets: int
-    charges: int
-    releases: int
     guarantees_recomputed: int
-    signed_through: int | None = None
-    unsigned_entries: int = 0
-    queued: int = 0
-    queued_since: datetime | None = None
 
     @property
     def summary(self) -> str:
