@@ -4,11 +4,12 @@
 
 N client processes each make --charges ``Accountant.charge`` calls (client i on dataset i, or
 all on one dataset) on a scratch PostgreSQL schema of --pg (default
-``$PRIVCAL_TEST_DATABASE_URL``), counting in each client with SQLAlchemy events the SQL
-statements it sends, its COMMITs, and the audit sequencer's transactions after a COMMIT
+``$PRIVCAL_TEST_DATABASE_URL``), counting in each client what it sends to the server (libpq's
+protocol trace), its COMMITs, and the audit sequencer's transactions after a COMMIT
 (``privcal.storage.audit_queue``). Wall-clock rates on a shared machine are noise; these
 counts depend only on how often a writer finds the sequencer busy. Prints per charge:
-statements, commits, sequencer transactions, and the share of charges whose entry was queued.
+round trips (``Sync`` and simple ``Query`` messages in libpq's protocol trace), COMMITs,
+sequencer transactions, and the share of charges whose entry was queued.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import tempfile
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -55,14 +57,34 @@ def _worker(url: str, dataset: str, n: int, start: Any, out: Any) -> None:
 
             type(acct.ledger)._pg_append_with_row = queued_with_row  # type: ignore[attr-defined]
     acct.charge(dataset, ZCDP(rho="0.0001"))  # warm: schema checked, statements compiled
-    event.listen(acct.ledger.engine, "before_cursor_execute",
-                 lambda *a: counts.__setitem__("statements", counts["statements"] + 1))
-    event.listen(acct.ledger.engine, "commit",
-                 lambda *a: counts.__setitem__("commits", counts["commits"] + 1))
+    # what goes on the wire, from libpq's protocol trace of every connection this client uses
+    # (statements run on the driver are invisible to SQLAlchemy's events)
+    trace = tempfile.TemporaryFile("w+")
+    traced: list[Any] = []
+
+    def checkout(dbapi_conn: Any, _rec: Any, _proxy: Any) -> None:
+        if dbapi_conn not in traced:
+            dbapi_conn.pgconn.trace(trace.fileno())
+            traced.append(dbapi_conn)
+
+    event.listen(acct.ledger.engine, "checkout", checkout)
+    for c in acct.ledger.held_connections() if hasattr(acct.ledger, "held_connections") else []:
+        checkout(c.connection.driver_connection, None, None)
     counts["sequencer"] = counts["queued"] = 0
     start.wait()
     for _ in range(n):
         acct.charge(dataset, ZCDP(rho="0.0001"))
+    for c in traced:
+        c.pgconn.untrace()
+    trace.seek(0)
+    for ln in trace.read().splitlines():
+        f = ln.split("\t")
+        if f[1:2] == ["F"] and len(f) > 3:
+            msg = f[3].split(" ")[0]
+            if msg in ("Sync", "Query"):
+                counts["statements"] += 1
+            if msg == "Query" and f[4:5] == [' "COMMIT"']:
+                counts["commits"] += 1
     acct.ledger.close()
     out.put(counts)
 
@@ -112,7 +134,7 @@ def main() -> None:
     n = args.clients * args.charges
     print(f"# load average at the end: {os.getloadavg()[0]:.1f}; {args.clients} clients on "
           f"{len(names)} dataset(s), {n} charges; the log verifies: {rep.entries} entries")
-    print(f"per charge: {total['statements'] / n:.2f} statements, {total['commits'] / n:.2f} "
+    print(f"per charge: {total['statements'] / n:.2f} round trips, {total['commits'] / n:.2f} "
           f"commits, {total['sequencer'] / n:.2f} sequencer transactions; "
           f"{total['queued'] / n:.1%} of the entries queued")
 
