@@ -309,13 +309,14 @@ def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) -> None:
-    """The probe and the raise find each pseudonym by the whole primary key, on tables never
+    """The probe, the raise and the service writer's stored reports (tokens.stored_reports)
+    find each pseudonym by the whole primary key, on tables never
     ANALYZEd: the plain `session_id = … AND subject = ANY(…)` form read every stored report
     of the session (and every spend row of the dataset) per batch, so a session's batches
     slowed down as it grew (bench/RESULTS.md, "Device reports at a session's size")."""
     if ledger.backend != "postgresql":
         pytest.skip("PostgreSQL's planner (SQLite's probes pin the join order with CROSS JOIN)")
-    from privcal.storage import session_store, subject_spend
+    from privcal.storage import session_store, subject_spend, tokens
 
     stored = _raw([f"r{i}" for i in range(5000)])
     ledger.write(lambda s: ledger.insert_batch_reports(s, 7, 0, stored,
@@ -325,15 +326,15 @@ def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) 
     ids = PS.fixed_lines(ask.shape[0], [PS.hex_matrix(ask), b"\n"])[:-1].decode("ascii")
     params = {"sid": 7, "d": 3, "ids": ids, "e": 1, "cap": 100}
     stmts = [session_store._PROBE_REPORTED_PG + session_store._PROBE_SPENT_PG,
-             subject_spend._RAISE_PG]
+             subject_spend._RAISE_PG, tokens._STORED_PG]
 
     def explain(s: Any) -> list[Any]:
         with s.connection().connection.driver_connection.cursor() as cur:
             return [cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params,
                                 prepare=False).fetchone()[0][0]["Plan"] for sql in stmts]
 
-    probe, raise_ = ledger.write(lambda s: (explain(s), s.rollback())[0])
-    for plan in (probe, raise_):
+    probe, raise_, stored_ = ledger.write(lambda s: (explain(s), s.rollback())[0])
+    for plan in (probe, raise_, stored_):
         scans = _scans(plan)
         assert scans, plan
         for node in scans:
@@ -343,4 +344,5 @@ def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) 
                 assert re.search(r"subject\S* = b(_\d+)?\.subject", node["Index Cond"]), node
     assert sum(n["Node Type"] == "Tid Scan" for n in _scans(raise_)) == 1
     assert probe["Actual Rows"] == 2 * 20  # 20 reported + 20 with a spend row
+    assert stored_["Actual Rows"] == 20  # the service writer's stored reports
     assert raise_["Actual Rows"] == 0 and raise_["Plans"][-1]["Actual Rows"] == 20  # raised

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from privcal.errors import InvalidInput, NotFound
 from privcal.storage.audit import now
 from privcal.storage.models import AuditEntry, Base
+from privcal.storage.pseudonyms import BATCH_IDS_PG
 from privcal.storage.records import UTCDateTime
 from privcal.storage.sessions import SessionReport
 from privcal.storage.token_secrets import DUMMY_HASH, new_secret, usable
@@ -364,6 +365,17 @@ def stored_report(ledger: Any, session_id: int, subject: str) -> tuple[int, str]
         return (row.round, row.value) if row is not None else None
 
 
+# The reports a batch's subjects already stored (PostgreSQL; pseudonyms are hex, joined by
+# newlines): looked up by the whole primary key, one probe per id, as the session batch's
+# probe (storage/session_store.py). `session_id = :sid AND subject IN (…)` was planned, on a
+# table never ANALYZEd, as a scan of all the session's reports filtered by the IN: the
+# service's report writer runs it twice per batch, 55 ms per call on average over a
+# 20 000-report session (bench/RESULTS.md, "Device reports at a session's size").
+_STORED_PG = (f"SELECT r.subject, r.round, r.value FROM {BATCH_IDS_PG} CROSS JOIN LATERAL ("
+              "SELECT subject, round, value FROM session_reports WHERE session_id = %(sid)s "
+              "AND subject = b.subject LIMIT 1) r")
+
+
 def stored_reports(ledger: Any, session_id: int,
                    subjects: Sequence[str]) -> dict[str, tuple[int, str]]:
     """(round, value) per subject among ``subjects`` that has a stored report."""
@@ -371,7 +383,14 @@ def stored_reports(ledger: Any, session_id: int,
     subs = [str(x) for x in subjects]
     of = dict(zip(ledger.pseudonyms(subs).tolist(), subs, strict=True))  # pseudonym → id
     pseud = list(of)
+    if not pseud:
+        return out
     with ledger.read() as s:
+        if ledger.backend == "postgresql":  # one primary-key probe per id: see _STORED_PG
+            with s.connection().connection.driver_connection.cursor() as cur:
+                rows = cur.execute(_STORED_PG, {"sid": int(session_id), "ids": "\n".join(pseud)},
+                                   prepare=False).fetchall()
+            return {of[subj]: (rnd, val) for subj, rnd, val in rows}
         for i in range(0, len(pseud), 500):
             chunk = pseud[i:i + 500]
             for r in s.scalars(select(SessionReport).where(
