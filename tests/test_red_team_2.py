@@ -177,6 +177,33 @@ def test_a_connection_killed_between_charges_is_replaced_and_charged_once(
     other.close()
 
 
+@_pg
+def test_a_read_on_a_connection_the_server_killed_is_a_one_line_ledger_error(
+        accountant: Any) -> None:
+    """Attack: the server terminates the pooled connection a read will use (failover, idle
+    kill). The read fails with a one-line LedgerError (the service's 503), not a driver
+    traceback (a 500); the next read gets a fresh connection and sees the ledger."""
+    from privcal.accountant import Accountant
+    from privcal.errors import LedgerError
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("d", rho="1")
+    accountant.charge("d", ZCDP(rho="0.1"))
+    reader = Ledger(accountant.ledger.url)
+    acct = Accountant(reader)
+    assert acct.budget("d").spent == {"rho": Decimal("0.1")}  # leaves one pooled connection
+    with reader.engine.connect() as c:
+        pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
+    with accountant.ledger.engine.connect() as c:
+        assert c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+    time.sleep(0.2)
+    with pytest.raises(LedgerError, match="lost during a read") as err:
+        acct.budget("d")
+    assert "\n" not in str(err.value)
+    assert acct.budget("d").spent == {"rho": Decimal("0.1")}
+    reader.close()
+
+
 def _reader(url: str, stop: Any, out: Any) -> None:
     """Drain and verify the chain over and over while the writers run."""
     from privcal.storage import Ledger

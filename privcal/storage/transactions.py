@@ -191,16 +191,30 @@ class LedgerTransactions:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A read-only session on one consistent snapshot."""
+        """A read-only session on one consistent snapshot.
+
+        A read is not retried (its caller's body cannot be run again from here): if the
+        server dropped the connection under it (a restart, a failover, an idle kill), it
+        raises a one-line :class:`~privcal.errors.LedgerError` (the service's 503), never a
+        driver traceback; SQLAlchemy has then invalidated the pool, so the next read gets a
+        fresh connection.
+        """
         self.ensure_schema()
         with self._connect(write=False) as conn:
             if self.backend == "postgresql":
                 # READ COMMITTED would give each statement its own snapshot, and `verify` could
                 # see a charge row committed after it read the log
                 conn.execution_options(isolation_level="REPEATABLE READ")
-            with Session(bind=conn, expire_on_commit=False) as session:
-                with session.begin():
-                    yield session
+            try:
+                with Session(bind=conn, expire_on_commit=False) as session:
+                    with session.begin():
+                        yield session
+            except DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    raise
+                raise LedgerError(
+                    f"the connection to the ledger at {self.url} was lost during a read "
+                    "(nothing was written; retry)") from exc
 
     @contextmanager
     def key_lock(self, dataset: str, key: str) -> Iterator[None]:
