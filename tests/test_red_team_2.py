@@ -329,7 +329,11 @@ _ODD_TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("busy", [False, True], ids=["direct", "queued"])
+@pytest.mark.parametrize(("ledger_url", "busy"), [
+    ("sqlite", False),
+    pytest.param("postgresql", False, marks=pytest.mark.postgres),
+    pytest.param("postgresql", True, marks=pytest.mark.postgres),  # only PostgreSQL queues
+], ids=["sqlite-direct", "postgresql-direct", "postgresql-queued"], indirect=["ledger_url"])
 def test_odd_text_in_a_charge_is_stored_and_logged_byte_for_byte(
         accountant: Any, ledger_url: str, busy: bool) -> None:
     """Attack the charge path's SQL (PostgreSQL: BEGIN and the first statement in one
@@ -343,8 +347,6 @@ def test_odd_text_in_a_charge_is_stored_and_logged_byte_for_byte(
     from privcal.storage import audit
 
     led = accountant.ledger
-    if busy and led.backend != "postgresql":
-        pytest.skip("only PostgreSQL queues")
     ctx: Any = nullcontext()
     if busy:
         from tests.test_audit_queue import _sequencer_busy

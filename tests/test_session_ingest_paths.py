@@ -308,14 +308,15 @@ def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return here + [n for sub in plan.get("Plans", []) for n in _scans(sub)]
 
 
+@pytest.mark.parametrize("ledger_url", [pytest.param("postgresql", marks=pytest.mark.postgres)],
+                         indirect=True)  # PostgreSQL's planner (SQLite's probes pin the join
+# order with CROSS JOIN)
 def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) -> None:
     """The probe, the raise and the service writer's stored reports (tokens.stored_reports)
     find each pseudonym by the whole primary key, on tables never
     ANALYZEd: the plain `session_id = … AND subject = ANY(…)` form read every stored report
     of the session (and every spend row of the dataset) per batch, so a session's batches
     slowed down as it grew (bench/RESULTS.md, "Device reports at a session's size")."""
-    if ledger.backend != "postgresql":
-        pytest.skip("PostgreSQL's planner (SQLite's probes pin the join order with CROSS JOIN)")
     from privcal.storage import session_store, subject_spend, tokens
 
     stored = _raw([f"r{i}" for i in range(5000)])
