@@ -113,6 +113,32 @@ def _raw_setup(url: str) -> None:
     conn.close()
 
 
+def _timestamp(sqlite: bool) -> Any:
+    """A created_at value as each driver is given it."""
+    if sqlite:
+        return "2026-01-01 00:00:00.000000"
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _timed_transactions(conn: Any, sqlite: bool, body: Any, seconds: float, start: Any,
+                        out: Any) -> None:
+    """After ``start``, run ``body`` in one committed transaction after another for
+    ``seconds`` on the bare driver (SQLite: ``BEGIN IMMEDIATE`` as privcal's writes); put
+    (transactions, elapsed) on ``out``, then close ``conn``."""
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if sqlite:
+            conn.execute("BEGIN IMMEDIATE")
+        body()
+        conn.commit() if not sqlite else conn.execute("COMMIT")
+        n += 1
+    out.put((n, time.perf_counter() - t0))
+    conn.close()
+
+
 def _raw_worker(url: str, seconds: float, start: Any, out: Any) -> None:
     conn, p = _raw_connect(url)
     sqlite = isinstance(conn, sqlite3.Connection)
@@ -121,19 +147,13 @@ def _raw_worker(url: str, seconds: float, start: Any, out: Any) -> None:
     ins_a = (f"INSERT INTO raw_audit (kind, payload, prev_hash, entry_hash) "
              f"VALUES ({p}, {p}, {p}, {p})")
     rho = "0.001" if sqlite else __import__("decimal").Decimal("0.001")
-    ts = "2026-01-01 00:00:00.000000" if sqlite else __import__("datetime").datetime.now(
-        __import__("datetime").UTC)
-    start.wait()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        if sqlite:
-            conn.execute("BEGIN IMMEDIATE")
+    ts = _timestamp(sqlite)
+
+    def body() -> None:
         conn.execute(ins_c, (1, "dataset", "zcdp", rho, ts))
         conn.execute(ins_a, ("charge", _PAYLOAD, _HASH, _HASH))
-        conn.commit() if not sqlite else conn.execute("COMMIT")
-        n += 1
-    out.put((n, time.perf_counter() - t0))
-    conn.close()
+
+    _timed_transactions(conn, sqlite, body, seconds, start, out)
 
 
 def _same_worker(url: str, dataset: str, seconds: float, start: Any, out: Any) -> None:
@@ -155,23 +175,17 @@ def _same_worker(url: str, dataset: str, seconds: float, start: Any, out: Any) -
              f"VALUES ({p}, {p}, {p}, {p}, {p})")
     move = f"UPDATE raw_head SET seq = {p}, entry_hash = {p} WHERE id = 1"
     dec = (lambda x: x) if sqlite else __import__("decimal").Decimal
-    ts = "2026-01-01 00:00:00.000000" if sqlite else __import__("datetime").datetime.now(
-        __import__("datetime").UTC)
-    start.wait()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        if sqlite:
-            conn.execute("BEGIN IMMEDIATE")
+    ts = _timestamp(sqlite)
+
+    def body() -> None:
         ds = conn.execute(sel, (dataset,)).fetchone()
         conn.execute(upd, (None, None, dec("0.001"), None, None, ds[0]))
         conn.execute(ins_c, (ds[0], "dataset", "zcdp", dec("0.000001"), ts)).fetchone()
         seq, _prev = conn.execute(head).fetchone()
         conn.execute(ins_a, (seq + 1, "charge", _PAYLOAD, _HASH, _HASH))
         conn.execute(move, (seq + 1, _HASH))
-        conn.commit() if not sqlite else conn.execute("COMMIT")
-        n += 1
-    out.put((n, time.perf_counter() - t0))
-    conn.close()
+
+    _timed_transactions(conn, sqlite, body, seconds, start, out)
 
 
 def _charge_worker(url: str, dataset: str, seconds: float, start: Any, out: Any) -> None:
