@@ -50,10 +50,10 @@ def _worker(url: str, dataset: str, n: int, start: Any, out: Any) -> None:
         type(acct.ledger)._pg_append_pending = queued  # type: ignore[attr-defined]
         with_row = getattr(type(acct.ledger), "_pg_append_with_row", None)
         if with_row is not None:  # a charge's row and entry in one statement
-            def queued_with_row(self: Any, *a: Any) -> tuple[int, bool]:
-                rid, q = with_row(self, *a)
-                counts["queued"] += q
-                return rid, q
+            def queued_with_row(self: Any, *a: Any) -> Any:
+                out = with_row(self, *a)  # (id, queued, ...)
+                counts["queued"] += out[1]
+                return out
 
             type(acct.ledger)._pg_append_with_row = queued_with_row  # type: ignore[attr-defined]
     acct.charge(dataset, ZCDP(rho="0.0001"))  # warm: schema checked, statements compiled

@@ -23,6 +23,7 @@ from privcal.costs import ZCDP
 from privcal.errors import AuditFailed, BudgetRefused
 from privcal.storage import Ledger
 from privcal.storage.audit_queue import SEQUENCER_LOCK, AuditSequencer
+from privcal.storage.optimistic import OptimisticCharges
 
 PROCS = 8
 PER_PROC = 40
@@ -76,6 +77,16 @@ def _worker(url: str, worker: int, one_dataset: bool, out: Any) -> None:
         return q
 
     AuditSequencer._pg_append_pending = counting  # type: ignore[method-assign]
+    cas = [0, 0]  # optimistic charges recorded, CAS refused (storage/optimistic.py)
+    real_cas = OptimisticCharges.cas_record_charge
+
+    def counting_cas(self: Any, *a: Any) -> Any:
+        out = real_cas(self, *a)
+        cas[0] += isinstance(out, int)
+        cas[1] += out is None
+        return out
+
+    OptimisticCharges.cas_record_charge = counting_cas  # type: ignore[method-assign]
     acct = Accountant(url)
     ids: list[int] = []
     refused = 0
@@ -89,7 +100,7 @@ def _worker(url: str, worker: int, one_dataset: bool, out: Any) -> None:
         except Exception as exc:  # anything else is a failure of the test
             errors.append(f"{type(exc).__name__}: {exc}")
     acct.ledger.close()
-    out.put((worker, ids, refused, queued[0], errors))
+    out.put((worker, ids, refused, queued[0], errors, cas))
 
 
 @_pg
@@ -137,6 +148,14 @@ def test_racing_writers_keep_one_chain_in_commit_order(accountant: Any, ledger_u
     # how many writes found the sequencer busy and queued (for the record: not asserted,
     # it depends on the scheduler; the deterministic cases are below)
     print(f"queued writes: {sum(r[3] for r in results)} of {PROCS * PER_PROC}")
+    # the optimistic path ran (each worker's charges after its first have a snapshot: on one
+    # dataset most are stale, the CAS refuses them — and no overspend above); on a dataset of
+    # its own a worker's snapshot is always current
+    recorded, failed = (sum(r[5][i] for r in results) for i in (0, 1))
+    print(f"optimistic charges recorded: {recorded}, CAS refused: {failed}")
+    assert recorded + failed > 0
+    if not one_dataset:
+        assert failed == 0 and recorded >= PROCS * (PER_PROC - 1) // 2
 
 
 # ------------------------------------------------------------------ deterministic cases
@@ -303,12 +322,14 @@ def test_an_uncontended_charge_appends_in_one_statement(accountant: Any) -> None
         if threading.get_ident() == me[0]:
             log.append(statement)
 
+    led.forget_dataset("d")  # the locked path (the optimistic one: the next test)
     accountant.charge("d", ZCDP(rho="0.1"))
     audit_stmts = [s for s in log if "audit_" in s]
     assert len(audit_stmts) == 1 and "pg_try_advisory_xact_lock" in audit_stmts[0]
     assert log[-1] == "COMMIT" and log.count("COMMIT") == 1
     log.clear()
     me[0] = -1
+    led.forget_dataset("d")
     with _sequencer_busy(led):
         go = threading.Event()
         t = threading.Thread(target=lambda: go.wait(30) and accountant.charge(

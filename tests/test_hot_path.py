@@ -151,7 +151,9 @@ def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path:
     IMMEDIATE, the dataset row with the audit head, the totals UPDATE, the charge INSERT, the
     entry, the head UPDATE and COMMIT; PostgreSQL needs 3 round trips — BEGIN with the
     dataset's row lock (one simple-protocol message), the charge INSERT with the totals
-    UPDATE and the audit append (one statement), COMMIT (issue 11; raw: 4). A change that
+    UPDATE and the audit append (one statement), COMMIT (issue 11; raw: 4) — and a warm
+    charge, whose process knows the dataset row as its last charge left it, needs one: the
+    optimistic charge (storage/optimistic.py), also with a new idempotency key. A change that
     adds a statement or a round trip to every charge must change this test."""
     accountant.create_dataset("d", rho=1)
     accountant.charge("d", ZCDP(rho="0.01"))  # warm: schema checked, pool filled
@@ -161,14 +163,34 @@ def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path:
     if accountant.ledger.backend == "sqlite":
         assert wire.sql[0] == "BEGIN IMMEDIATE" and wire.sql[-1] == "COMMIT", wire.sql
         assert n == 7, wire.sql
-    else:
+    else:  # the optimistic charge: one message, the statement and its COMMIT
+        trace = wire.trace.read_text()
+        assert n == 1, trace
+        # (this connection's first: the PREPAREs of its statements in the same message)
+        assert _queries(trace)[0].startswith('"PREPARE privcal_cas_'), trace
+        # without a snapshot (another process's first charge): the locked path, 3 round trips
+        accountant.ledger.forget_dataset("d")
+        wire = Wire(accountant.ledger, tmp_path)
+        accountant.charge("d", ZCDP(rho="0.01"))
+        n = wire.count()
         trace = wire.trace.read_text()
         assert n == 3, trace
-        queries = [ln.split("\t", 3)[3].strip() for ln in trace.splitlines()
-                   if ln.split("\t")[:1] == ["F"] and ln.split("\t")[2] == "Query"]
+        queries = _queries(trace)
         assert queries[0].startswith('"BEGIN; SELECT') and queries[-1] == '"COMMIT"', queries
-    assert accountant.budget("d").charges == 2
-    assert accountant.ledger.verify().charges == 2
+        # and a keyed charge with a new key is one round trip too
+        wire = Wire(accountant.ledger, tmp_path)
+        accountant.charge("d", ZCDP(rho="0.01"), idempotency_key="k1")
+        assert wire.count() == 1, wire.trace.read_text()
+        assert _queries(wire.trace.read_text())[0].startswith('"EXECUTE privcal_cas_')
+    n_charges = 2 if accountant.ledger.backend == "sqlite" else 4
+    assert accountant.budget("d").charges == n_charges
+    assert accountant.ledger.verify().charges == n_charges
+
+
+def _queries(trace: str) -> list[str]:
+    """The simple-protocol queries in a libpq protocol trace."""
+    return [ln.split("\t", 3)[3].strip() for ln in trace.splitlines()
+            if ln.split("\t")[:1] == ["F"] and ln.split("\t")[2] == "Query"]
 
 
 @pytest.mark.postgres

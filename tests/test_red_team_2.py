@@ -434,6 +434,9 @@ def test_a_writer_that_dies_after_queueing_leaves_nothing(accountant: Any, ledge
                 raise RuntimeError("COMMIT lost")
 
             HotStatements._commit = fail  # type: ignore[method-assign]
+            # the locked path, whose COMMIT is its own step (the optimistic charge's statement
+            # is its COMMIT: tests/test_optimistic_charge.py)
+            led.forget_dataset("d")
             try:
                 with pytest.raises(RuntimeError, match="COMMIT lost"):
                     accountant.charge("d", ZCDP(rho="0.5"))

@@ -102,21 +102,31 @@ _PG_APPEND = (
 CHARGE_ID_HEAD = '{"data":{"charge_id":'
 
 
-def pg_append_with(source: str) -> str:
+def pg_append_with(source: str, *, commit_now: bool = False, more: str = "",
+                   more_from: str = "") -> str:
     """A write's first entry in one statement, after the CTEs ``source`` (the last of them a
     one-row CTE ``p`` of ``(id, kind, prefix)``): try K; granted with the queue empty (in this
     statement's snapshot) — append it as :data:`_PG_APPEND`; not granted — queue it; granted
     with a non-empty queue — nothing yet (the caller drains). Returns (granted, queue empty,
-    head rows moved, ``p.id``)."""
+    head rows moved, ``p.id``), then the columns ``more`` (a leading ``", "``) from ``d``
+    joined with ``more_from`` (a leading ``", "``).
+
+    ``commit_now``: the statement's transaction commits as soon as it returns (the optimistic
+    charge, :mod:`privcal.storage.optimistic`), so no caller can drain: the entry is queued
+    whenever it is not appended (also granted behind queued entries, and if the head row is
+    missing — never lost), and with no row in ``p`` (a failed compare-and-set) K is not even
+    tried and no row is returned."""
+    queue_if = ("NOT d.direct OR NOT EXISTS (SELECT 1 FROM h)" if commit_now else "NOT d.got")
+    k_from = " FROM p" if commit_now else ""
     return (
         f"WITH {source}, "
-        f"k AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({SEQUENCER_LOCK}) AS got), "
+        f"k AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({SEQUENCER_LOCK}) AS got{k_from}), "
         "d AS MATERIALIZED (SELECT k.got, k.got AND NOT EXISTS (SELECT 1 FROM audit_queue) "
         "AS direct FROM k), "
-        "q AS (INSERT INTO audit_queue (kind, prefix) SELECT p.kind, p.prefix FROM d, p "
-        "WHERE NOT d.got), "
         "h AS (SELECT a.seq + 1 AS seq, a.entry_hash AS prev FROM audit_head a, d "
         "WHERE a.id = 1 AND d.direct FOR UPDATE OF a), "
+        "q AS (INSERT INTO audit_queue (kind, prefix) SELECT p.kind, p.prefix FROM d, p "
+        f"WHERE {queue_if}), "
         "e AS (SELECT h.seq, h.prev, p.kind, p.prefix || h.seq::text || '}' AS payload "
         "FROM h, p), "
         f"x AS (SELECT e.seq, e.prev, e.kind, e.payload, {_HASH} AS hash FROM e), "
@@ -124,7 +134,8 @@ def pg_append_with(source: str) -> str:
         "SELECT x.seq, x.kind, x.payload, x.prev, x.hash FROM x), "
         "u AS (UPDATE audit_head SET seq = x.seq, entry_hash = x.hash FROM x "
         "WHERE audit_head.id = 1 RETURNING 1) "
-        "SELECT d.got, d.direct, (SELECT count(*) FROM u), (SELECT p.id FROM p) FROM d"
+        f"SELECT d.got, d.direct, (SELECT count(*) FROM u), (SELECT p.id FROM p){more} "
+        f"FROM d{more_from}"
     )
 
 
@@ -207,19 +218,19 @@ class AuditSequencer:
         return False
 
     def _pg_append_with_row(self, conn: Connection, sql: str, params: list[Any], kind: str,
-                            head: str, rest: str) -> tuple[int, bool]:
+                            head: str, rest: str) -> tuple[int, bool, tuple[Any, ...]]:
         """Run ``sql`` — :func:`pg_append_with` after CTEs that insert a row and name its
         entry (``p``: its id, ``kind`` and the prefix ``head`` + id + ``rest``, see
         :func:`pg_charge_entry`; ``params`` end with ``kind`` and ``rest``) — as a write's
         last step: the row and its entry in one round trip. Returns (the row's id, whether
-        the entry was queued)."""
-        got, direct, moved, rid = self._sql(  # type: ignore[attr-defined]
+        the entry was queued, the statement's further columns)."""
+        got, direct, moved, rid, *more = self._sql(  # type: ignore[attr-defined]
             conn, sql, params).fetchone()
         if direct and moved != 1:
             raise _no_head()
         if got and not direct:  # granted behind queued entries: they come first
             self._drain(conn, [(kind, f"{head}{rid}{rest}")])
-        return int(rid), not got
+        return int(rid), not got, tuple(more)
 
     def _drain(self, conn: Connection, own: list[tuple[str, str]]) -> int:
         """Holding K: chain every queued entry (id order), then ``own``; the number chained."""

@@ -111,7 +111,9 @@ class ChargeStore:
         the server writes the id it drew into it (RFC 8785 puts ``charge_id`` first:
         :data:`~privcal.storage.audit_queue.CHARGE_ID_HEAD`), so the stored payload is the
         one :meth:`append_audit` would write. Entries queued earlier in the write come
-        first, so then (and on SQLite) it is the two steps.
+        first, so then (and on SQLite) it is the two steps. The statement also returns the
+        dataset's new row, kept as the snapshot of the optimistic charge
+        (:mod:`privcal.storage.optimistic`).
         """
         if self.backend == "postgresql" and not self.has_pending_audit(conn):  # type: ignore[attr-defined]
             prefix = charge_prefix(SimpleNamespace(id=0, **values), dataset)
@@ -121,8 +123,11 @@ class ChargeStore:
             rest = prefix[len(_ID_ZERO) - 1:]  # from the "," after the id
             params = (self._totals(values, spent) + q.charge.dump(values, q.charge_cols)
                       + ["charge", rest])
-            return self._pg_append_with_row(  # type: ignore[attr-defined, no-any-return]
-                conn, q.record_charge_spent, params, "charge", CHARGE_ID_HEAD, rest)[0]
+            cid, _, row = self._pg_append_with_row(  # type: ignore[attr-defined]
+                conn, q.record_charge_spent, params, "charge", CHARGE_ID_HEAD, rest)
+            # the dataset's new row: the next charge's snapshot (storage/optimistic.py)
+            self.remember_dataset(q.dataset.load(row), locked=True)  # type: ignore[attr-defined]
+            return int(cid)
         cid = self.insert_charge(conn, values, spent)
         self.append_prefix(conn, "charge",  # type: ignore[attr-defined]
                            charge_prefix(SimpleNamespace(id=cid, **values), dataset))

@@ -20,6 +20,8 @@ A :class:`Ledger` is one object whose operations are grouped by concern, one mod
 - :mod:`~privcal.storage.statements` — the hot path's Core statements, built once;
 - :mod:`~privcal.storage.held_connections` — the connections the hot path keeps between
   writes;
+- :mod:`~privcal.storage.optimistic` — a PostgreSQL charge in one round trip when the
+  dataset row is as this process last left it (a compare-and-set in the writing statement);
 - :mod:`~privcal.storage.datasets`, :mod:`~privcal.storage.charges`,
   :mod:`~privcal.storage.subject_spend`, :mod:`~privcal.storage.releases`,
   :mod:`~privcal.storage.session_store` — the named operations the accountant composes
@@ -54,6 +56,7 @@ from privcal.storage.datasets import DatasetStore
 from privcal.storage.engine import make_engine, parse_url, resolve_url
 from privcal.storage.held_connections import HeldConnections
 from privcal.storage.models import AuditEntry, LedgerSecret
+from privcal.storage.optimistic import OptimisticCharges
 from privcal.storage.records import AuditHeadInfo
 from privcal.storage.releases import ReleaseStore
 from privcal.storage.schema import LedgerSchema
@@ -74,6 +77,7 @@ class Ledger(
     HotStatements,
     DatasetStore,
     ChargeStore,
+    OptimisticCharges,
     SubjectSpendStore,
     ReleaseStore,
     SessionStore,

@@ -135,9 +135,12 @@ class HotSQL:
                                               f"{self.insert_charge}")
             #: the same, and the charge's audit entry appended, in one statement
             #: (:meth:`~privcal.storage.charges.ChargeStore.record_charge`)
+            #: — and the dataset's new row (every column, after the charge's own) for the
+            #: optimistic charge's snapshot (:mod:`privcal.storage.optimistic`)
             self.record_charge_spent = pg_append_with(
-                f"upd AS ({self.count_spent}), c AS ({self.insert_charge}), "
-                f"{pg_charge_entry('c')}")
+                f"upd AS ({self.count_spent} RETURNING {ds_cols}), "
+                f"c AS ({self.insert_charge}), {pg_charge_entry('c')}",
+                more="".join(f", upd.{c}" for c in self.dataset.names), more_from=", upd")
             # … and so does a local-DP charge's members row
             self.insert_charge_count_members = (
                 f"WITH upd AS ({self.count}), c AS ({self.insert_charge}), "

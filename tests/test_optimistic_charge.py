@@ -1,0 +1,323 @@
+"""The optimistic charge on PostgreSQL (issue 11, :mod:`privcal.storage.optimistic`): one round
+trip when this process's snapshot of the dataset row is current, and never a charge checked
+against a stale one — another process's charge, an administrator's UPDATE of the cap, a
+renamed dataset; nothing written when its statement fails; a connection lost while it runs
+never charges twice; the same stored bytes as the locked path."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from privcal.costs import ZCDP
+from privcal.errors import BudgetRefused, LedgerError, NotFound
+from privcal.storage.optimistic import OptimisticCharges
+
+_pg = pytest.mark.parametrize("ledger_url", [pytest.param("postgresql",
+                                                          marks=pytest.mark.postgres)],
+                              indirect=True)
+
+
+class _Spy:
+    """Counts what :meth:`OptimisticCharges.cas_record_charge` answered (None: CAS failed)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.answers: list[Any] = []
+        real = OptimisticCharges.cas_record_charge
+
+        def spy(led: Any, *a: Any) -> Any:
+            out = real(led, *a)
+            self.answers.append(out)
+            return out
+
+        monkeypatch.setattr(OptimisticCharges, "cas_record_charge", spy)
+
+    @property
+    def recorded(self) -> int:
+        return sum(isinstance(a, int) for a in self.answers)
+
+    @property
+    def failed(self) -> int:
+        return sum(a is None for a in self.answers)
+
+
+def _rows(led: Any, sql: str) -> list[tuple[Any, ...]]:
+    with led.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(sql))]
+
+
+def _charge_elsewhere(url: str, dataset: str, rho: str) -> None:
+    """Another process (forked: it inherits this one's snapshots, and must not trust them)."""
+    from privcal.accountant import Accountant
+
+    acct = Accountant(url)
+    acct.charge(dataset, ZCDP(rho=rho))
+    acct.ledger.close()
+
+
+def _in_process(url: str, dataset: str, rho: str) -> None:
+    p = mp.get_context("fork").Process(target=_charge_elsewhere, args=(url, dataset, rho))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+
+
+# ------------------------------------------------------------------ a stale snapshot
+@_pg
+def test_another_process_s_charge_is_seen(accountant: Any, ledger_url: str,
+                                          monkeypatch: Any) -> None:
+    """A caches 0.5 spent of 1; B charges 0.4; A's 0.3 — fine against A's snapshot — must be
+    refused (0.9 spent), and A's 0.1 then fits exactly. A CAS that compared nothing would
+    overspend here."""
+    spy = _Spy(monkeypatch)
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.5"))  # the locked path; the snapshot is kept
+    accountant.ledger.engine.dispose()  # the child opens its own connections
+    _in_process(ledger_url, "d", "0.4")
+    with pytest.raises(BudgetRefused):
+        accountant.charge("d", ZCDP(rho="0.3"))
+    assert spy.failed == 1  # tried optimistically, and the CAS refused the stale row
+    assert accountant.charge("d", ZCDP(rho="0.1")).remaining == {"rho": Decimal("0")}
+    assert accountant.budget("d").spent == {"rho": Decimal("1.0")}
+    assert accountant.ledger.verify().charges == 3
+
+
+@_pg
+@pytest.mark.parametrize("change", [
+    "UPDATE datasets SET cap_rho = 0.6 WHERE name = 'd'",  # an administrator lowers the cap
+    "UPDATE datasets SET spent_zcdp_rho = 0.9 WHERE name = 'd'",  # totals without the count
+    "UPDATE datasets SET notion = 'pure', cap_epsilon = 1, cap_rho = NULL WHERE name = 'd'",
+], ids=["cap", "totals", "notion"])
+def test_a_datasets_writer_that_keeps_the_count_is_seen(
+        accountant: Any, change: str, monkeypatch: Any) -> None:
+    """Writers of the dataset row that do not touch ``charge_count``: the next charge is
+    checked against the row as it is (a CAS on the count alone would charge 0.3 against
+    the old cap and totals, overspending)."""
+    spy = _Spy(monkeypatch)
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.5"))
+    with accountant.ledger.engine.begin() as conn:
+        conn.execute(text(change))
+    with pytest.raises(BudgetRefused):
+        accountant.charge("d", ZCDP(rho="0.3"))
+    assert spy.failed == 1
+    assert accountant.budget("d").charges == 1
+
+
+@_pg
+def test_a_renamed_dataset_is_not_charged_under_its_old_name(accountant: Any) -> None:
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    with accountant.ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE datasets SET name = 'e' WHERE name = 'd'"))
+    with pytest.raises(NotFound, match="unknown dataset 'd'"):
+        accountant.charge("d", ZCDP(rho="0.1"))
+    assert accountant.budget("e").charges == 1
+
+
+@_pg
+def test_a_used_idempotency_key_replays_and_a_new_one_is_optimistic(
+        accountant: Any, monkeypatch: Any) -> None:
+    spy = _Spy(monkeypatch)
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    first = accountant.charge("d", ZCDP(rho="0.1"), idempotency_key="k")
+    assert spy.recorded == 1 and not first.replayed
+    again = accountant.charge("d", ZCDP(rho="0.1"), idempotency_key="k")
+    assert again.replayed and again.charge_id == first.charge_id
+    assert spy.failed == 1  # the key was there: the CAS wrote nothing, the locked path replayed
+    assert accountant.budget("d").charges == 2
+    assert accountant.ledger.verify().charges == 2
+
+
+# ------------------------------------------------------------------ failures
+@_pg
+def test_a_failing_statement_writes_nothing(accountant: Any, monkeypatch: Any) -> None:
+    """The audit append (the message's second statement) violates a constraint: the charge
+    INSERT and the totals UPDATE of the first statement are rolled back with it — one
+    implicit transaction — and so is the locked path's retry; afterwards all is well."""
+    spy = _Spy(monkeypatch)
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    before = _rows(led, "SELECT * FROM datasets"), _rows(led, "SELECT id FROM charges")
+    with led.engine.begin() as conn:
+        for table, col in (("audit_log", "payload"), ("audit_queue", "prefix")):
+            conn.execute(text(f"ALTER TABLE {table} ADD CONSTRAINT boom "
+                              f"CHECK ({col} NOT LIKE '%boom%')"))
+    try:
+        with pytest.raises(IntegrityError, match="boom"):
+            accountant.charge("d", ZCDP(rho="0.1"), purpose="boom")
+        assert spy.answers == [None]  # tried optimistically first, refused by the server
+        assert (_rows(led, "SELECT * FROM datasets"),
+                _rows(led, "SELECT id FROM charges")) == before
+    finally:
+        with led.engine.begin() as conn:
+            for table in ("audit_log", "audit_queue"):
+                conn.execute(text(f"ALTER TABLE {table} DROP CONSTRAINT boom"))
+    accountant.charge("d", ZCDP(rho="0.1"), purpose="fine")
+    assert accountant.budget("d").charges == 2
+    assert led.verify().charges == 2
+
+
+@_pg
+def test_a_connection_killed_between_charges_charges_once(accountant: Any) -> None:
+    """pg_terminate_backend on the connection kept for the next charge: that charge's
+    statement never ran, and it is made once on a fresh connection."""
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    (held,) = led.held_connections()
+    pid = held.connection.driver_connection.info.backend_pid
+    with led.engine.begin() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+    accountant.charge("d", ZCDP(rho="0.1"))
+    assert accountant.budget("d").charges == 2
+    assert led.verify().charges == 2
+
+
+class _DiesAfterCommit:
+    """A cursor whose connection dies as the result of its statement arrives (it committed)."""
+
+    def __init__(self, cur: Any) -> None:
+        self._cur = cur
+
+    def execute(self, *a: Any) -> Any:
+        from psycopg import OperationalError
+
+        self._cur.execute(*a)
+        self._cur.connection.close()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
+@_pg
+@pytest.mark.parametrize("key", [None, "k"], ids=["unkeyed", "keyed"])
+def test_a_connection_lost_as_the_statement_commits_never_charges_twice(
+        accountant: Any, key: str | None) -> None:
+    """The statement committed and the connection died before its answer: the outcome is
+    unknown to the caller, so it is not blindly retried (that would charge twice) — an
+    unkeyed charge raises a one-line LedgerError, a keyed one replays."""
+    from psycopg import ClientCursor
+
+    from privcal.storage import optimistic
+
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    (held,) = led.held_connections()
+    held.info[optimistic._CAS_CURSOR] = _DiesAfterCommit(
+        ClientCursor(held.connection.driver_connection))
+    if key is None:
+        with pytest.raises(LedgerError, match="lost during the charge's commit"):
+            accountant.charge("d", ZCDP(rho="0.1"))
+    else:
+        assert accountant.charge("d", ZCDP(rho="0.1"), idempotency_key=key).replayed
+    assert accountant.budget("d").charges == 2  # the one that committed, once
+    assert accountant.budget("d").spent == {"rho": Decimal("0.2")}
+    assert led.verify().charges == 2
+    accountant.charge("d", ZCDP(rho="0.1"))  # and the ledger goes on
+    assert led.verify().charges == 3
+
+
+# ------------------------------------------------------------------ the same bytes
+@_pg
+def test_the_optimistic_charge_stores_the_locked_path_s_bytes(
+        accountant: Any, monkeypatch: Any) -> None:
+    """The same charge (same instant) on two like datasets, one by the locked path and one
+    optimistically: the charge rows, the dataset rows and the audit payloads are equal but
+    for the ids and names; and the receipts likewise."""
+    import privcal.accountant.charges as charges_mod
+
+    spy = _Spy(monkeypatch)
+    led = accountant.ledger
+    for name in ("a", "b"):
+        accountant.create_dataset(name, rho=3)
+        accountant.charge(name, ZCDP(rho="0.01"), purpose="warm")
+    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    monkeypatch.setattr(charges_mod, "now", lambda: at)
+    led.forget_dataset("a")
+    got = [accountant.charge(n, ZCDP(rho="0.0123"), purpose="p\u00e9 \"q\"", requester="r",
+                             idempotency_key="key") for n in ("a", "b")]
+    assert spy.recorded == 1 and spy.answers[-1] == got[1].charge_id
+    norm = [r.model_dump() for r in got]
+    for r in norm:
+        r.pop("charge_id")
+        r.pop("dataset")
+    assert norm[0] == norm[1]
+    # (the request digest covers the dataset's name: it differs, as it would on either path)
+    cols = "scope, notion, epsilon, delta, rho, eps0, subjects_accepted, subjects_rejected, " \
+           "purpose, requester, idempotency_key, created_at, members_digest"
+    rows = [_rows(led, f"SELECT {cols} FROM charges WHERE id = {r.charge_id}")
+            for r in got]
+    assert rows[0] == rows[1]
+    ds = [_rows(led, f"SELECT * FROM datasets WHERE name = '{n}'")[0][2:] for n in "ab"]
+    assert ds[0][:8] == ds[1][:8] and ds[0][9:] == ds[1][9:]  # all but created_at
+    led.sequence_audit()
+    by_id = {json.loads(p)["data"]["charge_id"]: p for (p,) in _rows(
+        led, "SELECT payload FROM audit_log WHERE kind = 'charge'")}
+    a, b = (by_id[r.charge_id] for r in got)
+    da, db = (_rows(led, f"SELECT request_digest FROM charges WHERE id = {r.charge_id}")[0][0]
+              for r in got)
+    one = (a.replace(f'"charge_id":{got[0].charge_id},', "").replace(da, db)
+           .replace('"dataset":"a","dataset_id":1', '"dataset":"b","dataset_id":2'))
+    assert one.rsplit('"seq":', 1)[0] == \
+        b.replace(f'"charge_id":{got[1].charge_id},', "").rsplit('"seq":', 1)[0]
+    assert led.verify().charges == 4
+
+
+# ------------------------------------------------------------------ the audit chain
+@_pg
+def test_an_optimistic_charge_queues_when_it_may_not_append(accountant: Any,
+                                                           monkeypatch: Any) -> None:
+    """K busy: the entry is queued with the charge (nothing after the COMMIT); K free behind
+    queued entries: queued after them, and the next charge (the locked path) drains."""
+    from tests.test_audit_queue import _queue, _sequencer_busy
+
+    spy = _Spy(monkeypatch)
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    with _sequencer_busy(led):
+        accountant.charge("d", ZCDP(rho="0.1"))
+    assert spy.recorded == 1 and len(_queue(led)) == 1
+    accountant.charge("d", ZCDP(rho="0.1"))  # granted K, but an entry is queued before it
+    assert spy.recorded == 2 and len(_queue(led)) == 2
+    accountant.charge("d", ZCDP(rho="0.1"))  # the locked path: drains, then appends
+    assert spy.recorded == 2 and _queue(led) == []
+    accountant.charge("d", ZCDP(rho="0.1"))  # and optimistic again
+    assert spy.recorded == 3 and _queue(led) == []
+    v = led.verify()
+    assert (v.charges, v.queued) == (5, 0)
+
+
+@_pg
+def test_prepared_statements_dropped_under_it_are_prepared_again(
+        accountant: Any, monkeypatch: Any) -> None:
+    """``DEALLOCATE ALL`` on the kept connection (a pooler, an administrator): the next
+    charge's EXECUTE fails — nothing written — and it is made by the locked path; the one
+    after prepares the statements again and is optimistic."""
+    spy = _Spy(monkeypatch)
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))
+    accountant.charge("d", ZCDP(rho="0.1"))
+    (held,) = led.held_connections()
+    drv = held.connection.driver_connection
+    drv.execute("DEALLOCATE ALL")
+    drv.commit()
+    accountant.charge("d", ZCDP(rho="0.1"))
+    accountant.charge("d", ZCDP(rho="0.1"))
+    assert [isinstance(a, int) for a in spy.answers] == [True, False, True]
+    assert spy.answers[1] is None
+    assert accountant.budget("d").charges == 4
+    assert led.verify().charges == 4
