@@ -75,7 +75,7 @@ def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Pat
 
     ledger = Ledger(ledger_url)
     assert ledger.upgrade("0005") == "0005"
-    assert ledger.upgrade() == "0006"  # and on to the head (tests/test_migration_0006.py)
+    assert ledger.upgrade() == ledger.head_revision()  # on to the head (test_migration_0006.py)
     acct = Accountant(ledger)
     # the old chain is intact, and one migration entry commits the baseline
     rep = acct.verify(expect_head=old_head)

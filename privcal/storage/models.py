@@ -123,7 +123,10 @@ class Charge(Base):
     __table_args__ = (UniqueConstraint("dataset_id", "idempotency_key", name="uq_charge_idem"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    # no index of its own: uq_charge_idem (dataset_id, idempotency_key) serves look-ups by
+    # dataset, and a second index let a generic plan scan every charge of a dataset for a key
+    # (migration 0007)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
     scope: Mapped[str] = mapped_column(String(16))  # dataset | subjects
     notion: Mapped[str] = mapped_column(String(16))  # pure | zcdp | approx | local
     epsilon: Mapped[Decimal | None] = mapped_column(ExactDecimal, nullable=True)
