@@ -181,7 +181,8 @@ def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path:
         wire = Wire(accountant.ledger, tmp_path)
         accountant.charge("d", ZCDP(rho="0.01"), idempotency_key="k1")
         assert wire.count() == 1, wire.trace.read_text()
-        assert _queries(wire.trace.read_text())[0].startswith('"EXECUTE privcal_cas_')
+        assert _queries(wire.trace.read_text())[0].startswith(
+            '"SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE privcal_cas_')
     n_charges = 2 if accountant.ledger.backend == "sqlite" else 4
     assert accountant.budget("d").charges == n_charges
     assert accountant.ledger.verify().charges == n_charges
