@@ -181,8 +181,12 @@ def test_a_connection_killed_between_charges_is_replaced_and_charged_once(
 def test_a_read_on_a_connection_the_server_killed_is_a_one_line_ledger_error(
         accountant: Any) -> None:
     """Attack: the server terminates the pooled connection a read will use (failover, idle
-    kill). The read fails with a one-line LedgerError (the service's 503), not a driver
-    traceback (a 500); the next read gets a fresh connection and sees the ledger."""
+    kill). Killed while idle in the pool: the pool sees the server's goodbye at checkout
+    and the read runs on a fresh connection. Killed after the pool handed it out: the read
+    fails with a one-line LedgerError (the service's 503), not a driver traceback (a 500);
+    the next read gets a fresh connection and sees the ledger."""
+    from sqlalchemy import event
+
     from privcal.accountant import Accountant
     from privcal.errors import LedgerError
     from privcal.storage import Ledger
@@ -192,13 +196,28 @@ def test_a_read_on_a_connection_the_server_killed_is_a_one_line_ledger_error(
     reader = Ledger(accountant.ledger.url)
     acct = Accountant(reader)
     assert acct.budget("d").spent == {"rho": Decimal("0.1")}  # leaves one pooled connection
+
+    def kill(pid: int) -> None:
+        with accountant.ledger.engine.connect() as c:
+            assert c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+        time.sleep(0.2)
+
     with reader.engine.connect() as c:
         pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
-    with accountant.ledger.engine.connect() as c:
-        assert c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
-    time.sleep(0.2)
+    kill(pid)
+    assert acct.budget("d").spent == {"rho": Decimal("0.1")}  # idle: replaced at checkout
+
+    armed = [True]
+
+    def kill_at_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            kill(dbapi_conn.info.backend_pid)
+
+    event.listen(reader.engine, "checkout", kill_at_checkout)  # after the pool's own check
     with pytest.raises(LedgerError, match="lost during a read") as err:
         acct.budget("d")
+    assert not armed[0]
     assert "\n" not in str(err.value)
     assert acct.budget("d").spent == {"rho": Decimal("0.1")}
     reader.close()

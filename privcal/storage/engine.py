@@ -19,7 +19,9 @@ its ``BEGIN`` with its first statement, and the ``begin`` hook sends it alone if
 statement comes first (:func:`begin_pending`). Liveness without a round trip per
 checkout (SQLAlchemy's ``pool_pre_ping`` costs one per transaction): connections are recycled after
 :data:`RECYCLE_S`, one idle in the pool for more than :data:`IDLE_PING_S` is pinged
-when checked out (and replaced if dead: the pool's ``DisconnectionError`` protocol),
+when checked out (and replaced if dead: the pool's ``DisconnectionError`` protocol), and
+so is one the server sent something while it sat idle (:func:`spoke_while_idle`: the
+goodbye of a terminated backend, seen without a round trip),
 and a write that still meets a dead connection is retried by
 :meth:`privcal.storage.Ledger.write` on a fresh one (nothing was committed).
 """
@@ -27,6 +29,7 @@ and a write that still meets a dead connection is retried by
 from __future__ import annotations
 
 import os
+import select
 import sqlite3
 import threading
 import time
@@ -191,7 +194,9 @@ def _pg_engine(u: URL) -> Engine:
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
         since = record.info.get("privcal_idle_since")
-        if since is None or time.monotonic() - since <= IDLE_PING_S:
+        if since is None:
+            return
+        if time.monotonic() - since <= IDLE_PING_S and not spoke_while_idle(dbapi_conn):
             return
         try:
             with dbapi_conn.cursor() as cur:
@@ -201,6 +206,29 @@ def _pg_engine(u: URL) -> Engine:
             raise DisconnectionError(f"idle connection is dead: {exc}") from exc
 
     return engine
+
+
+def spoke_while_idle(dbapi_conn: Any) -> bool:
+    """Whether the server sent something on this idle PostgreSQL connection (or closed it).
+
+    A server that terminates a backend (a restart, a failover, an idle kill,
+    ``pg_terminate_backend``) sends a FATAL message and closes the socket; privcal never
+    LISTENs, so an idle connection with input waiting is as good as dead. Asking the
+    socket costs one ``poll`` system call (≈ 2 µs), not a round trip: the pool then pings
+    such a connection at checkout (and replaces it), so a read after a failover runs on a
+    fresh connection instead of failing on the dead one (tests/service/test_connection_drop.py).
+    A server that vanished without a word (a cut network) is not seen here: the read
+    fails, one line (:meth:`privcal.storage.Ledger.read`), and the pool is invalidated.
+    """
+    try:
+        fd = dbapi_conn.pgconn.socket
+    except Exception:  # closed or broken: no socket to ask
+        return True
+    if hasattr(select, "poll"):  # select.select cannot take a descriptor ≥ FD_SETSIZE
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - not POSIX
 
 
 def make_engine(url: str) -> Engine:

@@ -67,6 +67,15 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _dropped(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server dropped the connection (a restart, a failover, an
+    idle kill): SQLAlchemy then invalidated it (and the pool's older connections). The one
+    test of every retry and refusal below. (A driver error the body of a read raised on the
+    driver connection itself is followed by the session's ROLLBACK on the same dead
+    connection, which SQLAlchemy raises as such an error.)"""
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
 def _commit_once(commit: Callable[[], None]) -> None:
     """Run ``commit``; a connection that dies during it raises a LedgerError, never retried.
 
@@ -77,7 +86,7 @@ def _commit_once(commit: Callable[[], None]) -> None:
     try:
         commit()
     except DBAPIError as exc:
-        if getattr(exc, "connection_invalidated", False):
+        if _dropped(exc):
             raise LedgerError(
                 "the connection to the ledger was lost during COMMIT: the write may or may "
                 "not have been recorded, so it was not retried (it could be recorded twice); "
@@ -172,7 +181,7 @@ class LedgerTransactions:
             except (OperationalError, DBAPIError) as exc:
                 # a pooled connection the server closed (no pre-ping: see engine.py) is
                 # invalidated by SQLAlchemy; nothing was committed, so run again on a fresh one
-                dead = bool(getattr(exc, "connection_invalidated", False))
+                dead = _dropped(exc)
                 if attempt < attempts and (_is_transient(exc) or dead):
                     if not dead:
                         time.sleep(delay * (1 + random.random()))
@@ -193,11 +202,14 @@ class LedgerTransactions:
     def read(self) -> Iterator[Session]:
         """A read-only session on one consistent snapshot.
 
-        A read is not retried (its caller's body cannot be run again from here): if the
-        server dropped the connection under it (a restart, a failover, an idle kill), it
-        raises a one-line :class:`~privcal.errors.LedgerError` (the service's 503), never a
-        driver traceback; SQLAlchemy has then invalidated the pool, so the next read gets a
-        fresh connection.
+        A read is not retried (its caller's body cannot be run again from here), but a
+        connection the server dropped while it sat idle in the pool is replaced before the
+        read begins (:func:`privcal.storage.engine.spoke_while_idle`). If the server drops
+        it under the read (a restart, a failover, an idle kill), the read raises a one-line
+        :class:`~privcal.errors.LedgerError` (the service's 503), never a driver traceback
+        (also after a statement the body ran on the driver connection itself: see
+        :func:`_dropped`); the pool is then invalidated, so the next read gets a fresh
+        connection.
         """
         self.ensure_schema()
         with self._connect(write=False) as conn:
@@ -210,7 +222,7 @@ class LedgerTransactions:
                     with session.begin():
                         yield session
             except DBAPIError as exc:
-                if not exc.connection_invalidated:
+                if not _dropped(exc):
                     raise
                 raise LedgerError(
                     f"the connection to the ledger at {self.url} was lost during a read "
@@ -235,15 +247,8 @@ class LedgerTransactions:
             local = _KEY_LOCKS.setdefault((self.url, lock_id), threading.Lock())
         with local:
             if self.backend == "postgresql":
-                with self._connect(write=True) as conn:
-                    conn.execute(select(func.pg_advisory_lock(lock_id)))
-                    conn.commit()
-                    try:
-                        yield
-                    finally:
-                        conn.rollback()
-                        conn.execute(select(func.pg_advisory_unlock(lock_id)))
-                        conn.commit()
+                with self._pg_key_lock(lock_id):
+                    yield
                 return
             path = self._url.database
             if fcntl is None or path in (None, "", ":memory:"):
@@ -256,6 +261,35 @@ class LedgerTransactions:
                     yield
                 finally:
                     fcntl.lockf(fh, fcntl.LOCK_UN, 1, offset)
+
+    @contextmanager
+    def _pg_key_lock(self, lock_id: int) -> Iterator[None]:
+        """The advisory lock of :meth:`key_lock` on a connection of its own. Taken once more
+        on a fresh connection if the server had dropped the first (a dead session held no
+        lock); if the connection is dropped while the lock is held, the server released the
+        lock with the session, so there is nothing to unlock. Else one-line LedgerError."""
+        for attempt in (1, 2):
+            with self._connect(write=True) as conn:
+                try:
+                    conn.execute(select(func.pg_advisory_lock(lock_id)))
+                    conn.commit()
+                except DBAPIError as exc:
+                    if not _dropped(exc):
+                        raise
+                    if attempt == 1:
+                        continue
+                    raise self._unreachable(exc) from exc
+                try:
+                    yield
+                finally:
+                    try:
+                        conn.rollback()
+                        conn.execute(select(func.pg_advisory_unlock(lock_id)))
+                        conn.commit()
+                    except DBAPIError as exc:
+                        if not _dropped(exc):
+                            raise  # (the lock went with the dropped session)
+                return
 
     @staticmethod
     def has_pending_audit(conn: Connection) -> bool:

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -64,11 +65,10 @@ def start_server(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
     return f"http://127.0.0.1:{port}", server, th
 
 
-@pytest.fixture
-def live(ledger_url: str) -> Iterator[Live]:
+@contextmanager
+def serve(ledger_url: str) -> Iterator[Live]:
     """A server on a migrated ledger with datasets ``d`` (ρ ≤ 1, subject ε ≤ 10) and
-    ``other``, an ldp-score session on ``d``, and one token per role (plus a session-bound
-    device ``s1``, agent-less), the analyst granted ``d`` only."""
+    ``other``, and a token per role admin, auditor and analyst (granted ``d`` only)."""
     from privcal.accountant import Accountant
     from privcal.service.app import create_app
     from privcal.storage import Ledger
@@ -90,6 +90,13 @@ def live(ledger_url: str) -> Iterator[Live]:
         server.should_exit = True
         th.join(timeout=30)
         led.close()
+
+
+@pytest.fixture
+def live(ledger_url: str) -> Iterator[Live]:
+    """The :func:`serve` server, on each backend."""
+    with serve(ledger_url) as lv:
+        yield lv
 
 
 def open_ldp(lv: Live, *, group_size: int = 4, rounds: int = 2, epsilon: float = 1.0) -> int:
