@@ -76,6 +76,29 @@ def _dropped(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
+#: SQLite result codes (the low byte of ``sqlite_errorcode``) of a ledger that refuses every
+#: write for now, before writing anything: READONLY (a file made read-only), FULL (the disk),
+#: CANTOPEN (its journal); and IOERR (a failed write to the file: SQLite rolls the
+#: transaction back, but a COMMIT that failed so may or may not have reached the disk)
+_SQLITE_REFUSED, _SQLITE_IOERR = (8, 13, 14), 10
+
+
+def _unwritable(exc: BaseException) -> str | None:
+    """If ``exc`` says the ledger cannot be written at all now (not a lock: retrying will
+    not help) — a SQLite file made read-only, a full disk or a disk I/O error, a
+    PostgreSQL server in read-only mode (a hot standby, after a failover to it) — what
+    is known of the write; else None."""
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == _SQLITE_IOERR:
+        return ("the write may or may not have been recorded: check the ledger (audit "
+                "verify, budget show) before retrying")
+    if (code is not None and code & 0xFF in _SQLITE_REFUSED) or \
+            getattr(orig, "sqlstate", None) == "25006":  # read_only_sql_transaction
+        return "nothing was written"
+    return None
+
+
 def _commit_once(commit: Callable[[], None]) -> None:
     """Run ``commit``; a connection that dies during it raises a LedgerError, never retried.
 
@@ -189,6 +212,11 @@ class LedgerTransactions:
                     continue
                 if isinstance(exc, IntegrityError):
                     raise
+                known = _unwritable(exc)
+                if known is not None:
+                    first = (str(getattr(exc, "orig", "")).strip().splitlines() or [""])[0]
+                    raise LedgerError(f"the ledger at {self.url} cannot be written now "
+                                      f"({first}); {known}") from exc
                 if _is_transient(exc):
                     raise LedgerError(
                         f"the ledger stayed locked after {attempts} attempts; try again"

@@ -331,3 +331,54 @@ def test_an_idempotency_key_lock_on_a_dropped_connection_is_taken_on_a_fresh_one
     with ledger.key_lock("d", "k1"):  # free again
         pass
     admin.close()
+
+
+def test_every_route_on_a_read_only_ledger(ledger_url: str) -> None:
+    """A ledger that refuses writes — SQLite: a file made read-only (here every connection
+    of the server is made ``query_only``, which fails writes with the same SQLITE_READONLY
+    as a read-only file); PostgreSQL: a failover to a hot standby (here every session is
+    ``default_transaction_read_only``, the same SQLSTATE 25006): every route answers a
+    success (reads) or a 503 problem with a one-line detail (writes), never a 500; nothing
+    is recorded; once writable again, writes succeed and the log verifies."""
+    from sqlalchemy import event
+
+    with serve(ledger_url) as lv:
+        obs = _Observer(ledger_url, "")
+        ctx = _setup(lv)
+        ctx["agents"] = 0
+        cases = _cases(lv)
+        reqs = [(m, p, r, *_request(lv, ctx, m, p, r)) for m, p, r in cases]
+        led = lv.accountant.ledger
+        mode = {"read_only": "ON"}
+
+        def set_mode(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+            if led.backend == "sqlite":
+                dbapi_conn.execute(f"PRAGMA query_only={mode['read_only']}")
+                return
+            dbapi_conn.execute(f"SET default_transaction_read_only = {mode['read_only']}")
+            dbapi_conn.commit()
+
+        event.listen(led.engine, "checkout", set_mode)
+        led.close_held()  # the charge path's kept connections: checked out anew
+        before = obs.state()
+        failures, refused = [], 0
+        for method, path, role, url, kw in reqs:
+            r = _call(lv, method, url, kw)
+            if r.status_code == 500 or "Traceback" in r.text:
+                failures.append(f"{method} {path} as {role}: {r.status_code} {r.text[:200]!r}")
+                continue
+            _ok_or_503(r, (method, path, role))
+            if r.status_code == 503:
+                refused += 1
+                assert "cannot be written now" in r.json()["detail"], r.text
+        assert not failures, "\n".join(failures)
+        assert refused >= 10  # every write route
+        assert obs.state() == before
+        mode["read_only"] = "OFF"
+        led.close_held()
+        with lv.client("analyst") as c:
+            r = c.post("/v1/datasets/d/charges", headers={"Idempotency-Key": "after"},
+                       json={"cost": {"rho": "0.001"}, "purpose": "writable again"})
+            assert r.status_code == 201, r.text
+        assert lv.accountant.verify().entries == obs.state()["audit"]
+        obs.ledger.close()
