@@ -82,7 +82,7 @@ def _worker(url: str, worker: int, one_dataset: bool, out: Any) -> None:
 
     def counting_cas(self: Any, *a: Any) -> Any:
         out = real_cas(self, *a)
-        cas[0] += isinstance(out, int)
+        cas[0] += isinstance(out, tuple)  # (charge id, the dataset's new row)
         cas[1] += out is None
         return out
 
@@ -149,11 +149,12 @@ def test_racing_writers_keep_one_chain_in_commit_order(accountant: Any, ledger_u
     # it depends on the scheduler; the deterministic cases are below)
     print(f"queued writes: {sum(r[3] for r in results)} of {PROCS * PER_PROC}")
     # the optimistic path ran (each worker's charges after its first have a snapshot: on one
-    # dataset most are stale, the CAS refuses them — and no overspend above); on a dataset of
-    # its own a worker's snapshot is always current
+    # dataset most are stale, but the statement checks the cap against the committed totals,
+    # so they are recorded there too until the cap refuses them — and no overspend above);
+    # on a dataset of its own a worker's snapshot is always current
     recorded, failed = (sum(r[5][i] for r in results) for i in (0, 1))
     print(f"optimistic charges recorded: {recorded}, CAS refused: {failed}")
-    assert recorded + failed > 0
+    assert recorded > 0
     if not one_dataset:
         assert failed == 0 and recorded >= PROCS * (PER_PROC - 1) // 2
 

@@ -166,8 +166,11 @@ def test_a_charge_costs_a_pinned_number_of_statements(accountant: Any, tmp_path:
     else:  # the optimistic charge: one message, the statement and its COMMIT
         trace = wire.trace.read_text()
         assert n == 1, trace
-        # (this connection's first: the PREPAREs of its statements in the same message)
-        assert _queries(trace)[0].startswith('"PREPARE privcal_cas_'), trace
+        # (this connection's first: which server process runs it, and the PREPAREs of its
+        # statements, in the same message)
+        assert _queries(trace)[0].startswith(
+            '"SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid(); '
+            'PREPARE privcal_cas_'), trace
         # without a snapshot (another process's first charge): the locked path, 3 round trips
         accountant.ledger.forget_dataset("d")
         wire = Wire(accountant.ledger, tmp_path)

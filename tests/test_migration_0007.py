@@ -20,7 +20,7 @@ from sqlalchemy import inspect, text
 from privcal.accountant import Accountant
 from privcal.costs import ZCDP
 from privcal.storage import Ledger
-from privcal.storage.optimistic import cas_charge_sql
+from privcal.storage.optimistic_sql import cas_charge_sql
 
 
 def _charge_indexes(ledger: Ledger) -> set[str]:

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from privcal.costs import ZCDP
-from privcal.errors import BudgetRefused, LedgerError, NotFound
+from privcal.costs import ZCDP, ApproxDP, PureDP
+from privcal.errors import BudgetRefused, LedgerError, NotFound, PrivcalError
 from privcal.storage.optimistic import OptimisticCharges
 
 _pg = pytest.mark.parametrize("ledger_url", [pytest.param("postgresql",
@@ -41,7 +41,7 @@ class _Spy:
 
     @property
     def recorded(self) -> int:
-        return sum(isinstance(a, int) for a in self.answers)
+        return sum(isinstance(a, tuple) for a in self.answers)  # (charge id, new row)
 
     @property
     def failed(self) -> int:
@@ -248,7 +248,7 @@ def test_the_optimistic_charge_stores_the_locked_path_s_bytes(
     led.forget_dataset("a")
     got = [accountant.charge(n, ZCDP(rho="0.0123"), purpose="p\u00e9 \"q\"", requester="r",
                              idempotency_key="key") for n in ("a", "b")]
-    assert spy.recorded == 1 and spy.answers[-1] == got[1].charge_id
+    assert spy.recorded == 1 and spy.answers[-1][0] == got[1].charge_id
     norm = [r.model_dump() for r in got]
     for r in norm:
         r.pop("charge_id")
@@ -280,8 +280,9 @@ def test_the_optimistic_charge_stores_the_locked_path_s_bytes(
 def test_an_optimistic_charge_queues_when_it_may_not_append(accountant: Any,
                                                            monkeypatch: Any) -> None:
     """K busy: the entry is queued with the charge (nothing after the COMMIT); K free behind
-    queued entries: queued after them, and the next charge (the locked path) drains."""
-    from tests.test_audit_queue import _queue, _sequencer_busy
+    queued entries: the charge's third statement drains them and its own, in order, in the
+    same transaction — the next charge need not take the locked path to drain."""
+    from tests.test_audit_queue import _chain, _queue, _sequencer_busy
 
     spy = _Spy(monkeypatch)
     led = accountant.ledger
@@ -290,14 +291,15 @@ def test_an_optimistic_charge_queues_when_it_may_not_append(accountant: Any,
     with _sequencer_busy(led):
         accountant.charge("d", ZCDP(rho="0.1"))
     assert spy.recorded == 1 and len(_queue(led)) == 1
-    accountant.charge("d", ZCDP(rho="0.1"))  # granted K, but an entry is queued before it
-    assert spy.recorded == 2 and len(_queue(led)) == 2
-    accountant.charge("d", ZCDP(rho="0.1"))  # the locked path: drains, then appends
+    assert led.charge_snapshot("d") is not None  # no drain is left to the next charge
+    accountant.charge("d", ZCDP(rho="0.1"))  # granted K, an entry queued before its own
     assert spy.recorded == 2 and _queue(led) == []
+    ids = [d["charge_id"] for _, kind, d in _chain(led) if kind == "charge"]
+    assert ids == sorted(ids) and len(ids) == 3  # chained in commit order
     accountant.charge("d", ZCDP(rho="0.1"))  # and optimistic again
     assert spy.recorded == 3 and _queue(led) == []
     v = led.verify()
-    assert (v.charges, v.queued) == (5, 0)
+    assert (v.charges, v.queued) == (4, 0)
 
 
 @_pg
@@ -317,7 +319,7 @@ def test_prepared_statements_dropped_under_it_are_prepared_again(
     drv.commit()
     accountant.charge("d", ZCDP(rho="0.1"))
     accountant.charge("d", ZCDP(rho="0.1"))
-    assert [isinstance(a, int) for a in spy.answers] == [True, False, True]
+    assert [isinstance(a, tuple) for a in spy.answers] == [True, False, True]
     assert spy.answers[1] is None
     assert accountant.budget("d").charges == 4
     assert led.verify().charges == 4
@@ -342,6 +344,223 @@ def test_the_optimistic_statements_run_generic_plans(accountant: Any,
                         "WHERE name LIKE 'privcal_cas_%'").fetchall()
     mode = drv.execute("SHOW plan_cache_mode").fetchone()[0]
     drv.rollback()
-    assert len(plans) == 2
+    assert len(plans) == 3  # the charge, the audit append, the drain
     assert all(custom == 0 and generic == 24 for generic, custom in plans), plans
     assert mode == "auto"
+
+
+# ------------------------------------------------------------------ the cap checked in SQL
+@_pg
+def test_writers_of_one_dataset_do_not_fail_each_other(accountant: Any, ledger_url: str,
+                                                       monkeypatch: Any) -> None:
+    """Two processes' ledgers charging one zCDP dataset in turn: each charge is checked
+    against the totals the other left, in its one statement — none falls back to the locked
+    path (the compare-and-set of the whole row failed every one of them) — and the totals,
+    count and chain are exact."""
+    from privcal.accountant import Accountant
+
+    spy = _Spy(monkeypatch)
+    other = Accountant(ledger_url)
+    try:
+        accountant.create_dataset("d", rho=1)
+        for acct in (accountant, other):  # each learns the dataset by the locked path
+            acct.charge("d", ZCDP(rho="0.01"))
+        assert spy.answers == []
+        for _ in range(10):
+            for acct in (accountant, other):
+                r = acct.charge("d", ZCDP(rho="0.01"))
+        assert (spy.recorded, spy.failed) == (20, 0)
+        assert r.remaining == {"rho": Decimal("0.78")}
+        assert accountant.budget("d").spent == {"rho": Decimal("0.22")}
+        assert accountant.budget("d").charges == 22
+        assert accountant.ledger.verify().charges == 22
+    finally:
+        other.ledger.close()
+
+
+def _cost_elsewhere(url: str, dataset: str, cost: Any) -> None:
+    from privcal.accountant import Accountant
+
+    acct = Accountant(url)
+    acct.charge(dataset, cost)
+    acct.ledger.close()
+
+
+@_pg
+@pytest.mark.parametrize(("cap", "mine", "theirs", "last", "fits"), [
+    ({"rho": 1}, ZCDP(rho="0.4"), ZCDP(rho="0.1"), ZCDP(rho="0.5"), True),  # at the cap
+    ({"rho": 1}, ZCDP(rho="0.4"), ZCDP(rho="0.1"), ZCDP(rho="0.500000000001"), False),
+    ({"rho": 1}, ZCDP(rho="0.4"), ZCDP(rho="0.1"), PureDP(eps="1"), True),  # ε²/2 = 0.5
+    ({"rho": 1}, ZCDP(rho="0.4"), ZCDP(rho="0.1"), PureDP(eps="1.000000000001"), False),
+    ({"epsilon": 1}, PureDP(eps="0.25"), PureDP(eps="0.25"), PureDP(eps="0.5"), True),
+    ({"epsilon": 1}, PureDP(eps="0.25"), PureDP(eps="0.25"), PureDP(eps="0.500000000001"),
+     False),
+], ids=["rho-at-cap", "rho-over", "eps-on-zcdp-at-cap", "eps-on-zcdp-over", "eps-at-cap",
+        "eps-over"])
+def test_a_stale_snapshot_is_charged_against_the_committed_totals(
+        accountant: Any, ledger_url: str, monkeypatch: Any, cap: dict[str, int], mine: Any,
+        theirs: Any, last: Any, fits: bool) -> None:
+    """A charges ``mine`` (its snapshot); another process charges ``theirs``; A's ``last``
+    fits A's snapshot either way. It is recorded in one statement if it fits the totals as
+    committed — to the last of 12 decimal places, exactly at the cap included, ε²/2 of a
+    pure cost under a zCDP cap too — and if it does not, the statement writes nothing and
+    the locked path refuses it."""
+    spy = _Spy(monkeypatch)
+    accountant.create_dataset("d", **cap)
+    accountant.charge("d", mine)  # the locked path: A's snapshot
+    accountant.ledger.engine.dispose()  # the child opens its own connections
+    p = mp.get_context("fork").Process(target=_cost_elsewhere,
+                                       args=(ledger_url, "d", theirs))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    (what,) = cap
+    if fits:
+        assert accountant.charge("d", last).remaining == {what: Decimal(0)}
+        assert (spy.recorded, spy.failed) == (1, 0)
+        assert accountant.budget("d").spent == {what: Decimal(1)}
+    else:
+        with pytest.raises(BudgetRefused, match="would exceed the cap"):
+            accountant.charge("d", last)
+        assert (spy.recorded, spy.failed) == (0, 1)
+        assert accountant.budget("d").charges == 2
+    assert accountant.ledger.verify().charges == (3 if fits else 2)
+
+
+@_pg
+@pytest.mark.parametrize("notion", ["pure", "zcdp", "approx"])
+def test_the_statement_decides_as_the_python_filter_does(accountant: Any,
+                                                         notion: str) -> None:
+    """The statement's own check, with no Python check before it, against
+    :func:`~privcal.accountant.privacy.filters.check_charge` on the committed row: 90 costs
+    of every kind (pure, zCDP, (ε, δ)) filling the cap, all sent with the dataset's row as
+    created (stale from the second charge on). Recorded exactly when the Python filter
+    accepts the cost against the row as committed (under an (ε, δ) cap, only while the
+    stale row's totals are still the committed ones), and the stored totals are the Python
+    filter's."""
+    import random
+
+    from privcal.accountant import charges as charges_mod
+    from privcal.accountant import privacy as acc
+    from privcal.accountant.policy import policy_of, spent_columns, spent_of
+
+    led = accountant.ledger
+    cap = {"pure": {"epsilon": 3}, "zcdp": {"rho": 2},
+           "approx": {"approx_epsilon": 4, "approx_delta": "0.001"}}[notion]
+    accountant.create_dataset("d", **cap)
+
+    def committed() -> Any:  # the row as the charge paths load it
+        with led.engine.connect() as conn:
+            return led.dataset_row(conn, "d")
+
+    stale = committed()
+    rng = random.Random(7)
+    recorded = refused = 0
+    for i in range(90):
+        amount = Decimal(rng.randint(1, 400)) / 1000
+        cost = [PureDP(eps=amount), ZCDP(rho=amount),
+                ApproxDP(eps=amount, delta=Decimal("0.00001"))][i % 3]
+        row = committed()
+        try:
+            want = acc.check_charge(policy_of(row), spent_of(row), cost, scope="d")
+        except PrivcalError:
+            want = None
+        if notion == "approx" and spent_of(row) != spent_of(stale):
+            want = None  # a compare-and-set of the totals: the stale row never passes
+        values = charges_mod._values(1, cost, None, None, None, None)
+        got = led.cas_record_charge(stale, values, cost.kind,
+                                    spent_columns(acc.Spent().add(cost)))
+        assert (got is not None) == (want is not None), (i, cost, row)
+        if got is None:
+            refused += 1
+        else:
+            recorded += 1
+            assert spent_of(got[1]) == want
+            assert spent_of(committed()) == want
+    assert recorded >= (1 if notion == "approx" else 10) and refused >= 10
+    assert led.verify().charges == recorded
+
+
+@_pg
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
+def test_a_statement_orphaned_by_a_lost_connection_never_charges_too(
+        accountant: Any, monkeypatch: Any, fenced: bool) -> None:
+    """The connection is lost while the statement waits on the server (here for a lock on
+    ``audit_head`` held by another session): the server process goes on, and — adding its
+    cost to the totals as committed — would record the charge when it gets the lock, after
+    the accountant's locked path made it too. The fence ends that process first
+    (pg_terminate_backend of its pid *and* start time), so the call is recorded once.
+    ``unfenced`` shows what the fence prevents: with it disabled the same call is recorded
+    twice (the test asserts that, so that it cannot pass vacuously)."""
+    import os
+    import socket
+    import threading
+    import time as _time
+
+    import psycopg
+
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))  # the locked path
+    accountant.charge("d", ZCDP(rho="0.1"))  # optimistic: the connection's process is known
+    (held,) = led.held_connections()
+    drv = held.connection.driver_connection
+    pid = drv.info.backend_pid
+    if not fenced:
+        monkeypatch.setattr(OptimisticCharges, "_fence", lambda self, ident: True)
+    url = led.engine.url.set(drivername="postgresql")
+    dsn = url.render_as_string(hide_password=False)
+    blocker = psycopg.connect(dsn)
+    blocker.execute("LOCK TABLE audit_head IN ACCESS EXCLUSIVE MODE")
+    watch = psycopg.connect(dsn, autocommit=True)
+    errors: list[BaseException] = []
+
+    def waiting(p: int) -> bool:
+        return watch.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND "
+                             "wait_event_type = 'Lock'", (p,)).fetchone() is not None
+
+    def gone(p: int) -> bool:
+        return watch.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                             (p,)).fetchone() is None
+
+    def lose_then_release() -> None:
+        try:
+            deadline = _time.monotonic() + 30
+            while not waiting(pid):  # the optimistic statement waits for audit_head
+                assert _time.monotonic() < deadline
+                _time.sleep(0.01)
+            sock = socket.socket(fileno=os.dup(drv.fileno()))
+            sock.shutdown(socket.SHUT_RDWR)  # the client's side of the connection is lost
+            sock.close()
+            # fenced: the orphan is terminated; unfenced: it still waits for the lock. Then
+            # the locked path on a new connection waits for audit_head too (after its row lock)
+            while not (gone(pid) if fenced else watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND pid <> %s", (pid,)).fetchone()[0] >= 1):
+                assert _time.monotonic() < deadline
+                _time.sleep(0.01)
+            _time.sleep(0.2)
+            blocker.rollback()  # audit_head free: whoever waits goes on
+            while not gone(pid):  # (unfenced: the orphan commits, then finds its client gone)
+                assert _time.monotonic() < deadline
+                _time.sleep(0.01)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+            blocker.rollback()
+
+    t = threading.Thread(target=lose_then_release)
+    t.start()
+    try:
+        receipt = accountant.charge("d", ZCDP(rho="0.1"))
+    finally:
+        t.join(60)
+        blocker.close()
+        watch.close()
+    assert errors == []
+    assert not receipt.replayed
+    charges = accountant.budget("d").charges
+    if fenced:
+        assert charges == 3 and accountant.budget("d").spent == {"rho": Decimal("0.3")}
+    else:  # the orphan recorded it as well: what the fence is for
+        assert charges == 4 and accountant.budget("d").spent == {"rho": Decimal("0.4")}
+    assert led.verify().charges == charges

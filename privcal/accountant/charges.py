@@ -14,9 +14,11 @@ connection: the hot path, issue 11):
 
 On PostgreSQL a process that knows the dataset row as its last charge left it first tries
 the *optimistic* charge (:func:`_optimistic`, :mod:`privcal.storage.optimistic`): steps 3
-and 4 against that snapshot, sent as one message whose UPDATE is a compare-and-set of the
-whole row (and of the idempotency key's absence) — one round trip, which is also the
-COMMIT. If the row changed, nothing is written and the steps above run as usual.
+and 4 in one message whose UPDATE checks the cap against the totals as committed and adds
+the cost to them, under the snapshot's policy (and the idempotency key's absence) — one
+round trip, which is also the COMMIT, whatever other processes charge the dataset. If the
+cost does not fit or the policy changed, nothing is written and the steps above run as
+usual (they decide, and explain a refusal).
 
 :func:`charge_in_session` is the same policy for a writer holding an ORM session (a
 collection session charging its amplified cost when it opens).
@@ -47,7 +49,7 @@ from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import InvalidInput, LedgerError, PrivcalError
 from privcal.storage import Ledger
 from privcal.storage.audit import charge_doc, now
-from privcal.storage.optimistic import LOST
+from privcal.storage.optimistic import LOST, UNKNOWN
 
 __all__ = ["charge", "charge_central", "charge_in_session", "check_replay"]
 
@@ -124,21 +126,36 @@ def charge(
 def _optimistic(ledger: Ledger, snap: Any, cost: CentralCost, purpose: str | None,
                 requester: str | None, key: str | None, digest: str | None
                 ) -> tuple[ChargeReceipt | None, bool]:
-    """The charge in one round trip against ``snap``, the dataset row as this process last
-    left it (:mod:`privcal.storage.optimistic`): (the receipt, False) if it was recorded;
-    (None, False) if nothing was written and the locked path must run — the row changed, or
-    the check refused against the snapshot, which is not authoritative; (None, True) if the
-    connection was lost while it ran (recorded or not: the locked path decides)."""
+    """The charge in one round trip, checked by its own statement against the dataset's
+    row as committed, under the policy of ``snap`` — the dataset row as this process last
+    saw it (:mod:`privcal.storage.optimistic`): (the receipt, False) if it was recorded;
+    (None, False) if nothing was written and the locked path must run — the cost does not
+    fit the committed totals or the policy changed (the locked path decides and explains),
+    or the check refused against the snapshot, which is not authoritative; (None, True) if
+    the connection was lost while it ran and its server process has ended (recorded or
+    not: the locked path decides). A LedgerError if even that is unknown."""
     pol = _policy(snap)
     try:
-        after = acc.check_charge(pol, spent_of(snap), cost, scope=f"dataset {snap.name!r}")
+        acc.check_charge(pol, spent_of(snap), cost, scope=f"dataset {snap.name!r}")
     except PrivcalError:
         return None, False
     values = _values(snap.id, cost, purpose, requester, key, digest)
-    cid = ledger.cas_record_charge(snap, values, spent_columns(after))
-    if cid is None or cid == LOST:
-        return None, cid == LOST
-    return _receipt(int(cid), snap.name, cost, values, pol, after), False
+    done = ledger.cas_record_charge(snap, values, cost.kind,
+                                    spent_columns(_NOTHING.add(cost)))
+    if done == UNKNOWN:
+        raise LedgerError(
+            f"the connection to the ledger was lost during a charge of dataset {snap.name!r} "
+            "and the server may still record it: it was not retried (it could be recorded "
+            "twice); check the ledger (privcal budget show, audit head) or retry with an "
+            "idempotency key")
+    if done is None or done == LOST:
+        return None, done == LOST
+    cid, new = done
+    return _receipt(int(cid), snap.name, cost, values, pol, spent_of(new)), False
+
+
+#: the totals of a dataset charged nothing: ``_NOTHING.add(cost)`` is the cost's increments
+_NOTHING = acc.Spent()
 
 
 def _values(dataset_id: int, cost: CentralCost, purpose: str | None, requester: str | None,
