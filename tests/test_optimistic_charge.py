@@ -571,3 +571,60 @@ def test_a_statement_orphaned_by_a_lost_connection_never_charges_too(
     else:  # the orphan recorded it as well: what the fence is for
         assert charges == 4 and accountant.budget("d").spent == {"rho": Decimal("0.4")}
     assert led.verify().charges == charges
+
+
+@_pg
+def test_a_drain_never_chains_what_another_holder_of_k_chained(
+        accountant: Any, ledger_url: str, monkeypatch: Any) -> None:
+    """The draining append's snapshot is taken before its try of K, so it can still see a
+    queued entry that another holder of K chains and deletes in between. Made to happen
+    here: the statement sleeps (a ``pg_sleep`` in its first CTE) while a reader of the chain
+    drains the queue and commits; then it is granted K. It chains only what its DELETE
+    returned — not the entry already chained — so every charge is in the chain once
+    (chaining from what it *saw* queued would chain that entry twice: ``audit verify``
+    fails)."""
+    import threading
+    import time as _time
+
+    from privcal.storage import Ledger, optimistic_sql
+    from privcal.storage.optimistic import _CAS_PREPARED
+    from tests.test_audit_queue import _queue, _sequencer_busy
+
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=1)
+    accountant.charge("d", ZCDP(rho="0.1"))  # the locked path
+    accountant.charge("d", ZCDP(rho="0.1"))  # optimistic, the plain append
+    with _sequencer_busy(led):
+        accountant.charge("d", ZCDP(rho="0.1"))  # queued
+    assert len(_queue(led)) == 1 and led._drain_mode
+    real = optimistic_sql.pg_append_draining
+    monkeypatch.setattr(optimistic_sql, "pg_append_draining", lambda source: real(
+        source.replace("FROM (SELECT NULLIF", "FROM pg_sleep(1), (SELECT NULLIF")))
+    del led.hot_sql.cas_charge  # the statements are written and prepared again
+    (held,) = led.held_connections()
+    held.info.pop(_CAS_PREPARED)
+    pid = held.connection.driver_connection.info.backend_pid
+    other = Ledger(ledger_url)
+    drained: list[Any] = []
+
+    def drain_while_it_sleeps() -> None:
+        with other.engine.connect() as watch:
+            deadline = _time.monotonic() + 30
+            while watch.execute(text("SELECT 1 FROM pg_stat_activity WHERE pid = :p AND "
+                                     "wait_event = 'PgSleep'"), {"p": pid}).first() is None:
+                assert _time.monotonic() < deadline
+                _time.sleep(0.01)
+                watch.rollback()
+        drained.append(other.sequence_audit())
+
+    t = threading.Thread(target=drain_while_it_sleeps)
+    t.start()
+    try:
+        accountant.charge("d", ZCDP(rho="0.1"))  # sleeps, then is granted K
+    finally:
+        t.join(60)
+        other.close()
+    assert drained == [1]  # the reader chained the queued entry while the charge slept
+    assert _queue(led) == []
+    v = led.verify()  # each charge in the chain once, no gap
+    assert (v.charges, v.queued) == (4, 0)
