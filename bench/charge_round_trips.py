@@ -9,7 +9,9 @@ protocol trace), its COMMITs, and the audit sequencer's transactions after a COM
 (``privcal.storage.audit_queue``). Wall-clock rates on a shared machine are noise; these
 counts depend only on how often a writer finds the sequencer busy. Prints per charge:
 round trips (``Sync`` and simple ``Query`` messages in libpq's protocol trace), COMMITs,
-sequencer transactions, and the share of charges whose entry was queued.
+sequencer transactions, the share of charges made by the locked path (``write_core``:
+BEGIN … COMMIT; the rest went the optimistic one-message path) and the share of entries
+queued (by either path).
 """
 
 from __future__ import annotations
@@ -32,7 +34,24 @@ def _worker(url: str, dataset: str, n: int, start: Any, out: Any) -> None:
     from privcal.costs import ZCDP
 
     acct = Accountant(url)
-    counts = {"statements": 0, "commits": 0, "sequencer": 0, "queued": 0}
+    counts = {"statements": 0, "commits": 0, "sequencer": 0, "queued": 0, "locked": 0}
+    write_core = type(acct.ledger).write_core
+
+    def locked(self: Any, *a: Any, **k: Any) -> Any:  # the locked path (BEGIN … COMMIT)
+        counts["locked"] += 1
+        return write_core(self, *a, **k)
+
+    type(acct.ledger).write_core = locked  # type: ignore[method-assign]
+    cas = getattr(type(acct.ledger), "cas_record_charge", None)
+    if cas is not None:  # the optimistic charge: its entry queued when no head row moved
+        def cas_queued(self: Any, *a: Any) -> Any:
+            out = cas(self, *a)
+            chained = getattr(self, "_last_chained", None)
+            if isinstance(out, tuple) and chained is not None:
+                counts["queued"] += not chained
+            return out
+
+        type(acct.ledger).cas_record_charge = cas_queued  # type: ignore[method-assign]
     seq = getattr(type(acct.ledger), "sequence_audit", None)
     if seq is not None:  # privcal with the audit sequencer
         def counting(self: Any, *a: Any, **k: Any) -> Any:
@@ -70,7 +89,7 @@ def _worker(url: str, dataset: str, n: int, start: Any, out: Any) -> None:
     event.listen(acct.ledger.engine, "checkout", checkout)
     for c in acct.ledger.held_connections() if hasattr(acct.ledger, "held_connections") else []:
         checkout(c.connection.driver_connection, None, None)
-    counts["sequencer"] = counts["queued"] = 0
+    counts["sequencer"] = counts["queued"] = counts["locked"] = 0
     start.wait()
     for _ in range(n):
         acct.charge(dataset, ZCDP(rho="0.0001"))
@@ -136,6 +155,7 @@ def main() -> None:
           f"{len(names)} dataset(s), {n} charges; the log verifies: {rep.entries} entries")
     print(f"per charge: {total['statements'] / n:.2f} round trips, {total['commits'] / n:.2f} "
           f"commits, {total['sequencer'] / n:.2f} sequencer transactions; "
+          f"{total['locked'] / n:.1%} of the charges by the locked path (BEGIN … COMMIT), "
           f"{total['queued'] / n:.1%} of the entries queued")
 
 

@@ -107,6 +107,7 @@ class OptimisticCharges:
     _backoff: dict[str, list[int]]
     _drain_next: bool
     _drain_mode: bool
+    _last_chained: bool | None = None
 
     def _opt_state(self) -> None:
         """This process's snapshots: a forked child starts with none."""
@@ -253,6 +254,7 @@ class OptimisticCharges:
         new = q.dataset.load(row[:n])
         self.remember_dataset(new)
         got, _, moved = appended[:3]
+        self._last_chained = bool(moved)  # (bench/charge_round_trips.py counts queued ones)
         if not moved:  # the entry was queued: the next charge drains (statement 2)
             if got and drain:  # … but K granted, no head row: the locked path says so
                 self._drain_next = True
