@@ -531,3 +531,31 @@ def test_the_codec_converts_as_sqlalchemy(value: Any) -> None:
                     assert type(out[i](stored)) is type(sa_result(stored))  # type: ignore[misc]
                     if stored is not None:
                         assert str(out[i](stored)) == str(sa_result(stored))  # type: ignore[misc]
+
+
+def test_a_trusted_receipt_is_model_construct() -> None:
+    """results.construct_trusted builds the instance model_construct builds (fields, their
+    order, fields set), and hands anything else to model_construct: a model with aliases,
+    or values missing a field (its default filled in)."""
+    from datetime import UTC, datetime
+
+    from privcal.accountant.results import ChargeReceipt, _plain_fields, construct_trusted
+    from privcal.costs import LocalDP
+
+    values = {"charge_id": 3, "dataset": "d", "scope": "dataset", "cost": {"kind": "zcdp"},
+              "purpose": None, "requester": "r", "idempotency_key": None,
+              "created_at": datetime.now(UTC), "remaining": {"rho": Decimal("0.5")},
+              "replayed": False}
+    got = construct_trusted(ChargeReceipt, dict(values))
+    want = ChargeReceipt.model_construct(**values)
+    assert got == want and list(vars(got)) == list(vars(want))
+    assert got.model_fields_set == want.model_fields_set
+    assert got.model_dump() == want.model_dump() and repr(got) == repr(want)
+    assert got.__pydantic_extra__ is None and got.__pydantic_private__ is None
+    with pytest.raises(Exception):  # noqa: B017 - frozen, like the validated receipt
+        got.charge_id = 4  # type: ignore[misc]
+    assert _plain_fields(LocalDP) is None  # a validation alias: model_construct's way
+    short = {k: v for k, v in values.items() if k != "replayed"}
+    partial = construct_trusted(ChargeReceipt, short)
+    assert partial.replayed is False
+    assert partial.model_fields_set == ChargeReceipt.model_construct(**short).model_fields_set
