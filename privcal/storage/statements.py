@@ -98,12 +98,12 @@ class Codec:
     """One table's columns as the driver sees them: a named-tuple row type and the
     SQLAlchemy bind/result processors of each column (None where the value passes as is).
 
-    :meth:`load` parses only what changed since the last row it loaded: a column whose raw
-    value equals the last one's (same type, exact equality) gets the same parsed value
-    (immutable ones only) — on the charge's hot path the dataset row differs from its last
-    load in its totals alone, and parsing the rest (a timestamp, the caps as decimals) was
-    most of its cost (issue 11). A row changed by anyone else is parsed anew: the comparison
-    is on the raw values just read, never on a key."""
+    On SQLite :meth:`load` parses only what changed since the last row it loaded: a column
+    whose raw value equals the last one's (same type, exact equality) gets the same parsed
+    value (immutable ones only) — on the charge's hot path the dataset row differs from its
+    last load in its totals alone, and parsing the rest (a timestamp, the caps as decimals)
+    was most of its cost (issue 11). A row changed by anyone else is parsed anew: the
+    comparison is on the raw values just read, never on a key."""
 
     def __init__(self, table: Table, dialect: Dialect, columns: Sequence[Column[Any]]) -> None:
         self.names = tuple(c.name for c in columns)
@@ -112,12 +112,15 @@ class Codec:
         self._out = tuple((i, r) for i, (_, r) in enumerate(procs) if r is not None)
         self.bind: dict[str, Callable[[Any], Any]] = {
             c.name: b for c, (b, _) in zip(columns, procs, strict=True) if b is not None}
+        #: SQLite only: its driver returns text that the processors parse (decimals, times,
+        #: JSON); psycopg's values are already Decimals and datetimes, which cost more to
+        #: compare than to pass through ``exact_value``
+        self._reuse = dialect.name == "sqlite"
         #: the last (raw, row) loaded (one tuple: threads read a consistent pair)
         self._last: tuple[tuple[Any, ...], Any] | None = None
 
     def load(self, raw: Sequence[Any]) -> Any:
         """A driver row as the named tuple of Python values SQLAlchemy would return."""
-        raw = tuple(raw)
         vals = list(raw)
         last = self._last
         if last is None:
@@ -133,7 +136,8 @@ class Codec:
                 else:
                     vals[i] = p(v)
         row = self.row._make(vals)
-        self._last = (raw, row)
+        if self._reuse:
+            self._last = (tuple(raw), row)
         return row
 
     def dump(self, values: dict[str, Any], names: Sequence[str]) -> list[Any]:
