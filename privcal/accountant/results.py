@@ -50,7 +50,8 @@ def construct_trusted(cls: type[Any], values: dict[str, Any]) -> Any:
     the same instance — ``__dict__`` in field order, every field set — without its per-field
     alias and default look-ups when ``values`` has every field in order (a charge's receipt,
     issue 11; tests/test_hot_path.py checks it equals the validated model); else
-    ``model_construct`` itself."""
+    ``model_construct`` itself. ``values`` becomes the instance's ``__dict__``: pass a dict
+    of its own."""
     try:
         fields = _PLAIN_FIELDS[cls]
     except KeyError:
