@@ -412,3 +412,153 @@ def test_a_normalized_cost_is_returned_as_is(amount: Decimal, kind: str) -> None
     assert got == want and (got is cost) == (amount.as_tuple() == up.as_tuple())
     assert cost_json(got) == {k: dstr(v) if isinstance(v, Decimal) else v
                               for k, v in got.model_dump(mode="python").items()}
+
+
+# ------------------------------------------------------------------ the hot path's codec
+def _hot_row(led: Any, name: str) -> Any:
+    """The dataset row as the charge's hot path reads it (Codec.load of the locked row)."""
+    return led.write_core(lambda conn: led.dataset_row(conn, name))
+
+
+def _orm_row(led: Any, name: str) -> dict[str, Any]:
+    """The dataset row as the ORM reads it, column → value."""
+    with led.read() as s:
+        ds = led.get_dataset(s, name)
+        return {c: getattr(ds, c) for c in led.hot_sql.dataset.names}
+
+
+def test_a_dataset_row_changed_between_charges_is_seen(accountant: Any) -> None:
+    """The hot path's dataset row reuses the last row's parsed values only for columns whose
+    raw value is unchanged (statements.Codec.load): an administrator's UPDATE of the row
+    between two charges — its cap, its totals, its time, its description, its Rényi orders —
+    is seen by the next charge, and the row equals the ORM's column by column (fails if a
+    parsed value were served from a cache keyed on anything but the raw values)."""
+    led = accountant.ledger
+    accountant.create_dataset("d", rho=10)
+    accountant.create_dataset("a", approx_epsilon=10, approx_delta="1e-6",
+                              renyi_orders=["2", "3.5"])
+    accountant.charge("d", ZCDP(rho="1"))
+    accountant.charge("a", ZCDP(rho="0.001"))
+    with led.engine.begin() as conn:
+        conn.execute(text("UPDATE datasets SET cap_rho = '5', spent_zcdp_rho = '2', "
+                          "description = 'changed', created_at = '2001-02-03 04:05:06.000007' "
+                          "WHERE name = 'd'"))
+    r = accountant.charge("d", ZCDP(rho="1"))
+    assert r.remaining == {"rho": Decimal(2)}  # 5 - (2 + 1), not 10 - 2
+    row = _hot_row(led, "d")
+    assert row._asdict() == _orm_row(led, "d")
+    assert row.description == "changed" and row.created_at.year == 2001
+    assert row.spent_zcdp_rho == Decimal(3) and row.cap_rho == Decimal(5)
+    # a row of another dataset between them, then the first again: all of it re-read
+    assert _hot_row(led, "a")._asdict() == _orm_row(led, "a")
+    with led.engine.begin() as conn:
+        conn.execute(text("UPDATE datasets SET renyi_orders = '[\"2\", \"4\"]' "
+                          "WHERE name = 'a'"))
+    assert _hot_row(led, "a").renyi_orders == ["2", "4"] == _orm_row(led, "a")["renyi_orders"]
+    assert _hot_row(led, "d")._asdict() == _orm_row(led, "d")
+
+
+def test_the_codec_shares_only_immutable_values() -> None:
+    """Codec.load parses a column again unless its raw value is the last one's exactly
+    (same type: the integer 1 is not the text '1'), and never shares a mutable value (a
+    JSON list) between two rows."""
+    from sqlalchemy.dialects import sqlite
+
+    from privcal.storage.statements import HotSQL
+
+    codec = HotSQL(sqlite.dialect()).dataset
+    names = codec.names
+    raw = {n: None for n in names} | {
+        "id": 1, "name": "d", "description": "", "notion": "approx", "cap_epsilon": "1",
+        "cap_delta": "0.000001", "reporting_delta": "0.000001", "allow_nonprivate": 0,
+        "created_at": "2026-01-02 03:04:05.000006", "renyi_orders": '["2", "3"]',
+        "spent_pure_eps": "0", "spent_pure_rho": "0", "spent_zcdp_rho": "0.10",
+        "spent_approx_eps": "0", "spent_approx_delta": "0", "charge_count": 3}
+    first = codec.load([raw[n] for n in names])
+    second = codec.load([raw[n] for n in names])
+    assert first == second
+    assert first.renyi_orders == ["2", "3"] and first.renyi_orders is not second.renyi_orders
+    first.renyi_orders.append("4")
+    assert codec.load([raw[n] for n in names]).renyi_orders == ["2", "3"]
+    assert second.created_at is first.created_at  # (immutable: shared)
+    other = codec.load([1 if n == "cap_epsilon" else raw[n] for n in names])
+    assert other.cap_epsilon == Decimal(1) and type(other.cap_epsilon) is Decimal
+    assert codec.load([True if n == "allow_nonprivate" else raw[n] for n in names]
+                      ).allow_nonprivate is True
+    assert codec.load([raw[n] for n in names]).allow_nonprivate is False
+
+
+_amount = st.one_of(
+    st.none(), st.integers(-10**20, 10**20), st.floats(allow_nan=False, allow_infinity=False),
+    st.decimals(allow_nan=False, allow_infinity=False),
+    st.sampled_from([Decimal("-0"), Decimal("0E-30"), Decimal("1E+14"), Decimal("0.100"),
+                     Decimal("NaN"), Decimal("Infinity"), "0.25", "1e-7"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_amount)
+def test_the_codec_converts_as_sqlalchemy(value: Any) -> None:
+    """The hot path's bind and result functions (statements._processors: ExactDecimal's own
+    on SQLite and PostgreSQL) give what SQLAlchemy's processors of the same column give —
+    or raise alike."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from privcal.storage.models import Charge, Dataset
+    from privcal.storage.statements import HotSQL, _coltype
+
+    for dialect in (sqlite.dialect(), postgresql.psycopg.dialect()):
+        q = HotSQL(dialect)
+        for codec, table in ((q.dataset, Dataset.__table__), (q.charge, Charge.__table__)):
+            out = dict(codec._out)
+            for i, col in enumerate(table.c):
+                t = col.type.dialect_impl(dialect)
+                sa_bind = t.bind_processor(dialect)
+                sa_result = t.result_processor(dialect, _coltype(dialect, t))
+                assert (col.name in codec.bind) == (sa_bind is not None)
+                assert (i in out) == (sa_result is not None)
+                if col.type.__class__.__name__ != "ExactDecimal":
+                    continue
+                want: Any
+                try:
+                    want = ("ok", sa_bind(value))  # type: ignore[misc]
+                except Exception as exc:  # compared below
+                    want = ("raises", type(exc))
+                try:
+                    got: Any = ("ok", codec.bind[col.name](value))
+                except Exception as exc:
+                    got = ("raises", type(exc))
+                assert got == want
+                if want[0] == "ok":
+                    stored = want[1]
+                    assert out[i](stored) == sa_result(stored)  # type: ignore[misc]
+                    assert type(out[i](stored)) is type(sa_result(stored))  # type: ignore[misc]
+                    if stored is not None:
+                        assert str(out[i](stored)) == str(sa_result(stored))  # type: ignore[misc]
+
+
+def test_a_trusted_receipt_is_model_construct() -> None:
+    """results.construct_trusted builds the instance model_construct builds (fields, their
+    order, fields set), and hands anything else to model_construct: a model with aliases,
+    or values missing a field (its default filled in)."""
+    from datetime import UTC, datetime
+
+    from privcal.accountant.results import ChargeReceipt, _plain_fields, construct_trusted
+    from privcal.costs import LocalDP
+
+    values = {"charge_id": 3, "dataset": "d", "scope": "dataset", "cost": {"kind": "zcdp"},
+              "purpose": None, "requester": "r", "idempotency_key": None,
+              "created_at": datetime.now(UTC), "remaining": {"rho": Decimal("0.5")},
+              "replayed": False}
+    got = construct_trusted(ChargeReceipt, dict(values))
+    want = ChargeReceipt.model_construct(**values)
+    assert got == want and list(vars(got)) == list(vars(want))
+    assert got.model_fields_set == want.model_fields_set
+    assert got.model_dump() == want.model_dump() and repr(got) == repr(want)
+    assert got.__pydantic_extra__ is None and got.__pydantic_private__ is None
+    with pytest.raises(Exception):  # noqa: B017 - frozen, like the validated receipt
+        got.charge_id = 4  # type: ignore[misc]
+    assert _plain_fields(LocalDP) is None  # a validation alias: model_construct's way
+    short = {k: v for k, v in values.items() if k != "replayed"}
+    partial = construct_trusted(ChargeReceipt, short)
+    assert partial.replayed is False
+    assert partial.model_fields_set == ChargeReceipt.model_construct(**short).model_fields_set

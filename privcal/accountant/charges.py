@@ -44,7 +44,7 @@ from privcal.accountant.policy import (
     spent_columns,
     spent_of,
 )
-from privcal.accountant.results import ChargeReceipt
+from privcal.accountant.results import ChargeReceipt, construct_trusted
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import InvalidInput, LedgerError, PrivcalError
 from privcal.storage import Ledger
@@ -52,6 +52,9 @@ from privcal.storage.audit import charge_doc, now
 from privcal.storage.optimistic import LOST, UNKNOWN
 
 __all__ = ["charge", "charge_central", "charge_in_session", "check_replay"]
+
+#: the central costs' classes (a tuple: ``PureDP | ZCDP | ApproxDP`` builds a union per call)
+_CENTRAL = (PureDP, ZCDP, ApproxDP)
 
 
 def check_replay(old: Any, key: str, digest: str | None, *, scope: str,
@@ -84,7 +87,7 @@ def charge(
     """:meth:`privcal.accountant.Accountant.charge` (see the module docstring for the steps)."""
     if isinstance(cost, LocalDP):
         raise InvalidInput("a local-DP cost is charged per subject: use charge_subjects")
-    if not isinstance(cost, PureDP | ZCDP | ApproxDP):
+    if not isinstance(cost, _CENTRAL):
         raise InvalidInput(f"not a privacy cost: {cost!r}")
     cost = normalize_cost(cost)  # type: ignore[assignment]
     purpose = optional_text(purpose, "purpose", 10_000)
@@ -161,10 +164,13 @@ _NOTHING = acc.Spent()
 def _values(dataset_id: int, cost: CentralCost, purpose: str | None, requester: str | None,
             key: str | None, digest: str | None) -> dict[str, Any]:
     """The charge row's columns (all but ``id``) for a central charge."""
+    # the cost's fields (a frozen model's __dict__): ``getattr(cost, "eps", None)`` of a field
+    # the cost lacks goes through pydantic's __getattr__ and an AttributeError (issue 11)
+    fields = vars(cost)
     return {
         "dataset_id": dataset_id, "scope": "dataset", "notion": cost.kind,
-        "epsilon": getattr(cost, "eps", None), "delta": getattr(cost, "delta", None),
-        "rho": getattr(cost, "rho", None), "eps0": None, "subjects_accepted": None,
+        "epsilon": fields.get("eps"), "delta": fields.get("delta"),
+        "rho": fields.get("rho"), "eps0": None, "subjects_accepted": None,
         "subjects_rejected": None, "purpose": purpose, "requester": requester,
         "idempotency_key": key, "created_at": now(),
         "request_digest": digest if key is not None else None, "members_digest": None,
@@ -178,12 +184,12 @@ def _receipt(cid: int, name: str, cost: CentralCost, values: dict[str, Any],
     Every field is already of its type (an int id, text checked by the caller, an aware
     UTC datetime, exact decimals): built without a second validation (issue 11;
     tests/test_hot_path.py checks it equals the validated receipt)."""
-    return ChargeReceipt.model_construct(
-        charge_id=cid, dataset=name, scope="dataset", cost=cost_json(cost),
-        purpose=values["purpose"], requester=values["requester"],
-        idempotency_key=values["idempotency_key"], created_at=values["created_at"],
-        remaining=exact(acc.remaining(pol, after)), replayed=False,
-    )
+    return construct_trusted(ChargeReceipt, {
+        "charge_id": cid, "dataset": name, "scope": "dataset", "cost": cost_json(cost),
+        "purpose": values["purpose"], "requester": values["requester"],
+        "idempotency_key": values["idempotency_key"], "created_at": values["created_at"],
+        "remaining": exact(acc.remaining(pol, after)), "replayed": False,
+    })
 
 
 def charge_central(ledger: Ledger, conn: Any, ds: Any, cost: CentralCost,

@@ -26,7 +26,44 @@ __all__ = [
     "SpentReport",
     "SubjectChargeResult",
     "SubjectSummary",
+    "construct_trusted",
 ]
+
+_object_setattr = object.__setattr__
+#: model class → its field names in order, if :func:`construct_trusted` may build it
+#: directly (else None: pydantic's ``model_construct`` does)
+_PLAIN_FIELDS: dict[type[BaseModel], tuple[str, ...] | None] = {}
+
+
+def _plain_fields(cls: type[BaseModel]) -> tuple[str, ...] | None:
+    """The field names of ``cls`` if ``model_construct`` of every field does no more than
+    set them: no alias, no post-init hook, no extra fields kept, not a root model."""
+    fields = cls.__pydantic_fields__
+    plain = (not cls.__pydantic_post_init__ and not cls.__pydantic_root_model__
+             and cls.model_config.get("extra") != "allow"
+             and all(f.alias is None and f.validation_alias is None for f in fields.values()))
+    return tuple(fields) if plain else None
+
+
+def construct_trusted(cls: type[Any], values: dict[str, Any]) -> Any:
+    """``cls.model_construct(**values)`` for values already of their types (no validation):
+    the same instance — ``__dict__`` in field order, every field set — without its per-field
+    alias and default look-ups when ``values`` has every field in order (a charge's receipt,
+    issue 11; tests/test_hot_path.py checks it equals the validated model); else
+    ``model_construct`` itself. ``values`` becomes the instance's ``__dict__``: pass a dict
+    of its own."""
+    try:
+        fields = _PLAIN_FIELDS[cls]
+    except KeyError:
+        fields = _PLAIN_FIELDS[cls] = _plain_fields(cls)
+    if fields is None or tuple(values) != fields:
+        return cls.model_construct(**values)
+    m = cls.__new__(cls)
+    _object_setattr(m, "__dict__", values)
+    _object_setattr(m, "__pydantic_fields_set__", set(fields))
+    _object_setattr(m, "__pydantic_extra__", None)
+    _object_setattr(m, "__pydantic_private__", None)
+    return m
 
 
 class DatasetInfo(BaseModel):

@@ -167,6 +167,9 @@ def iso(dt: datetime) -> str:
 
     SQLite returns naive datetimes (stored as UTC); PostgreSQL returns aware ones.
     """
+    if dt.tzinfo is UTC and dt.year >= 1000:  # a charge's own time (audit.now): its
+        # isoformat ends "+00:00"; the same text as below without converting it (issue 11)
+        return dt.isoformat(timespec="microseconds")[:-6] + "Z"
     if dt.tzinfo is not None:
         dt = dt.astimezone(UTC).replace(tzinfo=None)
     if dt.year >= 1000:  # the same text as strftime below, ~5× faster (the charge hot path)

@@ -26,7 +26,7 @@ from privcal.storage import pseudonyms
 from privcal.storage.audit import charge_prefix
 from privcal.storage.audit_queue import CHARGE_ID_HEAD
 from privcal.storage.models import Charge, ChargeMembers, Dataset
-from privcal.storage.statements import HEAD_INFO, SPENT_COLUMNS
+from privcal.storage.statements import HEAD_INFO
 
 __all__ = ["ChargeStore"]
 
@@ -75,7 +75,7 @@ class ChargeStore:
         if spent is not None and members is not None:
             raise ValueError("a charge sets the dataset's totals or has members, not both")
         upd = self._totals(values, spent)
-        row = q.charge.dump(values, q.charge_cols)
+        row = q.dump_charge(values)
         if self.backend == "postgresql":
             if members is not None:
                 return int(self._sql(conn, q.insert_charge_count_members,
@@ -91,11 +91,7 @@ class ChargeStore:
     def _totals(self, values: dict[str, Any], spent: dict[str, Any] | None) -> list[Any]:
         """The parameters of the totals UPDATE (``count_spent``, or ``count`` without
         ``spent``) as the driver is given them."""
-        q = self.hot_sql
-        upd: list[Any] = []
-        if spent is not None:
-            upd = [s(spent[c]) if s is not None else spent[c]
-                   for c, s in zip(SPENT_COLUMNS, q.spent_bind, strict=True)]
+        upd = self.hot_sql.dump_spent(spent) if spent is not None else []
         upd.append(values["dataset_id"])
         return upd
 
@@ -121,8 +117,7 @@ class ChargeStore:
                 raise AssertionError("a charge entry does not begin with its charge_id")
             q = self.hot_sql
             rest = prefix[len(_ID_ZERO) - 1:]  # from the "," after the id
-            params = (self._totals(values, spent) + q.charge.dump(values, q.charge_cols)
-                      + ["charge", rest])
+            params = self._totals(values, spent) + q.dump_charge(values) + ["charge", rest]
             cid, _, row = self._pg_append_with_row(  # type: ignore[attr-defined]
                 conn, q.record_charge_spent, params, "charge", CHARGE_ID_HEAD, rest)
             # the dataset's new row: the next charge's snapshot (storage/optimistic.py)

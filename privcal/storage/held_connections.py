@@ -27,6 +27,7 @@ write and takes it back afterwards, under these rules:
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,33 +60,49 @@ class HeldConnections:
     @contextmanager
     def _hot_connect(self) -> Iterator[Connection]:
         """A write connection for :meth:`~privcal.storage.Ledger.write_core`: a kept one if
-        there is one alive, else a pool checkout; kept afterwards only if it is clean."""
+        there is one alive, else a pool checkout; kept afterwards only if it is clean
+        (:meth:`_hot_take`, :meth:`_hot_give`)."""
+        conn, held = self._hot_take()
+        ok = False
+        try:
+            yield conn
+            ok = True
+        finally:
+            self._hot_give(conn, held, ok)
+
+    def _hot_take(self) -> tuple[Connection, list[tuple[Connection, float]] | None]:
+        """The connection of :meth:`_hot_connect` and the free list it may go back to (None:
+        never kept), to be handed back with :meth:`_hot_give` (a pair of calls, not a
+        generator's context manager, for the charge's own
+        :meth:`~privcal.storage.Ledger.write_core`: issue 11)."""
         if self._held_pid != os.getpid():
             _INHERITED.append(self._held)  # the parent's: never touched here
             self._held, self._held_pid = [], os.getpid()
         if isinstance(self.engine.pool, StaticPool):  # type: ignore[attr-defined]
             # in-memory SQLite: its one connection is lent to one thread at a time, from
             # checkout to checkin (engine.py): keeping it would shut out every other thread
-            with self._connect(write=False) as conn:  # type: ignore[attr-defined]
-                yield conn
-            return
+            return self._checkout(), None  # type: ignore[attr-defined]
         held = self._held
-        conn = None
-        while conn is None:
+        while True:
             try:
                 c, since = held.pop()  # atomic: threads never share a connection
             except IndexError:
-                break
+                return self._checkout(), held  # type: ignore[attr-defined]
             if time.monotonic() - since > engine_mod.IDLE_PING_S or c.invalidated:
                 c.close()  # back to the pool, which pings or recycles it on checkout
             else:
-                conn = c
-        if conn is None:
-            conn = self._checkout()  # type: ignore[attr-defined]
+                return c, held
+
+    def _hot_give(self, conn: Connection, held: list[tuple[Connection, float]] | None,
+                  ok: bool) -> None:
+        """Hand back a connection of :meth:`_hot_take`: kept if the write on it succeeded
+        (``ok``) and left it clean, there is room, and ``held`` (the free list it came with)
+        is still the ledger's (not closed, not a forked parent's); else closed (back to the
+        pool, whose reset rolls back)."""
         kept = False
         try:
-            yield conn
-            if _clean(conn) and len(held) < MAX_HELD and held is self._held:
+            if (ok and held is not None and held is self._held and len(held) < MAX_HELD
+                    and _clean(conn)):
                 held.append((conn, time.monotonic()))
                 kept = True
         finally:
@@ -106,6 +123,8 @@ def _clean(conn: Connection) -> bool:
     if conn.invalidated or conn.in_transaction() or conn.closed:
         return False
     drv = conn.connection.driver_connection
+    if type(drv) is sqlite3.Connection:
+        return not drv.in_transaction
     status = getattr(getattr(drv, "info", None), "transaction_status", None)
     if status is not None:  # psycopg: IDLE (0) only, out of autocommit as the pool gave it
         return int(status) == 0 and not drv.autocommit

@@ -88,6 +88,8 @@ class Ledger(
     def __init__(self, url: str | None = None) -> None:
         raw, self.is_default = resolve_url(url)
         self._url = parse_url(raw)
+        #: ``sqlite`` or ``postgresql`` (read a dozen times a charge: computed once)
+        self._backend: str = self._url.get_backend_name()
         if self.is_default:
             path = Path(self._url.database or "")
             try:
@@ -111,7 +113,7 @@ class Ledger(
     @property
     def backend(self) -> str:
         """``sqlite`` or ``postgresql``."""
-        return self._url.get_backend_name()
+        return self._backend
 
     def __repr__(self) -> str:
         return f"Ledger({self.url!r})"

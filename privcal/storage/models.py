@@ -13,6 +13,7 @@ SQL on both backends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -49,14 +50,49 @@ __all__ = [
     "ReleaseRow",
     "SubjectBaseline",
     "SubjectSpend",
+    "exact_numeric",
+    "exact_text",
+    "exact_value",
 ]
 
 #: per-subject spends are stored as integer multiples of this ε
 SUBJECT_UNIT = Decimal("1e-12")
 
 
+def exact_text(value: Any) -> str | None:
+    """An exact amount as SQLite stores it: a plain decimal string (``format(d, "f")``)."""
+    if value is None:
+        return None
+    d = value if isinstance(value, Decimal) else Decimal(str(value))
+    if not d.is_finite():
+        raise ValueError("exact amounts must be finite")
+    return format(d, "f")
+
+
+def exact_numeric(value: Any) -> Decimal | None:
+    """An exact amount as PostgreSQL's driver is given it: a finite Decimal."""
+    if value is None:
+        return None
+    d = value if isinstance(value, Decimal) else Decimal(str(value))
+    if not d.is_finite():
+        raise ValueError("exact amounts must be finite")
+    return d
+
+
+def exact_value(value: Any) -> Decimal | None:
+    """A stored exact amount (a string on SQLite, a Decimal on PostgreSQL) as a Decimal."""
+    if value is None:
+        return None
+    return value if isinstance(value, Decimal) else Decimal(str(value))
+
+
 class ExactDecimal(TypeDecorator[Decimal]):
-    """An exact decimal: NUMERIC(48, 30) on PostgreSQL, a decimal string elsewhere."""
+    """An exact decimal: NUMERIC(48, 30) on PostgreSQL, a decimal string elsewhere.
+
+    Its conversions are the plain functions :func:`exact_text`, :func:`exact_numeric` and
+    :func:`exact_value`, which the hot path's codec calls directly
+    (:meth:`plain_processors`; issue 11: SQLAlchemy's wrappers cost two more calls a value).
+    """
 
     impl = String(64)
     cache_ok = True
@@ -67,19 +103,18 @@ class ExactDecimal(TypeDecorator[Decimal]):
         return dialect.type_descriptor(String(64))
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        d = value if isinstance(value, Decimal) else Decimal(str(value))
-        if not d.is_finite():
-            raise ValueError("exact amounts must be finite")
-        if dialect.name == "postgresql":
-            return d
-        return format(d, "f")
+        return exact_numeric(value) if dialect.name == "postgresql" else exact_text(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
-        if value is None:
-            return None
-        return value if isinstance(value, Decimal) else Decimal(str(value))
+        return exact_value(value)
+
+    @staticmethod
+    def plain_processors(dialect: Dialect) -> tuple[Callable[[Any], Any],
+                                                    Callable[[Any], Decimal | None]]:
+        """(bind, result): :meth:`process_bind_param` and :meth:`process_result_value` on
+        ``dialect`` as one-argument functions (before the impl type's own processing, if
+        any)."""
+        return (exact_numeric if dialect.name == "postgresql" else exact_text), exact_value
 
 
 class Base(DeclarativeBase):

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Sequence
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Column, Numeric, Table
@@ -65,32 +67,93 @@ def _coltype(dialect: Dialect, t: TypeEngine[Any]) -> int | None:
     return None
 
 
+def _processors(t: TypeEngine[Any], dialect: Dialect
+                ) -> tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]:
+    """(bind, result) processors of a column of (dialect-level) type ``t`` — SQLAlchemy's,
+    except that a type offering ``plain_processors`` (:class:`~privcal.storage.models.ExactDecimal`)
+    gives its own one-argument functions wherever its impl type adds no processing (what
+    SQLAlchemy's :class:`~sqlalchemy.types.TypeDecorator` wrappers would call, two calls
+    fewer per value; tests/test_hot_path.py checks they agree)."""
+    coltype = _coltype(dialect, t)
+    bind, result = t.bind_processor(dialect), t.result_processor(dialect, coltype)
+    plain = getattr(t, "plain_processors", None)
+    if plain is not None:
+        impl = t.impl_instance  # type: ignore[attr-defined]
+        plain_bind, plain_result = plain(dialect)
+        if impl.bind_processor(dialect) is None:
+            bind = plain_bind
+        if impl.result_processor(dialect, coltype) is None:
+            result = plain_result
+    return bind, result
+
+
+#: raw driver values whose equality means the very same value (not float: 0.0 == -0.0; not
+#: Decimal: 0.1 == 0.10): a column whose raw value is equal to the last row's is not parsed again
+_EXACT_RAW = frozenset((str, int, bytes, type(None)))
+#: parsed values that can be shared between rows (a JSON list is not: a caller may change it)
+_IMMUTABLE = frozenset((str, int, bool, bytes, Decimal, datetime, type(None)))
+
+
 class Codec:
     """One table's columns as the driver sees them: a named-tuple row type and the
-    SQLAlchemy bind/result processors of each column (None where the value passes as is)."""
+    SQLAlchemy bind/result processors of each column (None where the value passes as is).
+
+    On SQLite :meth:`load` parses only what changed since the last row it loaded: a column
+    whose raw value equals the last one's (same type, exact equality) gets the same parsed
+    value (immutable ones only) — on the charge's hot path the dataset row differs from its
+    last load in its totals alone, and parsing the rest (a timestamp, the caps as decimals)
+    was most of its cost (issue 11). A row changed by anyone else is parsed anew: the
+    comparison is on the raw values just read, never on a key."""
 
     def __init__(self, table: Table, dialect: Dialect, columns: Sequence[Column[Any]]) -> None:
         self.names = tuple(c.name for c in columns)
         self.row = namedtuple(f"{table.name}_row", self.names)  # type: ignore[misc]
-        impls = [c.type.dialect_impl(dialect) for c in columns]
-        self._out = tuple((i, p) for i, t in enumerate(impls)
-                          if (p := t.result_processor(dialect, _coltype(dialect, t)))
-                          is not None)
+        procs = [_processors(c.type.dialect_impl(dialect), dialect) for c in columns]
+        self._out = tuple((i, r) for i, (_, r) in enumerate(procs) if r is not None)
         self.bind: dict[str, Callable[[Any], Any]] = {
-            c.name: p for c, t in zip(columns, impls, strict=True)
-            if (p := t.bind_processor(dialect)) is not None}
+            c.name: b for c, (b, _) in zip(columns, procs, strict=True) if b is not None}
+        #: SQLite only: its driver returns text that the processors parse (decimals, times,
+        #: JSON); psycopg's values are already Decimals and datetimes, which cost more to
+        #: compare than to pass through ``exact_value``
+        self._reuse = dialect.name == "sqlite"
+        #: the last (raw, row) loaded (one tuple: threads read a consistent pair)
+        self._last: tuple[tuple[Any, ...], Any] | None = None
 
     def load(self, raw: Sequence[Any]) -> Any:
         """A driver row as the named tuple of Python values SQLAlchemy would return."""
         vals = list(raw)
-        for i, p in self._out:
-            vals[i] = p(vals[i])
-        return self.row._make(vals)
+        last = self._last
+        if last is None:
+            for i, p in self._out:
+                vals[i] = p(vals[i])
+        else:
+            last_raw, last_row = last
+            for i, p in self._out:
+                v, was = vals[i], last_raw[i]
+                if (type(v) is type(was) and type(v) in _EXACT_RAW and v == was
+                        and type(last_row[i]) in _IMMUTABLE):
+                    vals[i] = last_row[i]
+                else:
+                    vals[i] = p(v)
+        row = self.row._make(vals)
+        if self._reuse:
+            self._last = (tuple(raw), row)
+        return row
 
     def dump(self, values: dict[str, Any], names: Sequence[str]) -> list[Any]:
         """``values[name]`` for each of ``names``, as the driver is given it."""
         bind = self.bind
         return [bind[n](values[n]) if n in bind else values[n] for n in names]
+
+    def dumper(self, names: Sequence[str]) -> Callable[[dict[str, Any]], list[Any]]:
+        """:meth:`dump` for a fixed ``names``, its processors looked up once (a hot
+        statement's parameters)."""
+        plan = tuple((n, self.bind.get(n)) for n in names)
+
+        def dump(values: dict[str, Any]) -> list[Any]:
+            return [values[n] if b is None else b(values[n]) for n, b in plan]
+
+        return dump
 
 
 class HotSQL:
@@ -106,6 +169,10 @@ class HotSQL:
         #: every charge column but id, in insert order
         self.charge_cols = tuple(c.name for c in ct.c if c.name != "id")
         self.spent_bind = [self.dataset.bind.get(c) for c in SPENT_COLUMNS]
+        #: a charge row's parameters (``charge_cols``) and the totals' (SPENT_COLUMNS) as the
+        #: driver is given them, from the column → value dicts
+        self.dump_charge = self.charge.dumper(self.charge_cols)
+        self.dump_spent = self.dataset.dumper(SPENT_COLUMNS)
         ds_cols = ", ".join(self.dataset.names)
         #: the dataset row by name; PostgreSQL locks it (SQLite: BEGIN IMMEDIATE holds the
         #: database write lock already)
@@ -208,10 +275,23 @@ class HotStatements:
     def _sql(self, conn: Connection, sql: str, params: Sequence[Any] | dict[str, Any] = ()
              ) -> Any:
         """Run ``sql`` on the driver connection under ``conn``; the driver's cursor — on
-        PostgreSQL this connection's one hot-path cursor, kept in ``conn.info`` (a psycopg
-        cursor costs ≈ 5 µs to make): read its rows before the next statement.
+        PostgreSQL this connection's one hot-path cursor (:meth:`_pg_sql`): read its rows
+        before the next statement. SQLite: a fresh cursor (sqlite3's cost nothing, and one
+        in-memory connection may serve several threads), the statement and nothing else —
+        it runs six times a charge (issue 11)."""
+        if self._backend == "postgresql":  # type: ignore[attr-defined]
+            return self._pg_sql(conn, sql, params)
+        try:  # (pysqlite: the DB-API connection is the driver's, an attribute away)
+            return conn.connection.dbapi_connection.execute(sql, params)  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._db_error(conn, exc, sql, params) from exc
 
-        The first statement of a PostgreSQL write (:meth:`_begin`) carries the transaction's
+    def _pg_sql(self, conn: Connection, sql: str, params: Sequence[Any] | dict[str, Any]
+                ) -> Any:
+        """:meth:`_sql` on PostgreSQL: this connection's one hot-path cursor, kept in
+        ``conn.info`` (a psycopg cursor costs ≈ 5 µs to make).
+
+        The first statement of a write (:meth:`_begin`) carries the transaction's
         ``BEGIN``: both go in one simple-protocol message (parameters bound by the client,
         psycopg's ``ClientCursor``), one round trip instead of two."""
         info = conn.info
@@ -228,10 +308,7 @@ class HotStatements:
                 return cur
             cur = info.get(_CURSOR)
             if cur is None:
-                cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-                if self.backend == "postgresql":  # type: ignore[attr-defined]
-                    info[_CURSOR] = cur  # (sqlite3's cost nothing; one in-memory
-                    # connection may serve several threads)
+                cur = info[_CURSOR] = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             return cur.execute(sql, params)
         except conn.dialect.loaded_dbapi.Error as exc:
             raise self._db_error(conn, exc, sql, params) from exc

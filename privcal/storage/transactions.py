@@ -118,12 +118,24 @@ def _commit_once(commit: Callable[[], None]) -> None:
         raise
 
 
+def _run_with_pending(run: Callable[[Connection], T], conn: Connection) -> T:
+    """``run(conn)`` with the write's audit queue (:meth:`LedgerTransactions.append_audit`)
+    in ``conn.info``, dropped afterwards with the audit head its dataset row brought."""
+    info = conn.info
+    info[_PENDING] = []
+    try:
+        return run(conn)
+    finally:
+        info.pop(_PENDING, None)
+        info.pop(HEAD_INFO, None)
+
+
 class LedgerTransactions:
     """Transactions of a :class:`~privcal.storage.ledger.Ledger` (see the module docstring)."""
 
     # set by Ledger.__init__; ``backend``, ``url``, ``_connect``, ``_unreachable``, ``hot_sql``,
-    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit``, ``_end`` and ``ensure_schema`` are the
-    # Ledger's
+    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit``, ``_end``, ``_hot_take``, ``_hot_give``
+    # and ``ensure_schema`` are the Ledger's
     _url: URL
 
     def write(self, fn: Callable[[Session], T], *, attempts: int = MAX_ATTEMPTS) -> T:
@@ -192,15 +204,12 @@ class LedgerTransactions:
         delay = 0.01
         for attempt in range(1, attempts + 1):
             try:
-                # write_core begins IMMEDIATE itself, on a connection kept from its last
-                # write if there is a clean one (storage/held_connections.py)
-                with (self._hot_connect() if core else self._connect(write=True)) as conn:
-                    conn.info[_PENDING] = []
-                    try:
-                        return run(conn)
-                    finally:
-                        conn.info.pop(_PENDING, None)
-                        conn.info.pop(HEAD_INFO, None)
+                if core:
+                    # write_core begins IMMEDIATE itself, on a connection kept from its last
+                    # write if there is a clean one (storage/held_connections.py)
+                    return self._run_held(run)
+                with self._connect(write=True) as conn:
+                    return _run_with_pending(run, conn)
             except (OperationalError, DBAPIError) as exc:
                 # a pooled connection the server closed (no pre-ping: see engine.py) is
                 # invalidated by SQLAlchemy; nothing was committed, so run again on a fresh one
@@ -225,6 +234,19 @@ class LedgerTransactions:
                     raise self._unreachable(exc) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_held(self, run: Callable[[Connection], T]) -> T:
+        """:func:`_run_with_pending` on a connection of the hot path's free list
+        (:meth:`~privcal.storage.held_connections.HeldConnections._hot_connect`, without
+        its generator: issue 11)."""
+        conn, held = self._hot_take()
+        ok = False
+        try:
+            result = _run_with_pending(run, conn)
+            ok = True
+        finally:
+            self._hot_give(conn, held, ok)
+        return result
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -344,7 +366,8 @@ class LedgerTransactions:
 
     def _append_pending(self, conn: Connection) -> None:
         """Append the entries :meth:`append_audit` collected, in order (module docstring)."""
-        pending: list[tuple[str, str]] = conn.info.get(_PENDING) or []
+        info = conn.info
+        pending: list[tuple[str, str]] = info.get(_PENDING) or []
         if not pending:
             return
         if self.backend == "postgresql":
@@ -352,7 +375,7 @@ class LedgerTransactions:
         else:
             # SQLite: the BEGIN IMMEDIATE transaction already holds the database write lock
             q = self.hot_sql  # on the driver connection (storage/statements.py)
-            head = conn.info.pop(HEAD_INFO, None)  # read with the dataset row, if it was
+            head = info.pop(HEAD_INFO, None)  # read with the dataset row, if it was
             if head is None:
                 head = self._sql(conn, q.head).fetchone()
             if head is None or head[0] is None:
