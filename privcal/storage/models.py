@@ -59,16 +59,6 @@ __all__ = [
 SUBJECT_UNIT = Decimal("1e-12")
 
 
-def exact_text(value: Any) -> str | None:
-    """An exact amount as SQLite stores it: a plain decimal string (``format(d, "f")``)."""
-    if value is None:
-        return None
-    d = value if isinstance(value, Decimal) else Decimal(str(value))
-    if not d.is_finite():
-        raise ValueError("exact amounts must be finite")
-    return format(d, "f")
-
-
 def exact_numeric(value: Any) -> Decimal | None:
     """An exact amount as PostgreSQL's driver is given it: a finite Decimal."""
     if value is None:
@@ -77,6 +67,12 @@ def exact_numeric(value: Any) -> Decimal | None:
     if not d.is_finite():
         raise ValueError("exact amounts must be finite")
     return d
+
+
+def exact_text(value: Any) -> str | None:
+    """An exact amount as SQLite stores it: a plain decimal string (``format(d, "f")``)."""
+    d = exact_numeric(value)
+    return None if d is None else format(d, "f")
 
 
 def exact_value(value: Any) -> Decimal | None:
