@@ -105,7 +105,7 @@ class OptimisticCharges:
     _opt_pid: int = -1
     _snapshots: dict[str, Any]
     _backoff: dict[str, list[int]]
-    _drain_next: bool
+    _locked_next: bool
     _drain_mode: bool
     _last_chained: bool | None = None
 
@@ -113,18 +113,19 @@ class OptimisticCharges:
         """This process's snapshots: a forked child starts with none."""
         if self._opt_pid != os.getpid():
             self._snapshots, self._backoff = {}, {}
-            self._drain_next = self._drain_mode = False
+            self._locked_next = self._drain_mode = False
             self._opt_pid = os.getpid()
 
     def charge_snapshot(self, name: str) -> Any | None:
         """The dataset row ``name`` as this process's last charge left it, if it may be tried
-        optimistically now (PostgreSQL; not while backing off after a failed CAS, nor when
-        queued entries wait for the locked path's drain); else None."""
+        optimistically now (PostgreSQL; not while backing off after a failed statement, nor
+        right after a charge that was granted K but found no audit head row: the locked path
+        then refuses with a one-line error); else None."""
         if self.backend != "postgresql":  # type: ignore[attr-defined]
             return None
         self._opt_state()
-        if self._drain_next:
-            self._drain_next = False
+        if self._locked_next:
+            self._locked_next = False
             return None
         back = self._backoff.get(name)
         if back is not None and back[0] > 0:
@@ -255,14 +256,13 @@ class OptimisticCharges:
         self.remember_dataset(new)
         got, _, moved = appended[:3]
         self._last_chained = bool(moved)  # (bench/charge_round_trips.py counts queued ones)
-        if not moved:  # the entry was queued: the next charge drains (statement 2)
+        if not moved:  # the entry was queued: the next charge sends the draining append
             if got and drain:  # … but K granted, no head row: the locked path says so
-                self._drain_next = True
+                self._locked_next = True
             self._drain_mode = True
         elif drain and not appended[4]:  # nothing was queued: the plain append will do
             self._drain_mode = False
         return int(row[n]), new
-
 
     def _fence(self, ident: tuple[int, Any] | None) -> bool:
         """After the connection was lost while the optimistic statement ran: True once the
