@@ -43,8 +43,8 @@ from sqlalchemy.pool import StaticPool
 
 from privcal.errors import LedgerError
 
-__all__ = ["BEGIN_WITH_NEXT", "BUSY_TIMEOUT_MS", "begin_pending", "default_sqlite_path",
-           "make_engine", "parse_url", "resolve_url"]
+__all__ = ["BEGIN_WITH_NEXT", "BUSY_TIMEOUT_MS", "begin_pending", "connection_lost",
+           "default_sqlite_path", "make_engine", "parse_url", "resolve_url"]
 
 BUSY_TIMEOUT_MS = 30_000
 #: PostgreSQL connections older than this (seconds) are replaced at checkout
@@ -187,6 +187,11 @@ def _pg_engine(u: URL) -> Engine:
             raise DBAPIError.instance("BEGIN", (), exc, conn.dialect.loaded_dbapi.Error,
                                       dialect=conn.dialect) from exc
 
+    @event.listens_for(engine, "handle_error")
+    def _on_error(ctx: Any) -> None:
+        if not ctx.is_disconnect and connection_lost(ctx.original_exception):
+            ctx.is_disconnect = True  # invalidated, raised with connection_invalidated
+
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
         record.info["privcal_idle_since"] = time.monotonic()
@@ -206,6 +211,34 @@ def _pg_engine(u: URL) -> Engine:
             raise DisconnectionError(f"idle connection is dead: {exc}") from exc
 
     return engine
+
+
+#: SQLSTATEs of a server that ended the session: admin_shutdown (pg_terminate_backend, a
+#: fast shutdown), crash_shutdown, cannot_connect_now
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether the psycopg error ``exc`` says the connection is gone, whatever psycopg knew
+    of it yet: an OperationalError of libpq's own (no SQLSTATE: "sending query failed",
+    "consuming input failed", "connection socket closed" …), of class 08 (connection
+    exception), or a session the server ended (:data:`_SESSION_ENDED`).
+
+    SQLAlchemy's psycopg dialect asks only psycopg's ``closed``/``broken``, which lag the
+    error by a race: a ROLLBACK sent on a connection the server had just terminated failed
+    with "sending query failed: terminating connection due to administrator command" while
+    ``broken`` was still False — raised as a plain driver error, a service read answered 500
+    instead of 503 (tests/service/test_connection_drop.py, the ``checkout`` case, seen once in
+    CI). The engine's ``handle_error`` hook and the hot path
+    (:meth:`~privcal.storage.statements.HotStatements._db_error`) both ask this too."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the postgres extra is not installed
+        return False
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
 
 
 def spoke_while_idle(dbapi_conn: Any) -> bool:

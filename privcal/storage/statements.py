@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
 from privcal.storage.audit_queue import pg_append_with, pg_charge_entry
-from privcal.storage.engine import BEGIN_WITH_NEXT, begin_pending
+from privcal.storage.engine import BEGIN_WITH_NEXT, begin_pending, connection_lost
 from privcal.storage.models import Charge, Dataset
 from privcal.storage.sessions import CollectionSession, SessionBatch
 
@@ -382,7 +382,8 @@ class HotStatements:
         """The driver error ``exc`` as SQLAlchemy raises it (its DBAPIError subclass), and
         ``conn`` invalidated if the error says the connection is gone (as SQLAlchemy does)."""
         dialect = conn.dialect
-        dead = dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
+        dead = (dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
+                or (dialect.name == "postgresql" and connection_lost(exc)))
         if dead:
             conn.invalidate(exc)
         return DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,  # type: ignore[arg-type]
