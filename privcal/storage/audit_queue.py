@@ -82,8 +82,15 @@ _READ_ONLY = ("25006", "42501", "55000")
 #: attempts of :meth:`AuditSequencer.sequence_audit` on a transient failure
 _ATTEMPTS = 12
 
-_HASH = ("encode(sha256('\\x01'::bytea || decode(e.prev, 'hex') || "
-         "sha256('\\x00'::bytea || convert_to(e.payload, 'UTF8'))), 'hex')")
+
+def _chain_hash_sql(prev: str, payload: str) -> str:
+    """SQL of an entry's hash, the bytes of :func:`privcal.storage.audit.chain_hash`: the hex
+    of SHA-256(0x01 ‖ ``prev`` (hex) ‖ SHA-256(0x00 ‖ ``payload`` as UTF-8))."""
+    return (f"encode(sha256('\\x01'::bytea || decode({prev}, 'hex') || "
+            f"sha256('\\x00'::bytea || convert_to({payload}, 'UTF8'))), 'hex')")
+
+
+_HASH = _chain_hash_sql("e.prev", "e.payload")
 
 #: append one entry holding K: lock the head, number the entry, hash it (SHA-256 in the
 #: server, the same bytes as :func:`privcal.storage.audit.chain_hash`), insert it, move the head
@@ -139,7 +146,6 @@ def pg_append_with(source: str, *, commit_now: bool = False, more: str = "",
     )
 
 
-
 def pg_append_draining(source: str) -> str:
     """A write's entry in one statement that is also its transaction's last before COMMIT
     (the optimistic charge, :mod:`privcal.storage.optimistic`), after the CTEs ``source``
@@ -178,9 +184,7 @@ def pg_append_draining(source: str) -> str:
         "SELECT 1, NULL, p.kind, p.prefix FROM p WHERE EXISTS (SELECT 1 FROM h)) AS o), "
         "c AS (SELECT 0::bigint AS r, h.seq, h.hash, NULL::text AS prev, NULL::text AS kind, "
         "NULL::text AS payload FROM h "
-        "UNION ALL SELECT t.r, c.seq + 1, "
-        "encode(sha256('\\x01'::bytea || decode(c.hash, 'hex') || "
-        "sha256('\\x00'::bytea || convert_to(e.payload, 'UTF8'))), 'hex'), "
+        f"UNION ALL SELECT t.r, c.seq + 1, {_chain_hash_sql('c.hash', 'e.payload')}, "
         "c.hash, t.kind, e.payload FROM c JOIN t ON t.r = c.r + 1, "
         "LATERAL (SELECT t.prefix || (c.seq + 1)::text || '}' AS payload) AS e), "
         "i AS (INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "

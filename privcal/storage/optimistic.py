@@ -27,7 +27,9 @@ one round trip that *is* the commit:
    newest row version, computing the new row from it (PostgreSQL manual, 13.2.1 "Read
    Committed Isolation Level", the EvalPlanQual recheck), so the cost is checked against the
    totals *as committed* and added to them, and the statement holds the row lock from then
-   to COMMIT — what the locked path's ``FOR UPDATE`` gives. So concurrent charges of one
+   to COMMIT — what the locked path's ``FOR UPDATE`` gives. (Under a stricter isolation
+   level set on the server, such an UPDATE fails with a serialization error instead: nothing
+   is written and the locked path decides.) So concurrent charges of one
    dataset from many processes each take one round trip, serialised only by the server's
    row lock for the time of one statement, not by anyone's round trips. Every policy column
    is compared (caps, notion, Rényi orders — as ``jsonb`` — reporting δ, name, everything but
@@ -185,7 +187,7 @@ class OptimisticCharges:
         if cas is None:  # written once per ledger, with its other hot statements
             cas = q.cas_charge = prepared(cas_charge_sql(  # type: ignore[attr-defined]
                 self.engine.dialect, q.dataset, q.charge_cols))
-            q.cas_policy = policy_columns(q.dataset)  # type: ignore[attr-defined]
+            q.dump_policy = q.dataset.dumper(policy_columns(q.dataset))  # type: ignore[attr-defined]
         prepares, executes = cas
         drain = self._drain_mode
         sql = cas_message(executes, drain)
@@ -193,12 +195,11 @@ class OptimisticCharges:
         if not prefix.startswith(_ID_ZERO):  # pragma: no cover - RFC 8785 key order
             raise AssertionError("a charge entry does not begin with its charge_id")
         ds = snap._asdict()
-        same = q.dataset.dump(ds, q.cas_policy)  # type: ignore[attr-defined]
         key = values["idempotency_key"]
-        params = ([increments[c] for c in SPENT_COLUMNS] + [kind, snap.id] + same
+        params = ([increments[c] for c in SPENT_COLUMNS] + [kind, snap.id]
+                  + q.dump_policy(ds)  # type: ignore[attr-defined]
                   + [ds[c] for c in SPENT_COLUMNS] + [key, snap.id, key]
-                  + q.charge.dump(values, q.charge_cols)
-                  + ["charge", prefix[len(_ID_ZERO) - 1:]])
+                  + q.dump_charge(values) + ["charge", prefix[len(_ID_ZERO) - 1:]])
         ident = None
         with self._hot_connect() as conn:  # type: ignore[attr-defined]
             drv = conn.connection.driver_connection
