@@ -83,7 +83,7 @@ class ChargeStore:
             sql = q.insert_charge_count_spent if spent is not None else q.insert_charge_count
             return int(self._sql(conn, sql, upd + row).fetchone()[0])
         self._sql(conn, q.count_spent if spent is not None else q.count, upd)
-        cid = int(self._sql(conn, q.insert_charge, row).fetchone()[0])
+        cid = int(self._sql(conn, q.insert_charge_plain, row).lastrowid)
         if members is not None:
             self._sql(conn, q.insert_members, (cid, members))
         return cid

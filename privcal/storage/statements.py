@@ -190,9 +190,12 @@ class HotSQL:
         self.count_spent = (
             "UPDATE datasets SET charge_count = charge_count + 1, "
             + ", ".join(f"{c} = {p}" for c in SPENT_COLUMNS) + f" WHERE id = {p}")
-        self.insert_charge = (
+        #: SQLite: no RETURNING, the id is the driver's ``lastrowid`` (an INTEGER PRIMARY KEY;
+        #: 5 µs of the statement's 16, and a fetch)
+        self.insert_charge_plain = (
             f"INSERT INTO charges ({', '.join(self.charge_cols)}) "
-            f"VALUES ({', '.join([p] * len(self.charge_cols))}) RETURNING id")
+            f"VALUES ({', '.join([p] * len(self.charge_cols))})")
+        self.insert_charge = f"{self.insert_charge_plain} RETURNING id"
         #: the pseudonyms a local-DP charge charged
         self.insert_members = (f"INSERT INTO charge_members (charge_id, members) "
                                f"VALUES ({p}, {p})")
