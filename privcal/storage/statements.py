@@ -142,8 +142,7 @@ class Codec:
 
     def dump(self, values: dict[str, Any], names: Sequence[str]) -> list[Any]:
         """``values[name]`` for each of ``names``, as the driver is given it."""
-        bind = self.bind
-        return [bind[n](values[n]) if n in bind else values[n] for n in names]
+        return self.dumper(names)(values)
 
     def dumper(self, names: Sequence[str]) -> Callable[[dict[str, Any]], list[Any]]:
         """:meth:`dump` for a fixed ``names``, its processors looked up once (a hot
@@ -168,7 +167,6 @@ class HotSQL:
         self.charge = Codec(ct, dialect, list(ct.c))
         #: every charge column but id, in insert order
         self.charge_cols = tuple(c.name for c in ct.c if c.name != "id")
-        self.spent_bind = [self.dataset.bind.get(c) for c in SPENT_COLUMNS]
         #: a charge row's parameters (``charge_cols``) and the totals' (SPENT_COLUMNS) as the
         #: driver is given them, from the column → value dicts
         self.dump_charge = self.charge.dumper(self.charge_cols)
