@@ -139,8 +139,11 @@ class PrivateConformalClassifier(_Base):
                                f"predict_proba gives {k} columns")
         return classes
 
-    def conformalize(self, X_conf: Any, y_conf: Any) -> PrivateConformalClassifier:
-        """Calibrate on held-out data (charged to ``dataset``); returns self."""
+    def conformalize(self, X_conf: Any, y_conf: Any, *,
+                     subjects: Any = None) -> PrivateConformalClassifier:
+        """Calibrate on held-out data (charged to ``dataset``); returns self. ``subjects``:
+        the subject id of every row, which a local-DP method (``ldp-label``) needs: each
+        subject is charged against the dataset's per-subject cap by its id."""
         probs = self._probs(X_conf)
         if probs.ndim != 2:
             raise InvalidInput(f"predict_proba must give an n×k matrix, got {probs.shape}")
@@ -157,7 +160,8 @@ class PrivateConformalClassifier(_Base):
         names = [str(c) for c in classes]
         if len(set(names)) != len(names):
             raise InvalidInput("the estimator's classes_ are not distinct as text")
-        self._calibrate(probs=probs, labels=labels, classes=names)
+        self._calibrate(probs=probs, labels=labels, classes=names,
+                        **({} if subjects is None else {"subjects": subjects}))
         self.classes_ = classes
         return self
 
@@ -243,9 +247,12 @@ class PrivateConformalRegressor(_Base):
                     "upper_preds": _call(est[1], "predict", X)}
         return {"preds": _call(est, "predict", X)}  # n × 2, checked by the score
 
-    def conformalize(self, X_conf: Any, y_conf: Any) -> PrivateConformalRegressor:
-        """Calibrate on held-out data (charged to ``dataset``); returns self."""
-        self._calibrate(targets=np.asarray(y_conf), **self._band(X_conf))
+    def conformalize(self, X_conf: Any, y_conf: Any, *,
+                     subjects: Any = None) -> PrivateConformalRegressor:
+        """Calibrate on held-out data (charged to ``dataset``); returns self. ``subjects``:
+        the subject id of every row, which a local-DP method (``ldp-score``) needs."""
+        self._calibrate(targets=np.asarray(y_conf), **self._band(X_conf),
+                        **({} if subjects is None else {"subjects": subjects}))
         return self
 
     @classmethod

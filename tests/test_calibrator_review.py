@@ -304,7 +304,7 @@ def test_every_private_record_names_its_neighbouring_relation(accountant: Accoun
     r2 = accountant.calibrate("exponq", dataset="p", scores=s, alpha=0.1, epsilon=1.0)
     p, y = _classification(3, 500, k=4)
     r3 = accountant.calibrate("ldp-label", dataset="l", probs=p, labels=y, alpha=0.1,
-                              epsilon=2.0)  # fmt: skip
+                              epsilon=2.0, subjects=[f"u{i}" for i in range(500)])  # fmt: skip
     for rel in (r1, r2):
         assert rel.privacy["neighbouring"].startswith("substitution of one calibration score")
         assert "n is public" in rel.privacy["neighbouring"]
@@ -385,8 +385,10 @@ def test_cli_failure_probability_and_hidden_old_flag(
 def test_ldp_label_honours_score_as_a_keyword_and_reads_k(accountant: Accountant) -> None:
     accountant.create_dataset("l", rho=1, subject_epsilon=10)
     p, y = _classification(4, 600, k=5)
+    users = [f"u{i}" for i in range(600)]
     rel = accountant.calibrate("ldp-label", dataset="l", probs=p, labels=y, alpha=0.1,
-                               epsilon=3.0, score="aps", rng=random.Random(1))  # fmt: skip
+                               epsilon=3.0, score="aps", rng=random.Random(1),
+                               subjects=users)  # fmt: skip
     assert rel.params["score"] == "aps" and rel.coverage.details["score"] == "aps"
     assert rel.params["k"] is None and rel.coverage.details["k"] == 5
     direct = LDPLabel().calibrate(
@@ -397,7 +399,7 @@ def test_ldp_label_honours_score_as_a_keyword_and_reads_k(accountant: Accountant
     assert rel.threshold == direct.threshold
     with pytest.raises(InvalidInput, match="score given twice"):
         accountant.calibrate("ldp-label", {"score": "lac"}, dataset="l", probs=p, labels=y,
-                             alpha=0.1, epsilon=3.0, score="aps")  # fmt: skip
+                             alpha=0.1, epsilon=3.0, score="aps", subjects=users)  # fmt: skip
     assert accountant.budget("l").releases == 1
     assert Decimal(0) < Decimal(str(rel.privacy["epsilon"]))
 

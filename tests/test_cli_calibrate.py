@@ -74,6 +74,7 @@ def _write_inputs(d: Path) -> None:
     np.save(d / "y.npy", labels)
     np.savez(d / "calib.npz", probs=probs, labels=labels, scores=s)
     np.save(d / "agents.npy", np.repeat(np.arange(10), n // 10))
+    (d / "ids.csv").write_text("subject\n" + "".join(f"user-{i}\n" for i in range(n)))
     (d / "s.parquet").write_bytes(b"PAR1")
 
 
@@ -94,12 +95,13 @@ METHOD_ARGS: dict[str, list[str]] = {
     "pcoqs": ["--rho", "0.5", "--scores", "s.npy"],
     "exponq": ["--epsilon", "1", "--scores", "s.npy"],
     "split": ["--scores", "s.npy"],
-    "ldp-label": ["--epsilon", "2", "--k", "3", "--probs", "p.npy", "--labels", "y.npy"],
-    "ldp-score": ["--epsilon", "2", "--simulate", "--scores", "s.npy"],
+    "ldp-label": ["--epsilon", "2", "--k", "3", "--probs", "p.npy", "--labels", "y.npy",
+                  "--subjects", "ids.csv"],
+    "ldp-score": ["--epsilon", "2", "--simulate", "--scores", "s.npy", "--subjects", "ids.csv"],
     "fedcp-qq": ["--scores", "s.npy", "--agent-of", "agents.npy"],
     "fedcp2-qq": ["--epsilon", "8", "--scores", "s.npy", "--agent-of", "agents.npy"],
 }
-FILE_OPTS = {"--scores", "--probs", "--labels", "--agent-of"}
+FILE_OPTS = {"--scores", "--probs", "--labels", "--agent-of", "--subjects"}
 
 
 def _args(env: Env, items: list[str]) -> list[str]:

@@ -102,6 +102,7 @@ def test_cqr_with_an_infinite_threshold_is_said(env: CliEnv) -> None:
 
 def test_every_central_and_federated_method_takes_preds(env: CliEnv) -> None:
     np.save(env.f("agents.npy"), np.repeat(np.arange(10), 200))
+    (env.dir / "ids.csv").write_text("subject\n" + "".join(f"user-{i}\n" for i in range(2000)))
     args = ["--preds", env.f("f.npy"), "--targets", env.f("y.npy"), "--score", "absolute",
             "--alpha", "0.1"]
     for method, extra in [
@@ -112,7 +113,7 @@ def test_every_central_and_federated_method_takes_preds(env: CliEnv) -> None:
         ("fedcp2-qq", ["--dataset", "fed", "--agent-of", env.f("agents.npy"), "--epsilon", "5",
                        "--score-range", "0,6"]),
         ("ldp-score", ["--dataset", "fed", "--epsilon", "2", "--score-range", "0,6",
-                       "--simulate"]),
+                       "--simulate", "--subjects", env.f("ids.csv")]),
     ]:
         rel = env.json("calibrate", method, *args, *extra)["release"]
         assert rel["diagnostics"]["score"]["name"] == "absolute", method

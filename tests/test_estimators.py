@@ -182,3 +182,26 @@ def test_a_saved_release_serves_identical_sets_and_intervals_in_a_fresh_process(
     np.testing.assert_array_equal(np.load(tmp_path / "iv.npy"),
                                   reg.predict_interval(Xr[1000:])[1])
     assert Release.load(tmp_path / "clf.json") == clf.release_
+
+
+def test_local_dp_methods_take_the_subjects_of_the_rows(accountant: Accountant) -> None:
+    """A local-DP method charges each subject by its id: conformalize takes them, and refuses
+    to run without (a row number is not a person), charging nothing."""
+    accountant.create_dataset("l", epsilon=1, subject_epsilon=4)
+    X, y = _class_data(5, 3000)
+    clf = PrivateConformalClassifier(SoftmaxModel(["a", "b", "c"]), method="ldp-label",
+                                     confidence_level=0.9, accountant=accountant,
+                                     dataset="l", epsilon=2, rng=random.Random(0))
+    with pytest.raises(InvalidInput, match="give the subject id of every row"):
+        clf.conformalize(X, np.array(["a", "b", "c"])[y])
+    assert accountant.budget("l").releases == 0
+    users = [f"patient-{i}" for i in range(3000)]
+    clf.conformalize(X, np.array(["a", "b", "c"])[y], subjects=users)
+    assert clf.release_.method == "ldp-label"
+    assert accountant.subject_spend("l", "patient-7") == 2
+    Xr, yr = _reg_data(6, 3000)
+    reg = PrivateConformalRegressor(Linear(), method="ldp-score", score="absolute",
+                                    confidence_level=0.9, accountant=accountant, dataset="l",
+                                    epsilon=2, score_range=(0, 4), rng=random.Random(1))
+    reg.conformalize(Xr, yr, subjects=users)
+    assert accountant.subject_spend("l", "patient-7") == 4

@@ -203,7 +203,8 @@ def test_wrappers_refuse_local_and_federated_methods(accountant: Accountant) -> 
     before = _state(accountant, "l")
     with pytest.raises(InvalidInput, match="central method"):
         accountant.calibrate("ldp-label", dataset="l", probs=probs, labels=y, alpha=0.1,
-                             epsilon=2, mondrian="label", public_groups=True)
+                             epsilon=2, mondrian="label", public_groups=True,
+                             subjects=[f"u{i}" for i in range(300)])
     with pytest.raises(InvalidInput, match="central method"):
         accountant.calibrate("fedcp-qq", dataset="l", scores=np.linspace(0, 1, 300),
                              agents=np.repeat(np.arange(3), 100), alpha=[0.1, 0.2])

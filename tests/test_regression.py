@@ -205,7 +205,8 @@ def test_federated_and_local_methods_take_regression_scores(accountant: Accounta
     assert rel2.predict_interval(f[:2]).shape == (2, 2)
     rel3 = accountant.calibrate("ldp-score", dataset="d", preds=f, targets=y, score="absolute",
                                 alpha=0.1, epsilon=2.0, score_range=(0, 6),
-                                rng=random.Random(0))  # fmt: skip
+                                rng=random.Random(0),
+                                subjects=[f"u{i}" for i in range(4000)])  # fmt: skip
     assert rel3.diagnostics["score_range"]["source"] == "score_range"
     assert rel3.predict_interval(f[:2]).shape == (2, 2)
     # the records (the score range included) verify

@@ -173,11 +173,13 @@ def test_old_releases_verify_by_their_own_formula(ledger_url: str) -> None:
     s = np.random.default_rng(2).beta(2, 5, 3000)
     r = random.Random(0)
     pc = acct.calibrate("pcoqs", dataset="z", scores=s, alpha=0.1, rho=0.5, rng=r)
-    ls = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2, rng=r)
+    users = [f"u{i}" for i in range(3000)]
+    ls = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2, rng=r,
+                        subjects=users)
     probs = np.random.default_rng(3).dirichlet(np.ones(4), 3000)
     labels = np.random.default_rng(4).integers(0, 4, 3000)
     ll = acct.calibrate("ldp-label", dataset="z", probs=probs, labels=labels, alpha=0.1,
-                        epsilon=2, rng=r)  # fmt: skip
+                        epsilon=2, rng=r, subjects=[f"v{i}" for i in range(3000)])  # fmt: skip
     assert pc.coverage.details["bound"] == "exact" and ls.coverage.details["bound"] == "exact"
     assert ll.coverage.details["bound"] == "one-sided"
     _legacy(acct, pc, "1.0.0", {"bound": "subgaussian"})

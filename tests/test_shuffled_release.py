@@ -42,6 +42,8 @@ def env(ledger_url: str, tmp_path: Path) -> Env:
     probs = rng.dirichlet(np.ones(4), N)
     np.save(tmp_path / "p.npy", probs)
     np.save(tmp_path / "y.npy", rng.integers(0, 4, N))
+    # local-DP runs need the subject of every row: the same N users in every run
+    (tmp_path / "ids.csv").write_text("subject\n" + "".join(f"{i}\n" for i in range(N)))
     return e
 
 
@@ -54,7 +56,8 @@ def _amplify(env: Env, eps0: float, n: int, delta: str, randomizer: str, k: int 
 
 def test_ldp_score_shuffled_records_per_round_amplification(env: Env) -> None:
     doc = env.json("calibrate", "ldp-score", "--dataset", "a", "--alpha", "0.1",
-                   "--epsilon", "2", "--simulate", "--shuffled", "--scores", env.f("s.npy"))
+                   "--epsilon", "2", "--simulate", "--shuffled", "--scores", env.f("s.npy"),
+                   "--subjects", env.f("ids.csv"))
     rel = doc["release"]
     extra = rel["privacy"]["extra"]
     group = rel["diagnostics"]["group_size"]
@@ -92,7 +95,8 @@ def test_shuffled_run_refused_where_the_amplified_cost_cannot_be_charged(
     assert env.run("dataset", "create", "q", *cap, "--subject-epsilon", "20").exit_code == 0
     before = env.state("q")
     args = ["calibrate", "ldp-score", "--dataset", "q", "--alpha", "0.1", "--epsilon", "2",
-            "--simulate", "--shuffled", "--scores", env.f("s.npy")]
+            "--simulate", "--subjects", env.f("ids.csv"), "--shuffled", "--scores",
+            env.f("s.npy")]
     for extra in ([], ["--dry-run"]):
         res = env.run(*args, *extra)
         assert res.exit_code == 3, res.stderr
@@ -106,7 +110,8 @@ def test_shuffled_run_refused_where_the_amplified_cost_cannot_be_charged(
 
 def test_ldp_score_unshuffled_records_no_amplification(env: Env) -> None:
     rel = env.json("calibrate", "ldp-score", "--dataset", "z", "--alpha", "0.1",
-                   "--epsilon", "2", "--simulate", "--scores", env.f("s.npy"))["release"]
+                   "--epsilon", "2", "--simulate", "--scores", env.f("s.npy"),
+                   "--subjects", env.f("ids.csv"))["release"]
     assert "extra" not in rel["privacy"]
 
 
@@ -116,7 +121,8 @@ def test_ldp_label_shuffled_is_refused(env: Env, assume: bool) -> None:
     shuffling does not amplify; the assumption of unlinkable features does not change it."""
     before = env.state("a")
     args = ["calibrate", "ldp-label", "--dataset", "a", "--alpha", "0.1", "--epsilon", "2",
-            "--k", "4", "--probs", env.f("p.npy"), "--labels", env.f("y.npy"), "--shuffled"]
+            "--k", "4", "--probs", env.f("p.npy"), "--labels", env.f("y.npy"), "--shuffled",
+            "--subjects", env.f("ids.csv")]
     res = env.run(*args, *(["--assume-unlinkable-features"] if assume else []))
     assert res.exit_code == 1
     line = res.stderr.strip().splitlines()[-1]
@@ -143,7 +149,7 @@ def test_assumption_without_shuffle_is_an_error(env: Env) -> None:
     before = env.state("z")
     res = env.run("calibrate", "ldp-label", "--dataset", "z", "--alpha", "0.1", "--epsilon", "2",
                   "--k", "4", "--probs", env.f("p.npy"), "--labels", env.f("y.npy"),
-                  "--assume-unlinkable-features")  # fmt: skip
+                  "--subjects", env.f("ids.csv"), "--assume-unlinkable-features")  # fmt: skip
     assert res.exit_code == 1 and "only matters with --shuffled" in res.stderr
     assert env.state("z") == before
 
@@ -158,7 +164,8 @@ def test_amplified_cost_charged_to_an_approx_dataset(env: Env) -> None:
     before = env.json("budget", "show", "a")
     assert before["spent"] == {"epsilon": "0", "delta": "0"}
     doc = env.json("calibrate", "ldp-score", "--dataset", "a", "--alpha", "0.1",
-                   "--epsilon", "2", "--simulate", "--shuffled", "--scores", env.f("s.npy"))
+                   "--epsilon", "2", "--simulate", "--shuffled", "--scores", env.f("s.npy"),
+                   "--subjects", env.f("ids.csv"))
     rel = doc["release"]
     amp = rel["privacy"]["extra"]["amplification"]
     assert amp["delta"] == pytest.approx(1e-5)  # the dataset's δ
@@ -178,19 +185,23 @@ def test_amplified_cost_charged_to_an_approx_dataset(env: Env) -> None:
     # the whole δ of the cap is spent: a second shuffled run is refused, nothing written
     snap = env.state("a")
     res = env.run("calibrate", "ldp-score", "--dataset", "a", "--alpha", "0.1", "--epsilon", "2",
-                  "--simulate", "--shuffled", "--scores", env.f("s.npy"))  # fmt: skip
+                  "--simulate", "--shuffled", "--scores", env.f("s.npy"),
+                  "--subjects", env.f("ids.csv"))  # fmt: skip
     assert res.exit_code == 3 and "budget refused" in res.stderr
     assert env.state("a") == snap
 
 
 def test_amplification_uses_the_subjects_actually_shuffled(env: Env) -> None:
     np.save(env.dir / "first.npy", np.load(env.f("s.npy"))[: N // 2])
+    (env.dir / "first.csv").write_text("subject\n" + "".join(f"{i}\n" for i in range(N // 2)))
     assert env.run("dataset", "create", "c", "--approx-epsilon", "3", "--approx-delta", "1e-5",
                    "--subject-epsilon", "3").exit_code == 0
     # subjects 0 … N/2−1 spend 2 of their 3: they are refused by the next ε0 = 2 run
     env.json("calibrate", "ldp-score", "--dataset", "c", "--alpha", "0.1", "--epsilon", "2",
-             "--simulate", "--scores", env.f("first.npy"))  # fmt: skip
+             "--simulate", "--scores", env.f("first.npy"), "--subjects",
+             env.f("first.csv"))  # fmt: skip
     rel = env.json("calibrate", "ldp-score", "--dataset", "c", "--alpha", "0.1", "--epsilon", "2",
-                   "--simulate", "--shuffled", "--scores", env.f("s.npy"))["release"]
+                   "--simulate", "--shuffled", "--scores", env.f("s.npy"), "--subjects",
+                   env.f("ids.csv"))["release"]
     assert rel["shape"]["n"] == N // 2  # only the accepted half took part
     assert rel["privacy"]["extra"]["n_shuffled"] == rel["diagnostics"]["group_size"]

@@ -118,7 +118,8 @@ def test_class_names_survive_audit_verify(accountant: Accountant) -> None:
     a = accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=names, score="lac",
                              classes=NAMES, alpha=0.1, rho=0.2, rng=random.Random(2))
     accountant.calibrate("ldp-label", dataset="d", probs=probs, labels=names, classes=NAMES,
-                         alpha=0.1, epsilon=2, k=3, rng=random.Random(2))
+                         alpha=0.1, epsilon=2, k=3, rng=random.Random(2),
+                         subjects=[f"u{i}" for i in range(len(names))])
     report = accountant.verify()
     assert report.releases == 2
     # the names are part of the recorded release document: swapping two in the database

@@ -50,7 +50,8 @@ def filled(ledger_url: str) -> tuple[str, Accountant, dict[str, int]]:
         "fedcp2-qq": acct.calibrate("fedcp2-qq", dataset="z", scores=SCORES, agents=AGENTS,
                                     alpha=0.1, epsilon=8, rng=r).id,
         "ldp-score": acct.calibrate("ldp-score", dataset="a", scores=SCORES, alpha=0.1,
-                                    epsilon=2, shuffled=True, rng=r).id,
+                                    epsilon=2, shuffled=True, rng=r,
+                                    subjects=[f"u{i}" for i in range(len(SCORES))]).id,
     }  # fmt: skip
     acct.charge("z", ZCDP(rho=0.1), purpose="a mechanism outside privcal")
     return ledger_url, acct, ids

@@ -127,6 +127,16 @@ def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
                if getattr(data, f) is not None}
     if len(set(lengths.values())) > 1:
         raise InvalidInput(f"calibration arrays differ in length: {lengths}")
+    if (calibrator.privacy_model == "federated" and data.subjects is not None
+            and (data.agents is None
+                 or not np.array_equal(id_strings(data.subjects, "subject ids"),
+                                       id_strings(data.agents, "agent ids")))):
+        # one message per agent is released, and each agent is charged once for it: other
+        # subjects would charge one ε0 for several messages (one person behind five agents,
+        # charged once for five releases of ε0)
+        raise InvalidInput(f"{calibrator.name} is federated: its subjects are its agents "
+                           "(each agent is charged once for its message); give no subject "
+                           "ids, or the agent ids")
 
 
 def run(
@@ -220,12 +230,13 @@ def _run(
                 scope=f"dataset {dataset!r}", asked="non-private", remaining="",
             )
     elif isinstance(cost, LocalDP):
-        if data.subjects is None:
-            raise InvalidInput(
-                f"{calibrator.name} is local DP: give the subject id of each row")
         # a federated agent holds many rows but is one subject, charged once
         per_agent = calibrator.privacy_model == "federated"
-        sids = id_strings(data.subjects, "subject ids")
+        subjects = data.agents if per_agent else data.subjects  # (check_data: the same ids)
+        if subjects is None:
+            raise InvalidInput(
+                f"{calibrator.name} is local DP: give the subject id of each row")
+        sids = id_strings(subjects, "subject ids")
         charged, row_of = (np.unique(sids, return_inverse=True) if per_agent
                            else (sids, None))
 

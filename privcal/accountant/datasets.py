@@ -29,7 +29,7 @@ from privcal.calibrators.validation import id_strings
 from privcal.errors import InvalidInput, check_text
 from privcal.storage import Ledger
 from privcal.storage.audit import dataset_doc, now
-from privcal.storage.models import SUBJECT_UNIT
+from privcal.storage.models import SUBJECT_UNIT, cap_units, units_eps
 
 __all__ = [
     "budget_report",
@@ -147,7 +147,7 @@ def budget_report(ledger: Ledger, name: str) -> BudgetReport:
 
 def _eps(units: float | int) -> Decimal:
     """Spent units (of :data:`~privcal.storage.models.SUBJECT_UNIT`) as an exact ε."""
-    return Decimal(acc.dstr(Decimal(int(units)) * SUBJECT_UNIT))
+    return Decimal(acc.dstr(units_eps(int(units))))
 
 
 def subject_spend(ledger: Ledger, name: str, subject_id: Any) -> Decimal:
@@ -167,11 +167,11 @@ def subject_summary(ledger: Ledger, name: str) -> SubjectSummary:
     if units.size == 0:
         return SubjectSummary(dataset=name, subject_epsilon=cap, subjects=0, at_cap=0,
                               max=Decimal(0), mean=0.0, quantiles={})
-    cap_units = int(cap / SUBJECT_UNIT) if cap is not None else None
+    cap_u = cap_units(cap) if cap is not None else None
     qs = {f"{q:g}": _eps(np.quantile(units, q, method="higher")) for q in (0.5, 0.9, 0.99)}
     return SubjectSummary(
         dataset=name, subject_epsilon=Decimal(acc.dstr(cap)) if cap is not None else None,
         subjects=int(units.size),
-        at_cap=int((units >= cap_units).sum()) if cap_units is not None else 0,
+        at_cap=int((units >= cap_u).sum()) if cap_u is not None else 0,
         max=_eps(units.max()), mean=float(units.mean()) * float(SUBJECT_UNIT), quantiles=qs,
     )

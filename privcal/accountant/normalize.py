@@ -71,10 +71,18 @@ def parse_amount(
 _MAX_AMOUNT = Decimal("1e15")
 
 
-def _up(d: Decimal) -> Decimal:
-    """``d`` rounded up to :data:`AMOUNT_PLACES` places (InvalidInput if it is too large)."""
+def _up(d: Decimal, what: str, *, zero_ok: bool = False) -> Decimal:
+    """``d`` rounded up to :data:`AMOUNT_PLACES` places; InvalidInput if it is too large or
+    not positive (≥ 0 where ``zero_ok``). A cost's own validators check the sign too, but a
+    cost built without them (pydantic's ``model_construct``) reaches here as it is: a
+    negative amount would have been charged as a refund of the budget."""
+    if type(d) is not Decimal:
+        raise InvalidInput(f"{what} must be a Decimal, got {d!r} (a cost built without "
+                           "validation?)")
     if not d.is_finite() or abs(d) >= _MAX_AMOUNT:
         raise InvalidInput(f"privacy amount {d} is too large (must be < {_MAX_AMOUNT:.0E})")
+    if d < 0 or (d == 0 and not zero_ok):
+        raise InvalidInput(f"{what} must be {'≥' if zero_ok else '>'} 0, got {d}")
     return d.quantize(_QUANTUM, rounding=ROUND_CEILING).normalize()
 
 
@@ -89,18 +97,18 @@ def normalize_cost(cost: AnyCost) -> AnyCost:
     A cost already in that form is returned as is (costs are frozen): no second validation
     on the charge's hot path (issue 11)."""
     if isinstance(cost, PureDP):
-        eps = _up(cost.eps)
+        eps = _up(cost.eps, "ε")
         return cost if _same(eps, cost.eps) else PureDP(eps=eps)
     if isinstance(cost, ZCDP):
-        rho = _up(cost.rho)
+        rho = _up(cost.rho, "ρ")
         return cost if _same(rho, cost.rho) else ZCDP(rho=rho)
     if isinstance(cost, ApproxDP):
-        delta = _up(cost.delta)
+        delta = _up(cost.delta, "δ", zero_ok=True)
         if delta >= 1:
             raise InvalidInput(f"δ must be < 1, got {cost.delta}")
-        return ApproxDP(eps=_up(cost.eps), delta=delta)
+        return ApproxDP(eps=_up(cost.eps, "ε", zero_ok=True), delta=delta)
     if isinstance(cost, LocalDP):
-        return LocalDP(eps0=_up(cost.eps0))
+        return LocalDP(eps0=_up(cost.eps0, "ε0"))
     raise InvalidInput(f"not a privacy cost: {cost!r}")
 
 

@@ -98,8 +98,9 @@ def prepare(
     Scores come either precomputed (``scores``) or from ``probs`` + ``labels``
     with a score function named by ``score`` (SPEC §1). ``ldp-label`` takes the
     probabilities and the users' noisy labels directly. Local-DP methods need a
-    subject id per row (``subjects``; default: the row number); federated ones
-    an agent id per score (``agents``), and their agents are the subjects.
+    subject id per row (``subjects``: each subject is charged against the dataset's
+    per-subject cap by its id, across runs); federated ones an agent id per score
+    (``agents``), and their agents are the subjects.
 
     Labels may be class names (strings): see :func:`encode_labels` for how they map to
     probability columns; the names are recorded in the release (``diagnostics["classes"]``).
@@ -207,11 +208,15 @@ def prepare(
 
     subject_ids = None
     if cal.privacy_model == "local":
-        subject_ids = (
-            _ids(subjects, "subject ids", n)
-            if subjects is not None
-            else np.array([str(i) for i in range(n)], dtype=object)
-        )
+        if subjects is None:
+            # the per-subject cap follows a person across runs by their id; a row number
+            # names a different person in every run (row 5 today, row 4 000 tomorrow), so a
+            # default would let one person spend past the cap with every key within it
+            raise InvalidInput(
+                f"{cal.name} is local DP: give the subject id of every row (--subjects FILE; "
+                "subjects= in Python): each subject is charged against the per-subject cap "
+                "by its id, across runs")
+        subject_ids = _ids(subjects, "subject ids", n)
     elif cal.privacy_model == "federated" and agent_ids is not None:
         subject_ids = agent_ids
     elif subjects is not None:
@@ -304,6 +309,9 @@ def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
         if cal.privacy_model != "local":
             raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
         _ids(subjects, "subject ids", n)  # the ids are checked; no data value is read
+    elif cal.privacy_model == "local":
+        raise InvalidInput(f"{cal.name} is local DP: give the subject id of every row "
+                           "(--subjects FILE; subjects= in Python)")
     try:
         return DataShape(n=n, k=k, group_sizes=sizes)
     except ValidationError as exc:

@@ -47,7 +47,7 @@ from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import BudgetRefused, InvalidInput
 from privcal.storage import Ledger, pseudonyms
 from privcal.storage.audit import charge_doc, now
-from privcal.storage.models import SUBJECT_UNIT
+from privcal.storage.models import cap_units, spend_units
 from privcal.storage.pseudonyms import hex_of, key_id, pseudonyms_raw, subjects_digest
 
 __all__ = ["charge_subjects"]
@@ -92,7 +92,7 @@ def charge_subjects(
     purpose = optional_text(purpose, "purpose", 10_000)
     requester = optional_text(requester, "requester")
     key = optional_text(idempotency_key, "idempotency key")
-    e_units = int(cost0.eps0 / SUBJECT_UNIT)
+    e_units = spend_units(cost0.eps0)
     skey = ledger.subject_key()
     kid = key_id(skey)
     # what the ledger stores, never the ids; staged in pseudonym order, so that the
@@ -136,11 +136,11 @@ def charge_subjects(
                 "local-DP charges (create it with --subject-epsilon)",
                 scope=f"dataset {ds.name!r} subjects", asked=cost0.describe(), remaining="",
             )
-        cap_units = int(ds.subject_epsilon / SUBJECT_UNIT)
-        if e_units > cap_units:
+        cap_u = cap_units(ds.subject_epsilon)
+        if e_units > cap_u:
             over_u = np.ones(uniq.shape[0], dtype=bool)
         else:
-            over = ledger.bulk_charge_subjects(conn, ds.id, pseud_sorted, e_units, cap_units)
+            over = ledger.bulk_charge_subjects(conn, ds.id, pseud_sorted, e_units, cap_u)
             over_u = np.isin(pseud, np.asarray(over, dtype="<U64"))
         n_over = int(over_u.sum())
         accepted_mask = is_first & ~over_u[inverse]

@@ -197,7 +197,8 @@ def _make_calibrate_command(name: str) -> click.Command:
     if cal.privacy_model == "local":
         opts.append(
             click.Option(["--subjects"], type=FILE,
-                         help="Subject id of every row, read as text (default: row number).")
+                         help="Subject id of every row, read as text (required: each subject is "
+                              "charged against the per-subject cap by its id, across runs).")
         )
         opts.append(
             click.Option(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -50,13 +50,41 @@ __all__ = [
     "ReleaseRow",
     "SubjectBaseline",
     "SubjectSpend",
+    "cap_units",
     "exact_numeric",
     "exact_text",
     "exact_value",
+    "spend_units",
+    "units_eps",
 ]
 
 #: per-subject spends are stored as integer multiples of this ε
 SUBJECT_UNIT = Decimal("1e-12")
+
+#: the context of every conversion between ε and units: exact for any amount the ledger stores
+#: (NUMERIC(48, 30), 18 integer digits), whatever decimal context the caller has set — under
+#: a caller's ``getcontext().prec = 13`` a cap of 10.999999999999 divided in the default
+#: context became 11 × 10¹² units, and a subject spent 11 against it
+_UNITS = Context(prec=100)
+
+
+def spend_units(eps: Decimal) -> int:
+    """A per-subject spend ε0 in whole units of :data:`SUBJECT_UNIT`, rounded up (a spend
+    is never under-counted; ε0 has at most 12 decimals when charged, so this is exact)."""
+    q = _UNITS.divide(Decimal(eps), SUBJECT_UNIT)
+    return int(q.to_integral_value(rounding=ROUND_CEILING))
+
+
+def cap_units(eps: Decimal) -> int:
+    """A per-subject cap in whole units of :data:`SUBJECT_UNIT`, rounded down (a cap is never
+    raised)."""
+    q = _UNITS.divide(Decimal(eps), SUBJECT_UNIT)
+    return int(q.to_integral_value(rounding=ROUND_FLOOR))
+
+
+def units_eps(units: int) -> Decimal:
+    """Whole units of :data:`SUBJECT_UNIT` as the exact ε they stand for."""
+    return _UNITS.multiply(Decimal(int(units)), SUBJECT_UNIT)
 
 
 def exact_numeric(value: Any) -> Decimal | None:

@@ -27,7 +27,6 @@ from privcal.errors import AuditFailed, InvalidInput, LedgerError
 from privcal.storage import audit
 from privcal.storage import sessions as _sessions
 from privcal.storage.models import (
-    SUBJECT_UNIT,
     AuditEntry,
     AuditHead,
     AuditQueue,
@@ -35,6 +34,7 @@ from privcal.storage.models import (
     Dataset,
     ReleaseRow,
     SubjectSpend,
+    spend_units,
 )
 from privcal.storage.records import VerifyReport
 from privcal.storage.verify_subjects import check_subject_spends
@@ -352,7 +352,7 @@ class LedgerVerifier:
                     t[3] += c.epsilon
                     t[4] += c.delta
                 if c.eps0 is not None and c.subjects_accepted:
-                    local_units[c.dataset_id] += c.eps0 / SUBJECT_UNIT * c.subjects_accepted
+                    local_units[c.dataset_id] += spend_units(c.eps0) * c.subjects_accepted
             stored_units = dict(
                 s.execute(select(SubjectSpend.dataset_id, func.sum(SubjectSpend.spent_units))
                           .group_by(SubjectSpend.dataset_id)).all()

@@ -20,12 +20,12 @@ from sqlalchemy.orm import Session
 from privcal.errors import AuditFailed
 from privcal.storage import pseudonyms
 from privcal.storage.models import (
-    SUBJECT_UNIT,
     Charge,
     ChargeMembers,
     Dataset,
     LedgerSecret,
     SubjectBaseline,
+    spend_units,
 )
 
 __all__ = ["check_subject_spends"]
@@ -115,7 +115,7 @@ def check_subject_spends(s: Session, datasets: dict[int, Dataset],
                               f"{c.subjects_accepted} subjects but stores {n}")
         keys[c.dataset_id].append(np.frombuffer(bytes(blob), dtype="S32"))
         weights[c.dataset_id].append(np.full(
-            n, int((c.eps0 or Decimal(0)) / SUBJECT_UNIT), dtype=np.int64))
+            n, spend_units(c.eps0 or Decimal(0)), dtype=np.int64))
     if blobs:
         raise AuditFailed(f"charge_members of charge {min(blobs)} has no logged charge "
                           "(row inserted)")

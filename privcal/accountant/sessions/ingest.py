@@ -37,7 +37,7 @@ from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings
 from privcal.errors import InvalidInput
 from privcal.storage.audit import canonical, charge_doc, now
-from privcal.storage.models import SUBJECT_UNIT, Dataset
+from privcal.storage.models import Dataset, cap_units, spend_units
 from privcal.storage.pseudonyms import (
     key_id,
     members_commitment,
@@ -217,11 +217,11 @@ def submit_reports(
             need = proto.group_size - int(row.state.get("round_count", 0))  # type: ignore
         has = np.zeros(cand.shape[0], dtype=bool)
         if charged:
-            e_units = int(Decimal(eps0) / SUBJECT_UNIT)
-            cap_units = int((ds.subject_epsilon or Decimal(0)) / SUBJECT_UNIT)
+            e_units = spend_units(Decimal(eps0))
+            cap_u = cap_units(ds.subject_epsilon or Decimal(0))
             # budget before fullness: drop the over-cap first, so they do not take a slot
             has, units = spent.lookup(praw[cand])
-            is_over = units > cap_units - e_units
+            is_over = units > cap_u - e_units
             why[R.OVER_CAP] += int(is_over.sum())
             cand, has = cand[~is_over], has[~is_over]
         chosen, has = cand[:need], has[:need]
@@ -238,7 +238,7 @@ def submit_reports(
         n_rej = n - n_acc
         charge_id: int | None = None
         if charged:
-            ledger.charge_probed(conn, ds.id, acc_raw[~has], acc_raw[has], e_units, cap_units)
+            ledger.charge_probed(conn, ds.id, acc_raw[~has], acc_raw[has], e_units, cap_u)
             # who was charged: stored with the charge, committed to by its audit entry
             blob, mdigest = members_commitment(key_id(skey), acc_raw, presorted=True)
             values: dict[str, Any] = {
