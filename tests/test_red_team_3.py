@@ -30,7 +30,7 @@ from privcal.calibrators.base import CalibrationInput
 from privcal.cli import main
 from privcal.costs import ZCDP, LocalDP, PureDP
 from privcal.errors import BudgetRefused, InvalidInput
-from privcal.storage.models import cap_units, spend_units, units_eps
+from privcal.storage.models import MAX_SUBJECT_UNITS, cap_units, spend_units, units_eps
 
 
 def _written(acct: Any) -> tuple[int, int, int, int]:
@@ -172,3 +172,22 @@ def test_a_negative_local_cost_built_without_validation_is_refused(accountant: A
         accountant.charge_subjects("d", LocalDP.model_construct(eps0=Decimal("-1")), ["alice"])
     assert _written(accountant) == before
     assert accountant.subject_spend("d", "alice") == 1
+
+
+# ------------------------------------------------------------------- a cap past 64 bits
+def test_a_subject_cap_past_64_bit_units_is_refused_or_lowered(accountant: Any) -> None:
+    """A cap of 10⁷ ε is 10¹⁹ units, past a 64-bit spend: a charge of it raised a bare
+    OverflowError. A new dataset's cap is at most 10⁶; one stored before is lowered to it
+    (a cap is never raised), and charges work."""
+    with pytest.raises(InvalidInput, match="subject ε must be at most 1000000"):
+        accountant.create_dataset("big", epsilon=1, subject_epsilon="99999999999999")
+    assert cap_units(Decimal("99999999999999")) == MAX_SUBJECT_UNITS
+    accountant.create_dataset("old", epsilon=1, subject_epsilon=1_000_000)
+    with accountant.ledger.engine.begin() as conn:  # as a ledger of an earlier version held it
+        conn.execute(text("UPDATE datasets SET subject_epsilon = '99999999999999' "
+                          "WHERE name = 'old'"))
+    r = accountant.charge_subjects("old", "600000", ["s"])
+    assert r.accepted == 1
+    with pytest.raises(BudgetRefused, match="1 over cap"):
+        accountant.charge_subjects("old", "600000", ["s"])  # 1.2e6 > the lowered 1e6
+    assert accountant.subject_spend("old", "s") == 600000

@@ -37,6 +37,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 __all__ = [
+    "MAX_SUBJECT_UNITS",
     "SUBJECT_UNIT",
     "AuditEntry",
     "AuditHead",
@@ -61,6 +62,10 @@ __all__ = [
 #: per-subject spends are stored as integer multiples of this ε
 SUBJECT_UNIT = Decimal("1e-12")
 
+#: the largest per-subject cap in units (ε = 10⁶): spends are 64-bit integers, and a spend
+#: plus a charge, each at most this, must stay below 2⁶³ − 1 on both backends
+MAX_SUBJECT_UNITS = 10**18
+
 #: the context of every conversion between ε and units: exact for any amount the ledger stores
 #: (NUMERIC(48, 30), 18 integer digits), whatever decimal context the caller has set — under
 #: a caller's ``getcontext().prec = 13`` a cap of 10.999999999999 divided in the default
@@ -77,9 +82,10 @@ def spend_units(eps: Decimal) -> int:
 
 def cap_units(eps: Decimal) -> int:
     """A per-subject cap in whole units of :data:`SUBJECT_UNIT`, rounded down (a cap is never
-    raised)."""
+    raised), and at most :data:`MAX_SUBJECT_UNITS` (a larger cap, which a dataset can no longer
+    be given, is lowered to it: a spend past it could not be stored)."""
     q = _UNITS.divide(Decimal(eps), SUBJECT_UNIT)
-    return int(q.to_integral_value(rounding=ROUND_FLOOR))
+    return min(int(q.to_integral_value(rounding=ROUND_FLOOR)), MAX_SUBJECT_UNITS)
 
 
 def units_eps(units: int) -> Decimal:
