@@ -191,3 +191,15 @@ def test_a_subject_cap_past_64_bit_units_is_refused_or_lowered(accountant: Any) 
     with pytest.raises(BudgetRefused, match="1 over cap"):
         accountant.charge_subjects("old", "600000", ["s"])  # 1.2e6 > the lowered 1e6
     assert accountant.subject_spend("old", "s") == 600000
+
+
+def test_a_total_past_what_the_ledger_stores_is_a_one_line_error(accountant: Any) -> None:
+    """A pure ε of 10¹⁰ is tracked as ρ = ε²/2 = 5 × 10¹⁹, past NUMERIC(48, 30): PostgreSQL
+    raised a bare numeric overflow (SQLite stored it). Both now refuse, writing nothing."""
+    accountant.create_dataset("p", epsilon="100000000000000")
+    accountant.charge("p", PureDP(eps="1000000"))  # ρ 5e11: fine
+    before = _written(accountant)
+    with pytest.raises(InvalidInput, match=r"too large.*past what the ledger stores"):
+        accountant.charge("p", PureDP(eps="10000000000"))
+    assert _written(accountant) == before
+    assert accountant.budget("p").spent == {"epsilon": Decimal("1000000")}

@@ -13,6 +13,7 @@ from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import AnyCost, cost_json
 from privcal.accountant.results import ChargeReceipt, DatasetInfo, GuaranteeReport
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.errors import InvalidInput
 
 __all__ = [
     "cap_of",
@@ -110,9 +111,20 @@ def receipt_of(c: ChargeRow, ds: DatasetRow, *, replayed: bool) -> ChargeReceipt
     )
 
 
+#: a running total the ledger stores: NUMERIC(48, 30) holds 18 digits before the point
+_MAX_TOTAL = Decimal("1e18")
+
+
 def spent_columns(sp: acc.Spent) -> dict[str, Decimal]:
-    """The dataset columns holding the running totals ``sp``."""
-    return {"spent_pure_eps": sp.pure_eps, "spent_pure_rho": sp.pure_rho,
+    """The dataset columns holding the running totals ``sp``; InvalidInput if one is past
+    what the ledger stores (a pure ε of 10¹⁰ is a ρ of 5 × 10¹⁹: PostgreSQL raised a bare
+    numeric overflow, SQLite stored it)."""
+    cols = {"spent_pure_eps": sp.pure_eps, "spent_pure_rho": sp.pure_rho,
             "spent_zcdp_rho": sp.zcdp_rho, "spent_approx_eps": sp.approx_eps,
             "spent_approx_delta": sp.approx_delta}
+    for v in cols.values():
+        if v >= _MAX_TOTAL:
+            raise InvalidInput(f"the cost is too large: a running total of the dataset would "
+                               f"be {acc.dstr(v)}, past what the ledger stores (< 1e18)")
+    return cols
 
