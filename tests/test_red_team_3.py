@@ -29,7 +29,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import CalibrationInput
 from privcal.cli import main
 from privcal.costs import ZCDP, LocalDP, PureDP
-from privcal.errors import BudgetRefused, InvalidInput
+from privcal.errors import AuditFailed, BudgetRefused, InvalidInput
 from privcal.storage.models import MAX_SUBJECT_UNITS, cap_units, spend_units, units_eps
 
 
@@ -203,3 +203,31 @@ def test_a_total_past_what_the_ledger_stores_is_a_one_line_error(accountant: Any
         accountant.charge("p", PureDP(eps="10000000000"))
     assert _written(accountant) == before
     assert accountant.budget("p").spent == {"epsilon": Decimal("1000000")}
+
+
+# ------------------------------------------------------------- subject ids edited at rest
+@pytest.mark.parametrize("edit", ["upper-case", "digits moved", "space"])
+def test_an_edited_stored_subject_fails_verification(accountant: Any, edit: str) -> None:
+    """A stored pseudonym is looked up by its exact text; the verifier read it with
+    ``bytes.fromhex``, which ignores case and spaces, and only checked the total length:
+    an upper-cased id (or two ids with hex digits moved between them) still verified while
+    the subjects' spends read as 0 — and the next run charged them past their cap."""
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=5)
+    accountant.charge_subjects("d", "5", ["u0", "u1"])
+    assert accountant.verify().entries > 0
+    with accountant.ledger.engine.begin() as conn:
+        a, b = sorted(conn.execute(text("SELECT subject FROM subject_spend")).scalars())
+        if edit == "upper-case":
+            conn.execute(text("UPDATE subject_spend SET subject = :u WHERE subject = :s"),
+                         {"u": a.upper(), "s": a})
+        elif edit == "digits moved":  # in row order, the joined hex is unchanged
+            conn.execute(text("UPDATE subject_spend SET subject = :n WHERE subject = :s"),
+                         {"n": a[:62], "s": a})
+            conn.execute(text("UPDATE subject_spend SET subject = :n WHERE subject = :s"),
+                         {"n": a[62:] + b, "s": b})
+        else:
+            conn.execute(text("UPDATE subject_spend SET subject = :n WHERE subject = :s"),
+                         {"n": a[:32] + " " + a[32:], "s": a})
+    assert accountant.subject_spend("d", "u0") + accountant.subject_spend("d", "u1") < 10
+    with pytest.raises(AuditFailed, match="not a pseudonym"):
+        accountant.verify()

@@ -32,12 +32,19 @@ __all__ = ["check_subject_spends"]
 
 
 def _s32(hex_ids: list[str]) -> np.ndarray:
-    """Hex pseudonyms as 32-byte NumPy strings (a malformed one fails verification)."""
+    """Hex pseudonyms as 32-byte NumPy strings; a stored subject that is not exactly a
+    pseudonym's text — 64 lower-case hex digits — fails verification. privcal finds a
+    subject by that exact text, while ``bytes.fromhex`` reads either case and skips spaces:
+    an id upper-cased, or hex digits moved from one row to the next, read as the same bytes
+    and verified, while the subjects' spends read as 0 to every charge after."""
+    w = 2 * pseudonyms.PSEUDONYM_BYTES
     try:
-        raw = bytes.fromhex("".join(hex_ids))
-    except ValueError as exc:
+        text = "".join(hex_ids)
+        raw = bytes.fromhex(text)
+    except (TypeError, ValueError) as exc:
         raise AuditFailed("a stored subject is not a pseudonym (row edited)") from exc
-    if len(raw) != len(hex_ids) * pseudonyms.PSEUDONYM_BYTES:
+    if (len(raw) != len(hex_ids) * pseudonyms.PSEUDONYM_BYTES or raw.hex() != text
+            or any(len(h) != w for h in hex_ids)):
         raise AuditFailed("a stored subject is not a pseudonym (row edited)")
     return np.frombuffer(raw, dtype="S32")
 
