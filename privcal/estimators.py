@@ -81,7 +81,9 @@ class _Base:
         self.params = params
         self.release_: Any = None
 
-    def _calibrate(self, **data: Any) -> None:
+    def _calibrate(self, subjects: Any = None, **data: Any) -> None:
+        if subjects is not None:  # each row's subject (local-DP methods need them)
+            data["subjects"] = subjects
         if self.accountant is None or self.dataset is None:
             raise InvalidInput("conformalize needs accountant= and dataset= (the budget that "
                                "pays for the calibration)")
@@ -160,8 +162,7 @@ class PrivateConformalClassifier(_Base):
         names = [str(c) for c in classes]
         if len(set(names)) != len(names):
             raise InvalidInput("the estimator's classes_ are not distinct as text")
-        self._calibrate(probs=probs, labels=labels, classes=names,
-                        **({} if subjects is None else {"subjects": subjects}))
+        self._calibrate(subjects, probs=probs, labels=labels, classes=names)
         self.classes_ = classes
         return self
 
@@ -251,8 +252,7 @@ class PrivateConformalRegressor(_Base):
                      subjects: Any = None) -> PrivateConformalRegressor:
         """Calibrate on held-out data (charged to ``dataset``); returns self. ``subjects``:
         the subject id of every row, which a local-DP method (``ldp-score``) needs."""
-        self._calibrate(targets=np.asarray(y_conf), **self._band(X_conf),
-                        **({} if subjects is None else {"subjects": subjects}))
+        self._calibrate(subjects, targets=np.asarray(y_conf), **self._band(X_conf))
         return self
 
     @classmethod

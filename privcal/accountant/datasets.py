@@ -93,10 +93,10 @@ def create_dataset(
     else:
         rep = cap_d if cap_d is not None else DEFAULT_REPORTING_DELTA
     subj = parse_amount(subject_epsilon, "subject ε") if subject_epsilon is not None else None
-    if subj is not None and subj > units_eps(MAX_SUBJECT_UNITS):
-        top = acc.dstr(units_eps(MAX_SUBJECT_UNITS))
-        raise InvalidInput(f"subject ε must be at most {top} (per-subject spends are 64-bit "
-                           f"counts of 1e-12), got {subject_epsilon}")
+    top = units_eps(MAX_SUBJECT_UNITS)
+    if subj is not None and subj > top:
+        raise InvalidInput(f"subject ε must be at most {acc.dstr(top)} (per-subject spends "
+                           f"are 64-bit counts of 1e-12), got {subject_epsilon}")
     desc = optional_text(description or "", "description", 10_000) or ""
     zero = Decimal(0)
     values: dict[str, Any] = {

@@ -209,13 +209,7 @@ def prepare(
     subject_ids = None
     if cal.privacy_model == "local":
         if subjects is None:
-            # the per-subject cap follows a person across runs by their id; a row number
-            # names a different person in every run (row 5 today, row 4 000 tomorrow), so a
-            # default would let one person spend past the cap with every key within it
-            raise InvalidInput(
-                f"{cal.name} is local DP: give the subject id of every row (--subjects FILE; "
-                "subjects= in Python): each subject is charged against the per-subject cap "
-                "by its id, across runs")
+            raise _no_subjects(cal.name)
         subject_ids = _ids(subjects, "subject ids", n)
     elif cal.privacy_model == "federated" and agent_ids is not None:
         subject_ids = agent_ids
@@ -267,6 +261,17 @@ def _regression_scores(score: str | None, score_options: dict[str, Any] | None, 
                                           upper_preds=upper_preds))
 
 
+def _no_subjects(method: str) -> InvalidInput:
+    """The error of a local-DP request without subject ids. There is no default: the
+    per-subject cap follows a person across runs by their id, and a row number names a
+    different person in every run (row 5 today, row 4 000 tomorrow), which would let one
+    person spend past the cap with every key within it."""
+    return InvalidInput(
+        f"{method} is local DP: give the subject id of every row (--subjects FILE; "
+        "subjects= in Python): each subject is charged against the per-subject cap by its "
+        "id, across runs")
+
+
 def _rows_of(a: Any, what: str, *, ndim: int | None = None) -> int:
     """The number of rows of an input, from its shape only (nothing is read)."""
     shape = np.shape(a)
@@ -310,8 +315,7 @@ def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
             raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
         _ids(subjects, "subject ids", n)  # the ids are checked; no data value is read
     elif cal.privacy_model == "local":
-        raise InvalidInput(f"{cal.name} is local DP: give the subject id of every row "
-                           "(--subjects FILE; subjects= in Python)")
+        raise _no_subjects(cal.name)
     try:
         return DataShape(n=n, k=k, group_sizes=sizes)
     except ValidationError as exc:

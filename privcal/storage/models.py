@@ -73,19 +73,22 @@ MAX_SUBJECT_UNITS = 10**18
 _UNITS = Context(prec=100)
 
 
+def _units(eps: Decimal, rounding: str) -> int:
+    """``eps`` in whole units of :data:`SUBJECT_UNIT`, rounded by ``rounding``."""
+    return int(_UNITS.divide(Decimal(eps), SUBJECT_UNIT).to_integral_value(rounding=rounding))
+
+
 def spend_units(eps: Decimal) -> int:
     """A per-subject spend ε0 in whole units of :data:`SUBJECT_UNIT`, rounded up (a spend
     is never under-counted; ε0 has at most 12 decimals when charged, so this is exact)."""
-    q = _UNITS.divide(Decimal(eps), SUBJECT_UNIT)
-    return int(q.to_integral_value(rounding=ROUND_CEILING))
+    return _units(eps, ROUND_CEILING)
 
 
 def cap_units(eps: Decimal) -> int:
     """A per-subject cap in whole units of :data:`SUBJECT_UNIT`, rounded down (a cap is never
     raised), and at most :data:`MAX_SUBJECT_UNITS` (a larger cap, which a dataset can no longer
     be given, is lowered to it: a spend past it could not be stored)."""
-    q = _UNITS.divide(Decimal(eps), SUBJECT_UNIT)
-    return min(int(q.to_integral_value(rounding=ROUND_FLOOR)), MAX_SUBJECT_UNITS)
+    return min(_units(eps, ROUND_FLOOR), MAX_SUBJECT_UNITS)
 
 
 def units_eps(units: int) -> Decimal:
