@@ -47,8 +47,9 @@ from privcal.accountant.release_privacy import privacy_record
 from privcal.accountant.releases import record_release, release_for_charge
 from privcal.accountant.results import ChargeReceipt, DryRun, Release
 from privcal.accountant.subject_charges import charge_subjects
+from privcal.calibrators import registry
 from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, default_rng
-from privcal.calibrators.validation import group_sizes, id_strings
+from privcal.calibrators.validation import check_scores, group_sizes, id_strings
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InvalidInput
 from privcal.storage import Ledger
@@ -97,22 +98,28 @@ def _mondrian_sizes(data: CalibrationInput) -> tuple[int, ...]:
 
 
 def params_of(calibrator: Calibrator, params: Any) -> Any:
-    """The calibrator's parameters validated (a one-line InvalidInput naming the first bad one)."""
+    """The calibrator's parameters validated (a one-line InvalidInput naming the first bad one);
+    an instance is validated again (``model_construct`` builds one that skipped it)."""
     if isinstance(params, calibrator.Params):
-        return params
+        params = params.model_dump(mode="python")
     if isinstance(params, dict):
         try:
             return calibrator.Params.model_validate(params)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first.get("loc", ()))
-            raise InvalidInput(f"invalid {calibrator.name} parameter {where}: "
-                               f"{first.get('msg')}") from exc
+            what = f"parameter {where}" if where else "parameters"
+            raise InvalidInput(f"invalid {calibrator.name} {what}: {first.get('msg')}") from exc
     raise InvalidInput(f"params must be a {calibrator.Params.__name__} or a dict")
 
 
+#: privacy models whose methods take finite scores, at least two (``check_scores``' defaults)
+_CENTRAL_MODELS = frozenset(("none", "central-pure", "central-zcdp"))
+
+
 def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
-    """Generic checks before anything is charged (calibrators check the rest themselves)."""
+    """Generic checks before anything is charged (calibrators check the rest themselves;
+    a central method's scores are checked as its ``calibrate`` will check them)."""
     for field in calibrator.inputs:
         arr = getattr(data, field, None)
         if arr is None:
@@ -122,6 +129,8 @@ def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
             raise InvalidInput(f"{field} is empty")
         if arr.dtype.kind == "f" and np.isnan(arr).any():
             raise InvalidInput(f"{field} contains NaN")
+    if calibrator.privacy_model in _CENTRAL_MODELS and "scores" in calibrator.inputs:
+        check_scores(data.scores)  # what their calibrate refuses: not after the charge
     lengths = {f: int(np.asarray(getattr(data, f)).shape[0])
                for f in ("scores", "probs", "labels", "agents", "subjects")
                if getattr(data, f) is not None}
@@ -194,6 +203,7 @@ def _run(
         raise InvalidInput(f"not a calibrator: {calibrator!r:.60}")
     if not isinstance(data, CalibrationInput):
         raise InvalidInput("data must be a CalibrationInput")
+    registered = registry.provenance(calibrator, registered)  # a stand-in is refused here
     p = params_of(calibrator, params)
     check_data(calibrator, data)
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
@@ -311,8 +321,8 @@ def _run(
             # rows left out of the calibration, by reason: counts only, never ids (14.4)
             **({"dropped_rows": dropped} if dropped is not None else {}),
         },
-        distribution=getattr(registered, "distribution", "privcal"),
-        distribution_version=getattr(registered, "distribution_version", ""),
+        distribution=registered.distribution,
+        distribution_version=registered.distribution_version,
         requester=requester, charge_ids=charge_ids,
     )
 

@@ -123,8 +123,7 @@ def prepare(
     if isinstance(req.method, str):
         reg = registry.get(req.method)
     else:
-        reg = registry.Registered(req.method, type(req.method).__module__.split(".")[0],
-                                  "unknown")
+        reg = registry.provenance(req.method)
     cal = reg.calibrator
     if score is not None and "score" in cal.Params.model_fields:
         # a method whose parameters name the score (ldp-label) takes ``score=`` in every form

@@ -107,10 +107,14 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
     from privcal.accountant.prepare import validate_params
     problems: list[str] = []
     try:
-        cal = registry.get(rel.method).calibrator
+        reg = registry.get(rel.method)
     except PrivcalError as exc:
         return ReleaseCheck(release=rel.id, dataset=rel.dataset, method=rel.method, ok=False,
                             problems=[f"cannot recompute: {exc}"])  # fmt: skip
+    cal = reg.calibrator
+    if rel.distribution != reg.distribution:  # another package's mechanism under this name
+        problems.append(f"made by {rel.distribution!r}, but {rel.method} is "
+                        f"{reg.distribution!r}'s: its guarantee cannot be recomputed")
     # a release of an older calibrator version is recomputed by the formula it was made with:
     # the calibrator lists the parameter values that select it (issue 13)
     legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)

@@ -176,6 +176,9 @@ class ExponQ:
         """Coverage ≥ 1−α, marginal over calibration data, mechanism and test point (Thm 2)."""
         n, alpha = shape.n, params.alpha
         m, gamma, q = self.plan(params, n)
+        # the grid the mechanism will use, checked before the charge: a range whose width
+        # overflows, or a step below the floats' resolution, would refuse only after it
+        grid(params.lower, params.upper, m)
         details: dict[str, float | int | str | None] = {
             "n": n,
             "alpha": alpha,

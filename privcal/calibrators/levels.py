@@ -40,9 +40,9 @@ from privcal.calibrators.wrapped import (
     WrappedCalibrator,
     WrappedParams,
     check_wrappable,
-    flat_details,
     inner_dump,
     params_class,
+    put_details,
 )
 from privcal.errors import InvalidInput
 
@@ -151,7 +151,7 @@ class Levels(WrappedCalibrator):
         details: dict[str, float | int | str | None] = {
             "levels": ",".join(f"{a:g}" for a, _ in per)}
         for a, g in per:
-            details.update(flat_details(level_key(a), g))
+            put_details(details, level_key(a), g)
         return CoverageGuarantee(
             target=head.target, lower=head.lower, upper=head.upper,
             failure_probability=head.failure_probability, over=head.over, rank=head.rank,

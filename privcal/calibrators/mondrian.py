@@ -59,10 +59,10 @@ from privcal.calibrators.wrapped import (
     WrappedCalibrator,
     WrappedParams,
     check_wrappable,
-    flat_details,
     inner_dump,
     max_cost,
     params_class,
+    put_details,
 )
 from privcal.errors import InvalidInput
 
@@ -161,8 +161,9 @@ class Mondrian(WrappedCalibrator):
     # ---------------------------------------------------------------- per group
     def _group_guarantee(self, p: Any, n: int, k: int | None) -> CoverageGuarantee | None:
         """The inner method's guarantee at a group's n, or None when it cannot run there
-        (no rows, or the method refuses that n): the group's threshold is then +∞."""
-        if n < 1:
+        (fewer than two rows — the central methods' scores need two, checked only once
+        charged —, or the method refuses that n): the group's threshold is then +∞."""
+        if n < 2:
             return None
         try:
             return self.inner.guarantee(p, DataShape(n=n, k=k))
@@ -222,8 +223,7 @@ class Mondrian(WrappedCalibrator):
             "groups": len(per), "group_by": params.group_by,
             "assumption": "every record's group is public or fixed in advance (asserted)"}
         for name, n, g in per:
-            details[f"{group_key(name)}: n"] = n
-            details.update(flat_details(group_key(name), g))
+            put_details(details, group_key(name), g, n=n)
         worst = min(per, key=lambda x: x[2].lower)
         return CoverageGuarantee(
             target=target, lower=lower, upper=None, failure_probability=fail,

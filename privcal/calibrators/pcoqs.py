@@ -248,19 +248,22 @@ def noisy_binary_search(
 
 #: versions whose ``upper_requires`` omitted the score range (:meth:`PCOQS.guarantee_as`)
 _SHORT_UPPER_REQUIRES = frozenset({"1.0.0", "2.0.0"})
+#: versions whose statement omitted the upper bound's third condition (the final interval)
+_SHORT_UPPER_STATEMENT = frozenset({"1.0.0", "2.0.0", "2.1.0"})
 
 
 class PCOQS:
     """P-COQS: ρ-zCDP conformal threshold by noisy binary search (seed 003, Alg. 1–2)."""
 
     name: ClassVar[str] = "pcoqs"
-    #: 2.1.0: upper_requires names the score range; 2.0.0: exact τ (issue 13); 1.0.0: sub-Gaussian
-    version: ClassVar[str] = "2.1.0"
+    #: 2.2.0: the statement names every condition of the upper bound; 2.1.0: upper_requires
+    #: names the score range; 2.0.0: exact τ (issue 13); 1.0.0: sub-Gaussian
+    version: ClassVar[str] = "2.2.0"
     #: parameters a release of an older version was made with (``privcal audit verify``
     #: recomputes it by its own formula, :meth:`guarantee_as`): 1.0.0 had no ``bound`` and
     #: used the sub-Gaussian τ; 1.0.0 and 2.0.0 recorded the shorter ``upper_requires``
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {"bound": "subgaussian"},
-                                                             "2.0.0": {}}
+                                                             "2.0.0": {}, "2.1.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "central-zcdp"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -295,7 +298,10 @@ class PCOQS:
     ) -> CoverageGuarantee:
         """The guarantee as ``version`` recorded it (``audit verify``): before 2.1.0, its
         ``upper_requires`` omitted the range the upper bound needs (a score below ``lower``
-        is always counted, so ``left`` may never move; one above ``upper`` never is)."""
+        is always counted, so ``left`` may never move; one above ``upper`` never is); before
+        2.2.0 its statement omitted that the upper bound ignores the scores inside the
+        search's final interval (width ≤ tol): scores concentrated there lift the coverage
+        above it (a Monte Carlo at tol = 0.25 gave 0.97 against a recorded 0.80)."""
         n, alpha, beta = shape.n, params.alpha, params.failure_probability
         n_steps, tau, r = self._plan(params, n)
         exact = params.bound == "exact"
@@ -310,17 +316,10 @@ class PCOQS:
             "per release)"
         )
         details: dict[str, float | int | str | None] = {
-            "n": n,
-            "alpha": alpha,
-            "rho": params.rho,
-            "beta": beta,
-            "N": n_steps,
-            "tau": tau,
-            "sigma2": str(noise_variance(n_steps, params.rho)),
-            "target_rank": r,
+            "n": n, "alpha": alpha, "rho": params.rho, "beta": beta, "N": n_steps, "tau": tau,
+            "sigma2": str(noise_variance(n_steps, params.rho)), "target_rank": r,
             "variant": "nominal" if params.nominal else "guaranteed",
-            "lower_bound_range": params.lower,
-            "upper_bound_range": params.upper,
+            "lower_bound_range": params.lower, "upper_bound_range": params.upper,
             "tol": params.tol,
         }
         if exact:
@@ -354,26 +353,22 @@ class PCOQS:
             details["upper_requires"] += "; holds given E₋ (no noise below −τ), P(E₋) ≥ 1−β"
         # (a +inf release, when no count backs the top of the range, has coverage 1)
         return CoverageGuarantee(
-            target=1 - alpha,
-            lower=lower,
-            upper=upper,
-            failure_probability=beta,
-            over=over,
-            rank=r,
-            statement=(
+            target=1 - alpha, lower=lower, upper=upper, failure_probability=beta, over=over,
+            rank=r, statement=(
                 f"{lower:.6g} ≤ P(Y ∈ C(X) | E) ≤ {upper:.6g}, where the probability is over "
                 f"the calibration data and the test point (marginal, not per release) and E, "
                 f"the event that all N = {n_steps} noisy counts are "
                 f"{'at most' if exact else 'within'} τ = {tau:.4g} "
                 f"{'above' if exact else 'of'} the true counts, depends on the noise alone and "
                 f"has P(E) ≥ {1 - beta:.6g}"
-                + (
-                    " (the upper bound: given E₋, no count more than τ below, P(E₋) ≥ 1−β) "
-                    if exact
-                    else " "
-                )
+                + (" (the upper bound: given E₋, no count more than τ below, P(E₋) ≥ 1−β) "
+                   if exact else " ")
                 + f"(seed 003, Thm 2; target rank {r} of n = {n}; the upper bound also needs no "
-                f"ties and every score in [lower, upper], the lower bound needs neither)"
+                + ("ties and every score in [lower, upper], the lower bound needs neither)"
+                   if version in _SHORT_UPPER_STATEMENT else
+                   f"ties, every score in [lower, upper] and no score inside the search's final "
+                   f"interval (width ≤ tol = {params.tol:g}): it does not hold otherwise; the "
+                   "lower bound needs none of these)")
             ),
             details=details,
         )

@@ -24,7 +24,7 @@ from functools import cache
 from importlib import metadata
 
 from privcal.calibrators.base import Calibrator
-from privcal.errors import NotFound
+from privcal.errors import InvalidInput, NotFound
 
 ENTRY_POINT_GROUP = "privcal.calibrators"
 
@@ -121,6 +121,33 @@ def get(name: str) -> Registered:
         dist.metadata["Name"] if dist is not None else ep.module,
         dist.version if dist is not None else "unknown",
     )
+
+
+def _same_implementation(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` are the same calibrator class (a wrapper's inner ones too)."""
+    if type(a) is not type(b):
+        return False
+    inner_a, inner_b = getattr(a, "inner", None), getattr(b, "inner", None)
+    return (inner_a is None and inner_b is None) or _same_implementation(inner_a, inner_b)
+
+
+def provenance(cal: Calibrator, given: Registered | None = None) -> Registered:
+    """Where a calibrator object passed by a caller comes from, as a release records it: the
+    registered one if ``cal`` is of the class registered under its name (a built-in: privcal
+    and its version); if its name is not registered, ``given`` or else its own module's
+    package and version ``unknown``. A calibrator of another class that calls itself by a
+    registered name is refused: its release would record that method's mechanism and
+    guarantee (``audit verify`` recomputes the registered method's) while another ran."""
+    try:
+        reg = get(cal.name)
+    except NotFound:
+        return given if given is not None else Registered(
+            cal, type(cal).__module__.split(".")[0], "unknown")
+    if not _same_implementation(cal, reg.calibrator):
+        raise InvalidInput(
+            f"calibrator {cal.name!r} is {reg.distribution}'s; this one is a "
+            f"{type(cal).__module__}.{type(cal).__qualname__}: give it a name of its own")
+    return reg
 
 
 def names() -> list[str]:

@@ -83,17 +83,25 @@ def inner_dump(model: type[CalibratorParams], values: dict[str, Any]) -> dict[st
                                             .lower())) from None
 
 
-def flat_details(prefix: str, g: CoverageGuarantee) -> dict[str, float | int | str | None]:
-    """A nested guarantee's numbers as flat ``"{prefix}: key"`` entries of ``details``, so
-    ``audit verify`` compares each of them when it recomputes the wrapper's guarantee."""
-    out: dict[str, float | int | str | None] = {
-        f"{prefix}: target": g.target, f"{prefix}: lower": g.lower,
-        f"{prefix}: upper": g.upper, f"{prefix}: failure_probability": g.failure_probability,
-        f"{prefix}: rank": g.rank,
-    }
-    for key, value in g.details.items():
-        out[f"{prefix}: {key}"] = value
-    return out
+def put_details(details: dict[str, float | int | str | None], prefix: str,
+                g: CoverageGuarantee, **extra: float | int | str | None) -> None:
+    """Add a nested guarantee's numbers (and ``extra``) to ``details`` as flat
+    ``"{prefix}: key"`` entries, so ``audit verify`` compares each of them when it recomputes
+    the wrapper's guarantee. A key already there is refused (InvalidInput, before anything
+    is charged): a group named ``a: alpha=0.1`` would otherwise overwrite the level 0.1 of
+    group ``a``, and the release would record one group's bound as the other's."""
+    flat: dict[str, float | int | str | None] = {
+        "target": g.target, "lower": g.lower, "upper": g.upper,
+        "failure_probability": g.failure_probability, "rank": g.rank, **extra}
+    flat.update(g.details)
+    for key, value in flat.items():
+        full = f"{prefix}: {key}"
+        if full in details:
+            raise InvalidInput(
+                f"two groups or levels are recorded under the same name ({full!r}): rename "
+                "the group (a name ending in ': alpha=…' or ': n' collides) or give levels "
+                "that differ in their first six significant digits")
+        details[full] = value
 
 
 def max_cost(costs: list[AnyCost]) -> AnyCost:

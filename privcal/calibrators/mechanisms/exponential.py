@@ -65,7 +65,9 @@ def grid(a: float, b: float, m: int) -> np.ndarray:
     """The uniform public grid e_j = a + j(b−a)/(m−1), j = 0..m−1 (SPEC §5).
 
     The last point is set to ``b`` exactly (float rounding of a + (m−1)(b−a)/(m−1)
-    could otherwise land just below b and push a score equal to b off the grid).
+    could otherwise land just below b and push a score equal to b off the grid). A range
+    whose width overflows, or whose step is below the floats' resolution (points not
+    strictly increasing), is refused here, before anything uses it.
     """
     if not (math.isfinite(a) and math.isfinite(b)):
         raise InvalidInput(f"grid bounds must be finite, got [{a}, {b}]")
@@ -74,10 +76,12 @@ def grid(a: float, b: float, m: int) -> np.ndarray:
     if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 2:
         raise InvalidInput(f"number of grid points must be an integer ≥ 2, got {m!r}")
     m = int(m)
+    if not math.isfinite(b - a):
+        raise InvalidInput(f"grid range [{a}, {b}] is too wide: its width overflows a float")
     j = np.arange(m, dtype=np.float64)
     e = a + j * ((b - a) / (m - 1))
     e[-1] = b
-    return e
+    return _check_grid(e)
 
 
 def _check_grid(e: np.ndarray) -> np.ndarray:
@@ -101,7 +105,10 @@ def _uniform_params(e: np.ndarray) -> tuple[float, float, float] | None:
     if m < 2:
         return None
     a, b = float(e[0]), float(e[-1])
-    if not np.array_equal(e, grid(a, b, m)):
+    try:
+        if not np.array_equal(e, grid(a, b, m)):
+            return None
+    except InvalidInput:  # the uniform grid on [a, b] is not increasing: e is not it
         return None
     return a, b, (b - a) / (m - 1)
 
@@ -216,8 +223,29 @@ def _exp_bounds(t: Fraction, digits: int) -> tuple[Fraction, Fraction]:
     return lo, hi
 
 
+#: the largest exponent :func:`_bernoulli_exp_scaled` evaluates in one piece: exp(−t) of a
+#: larger t underflows to 0 in the decimal context (its smallest exponent is −999 999, so
+#: exp(−t) = 0 from t ≈ 2.3·10⁶), which would give a grid point probability exactly 0 on one
+#: dataset and a positive one on its neighbour
+_EXP_PIECE = 10**6
+
+
 def _bernoulli_exp_scaled(t: Fraction, shift: int, rng: random.Random) -> bool:
     """One exact draw of Bernoulli(exp(−t)·2^shift), for rational t with t·log2(e) ≥ shift ≥ 0.
+
+    A large t is split: exp(−t)·2^shift = exp(−P)^k · exp(−t′)·2^shift with P =
+    :data:`_EXP_PIECE`, t′ = t − k·P ≥ shift, and the draw is the AND of independent
+    exact draws of each factor (the first False ends it), so no factor underflows.
+    """
+    while t > _EXP_PIECE + shift:
+        if not _bernoulli_exp_piece(Fraction(_EXP_PIECE), 0, rng):
+            return False
+        t -= _EXP_PIECE
+    return _bernoulli_exp_piece(t, shift, rng)
+
+
+def _bernoulli_exp_piece(t: Fraction, shift: int, rng: random.Random) -> bool:
+    """:func:`_bernoulli_exp_scaled` for t ≤ :data:`_EXP_PIECE` + shift.
 
     A uniform V is drawn 64 bits at a time and compared with rigorous bounds of
     p = exp(−t)·2^shift; both are refined until V < p or V ≥ p is certain, so
