@@ -100,13 +100,16 @@ def _bench(url: str, backend: str, n: int, batch: int) -> list[Row]:
     gen = np.random.default_rng(0)
     ids = np.char.add("user-", np.arange(n).astype(str))
     bits = gen.integers(0, 2, n)
+    # the round each report answers: reports arrive in order, group_size to a round
+    answers = np.arange(n) // (n // rounds)
     rows = []
     times = []
     t0 = time.perf_counter()
     status = info
     for start in range(0, n, batch):
         t = time.perf_counter()
-        r = S.submit_reports(acct, info.id, ids[start:start + batch], bits[start:start + batch])
+        r = S.submit_reports(acct, info.id, ids[start:start + batch], bits[start:start + batch],
+                             answers[start:start + batch])
         times.append(time.perf_counter() - t)
         status = r.session
         if status.status != "open":
@@ -124,7 +127,8 @@ def _bench(url: str, backend: str, n: int, batch: int) -> list[Row]:
                            f"raw ids {raw_ids:.1f} s, ratio {total / raw_ids:.2f}"})
     if status.status == "open":
         t = time.perf_counter()
-        r = S.submit_reports(acct, info.id, ids[:batch], bits[:batch])
+        r = S.submit_reports(acct, info.id, ids[:batch], bits[:batch],
+                             np.full(batch, status.round))
         rows.append({"backend": backend,
                      "measurement": f"batch of {batch:,} already-reported subjects",
                      "result": f"{time.perf_counter() - t:.2f} s (accepted {r.accepted})"})

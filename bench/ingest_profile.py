@@ -77,6 +77,7 @@ def run(url):
     gen = np.random.default_rng(0)
     ids = np.char.add("user-", np.arange(n_total).astype(str))
     bits = gen.integers(0, 2, n_total)
+    answers = np.arange(n_total) // (n_total // 10)  # the round each report answers
     nstmt = [0]
     pids = set()
     event.listen(
@@ -89,7 +90,8 @@ def run(url):
 
     def one():
         nonlocal pos
-        r = S.submit_reports(acct, info.id, ids[pos : pos + a.batch], bits[pos : pos + a.batch])
+        r = S.submit_reports(acct, info.id, ids[pos : pos + a.batch], bits[pos : pos + a.batch],
+                             answers[pos : pos + a.batch])
         assert r.accepted == a.batch, r
         pos += a.batch
 

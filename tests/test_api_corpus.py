@@ -87,7 +87,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     acct.charge_subjects("d", 1, ["u1", "u2"])
     sess = S.open_session(acct, "ldp-score", dataset="d", alpha=0.1, epsilon=1, rounds=2,
                           group_size=50)
-    S.submit_reports(acct, sess.id, ["r1", "r2"], [0, 1])
+    S.submit_reports(acct, sess.id, ["r1", "r2"], [0, 1], [0, 0])
     yield World(acct, rel.id, sess.id)
     led.close()
     if schema is not None:
@@ -356,6 +356,8 @@ CASES: dict[str, tuple[type[PrivcalError], Call]] = {
     "submit: empty batch": (INV, lambda w: S.submit_reports(w.acct, w.session_id, [], [])),
     "submit: lengths differ": (INV, lambda w: S.submit_reports(w.acct, w.session_id, ["a"],
                                                                [1, 0])),
+    "submit: ldp-score without rounds": (INV, lambda w: S.submit_reports(
+        w.acct, w.session_id, ["new"], [1])),
     "status: None": (INV, lambda w: S.session_status(w.acct, None)),  # type: ignore[arg-type]
     "status: 2**70": (NF, lambda w: S.session_status(w.acct, HUGE)),
     "status: negative": (NF, lambda w: S.session_status(w.acct, -3)),

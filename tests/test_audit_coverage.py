@@ -102,7 +102,7 @@ def _session(acct: Accountant) -> int:
     acct.create_dataset("s", epsilon=1, subject_epsilon=5)
     info = S.open_session(acct, "ldp-score", dataset="s", alpha=0.1, epsilon=1.5, rounds=3,
                           group_size=3)
-    S.submit_reports(acct, info.id, ["a", "b"], [1, 0])
+    S.submit_reports(acct, info.id, ["a", "b"], [1, 0], [0, 0])
     acct.verify()
     return info.id
 

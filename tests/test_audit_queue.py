@@ -199,11 +199,11 @@ def test_entries_left_queued_are_drained_by_the_next_write(
                           rounds=3, group_size=3)
     with _sequencer_busy(led):
         accountant.charge("a", ZCDP(rho="0.1"))
-        S.submit_reports(accountant, info.id, ["x", "y"], [1, 0])  # charge + batch
+        S.submit_reports(accountant, info.id, ["x", "y"], [1, 0], [0, 0])  # charge + batch
     assert [k for _, k, _ in _queue(led)] == ["charge", "charge", "session_batch"]
     before = len(_chain(led))
     # the next write gets K with a non-empty queue: queue first, then its own two entries
-    S.submit_reports(accountant, info.id, ["z"], [1])
+    S.submit_reports(accountant, info.id, ["z"], [1], [0])
     assert _queue(led) == []
     chain = _chain(led)
     assert [k for _, k, _ in chain[before:]] == ["charge", "charge", "session_batch",

@@ -116,7 +116,8 @@ def test_a_charge_does_not_wait_for_another_datasets_batch(
     monkeypatch.setattr(type(accountant.ledger), "insert_batch_reports", slow_insert)
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(S.submit_reports(
-        accountant, info.id, np.arange(20).astype(str), np.ones(20, dtype=int))))
+        accountant, info.id, np.arange(20).astype(str), np.ones(20, dtype=int),
+        np.zeros(20, dtype=int))))
     t.start()
     try:
         assert inside.wait(30)

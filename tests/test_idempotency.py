@@ -109,16 +109,18 @@ def test_session_batch_idempotency(accountant: Accountant) -> None:
     accountant.create_dataset("d", epsilon=1, subject_epsilon=5)
     info = S.open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=1.5,
                           rounds=3, group_size=3)
-    first = S.submit_reports(accountant, info.id, ["a", "b"], [1, 0], idempotency_key="b1")
+    first = S.submit_reports(accountant, info.id, ["a", "b"], [1, 0], [0, 0],
+                             idempotency_key="b1")
     before = _counts(accountant)
-    again = S.submit_reports(accountant, info.id, ["a", "b"], [1, 0], idempotency_key="b1")
+    again = S.submit_reports(accountant, info.id, ["a", "b"], [1, 0], [0, 0],
+                             idempotency_key="b1")
     assert again.replayed and not first.replayed
     assert (again.accepted, again.charge_id, again.reasons) == \
         (first.accepted, first.charge_id, first.reasons)
     assert _counts(accountant) == before
     for subjects, bits in ((["a", "c"], [1, 0]), (["a", "b"], [1, 1])):
         with pytest.raises(InvalidInput, match="idempotency key 'b1'"):
-            S.submit_reports(accountant, info.id, subjects, bits, idempotency_key="b1")
+            S.submit_reports(accountant, info.id, subjects, bits, [0, 0], idempotency_key="b1")
     assert _counts(accountant) == before
     assert accountant.subject_spend("d", "a") == Decimal("1.5")
     accountant.verify()

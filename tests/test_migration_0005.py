@@ -95,7 +95,7 @@ def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Pat
     r = acct.charge_subjects("d", "0.6", ["alice", "carol"])
     assert (r.accepted, r.rejected_over_cap) == (1, 1)
     # a session opened before the upgrade goes on: "a" has answered, "c" has not
-    res = S.submit_reports(acct, 1, ["a", "c"], [1, 1])
+    res = S.submit_reports(acct, 1, ["a", "c"], [1, 1], [0, 0])
     assert res.accepted == 1 and res.reasons == {"subject already reported in this session": 1}
     # a key used before the upgrade still replays its charge and refuses another cost
     assert acct.charge("d", ZCDP(rho="0.1"), idempotency_key="old-key").replayed

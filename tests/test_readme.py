@@ -110,8 +110,10 @@ def _write(path: Path, option: str, line: str, k: int) -> None:
         if names[:2] == ["subject", "bit"]:
             group = re.search(r"--group-size\s+(\d+)", README.read_text())
             n = int(group.group(1)) if group else N
-            _csv(path, ["subject", "bit"],
-                 [np.char.add("user-", np.arange(n).astype(str)), gen.integers(0, 2, n)])
+            cols_ = [np.char.add("user-", np.arange(n).astype(str)), gen.integers(0, 2, n)]
+            if "round" in names:  # an ldp-score batch answering round 0's query
+                cols_.append(np.zeros(n, dtype=int))
+            _csv(path, names, cols_)
         elif names[:2] == ["agent", "value"]:
             m = re.search(r"--agents\s+(\d+)", README.read_text())
             bins = re.search(r"--bins\s+(\d+)", README.read_text())

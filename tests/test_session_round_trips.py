@@ -37,13 +37,14 @@ def test_a_batch_costs_a_pinned_number_of_statements(accountant: Any, tmp_path: 
     # warm: subject key, pool, schema; psycopg prepares a statement on its 5th execution
     # (one more round trip, once): after 6 batches every statement has been prepared
     for k in range(6):
-        S.submit_reports(accountant, info.id, [f"w{k}-0", f"w{k}-1"], [0, 1])
+        S.submit_reports(accountant, info.id, [f"w{k}-0", f"w{k}-1"], [0, 1], [0, 0])
     pos = 0
     for size in (1, 200, 2000):
         ids = [f"u{pos + i}" for i in range(size)]
         pos += size
         wire = Wire(accountant.ledger, tmp_path)
-        r = S.submit_reports(accountant, info.id, ids, np.arange(size) % 2)
+        r = S.submit_reports(accountant, info.id, ids, np.arange(size) % 2,
+                             np.zeros(size, dtype=int))
         n = wire.count()
         assert r.accepted == size and r.charge_id is not None
         if accountant.ledger.backend == "sqlite":
@@ -59,14 +60,15 @@ def test_subjects_already_charged_cost_the_same(accountant: Any, tmp_path: Any) 
     instead of inserted: the same count (the UPDATE takes the INSERT's place)."""
     first = _session(accountant)
     ids = [f"u{i}" for i in range(300)]
-    S.submit_reports(accountant, first.id, ids, np.arange(300) % 2)
+    S.submit_reports(accountant, first.id, ids, np.arange(300) % 2, np.zeros(300, dtype=int))
     second = S.open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=2,
                             rounds=10, group_size=1000, lower=0, upper=1)
     for k in range(6):  # warm (see above): subjects with a spend row, raised
         S.submit_reports(accountant, second.id, ids[200 + 10 * k:210 + 10 * k],
-                         np.arange(10) % 2)
+                         np.arange(10) % 2, np.zeros(10, dtype=int))
     wire = Wire(accountant.ledger, tmp_path)
-    r = S.submit_reports(accountant, second.id, ids[:200], np.arange(200) % 2)
+    r = S.submit_reports(accountant, second.id, ids[:200], np.arange(200) % 2,
+                         np.zeros(200, dtype=int))
     n = wire.count()
     assert r.accepted == 200
     assert n == (15 if accountant.ledger.backend == "sqlite" else 10)
@@ -78,7 +80,7 @@ def test_state_and_result_are_stored_as_sqlalchemy_writes_them(accountant: Any) 
     """The JSON the driver path writes is SQLAlchemy's JSON serialisation (json.dumps), byte
     for byte: the session's state and the batch's result read back as stored text."""
     info = _session(accountant)
-    r = S.submit_reports(accountant, info.id, ["a", "b", "c"], [1, 0, 1],
+    r = S.submit_reports(accountant, info.id, ["a", "b", "c"], [1, 0, 1], [0, 0, 0],
                          idempotency_key="k1")
     cast = "::text" if accountant.ledger.backend == "postgresql" else ""
     with accountant.ledger.read() as s:
@@ -94,7 +96,7 @@ def test_state_and_result_are_stored_as_sqlalchemy_writes_them(accountant: Any) 
     assert batch.result["accepted"] == 3 and row.state["total"] == 3
     # (SQLite's DateTime reads back naive, as before: the instant is what is compared)
     assert r.session.updated_at.replace(tzinfo=None) == row.updated_at.replace(tzinfo=None)
-    again = S.submit_reports(accountant, info.id, ["a", "b", "c"], [1, 0, 1],
+    again = S.submit_reports(accountant, info.id, ["a", "b", "c"], [1, 0, 1], [0, 0, 0],
                              idempotency_key="k1")
     assert again.replayed and again.accepted == 3 and again.charge_id == r.charge_id
 
@@ -119,7 +121,7 @@ def test_concurrent_batches_to_one_session_are_numbered_without_gaps(accountant:
         try:
             for j in range(3):
                 ids = [f"t{k}-{j}-{i}" for i in range(20)]
-                r = S.submit_reports(accountant, info.id, ids, np.arange(20) % 2)
+                r = S.submit_reports(accountant, info.id, ids, np.arange(20) % 2, [0] * 20)
                 assert r.accepted == 20, r
         except BaseException as exc:  # reported below
             errors.append(exc)

@@ -49,19 +49,19 @@ def test_subjects_past_their_cap_are_rejected_at_ingestion(accountant: Any) -> N
     acct: Accountant = accountant
     acct.create_dataset("d", epsilon=1, subject_epsilon=2)
     a = _ldp(acct)
-    r = S.submit_reports(acct, a.id, ["old1", "old2", "x"], [1, 0, 1])
+    r = S.submit_reports(acct, a.id, ["old1", "old2", "x"], [1, 0, 1], [0, 0, 0])
     assert r.accepted == 3 and r.advanced and r.session.round == 1
     b = _ldp(acct)
     # 2 over-cap subjects must not take slots: 3 of the 4 new ones fill the round
     r = S.submit_reports(acct, b.id, ["old1", "new1", "old2", "new2", "new3", "new4"],
-                         [1, 1, 1, 0, 1, 1])
+                         [1, 1, 1, 0, 1, 1], [0] * 6)
     assert r.accepted == 3
     assert r.reasons == {"subject budget exhausted": 2, "round full": 1}
     assert acct.subject_spend("d", "old1") == Decimal("1.5")  # not charged a second time
     assert acct.subject_spend("d", "new3") == Decimal("1.5")
     assert acct.subject_spend("d", "new4") == 0  # dropped as surplus, never charged
     # a batch smaller than the round: the over-cap row is found by the charging SQL itself
-    r = S.submit_reports(acct, b.id, ["x", "new5"], [1, 1])
+    r = S.submit_reports(acct, b.id, ["x", "new5"], [1, 1], [1, 1])
     assert r.accepted == 1 and r.reasons == {"subject budget exhausted": 1}
     assert acct.subject_spend("d", "x") == Decimal("1.5")
     acct.verify()
@@ -71,7 +71,8 @@ def test_entirely_rejected_batch_changes_nothing(accountant: Any) -> None:
     acct: Accountant = accountant
     acct.create_dataset("d", epsilon=1, subject_epsilon=5)
     info = _ldp(acct)
-    assert S.submit_reports(acct, info.id, ["a", "b", "c"], [1, 1, 0]).session.round == 1
+    assert S.submit_reports(acct, info.id, ["a", "b", "c"], [1, 1, 0],
+                            [0, 0, 0]).session.round == 1
     before = _snapshot(acct)
     r = S.submit_reports(acct, info.id, ["a", "d", "e", "f", "g"], [1, 1, "yes", 2, 0],
                          rounds=[1, 0, 1, 1, 5])
@@ -89,20 +90,21 @@ def test_released_and_abandoned_sessions_take_no_reports(accountant: Any) -> Non
     acct: Accountant = accountant
     acct.create_dataset("d", epsilon=1, subject_epsilon=5)
     info = _ldp(acct, rounds=1, group_size=2)
-    r = S.submit_reports(acct, info.id, ["a", "b"], [1, 1])
+    r = S.submit_reports(acct, info.id, ["a", "b"], [1, 1], [0, 0])
     assert r.session.status == "released" and r.session.release_id is not None
     before = _snapshot(acct)
-    r = S.submit_reports(acct, info.id, ["c"], [1])
+    r = S.submit_reports(acct, info.id, ["c"], [1], [0])
     assert r.reasons == {"late: session is released": 1}
     assert _snapshot(acct) == before
     other = _ldp(acct)
-    S.submit_reports(acct, other.id, ["c"], [1])
+    S.submit_reports(acct, other.id, ["c"], [1], [0])
     with pytest.raises(PlanRejected, match="abandon"):
         S.close_session(acct, other.id)
     closed = S.close_session(acct, other.id, abandon=True)
     assert closed.status == "closed" and closed.release_id is None
     assert acct.subject_spend("d", "c") == Decimal("1.5")  # never refunded
-    assert S.submit_reports(acct, other.id, ["z"], [1]).reasons == {"late: session is closed": 1}
+    assert S.submit_reports(acct, other.id, ["z"], [1], [0]).reasons == \
+        {"late: session is closed": 1}
     with pytest.raises(PlanRejected, match="already closed"):
         S.close_session(acct, other.id, abandon=True)
     acct.verify()
@@ -157,7 +159,7 @@ def test_shuffled_ldp_score_records_per_round_amplification(accountant: Any) -> 
     info = _ldp(acct, ds="ad", epsilon=4, rounds=1, group_size=2000, shuffled=True)
     rng = np.random.default_rng(3)
     r = S.submit_reports(acct, info.id, [f"u{i}" for i in range(2000)],
-                         rng.integers(0, 2, 2000).tolist())
+                         rng.integers(0, 2, 2000).tolist(), [0] * 2000)
     rel = acct.release(r.session.release_id)
     extra = rel.privacy["extra"]
     assert extra["shuffled"] is True and extra["n_shuffled"] == 2000
@@ -176,7 +178,8 @@ def test_shuffled_on_approx_dataset_charges_amplified_cost_at_open(accountant: A
     assert info.central_charge_id is not None
     spent = acct.budget("ad").spent
     assert spent != before and spent["epsilon"] > 0
-    r = S.submit_reports(acct, info.id, [f"u{i}" for i in range(2000)], [1] * 2000)
+    r = S.submit_reports(acct, info.id, [f"u{i}" for i in range(2000)], [1] * 2000,
+                         [0] * 2000)
     rel = acct.release(r.session.release_id)
     assert info.central_charge_id in rel.charge_ids
     assert rel.privacy["central_cost"]["kind"] == "approx"
@@ -226,7 +229,7 @@ def test_tampered_session_rows_fail_verification(accountant: Any) -> None:
     acct: Accountant = accountant
     acct.create_dataset("d", epsilon=1, subject_epsilon=5)
     info = _ldp(acct)
-    S.submit_reports(acct, info.id, ["a", "b"], [1, 1])
+    S.submit_reports(acct, info.id, ["a", "b"], [1, 1], [0, 0])
     acct.ledger.verify()
 
     def drop_report(s: Any) -> None:
@@ -244,13 +247,13 @@ def test_awkward_subject_ids_round_trip(accountant: Any) -> None:
     acct.create_dataset("d", epsilon=1, subject_epsilon=5)
     info = _ldp(acct, group_size=5)
     odd = ["tab\there", "new\nline", "back\\slash", "cr\rx", "ünï,\"q\""]
-    assert S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1]).accepted == 5
+    assert S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1], [0] * 5).accepted == 5
     with acct.ledger.read() as s:
         stored = sorted(s.scalars(select(SessionReport.subject)))
     # stored as keyed pseudonyms (issue 16.6), one per id, never the id itself
     assert stored == sorted(acct.ledger.pseudonyms(odd).tolist())
     assert not set(stored) & set(odd)
-    again = S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1])
+    again = S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1], [1] * 5)  # round 1
     assert again.reasons == {"subject already reported in this session": 5}
     assert all(acct.subject_spend("d", x) == Decimal("1.5") for x in odd)
     acct.verify()

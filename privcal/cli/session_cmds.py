@@ -1,8 +1,9 @@
 """``privcal session open|submit|status|close``: persistent collection sessions.
 
 A thin skin over :mod:`privcal.accountant.sessions`. ``submit`` reads a report batch
-(``.csv``, ``.parquet`` or ``.npz``) with columns ``subject`` and ``bit`` (ldp-score,
-optional ``round``) or ``agent`` and ``value`` (federated). It prints how many rows
+(``.csv``, ``.parquet`` or ``.npz``) with columns ``subject``, ``bit`` and ``round``
+(ldp-score: the round whose query each bit answers, required) or ``agent`` and ``value``
+(federated; an optional ``round``, 0). It prints how many rows
 were accepted and how many rejected per reason — never a subject id. A batch of which
 nothing is accepted exits 1 (nothing was written) with the counts, in the JSON error
 document under ``--json``.
@@ -138,14 +139,18 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
 
 def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     id_col, val_col = ("subject", "bit") if method == "ldp-score" else ("agent", "value")
-    return load_reports(spec, id_col, val_col, label=f"{method} ")
+    ids, values, rounds = load_reports(spec, id_col, val_col, label=f"{method} ")
+    if method == "ldp-score" and rounds is None:  # refused before reading the ledger further
+        raise InvalidInput(f"{spec}: ldp-score reports need a 'round' column (the round whose "
+                           "query each bit answers): columns subject,bit,round")
+    return ids, values, rounds
 
 
 @session.command("submit")
 @click.argument("session_id", type=int)
 @click.option("--reports", required=True,
               type=click.Path(dir_okay=False),
-              help="Batch file: subject,bit[,round] (ldp-score) or agent,value (federated).")
+              help="Batch file: subject,bit,round (ldp-score) or agent,value (federated).")
 @click.option("--idempotency-key",
               help="Retrying the same batch with the same key records it once; another batch "
                    "with that key is an error.")

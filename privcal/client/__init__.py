@@ -12,7 +12,8 @@ Local DP (Penso et al., seed 004):
   for the published threshold q, keeping the bit with probability e^ε/(e^ε+1).
 
 HTTP (``privcal serve``): :class:`Reporter` (a device) and :class:`Agent` (a federated agent),
-see :mod:`privcal.client.http`.
+see :mod:`privcal.client.http`; give them ``memo=PATH`` (a file kept with the app's data) so
+that no second randomized answer for a session ever leaves the device.
 
 Scores: a user or agent with a regressor computes its own scores with
 ``regression_scores("absolute", y, preds=f)`` (or ``"cqr"`` with ``lower_preds``/``upper_preds``),

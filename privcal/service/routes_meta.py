@@ -37,12 +37,29 @@ def readyz(request: Request) -> Any:
 
 
 @router.get("/v1/whoami", **allow(*ALL_ROLES))
-def whoami(p: Principal = Depends(principal)) -> dict[str, Any]:
-    """The caller's token id, role, name and grants (never its secret)."""
+def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+    """The caller's token id, role, name and grants (never its secret).
+
+    A device token's answer also says in which round its subject's report was stored in
+    its session (``reported_rounds``: empty, or that one round — a subject reports once per
+    session), an agent token's whether its message was stored (``sent``), so that a client
+    that lost its local state does not draw and send a second randomized answer
+    (:mod:`privcal.client.http`). One primary-key read of the ledger, for those two roles
+    only."""
     t = p.token
-    return doc({"id": t.id, "principal": p.requester, "role": t.role, "datasets": t.datasets,
-                "session": t.session, "subject": t.subject, "agent": t.agent,
-                "expires_at": t.expires_at})
+    out = {"id": t.id, "principal": p.requester, "role": t.role, "datasets": t.datasets,
+           "session": t.session, "subject": t.subject, "agent": t.agent,
+           "expires_at": t.expires_at}
+    who = t.subject if t.role == "device" else t.agent if t.role == "agent" else None
+    if t.session is not None and who is not None:
+        from privcal.storage.tokens import stored_reports
+
+        stored = stored_reports(request.app.state.accountant.ledger, t.session, [who])
+        if t.role == "device":
+            out["reported_rounds"] = sorted(int(r) for r, _ in stored.values())
+        else:
+            out["sent"] = bool(stored)
+    return doc(out)
 
 
 @router.get("/v1/methods", **allow(*ALL_ROLES))

@@ -59,7 +59,9 @@ class MessageBody(BaseModel):
 
 
 class BatchRow(BaseModel):
-    """One row of an ingestor batch."""
+    """One row of an ingestor batch. ``round`` (the round whose query the report answers)
+    is required on every row of an ldp-score batch — a batch without it is 422, nothing
+    written — and may be left out for a federated session (one round)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -197,7 +199,8 @@ def batch_post(request: Request, body: BatchBody, sid: int = SessionId,
                p: Principal = Depends(principal),
                idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
                                                     max_length=200)) -> JSONResponse:
-    """An ingestor (shuffler/proxy) posts a batch: 200 with counts per rejection reason."""
+    """An ingestor (shuffler/proxy) posts a batch: 200 with counts per rejection reason;
+    422 for an ldp-score batch without a ``round`` on its rows (nothing written)."""
     from privcal.accountant.sessions import submit_reports
 
     p.check_session(sid)

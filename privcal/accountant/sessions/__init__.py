@@ -35,7 +35,10 @@ full; write the release when it finishes. If no row is accepted nothing is writt
   because an over-cap subject took a slot, and nobody is charged for a row that is
   then dropped.
 - A round's bits answer *that* round's query, so surplus rows are rejected, not
-  carried over.
+  carried over; and an ldp-score batch must say which round each row answers: one
+  without rounds is refused whole (InvalidInput, nothing written — checked before an
+  idempotency replay too), since counting it toward the round open when it is written
+  would take answers to an earlier query for answers to the current one.
 - ``--shuffled`` computes the amplified central (ε, δ) at open time (it depends only
   on the public plan) and, on an (ε, δ) dataset, charges it then: the published
   queries are already outputs, so the central charge precedes any data.

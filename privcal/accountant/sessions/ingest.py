@@ -53,7 +53,11 @@ if TYPE_CHECKING:
 
     from privcal.storage import Ledger
 
-__all__ = ["submit_reports"]
+__all__ = ["NO_ROUNDS", "submit_reports"]
+
+#: the refusal of an ldp-score batch without rounds (one line, for the API, CLI and service)
+NO_ROUNDS = ("session {sid} is ldp-score: every report must give the round whose query it "
+             "answers (a round on every row); this batch gives none, nothing was recorded")
 
 
 class _NothingAccepted(Exception):  # control flow only: never escapes this module
@@ -165,6 +169,11 @@ def submit_reports(
 
     Raises on a malformed batch (lengths differ, empty, float or over-long ids) or an
     unknown session; otherwise returns the counts, writing nothing if none is accepted.
+    ``rounds`` (one per row) says which round's query each report answers; an ldp-score
+    batch without rounds is refused (InvalidInput, nothing written): counted toward
+    whatever round is open when it is written, reports answering an earlier round's query
+    would be taken for answers to another query, and the release would record a coverage
+    guarantee it does not have. Federated sessions have one round and need none.
     ``idempotency_key`` (unique per session) binds the batch — a keyed digest of its
     subject ids, values and rounds: the same key and batch return the recorded result
     (``replayed=True``), a different batch is an error naming the key.
@@ -191,6 +200,8 @@ def submit_reports(
     def tx(conn: Connection) -> SubmitResult:
         # on the driver (storage/statements.py): the fixed cost of a batch is its statements
         row, ds, last_batch = ledger.lock_batch_session(conn, session_key(session_id))
+        if rounds is None and row.method == "ldp-score":  # before anything is written
+            raise InvalidInput(NO_ROUNDS.format(sid=row.id))
         if key is not None:
             done = ledger.batch_by_key(conn, row.id, key)
             if done is not None:

@@ -85,7 +85,9 @@ def _round_code(v: Any, current: int) -> int:
 
 def round_codes(rounds: Any, n: int, current: int) -> np.ndarray | None:
     """Per row, an index into :data:`ROUND_REASONS`: 0 if its ``round`` is the current one,
-    else malformed / closed / not yet open. None if the batch gives no rounds (all current).
+    else malformed / closed / not yet open. None if the batch gives no rounds (all current:
+    only a federated session's, which has one round; an ldp-score batch without rounds is
+    refused before this, by :func:`~privcal.accountant.sessions.submit_reports`).
     Raises InvalidInput if there are not ``n`` rounds."""
     if rounds is None:
         return None
