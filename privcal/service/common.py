@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import math
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from fastapi import Request
 from starlette.responses import JSONResponse
 
 from privcal.service.problems import ProblemError
+from privcal.storage.request_fingerprints import keyed_fingerprint, request_digest_hex
 
 __all__ = ["IDEMPOTENCY_HEADER", "doc", "idempotent", "public", "request_fingerprint"]
 
@@ -48,29 +48,13 @@ def public() -> dict[str, Any]:
     return {"openapi_extra": {"x-privcal-roles": ["public"]}}
 
 
-#: domain of the key the fingerprints are made under (derived from the subject key)
-_FP_DOMAIN = b"privcal idempotency fingerprint\x00"
-
-
 def request_fingerprint(subject_key: bytes, fingerprint: Any) -> str:
-    """What ``idempotency_records.fingerprint`` stores for a request: HMAC-SHA256, under a key
-    derived from the ledger's subject key (:meth:`~privcal.storage.Ledger.subject_key`,
-    the key of the pseudonyms), of the canonical JSON of ``fingerprint``.
-
-    Keyed because a batch's fingerprint covers its subject ids and their reports: an
-    unkeyed hash would let whoever reads the table test a guess "subject X reported v",
-    which the pseudonyms (:mod:`privcal.storage.pseudonyms`) exist to prevent; the same
-    secret guards both, and a separate derived key keeps these digests unrelated to them.
-
-    Rows written before this was keyed hold an unkeyed SHA-256: a retry of such a request
-    now answers 409 ``idempotency-key-reused`` rather than a replay — decision: it fails
-    closed (nothing runs twice under one key), accepting the old digest would keep
-    computing and matching the unkeyed hash this removes, and retries are short-lived
-    (only a retry spanning the upgrade sees it).
-    """
-    k = hmac.digest(subject_key, _FP_DOMAIN, "sha256")
+    """What ``idempotency_records.fingerprint`` stores for a request: a keyed digest of the
+    canonical JSON of ``fingerprint`` (:mod:`privcal.storage.request_fingerprints`: a batch's
+    body holds subject ids and their reports, which an unkeyed hash would let a reader of
+    the table test guesses against)."""
     body = json.dumps(doc(fingerprint), sort_keys=True).encode("utf-8", "surrogatepass")
-    return hmac.new(k, body, "sha256").hexdigest()
+    return keyed_fingerprint(subject_key, request_digest_hex(body))
 
 
 def idempotent(request: Request, key: str | None, fingerprint: Any,
