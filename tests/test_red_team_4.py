@@ -13,13 +13,17 @@ one-line error and nothing written, or recorded truthfully).
   does not increase, and parameters built without validation were checked only once charged;
 - the exact exponential-mechanism sampler evaluated exp(−t) in one piece, which underflows to
   0 from t ≈ 2.3·10⁶: a grid point with probability 0 under one dataset and > 0 under its
-  neighbour (pure ε-DP broken, at probability ≈ 10^−10⁶).
+  neighbour (pure ε-DP broken, at probability ≈ 10^−10⁶);
+- a dataset's guarantee ("everything released … is (ε, δ)-DP") left out its local-DP
+  releases, which are charged per subject, never to the central cap;
+- below δ ≈ 2e−12 the shuffle bound's window of clone counts spanned all of [0, n].
 """
 
 from __future__ import annotations
 
 import math
 import random
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -238,3 +242,33 @@ def test_the_pieces_multiply_to_the_exact_probability(monkeypatch: pytest.Monkey
     hits = sum(ex._bernoulli_exp_scaled(Fraction(23, 10), 1, rng) for _ in range(n))
     p = math.exp(-2.3) * 2
     assert abs(hits / n - p) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+# ---------------------------------------------------------------- the dataset's guarantee
+def test_the_dataset_guarantee_includes_its_local_dp_releases(accountant: Any) -> None:
+    """Local-DP reports are charged per subject, never to the central cap: a dataset with a
+    pure cap of 0.1 and a subject cap of 8 released an 8-LDP calibration while its guarantee
+    still read "everything released … is (0.1, 0)-DP"."""
+    from privcal.accountant.report import audit_report
+    from privcal.costs import LocalDP, PureDP
+
+    acct = accountant
+    acct.create_dataset("d", epsilon="0.1", subject_epsilon=8)
+    acct.create_dataset("central", epsilon="0.1")
+    acct.charge("d", PureDP(eps="0.1"))
+    acct.charge_subjects("d", LocalDP(eps0=8), [f"s{i}" for i in range(50)])
+    g = acct.budget("d").guarantee
+    assert (g.epsilon, g.delta) == (Decimal("8.1"), 0)  # the central 0.1 + each subject's 8
+    assert "local-DP reports: Σε0 ≤ 8 per subject" in g.statement
+    (rep,) = audit_report(acct, "d")
+    assert "is (8.1, 0)-DP" in rep.guarantee
+    assert acct.budget("central").guarantee.epsilon == Decimal("0.1")  # no local reports: the cap's
+
+
+def test_the_shuffle_window_stays_small_at_tiny_delta() -> None:
+    """Below δ ≈ 2e−12 scipy's binomial quantiles return the ends of the support: the window
+    of clone counts was all of [0, n] (O(n) memory; a process killed at n = 10⁹)."""
+    from privcal.accountant.privacy import shuffle_bounds as sb
+
+    plan = sb.clone_plan(5.0, 10**7, sb.truncation_tau(1e-12), stronger=True)
+    assert plan.size < 10**5

@@ -50,8 +50,9 @@ def policy_of(ds: DatasetRow) -> acc.Policy:
 
 
 def guarantee_report(ds: DatasetRow) -> GuaranteeReport:
-    """The guarantee of the dataset's cap: its filter's (ε, δ), valid however requests adapt."""
-    g = acc.filter_guarantee(policy_of(ds), ds.reporting_delta)
+    """The guarantee of the dataset's caps: its filter's (ε, δ) — plus its per-subject cap if
+    it takes local-DP reports —, valid however requests adapt."""
+    g = acc.filter_guarantee(policy_of(ds), ds.reporting_delta, ds.subject_epsilon)
     return GuaranteeReport(epsilon=Decimal(acc.dstr(g.epsilon)), delta=Decimal(acc.dstr(g.delta)),
                            rule=g.rule, statement=g.statement)
 

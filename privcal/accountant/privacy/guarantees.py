@@ -49,8 +49,11 @@ class Guarantee:
                 f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}]")
 
 
-def filter_guarantee(policy: Policy, reporting_delta: Decimal) -> Guarantee:
-    """The guarantee of the cap, valid at any stopping time under fully adaptive requests.
+def filter_guarantee(policy: Policy, reporting_delta: Decimal,
+                     subject_epsilon: Decimal | None = None) -> Guarantee:
+    """The guarantee of the dataset's caps, valid at any stopping time under fully adaptive
+    requests: its central cap's filter's, plus ``subject_epsilon`` if the dataset takes
+    local-DP reports.
 
     - pure cap E: (E, 0) — basic composition filter (Rogers et al. 2016, Thm 3.6);
     - ρ-zCDP cap P: (CKS20(P, δ_r), δ_r) at the reporting δ — the transcript is P-zCDP by the
@@ -58,7 +61,21 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal) -> Guarantee:
       a ρ fixed in advance (the *cap*, never the realized Σρ);
     - (ε, δ) cap (E, D): (E, D) — the filter over its Rényi grid
       (:mod:`privcal.accountant.privacy.filters`, with the proof).
+
+    Local-DP reports (ldp-label, ldp-score, collection sessions) are charged per subject,
+    never to the central cap: each subject's Σε0 ≤ S (``subject_epsilon``, a pure-ε filter
+    per subject). So with a subject cap the releases as a whole are (ε + S, δ)-DP for one
+    subject's data — the central filter's privacy loss and the local reports' (at most S,
+    always) add (basic composition) — and the statement says so rather than the central
+    (ε, δ) alone, which the local releases do not respect.
     """
+    if subject_epsilon is not None:
+        g = filter_guarantee(policy, reporting_delta)
+        return Guarantee(
+            g.epsilon + subject_epsilon, g.delta,
+            f"central releases: {g.rule}, ({dstr(g.epsilon)}, {dstr(g.delta)}); local-DP "
+            f"reports: Σε0 ≤ {dstr(subject_epsilon)} per subject (pure-ε filter per subject); "
+            "the two added (basic composition)")
     if policy.notion == "pure":
         assert policy.epsilon is not None
         return Guarantee(policy.epsilon, Decimal(0),

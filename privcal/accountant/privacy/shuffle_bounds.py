@@ -85,9 +85,17 @@ def _window(m: int, p: float, tau: float) -> tuple[IntArray, FloatArray, float]:
     sigma = math.sqrt(m * p * (1.0 - p))
     half = (math.sqrt(2.0 * math.log(1.0 / tau)) + 2.0) * sigma
     # The Gaussian width of SHUFFLE.md, widened to the exact τ/2 quantiles: when
-    # σ ≪ 1 (rare clones, p·m ≈ 0.01) it would leave out far more than τ.
-    lo = max(0, min(math.floor(mu - half), int(binom.ppf(tau / 2.0, m, p))))
-    hi = min(m, max(math.ceil(mu + half), int(binom.isf(tau / 2.0, m, p))))
+    # σ ≪ 1 (rare clones, p·m ≈ 0.01) it would leave out far more than τ. Those quantiles
+    # are clamped to Bernstein's bound, which holds for every m and p (each tail beyond
+    # μ ± b has mass ≤ exp(−b²/(2(σ² + b/3))) = τ/2): below τ/2 ≈ 1e−16 scipy's ppf/isf
+    # return the ends of the support, and the window became all of [0, m] (O(m) memory: a
+    # process killed at m = 10⁹). The mass left out is computed exactly either way.
+    big = math.log(2.0 / tau) / 3.0
+    b = big + math.sqrt(big * big + 6.0 * big * sigma * sigma)
+    lo = max(0, min(math.floor(mu - half),
+                    max(int(binom.ppf(tau / 2.0, m, p)), math.floor(mu - b))))
+    hi = min(m, max(math.ceil(mu + half),
+                    min(int(binom.isf(tau / 2.0, m, p)), math.ceil(mu + b))))
     support = np.arange(lo, hi + 1, dtype=np.int64)
     weights = binom.pmf(support, m, p)
     missing = 0.0
