@@ -58,3 +58,30 @@ def test_the_service_fingerprint_is_keyed_and_matches_the_migrated_form() -> Non
     fp = request_fingerprint(k1, body)
     assert fp == keyed_fingerprint(k1, hashlib.sha256(_canonical(body)).hexdigest())
     assert fp != request_fingerprint(k2, body) and fp != request_digest_hex(_canonical(body))
+
+
+def test_a_downgrade_and_upgrade_keys_each_digest_once(ledger_url: str) -> None:
+    """The downgrade leaves keyed values (one-way); upgrading again must not key them twice
+    (a retry would then be refused as another request), only the digests written between."""
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    key = ledger.subject_key()
+    first = keyed_fingerprint(key, request_digest_hex(_canonical(_body("a", 1))))
+    with ledger.engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO idempotency_records (principal, key, route, fingerprint, state, "
+            "created_at) VALUES ('p1', 'k1', 'POST /x', :f, 'pending', :t)"),
+            {"f": first, "t": datetime.now(UTC)})
+    ledger.downgrade("0007")
+    between = request_digest_hex(_canonical(_body("b", 0)))  # written by the older code
+    with ledger.engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO idempotency_records (principal, key, route, fingerprint, state, "
+            "created_at) VALUES ('p1', 'k2', 'POST /x', :f, 'pending', :t)"),
+            {"f": between, "t": datetime.now(UTC)})
+    assert ledger.upgrade() == "0008"
+    with ledger.engine.connect() as conn:
+        got = dict(conn.execute(text("SELECT key, fingerprint FROM idempotency_records")).all())
+    assert got == {"k1": first, "k2": keyed_fingerprint(key, between)}
+    assert all(len(v) == 64 for v in got.values())
+    ledger.close()

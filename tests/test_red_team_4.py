@@ -148,7 +148,7 @@ def test_a_custom_calibrator_is_recorded_as_its_own_and_a_foreign_record_fails_v
         threshold=acct2_rel.threshold, params=acct2_rel.params, shape=acct2_rel.shape,
         coverage=acct2_rel.coverage, privacy=acct2_rel.privacy,
         diagnostics=acct2_rel.diagnostics, distribution="evil-plugin")
-    assert any("made by 'evil-plugin', but split is 'privcal''s" in p
+    assert any("made by 'evil-plugin', but the installed split comes from 'privcal'" in p
                for r in _checks(acct) for p in r.problems)
 
 
@@ -272,3 +272,65 @@ def test_the_shuffle_window_stays_small_at_tiny_delta() -> None:
 
     plan = sb.clone_plan(5.0, 10**7, sb.truncation_tau(1e-12), stronger=True)
     assert plan.size < 10**5
+
+
+def test_the_dataset_guarantee_leaves_out_non_private_releases(accountant: Any) -> None:
+    """A dataset that allows non-private releases said "everything released … is (ε, δ)-DP"
+    after a non-private split release."""
+    from privcal.accountant.report import audit_report
+
+    acct = accountant
+    acct.create_dataset("np", epsilon=1, allow_nonprivate=True)
+    acct.calibrate("split", {"alpha": 0.1}, dataset="np",
+                   scores=np.random.default_rng(0).random(100))
+    g = acct.budget("np").guarantee
+    assert g.statement.startswith("every private release from this dataset")
+    assert "non-private releases (its policy allows them) have no privacy guarantee" in (
+        g.statement)
+    assert audit_report(acct, "np")[0].guarantee == g.statement
+    acct.create_dataset("p", epsilon=1)
+    assert acct.budget("p").guarantee.statement.startswith("everything released")
+
+
+# ---------------------------------------------------------------- what the fixes must not break
+@pytest.fixture
+def _plugin(example_plugin: Any) -> Any:
+    import warnings
+
+    from privcal.calibrators import registry
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the example's shadowing entry point warns
+        return registry.get("example-max").calibrator
+
+
+def test_a_plugin_keeps_its_own_rules_and_its_old_releases_verify(accountant: Any,
+                                                                    _plugin: Any) -> None:
+    """The plugin declares no ``min_scores``: one score, or an infinite one, still runs, and
+    a one-row Mondrian group is run, not released at +∞. Releases recorded before
+    provenance was checked — ``run`` wrote ("privcal", ""), ``calibrate`` the class's
+    package and "unknown" — still verify; another distribution does not."""
+    import warnings
+
+    acct = accountant
+    acct.create_dataset("d", epsilon=1, allow_nonprivate=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one = acct.run(_plugin, {"alpha": 0.1}, CalibrationInput(scores=np.array([0.7])),
+                       dataset="d")
+        assert one.threshold == 0.7 and one.distribution == "privcal-example-plugin"
+        acct.run(_plugin, {"alpha": 0.1}, CalibrationInput(scores=np.array([0.1, math.inf])),
+                 dataset="d")
+        mo = acct.calibrate(_plugin, {"alpha": 0.1}, dataset="d",
+                            scores=np.array([0.2, 0.4, 0.9]), groups=["a", "a", "b"],
+                            public_groups=True)
+        assert [g["threshold"] for g in mo.diagnostics["groups"]] == [0.4, 0.9]
+        for dist, version in (("privcal", ""), ("privcal_example_plugin", "unknown"),
+                              ("someone-else", "1.0")):
+            acct.record_release(
+                "d", method=one.method, calibrator_version=one.calibrator_version,
+                threshold=one.threshold, params=one.params, shape=one.shape,
+                coverage=one.coverage, privacy=one.privacy, diagnostics=one.diagnostics,
+                distribution=dist, distribution_version=version)
+        bad = [r.problems for r in _checks(acct) if not r.ok]
+    assert len(bad) == 1 and "made by 'someone-else'" in bad[0][0]

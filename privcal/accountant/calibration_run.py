@@ -113,13 +113,9 @@ def params_of(calibrator: Calibrator, params: Any) -> Any:
     raise InvalidInput(f"params must be a {calibrator.Params.__name__} or a dict")
 
 
-#: privacy models whose methods take finite scores, at least two (``check_scores``' defaults)
-_CENTRAL_MODELS = frozenset(("none", "central-pure", "central-zcdp"))
-
-
 def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
     """Generic checks before anything is charged (calibrators check the rest themselves;
-    a central method's scores are checked as its ``calibrate`` will check them)."""
+    the scores of a method that declares ``min_scores`` as its ``calibrate`` will)."""
     for field in calibrator.inputs:
         arr = getattr(data, field, None)
         if arr is None:
@@ -129,8 +125,9 @@ def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
             raise InvalidInput(f"{field} is empty")
         if arr.dtype.kind == "f" and np.isnan(arr).any():
             raise InvalidInput(f"{field} contains NaN")
-    if calibrator.privacy_model in _CENTRAL_MODELS and "scores" in calibrator.inputs:
-        check_scores(data.scores)  # what their calibrate refuses: not after the charge
+    rows = getattr(calibrator, "min_scores", None)
+    if rows is not None and "scores" in calibrator.inputs:
+        check_scores(data.scores, min_rows=rows)  # what its calibrate refuses: not after the charge
     lengths = {f: int(np.asarray(getattr(data, f)).shape[0])
                for f in ("scores", "probs", "labels", "agents", "subjects")
                if getattr(data, f) is not None}

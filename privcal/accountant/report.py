@@ -99,8 +99,8 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                     )
                 )
             reporting_delta = ds.reporting_delta
-            guarantee = acc.filter_guarantee(policy, reporting_delta,
-                                             ds.subject_epsilon).statement
+            guarantee = acc.filter_guarantee(policy, reporting_delta, ds.subject_epsilon,
+                                             nonprivate=bool(ds.allow_nonprivate)).statement
             orders = renyi_orders_of(ds)
         releases = [
             ReleaseLine(

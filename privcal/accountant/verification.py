@@ -101,6 +101,21 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(json_safe(obj), default=str))
 
 
+def _made_by(rel: Any, reg: registry.Registered) -> bool:
+    """Whether release ``rel`` was recorded by the calibrator registered as its method. Also
+    the two forms a calibrator object passed by a caller was recorded under before
+    provenance was checked (privcal 0.x): ``Accountant.run`` wrote ``privcal`` and an empty
+    version, ``calibrate`` its class's top-level package and ``unknown``."""
+    if rel.distribution == reg.distribution:
+        return True
+    cal = reg.calibrator
+    while getattr(cal, "inner", None) is not None:  # a wrapper records its method's origin
+        cal = cal.inner
+    package = type(cal).__module__.split(".")[0]
+    return ((rel.distribution, rel.distribution_version) == ("privcal", "")
+            or (rel.distribution, rel.distribution_version) == (package, "unknown"))
+
+
 def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
     """Recompute one release's coverage and privacy guarantees from its stored inputs."""
     from privcal.accountant.amplification import shuffled_guarantee
@@ -112,9 +127,9 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
         return ReleaseCheck(release=rel.id, dataset=rel.dataset, method=rel.method, ok=False,
                             problems=[f"cannot recompute: {exc}"])  # fmt: skip
     cal = reg.calibrator
-    if rel.distribution != reg.distribution:  # another package's mechanism under this name
-        problems.append(f"made by {rel.distribution!r}, but {rel.method} is "
-                        f"{reg.distribution!r}'s: its guarantee cannot be recomputed")
+    if not _made_by(rel, reg):  # another package's mechanism under this name
+        problems.append(f"made by {rel.distribution!r}, but the installed {rel.method} comes "
+                        f"from {reg.distribution!r}: its guarantee cannot be recomputed")
     # a release of an older calibrator version is recomputed by the formula it was made with:
     # the calibrator lists the parameter values that select it (issue 13)
     legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)

@@ -185,7 +185,12 @@ class CalibrationResult(BaseModel):
 
 @runtime_checkable
 class Calibrator(Protocol):
-    """A pluggable conformal calibrator (see the module docstring for the flow)."""
+    """A pluggable conformal calibrator (see the module docstring for the flow).
+
+    Optional: ``min_scores`` (int), declared by a method whose ``calibrate`` refuses fewer
+    scores, or non-finite ones (:func:`~privcal.calibrators.validation.check_scores`): the
+    accountant checks that before the charge, and a Mondrian group with fewer rows is
+    released at +∞ without running it."""
 
     name: ClassVar[str]
     version: ClassVar[str]

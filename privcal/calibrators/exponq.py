@@ -146,6 +146,8 @@ class ExponQ:
     name: ClassVar[str] = "exponq"
     version: ClassVar[str] = "1.0.0"
     privacy_model: ClassVar[PrivacyModel] = "central-pure"
+    #: its scores: at least two, finite (``_scores``), checked before the charge
+    min_scores: ClassVar[int] = 2
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
         "substitution of one calibration score; n is public (q̃ and the grid depend on n; "

@@ -152,6 +152,7 @@ class Mondrian(WrappedCalibrator):
         self.name = f"mondrian:{inner.name}"
         self.version = f"{MONDRIAN_VERSION}/{inner.version}"
         self.privacy_model = inner.privacy_model
+        self.min_scores = getattr(inner, "min_scores", None)
         self.Params = params_class(MondrianParams, inner)  # type: ignore[assignment]
         self.inputs = inner.inputs
         self.summary = f"{inner.name} per class or group (Mondrian), charged once"
@@ -161,9 +162,9 @@ class Mondrian(WrappedCalibrator):
     # ---------------------------------------------------------------- per group
     def _group_guarantee(self, p: Any, n: int, k: int | None) -> CoverageGuarantee | None:
         """The inner method's guarantee at a group's n, or None when it cannot run there
-        (fewer than two rows — the central methods' scores need two, checked only once
-        charged —, or the method refuses that n): the group's threshold is then +∞."""
-        if n < 2:
+        (no rows, fewer than its ``min_scores``, or the method refuses that n): the group's
+        threshold is then +∞."""
+        if n < max(1, self.min_scores or 1):
             return None
         try:
             return self.inner.guarantee(p, DataShape(n=n, k=k))

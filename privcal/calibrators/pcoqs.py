@@ -265,6 +265,8 @@ class PCOQS:
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {"bound": "subgaussian"},
                                                              "2.0.0": {}, "2.1.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "central-zcdp"
+    #: its scores: at least two, finite (``_scores``), checked before the charge
+    min_scores: ClassVar[int] = 2
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
         "substitution of one calibration score; n is public (under add/remove the release "

@@ -124,8 +124,10 @@ def get(name: str) -> Registered:
 
 
 def _same_implementation(a: object, b: object) -> bool:
-    """Whether ``a`` and ``b`` are the same calibrator class (a wrapper's inner ones too)."""
-    if type(a) is not type(b):
+    """Whether ``a`` and ``b`` are the same calibrator class (a wrapper's inner ones too; by
+    module and qualified name, so a reloaded module's class is still itself)."""
+    ta, tb = type(a), type(b)
+    if ta is not tb and (ta.__module__, ta.__qualname__) != (tb.__module__, tb.__qualname__):
         return False
     inner_a, inner_b = getattr(a, "inner", None), getattr(b, "inner", None)
     return (inner_a is None and inner_b is None) or _same_implementation(inner_a, inner_b)

@@ -63,6 +63,8 @@ class SplitConformal:
     name: ClassVar[str] = "split"
     version: ClassVar[str] = "1.0.0"
     privacy_model: ClassVar[PrivacyModel] = "none"
+    #: its scores: at least two, finite (``_scores``), checked before the charge
+    min_scores: ClassVar[int] = 2
     Params: ClassVar[type[CalibratorParams]] = SplitParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores"})
     summary: ClassVar[str] = (

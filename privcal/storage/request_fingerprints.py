@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-__all__ = ["keyed_fingerprint", "request_digest_hex"]
+__all__ = ["KEYED", "keyed_fingerprint", "request_digest_hex"]
 
 #: domain of the key fingerprints are made under (derived from the subject key)
 _DOMAIN = b"privcal idempotency fingerprint\x00"
@@ -26,8 +26,14 @@ def request_digest_hex(canonical: bytes) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
+#: what begins every keyed fingerprint (an unkeyed digest is 64 hex digits: never this), so
+#: migration 0008 keys each stored digest once, however often it runs
+KEYED = "k:"
+
+
 def keyed_fingerprint(subject_key: bytes, digest_hex: str) -> str:
     """The stored fingerprint of a request whose :func:`request_digest_hex` is
-    ``digest_hex``, under the ledger's ``subject_key`` (64 hex digits)."""
+    ``digest_hex``, under the ledger's ``subject_key``: :data:`KEYED` and 62 hex digits
+    (248 bits of the HMAC; the column holds 64 characters)."""
     key = hmac.digest(subject_key, _DOMAIN, "sha256")
-    return hmac.new(key, digest_hex.encode("ascii"), "sha256").hexdigest()
+    return KEYED + hmac.new(key, digest_hex.encode("ascii"), "sha256").hexdigest()[:62]

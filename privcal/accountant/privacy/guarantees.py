@@ -12,7 +12,7 @@ parameters before it runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from privcal.accountant.privacy.conversions import cks20_epsilon, dstr, round_up
@@ -41,16 +41,24 @@ class Guarantee:
     epsilon: Decimal  # rounded up
     delta: Decimal
     rule: str
+    #: the dataset allows non-private releases: they are outside the guarantee
+    nonprivate: bool = False
 
     @property
     def statement(self) -> str:
         """One sentence."""
+        if self.nonprivate:
+            return (f"every private release from this dataset, however the requests adapt, "
+                    f"is (with all the others) ({dstr(self.epsilon)}, {dstr(self.delta)})-DP "
+                    f"[{self.rule}]; its non-private releases (its policy allows them) have "
+                    "no privacy guarantee")
         return (f"everything released from this dataset, however the requests adapt, is "
                 f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}]")
 
 
 def filter_guarantee(policy: Policy, reporting_delta: Decimal,
-                     subject_epsilon: Decimal | None = None) -> Guarantee:
+                     subject_epsilon: Decimal | None = None, *,
+                     nonprivate: bool = False) -> Guarantee:
     """The guarantee of the dataset's caps, valid at any stopping time under fully adaptive
     requests: its central cap's filter's, plus ``subject_epsilon`` if the dataset takes
     local-DP reports.
@@ -67,8 +75,12 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
     per subject). So with a subject cap the releases as a whole are (ε + S, δ)-DP for one
     subject's data — the central filter's privacy loss and the local reports' (at most S,
     always) add (basic composition) — and the statement says so rather than the central
-    (ε, δ) alone, which the local releases do not respect.
+    (ε, δ) alone, which the local releases do not respect. ``nonprivate``: the dataset
+    allows non-private releases, and the statement leaves them out in so many words.
     """
+    if nonprivate:
+        return replace(filter_guarantee(policy, reporting_delta, subject_epsilon),
+                                   nonprivate=True)
     if subject_epsilon is not None:
         g = filter_guarantee(policy, reporting_delta)
         return Guarantee(

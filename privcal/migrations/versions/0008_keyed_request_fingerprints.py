@@ -9,7 +9,8 @@ service now stores for a request: a retry that spans the upgrade still replays, 
 unkeyed digest is left. The downgrade cannot recover the digests (an HMAC is one-way): it
 leaves the keyed ones, which the older code compares with its unkeyed digest and so answers
 a retry under an old key "Idempotency-Key reused" (409) — it fails closed, nothing runs
-twice. No other table changes; the audit chain is untouched.
+twice; they begin with ``k:``, so upgrading again keys only the digests written in between.
+No other table changes; the audit chain is untouched.
 
 Revision ID: 0008
 Revises: 0007
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from privcal.storage.request_fingerprints import keyed_fingerprint
+from privcal.storage.request_fingerprints import KEYED, keyed_fingerprint
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -34,8 +35,9 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     conn = op.get_bind()
     secret = conn.execute(sa.text("SELECT secret FROM ledger_secret WHERE id = 1")).scalar()
-    rows = conn.execute(sa.text(
+    rows = [r for r in conn.execute(sa.text(
         "SELECT principal, key, fingerprint FROM idempotency_records")).all()
+        if not r[2].startswith(KEYED)]  # keyed by an earlier upgrade (then a downgrade)
     if not rows:
         return
     if secret is None:  # (0005 makes the secret: not reached on a migrated ledger)
