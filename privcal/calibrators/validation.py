@@ -9,6 +9,7 @@ clear error and changes nothing").
 from __future__ import annotations
 
 import math
+import unicodedata
 
 import numpy as np
 
@@ -155,8 +156,10 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     Strings are kept exactly as given (``"000007"`` stays ``"000007"``); integers (Python or
     numpy, any size) become their decimal spelling. Floats are refused — a 64-bit id that
     went through a float has already been rounded, merging distinct people — and so are
-    ``None``, bools, empty ids, ids longer than 200 characters and ids that no backend can
-    store (a NUL byte, a lone surrogate). Returns a 1-D array of ``str`` (dtype ``U``).
+    ``None``, bools, empty ids, ids longer than 200 characters, ids that no backend can
+    store (a NUL byte, a lone surrogate), and ids that read as another id: a blank at either
+    end (``" 7"``), or not in Unicode NFC — refused, never stripped or normalised. Returns a
+    1-D array of ``str`` (dtype ``U``).
     """
     try:
         # a Python sequence is read item by item: numpy's fixed-width strings would drop a
@@ -201,13 +204,35 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     if lengths.max() > 200:
         raise InvalidInput(f"{what}: row {int(np.argmax(lengths > 200))} is longer than "
                            "200 characters")
-    joined = "".join(out.tolist())
+    items = out.tolist()
+    joined = "".join(items)
     if utf8_problem(joined) is not None:
-        for i, v in enumerate(out.tolist()):
+        for i, v in enumerate(items):
             problem = utf8_problem(v)
             if problem is not None:
                 raise InvalidInput(f"{what}: row {i} {problem}")
+    _check_spelling(items, what)
     return out
+
+
+def _check_spelling(items: list[str], what: str) -> None:
+    """Refuse ids that look like another id: a blank at either end (``" 7"`` is not ``"7"``)
+    or a spelling not in Unicode NFC (``"café"`` typed two ways). Never silently fixed: a
+    strip or a normalisation would merge ids a caller may have meant distinct."""
+    for i, v in enumerate(items):
+        if v != v.strip():
+            raise InvalidInput(f"{what}: row {i} is {v!r:.40}, with a blank at its start or "
+                               "end; ids are kept as written, so it would be another person "
+                               "than the id without it: remove the blanks (e.g. write the "
+                               "CSV with ',' separators, not ', ')")
+    # "\n" never composes with a neighbour: the joined text is NFC iff every id is
+    if not unicodedata.is_normalized("NFC", "\n".join(items)):
+        for i, v in enumerate(items):
+            if not unicodedata.is_normalized("NFC", v):
+                raise InvalidInput(f"{what}: row {i} is {v!r:.40}, not in Unicode NFC; the "
+                                   "same text in another normalisation would be another "
+                                   "person: normalise the ids to NFC "
+                                   "(unicodedata.normalize('NFC', id)) first")
 
 
 def agent_index(agents: object) -> tuple[np.ndarray, np.ndarray]:

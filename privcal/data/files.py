@@ -17,7 +17,8 @@ Selecting data inside a file:
 - a single-array file, or a table whose columns are all wanted, needs no name.
 
 A CSV file whose first row holds any non-numeric cell has a header; otherwise its
-columns are named ``c0``, ``c1``, ….
+columns are named ``c0``, ``c1``, …. A first row ``0`` or ``0,1,…,k-1`` (pandas' header
+for unnamed columns, or data) is refused: name the columns, or remove that row.
 """
 
 from __future__ import annotations
@@ -57,10 +58,17 @@ def _is_number(s: str) -> bool:
 
 
 def _first_row(path: Path) -> list[str] | None:
-    """The first non-blank row (to tell a header from data; pyarrow reads the rest)."""
+    """The first non-blank row (to tell a header from data; pyarrow reads the rest). A row
+    ``0,1,…,k-1`` is refused: it is pandas' header for unnamed columns, or data."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
         for row in csv.reader(fh):
             if row and any(c.strip() for c in row):
+                if [c.strip() for c in row] == [str(i) for i in range(len(row))]:
+                    shown = ",".join(row) if len(row) <= 4 else f"0,1,…,{len(row) - 1}"
+                    raise InvalidInput(
+                        f"{path}: its first row {shown!r} is what pandas writes as a header "
+                        "for unnamed columns, or data: give the columns names (e.g. to_csv "
+                        "of a named Series/DataFrame, header 'score') or remove that row")
                 return row
     return None
 
