@@ -15,7 +15,9 @@ form whose files are read exactly as the CLI reads its table inputs.
 Bodies past the service's limit are refused (413) before any of this runs. A compressed
 upload (``.npz``, ``.parquet``) whose arrays would take more than :data:`EXPANDED_LIMIT`
 bytes once decompressed is refused (422) before it is read: a 16 MB ``.npz`` of deflated
-zeros is 16 GB of floats, which would exhaust the server's memory.
+zeros is 16 GB of floats, which would exhaust the server's memory, and a 48 KiB parquet
+column of one long string, dictionary-encoded, is gigabytes of text once decoded (its text
+is counted from the dictionary and the row indices, never expanded).
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ __all__ = ["EXPANDED_LIMIT", "FILE_PARTS", "CalibrationBody", "CalibrationInput"
 #: the data a calibration takes, as JSON arrays or as uploaded files
 FILE_PARTS = ARRAYS
 _MAX = 5_000_000
-#: the most bytes one request's compressed uploads may expand to (their sizes as the files
-#: declare them: a ``.npz``'s members; a ``.parquet``'s uncompressed row groups, or 8 bytes a
-#: cell if more) — 1 GiB, 5 million rows of 25 float64 columns
+#: the most bytes one request's compressed uploads may expand to (a ``.npz``'s members as
+#: declared; a ``.parquet``'s uncompressed row groups, or 8 bytes a value if more, plus the
+#: text its text columns decode to, dictionaries counted per row) — 1 GiB, 5 million rows
+#: of 25 float64 columns
 EXPANDED_LIMIT = 1 << 30
 
 
@@ -233,7 +236,7 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
         (tmp / part).mkdir()
         path = tmp / part / shown
         path.write_bytes(content)
-        expanded += _expanded_size(path)
+        expanded += _expanded_size(path, EXPANDED_LIMIT - expanded)
         if expanded > EXPANDED_LIMIT:
             raise InvalidInput(f"{shown}: the uploaded files expand to more than "
                                f"{EXPANDED_LIMIT} bytes once decompressed (the service's "
@@ -267,9 +270,13 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
     return out
 
 
-def _expanded_size(path: Path) -> int:
-    """The bytes ``path`` declares it decompresses to (its own size if not compressed), read
-    from its directory or footer only; a file that has none is left to the reader's error."""
+def _expanded_size(path: Path, budget: int | None = None) -> int:
+    """The bytes ``path`` expands to once decoded (its own size if not compressed): a
+    ``.npz``'s members as its directory declares them; a ``.parquet``'s as bounded by
+    :func:`~privcal.service.upload_limits.parquet_decoded_size` (its footer, and the text
+    its text columns refer to, counted without decoding them), past ``budget`` (default
+    :data:`EXPANDED_LIMIT`) as soon as known. A file that is not a zip / parquet file is
+    left to the reader's error."""
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
@@ -278,13 +285,11 @@ def _expanded_size(path: Path) -> int:
             with zipfile.ZipFile(path) as z:
                 return sum(i.file_size for i in z.infolist())
         if suffix == ".parquet":
-            import pyarrow.parquet as pq
+            from privcal.service.upload_limits import parquet_decoded_size
 
-            meta = pq.ParquetFile(path).metadata
-            # dictionary and run-length encodings expand too: at least 8 bytes a cell
-            return max(meta.num_rows * meta.num_columns * 8,
-                       sum(meta.row_group(i).total_byte_size
-                           for i in range(meta.num_row_groups)))
+            return parquet_decoded_size(path, EXPANDED_LIMIT if budget is None else budget)
+    except InvalidInput:
+        raise  # a parquet file whose text columns cannot be counted: refused, naming it
     except Exception:  # not a zip / parquet file: load_array says so, naming it
         return path.stat().st_size
     return path.stat().st_size
