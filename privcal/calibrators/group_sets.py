@@ -36,7 +36,8 @@ from privcal.calibrators.scores import all_class_scores, score_options, score_sp
 from privcal.calibrators.validation import check_probs, id_strings
 from privcal.errors import InvalidInput
 
-__all__ = ["ThresholdTable", "is_wrapped", "release_sets", "table_of", "wrapped_sets"]
+__all__ = ["ThresholdTable", "align_columns", "is_wrapped", "release_sets", "table_of",
+           "wrapped_sets"]
 
 
 def is_wrapped(method: str) -> bool:
@@ -218,6 +219,54 @@ def _details(release: Any) -> dict[str, Any]:
     return dict(cov.get("details", {}) if isinstance(cov, dict) else cov.details)
 
 
+def _frame_names(probs: Any) -> list[str] | None:
+    """The column names of a pandas DataFrame whose columns are all strings, else None
+    (arrays, and a frame with pandas' default 0 … k-1 columns, are applied by position)."""
+    cols = getattr(probs, "columns", None)
+    if cols is None or not hasattr(probs, "iloc"):
+        return None
+    names = list(cols)
+    return [str(c) for c in names] if all(isinstance(c, str) for c in names) else None
+
+
+def align_columns(release: Any, probs: Any, names: list[str] | None = None,
+                  where: str = "probs") -> Any:
+    """``probs`` with its columns in the order of the release's class names.
+
+    When the release records class names and the probability columns are named — ``names``
+    (e.g. a CSV/parquet header), or a pandas DataFrame's string columns — the columns are
+    selected by name: every recorded class must be a column and every column a recorded
+    class, else one-line :class:`InvalidInput`. Otherwise (no recorded names, or columns
+    without names: an array, a headerless CSV) the columns are taken by position.
+    """
+    from privcal.calibrators.prediction_sets import release_classes
+
+    classes = release_classes(release)
+    if names is None:
+        names = _frame_names(probs)
+    if classes is None or names is None:
+        return probs
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InvalidInput(f"{where}: the column {twice[0]!r} appears twice")
+    missing = [c for c in classes if c not in names]
+    extra = [c for c in names if c not in classes]
+    if missing or extra:
+        what = (f"has no column for the class {missing[0]!r}" if missing
+                else f"has a column {extra[0]!r} that is not a class")
+        raise InvalidInput(
+            f"{where} {what}: release {release.id} records the classes "
+            f"{', '.join(classes)} and its columns are matched by name "
+            f"(got: {', '.join(names)}); name the columns by class, or give them without "
+            "names (an array, a CSV without a header) to take them by position")
+    if names == classes:
+        return probs
+    order = [names.index(c) for c in classes]
+    if hasattr(probs, "iloc"):
+        return probs.iloc[:, order]
+    return np.asarray(probs)[:, order]
+
+
 def release_sets(
     release: Any, probs: Any, *, score_name: str | None = None, rng: random.Random | None = None,
     alpha: float | None = None, groups: Any = None,
@@ -226,9 +275,12 @@ def release_sets(
 
     A release calibrated on probabilities records their number of classes k; probabilities
     with another number of columns are refused (the threshold means nothing for them).
+    A pandas DataFrame's named columns are matched to the release's class names
+    (:func:`align_columns`); an array is taken by position.
     A release with several levels or Mondrian groups takes the level ``alpha`` and the
     rows' ``groups`` (this module).
     """
+    probs = align_columns(release, probs)
     score = (release.diagnostics or {}).get("score")
     shape = release.shape if isinstance(release.shape, dict) else {}
     k = shape.get("k")

@@ -31,7 +31,7 @@ from privcal.cli.group_options import (
 )
 from privcal.cli.inputs import load_labels
 from privcal.cli.render import guarantee_verdict
-from privcal.data.files import load_array
+from privcal.data.files import load_array, prob_column_names
 from privcal.errors import InvalidInput
 
 
@@ -46,6 +46,25 @@ def _regression_given(preds: str | None, lower_preds: str | None, upper_preds: s
         raise InvalidInput("give --probs (classification) or --preds, or --lower-preds and "
                            "--upper-preds (regression)")
     return regression
+
+
+def _load_probs(rel: Any, probs: str, columns: str | None,
+                exclude: tuple[str, ...] = ()) -> np.ndarray:
+    """The --probs matrix, its columns in the release's class order: a table with a header
+    is matched by column name when the release records class names (a missing or extra
+    class is an error); a headerless CSV or an array is taken by position."""
+    from privcal.calibrators.group_sets import align_columns
+    from privcal.calibrators.prediction_sets import release_classes
+
+    p = load_array(probs, "probs", matrix=True, columns=columns, exclude=exclude)
+    if release_classes(rel) is None:  # no names to match: by position, as recorded
+        return p
+    names = prob_column_names(probs, columns, exclude)
+    return np.asarray(align_columns(rel, p, names, where=f"--probs {probs}"))
+
+
+PROBS_COLUMNS_HELP = (" A header is matched to the release's class names (any order; a "
+                      "missing or extra class is an error); without a header, by position.")
 
 
 def _regression_options(f: Any) -> Any:
@@ -120,7 +139,8 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
 @main.command("predict")
 @click.option("--release", "release_id", type=int, required=True, help="Release id.")
 @click.option("--probs", default=None, type=FILE,
-              help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns).")
+              help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns)."
+              + PROBS_COLUMNS_HELP)
 @_regression_options
 @click.option("--columns", default=None, help="The probability columns of a --probs table.")
 @click.option("--score", default=None, help="Score name, if the release was made from --scores.")
@@ -160,7 +180,7 @@ def predict(
         emit_intervals(rel, iv, out, as_json)
         return
     assert probs is not None
-    p = load_array(probs, "probs", matrix=True, columns=columns)
+    p = _load_probs(rel, probs, columns)
     if alpha is not None and alpha.strip().lower() == "all":
         emit_all_levels(rel, p, score, load_groups(groups), out, as_json)
         return
@@ -189,7 +209,8 @@ def predict(
 
 @main.command("evaluate")
 @click.option("--release", "release_id", type=int, required=True, help="Release id.")
-@click.option("--probs", default=None, type=FILE, help="n×k probabilities of held-out points.")
+@click.option("--probs", default=None, type=FILE,
+              help="n×k probabilities of held-out points." + PROBS_COLUMNS_HELP)
 @_regression_options
 @click.option("--targets", default=None, type=FILE,
               help="True regression targets of held-out points (with --preds, or "
@@ -237,7 +258,7 @@ def evaluate(
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
     rel = settings.accountant().release(release_id)  # coverage typed (.lower)
     exclude = (label_column,) if label_column else ()
-    ev = rel.evaluate(load_array(probs, "probs", matrix=True, columns=columns, exclude=exclude),
+    ev = rel.evaluate(_load_probs(rel, probs, columns, exclude),
                       load_labels(labels, label_column, probs, False), score_name=score,
                       alpha=one_level(alpha), groups=load_groups(groups))
 
