@@ -13,7 +13,8 @@ Local DP (Penso et al., seed 004):
 
 HTTP (``privcal serve``): :class:`Reporter` (a device) and :class:`Agent` (a federated agent),
 see :mod:`privcal.client.http`; give them ``memo=PATH`` (a file kept with the app's data) so
-that no second randomized answer for a session ever leaves the device.
+that no second randomized answer for a session ever leaves the device, and ``max_epsilon=``
+so that a server cannot ask for a (nearly) unrandomized one.
 
 Scores: a user or agent with a regressor computes its own scores with
 ``regression_scores("absolute", y, preds=f)`` (or ``"cqr"`` with ``lower_preds``/``upper_preds``),

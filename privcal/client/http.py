@@ -3,7 +3,8 @@
 A device integration is three lines::
 
     from privcal.client import Reporter
-    rep = Reporter("https://calib.example", token, memo="state/privcal-memo.json")
+    rep = Reporter("https://calib.example", token, memo="state/privcal-memo.json",
+                   max_epsilon=2.0)
     rep.report(score)                                   # or rep.report(lambda q: score <= q)
 
 :meth:`Reporter.report` reads the session's current round and query, computes the true
@@ -13,41 +14,59 @@ binary randomized response at the session's ε, drawing from the operating syste
 device. A network failure is retried with the *same* report (same id, same bit: the
 server answers "duplicate", the report counts once).
 
-**One randomized answer per session.** The ledger charges a subject ε once per session,
-which holds only if the server never sees two independently randomized answers of the same
-subject: a majority over repeated draws recovers the true bit. So a device never draws a
-second answer for a session it has already answered:
+**One randomized answer per session.** Under local DP the *server* is the party the
+randomization protects against, and a majority over repeated independent draws recovers the
+true bit; the ledger's "ε once per session" holds only if the device never sends two. So a
+device never draws a second answer for a token it has already answered (a device or agent
+token is bound to one session and one subject or agent):
 
 - *memo* (strongly recommended): ``Reporter(..., memo=PATH)`` / ``Agent(..., memo=PATH)``
-  keeps a small JSON file on the device (written atomically, mode 0600; the file's
-  directory is created) keyed by server URL, session, subject or agent, and round. The
-  report (report id, round, value) is recorded *before* it is sent, its outcome after. A
-  later call — after an app restart, a crash, a lost connection, a retry loop — resends
-  exactly the recorded report if its outcome is unknown (no new randomness; the server
-  answers "duplicate" if it had stored it), returns the recorded status if it was
-  accepted, and raises :class:`~privcal.errors.PlanRejected` if it was refused (unless
+  keeps a small JSON file on the device (:mod:`privcal.client.memo`: written atomically,
+  mode 0600, its directory created) keyed by what the client knows itself — the server URL
+  and a SHA-256 of the token — never by what the server says. Every answer is recorded
+  (its own id, round, value) *before* it is sent, its outcome after; no record is
+  overwritten. A later call — after an app restart, a crash, a lost connection, a retry
+  loop — resends exactly the recorded answer if its outcome is unknown (no new randomness;
+  the server answers "duplicate" if it had stored it), returns the recorded status if it
+  was accepted, and raises :class:`~privcal.errors.PlanRejected` if it was refused (unless
   ``answer_again``, below). A ``report_id`` given by the caller that is already recorded
-  resends its recorded value. **With a memo, no second randomized output leaves the device
-  for the same session**, except with ``answer_again=True``. Keep the file with the app's
-  data (not in a cache the system may clear); two processes must not share one file at
-  the same time.
-- *in memory*: every :class:`Reporter` / :class:`Agent` keeps the same records in memory,
-  so repeated calls on one object never draw again either.
+  resends its recorded value. The memo also records what ``GET /v1/whoami`` said about the
+  token (session, subject or agent); if the server later says otherwise, the call raises
+  :class:`PlanRejected` and sends nothing. On POSIX every call holds an exclusive
+  ``flock`` on ``PATH.lock`` from reading the memo to recording the outcome (network send
+  included: a call waits for another's), so objects, threads and processes sharing one
+  file answer one at a time. **With a memo, no second randomized answer leaves the device
+  for a token, whatever the server answers**, except with ``answer_again=True``. Limits:
+  the guarantee lasts as long as the file (keep it with the app's data, not in a cache the
+  system may clear; a deleted file lets the device answer again); without :mod:`fcntl`
+  (Windows) there is no lock across processes, so two processes must not share one file.
+- *in memory*: every :class:`Reporter` / :class:`Agent` keeps the same records in memory
+  (same key) and holds a lock across each call, so repeated or concurrent calls on one
+  object (from any number of threads) never draw again either.
 - *the server's answer*: every call first reads ``GET /v1/whoami``, which tells a device
   token whether its subject's report is already stored in its session
   (``reported_rounds``) and an agent token whether its message is (``sent``); if so, the
-  call raises :class:`~privcal.errors.PlanRejected` and sends nothing (a subject reports
-  once per session, so a new answer could only be refused). **Without a memo, repeated
-  calls are safe only as far as the server's answer goes**: a report that was sent and
-  *refused* (nothing stored) or lost before the server stored it is unknown to the server,
-  and a new object without a memo draws a new answer.
+  call raises :class:`PlanRejected` and sends nothing. **Without a memo, a new object is
+  safe only as far as the server's answer goes**: an answer that was sent and *refused*
+  (nothing stored) or lost before the server stored it is unknown to the server, and a
+  server that lies gets one new answer per new object.
 
-**Privacy of a rejected report.** A report the server refuses (its round filled first, the
+**The server's ε.** The ε comes from the session's public state, which the server writes:
+a malicious server could publish a huge ε, so that the randomized bit is (nearly) the true
+one. ``max_epsilon=`` (recommended; on :class:`Reporter`, and on :class:`Agent` for the
+FedCP²-QQ plan's ε) refuses, before drawing and sending nothing, a session whose ε exceeds
+it; an :class:`Agent` with ``max_epsilon`` also refuses a FedCP-QQ session, whose message
+(a score) is not randomized at all.
+
+**Privacy of a rejected answer.** An answer the server refuses (its round filled first, the
 session closed) was still *sent*: it is an ε-LDP output the server saw, even though the
 ledger charges accepted reports only. So ``report`` does not answer again by default;
-``answer_again=True`` lets a device answer the next round's query after a refusal another
-answer can get past (a closed, full or not yet open round), each sent answer costing the
-device another ε (sequential composition), which the caller accepts.
+``answer_again=True`` lets a device answer after a refusal another answer can get past (a
+closed, full or not yet open round), each sent answer costing the device another ε
+(sequential composition), which the caller accepts — but only for a round strictly after
+every round this token already answered (refused or not; the round must have moved on), and
+never more answers than the session's number of rounds (the smallest ever published to the
+token). The server chooses the rounds' queries, so that bound is the price.
 
 :class:`Agent` does the same for a FedCP²-QQ (or FedCP-QQ) agent: it reads the public plan
 and puts its message, computed locally from its scores (recorded in the memo the same way).
@@ -55,23 +74,21 @@ and puts its message, computed locally from its scores (recorded in the memo the
 
 from __future__ import annotations
 
-import contextlib
-import json
+import math
 import os
 import secrets
-import tempfile
+import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from privcal.client.memo import Memo, token_key
 from privcal.errors import InvalidInput, PlanRejected, PrivcalError
 
 __all__ = ["Agent", "Reporter", "ServiceError"]
 
 _RETRY_REASONS = ("closed round", "round full", "round not open")
 _STORED = ("accepted", "duplicate")
-_MEMO_VERSION = 1
 
 
 class ServiceError(PrivcalError):
@@ -83,85 +100,29 @@ class ServiceError(PrivcalError):
         self.problem = problem
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text``: a 0600 temporary file in its directory (created, 0700),
-    synced, then ``os.replace`` — a reader sees the old file or the new one, never part."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # the rename itself durable (not on every platform)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-class _Memo:
-    """A client's sent reports: records ``{slot: record}`` per key (server URL, session,
-    subject or agent), in memory and, if ``path``, in a JSON file read afresh on each use."""
-
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
-        self.path = None if path is None else Path(path)
-        self._mem: dict[str, dict[str, dict[str, Any]]] = {}
-
-    def _read(self) -> dict[str, Any]:
-        if self.path is None or not self.path.exists():
-            return {}
-        try:
-            d = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InvalidInput(f"the report memo {self.path} is unreadable ({exc}); nothing "
-                               "was sent (removing it lets this device answer again)") from exc
-        if (not isinstance(d, dict) or d.get("version") != _MEMO_VERSION
-                or not isinstance(d.get("sessions"), dict)):
-            raise InvalidInput(f"{self.path} is not a privcal report memo; nothing was sent")
-        return dict(d["sessions"])
-
-    def records(self, key: str) -> dict[str, dict[str, Any]]:
-        """The records of ``key``: the file's, and this object's where the file has none."""
-        out = {slot: dict(rec) for slot, rec in self._read().get(key, {}).items()}
-        for slot, rec in self._mem.get(key, {}).items():
-            out.setdefault(slot, dict(rec))
-        return out
-
-    def put(self, key: str, slot: str, rec: dict[str, Any]) -> None:
-        """Record ``rec`` (in memory, then in the file: an error if it cannot be written)."""
-        self._mem.setdefault(key, {})[slot] = dict(rec)
-        if self.path is None:
-            return
-        sessions = self._read()
-        sessions.setdefault(key, {})[slot] = dict(rec)
-        _write_atomic(self.path, json.dumps({"version": _MEMO_VERSION, "sessions": sessions},
-                                            indent=1, sort_keys=True))
-
-
 class _Base:
     _role = ""
+    _who = ""
     _path = ""
 
     def __init__(self, url: str, token: str, *, timeout: float = 30.0, retries: int = 3,
-                 client: Any = None, memo: str | os.PathLike[str] | None = None) -> None:
+                 client: Any = None, memo: str | os.PathLike[str] | None = None,
+                 max_epsilon: float | None = None) -> None:
         import httpx
 
+        if max_epsilon is not None and not (0 < float(max_epsilon) < math.inf):
+            raise InvalidInput(f"max_epsilon must be a positive number, not {max_epsilon!r}")
         self._url = url.rstrip("/")
         self._own = client is None
         self._http = client if client is not None else httpx.Client(
             base_url=self._url, timeout=timeout)
         self._auth = {"Authorization": f"Bearer {token}"}
         self.retries = retries
+        self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
         self._session: int | None = None
-        self._memo = _Memo(memo)
+        self._memo = Memo(memo)
+        self._key = token_key(self._url, self._role, token)
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         if self._own:
@@ -218,21 +179,22 @@ class _Base:
         """The session's public state (round, query, grid, plan, parameters)."""
         return dict(self._request("GET", f"/v1/sessions/{self.session_id()}").json())
 
-    def _key(self, who: dict[str, Any]) -> str:
-        """The memo key of this token's answers: server URL, session, subject or agent."""
-        return json.dumps([self._url, int(who["session"]), self._role,
-                           who.get("subject") if self._role == "device" else who.get("agent")])
+    def _begin(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+        """whoami, this token's binding (session, subject or agent) and its records, after
+        checking the binding against the recorded one."""
+        who = self._whoami()
+        bind = {"session": int(who["session"]), self._who: who.get(self._who)}
+        return who, bind, self._memo.reports(self._key, bind)
 
-    def _put(self, key: str, slot: str, rec: dict[str, Any]) -> dict[str, Any]:
-        """Send a recorded report and record its outcome: ``accepted``/``duplicate``, or
+    def _put(self, bind: dict[str, Any], rid: str, rec: dict[str, Any]) -> dict[str, Any]:
+        """Send a recorded answer and record its outcome: ``accepted``/``duplicate``, or
         ``refused`` (409, with its reason). Another error leaves it ``pending`` (its outcome
         unknown: the next call resends it) and is raised."""
-        body = {"value": rec["value"]}
-        path = self._path.format(sid=self._session, rid=rec.get("report_id"))
-        if "round" in rec:
+        body: dict[str, Any] = {"value": rec["value"]}
+        if self._role == "device":
             body = {"round": rec["round"], "value": rec["value"]}
         try:
-            r = self._request("PUT", path, json=body)
+            r = self._request("PUT", self._path.format(sid=self._session, rid=rid), json=body)
         except ServiceError as exc:
             if exc.status != 409:
                 raise
@@ -240,24 +202,23 @@ class _Base:
                    "reason": str(exc.problem.get("reason") or exc.problem.get("detail") or exc)}
         else:
             rec = {**rec, "status": str(r.json()["status"])}
-        self._memo.put(key, slot, rec)
+        self._memo.put(self._key, bind, rid, rec)
         return rec
 
-    def _replay(self, key: str, recs: dict[str, dict[str, Any]], answer_again: bool,
-                chosen: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
-        """What the recorded reports of this session decide, before any new draw: resend
-        ``chosen`` (or a report whose outcome is unknown), return a stored one, or raise
+    def _replay(self, bind: dict[str, Any], recs: dict[str, dict[str, Any]],
+                answer_again: bool, chosen: str | None = None) -> dict[str, Any] | None:
+        """What the recorded answers of this token decide, before any new draw: resend
+        ``chosen`` (or an answer whose outcome is unknown), return a stored one, or raise
         :class:`PlanRejected` for a refused one — unless ``answer_again`` and its refusal
-        is one another answer can get past (None: draw a new answer)."""
+        is one another answer can get past (None: a new answer may be drawn)."""
         what = "report" if self._role == "device" else "message"
         resend = [chosen] if chosen is not None else []
-        resend += [(s, r) for s, r in recs.items() if r.get("status") == "pending"
-                   and (chosen is None or s != chosen[0])]
-        for slot, old in resend:
-            rec = self._put(key, slot, old)
+        resend += [s for s, r in recs.items() if r.get("status") == "pending" and s != chosen]
+        for rid in resend:
+            rec = self._put(bind, rid, recs[rid])
             if rec["status"] in _STORED:
                 return rec
-            recs = {**recs, slot: rec}
+            recs = {**recs, rid: rec}
         for rec in recs.values():
             if rec.get("status") in _STORED:
                 return rec
@@ -276,11 +237,36 @@ class _Base:
                 f"{who.get('session')} (one per session): no new randomized answer is drawn "
                 "(keep a memo= file to get its status back)")
 
+    def _check_epsilon(self, eps: float, sid: Any) -> None:
+        """Refuse, before drawing, a session whose ε exceeds ``max_epsilon``."""
+        if self.max_epsilon is not None and not (eps <= self.max_epsilon):
+            raise PlanRejected(f"session {sid} asks ε = {eps}, over this {self._role}'s "
+                               f"max_epsilon = {self.max_epsilon}: nothing was drawn or sent")
+
+    def _round_to_answer(self, recs: dict[str, dict[str, Any]], st: dict[str, Any]
+                         ) -> tuple[int, int]:
+        """The round a new answer would answer and the session's number of rounds; refuses
+        (:class:`PlanRejected`) unless that round is after every round this token answered
+        and fewer answers than rounds were sent (the smallest number of rounds ever seen)."""
+        rnd = int(st.get("round") or 0)
+        rounds = min([int(st.get("rounds") or 1)]
+                     + [int(r["rounds"]) for r in recs.values() if r.get("rounds") is not None])
+        if recs:
+            last = max(int(r.get("round") or 0) for r in recs.values())
+            if rnd <= last:
+                raise PlanRejected(f"session {st.get('id')} is at round {rnd}, and round "
+                                   f"{last} was already answered: not answering again")
+        if len(recs) >= rounds:
+            raise PlanRejected(f"{len(recs)} answer(s) already sent for the session's "
+                               f"{rounds} round(s): not answering again")
+        return rnd, rounds
+
 
 class Reporter(_Base):
     """A device of an LDP-CP-S (``ldp-score``) session (see the module docstring)."""
 
     _role = "device"
+    _who = "subject"
     _path = "/v1/sessions/{sid}/reports/{rid}"
 
     def report(self, value: float | Callable[[float], Any], *, report_id: str | None = None,
@@ -288,15 +274,18 @@ class Reporter(_Base):
         """Randomize and put this device's report, or resend or return the one recorded
         for this session (see the module docstring); returns its status (``accepted`` or
         ``duplicate``), round, randomized bit and report id. Raises :class:`PlanRejected`
-        if the server refused it or already holds this subject's report."""
+        if the server refused it or already holds this subject's report, if the session's
+        ε is over ``max_epsilon``, or if the server's answer about the token changed."""
+        with self._lock, self._memo.locked():
+            return self._report(value, report_id, answer_again, rng)
+
+    def _report(self, value: Any, report_id: str | None, answer_again: bool, rng: Any
+                ) -> dict[str, Any]:
         from privcal.client import binary_rr
 
-        who = self._whoami()
-        key = self._key(who)
-        recs = self._memo.records(key)
-        chosen = next(((s, r) for s, r in recs.items() if report_id is not None
-                       and r.get("report_id") == report_id), None)
-        done = self._replay(key, recs, answer_again, chosen)
+        who, bind, recs = self._begin()
+        chosen = report_id if report_id is not None and report_id in recs else None
+        done = self._replay(bind, recs, answer_again, chosen)
         if done is not None:
             return self._result(done)
         self._guard(who)
@@ -312,19 +301,22 @@ class Reporter(_Base):
                 raise PlanRejected(f"session {st.get('id')} is not collecting "
                                    f"(status {st.get('status')})")
             eps = float(st["params"]["epsilon"])
+            self._check_epsilon(eps, st.get("id"))
+            rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st)
             truth = value(float(q)) if callable(value) else float(value) <= float(q)
             if not isinstance(truth, bool | int) or truth not in (0, 1, True, False):
                 raise InvalidInput("the value function must return true/false")
             bit = int(binary_rr(bool(truth), eps, rng))
-            rec = {"report_id": report_id or secrets.token_hex(16), "round": int(st["round"]),
-                   "value": bit, "status": "pending", "reason": None}
-            self._memo.put(key, str(rec["round"]), rec)  # before it leaves the device
-            rec = self._put(key, str(rec["round"]), rec)
+            rid = report_id or secrets.token_hex(16)
+            rec = {"report_id": rid, "round": rnd, "rounds": rounds, "value": bit,
+                   "status": "pending", "reason": None}
+            self._memo.put(self._key, bind, rid, rec)  # before it leaves the device
+            rec = self._put(bind, rid, rec)
             if rec["status"] in _STORED:
                 return self._result(rec)
             if answer_again and rec["reason"] in _RETRY_REASONS:
                 report_id = None
-                continue
+                continue  # the next draw only for a later round (_round_to_answer)
             raise PlanRejected(f"report refused: {rec['reason']}")
 
     @staticmethod
@@ -337,6 +329,7 @@ class Agent(_Base):
     """A federated agent of a FedCP²-QQ or FedCP-QQ session (see the module docstring)."""
 
     _role = "agent"
+    _who = "agent"
     _path = "/v1/sessions/{sid}/messages"
 
     def send(self, scores: Any, *, rng: Any = None, answer_again: bool = False
@@ -344,15 +337,20 @@ class Agent(_Base):
         """Compute this agent's message from its scores locally and put it, or resend or
         return the one recorded for this session (see the module docstring); returns its
         status and value. Raises :class:`PlanRejected` if the server refused it or already
-        holds this agent's message."""
+        holds this agent's message, if the plan's ε is over ``max_epsilon`` (or the session
+        is FedCP-QQ, unrandomized, with ``max_epsilon``), or if the server's answer about
+        the token changed."""
+        with self._lock, self._memo.locked():
+            return self._send(scores, rng, answer_again)
+
+    def _send(self, scores: Any, rng: Any, answer_again: bool) -> dict[str, Any]:
         import numpy as np
 
         from privcal.calibrators.fedplan import Fed2Plan, FedPlan
         from privcal.client import fedcp2_qq_message, fedcp_qq_message
 
-        who = self._whoami()
-        key = self._key(who)
-        done = self._replay(key, self._memo.records(key), answer_again)
+        who, bind, recs = self._begin()
+        done = self._replay(bind, recs, answer_again)
         if done is not None:
             return {"status": done["status"], "value": float(done["value"])}
         self._guard(who)
@@ -360,14 +358,23 @@ class Agent(_Base):
         if st.get("status") != "open" or st.get("plan") is None:
             raise PlanRejected(f"session {st.get('id')} is not collecting "
                                f"(status {st.get('status')})")
+        rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st)
         s = np.asarray(scores, dtype=float)
         if st["method"] == "fedcp2-qq":
-            msg = fedcp2_qq_message(s, Fed2Plan.model_validate(st["plan"]), rng)
+            plan = Fed2Plan.model_validate(st["plan"])
+            self._check_epsilon(float(plan.epsilon), st.get("id"))
+            msg = fedcp2_qq_message(s, plan, rng)
         else:
+            if self.max_epsilon is not None:
+                raise PlanRejected(f"session {st.get('id')} is {st['method']}, whose message "
+                                   "(a score) is not randomized, and this agent has a "
+                                   "max_epsilon: nothing was sent")
             msg = fedcp_qq_message(s, FedPlan.model_validate(st["plan"]))
-        rec: dict[str, Any] = {"value": float(msg), "status": "pending", "reason": None}
-        self._memo.put(key, "message", rec)  # before it leaves the agent
-        rec = self._put(key, "message", rec)
+        rid = secrets.token_hex(16)
+        rec: dict[str, Any] = {"round": rnd, "rounds": rounds, "value": float(msg),
+                               "status": "pending", "reason": None}
+        self._memo.put(self._key, bind, rid, rec)  # before it leaves the agent
+        rec = self._put(bind, rid, rec)
         if rec["status"] not in _STORED:
             raise PlanRejected(f"message refused: {rec['reason']}")
         return {"status": rec["status"], "value": float(rec["value"])}

@@ -3,13 +3,17 @@
 lost connection, the same report id again — never sends a second, independently randomized
 answer of the same subject (the ledger charges ε once). The device's memo file resends the
 recorded report when its outcome is unknown, returns it when it was stored, refuses when it
-was refused; without a memo, ``GET /v1/whoami`` tells the client that its answer is stored."""
+was refused; without a memo, ``GET /v1/whoami`` tells the client that its answer is stored.
+Nor can a server that lies (about the token's session, a full round, its ε) or two threads or
+objects sharing one memo get a second answer out of the device."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,12 @@ class _Lose(httpx.BaseTransport):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _records(memo: Path) -> list[dict[str, Any]]:
+    """Every answer recorded in a memo file, over all its tokens."""
+    return [r for e in json.loads(memo.read_text())["tokens"].values()
+            for r in e["reports"].values()]
 
 
 def _client(lv: Live, sent: list[dict[str, Any]], *, transport: Any = None,
@@ -125,8 +135,8 @@ def test_memo_resends_the_recorded_report_after_a_lost_connection(
     http = _client(live, sent, transport=_Lose(forward=forward))
     with pytest.raises(httpx.TransportError):
         Reporter(live.url, tok, client=http, retries=0, memo=memo).report(0.5)
-    rec = json.loads(memo.read_text())  # recorded before it was sent
-    assert [r["status"] for s in rec["sessions"].values() for r in s.values()] == ["pending"]
+    # recorded before it was sent
+    assert [r["status"] for r in _records(memo)] == ["pending"]
     for _ in range(4):  # relaunches with the memo: the same report, no new draw
         out = Reporter(live.url, tok, client=http, memo=memo).report(0.5)
         assert out["status"] == ("duplicate" if forward else "accepted")
@@ -148,17 +158,22 @@ def test_memo_is_written_before_the_report_leaves(live: Live, tmp_path: Path) ->
 
     def on_put(req: httpx.Request) -> None:
         body = json.loads(req.content)
-        recs = [r for s in json.loads(memo.read_text())["sessions"].values() for r in s.values()]
+        recs = _records(memo)
         seen.append(recs)
         assert recs == [{"report_id": req.url.path.rsplit("/", 1)[1], "round": body["round"],
-                         "value": body["value"], "status": "pending", "reason": None}]
+                         "rounds": 2, "value": body["value"], "status": "pending",
+                         "reason": None}]
 
     sent: list[dict[str, Any]] = []
     with _client(live, sent, on_put=on_put) as http:
         out = Reporter(live.url, tok, client=http, memo=memo).report(0.5, report_id="r-1")
     assert seen and out["status"] == "accepted" and out["report_id"] == "r-1"
-    [rec] = json.loads(memo.read_text())["sessions"].values()
-    assert rec["0"]["status"] == "accepted" and rec["0"]["value"] == out["value"]
+    # keyed by the token (a hash of it, never the token), one record per report id
+    [entry] = json.loads(memo.read_text())["tokens"].values()
+    assert tok not in memo.read_text() and entry["session"] == sid
+    assert entry["subject"] == "alice"
+    assert entry["reports"]["r-1"]["status"] == "accepted"
+    assert entry["reports"]["r-1"]["value"] == out["value"]
     # the caller's report id again (another score): its recorded value, answered duplicate
     with _client(live, sent) as http:
         again = Reporter(live.url, tok, client=http, memo=memo).report(99.0, report_id="r-1")
@@ -235,4 +250,159 @@ def test_agent_memo_resends_its_message_and_keys_by_session(live: Live, tmp_path
     tok2 = live.token("agent", session=fid2, agent="h1")
     assert Agent(live.url, tok2, client=http, memo=memo).send(scores)["status"] == "accepted"
     http.close()
-    assert len(sent) == 3 and len(json.loads(memo.read_text())["sessions"]) == 2
+    assert len(sent) == 3 and len(json.loads(memo.read_text())["tokens"]) == 2
+
+
+class _Fake:
+    """A scripted (possibly lying) server: ``whoami(n)`` answers the n-th whoami, ``state(n)``
+    the n-th session read, ``put`` every PUT (status, document); the PUT bodies in ``puts``."""
+
+    def __init__(self, *, whoami: Callable[[int], dict[str, Any]] | None = None,
+                 state: Callable[[int], dict[str, Any]] | None = None,
+                 put: tuple[int, dict[str, Any]] = (201, {"status": "accepted"})) -> None:
+        self.puts: list[dict[str, Any]] = []
+        self.n = {"who": 0, "state": 0}
+        self.whoami = whoami or (lambda n: {"role": "device", "session": 1, "subject": "alice",
+                                            "reported_rounds": []})
+        self.state = state or (lambda n: {"id": 1, "method": "ldp-score", "status": "open",
+                                          "round": 0, "rounds": 5, "query": 0.5,
+                                          "params": {"epsilon": 1.0}})
+        self.put = put
+
+    def handle(self, req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/v1/whoami":
+            self.n["who"] += 1
+            return httpx.Response(200, json=self.whoami(self.n["who"]))
+        if req.method == "GET":
+            self.n["state"] += 1
+            return httpx.Response(200, json=self.state(self.n["state"]))
+        self.puts.append({"path": req.url.path, **json.loads(req.content)})
+        if len(self.puts) > 20:  # a client that would answer forever
+            raise AssertionError(f"{len(self.puts)} answers sent")
+        return httpx.Response(self.put[0], json=self.put[1])
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url="https://calib.example",
+                            transport=httpx.MockTransport(self.handle))
+
+
+def test_a_server_that_changes_its_answer_about_the_token_gets_no_second_answer(
+        tmp_path: Path) -> None:
+    # the server names a new session on every whoami: the memo is keyed by the token
+    fake = _Fake(whoami=lambda n: {"role": "device", "session": n, "subject": "alice",
+                                   "reported_rounds": []})
+    memo = tmp_path / "memo.json"
+    assert Reporter("https://calib.example", "tok", client=fake.client(),
+                    memo=memo).report(0.3)["status"] == "accepted"
+    for _ in range(20):  # relaunches
+        with pytest.raises(PlanRejected, match="the server's answer about this token changed"):
+            Reporter("https://calib.example", "tok", client=fake.client(), memo=memo).report(0.3)
+    rep = Reporter("https://calib.example", "tok", client=fake.client())  # in memory too
+    rep.report(0.3)
+    with pytest.raises(PlanRejected, match="changed"):
+        rep.report(0.3)
+    assert len(fake.puts) == 2  # one per memo; never a second one
+    # another subject for the same token is refused the same way
+    fake.whoami = lambda n: {"role": "device", "session": 1, "subject": "bob",
+                             "reported_rounds": []}
+    with pytest.raises(PlanRejected, match="changed"):
+        Reporter("https://calib.example", "tok", client=fake.client(), memo=memo).report(0.3)
+    assert len(fake.puts) == 2
+
+
+@SQLITE
+def test_concurrent_calls_send_one_answer(live: Live, tmp_path: Path) -> None:
+    class Slow(httpx.HTTPTransport):  # a slow session read: both threads are in it at once
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.method == "GET" and request.url.path.startswith("/v1/sessions/"):
+                time.sleep(0.3)
+            return super().handle_request(request)
+
+    def race(calls: list[Callable[[], dict[str, Any]]]) -> list[Any]:
+        out: list[Any] = []
+        ts = [threading.Thread(target=lambda f=f: out.append(f()["status"])) for f in calls]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return out
+
+    sid = open_ldp(live, group_size=4, rounds=2)
+    sent: list[dict[str, Any]] = []
+    # one object, no memo file, two threads
+    with _client(live, sent, transport=Slow()) as http:
+        rep = Reporter(live.url, live.token("device", session=sid, subject="alice"),
+                       client=http)
+        statuses = race([lambda: rep.report(0.3)] * 2)
+    assert len(sent) == 1 and statuses == ["accepted", "accepted"]
+    # two objects (as two processes would) sharing one memo file: the file's lock
+    sent.clear()
+    tok, memo = live.token("device", session=sid, subject="bob"), tmp_path / "memo.json"
+    with _client(live, sent, transport=Slow()) as http:
+        reps = [Reporter(live.url, tok, client=http, memo=memo) for _ in range(2)]
+        statuses = race([lambda r=r: r.report(0.3) for r in reps])
+    assert len(sent) == 1 and statuses == ["accepted", "accepted"]
+    assert len(_records(memo)) == 1
+    assert (tmp_path / "memo.json.lock").exists()
+
+
+def test_answer_again_answers_only_a_later_round_and_at_most_rounds_times(
+        tmp_path: Path) -> None:
+    # a server that answers "round full" forever while its round stays at 0
+    fake = _Fake(put=(409, {"reason": "round full", "detail": "round 0 is full"}))
+    memo = tmp_path / "memo.json"
+    with pytest.raises(PlanRejected, match="round 0 was already answered"):
+        Reporter("https://calib.example", "tok", client=fake.client(),
+                 memo=memo).report(0.3, answer_again=True)
+    for _ in range(5):
+        with pytest.raises(PlanRejected, match="already answered"):
+            Reporter("https://calib.example", "tok", client=fake.client(),
+                     memo=memo).report(0.3, answer_again=True)
+    assert len(fake.puts) == 1 and [r["status"] for r in _records(memo)] == ["refused"]
+    # a server whose round moves on at every read, forever, of a 3-round session
+    fake = _Fake(put=(409, {"reason": "round full", "detail": "full"}),
+                 state=lambda n: {"id": 1, "method": "ldp-score", "status": "open",
+                                  "round": n, "rounds": 3, "query": 0.5,
+                                  "params": {"epsilon": 1.0}})
+    memo = tmp_path / "memo2.json"
+    with pytest.raises(PlanRejected, match="3 round"):
+        Reporter("https://calib.example", "tok", client=fake.client(),
+                 memo=memo).report(0.3, answer_again=True)
+    assert len(fake.puts) == 3  # no more answers than rounds, none of them overwritten
+    assert sorted(r["round"] for r in _records(memo)) == [1, 2, 3]
+    assert len({p["path"] for p in fake.puts}) == 3
+
+
+@SQLITE
+def test_max_epsilon_refuses_a_session_with_a_larger_epsilon(live: Live) -> None:
+    sid = open_ldp(live, group_size=4, rounds=2, epsilon=1.0)
+    tok = live.token("device", session=sid, subject="alice")
+    sent: list[dict[str, Any]] = []
+    with _client(live, sent) as http:
+        with pytest.raises(PlanRejected, match="max_epsilon"):
+            Reporter(live.url, tok, client=http, max_epsilon=0.5).report(0.3)
+        assert sent == []  # nothing drawn or sent
+        out = Reporter(live.url, tok, client=http, max_epsilon=1.0).report(0.3)
+        assert out["status"] == "accepted" and len(sent) == 1
+        fid = open_fed(live, agents=3)  # its plan's ε is 2
+        atok = live.token("agent", session=fid, agent="h1")
+        scores = np.random.default_rng(0).random(200)
+        with pytest.raises(PlanRejected, match="max_epsilon"):
+            Agent(live.url, atok, client=http, max_epsilon=1.0).send(scores)
+        assert len(sent) == 1
+        assert Agent(live.url, atok, client=http, max_epsilon=2.0).send(scores)[
+            "status"] == "accepted"
+    # a lying server's huge ε
+    fake = _Fake(state=lambda n: {"id": 1, "method": "ldp-score", "status": "open", "round": 0,
+                                  "rounds": 2, "query": 0.5, "params": {"epsilon": 1e9}})
+    with pytest.raises(PlanRejected, match="max_epsilon"):
+        Reporter("https://calib.example", "tok", client=fake.client(),
+                 max_epsilon=2.0).report(0.3)
+    # FedCP-QQ's message is a score, not randomized: refused by an agent with max_epsilon
+    fake = _Fake(whoami=lambda n: {"role": "agent", "session": 1, "agent": "h1", "sent": False},
+                 state=lambda n: {"id": 1, "method": "fedcp-qq", "status": "open",
+                                  "plan": {"method": "fedcp-qq"}})
+    with pytest.raises(PlanRejected, match="not randomized"):
+        Agent("https://calib.example", "tok", client=fake.client(), max_epsilon=2.0).send(
+            np.random.default_rng(0).random(200))
+    assert fake.puts == []
