@@ -14,12 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 from privcal import Accountant
 from privcal.accountant import Release
-from privcal.cli import main
 from privcal.errors import InvalidInput
+from tests.cli_env import CliEnv
 
 NAMES = ["cat", "dog", "fox"]
 PERM = ["dog", "cat", "fox"]
@@ -42,13 +41,11 @@ def _frame(p: np.ndarray, cols: list[str], y: np.ndarray | None = None) -> pd.Da
 
 
 def _run(url: str, *args: str) -> Any:
-    return CliRunner().invoke(main, ["--db-url", url, *args], catch_exceptions=False)
+    return CliEnv(url, Path()).run(*args)
 
 
 def _json(url: str, *args: str) -> Any:
-    res = _run(url, *args, "--json")
-    assert res.exit_code == 0, (args, res.stdout, res.stderr)
-    return json.loads(res.stdout)
+    return CliEnv(url, Path()).json(*args)
 
 
 @pytest.fixture
