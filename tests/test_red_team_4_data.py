@@ -70,7 +70,7 @@ def test_a_pandas_default_header_is_refused_by_the_loader(tmp_path: Path, conten
 
 
 def test_pandas_written_files_are_refused_and_named_ones_read(tmp_path: Path) -> None:
-    pd = pytest.importorskip("pandas")
+    import pandas as pd
     pd.Series(np.arange(1, 19, dtype=float)).to_csv(tmp_path / "s.csv", index=False)
     pd.DataFrame(np.array([[0.9, 0.1], [0.3, 0.7]])).to_csv(tmp_path / "p.csv", index=False)
     for name in ("s.csv", "p.csv"):
