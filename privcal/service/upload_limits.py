@@ -2,7 +2,7 @@
 
 A parquet file declares its uncompressed size, but a dictionary-encoded (or
 delta-encoded) text column holds each distinct value once and every row as a small index:
-48 KiB of parquet can decode to gigabytes of strings once :func:`privcal.inputs.load_array`
+48 KiB of parquet can decode to gigabytes of strings once :func:`privcal.data.files.load_array`
 casts the column and makes Python strings of it. So the text (``BYTE_ARRAY``) columns are
 counted, not trusted: they are read in small batches *as dictionaries* (never expanded),
 and the length of every value the rows refer to is added up, stopping as soon as the
