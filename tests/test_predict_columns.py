@@ -213,3 +213,16 @@ def test_api_dataframe_columns_matched_by_name(accountant: Accountant) -> None:
             assert "\n" not in str(exc.value)
         with pytest.raises(InvalidInput, match=message):
             mond.evaluate(df, labels, alpha=0.1)
+
+
+def test_a_partly_named_frame_is_refused(accountant: Accountant) -> None:
+    """Columns ["dog", "cat", 2] were neither all names nor pandas' positions: taken by
+    position, dog's probabilities were read as cat's."""
+    accountant.create_dataset("d", rho=1)
+    p, y = _data(300, 1)
+    rel = accountant.calibrate("pcoqs", probs=p, labels=np.array(NAMES)[y], alpha=0.1,
+                               dataset="d", score="lac", rho=0.2, classes=NAMES)
+    pt, _ = _data(50, 2)
+    mixed = pd.DataFrame({"dog": pt[:, 1], "cat": pt[:, 0], 2: pt[:, 2]})
+    with pytest.raises(InvalidInput, match="neither all class names nor pandas' default"):
+        rel.predict_set(mixed)

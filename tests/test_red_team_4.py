@@ -334,3 +334,24 @@ def test_a_plugin_keeps_its_own_rules_and_its_old_releases_verify(accountant: An
                 distribution=dist, distribution_version=version)
         bad = [r.problems for r in _checks(acct) if not r.ok]
     assert len(bad) == 1 and "made by 'someone-else'" in bad[0][0]
+
+
+def test_record_releases_default_provenance_is_not_a_legacy_form(accountant: Any,
+                                                                  _plugin: Any) -> None:
+    """``record_release`` defaulted to ("privcal", ""), the form ``run`` wrote before
+    provenance was checked, which verify accepts for any method: a release recorded today
+    with the defaults for a plugin's method passed as the plugin's."""
+    import warnings
+
+    acct = accountant
+    acct.create_dataset("d", epsilon=1, allow_nonprivate=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one = acct.run(_plugin, {"alpha": 0.1}, CalibrationInput(scores=np.array([0.7, 0.2])),
+                       dataset="d")
+        acct.record_release(
+            "d", method=one.method, calibrator_version=one.calibrator_version,
+            threshold=one.threshold, params=one.params, shape=one.shape,
+            coverage=one.coverage, privacy=one.privacy, diagnostics=one.diagnostics)
+        bad = [r.problems for r in _checks(acct) if not r.ok]
+    assert len(bad) == 1 and "made by 'privcal'" in bad[0][0]

@@ -202,3 +202,21 @@ def test_cli_refuses_ids_with_blanks_or_not_nfc(ledger_url: str, tmp_path: Path,
     _one_error_line(res, f"run.csv: subjects: row {row} is", why)
     after = _cli(ledger_url, "budget", "show", "d", "--json").stdout
     assert after == before and '"charges": 0' in after
+
+
+def test_a_delta_encoded_text_column_is_refused_with_a_way_out(tmp_path: Path) -> None:
+    """pyarrow cannot read a DELTA_BYTE_ARRAY column as dictionaries: the size check said
+    "cannot read it (OSError: Not yet implemented …)"; it names the encoding and the way out,
+    and decodes nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from privcal.service.upload_limits import parquet_decoded_size
+
+    path = tmp_path / "subjects.parquet"
+    table = pa.table({"subject": [f"patient-{i:05d}" for i in range(1000)],
+                      "score": np.linspace(0, 1, 1000)})
+    pq.write_table(table, path, use_dictionary=False,
+                   column_encoding={"subject": "DELTA_BYTE_ARRAY"})
+    with pytest.raises(InvalidInput, match=r"'subject' is delta-encoded.*dictionary or plain"):
+        parquet_decoded_size(path, 1 << 30)

@@ -52,7 +52,7 @@ def record_release(
     privacy: dict[str, Any],
     diagnostics: dict[str, Any] | None = None,
     distribution: str = "privcal",
-    distribution_version: str = "",
+    distribution_version: str = "unknown",
     requester: str | None = None,
     charge_ids: Sequence[int] = (),
 ) -> Release:

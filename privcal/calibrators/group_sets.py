@@ -220,13 +220,21 @@ def _details(release: Any) -> dict[str, Any]:
 
 
 def _frame_names(probs: Any) -> list[str] | None:
-    """The column names of a pandas DataFrame whose columns are all strings, else None
-    (arrays, and a frame with pandas' default 0 … k-1 columns, are applied by position)."""
+    """The column names of a pandas DataFrame whose columns are all strings; None for an
+    array or a frame with pandas' default 0 … k-1 columns (applied by position). Any other
+    frame (columns partly named, or numbered otherwise) is refused: taken by position, a
+    ``dog`` column would be read as ``cat``'s."""
     cols = getattr(probs, "columns", None)
     if cols is None or not hasattr(probs, "iloc"):
         return None
     names = list(cols)
-    return [str(c) for c in names] if all(isinstance(c, str) for c in names) else None
+    if all(isinstance(c, str) for c in names):
+        return [str(c) for c in names]
+    if names == list(range(len(names))):
+        return None
+    raise InvalidInput(f"probs: its columns {', '.join(map(str, names[:6]))} are neither "
+                       "all class names nor pandas' default 0 … k-1: name every column by "
+                       "class, or give an array")
 
 
 def align_columns(release: Any, probs: Any, names: list[str] | None = None,
@@ -242,7 +250,7 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
     from privcal.calibrators.prediction_sets import release_classes
 
     classes = release_classes(release)
-    if names is None:
+    if names is None and classes is not None:
         names = _frame_names(probs)
     if classes is None or names is None:
         return probs

@@ -22,8 +22,9 @@ token is bound to one session and one subject or agent):
 
 - *memo* (strongly recommended): ``Reporter(..., memo=PATH)`` / ``Agent(..., memo=PATH)``
   keeps a small JSON file on the device (:mod:`privcal.client.memo`: written atomically,
-  mode 0600, its directory created) keyed by what the client knows itself — the server URL
-  and a SHA-256 of the token — never by what the server says. Every answer is recorded
+  mode 0600, its directory created) keyed by what the client knows itself — the role and a
+  SHA-256 of the token (not the URL: one server has many spellings) — never by what the
+  server says. Every answer is recorded
   (its own id, round, value) *before* it is sent, its outcome after; no record is
   overwritten. A later call — after an app restart, a crash, a lost connection, a retry
   loop — resends exactly the recorded answer if its outcome is unknown (no new randomness;
@@ -121,7 +122,7 @@ class _Base:
         self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
         self._session: int | None = None
         self._memo = Memo(memo)
-        self._key = token_key(self._url, self._role, token)
+        self._key = token_key(self._role, token)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -201,7 +202,9 @@ class _Base:
             rec = {**rec, "status": "refused",
                    "reason": str(exc.problem.get("reason") or exc.problem.get("detail") or exc)}
         else:
-            rec = {**rec, "status": str(r.json()["status"])}
+            status = str(r.json().get("status"))
+            rec = ({**rec, "status": status} if status in _STORED else
+                   {**rec, "status": "refused", "reason": f"unexpected status {status!r:.40}"})
         self._memo.put(self._key, bind, rid, rec)
         return rec
 
@@ -243,11 +246,16 @@ class _Base:
             raise PlanRejected(f"session {sid} asks ε = {eps}, over this {self._role}'s "
                                f"max_epsilon = {self.max_epsilon}: nothing was drawn or sent")
 
-    def _round_to_answer(self, recs: dict[str, dict[str, Any]], st: dict[str, Any]
-                         ) -> tuple[int, int]:
+    def _round_to_answer(self, recs: dict[str, dict[str, Any]], st: dict[str, Any],
+                         answer_again: bool) -> tuple[int, int]:
         """The round a new answer would answer and the session's number of rounds; refuses
-        (:class:`PlanRejected`) unless that round is after every round this token answered
-        and fewer answers than rounds were sent (the smallest number of rounds ever seen)."""
+        (:class:`PlanRejected`) a second answer without ``answer_again``, and unless that
+        round is after every round this token answered and fewer answers than rounds were
+        sent (the smallest number of rounds ever seen)."""
+        if recs and not answer_again:
+            raise PlanRejected(f"this {self._role} already sent {len(recs)} answer(s) to "
+                               f"session {st.get('id')}: not answering again without "
+                               "answer_again=True")
         rnd = int(st.get("round") or 0)
         rounds = min([int(st.get("rounds") or 1)]
                      + [int(r["rounds"]) for r in recs.values() if r.get("rounds") is not None])
@@ -302,7 +310,8 @@ class Reporter(_Base):
                                    f"(status {st.get('status')})")
             eps = float(st["params"]["epsilon"])
             self._check_epsilon(eps, st.get("id"))
-            rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st)
+            rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st,
+                                                answer_again)
             truth = value(float(q)) if callable(value) else float(value) <= float(q)
             if not isinstance(truth, bool | int) or truth not in (0, 1, True, False):
                 raise InvalidInput("the value function must return true/false")
@@ -358,7 +367,8 @@ class Agent(_Base):
         if st.get("status") != "open" or st.get("plan") is None:
             raise PlanRejected(f"session {st.get('id')} is not collecting "
                                f"(status {st.get('status')})")
-        rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st)
+        rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st,
+                                            answer_again)
         s = np.asarray(scores, dtype=float)
         if st["method"] == "fedcp2-qq":
             plan = Fed2Plan.model_validate(st["plan"])

@@ -1,8 +1,9 @@
 """The device's record of its sent answers, for :mod:`privcal.client.http` (standard library
 only).
 
-A memo is kept per *token*: its key is the server URL, the role and the SHA-256 of the token
-(never the token itself) — what the client knows without asking the server, since a device
+A memo is kept per *token*: its key is the role and the SHA-256 of the token (never the token
+itself; not the server URL, which has many spellings) — what the client knows without asking
+the server, since a device
 or agent token is bound to one session and one subject or agent. The entry records what
 ``GET /v1/whoami`` said about the token when it first answered (its session and subject or
 agent); a later answer that disagrees is refused before anything is drawn or sent. Each
@@ -44,9 +45,10 @@ except ImportError:  # pragma: no cover - not POSIX (Windows): no lock across pr
 MEMO_VERSION = 2
 
 
-def token_key(url: str, role: str, token: str) -> str:
-    """The memo key of a token's answers: server URL, role, SHA-256 of the token."""
-    return json.dumps([url, role, hashlib.sha256(token.encode("utf-8")).hexdigest()])
+def token_key(role: str, token: str) -> str:
+    """The memo key of a token's answers: its role and SHA-256 — not the server URL, which
+    one server can be reached under several spellings (a token is bound to one server)."""
+    return json.dumps([role, hashlib.sha256(token.encode("utf-8")).hexdigest()])
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -1,13 +1,17 @@
 """How many bytes an uploaded ``.parquet`` file decodes to, bounded before it is read.
 
-A parquet file declares its uncompressed size, but a dictionary-encoded (or
-delta-encoded) text column holds each distinct value once and every row as a small index:
+A parquet file declares its uncompressed size, but a dictionary-encoded text column holds
+each distinct value once and every row as a small index:
 48 KiB of parquet can decode to gigabytes of strings once :func:`privcal.data.files.load_array`
 casts the column and makes Python strings of it. So the text (``BYTE_ARRAY``) columns are
 counted, not trusted: they are read in small batches *as dictionaries* (never expanded),
 and the length of every value the rows refer to is added up, stopping as soon as the
 running total passes the budget. Memory stays at one batch of indices and the dictionary
-(which the declared size already bounds); the other columns count 8 bytes a value.
+(which the declared size already bounds); the other columns count 8 bytes a value. A
+delta-encoded text column (``DELTA_BYTE_ARRAY``: each value a prefix of the last plus a
+suffix, so also far larger decoded) cannot be read as dictionaries by pyarrow: it is
+refused with a one-line way out (write it with dictionary or plain encoding, pyarrow's
+default), never decoded.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ def parquet_decoded_size(path: Path, budget: int) -> int:
             if schema.column(j).physical_type == "BYTE_ARRAY"]
     if not text:
         return max(declared, cells * _CELL)
+    delta = sorted({c.path_in_schema for c in chunks if c.path_in_schema in text
+                    and any(e.startswith("DELTA") for e in c.encodings)})
+    if delta:
+        raise InvalidInput(f"{path}: the text column {delta[0]!r} is delta-encoded, which "
+                           "cannot be sized before it is decoded: write it with dictionary "
+                           "or plain encoding (pyarrow's default)")
     # the other columns as declared (8 bytes a value at least), every value 8 bytes, and
     # the text the rows of the text columns refer to, counted
     other = sum(c.total_uncompressed_size for c in chunks if c.path_in_schema not in text)

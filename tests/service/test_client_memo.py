@@ -406,3 +406,33 @@ def test_max_epsilon_refuses_a_session_with_a_larger_epsilon(live: Live) -> None
         Agent("https://calib.example", "tok", client=fake.client(), max_epsilon=2.0).send(
             np.random.default_rng(0).random(200))
     assert fake.puts == []
+
+
+def test_an_unexpected_status_is_a_refusal_and_a_second_answer_needs_answer_again(
+        tmp_path: Path) -> None:
+    """A server answering 200 with a status that is neither accepted nor duplicate, its round
+    moving on, got a new answer at every call (the record was neither stored nor refused)."""
+    fake = _Fake(put=(200, {"status": "queued"}),
+                 state=lambda n: {"id": 1, "method": "ldp-score", "status": "open",
+                                  "round": n, "rounds": 5, "query": 0.5,
+                                  "params": {"epsilon": 1.0}})
+    memo = tmp_path / "memo.json"
+    for _ in range(6):
+        with pytest.raises(PlanRejected, match="unexpected status 'queued'"):
+            Reporter("https://calib.example", "tok", client=fake.client(), memo=memo,
+                     max_epsilon=2).report(0.3)
+    assert len(fake.puts) == 1
+
+
+def test_the_memo_is_the_tokens_whatever_the_servers_spelling(tmp_path: Path) -> None:
+    """The same token under another spelling of the same server found no records: after a
+    refusal, a fresh draw without answer_again."""
+    fake = _Fake(put=(409, {"reason": "closed round", "detail": "closed"}),
+                 state=lambda n: {"id": 1, "method": "ldp-score", "status": "open",
+                                  "round": n, "rounds": 5, "query": 0.5,
+                                  "params": {"epsilon": 1.0}})
+    memo = tmp_path / "memo.json"
+    for url in ("https://calib.example", "https://calib.example:443", "https://CALIB.example"):
+        with pytest.raises(PlanRejected, match="closed round"):
+            Reporter(url, "tok", client=fake.client(), memo=memo).report(0.3)
+    assert len(fake.puts) == 1

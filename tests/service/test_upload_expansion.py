@@ -104,3 +104,4 @@ def _npy(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, a)
     return buf.getvalue()
+
