@@ -260,6 +260,14 @@ def test_the_dataset_guarantee_includes_its_local_dp_releases(accountant: Any) -
     g = acct.budget("d").guarantee
     assert (g.epsilon, g.delta) == (Decimal("8.1"), 0)  # the central 0.1 + each subject's 8
     assert "local-DP reports: Σε0 ≤ 8 per subject" in g.statement
+    # the exact privacy loss one subject's report gives the server (randomized response at
+    # ε0 = 8, as the devices run it): no guarantee of this dataset can be below it
+    from privcal.calibrators.mechanisms.randomized_response import (
+        krr_flip_probability,
+        krr_keep_probability,
+    )
+    loss = math.log(krr_keep_probability(2, 8.0) / krr_flip_probability(2, 8.0))
+    assert loss > 7.99 and float(g.epsilon) >= loss
     (rep,) = audit_report(acct, "d")
     assert "is (8.1, 0)-DP" in rep.guarantee
     assert acct.budget("central").guarantee.epsilon == Decimal("0.1")  # no local reports: the cap's

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant import privacy as acc
-from privcal.accountant.policy import charge_cost, policy_of, renyi_orders_of
+from privcal.accountant.policy import charge_cost, guarantee_report, policy_of, renyi_orders_of
 from privcal.costs import LocalDP
 
 
@@ -99,8 +99,7 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                     )
                 )
             reporting_delta = ds.reporting_delta
-            guarantee = acc.filter_guarantee(policy, reporting_delta, ds.subject_epsilon,
-                                             nonprivate=bool(ds.allow_nonprivate)).statement
+            guarantee = guarantee_report(ds).statement
             orders = renyi_orders_of(ds)
         releases = [
             ReleaseLine(

@@ -128,7 +128,6 @@ class Levels(WrappedCalibrator):
         self.name = f"levels:{inner.name}"
         self.version = f"{LEVELS_VERSION}/{inner.version}"
         self.privacy_model = inner.privacy_model
-        self.min_scores = getattr(inner, "min_scores", None)
         self.Params = params_class(LevelsParams, inner)  # type: ignore[assignment]
         self.inputs = inner.inputs
         self.summary = f"{inner.name} at several levels α at once"

@@ -152,7 +152,6 @@ class Mondrian(WrappedCalibrator):
         self.name = f"mondrian:{inner.name}"
         self.version = f"{MONDRIAN_VERSION}/{inner.version}"
         self.privacy_model = inner.privacy_model
-        self.min_scores = getattr(inner, "min_scores", None)
         self.Params = params_class(MondrianParams, inner)  # type: ignore[assignment]
         self.inputs = inner.inputs
         self.summary = f"{inner.name} per class or group (Mondrian), charged once"

@@ -133,6 +133,11 @@ class WrappedCalibrator:
         return self.version.removesuffix(self.inner.version)
 
     @property
+    def min_scores(self) -> int | None:
+        """The inner method's ``min_scores``, if it declares one (calibrators/base.py)."""
+        return getattr(self.inner, "min_scores", None)
+
+    @property
     def legacy_params(self) -> dict[str, dict[str, object]]:
         """The inner method's older versions, under this wrapper's version prefix, so that
         ``privcal audit verify`` recomputes an old wrapped release by its own formula."""

@@ -42,12 +42,13 @@ def parquet_decoded_size(path: Path, budget: int) -> int:
               for i in range(meta.num_row_groups) for j in range(meta.num_columns)]
     declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     cells = max(sum(c.num_values for c in chunks), meta.num_rows * meta.num_columns)
-    if max(declared, cells * _CELL) > budget:
-        return max(declared, cells * _CELL)  # refused on what the file declares: nothing read
+    floor = max(declared, cells * _CELL)
+    if floor > budget:
+        return floor  # refused on what the file declares: nothing read
     text = [schema.column(j).path for j in range(meta.num_columns)
             if schema.column(j).physical_type == "BYTE_ARRAY"]
     if not text:
-        return max(declared, cells * _CELL)
+        return floor
     delta = sorted({c.path_in_schema for c in chunks if c.path_in_schema in text
                     and any(e.startswith("DELTA") for e in c.encodings)})
     if delta:

@@ -80,7 +80,7 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
     """
     if nonprivate:
         return replace(filter_guarantee(policy, reporting_delta, subject_epsilon),
-                                   nonprivate=True)
+                       nonprivate=True)
     if subject_epsilon is not None:
         g = filter_guarantee(policy, reporting_delta)
         return Guarantee(
