@@ -40,6 +40,8 @@ def _exact(value: object) -> Decimal:
         raise ValueError(f"not a number: {value!r}") from exc
     if not d.is_finite():
         raise ValueError(f"must be finite, got {value!r}")
+    if d != 0 and abs(d.adjusted()) > 1000:  # 1e999999999 would print a billion digits
+        raise ValueError(f"is too large or too small (an exponent past ±1000), got {value!r}")
     return d
 
 

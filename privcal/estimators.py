@@ -56,11 +56,39 @@ def _alpha(levels: list[float]) -> float | list[float]:
     return alphas[0] if len(alphas) == 1 else alphas
 
 
+def _check_rng(rng: Any) -> None:
+    """``rng``: None (privcal's CSPRNG) or a :class:`random.Random` — ``random.Random(seed)``
+    for a reproducible test; a bare seed (``rng=42``) or a NumPy Generator is refused in one
+    line, before anything is charged
+    (:func:`~privcal.accountant.calibration_request.check_rng`)."""
+    from privcal.accountant.calibration_request import check_rng
+
+    check_rng(rng)
+
+
 def _call(estimator: Any, method: str, X: Any) -> np.ndarray:
     fn = getattr(estimator, method, None)
     if not callable(fn):
         raise InvalidInput(f"the estimator {type(estimator).__name__} has no {method}(X)")
     return np.asarray(fn(X))
+
+
+def _pick_levels(rel: Any, probs: Any, alphas: list[Any], rng: random.Random | None
+                 ) -> list[np.ndarray]:
+    """The sets at each level of ``alphas`` (in that order), all from one draw
+    (:meth:`Release.level_sets`); a level the release lacks is the release's one-line error."""
+    import math
+
+    if not isinstance((rel.params or {}).get("alpha"), list):  # one level: the release's
+        return [rel.predict_set(probs, alpha=a, rng=rng) for a in alphas]  # error names it
+    levels = rel.level_sets(probs, rng=rng)
+    out = []
+    for a in alphas:
+        hit = next((sets for b, sets in levels
+                    if math.isclose(b, float(a), rel_tol=1e-12, abs_tol=1e-15)), None)
+        out.append(hit if hit is not None
+                   else rel.predict_set(probs, alpha=a))  # raises: no level α = a
+    return out
 
 
 class _Base:
@@ -70,6 +98,7 @@ class _Base:
                  accountant: Any, dataset: str | None, score: str,
                  requester: str | None, rng: random.Random | None,
                  params: dict[str, Any]) -> None:
+        _check_rng(rng)  # before conformalize charges anything (red team 5)
         self.estimator = estimator
         self.method = method
         self.confidence_level = confidence_level
@@ -82,6 +111,7 @@ class _Base:
         self.release_: Any = None
 
     def _calibrate(self, subjects: Any = None, **data: Any) -> None:
+        _check_rng(self.rng)
         if subjects is not None:  # each row's subject (local-DP methods need them)
             data["subjects"] = subjects
         if self.accountant is None or self.dataset is None:
@@ -116,7 +146,10 @@ class PrivateConformalClassifier(_Base):
     ``pcoqs``, ``exponq``, ``ldp-label``, …); ``confidence_level``: 1 − α, or a list of levels
     (one release with a threshold per level); ``score``: ``lac``, ``aps`` or ``raps``;
     ``**params``: the method's parameters (``rho=``, ``epsilon=``, …), as in
-    :meth:`Accountant.calibrate <privcal.accountant.Accountant.calibrate>`.
+    :meth:`Accountant.calibrate <privcal.accountant.Accountant.calibrate>`. The class names
+    are the estimator's ``classes_`` (public model metadata), else 0 … k−1. With
+    ``ldp-label``, :meth:`conformalize` simulates the users' k-RR on the true labels unless
+    told they are already randomized.
     """
 
     def __init__(self, estimator: Any, method: str = "pcoqs", confidence_level: Any = 0.9, *,
@@ -141,11 +174,27 @@ class PrivateConformalClassifier(_Base):
                                f"predict_proba gives {k} columns")
         return classes
 
-    def conformalize(self, X_conf: Any, y_conf: Any, *,
-                     subjects: Any = None) -> PrivateConformalClassifier:
+    def conformalize(self, X_conf: Any, y_conf: Any, *, subjects: Any = None,
+                     labels_randomized: bool = False) -> PrivateConformalClassifier:
         """Calibrate on held-out data (charged to ``dataset``); returns self. ``subjects``:
         the subject id of every row, which a local-DP method (``ldp-label``) needs: each
-        subject is charged against the dataset's per-subject cap by its id."""
+        subject is charged against the dataset's per-subject cap by its id.
+
+        ``ldp-label`` calibrates from labels the users randomized on their devices (k-ary
+        randomized response at the run's ε). By default ``y_conf`` are the *true* labels and
+        the estimator simulates the devices: it randomizes each label with the library's
+        client randomizer (:func:`~privcal.client.krr_many`, the estimator's ``rng``) before
+        the calibration sees it — so whoever runs it holds the true labels, and the local-DP
+        guarantee is about what leaves the simulated devices, as for ``ldp-score``. Labels
+        collected from real devices (each sent ``privcal.client.krr(label, k, ε)``, the
+        column index of its class) are given with ``labels_randomized=True``, and used as
+        they are."""
+        _check_rng(self.rng)  # also draws the simulated devices' k-RR (ldp-label)
+        if not isinstance(labels_randomized, bool):
+            raise InvalidInput("labels_randomized must be True or False")
+        if labels_randomized and self.method != "ldp-label":
+            raise InvalidInput(f"labels_randomized applies to method='ldp-label' only (the "
+                               f"labels {self.method!r} calibrates on are the true ones)")
         probs = self._probs(X_conf)
         if probs.ndim != 2:
             raise InvalidInput(f"predict_proba must give an n×k matrix, got {probs.shape}")
@@ -162,9 +211,23 @@ class PrivateConformalClassifier(_Base):
         names = [str(c) for c in classes]
         if len(set(names)) != len(names):
             raise InvalidInput("the estimator's classes_ are not distinct as text")
+        if self.method == "ldp-label" and not labels_randomized:
+            labels = self._devices(labels, probs.shape[1])
         self._calibrate(subjects, probs=probs, labels=labels, classes=names)
         self.classes_ = classes
         return self
+
+    def _devices(self, labels: np.ndarray, k: int) -> np.ndarray:
+        """What the users' devices send for ``ldp-label``: each label through k-ary randomized
+        response at the run's ε (the client randomizer, drawing from the estimator's rng)."""
+        from privcal.calibrators.base import default_rng, numpy_rng
+        from privcal.calibrators.mechanisms.randomized_response import krr_many
+
+        eps = self.params.get("epsilon")
+        if eps is None:
+            raise InvalidInput("ldp-label needs epsilon= (the ε of the users' k-RR labels)")
+        gen = numpy_rng(self.rng if self.rng is not None else default_rng())
+        return krr_many(labels, k, eps, gen)
 
     @classmethod
     def from_release(cls, estimator: Any, release: Any) -> PrivateConformalClassifier:
@@ -200,11 +263,22 @@ class PrivateConformalClassifier(_Base):
 
     def predict_set(self, X: Any, confidence_level: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """``(y_pred, sets)``: point predictions and boolean sets of shape n × k × L, one slice
-        per confidence level (L = 1 for one level), columns in ``classes_`` order."""
+        per confidence level (L = 1 for one level), columns in ``classes_`` order.
+
+        Several levels are computed from one draw of the randomized scores (``aps``/``raps``:
+        :meth:`Release.level_sets <privcal.accountant.Release.level_sets>`), so the slices
+        are nested — the set at a higher confidence level contains the set at a lower one
+        (separate draws per level need not nest: red team 5)."""
+        _check_rng(self.rng)
         rel = self._release()
         probs = self._probs(X)
-        sets = [rel.predict_set(probs, alpha=a, rng=self.rng) if a is not None
-                else rel.predict_set(probs, rng=self.rng) for a in self._alphas(confidence_level)]
+        alphas = self._alphas(confidence_level)
+        if len(alphas) == 1:
+            a = alphas[0]
+            sets = [rel.predict_set(probs, alpha=a, rng=self.rng) if a is not None
+                    else rel.predict_set(probs, rng=self.rng)]
+        else:
+            sets = _pick_levels(rel, probs, alphas, self.rng)
         return self.predict(X), np.stack(sets, axis=-1)
 
     def predict_labels(self, X: Any, confidence_level: float | None = None) -> list[list[Any]]:

@@ -43,17 +43,22 @@ def test_stale_schema_is_refused_naming_the_upgrade(ledger_url: str) -> None:
     Accountant(led).create_dataset("d", rho=1)
     # another process rewinds the schema: a fresh Ledger refuses it
     with led.engine.begin() as conn:
-        conn.execute(text("UPDATE alembic_version SET version_num = '0000'"))
-    with pytest.raises(SchemaOutOfDate, match=r"at revision 0000.*privcal db upgrade"):
+        conn.execute(text("UPDATE alembic_version SET version_num = '0007'"))
+    with pytest.raises(SchemaOutOfDate, match=r"at revision 0007.*privcal db upgrade"):
         Accountant(Ledger(ledger_url)).charge("d", ZCDP(rho=0.1))
     with pytest.raises(SchemaOutOfDate):
         Ledger(ledger_url).check()
+    # a revision no migration of this privcal names (a newer privcal's): never "db upgrade"
+    with led.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0000'"))
+    with pytest.raises(SchemaOutOfDate, match=r"'0000', which this privcal does not know"):
+        Accountant(Ledger(ledger_url)).charge("d", ZCDP(rho=0.1))
 
 
 def test_downgrade_then_refused(ledger: Any, ledger_url: str) -> None:
     ledger.downgrade("base")
     assert ledger.current() is None
-    with pytest.raises(SchemaOutOfDate, match="empty"):
+    with pytest.raises(SchemaOutOfDate, match="without a privcal schema"):
         Ledger(ledger_url).head()
 
 

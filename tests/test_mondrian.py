@@ -246,7 +246,7 @@ def test_dry_run_reads_group_sizes(acct: Accountant) -> None:
 
     probs, y = _data()
     rep = dry_run(acct, "pcoqs", {"alpha": [0.1, 0.2], "rho": 0.5}, dataset="d", probs=probs,
-                  labels=y, mondrian="label", public_groups=True)
+                  labels=y, score="lac", mondrian="label", public_groups=True)
     assert rep.cost == {"kind": "zcdp", "rho": "1"}  # 2 levels × 0.5, over 3 classes once
     assert acct.budget("d").charges == 0
 

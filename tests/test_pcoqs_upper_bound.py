@@ -22,6 +22,7 @@ from privcal import Accountant
 from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
 from privcal.calibrators.registry import get
+from privcal.costs import parse_cost
 from privcal.errors import AuditFailed
 
 #: the mass of the score distribution below the public range [0, 1]
@@ -94,10 +95,11 @@ def _rerecord(acct: Accountant, rel: Any, version: str, as_version: str,
     params = {k: v for k, v in rel.params.items() if k not in drop}
     p = cal.Params.model_validate({**params, **(old or {})})
     cov = cal.guarantee_as(as_version, p, DataShape(**rel.shape))
+    paid = acct.charge(rel.dataset, parse_cost(rel.privacy["cost"]))  # a release is paid for
     return acct.record_release(
         rel.dataset, method=rel.method, calibrator_version=version, threshold=rel.threshold,
         params=params, shape=rel.shape, coverage=cov, privacy=rel.privacy,
-        diagnostics=rel.diagnostics,
+        diagnostics=rel.diagnostics, charge_ids=[paid.charge_id],
     ).id  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+import unicodedata
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
@@ -373,7 +374,11 @@ def test_odd_text_in_a_charge_is_stored_and_logged_byte_for_byte(
         ctx = _sequencer_busy(led)
     names = []
     for i, t in enumerate(_ODD_TEXTS):
-        name = f"d{i} {t[:150]}".strip() + f" {i}"
+        # a dataset name is one URL segment, printable, NFC (red team 5): the SQL-looking
+        # text stays in it, the control characters and '/' go (they stay in the others)
+        shown = unicodedata.normalize("NFC", "".join(
+            ch for ch in t[:150] if ch != "/" and unicodedata.category(ch) != "Cc"))
+        name = f"d{i} {shown}".strip() + f" {i}"
         accountant.create_dataset(name, rho="1")
         names.append(name)
     with ctx:

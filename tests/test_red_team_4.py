@@ -36,6 +36,7 @@ from privcal.calibrators.exponq import ExponQParams
 from privcal.calibrators.mechanisms import exponential as ex
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
 from privcal.calibrators.split import SplitConformal
+from privcal.costs import ZCDP
 from privcal.errors import InvalidInput
 
 
@@ -97,11 +98,12 @@ def test_pcoqs_statement_names_every_condition_of_its_upper_bound(accountant: An
     acct = accountant
     acct.create_dataset("z", rho=100)
     rel = acct.calibrate("pcoqs", dataset="z", scores=gen.random(500), alpha=0.1, rho=1)
+    paid = acct.charge("z", ZCDP(rho=1))  # a private release is recorded only when paid for
     acct.record_release(
         "z", method="pcoqs", calibrator_version="2.1.0", threshold=rel.threshold,
         params=rel.params, shape=rel.shape, coverage=cal.guarantee_as(
             "2.1.0", PCOQSParams(**rel.params), DataShape(**rel.shape)),
-        privacy=rel.privacy, diagnostics=rel.diagnostics)
+        privacy=rel.privacy, diagnostics=rel.diagnostics, charge_ids=[paid.charge_id])
     assert acct.verify().guarantees_recomputed == 2  # each version by its own formula
 
 

@@ -50,6 +50,7 @@ from privcal.calibrators.tail_bounds import (
     discrete_gaussian_cutoff,
     discrete_gaussian_tail,
 )
+from privcal.costs import LocalDP, parse_cost
 
 TEST_LEVEL = 1e-4
 
@@ -156,9 +157,14 @@ def _legacy(acct: Accountant, rel: Any, version: str, old: dict[str, Any]) -> in
     # a calibrator whose recorded text changed with its version writes that version's text
     as_version = getattr(cal, "guarantee_as", None)
     cov = as_version(version, p, shape) if as_version else cal.guarantee(p, shape)
+    # a private release is recorded only with charges that pay for it
+    cost = parse_cost(rel.privacy["cost"])
+    paid = (acct.charge_subjects(rel.dataset, cost, [f"{version}-{i}" for i in range(3)])
+            if isinstance(cost, LocalDP) else acct.charge(rel.dataset, cost))
     return acct.record_release(
         rel.dataset, method=rel.method, calibrator_version=version, threshold=rel.threshold,
         params=params, shape=rel.shape, coverage=cov, privacy=rel.privacy,
+        charge_ids=[paid.charge_id],
     ).id  # fmt: skip
 
 

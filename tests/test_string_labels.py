@@ -64,17 +64,19 @@ def test_string_labels_api_end_to_end(accountant: Accountant) -> None:
 
 
 def test_sorted_names_fallback_only_when_all_classes_appear(accountant: Accountant) -> None:
-    accountant.create_dataset("d", rho=1, delta=1e-6)
+    # a non-private method only: a private one never reads its class names from the labels
+    # (tests/test_red_team_5_runs.py)
+    accountant.create_dataset("d", rho=1, delta=1e-6, allow_nonprivate=True)
     probs, y = _data()
     labels = np.array(["a", "b", "c"], dtype=object)[y]
-    rel = accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=labels, score="lac",
-                               alpha=0.1, rho=0.2, rng=random.Random(1))
+    rel = accountant.calibrate("split", dataset="d", probs=probs, labels=labels, score="lac",
+                               alpha=0.1, rng=random.Random(1))
     assert rel.classes == ["a", "b", "c"]
     before = _state(accountant)
     two = np.where(y == 2, "a", labels)  # only 2 of the 3 classes appear: no safe guess
     with pytest.raises(InvalidInput, match="2 distinct names appear for 3 probability columns"):
-        accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=two, score="lac",
-                             alpha=0.1, rho=0.2)
+        accountant.calibrate("split", dataset="d", probs=probs, labels=two, score="lac",
+                             alpha=0.1)
     assert _state(accountant) == before
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from privcal.accountant.calibration_request import CalibrationRequest
+from privcal.accountant.calibration_request import CalibrationRequest, check_rng
+from privcal.accountant.calibration_run import public
 from privcal.accountant.prepare import prepare, prepare_shape, validate_params
 from privcal.calibrators import registry
 from privcal.calibrators.base import Calibrator, DataShape
@@ -47,6 +48,7 @@ def calibrate(
         shuffled_guarantee,
     )
 
+    check_rng(rng)  # a bad one (rng=42) is refused before it scores or anything is charged
     req = CalibrationRequest.of(request, params, **inputs)
     ds = accountant.dataset(dataset)  # an unknown dataset fails before any data work
     prep = prepare(req, rng=rng)
@@ -59,11 +61,13 @@ def calibrate(
         name = prep.calibrator.name
         check_shuffle_method(name, assume_unlinkable_features=unlinkable)
 
-        def shuffle(shape: DataShape) -> tuple[Any, dict[str, Any]]:
+        def amplify(shape: DataShape) -> tuple[Any, dict[str, Any]]:
             return shuffled_guarantee(
                 name, prep.params, shape, ds.reporting_delta,
                 assume_unlinkable_features=unlinkable,
             )  # fmt: skip
+
+        shuffle = public(name, amplify)  # ε0 at the float range's edge: one line, no charge
 
         # refuse an unproven amplification claim (fedcp2-qq, ldp-label) and a cap that cannot
         # be charged it before anything is charged; the run recomputes the amplified cost for
@@ -106,10 +110,21 @@ def dry_run(
     Mondrian groups, each row's group (the label, or the group column): the caller asserts
     it is public (``public_groups=True``), and the group sizes set the cost. ``request`` as
     for :func:`calibrate`; what only a run uses (``requester``, ``idempotency_key``,
-    ``rng``) is ignored here.
+    ``rng``) is ignored here. The checks the run makes from the parameters and the shape
+    before charging are made here by the same calls (a request refused for its parameters is
+    refused here too), and a shuffled run is priced as the run charges it: ε0 per subject
+    *and* the amplified central (ε, δ) against the dataset's cap
+    (:func:`privcal.accountant.calibration_run.dry_run`).
     """
-    from privcal.accountant.amplification import check_shuffle_method, check_shuffled_dataset
+    from privcal.accountant.amplification import (
+        check_shuffle_method,
+        check_shuffled_dataset,
+        shuffled_guarantee,
+    )
+    from privcal.accountant.calibration_run import dry_run as priced
+    from privcal.accountant.prepare import check_score_request
     from privcal.accountant.wrapping import wrap, wrapping
+    from privcal.calibrators.class_labels import encode_labels
 
     for run_only in ("requester", "idempotency_key", "rng"):
         inputs.pop(run_only, None)
@@ -121,12 +136,25 @@ def dry_run(
     p = validate_params(cal, params)
     ds = accountant.dataset(dataset)
     shape = prepare_shape(cal, req)
+    check_score_request(cal, req, shape.k)  # the score's options, as the run checks them
     if req.shuffled:
         check_shuffle_method(cal.name, assume_unlinkable_features=req.assume_unlinkable_features)
         check_shuffled_dataset(ds)
+    labels = req.labels
+    if how.mondrian == "label" and req.classes is not None and shape.k is not None:
+        # label groups by class name, as the run encodes them (the groups are public)
+        labels, _ = encode_labels(labels, req.classes, shape.k)
     if how.wanted:
-        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=req.labels)
+        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=labels)
         if index is not None and names is not None:
             shape = DataShape(n=shape.n, k=shape.k, group_sizes=tuple(
                 int(c) for c in np.bincount(index, minlength=len(names))))
-    return accountant.dry_run(cal, p, shape, dataset)
+    shuffle = None
+    if req.shuffled:
+        name, final, unlinkable = cal.name, p, req.assume_unlinkable_features
+
+        def shuffle(shape: DataShape) -> tuple[Any, dict[str, Any]]:
+            return shuffled_guarantee(name, final, shape, ds.reporting_delta,
+                                      assume_unlinkable_features=unlinkable)
+
+    return priced(accountant.ledger, cal, p, shape, dataset, shuffle=shuffle)

@@ -17,6 +17,7 @@ A bad input is a one-line :class:`~privcal.errors.InvalidInput`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import (
@@ -30,9 +31,10 @@ from pydantic import (
 )
 
 from privcal.calibrators.base import Calibrator
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, numeric_edge
 
-__all__ = ["ARRAYS", "INPUTS", "CalibrationRequest", "as_invalid_input"]
+__all__ = ["ARRAYS", "INPUTS", "MAX_K_REG", "CalibrationRequest", "as_invalid_input",
+           "check_rng", "label_score_options", "method_score_options", "precomputed_score"]
 
 _FLAGS = "shuffled and assume_unlinkable_features must be True or False"
 #: the options' types (bools strictly: 1 is not True) and the one-line error otherwise
@@ -154,6 +156,100 @@ def as_invalid_input(exc: ValidationError) -> InvalidInput:
                             f"{', '.join(('params', *INPUTS))})")
     return InvalidInput(f"{where}: {err['msg']}")
 
+
+#: the largest raps ``k_reg``: its penalty is computed in int64 (any k_reg ≥ k adds none)
+MAX_K_REG = 2**53
+
+
+def label_score_options(score: str | None, options: dict[str, Any] | None,
+                         pshape: tuple[int, ...]) -> dict[str, Any]:
+    """The options of the label score ``score`` as given, checked from public values only
+    (the run and the dry run): the score named, the options' names and types, ``k_reg``
+    within the int64 arithmetic of the penalty, and λ·(k − k_reg) finite, so that no score
+    overflows whatever the data. A number past the float range is a one-line InvalidInput."""
+    from privcal.calibrators.scores import SCORES, score_options
+
+    if score is None:
+        raise InvalidInput("with --probs and --labels, name a score: --score lac|aps|raps")
+    if score not in SCORES:
+        raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
+    opts = dict(options or {})
+    # names checked before they become keywords: an option called rng, probs, labels or
+    # name is unknown (InvalidInput), not a second value for that argument
+    full = numeric_edge(f"score {score!r}")(score_options)(SCORES[score], opts)
+    k_reg, lam = full.get("k_reg"), full.get("lam")
+    if k_reg is not None and k_reg > MAX_K_REG:
+        raise InvalidInput(f"raps k_reg must be at most 2**53, got {k_reg!r:.40} (any k_reg ≥ "
+                           "the number of classes already adds no penalty)")
+    k = pshape[1] if len(pshape) == 2 else None
+    if lam is not None and k_reg is not None and k is not None \
+            and not math.isfinite(float(lam) * max(0, k - int(k_reg)) + 1.0):
+        raise InvalidInput(f"raps λ = {lam!r:.40} makes the scores overflow: λ·(k − k_reg) "
+                           "must be a finite number")
+    return opts
+
+
+def precomputed_score(score: str | None, options: dict[str, Any] | None
+                       ) -> dict[str, Any] | None:
+    """The record of the score precomputed ``--scores`` were computed with, when it is named:
+    its name and every option, the defaults filled in, as a run on probabilities records it —
+    what ``predict``/``evaluate``/``Release.predict_set`` then use (red team 5: raps scores
+    with λ = 0 recorded without their options were read back with λ = 0.01, k_reg = 5, and
+    covered 0.894 against a recorded ≥ 0.9). None when no score is named (the release records
+    none; ``predict --score`` names it); options without the score they belong to are
+    refused."""
+    if score is None:
+        if options:
+            raise InvalidInput("score options need the score they belong to: name it "
+                               "(--score raps --score-option lam=0; score='raps', "
+                               "score_options={...})")
+        return None
+    from privcal.calibrators.scores import SCORES
+
+    opts = label_score_options(score, options, ())
+    return {"name": score, "options": {**SCORES[score].options, **opts}}
+
+
+def method_score_options(cal: Calibrator, params: dict[str, Any],
+                          options: dict[str, Any] | None) -> dict[str, Any]:
+    """``params`` of a method whose parameters name the score (``ldp-label``), with the score's
+    options: passed on if the method takes them (a ``score_options`` parameter); else only the
+    score's defaults are accepted, and any other option is refused in one line — the method
+    computes its scores with the defaults, and a release recording other options would be
+    read back with options it was not calibrated on (red team 5)."""
+    from privcal.calibrators.scores import SCORES
+
+    if not options:
+        return params
+    if "score_options" in cal.Params.model_fields:
+        if params.get("score_options", options) != options:
+            raise InvalidInput(f"{cal.name}: score options given twice")
+        return {**params, "score_options": options}
+    name = params.get("score", cal.Params.model_fields["score"].default)
+    spec = SCORES.get(name) if isinstance(name, str) else None
+    if spec is None:
+        return params  # the method's own validation names the unknown score
+    full = label_score_options(name, options, ())
+    if {**spec.options, **full} != spec.options:
+        shown = ", ".join(f"{k}={v!r}" for k, v in spec.options.items()) or "none"
+        raise InvalidInput(f"{cal.name} computes the {name!r} scores with their default "
+                           f"options ({shown}) and takes no other score options")
+    return params
+
+
+def check_rng(rng: Any) -> None:
+    """A caller's random source: ``None`` (privcal's CSPRNG) or a :class:`random.Random`
+    (e.g. ``random.Random(seed)`` for a reproducible test), else a one-line InvalidInput —
+    checked before anything is charged (red team 5: ``rng=42`` or a NumPy ``Generator`` was
+    charged, then failed inside the calibrator). An integer is not taken as a seed: a seed
+    in production code would make the privacy noise predictable."""
+    import random
+
+    if rng is not None and not isinstance(rng, random.Random):
+        raise InvalidInput(f"rng must be a random.Random or None (privcal's CSPRNG), got "
+                           f"{type(rng).__name__}: for a reproducible test pass "
+                           "random.Random(seed); a bare seed is not accepted, it would make "
+                           "the privacy noise predictable")
 
 #: the data arrays of a request (one row each)
 ARRAYS = ("scores", "probs", "labels", "agents", "subjects", "preds", "lower_preds",

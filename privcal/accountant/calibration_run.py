@@ -2,9 +2,9 @@
 
 :func:`run` is the flow of DESIGN.md, "The flow of one calibration", one call per step:
 
-1. validate the parameters and the data's public shape (:func:`params_of`, :func:`check_data`,
-   :func:`shape_of`), and everything that needs only those (``calibrator.guarantee``,
-   e.g. an infeasible plan) — before anything is charged;
+1. validate the parameters and the data's public shape (:mod:`privcal.accountant.run_inputs`:
+   ``params_of``, ``check_data``, ``shape_of``; and ``rng``), and everything that needs only
+   those (``calibrator.guarantee``, e.g. an infeasible plan) — before anything is charged;
 2. the cost, from the parameters and the shape alone: ``calibrator.cost(params, shape)``;
 3. charge it and COMMIT: :func:`privcal.accountant.charges.charge` (central), or
    :func:`privcal.accountant.subject_charges.charge_subjects` (local DP: per subject; the
@@ -25,124 +25,56 @@ amplified cost (:func:`privcal.accountant.amplification.check_shuffled_dataset`)
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from privcal.accountant import privacy as acc
+from privcal.accountant.calibration_request import check_rng
 from privcal.accountant.charges import charge
 from privcal.accountant.datasets import get_dataset
-from privcal.accountant.normalize import (
-    CentralCost,
-    cost_json,
-    normalize_cost,
-    optional_text,
-)
+from privcal.accountant.normalize import CentralCost, cost_json, normalize_cost
+from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import exact, policy_of, spent_of
 from privcal.accountant.release_privacy import privacy_record
 from privcal.accountant.releases import record_release, release_for_charge
 from privcal.accountant.results import ChargeReceipt, DryRun, Release
+from privcal.accountant.run_inputs import check_data, params_of, rows_of, shape_of
 from privcal.accountant.subject_charges import charge_subjects
 from privcal.calibrators import registry
 from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, default_rng
-from privcal.calibrators.validation import check_scores, group_sizes, id_strings
+from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
-from privcal.errors import BudgetRefused, InvalidInput
+from privcal.errors import BudgetRefused, InvalidInput, numeric_edge
 from privcal.storage import Ledger
 
-__all__ = ["check_data", "dry_run", "params_of", "rows_of", "run", "shape_of"]
+__all__ = ["check_data", "dry_run", "params_of", "public", "rows_of", "run", "shape_of"]
+
+#: the amplified central cost of a shuffled run for a shape, and what to record about it
+Shuffle = Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]]
 
 
-def rows_of(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:
-    """The calibration input restricted to the rows in ``mask``."""
-    return dataclasses.replace(data, **{
-        f: np.asarray(getattr(data, f))[mask]
-        for f in ("scores", "probs", "labels", "agents", "subjects", "groups")
-        if getattr(data, f) is not None
-    })
+def public(what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, a computation on public numbers (a cost, a guarantee, a plan), whose failure on
+    accepted inputs at the edge of the float range (ε = 5e-324, ε = 1e308) is a one-line
+    :class:`InvalidInput` naming ``what`` (:func:`~privcal.errors.numeric_edge`), as is a
+    value a cost's or a guarantee's model refuses; nothing is charged when it fires."""
 
-
-def shape_of(data: CalibrationInput, n: int | None = None, k: int | None = None) -> DataShape:
-    """The public shape of the data (n, k, group sizes): what costs and guarantees may use."""
-    if data.probs is not None and np.ndim(data.probs) == 2:
-        k = int(np.shape(data.probs)[1])
-    groups = group_sizes(data.agents) if data.agents is not None else None
-    if data.groups is not None:  # Mondrian groups (ints in [0, group_count)), in order
-        groups = _mondrian_sizes(data)
-    try:
-        return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
-    except (ValidationError, ValueError) as exc:
-        raise InvalidInput(f"unusable calibration data: {exc}") from exc
-
-
-def _mondrian_sizes(data: CalibrationInput) -> tuple[int, ...]:
-    """Each Mondrian group's row count, or a one-line InvalidInput for a group column that is
-    not one integer index in [0, ``group_count``) per row (a hand-built input; refused before
-    anything is charged)."""
-    g, count = np.asarray(data.groups), data.group_count
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int | np.integer)
-                              or count < 1):
-        raise InvalidInput(f"group_count must be an integer ≥ 1, got {count!r}")
-    if g.ndim != 1 or g.dtype.kind not in "iu":
-        raise InvalidInput("groups must be a 1-D array of integer group indices")
-    if g.shape[0] != data.n:
-        raise InvalidInput(f"groups has {g.shape[0]} rows, the calibration data {data.n}")
-    if g.size and (int(g.min()) < 0 or (count is not None and int(g.max()) >= count)):
-        raise InvalidInput("group indices must lie in [0, "
-                           + (f"{int(count)})" if count is not None else "∞)"))
-    return tuple(int(c) for c in np.bincount(g.astype(np.int64), minlength=int(count or 0)))
-
-
-def params_of(calibrator: Calibrator, params: Any) -> Any:
-    """The calibrator's parameters validated (a one-line InvalidInput naming the first bad one);
-    an instance is validated again (``model_construct`` builds one that skipped it)."""
-    if isinstance(params, calibrator.Params):
-        params = params.model_dump(mode="python")
-    if isinstance(params, dict):
+    @wraps(fn)
+    def one_line(*args: Any, **kwargs: Any) -> Any:
         try:
-            return calibrator.Params.model_validate(params)
+            return fn(*args, **kwargs)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first.get("loc", ()))
-            what = f"parameter {where}" if where else "parameters"
-            raise InvalidInput(f"invalid {calibrator.name} {what}: {first.get('msg')}") from exc
-    raise InvalidInput(f"params must be a {calibrator.Params.__name__} or a dict")
+            err = exc.errors(include_url=False)[0]
+            where = ".".join(str(x) for x in (exc.title, *err.get("loc", ())))
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            raise InvalidInput(f"{what}: {where} {msg}") from None
 
-
-def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
-    """Generic checks before anything is charged (calibrators check the rest themselves;
-    the scores of a method that declares ``min_scores`` as its ``calibrate`` will)."""
-    for field in calibrator.inputs:
-        arr = getattr(data, field, None)
-        if arr is None:
-            raise InvalidInput(f"{calibrator.name} needs {field!r} data")
-        arr = np.asarray(arr)
-        if arr.shape[0] == 0:
-            raise InvalidInput(f"{field} is empty")
-        if arr.dtype.kind == "f" and np.isnan(arr).any():
-            raise InvalidInput(f"{field} contains NaN")
-    rows = getattr(calibrator, "min_scores", None)
-    if rows is not None and "scores" in calibrator.inputs:
-        check_scores(data.scores, min_rows=rows)  # what its calibrate refuses: not after the charge
-    lengths = {f: int(np.asarray(getattr(data, f)).shape[0])
-               for f in ("scores", "probs", "labels", "agents", "subjects")
-               if getattr(data, f) is not None}
-    if len(set(lengths.values())) > 1:
-        raise InvalidInput(f"calibration arrays differ in length: {lengths}")
-    if (calibrator.privacy_model == "federated" and data.subjects is not None
-            and (data.agents is None
-                 or not np.array_equal(id_strings(data.subjects, "subject ids"),
-                                       id_strings(data.agents, "agent ids")))):
-        # one message per agent is released, and each agent is charged once for it: other
-        # subjects would charge one ε0 for several messages (one person behind five agents,
-        # charged once for five releases of ε0)
-        raise InvalidInput(f"{calibrator.name} is federated: its subjects are its agents "
-                           "(each agent is charged once for its message); give no subject "
-                           "ids, or the agent ids")
+    return numeric_edge(what)(one_line)
 
 
 def run(
@@ -159,17 +91,18 @@ def run(
     privacy_extra: dict[str, Any] | None = None,
     central_cost: CentralCost | None = None,
     extra_diagnostics: dict[str, Any] | None = None,
-    shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None = None,
+    shuffle: Shuffle | None = None,
     classes: int | None = None,
 ) -> Release:
     """:meth:`privcal.accountant.Accountant.run`: charge, calibrate, release (DESIGN.md,
     "The flow of one calibration"; the steps and parameters are documented there)."""
+    check_rng(rng)  # before anything is charged
     if idempotency_key is None:
         return _run(ledger, calibrator, params, data, dataset=dataset, requester=requester,
                     idempotency_key=None, rng=rng, registered=registered,
                     privacy_extra=privacy_extra, central_cost=central_cost,
                     extra_diagnostics=extra_diagnostics, shuffle=shuffle, classes=classes)
-    key = optional_text(idempotency_key, "idempotency key")
+    key = idempotency_key_text(idempotency_key)  # KEY#central is privcal's: refused
     assert key is not None
     with ledger.key_lock(dataset, key):
         return _run(ledger, calibrator, params, data, dataset=dataset, requester=requester,
@@ -192,7 +125,7 @@ def _run(
     privacy_extra: dict[str, Any] | None,
     central_cost: CentralCost | None,
     extra_diagnostics: dict[str, Any] | None,
-    shuffle: Callable[[DataShape], tuple[ApproxDP | None, dict[str, Any]]] | None,
+    shuffle: Shuffle | None,
     classes: int | None,
 ) -> Release:
     """:func:`run` once the idempotency key (if any) is locked: steps 1 to 5."""
@@ -207,7 +140,8 @@ def _run(
                                 or classes < 2):
         raise InvalidInput(f"classes must be an integer ≥ 2, got {classes!r}")
     shape = shape_of(data, k=classes)
-    cost = calibrator.cost(p, shape)
+    # cost and guarantee from public numbers (a numeric failure: one line, nothing charged)
+    cost = public(calibrator.name, calibrator.cost)(p, shape)
     request = {"kind": "calibrate", "method": calibrator.name,
                "params": p.model_dump(mode="python"), "shape": shape.model_dump(mode="python"),
                "shuffled": shuffle is not None or central_cost is not None}
@@ -221,7 +155,7 @@ def _run(
         check_shuffled_dataset(ds)  # what is recorded must be what is charged (14.5)
     # every check that needs only the parameters and the public shape runs before the
     # charge (issue 16.2); the local-DP branch repeats it for the rows actually accepted
-    calibrator.guarantee(p, shape)
+    public(calibrator.name, calibrator.guarantee)(p, shape)
     rng = rng if rng is not None else default_rng()
     charge_ids: list[int] = []
     shuffled: dict[str, Any] = {}
@@ -255,7 +189,7 @@ def _run(
             kept = shape
             if not row_mask.all():  # the full shape was checked before the charge
                 kept = shape_of(rows_of(data, row_mask), k=classes)
-                calibrator.guarantee(p, kept)
+                public(calibrator.name, calibrator.guarantee)(p, kept)
             if shuffle is None:
                 return central_cost
             amplified, record = shuffle(kept)
@@ -304,7 +238,7 @@ def _run(
         charge_ids.append(receipt.charge_id)
     # ---- the charge is committed; from here on the data is touched
     result = calibrator.calibrate(data, p, rng)
-    guarantee = calibrator.guarantee(p, shape)
+    guarantee = public(calibrator.name, calibrator.guarantee)(p, shape)
     privacy = privacy_record(cost, ds, {**(privacy_extra or {}), **shuffled} or None,
                              calibrator)
     if central_receipt is not None:
@@ -325,10 +259,22 @@ def _run(
 
 
 def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShape,
-            dataset: str) -> DryRun:
-    """The cost of a run and what would remain after it; writes nothing."""
+            dataset: str, *, shuffle: Shuffle | None = None) -> DryRun:
+    """The cost of a run and what would remain after it; writes nothing. The run's checks
+    from the parameters and the shape are made by the same calls (cost, guarantee; never
+    "allowed" for a request the run refuses). ``shuffle``: the shuffled run's amplified
+    central cost, as the run computes it, checked against the dataset's cap as its charge
+    is, and reported as ``cost["central_cost"]`` (for every row: the run recomputes it for
+    the subjects accepted, fewer if some are at their cap)."""
     p = params_of(calibrator, params)
-    cost = calibrator.cost(p, shape)
+    cost = public(calibrator.name, calibrator.cost)(p, shape)
+    public(calibrator.name, calibrator.guarantee)(p, shape)
+    central = None
+    if shuffle is not None:
+        if not isinstance(cost, LocalDP):
+            raise InvalidInput("a shuffled run applies only to local-DP methods")
+        amplified = public(calibrator.name, shuffle)(shape)[0]
+        central = normalize_cost(amplified) if amplified is not None else None
     with ledger.read() as s:
         ds = ledger.get_dataset(s, dataset)
         pol, sp = policy_of(ds), spent_of(ds)
@@ -342,10 +288,22 @@ def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShap
         cost = normalize_cost(cost)
         if isinstance(cost, LocalDP):
             ok = ds.subject_epsilon is not None and cost.eps0 <= ds.subject_epsilon
-            return DryRun(dataset=dataset, cost=cost_json(cost), allowed=ok,
-                          reason=("charged per subject against the per-subject cap"
-                                  if ok else "ε0 exceeds the per-subject cap (or none set)"),
-                          remaining_before=before, remaining_after=before)
+            report = cost_json(cost)
+            reason = ("charged per subject against the per-subject cap" if ok
+                      else "ε0 exceeds the per-subject cap (or none set)")
+            after = sp
+            if central is not None:  # the shuffled run's charge to the dataset's cap
+                report["central_cost"] = cost_json(central)
+                try:
+                    after = acc.check_charge(pol, sp, central, scope=f"dataset {dataset!r}")
+                except BudgetRefused as exc:
+                    return DryRun(dataset=dataset, cost=report, allowed=False,
+                                  reason=str(exc), remaining_before=before,
+                                  remaining_after=None)
+                reason += f", and the amplified {central.describe()} against the dataset cap"
+            return DryRun(dataset=dataset, cost=report, allowed=ok, reason=reason,
+                          remaining_before=before,
+                          remaining_after=exact(acc.remaining(pol, after)) if ok else before)
         try:
             after = acc.check_charge(pol, sp, cost, scope=f"dataset {dataset!r}")
         except BudgetRefused as exc:

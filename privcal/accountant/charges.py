@@ -36,6 +36,7 @@ from privcal.accountant.normalize import (
     optional_text,
     request_digest,
 )
+from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import (
     charge_cost,
     exact,
@@ -92,7 +93,7 @@ def charge(
     cost = normalize_cost(cost)  # type: ignore[assignment]
     purpose = optional_text(purpose, "purpose", 10_000)
     requester = optional_text(requester, "requester")
-    key = optional_text(idempotency_key, "idempotency key")
+    key = idempotency_key_text(idempotency_key)
     digest = None
     if key is not None:
         req = request if request is not None else {"kind": "charge", "purpose": purpose}

@@ -66,6 +66,7 @@ def create_dataset(
         raise InvalidInput(f"allow_nonprivate must be True or False, got {allow_nonprivate!r}")
     if name != name.strip():
         raise InvalidInput(f"dataset name {name!r} has leading or trailing spaces")
+    _check_addressable(name)
     given = [epsilon is not None, rho is not None,
              approx_epsilon is not None or approx_delta is not None]
     if sum(given) != 1:
@@ -179,3 +180,19 @@ def subject_summary(ledger: Ledger, name: str) -> SubjectSummary:
         at_cap=int((units >= cap_u).sum()) if cap_u is not None else 0,
         max=_eps(units.max()), mean=float(units.mean()) * float(SUBJECT_UNIT), quantiles=qs,
     )
+
+
+def _check_addressable(name: str) -> None:
+    """A new dataset's name must name it everywhere it is used: as one path segment of the
+    service's ``/v1/datasets/{name}`` (no ``/``, not ``.`` or ``..``), in a header and a
+    one-line message (no control characters), and as one spelling (NFC, as subject ids:
+    ``é`` typed two ways would be two datasets that print alike) (red team 5)."""
+    import unicodedata
+
+    if "/" in name or name in (".", ".."):
+        raise InvalidInput(f"dataset name {name!r} cannot contain '/' or be '.' or '..' "
+                           "(it is one segment of the service's URLs)")
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise InvalidInput(f"dataset name {name!r} contains a control character")
+    if unicodedata.normalize("NFC", name) != name:
+        raise InvalidInput(f"dataset name {name!r} is not in Unicode NFC: write it composed")

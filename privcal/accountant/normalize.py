@@ -21,10 +21,12 @@ from privcal.storage.audit import canonical, threshold_str
 
 __all__ = [
     "AMOUNT_PLACES",
+    "CENTRAL_KEY_SUFFIX",
     "DEFAULT_REPORTING_DELTA",
     "AnyCost",
     "CentralCost",
     "cost_json",
+    "idempotency_key",
     "json_safe",
     "normalize_cost",
     "optional_text",
@@ -79,7 +81,8 @@ def _up(d: Decimal, what: str, *, zero_ok: bool = False) -> Decimal:
     if type(d) is not Decimal:
         raise InvalidInput(f"{what} must be a Decimal, got {d!r} (a cost built without "
                            "validation?)")
-    if not d.is_finite() or abs(d) >= _MAX_AMOUNT:
+    # by the exponent, not abs(d): abs() of 1e999999999 overflows the decimal context
+    if not d.is_finite() or (d != 0 and d.adjusted() >= _MAX_AMOUNT.adjusted()):
         raise InvalidInput(f"privacy amount {d} is too large (must be < {_MAX_AMOUNT:.0E})")
     if d < 0 or (d == 0 and not zero_ok):
         raise InvalidInput(f"{what} must be {'≥' if zero_ok else '>'} 0, got {d}")
@@ -149,3 +152,20 @@ def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
     if value is None:
         return None
     return check_text(value, what, limit=limit, allow_empty=True)
+
+
+#: the suffix of the key a keyed local-DP batch gives its central charge
+#: (:mod:`privcal.accountant.subject_charges`): reserved, never a caller's key
+CENTRAL_KEY_SUFFIX = "#central"
+
+
+def idempotency_key(value: str | None) -> str | None:
+    """A caller's idempotency key (:func:`optional_text`), or None. Keys ending in
+    :data:`CENTRAL_KEY_SUFFIX` are privcal's own: a keyed local-DP run charges its central
+    cost under ``KEY#central``, and a caller's charge under that key would be taken, on a
+    replay, for the run's (red team 5)."""
+    key = optional_text(value, "idempotency key")
+    if key is not None and key.endswith(CENTRAL_KEY_SUFFIX):
+        raise InvalidInput(f"idempotency keys ending in {CENTRAL_KEY_SUFFIX!r} are reserved "
+                           "for privcal's own central charges: choose another key")
+    return key

@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from privcal.accountant.calibration_request import CalibrationRequest
+from privcal.accountant.calibration_request import (
+    CalibrationRequest,
+    label_score_options,
+    method_score_options,
+    precomputed_score,
+)
 from privcal.calibrators import registry
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -28,7 +33,7 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.class_labels import check_classes, encode_labels, is_text_labels
 from privcal.calibrators.score_range import range_record, resolve_score_range
-from privcal.calibrators.scores import SCORES, label_scores, regression_scores, score_options
+from privcal.calibrators.scores import SCORES, label_scores, regression_scores
 from privcal.calibrators.validation import (
     check_labels,
     check_lengths,
@@ -39,7 +44,7 @@ from privcal.calibrators.validation import (
 )
 from privcal.errors import InvalidInput
 
-__all__ = ["Prepared", "prepare", "prepare_shape", "validate_params"]
+__all__ = ["Prepared", "check_score_request", "prepare", "prepare_shape", "validate_params"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ def prepare(
 
     Labels may be class names (strings): see :func:`encode_labels` for how they map to
     probability columns; the names are recorded in the release (``diagnostics["classes"]``).
+    A private method takes them from ``classes`` only, never from the labels
+    (:func:`_no_classes`).
 
     Regression: ``targets`` with ``preds`` (``score="absolute"``) or ``lower_preds`` and
     ``upper_preds`` (``score="cqr"``); the scores are computed here
@@ -133,6 +140,8 @@ def prepare(
             )
         params = {**params, "score": score}
         score = None
+    if "score" in cal.Params.model_fields:
+        params = method_score_options(cal, params, req.score_options)
     params, range_source = resolve_score_range(cal.name, cal.Params, params, req.score_range)
     p = validate_params(cal, params)
     needs = set(cal.inputs)
@@ -144,6 +153,8 @@ def prepare(
         pshape = np.shape(probs)
         if len(pshape) != 2:
             raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
+        if req.classes is None and _charges(cal, p, labels, int(pshape[1])):
+            raise _no_classes(cal.name)
         labels, names = encode_labels(labels, req.classes, int(pshape[1]))
 
     regression = any(a is not None for a in (req.preds, req.lower_preds, req.upper_preds,
@@ -176,16 +187,10 @@ def prepare(
         if scores is not None:
             if probs is not None or labels is not None:
                 raise InvalidInput("give either --scores, or --probs with --labels, not both")
+            score_record = precomputed_score(score, req.score_options)
             data_scores = check_scores(scores)
         elif probs is not None and labels is not None:
-            if score is None:
-                raise InvalidInput("with --probs and --labels, name a score: --score lac|aps|raps")
-            if score not in SCORES:
-                raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
-            opts = dict(req.score_options or {})
-            # names checked before they become keywords: an option called rng, probs, labels
-            # or name is unknown (InvalidInput), not a second value for that argument
-            score_options(SCORES[score], opts)
+            opts = label_score_options(score, req.score_options, np.shape(probs))
             data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
             score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
             if SCORES[score].kind == "classification":
@@ -218,7 +223,10 @@ def prepare(
     if getattr(p, "k", None) is not None and k is not None and p.k != k:  # type: ignore[attr-defined]
         raise InvalidInput(f"{cal.name}: k={p.k} but the probabilities have {k} columns")  # type: ignore[attr-defined]
     if score_record is None and getattr(p, "score", None) is not None:
-        score_record = {"name": p.score, "options": dict(SCORES[p.score].options)}  # type: ignore[attr-defined]
+        # the options the method computes its scores with: its own (if it takes them), or
+        # the score's defaults (other options were refused by method_score_options)
+        given = getattr(p, "score_options", None) or {}
+        score_record = {"name": p.score, "options": {**SCORES[p.score].options, **given}}  # type: ignore[attr-defined]
 
     ranged = range_record(p, range_source) if range_source is not None else None
     data = CalibrationInput(
@@ -238,6 +246,46 @@ def prepare(
             shape = DataShape(n=n, k=k, group_sizes=tuple(
                 int(c) for c in np.bincount(index, minlength=len(group_names or ()))))
     return Prepared(reg, p, data, shape, score_record, names, ranged)
+
+
+def check_score_request(cal: Calibrator, req: CalibrationRequest, k: int | None) -> None:
+    """What the run checks of a label score before any label is read (for a dry run): the
+    score and its options, when the request computes scores from ``probs`` and ``labels``."""
+    regression = any(getattr(req, a) is not None
+                     for a in ("preds", "lower_preds", "upper_preds", "targets"))
+    if req.scores is not None and "probs" not in cal.inputs and not regression:
+        precomputed_score(req.score, req.score_options)  # the score named, as the run checks
+        return
+    if "score" in cal.Params.model_fields:
+        method_score_options(cal, {**req.params, **({"score": req.score} if req.score else {})},
+                              req.score_options)
+        return
+    if ("probs" in cal.inputs or regression or req.scores is not None or req.probs is None
+            or req.labels is None):
+        return
+    label_score_options(req.score, req.score_options, (0, k) if k is not None else ())
+
+
+def _charges(cal: Calibrator, params: CalibratorParams, labels: Any, k: int) -> bool:
+    """Whether ``cal`` is private (charges a cost): its class names may not come from the
+    labels. When the cost cannot be told from a placeholder shape, it is taken as private."""
+    if cal.privacy_model == "none":
+        return False
+    try:
+        return cal.cost(params, DataShape(n=max(1, len(labels)), k=k)) is not None
+    except Exception:  # cannot tell: the stricter rule
+        return True
+
+
+def _no_classes(method: str) -> InvalidInput:
+    """The error of class-name labels without the class names, for a private method. The
+    names are not taken from the labels: a release would carry a label value only one record
+    has, and a class that no record has would be refused, uncharged — both depend on one
+    record."""
+    return InvalidInput(
+        f"{method} is private: its class names are never read from the labels; give them in "
+        "probability-column order (classes=[...] in Python and the API, --classes a,b,c or a "
+        "--probs table whose header names the columns on the CLI)")
 
 
 def _regression_scores(score: str | None, score_options: dict[str, Any] | None, targets: Any,

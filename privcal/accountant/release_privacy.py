@@ -19,10 +19,24 @@ from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 __all__ = ["privacy_record"]
 
 
+#: whom a shuffled release's amplified (ε, δ) protects against (red team 5): the reports
+#: reach privcal with their subjects (to charge each subject once and keep one report per
+#: subject; a session's ledger keeps them under pseudonyms), so the holder of the reports
+#: and their subjects sees ε0-local-DP reports, not a shuffle
+AMPLIFIED_FOR = ("whoever sees the releases but not the reports with their subjects (the "
+                 "ledger keeps a session's reports under pseudonyms, to charge each subject "
+                 "once: to its holder each report is ε0-local DP)")
+
+
 def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
-                   calibrator: Any = None) -> dict[str, Any]:
+                   calibrator: Any = None, *, legacy_wording: bool = False) -> dict[str, Any]:
     """The privacy record of a release; a non-private calibrator may say what it reveals
-    (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent)."""
+    (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent).
+
+    A shuffled release's record names whom its amplified (ε, δ) protects against
+    (``amplified_for``, :data:`AMPLIFIED_FOR`); ``legacy_wording``: the statement as
+    recorded before that field existed ("for the aggregator"), for
+    :mod:`privcal.accountant.verification` to recompute such a record as it was."""
     out: dict[str, Any] = {"cost": cost_json(cost) if cost is not None else None}
     rd = ds.reporting_delta
     if cost is None:
@@ -59,11 +73,18 @@ def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] 
         amp = extra.get("amplification") if extra.get("shuffled") else None
         if amp is not None:
             if amp.get("amplified"):
-                out["statement"] += (
-                    f"; shuffled: ({amp['eps']}, {amp['delta']})-DP for the aggregator "
-                    f"{extra.get('scope', '')} by the {amp['bound']} bound (the paper's "
-                    f"ε0/√n = {amp['heuristic_eps0_over_sqrt_n']:.4g} is a heuristic, "
-                    "not a guarantee)")
+                heuristic = (f"(the paper's ε0/√n = {amp['heuristic_eps0_over_sqrt_n']:.4g} "
+                             "is a heuristic, not a guarantee)")
+                if legacy_wording:
+                    out["statement"] += (
+                        f"; shuffled: ({amp['eps']}, {amp['delta']})-DP for the aggregator "
+                        f"{extra.get('scope', '')} by the {amp['bound']} bound {heuristic}")
+                else:
+                    out["statement"] += (
+                        f"; shuffled: ({amp['eps']}, {amp['delta']})-DP "
+                        f"{extra.get('scope', '')} by the {amp['bound']} bound {heuristic}, "
+                        f"for {AMPLIFIED_FOR}")
+                    out["amplified_for"] = AMPLIFIED_FOR
             else:
                 out["statement"] += ("; shuffled, but no amplification bound applies at "
                                      "this n and δ: the central guarantee stays ε0")

@@ -2,8 +2,10 @@
 
 A release is appended in its own write transaction after its charges committed (a crash
 in between leaves a charge without a release, never the reverse): lock the dataset row,
-check that every charge is the dataset's and that the first carries no release yet,
-insert the row and queue its audit entry.
+check that the charges pay for it — every one the dataset's and none already paying for
+another release, and a private release paid for in full (at least one charge, costing
+together at least its recorded cost: :func:`privcal.storage.verify_releases.shortfall`,
+the rule ``audit verify`` applies) — insert the row and queue its audit entry.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from privcal.calibrators.base import CoverageGuarantee
 from privcal.errors import InvalidInput, check_row_id
 from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
+from privcal.storage.verify_releases import shortfall
 
 __all__ = ["get_release", "list_releases", "record_release", "release_for_charge"]
 
@@ -76,14 +79,24 @@ def record_release(
         "requester": optional_text(requester, "requester"),
     }
 
+    if len(set(ids)) != len(ids):
+        raise InvalidInput("charge_ids names a charge twice")
+
     def tx(s: Any) -> Release:
         ds = ledger.lock_dataset(s, dataset)
-        owner = ledger.charge_dataset_ids(s, ids)
+        paid = ledger.charges_paid(s, ids)
         for cid in ids:
-            if owner.get(cid) != ds.id:
+            if cid not in paid or paid[cid].dataset_id != ds.id:
                 raise InvalidInput(f"charge {cid} is not a charge of dataset {dataset!r}")
-        if ids and ledger.release_id_for_charge(s, ids[0]) is not None:
-            raise InvalidInput(f"charge {ids[0]} already has a release")
+        owners = ledger.charge_owners(s, ds.id, ids)
+        for cid in ids:
+            if cid in owners:
+                raise InvalidInput(f"charge {cid} already has a release ({owners[cid]}): a "
+                                   "charge pays for one release")
+        why = shortfall(row_data["privacy"], [paid[cid] for cid in ids])
+        if why is not None:
+            raise InvalidInput(f"the release {why}: charge its cost first (Accountant.charge "
+                               "or charge_subjects) and pass those charge_ids")
         row = ledger.insert_release(s, ds.id, row_data, ids)
         ledger.append_audit(s, "release", release_doc(row, ds.name))
         return Release.model_validate(ledger.release_record(row, ds.name).model_dump())

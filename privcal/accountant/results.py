@@ -256,10 +256,24 @@ class Release(ReleaseRecord):
 
         A release with several levels takes the level ``alpha``; one with Mondrian groups
         from a column takes each row's group (``groups``); label groups need neither."""
+        from privcal.accountant.calibration_request import check_rng
         from privcal.calibrators.group_sets import release_sets
 
+        check_rng(rng)  # a random.Random or None (rng=42: one line, not an AttributeError)
         return release_sets(self, probs, score_name=score_name, rng=rng, alpha=alpha,
                             groups=groups)
+
+    def level_sets(self, probs: Any, *, score_name: str | None = None,
+                   rng: random.Random | None = None,
+                   groups: Any = None) -> list[tuple[float, np.ndarray]]:
+        """The sets at every level of a several-level release, ``[(α, n×k sets), …]``,
+        nested (smaller α, larger set): one draw of the randomized scores serves every
+        level (separate :meth:`predict_set` calls draw separately, and need not nest)."""
+        from privcal.accountant.calibration_request import check_rng
+        from privcal.calibrators.group_sets import level_sets
+
+        check_rng(rng)
+        return level_sets(self, probs, score_name=score_name, rng=rng, groups=groups)
 
     def thresholds(self) -> list[dict[str, Any]]:
         """One row per group and level α: ``group``, ``n``, ``alpha``, ``threshold`` (+inf for

@@ -33,6 +33,7 @@ import numpy as np
 from privcal.accountant import privacy as acc
 from privcal.accountant.charges import charge_central, check_replay
 from privcal.accountant.normalize import (
+    CENTRAL_KEY_SUFFIX,
     CentralCost,
     cost_json,
     normalize_cost,
@@ -40,6 +41,7 @@ from privcal.accountant.normalize import (
     parse_amount,
     request_digest,
 )
+from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import receipt_of
 from privcal.accountant.results import SubjectChargeResult
 from privcal.calibrators.validation import id_strings
@@ -91,7 +93,7 @@ def charge_subjects(
     n_dup = int(sids.shape[0] - uniq.shape[0])
     purpose = optional_text(purpose, "purpose", 10_000)
     requester = optional_text(requester, "requester")
-    key = optional_text(idempotency_key, "idempotency key")
+    key = idempotency_key_text(idempotency_key)
     e_units = spend_units(cost0.eps0)
     skey = ledger.subject_key()
     kid = key_id(skey)
@@ -118,7 +120,13 @@ def charge_subjects(
             if old is not None:
                 check_replay(old, key, digest, scope="subjects",
                              same_cost=old.eps0 == cost0.eps0)
-                central_old = ledger.charge_by_key(conn, ds.id, f"{key}#central")
+                # the run's own central charge: under KEY#central *and* for this request
+                # (both rows carry its digest; a caller cannot take the suffix, but a
+                # ledger written before it was reserved may hold such a key)
+                central_old = ledger.charge_by_key(conn, ds.id, key + CENTRAL_KEY_SUFFIX)
+                if central_old is not None and (central_old.request_digest != digest
+                                                or old.request_digest != digest):
+                    central_old = None
                 mask = None
                 if old.members_digest is not None:  # recover who was charged
                     mask = is_first & np.isin(pseud, ledger.members_of(conn, old.id))[inverse]
@@ -162,7 +170,7 @@ def charge_subjects(
         if cc is not None:
             central = charge_central(
                 ledger, conn, ds, cc, purpose, requester,
-                f"{key}#central" if key is not None else None, digest,
+                key + CENTRAL_KEY_SUFFIX if key is not None else None, digest,
             )
         blob, mdigest = pseudonyms.members_commitment(kid, raw_sorted[~over_u[by_key]],
                                                       presorted=True)

@@ -5,7 +5,13 @@ own :meth:`~privcal.storage.Ledger.verify` proves the log is intact (every
 hash, every row against its entry); this module then recomputes, with the
 *installed* calibrator code, each release's coverage guarantee and privacy
 guarantee from its stored parameters and public shape, and flags any
-difference (DESIGN.md: "Every guarantee can be recomputed").
+difference (DESIGN.md: "Every guarantee can be recomputed"): the numbers, and the
+sentences that state them (``statement``, ``over``, ``neighbouring``). A sentence is
+left uncompared — and counted in ``statements_not_compared`` — only where it is older
+wording the installed code cannot reproduce (:func:`_legacy_texts`). It also checks that the
+release's charges pay for the privacy cost it recomputes
+(:func:`privcal.storage.verify_releases.shortfall`; the storage's verification applies it to
+the recorded cost).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
 from privcal.storage.records import VerifyReport
+from privcal.storage.verify_releases import PaidBy, shortfall
 
 #: recorded floats went through JSON; anything beyond this is a real difference
 REL_TOL = 1e-9
@@ -37,13 +44,18 @@ class ReleaseCheck(BaseModel):
     method: str
     ok: bool
     problems: list[str]
+    #: guarantee sentences of an older version whose wording the installed code does not
+    #: reproduce, hence not compared (their numbers are)
+    statements_not_compared: int = 0
 
 
 class AuditReport(VerifyReport):
-    """A verified log (the storage's :class:`~privcal.storage.records.VerifyReport`) and the
-    number of releases whose guarantees were recomputed."""
+    """A verified log (the storage's :class:`~privcal.storage.records.VerifyReport`), the
+    number of releases whose guarantees were recomputed, and how many of their sentences
+    were left uncompared (older wording the installed code does not reproduce)."""
 
     guarantees_recomputed: int
+    statements_not_compared: int = 0
 
     @property
     def summary(self) -> str:
@@ -59,9 +71,24 @@ class AuditReport(VerifyReport):
                       f"(oldest {since} UTC) but not yet chained: still in the audit queue, "
                       "checked against their rows (not covered by the head; any write, or "
                       "`privcal audit head` with write access, chains them)")
+        expected = ""
+        if self.expected_through is not None:
+            expected = (f"; the expected head is entry {self.expected_through}: "
+                        + (f"{self.after_expected} later entr"
+                           + ("y" if self.after_expected == 1 else "ies")
+                           + (f" ({self.queued} still queued)" if self.queued else "")
+                           + " not covered by it (appended since: sign heads to vouch for "
+                           "them)" if self.after_expected else "no entry after it"))
+        texts = ""
+        if self.statements_not_compared:
+            n = self.statements_not_compared
+            texts = (f" ({n} guarantee sentence{'' if n == 1 else 's'} of older calibrator "
+                     "versions not compared: wording the installed code does not reproduce; "
+                     "their numbers are compared)")
         return (
-            f"ok: {self.entries} log entries verify (head {self.head}){signed}{queued}; "
-            f"{self.guarantees_recomputed} release guarantees recomputed and match"
+            f"ok: {self.entries} log entries verify (head {self.head}){signed}{queued}"
+            f"{expected}; {self.guarantees_recomputed} release guarantees recomputed and "
+            f"match{texts}"
         )
 
 
@@ -79,21 +106,57 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-#: human sentences: their numbers are compared in the structured fields, and their wording may
-#: change between versions without the guarantee changing (the hash chain protects the row);
-#: ``over`` and ``neighbouring`` are such wording (releases recorded before issue 14.7 have
-#: no ``neighbouring``)
-NOT_COMPARED = frozenset({"statement", "over", "neighbouring"})
+#: the human sentences of each record: compared by :func:`_texts`, not by :func:`_diff`
+TEXTS = {"coverage": ("statement", "over"), "privacy": ("statement", "neighbouring")}
+
+#: what every non-private release said before a calibrator could state what it reveals
+_OLD_NONPRIVATE = "non-private release (allowed by the dataset policy)"
 
 
 def _diff(what: str, recorded: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:
     out = []
-    for key in sorted((set(recorded) | set(recomputed)) - NOT_COMPARED):
+    for key in sorted((set(recorded) | set(recomputed)) - set(TEXTS[what])):
         if not _same(recorded.get(key), recomputed.get(key)):
             out.append(
                 f"{what}.{key}: recorded {recorded.get(key)!r}, recomputed {recomputed.get(key)!r}"
             )
     return out
+
+
+def _texts(what: str, recorded: dict[str, Any], recomputed: dict[str, Any],
+           legacy: bool) -> tuple[list[str], int]:
+    """(problems, sentences not compared): each sentence of ``what`` must be the recomputed
+    one, except where ``legacy`` (an older wording the installed code does not reproduce):
+    then a different sentence is counted as not compared instead."""
+    problems, skipped = [], 0
+    for key in TEXTS[what]:
+        if recorded.get(key) == recomputed.get(key):
+            continue
+        if legacy:
+            skipped += 1
+        else:
+            problems.append(f"{what}.{key}: recorded {recorded.get(key)!r:.120}, recomputed "
+                            f"{recomputed.get(key)!r:.120}")
+    return problems, skipped
+
+
+def _legacy_texts(cal: Any, rel: Any, recorded: dict[str, Any],
+                  recomputed: dict[str, Any]) -> tuple[bool, bool]:
+    """(coverage, privacy): whether the release's sentences may be older wording the installed
+    code does not write, so that a different one is counted as not compared, not a failure.
+
+    An older calibrator version: its formula is reproduced (``legacy_params``,
+    ``guarantee_as``), its wording not always (P-COQS 1.0.0 and 2.0.0, LDP-CP-S version 1,
+    and LDP-CP-L version 1 before issue 14.7 worded theirs otherwise). A private release
+    recorded before the neighbouring relation was (issue 14.7; ExponQ 1.0.0 then worded its
+    statement otherwise). A non-private release that says only what every one said before
+    its calibrator could state what it reveals. A release of the installed version recorded
+    since is compared sentence by sentence."""
+    older = rel.calibrator_version != cal.version
+    pre_14_7 = recomputed.get("cost") is not None and "neighbouring" not in recorded
+    nonprivate_old = (recomputed.get("cost") is None
+                      and recorded.get("statement") == _OLD_NONPRIVATE)
+    return older or pre_14_7, older or pre_14_7 or nonprivate_old
 
 
 def _plain(obj: Any) -> Any:
@@ -116,11 +179,15 @@ def _made_by(rel: Any, reg: registry.Registered) -> bool:
             or (rel.distribution, rel.distribution_version) == (package, "unknown"))
 
 
-def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
-    """Recompute one release's coverage and privacy guarantees from its stored inputs."""
+def check_release(accountant: Any, rel: Any,
+                  charges: dict[int, PaidBy] | None = None) -> ReleaseCheck:
+    """Recompute one release's coverage and privacy guarantees from its stored inputs, and
+    check that its charges (``charges``: charge id → what it paid, at least the release's;
+    read from the ledger if not given) pay for the cost recomputed."""
     from privcal.accountant.amplification import shuffled_guarantee
     from privcal.accountant.prepare import validate_params
     problems: list[str] = []
+    skipped = 0
     try:
         reg = registry.get(rel.method)
     except PrivcalError as exc:
@@ -145,10 +212,10 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
         coverage = (as_version(rel.calibrator_version, params, shape)
                     if as_version is not None and rel.calibrator_version != cal.version
                     else cal.guarantee(params, shape)).model_dump(mode="json")  # fmt: skip
-        recorded_cov = (
+        recorded_cov = _plain(
             rel.coverage if isinstance(rel.coverage, dict) else rel.coverage.model_dump(mode="json")
         )
-        problems += _diff("coverage", _plain(recorded_cov), _plain(coverage))
+        problems += _diff("coverage", recorded_cov, _plain(coverage))
         if hasattr(cal, "check_record"):  # a levels/Mondrian wrapper: its stored thresholds
             problems += cal.check_record(params, shape, rel.threshold, rel.diagnostics or {})
         cost = cal.cost(params, shape)
@@ -162,13 +229,30 @@ def check_release(accountant: Any, rel: Any) -> ReleaseCheck:
                 assume_unlinkable_features="assumption" in extra,
             )  # fmt: skip
         privacy = privacy_record(cost, ds, new_extra, cal)
+        if "amplified_for" in privacy and "amplified_for" not in (rel.privacy or {}):
+            # a shuffled release recorded before its record named whom the amplification
+            # protects against: recomputed in the wording of then
+            privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True)
         if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
             privacy["central_cost"] = cost_json(normalize_cost(central_cost))
-        problems += _diff("privacy", _plain(rel.privacy), _plain(privacy))
+        recorded_priv, new_priv = _plain(rel.privacy), _plain(privacy)
+        problems += _diff("privacy", recorded_priv, new_priv)
+        legacy_cov, legacy_priv = _legacy_texts(cal, rel, recorded_priv, new_priv)
+        for what, rec, new, legacy in (("coverage", recorded_cov, _plain(coverage), legacy_cov),
+                                       ("privacy", recorded_priv, new_priv, legacy_priv)):
+            text_problems, n = _texts(what, rec, new, legacy)
+            problems += text_problems
+            skipped += n
+        if charges is None:
+            charges = accountant.ledger.release_charges(rel.charge_ids)
+        unpaid = shortfall(new_priv, [charges[i] for i in rel.charge_ids if i in charges])
+        if unpaid is not None:
+            problems.append(f"charges: the release {unpaid} (its recomputed cost)")
     except PrivcalError as exc:
         problems.append(f"cannot recompute: {exc}")
     return ReleaseCheck(release=rel.id, dataset=rel.dataset, method=rel.method,
-                        ok=not problems, problems=problems)  # fmt: skip
+                        ok=not problems, problems=problems,
+                        statements_not_compared=skipped)  # fmt: skip
 
 
 def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> AuditReport:
@@ -177,13 +261,17 @@ def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> Au
     ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
     rep = accountant.ledger.verify(expect_head=expect_head, **signed)
-    checked = 0
-    for rel in accountant.ledger.releases():
-        res = check_release(accountant, rel)
+    checked = skipped = 0
+    rels = accountant.ledger.releases()
+    charges = accountant.ledger.release_charges([i for r in rels for i in r.charge_ids])
+    for rel in rels:
+        res = check_release(accountant, rel, charges)
         if not res.ok:
             raise AuditFailed(
                 f"release {res.release} ({res.method} on {res.dataset!r}) does not recompute: "
                 + "; ".join(res.problems[:3])
             )
         checked += 1
-    return AuditReport(**rep.model_dump(), guarantees_recomputed=checked)
+        skipped += res.statements_not_compared
+    return AuditReport(**rep.model_dump(), guarantees_recomputed=checked,
+                       statements_not_compared=skipped)

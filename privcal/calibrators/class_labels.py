@@ -1,8 +1,10 @@
 """Class names and probability columns: string labels as column indices, and back.
 
 The rule (README, "String class labels"): class names are given in probability-column
-order (``classes=`` / ``--classes``), or, when every one of the k classes appears among
-the labels, they are the sorted distinct labels. Integer labels are column indices.
+order (``classes=`` / ``--classes``), or, for a non-private method only, when every one of
+the k classes appears among the labels, they are the sorted distinct labels (a private
+method is refused without names before it gets here: :func:`privcal.accountant.prepare.
+prepare`). Integer labels are column indices.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_text
 
-__all__ = ["check_classes", "encode_labels", "is_text_labels"]
+__all__ = ["MAX_CLASS_NAME", "check_classes", "encode_labels", "is_text_labels"]
+
+#: the longest class name, in characters
+MAX_CLASS_NAME = 200
 
 
 def is_text_labels(labels: Any) -> bool:
@@ -30,12 +35,19 @@ def is_text_labels(labels: Any) -> bool:
 
 
 def check_classes(classes: Any, k: int | None) -> list[str]:
-    """``k`` distinct, non-empty class names, in probability-column order."""
+    """``k`` distinct, non-empty class names, in probability-column order, each storable text
+    (:func:`~privcal.errors.check_text`: valid Unicode, no NUL, at most
+    :data:`MAX_CLASS_NAME` characters)."""
     if isinstance(classes, str) or not hasattr(classes, "__iter__"):
         raise InvalidInput("classes must be a list of class names, in probability-column order")
     names = list(classes)
     if not all(isinstance(c, str) and c.strip() for c in names):
         raise InvalidInput("classes must be non-empty strings (the class names)")
+    for j, c in enumerate(names):
+        # stored in the release as text (canonical JSON, every backend): a lone surrogate
+        # (a non-UTF-8 byte in argv), a NUL or an overlong name is refused here, before
+        # anything is charged (red team 5: charged, then a traceback in the release's JSON)
+        check_text(c, f"classes: the name of column {j}", limit=MAX_CLASS_NAME)
     if len(set(names)) != len(names):
         dup = next(c for c in names if names.count(c) > 1)
         raise InvalidInput(f"classes: {dup!r} is named twice")
@@ -50,9 +62,11 @@ def encode_labels(labels: Any, classes: list[str] | None, k: int) -> tuple[Any, 
 
     The rule (README, "String class labels"): the names are ``classes`` when given, in
     probability-column order; otherwise, only when every one of the ``k`` classes appears
-    among the labels, the sorted distinct labels. A label that is not a class name is a
-    one-line error naming its row. Integer labels are class indices, as before, and are
-    returned unchanged (with ``classes`` recorded when given).
+    among the labels, the sorted distinct labels — a data-dependent choice that only a
+    non-private method may make (the accountant requires ``classes`` of a private one). A
+    label that is not a class name is a one-line error naming its row. Integer labels are
+    class indices, as before, and are returned unchanged (with ``classes`` recorded when
+    given).
     """
     names = check_classes(classes, k) if classes is not None else None
     if not is_text_labels(labels):

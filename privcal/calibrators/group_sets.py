@@ -36,8 +36,8 @@ from privcal.calibrators.scores import all_class_scores, score_options, score_sp
 from privcal.calibrators.validation import check_probs, id_strings
 from privcal.errors import InvalidInput
 
-__all__ = ["ThresholdTable", "align_columns", "is_wrapped", "release_sets", "table_of",
-           "wrapped_sets"]
+__all__ = ["ThresholdTable", "align_columns", "is_wrapped", "level_sets", "release_sets",
+           "table_of", "wrapped_sets"]
 
 
 def is_wrapped(method: str) -> bool:
@@ -309,3 +309,24 @@ def release_sets(
                                   and math.isclose(own, alpha)):
         raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
     return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)
+
+
+def level_sets(release: Any, probs: Any, *, score_name: str | None = None,
+               rng: random.Random | None = None, groups: Any = None
+               ) -> list[tuple[float, np.ndarray]]:
+    """The sets of a several-level release at every level, ``[(α, n×k sets), …]``, nested
+    (smaller α, larger set). The thresholds are nested (:mod:`~privcal.calibrators.levels`),
+    so the sets are too *for one draw of the randomized scores*: every level is computed
+    from the same uniforms u_i (one 128-bit seed drawn from ``rng``, the same stream at each
+    level). Separate calls draw separately, and a randomized ``aps``/``raps`` set at one
+    level need not then contain another call's set at a larger α (red team 5)."""
+    from privcal.calibrators.base import default_rng
+
+    levels = (release.params or {}).get("alpha")
+    if not isinstance(levels, list):
+        raise InvalidInput(f"release {release.id} has one level α = {levels}: it has no levels "
+                           "to list")
+    seed = (rng if rng is not None else default_rng()).getrandbits(128)
+    return [(float(a), release_sets(release, probs, score_name=score_name, alpha=float(a),
+                                    groups=groups, rng=random.Random(seed)))
+            for a in levels]

@@ -201,10 +201,16 @@ def discrete_gaussian_cutoff(sigma2: Fraction | float, a: float) -> int:
         while table.tail(i) > a:
             i += 1
         return i - 1
-    i = table.r + 1
-    while _closed_form_tail(s2, i) > a:
-        i = max(i + 1, int(i * 1.01))
-    # walk back to the smallest closed-form i (monotone decreasing in i)
-    while i - 1 > table.r and _closed_form_tail(s2, i - 1) <= a:
-        i -= 1
-    return i - 1
+    # past the table: the smallest i > r with closed-form tail(i) ≤ a, which decreases in i —
+    # doubling steps to a bracket (lo fails, hi holds), then bisection: O(log i) evaluations
+    # (a walk back one integer at a time never ended for σ² ≈ 10³⁰⁰, red team 5)
+    lo, hi = table.r, table.r + 1
+    while _closed_form_tail(s2, hi) > a:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _closed_form_tail(s2, mid) <= a:
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1

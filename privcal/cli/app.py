@@ -383,8 +383,9 @@ def main(ctx: click.Context, db_url: str | None, as_json: bool) -> None:
 
 @main.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
-    """Print the shell completion script for SHELL.
+@pass_settings
+def completion(settings: Settings, shell: str) -> None:
+    """Print the shell completion script for SHELL (``--json``: ``{"shell", "script"}``).
 
     \b
     bash:  eval "$(privcal completion bash)"   (e.g. in ~/.bashrc)
@@ -395,4 +396,5 @@ def completion(shell: str) -> None:
 
     cls = get_completion_class(shell)
     assert cls is not None  # the Choice admits only shells click supports
-    click.echo(cls(main, {}, "privcal", "_PRIVCAL_COMPLETE").source())
+    script = cls(main, {}, "privcal", "_PRIVCAL_COMPLETE").source()
+    emit({"shell": shell, "script": script}, as_json=settings.as_json, human=script)

@@ -170,12 +170,14 @@ def _make_calibrate_command(name: str) -> click.Command:
         opts.append(click.Option(
             ["--classes"],
             help="Class names in probability-column order (a,b,c), for labels that are names; "
-            "default: the --probs table's column names, else the sorted names when all k "
-            "appear."))
+            "default: the --probs table's column names (a private method needs one of "
+            "these; a non-private one falls back to the sorted names when all k appear)."))
         if "score" not in model.model_fields:
             opts.append(click.Option(
                 ["--score"], help="Score for --probs/--labels: lac, aps, raps; for regression "
-                "--preds/--targets: absolute, or cqr with --lower-preds/--upper-preds."))
+                "--preds/--targets: absolute, or cqr with --lower-preds/--upper-preds; with "
+                "--scores, the score they were computed with (recorded with its options, "
+                "which predict and evaluate then use)."))
         if "probs" not in needs:
             from privcal.calibrators.score_range import has_range
 

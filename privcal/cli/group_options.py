@@ -105,15 +105,14 @@ def emit_all_levels(rel: Any, probs: Any, score: str | None, groups: Any, out: s
 
     import numpy as np
 
-    from privcal.calibrators.group_sets import release_sets
+    from privcal.calibrators.group_sets import level_sets
     from privcal.calibrators.prediction_sets import release_classes, set_labels
     from privcal.cli.app import emit, info
 
     levels = (rel.params or {}).get("alpha")
     if not isinstance(levels, list):
         raise InvalidInput(f"release {rel.id} has one level α = {levels}: give no --alpha all")
-    by_level = [(float(a), release_sets(rel, probs, score_name=score, alpha=float(a),
-                                        groups=groups)) for a in levels]
+    by_level = level_sets(rel, probs, score_name=score, groups=groups)  # nested: one draw
     classes = release_classes(rel)
     if out is not None:
         path = Path(out)

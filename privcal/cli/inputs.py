@@ -26,8 +26,9 @@ def load_labels(spec: str | None, label_column: str | None, probs: str | None,
 def class_names(spec: str | None, probs: str | None, columns: str | None,
               label_column: str | None, labels: Any, shape_only: bool) -> list[str] | None:
     """The class names: ``--classes a,b,c``; else, for labels that are names, the selected
-    column names of a ``--probs`` table with a header; else None (the library's fallback:
-    the sorted distinct labels when all k appear)."""
+    column names of a ``--probs`` table with a header; else None — then a private method
+    refuses name labels (its class names are never read from the labels), and only a
+    non-private one falls back to the sorted distinct labels when all k appear."""
     from privcal.calibrators.class_labels import is_text_labels  # only when calibrating
 
     if spec is not None:

@@ -143,7 +143,9 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
               + PROBS_COLUMNS_HELP)
 @_regression_options
 @click.option("--columns", default=None, help="The probability columns of a --probs table.")
-@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@click.option("--score", default=None,
+              help="Score name, if the release records none (made from --scores without "
+                   "--score): used with its default options.")
 @ALPHA_OPTION
 @GROUPS_OPTION
 @click.option(
@@ -219,7 +221,9 @@ def predict(
 @click.option("--labels", default=None, type=FILE, help="Their true labels (FILE or FILE:COLUMN).")
 @click.option("--label-column", default=None,
               help="The labels' column, of --labels or of the --probs table.")
-@click.option("--score", default=None, help="Score name, if the release was made from --scores.")
+@click.option("--score", default=None,
+              help="Score name, if the release records none (made from --scores without "
+                   "--score): used with its default options.")
 @ALPHA_OPTION
 @GROUPS_OPTION
 @json_option

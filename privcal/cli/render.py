@@ -79,9 +79,13 @@ def render_thresholds(rel: Any) -> None:
 
 def render_dry_run(report: Any) -> None:
     """Print a dry run for people."""
-    cost = report.cost or {"kind": "none (non-private)"}
+    cost = dict(report.cost or {"kind": "none (non-private)"})
+    central = cost.pop("central_cost", None)  # a shuffled run's charge to the dataset's cap
     click.echo(f"dry run on dataset {report.dataset!r}: nothing read, nothing written")
-    click.echo(f"  cost        {', '.join(f'{k}={v}' for k, v in cost.items())}")
+    click.echo(f"  cost        {_amounts(cost)}")
+    if isinstance(central, dict):
+        click.echo(f"  central     {_amounts(central)} (the amplified cost, against the "
+                   "dataset's cap)")
     click.echo(f"  allowed     {'yes' if report.allowed else 'NO'} ({report.reason})")
     click.echo(f"  remaining   {_amounts(report.remaining_before)} now")
     if report.remaining_after is not None:

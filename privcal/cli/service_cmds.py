@@ -20,13 +20,20 @@ _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+#: the longest --expires: 10 years, as the service's POST /v1/tokens (expires_in)
+_MAX_EXPIRES = 10 * 366 * 86400
+
+
 def parse_duration(text: str) -> timedelta:
     """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` → a timedelta (InvalidInput otherwise)."""
     m = _DURATION.match(text.strip())
     if not m or int(m.group(1)) <= 0:
         raise InvalidInput(f"--expires must be a positive duration like 90s, 15m, 12h, 30d or "
                            f"2w, got {text!r}")
-    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+    seconds = int(m.group(1)) * _UNITS[m.group(2)]
+    if seconds > _MAX_EXPIRES:  # a date past year 9999 overflows (red team 5)
+        raise InvalidInput(f"--expires is at most 10 years (3660d), got {text!r}")
+    return timedelta(seconds=seconds)
 
 
 @main.command("serve")

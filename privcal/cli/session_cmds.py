@@ -97,6 +97,10 @@ def _describe(s: Any) -> str:
 @click.option("--shuffled", is_flag=True,
               help="Reports go through a trusted shuffler: record the amplified (ε, δ).")
 @click.option("--requester", default=None, help="Who opened the session (recorded).")
+@click.option("--idempotency-key", default=None,
+              help="With --shuffled (charged when it opens): retrying with the same key "
+                   "returns the session opened, charged once; another request under the key "
+                   "is an error.")
 @json_option
 @pass_settings
 def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: float | None,
@@ -104,7 +108,7 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
              upper: float | None, score_range: tuple[float, float] | None,
              failure_probability: float | None, delta: float | None, nominal: bool,
              agents: int | None, local_n: int | None, bins: int, shuffled: bool,
-             requester: str | None, as_json: bool) -> None:
+             requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
     """Open a session: prints its id and round 0's query (ldp-score) or the plan (federated)."""
     from privcal.accountant.sessions import open_session
 
@@ -126,7 +130,8 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
     res = open_session(
         settings.accountant(), method, dataset=dataset, alpha=alpha, epsilon=epsilon,
         rounds=rounds, group_size=group_size, nominal=nominal, agents=agents,
-        local_n=local_n, bins=bins, shuffled=shuffled, requester=requester, **kw)
+        local_n=local_n, bins=bins, shuffled=shuffled, requester=requester,
+        idempotency_key=idempotency_key, **kw)
 
     def human() -> None:
         click.echo(f"session {res.id} opened")

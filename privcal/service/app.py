@@ -31,11 +31,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from privcal import __version__
 from privcal.errors import PrivcalError
 from privcal.service.device_reports import REPORT_ROUTE, try_lean
+from privcal.service.json_body import invalid_json_detail, sent_as_bytes
 from privcal.service.problems import (
     ProblemError,
     problem_for,
     problem_response,
     unauthenticated,
+    unsupported_media_type,
 )
 from privcal.service.session_reads import SESSION_ROUTE, try_lean_get
 
@@ -302,12 +304,16 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
                 await resolve_deferred(request, _int(request.path_params.get("sid")))
             except ProblemError as p:
                 return problem_response(p)
+        raw = list(exc.errors())
+        if sent_as_bytes(raw):  # a body that is not JSON: 415, as on every JSON route
+            return problem_response(unsupported_media_type("application/json"))
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
-                   "type": e.get("type", "")} for e in exc.errors()]  # never the input
+                   "type": e.get("type", "")} for e in raw]  # never the input
         first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(x) for x in first["loc"])
-        return problem_response(ProblemError(422, "invalid-input", "Invalid input",
-                                             f"{where}: {first['msg']}", errors=errors))
+        detail = invalid_json_detail(raw) or f"{where}: {first['msg']}"
+        return problem_response(ProblemError(422, "invalid-input", "Invalid input", detail,
+                                             errors=errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Any:

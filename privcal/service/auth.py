@@ -34,6 +34,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "not found, or not granted to this principal"),
         (409, "conflict: budget refused, idempotency key reused, report conflict"),
         (413, "request body too large"),
+        (415, "a body that is not application/json"),
         (422, "invalid input"),
         (503, "ledger unavailable or schema out of date"),
     )

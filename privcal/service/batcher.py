@@ -16,7 +16,11 @@ answers of a batch reach an event loop in one thread-safe call, not one wake-up 
 - ``accepted`` (201): stored by this batch;
 - ``duplicate`` (200): this subject had already stored this very report (a retry);
 - ``rejected`` (409): not stored, with the library's reason (another value already
-  stored, closed round, round full, subject budget exhausted, session closed, …).
+  stored, closed round, round full, subject budget exhausted, session closed, …);
+- invalid input (422, nothing stored): a batch the library refuses as invalid (an id it
+  does not take, from a token made before ids were checked at creation) is written again
+  one report at a time, so that only the bad report fails, with a generic detail — never
+  the library's message, which would name the id of a subject (maybe another's).
 
 Outcomes are read from the ledger, not guessed: the subjects' stored reports are read
 before the batch, and after it unless every report of the batch was accepted (then
@@ -38,7 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from privcal.errors import PrivcalError
+from privcal.errors import InvalidInput, PrivcalError
+from privcal.service.problems import ProblemError, problem_for
 
 __all__ = ["Outcome", "ReportBatcher"]
 
@@ -229,15 +234,37 @@ class ReportBatcher:
                 seen.add((it.session_id, it.subject))
                 groups[it.session_id].append(it)
         for sid, items in groups.items():
-            try:
-                self._write(sid, items)
-            except Exception as exc:  # every waiter gets the error, the writer goes on
-                for it in items:
-                    if not it.done:
-                        it.fail(exc)
-                if not isinstance(exc, PrivcalError):
-                    log.exception("report batch for session %s failed", sid)
+            self._write_each(sid, items)
         return carry
+
+    def _write_each(self, sid: int, items: list[_Item]) -> None:
+        """:meth:`_write`, answering its failure: a batch the library refuses as invalid
+        input (one report's id — a token made before ids were checked — refuses the whole
+        batch) is written again one report at a time, so that only the bad one fails; its
+        waiter gets a generic detail, never the library's message (which names an id: in a
+        batch, maybe another report's subject)."""
+        try:
+            self._write(sid, items)
+        except InvalidInput as exc:
+            todo = [it for it in items if not it.done]
+            if len(todo) > 1:
+                for it in todo:
+                    self._write_each(sid, [it])
+                return
+            p = problem_for(exc)
+            if p.slug == "invalid-input":
+                log.warning("report writer: session %s refused a report as invalid input", sid)
+                p = ProblemError(422, "invalid-input", "Invalid input", "this report was "
+                                 "refused as invalid input: the subject or agent id of its "
+                                 "token is not a valid id")
+            for it in todo:
+                it.fail(p)
+        except Exception as exc:  # every waiter gets the error, the writer goes on
+            for it in items:
+                if not it.done:
+                    it.fail(exc)
+            if not isinstance(exc, PrivcalError):
+                log.exception("report batch for session %s failed", sid)
 
     def _check_tokens(self, items: list[_Item]) -> list[_Item]:
         """The items whose device token is valid for their session (their subject set from

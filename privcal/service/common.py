@@ -58,14 +58,16 @@ def request_fingerprint(subject_key: bytes, fingerprint: Any) -> str:
 
 
 def idempotent(request: Request, key: str | None, fingerprint: Any,
-               fn: Callable[[], tuple[int, Any]]) -> JSONResponse:
+               fn: Callable[[], tuple[int, Any]], *, required: bool = True) -> JSONResponse:
     """Run ``fn`` (→ status, document) once per (principal, key); replay its answer after.
 
     ``fingerprint`` is what identifies the request besides its key — the route and its
     public inputs (never raw calibration data: DESIGN.md forbids storing a fingerprint of
     it). The same key with another fingerprint is 409 ``idempotency-key-reused``; a retry
     while the first is still running is 409 ``idempotency-in-progress``. A replay answers
-    200 (and ``Idempotent-Replayed: true``) with the original document.
+    200 (and ``Idempotent-Replayed: true``) with the original document. Without a key:
+    422 ``idempotency-key-required`` if ``required`` (a request that charges), else ``fn``
+    runs unrecorded.
     """
     from privcal.storage.tokens import (
         finish_idempotent,
@@ -73,6 +75,9 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
         reserve_idempotent,
     )
 
+    if not key and not required:
+        status, body = fn()
+        return JSONResponse(doc(body), status_code=status)
     if not key:
         raise ProblemError(422, "idempotency-key-required", "Idempotency-Key required",
                            f"this request changes the ledger: send an {IDEMPOTENCY_HEADER} "

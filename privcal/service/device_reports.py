@@ -66,13 +66,16 @@ def parse_report(body: bytes) -> tuple[int, int] | None:
     """(round, value) if ``body`` is exactly a valid ``ReportBody``; else None.
 
     The same rules as the pydantic model (``strict=True, extra="forbid"``, round in
-    [0, 1 000 000], value in {0, 1}); ``json.loads`` is what FastAPI parses with.
+    [0, 1 000 000], value in {0, 1}); ``json.loads`` is what FastAPI parses with. A key
+    given twice is not a valid report (the app answers it 422,
+    :mod:`privcal.service.json_body`): two keys whose values are numbers are exactly four
+    ``"`` in the body, and a third key (a repeat) would add its own.
     """
     try:
         d = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    if type(d) is not dict or len(d) != 2:
+    if type(d) is not dict or len(d) != 2 or body.count(b'"') != 4:
         return None
     rnd, value = d.get("round"), d.get("value")
     if type(rnd) is not int or type(value) is not int:  # bool and float are refused

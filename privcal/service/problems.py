@@ -105,3 +105,9 @@ def forbidden(detail: str) -> ProblemError:
 def not_found(detail: str) -> ProblemError:
     """404: missing, or not granted to this principal (indistinguishable on purpose)."""
     return ProblemError(404, "not-found", "Not found", detail)
+
+
+def unsupported_media_type(accepted: str) -> ProblemError:
+    """415: a body in another format than the route reads."""
+    return ProblemError(415, "unsupported-media-type", "Unsupported media type",
+                        f"send the body as {accepted}")

@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from privcal.errors import AuditFailed
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import doc
+from privcal.service.json_body import JsonRoute
 from privcal.service.problems import not_found
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
 
 def _acct(request: Request) -> Any:
@@ -53,10 +54,15 @@ def audit_head(request: Request) -> dict[str, Any]:
     return {"seq": h.seq, "hash": h.entry_hash, "head": str(h)}
 
 
-@router.get("/audit/entries", **allow("auditor"))
-def audit_entries(request: Request, after: int = Query(default=0, ge=0),
+#: the largest audit sequence number a ledger holds (a 32-bit integer column on PostgreSQL)
+SEQ_MAX = 2**31 - 1
+
+
+@router.get("/audit/entries", **allow("admin", "auditor"))
+def audit_entries(request: Request, after: int = Query(default=0, ge=0, le=SEQ_MAX),
                   limit: int = Query(default=100, ge=1, le=1000)) -> list[dict[str, Any]]:
-    """Entries with ``seq > after``: canonical payload, previous hash, entry hash."""
+    """Entries with ``seq > after`` (``after`` ≤ 2³¹−1, the largest sequence number):
+    canonical payload, previous hash, entry hash."""
     from privcal.storage.tokens import audit_entries as page
 
     return doc(page(_acct(request).ledger, after=after, limit=limit))
@@ -70,7 +76,7 @@ class VerifyBody(BaseModel):
     expect_head: str | None = Field(default=None, max_length=200)
 
 
-@router.post("/audit/verify", **allow("auditor"))
+@router.post("/audit/verify", **allow("admin", "auditor"))
 def audit_verify(request: Request, body: VerifyBody) -> dict[str, Any]:
     """Recompute the chain and every release's guarantees: ``ok`` and the first failure."""
     try:

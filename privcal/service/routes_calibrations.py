@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from privcal.accountant.calibration_request import ARRAYS
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.json_body import JsonRoute
 from privcal.service.routes_datasets import _acct, _lib_key
 from privcal.service.uploads import (
     CalibrationInput,
@@ -26,7 +27,7 @@ from privcal.service.uploads import (
     request_body_openapi,
 )
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
 _route = allow("analyst", responses={
     415: {"description": "neither application/json nor multipart/form-data",

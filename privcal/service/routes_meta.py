@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal
@@ -13,9 +14,10 @@ from starlette.responses import JSONResponse
 from privcal.errors import InvalidInput, PrivcalError
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import doc, public
+from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 ALL_ROLES = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
 
@@ -96,9 +98,17 @@ class TokenCreate(BaseModel):
 def create_bound_token(acct: Any, role: str, *, name: str | None, datasets: list[str],
                        session: int | None, subject: str | None, agent: str | None,
                        expires_in: timedelta | None) -> Any:
-    """Check that what the token is bound to exists, then create it (API and CLI)."""
-    from privcal.storage.tokens import check_bindings, create_token
+    """Check the token's texts (a subject or agent id by the library's rule for ids,
+    :func:`~privcal.calibrators.validation.id_strings`: NFC, no NUL, no blank at its ends;
+    a name or dataset name without control characters) and that what it is bound to
+    exists, then create it (API and CLI). A bad input writes nothing (422)."""
+    from privcal.storage.tokens import check_bindings, create_token, token_texts
 
+    for v, what in ((subject, "subject"), (agent, "agent")):
+        if v is not None:
+            _check_id(v, what)
+    name, datasets, subject, agent = token_texts(name=name, datasets=datasets,
+                                                 subject=subject, agent=agent)
     check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
     for d in datasets:
         acct.dataset(d)  # NotFound
@@ -113,12 +123,27 @@ def create_bound_device_tokens(acct: Any, session: int, subjects: Sequence[str],
     """One device token per subject (distinct ids) of an existing, unshuffled ldp-score
     session, in one transaction (CLI ``token create --count``); the tokens in the order of
     ``subjects``, shown this once."""
+    from privcal.calibrators.validation import id_strings
     from privcal.storage.token_bulk import create_device_tokens
 
     if isinstance(session, bool) or not isinstance(session, int) or session < 1:
         raise InvalidInput("session must be a positive integer")
+    id_strings(list(subjects), "subject ids")  # the library's rule for ids (InvalidInput)
     _check_session_binding(acct, "device", session)
     return create_device_tokens(acct.ledger, session, subjects, expires_in=expires_in)
+
+
+def _check_id(v: Any, what: str) -> None:
+    """InvalidInput unless ``v`` is one id by the library's rule (the one a session applies
+    to the ids it is sent: a token whose subject it refuses could never report)."""
+    from privcal.calibrators.validation import id_strings
+
+    if not isinstance(v, str):
+        raise InvalidInput(f"{what} must be text")
+    try:
+        id_strings([v], what)
+    except InvalidInput as exc:
+        raise InvalidInput(str(exc).replace(f"{what}: row 0 ", f"{what} ", 1)) from None
 
 
 def _check_session_binding(acct: Any, role: str, session: int) -> None:
@@ -165,6 +190,6 @@ def token_revoke(token_id: str, request: Request) -> dict[str, Any]:
     """Revoke a token now."""
     from privcal.storage.tokens import revoke_token
 
-    if len(token_id) > 64:
+    if not re.fullmatch("[0-9a-f]{16}", token_id):  # not a token id (a NUL, …): none such
         raise ProblemError(404, "not-found", "Not found", "unknown token")
     return doc(revoke_token(request.app.state.accountant.ledger, token_id))

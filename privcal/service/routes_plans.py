@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from privcal.errors import InvalidInput
 from privcal.service.auth import allow
 from privcal.service.common import doc
+from privcal.service.json_body import JsonRoute
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
 #: size bounds of the planning inputs (the library checks the rest, one-line 422s)
 MAX_N = 10**12

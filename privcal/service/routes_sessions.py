@@ -3,6 +3,7 @@ batches, close."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
@@ -12,9 +13,10 @@ from starlette.responses import JSONResponse
 
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, not_found
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
 SessionId = Path(ge=1, le=2**31 - 1)
 
@@ -51,11 +53,13 @@ class ReportBody(BaseModel):
 
 
 class MessageBody(BaseModel):
-    """A federated agent's message (a grid point for FedCP²-QQ, a score for FedCP-QQ)."""
+    """A federated agent's message (a grid point for FedCP²-QQ, a score for FedCP-QQ): a
+    finite number (NaN or ±inf, e.g. ``1e400``, is invalid input, 422, nothing queued; a
+    finite value off the published grid is a conflict, 409)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    value: float
+    value: float = Field(allow_inf_nan=False)
 
 
 class BatchRow(BaseModel):
@@ -113,16 +117,38 @@ PUBLIC_FIELDS = ("id", "method", "status", "shuffled", "params", "round", "round
 
 @router.post("/datasets/{name}/sessions", status_code=201, **allow("analyst"))
 def session_open(name: str, body: SessionOpen, request: Request,
-                 p: Principal = Depends(principal)) -> JSONResponse:
-    """Open a collection session; the analyst is recorded as its requester."""
+                 p: Principal = Depends(principal),
+                 idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                      max_length=200)) -> JSONResponse:
+    """Open a collection session (201 + Location); the analyst is recorded as its requester.
+
+    A ``shuffled`` session is charged its amplified central cost when it opens, so it needs
+    an ``Idempotency-Key`` (422 ``idempotency-key-required`` without one), as a charge
+    does; a key is honoured on any open: the same key and body answer the original session
+    (200, ``Idempotent-Replayed: true``: no second session, no second charge), another body
+    under that key is 409 ``idempotency-key-reused``."""
     from privcal.accountant.sessions import open_session
 
     p.check_dataset(name)
     args = body.model_dump()
-    info = open_session(_acct(request), args.pop("method"), dataset=name,
-                        requester=p.requester, **args)
-    return JSONResponse(doc(info), status_code=201,
-                        headers={"Location": f"/v1/sessions/{info.id}"})
+
+    def run() -> tuple[int, Any]:
+        kw = dict(args)
+        # the library binds the key (the principal's, as a calibration's) to the shuffled
+        # session's central charge too: a crash after its commit and before the service's
+        # record is answered by the library's replay, never by a second charge
+        from privcal.service.routes_datasets import _lib_key
+
+        key = _lib_key(p, idempotency_key) if body.shuffled and idempotency_key else None
+        return 201, open_session(_acct(request), kw.pop("method"), dataset=name,
+                                 requester=p.requester, idempotency_key=key, **kw)
+
+    resp = idempotent(request, idempotency_key, {"dataset": name, **args}, run,
+                      required=body.shuffled)
+    sid = json.loads(resp.body).get("id")
+    if sid is not None:
+        resp.headers["Location"] = f"/v1/sessions/{sid}"
+    return resp
 
 
 @router.get("/sessions/{sid}",

@@ -40,7 +40,8 @@ from privcal.accountant.calibration_request import (
     as_invalid_input,
 )
 from privcal.errors import InvalidInput
-from privcal.service.problems import ProblemError
+from privcal.service.json_body import check_unique_keys, is_json_type
+from privcal.service.problems import unsupported_media_type
 
 __all__ = ["EXPANDED_LIMIT", "FILE_PARTS", "CalibrationBody", "CalibrationInput",
            "calibration_input", "request_body_openapi"]
@@ -70,7 +71,8 @@ class CalibrationBody(CalibrationRequest):
     probs: list[list[float]] | None = Field(default=None, max_length=_MAX)
     labels: list[int] | list[str] | None = Field(
         default=None, max_length=_MAX,
-        description="class indices, or class names (with `classes`, or all k present)")
+        description="class indices, or class names (with `classes`; a non-private method "
+        "may instead have all k present)")
     classes: list[str] | None = Field(
         default=None, min_length=2, max_length=100_000,
         description="the class names of the probability columns, in column order")
@@ -88,7 +90,9 @@ class CalibrationBody(CalibrationRequest):
         default=None, max_length=_MAX, description="the Mondrian group of every row (a public "
         "column; needs public_groups)")
     score: str | None = Field(default=None, max_length=100, description="lac, aps, raps "
-                              "(probabilities) or absolute, cqr (regression)")
+                              "(probabilities) or absolute, cqr (regression); with `scores`, "
+                              "the score they were computed with (recorded, with "
+                              "`score_options`)")
     score_options: dict[str, bool | int | float | str] | None = Field(default=None,
                                                                       max_length=50)
     score_range: tuple[float, float] | None = Field(
@@ -132,13 +136,13 @@ def _invalid(exc: ValidationError, where: str) -> Exception:
 
 async def calibration_input(request: Request) -> CalibrationInput:
     """The calibration request, from a JSON body or a multipart form (a dependency)."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype == "multipart/form-data":
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() == "multipart/form-data":
         return await _from_form(request)
-    if ctype not in ("application/json", ""):
-        raise ProblemError(415, "unsupported-media-type", "Unsupported media type",
-                           "send application/json or multipart/form-data")
     raw = await request.body()
+    if raw and not is_json_type(ctype):  # as every JSON route: 415 (no type: 415 too)
+        raise unsupported_media_type("application/json or multipart/form-data")
+    check_unique_keys(raw)
     try:
         return CalibrationInput(CalibrationBody.model_validate_json(raw or b"null"), {})
     except ValidationError as exc:
@@ -168,6 +172,7 @@ async def _from_form(request: Request) -> CalibrationInput:
         await form.close()
     if text is None:
         raise InvalidInput("the form has no 'request' field (the JSON options: method, params…)")
+    check_unique_keys(text, "request")
     try:
         body = CalibrationBody.model_validate_json(text)
     except ValidationError as exc:

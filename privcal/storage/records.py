@@ -86,3 +86,7 @@ class VerifyReport(BaseModel):
     #: their rows, and when the oldest was committed
     queued: int = 0
     queued_since: UTCDateTime | None = None
+    #: with ``expect_head``: the entry it names, and how many entries follow it (chained or
+    #: queued), which it does not cover
+    expected_through: int | None = None
+    after_expected: int = 0

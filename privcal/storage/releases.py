@@ -5,13 +5,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_row_id, check_text
 from privcal.storage.audit import now
-from privcal.storage.models import Dataset, ReleaseRow
+from privcal.storage.models import Charge, Dataset, ReleaseRow
 from privcal.storage.records import ReleaseRecord, parse_threshold
+from privcal.storage.verify_releases import PaidBy, paid_by
+
+#: ids per ``IN (…)`` list (SQLite's default limit on bound parameters is 999 in old builds)
+_CHUNK = 500
+
+#: (release id, charge id) of every charge a release of one dataset names, for the given ids:
+#: the elements of ``releases.charge_ids`` (a JSON array), expanded by each backend's function
+_OWNERS = {
+    "postgresql": "SELECT r.id, CAST(j.value AS BIGINT) FROM releases AS r, "
+                  "json_array_elements_text(r.charge_ids) AS j(value) "
+                  "WHERE r.dataset_id = :d AND CAST(j.value AS BIGINT) IN :ids",
+    "sqlite": "SELECT r.id, j.value FROM releases AS r, json_each(r.charge_ids) AS j "
+              "WHERE r.dataset_id = :d AND j.value IN :ids",
+}
 
 __all__ = ["ReleaseStore"]
 
@@ -38,6 +52,38 @@ class ReleaseStore:
         """The release made under ``charge_id`` (its first charge), if any."""
         return s.scalars(select(ReleaseRow.id)
                          .where(ReleaseRow.charge_id == charge_id)).first()
+
+    @staticmethod
+    def charge_owners(s: Session, dataset_id: int, charge_ids: Sequence[int]) -> dict[int, int]:
+        """charge id → the release of ``dataset_id`` that names it among its charges, for
+        those of ``charge_ids`` that one does (a charge pays for one release)."""
+        ids = sorted({int(i) for i in charge_ids})
+        if not ids:
+            return {}
+        backend = s.get_bind().dialect.name
+        stmt = text(_OWNERS["postgresql" if backend == "postgresql" else "sqlite"]
+                    ).bindparams(bindparam("ids", expanding=True))
+        out: dict[int, int] = {}
+        for k in range(0, len(ids), _CHUNK):
+            for rid, cid in s.execute(stmt, {"d": dataset_id, "ids": ids[k:k + _CHUNK]}):
+                out.setdefault(int(cid), int(rid))
+        return out
+
+    @staticmethod
+    def charges_paid(s: Session, charge_ids: Sequence[int]) -> dict[int, PaidBy]:
+        """charge id → what it paid (dataset, scope, amounts), for those of ``charge_ids``
+        that exist."""
+        ids = sorted({int(i) for i in charge_ids})
+        out: dict[int, PaidBy] = {}
+        for k in range(0, len(ids), _CHUNK):
+            for c in s.scalars(select(Charge).where(Charge.id.in_(ids[k:k + _CHUNK]))):
+                out[c.id] = paid_by(c)
+        return out
+
+    def release_charges(self, charge_ids: Sequence[int]) -> dict[int, PaidBy]:
+        """:meth:`charges_paid` in a read transaction of its own."""
+        with self.read() as s:
+            return self.charges_paid(s, charge_ids)
 
     @staticmethod
     def release_record(row: ReleaseRow, dataset_name: str) -> ReleaseRecord:

@@ -28,22 +28,29 @@ _REVISION_LINE = re.compile(
 
 
 @functools.cache
-def _scan_head() -> str | None:
-    """The single head of the migration files (a revision no other one revises), or None
-    if the files do not say so plainly (then Alembic decides)."""
+def _scan() -> tuple[frozenset[str], str | None]:
+    """The revisions of the migration files, and their single head (a revision no other one
+    revises) — None if the files do not say so plainly (then Alembic decides)."""
     revs: set[str] = set()
     downs: set[str] = set()
+    plain = True
     for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
         found = {m.group(1): m.group(3) for m in _REVISION_LINE.finditer(path.read_text())}
         if "revision" not in found:
             continue
         if found["revision"] is None or "down_revision" not in found:
-            return None
+            plain = False
+            continue
         revs.add(found["revision"])
         if found["down_revision"] is not None:
             downs.add(found["down_revision"])
     heads = revs - downs
-    return heads.pop() if len(heads) == 1 else None
+    return frozenset(revs), (heads.pop() if plain and len(heads) == 1 else None)
+
+
+def _scan_head() -> str | None:
+    """The single head of the migration files (:func:`_scan`)."""
+    return _scan()[1]
 
 
 
@@ -101,8 +108,10 @@ class LedgerSchema:
     def check(self) -> str:
         """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``."""
         cur, head = self.current(), self.head_revision()
+        if cur is not None and cur != head and cur not in _scan()[0]:
+            raise SchemaOutOfDate(_foreign(self.url, cur))
         if cur != head:
-            what = "empty (no privcal schema)" if cur is None else f"at revision {cur}"
+            what = "without a privcal schema" if cur is None else f"at revision {cur}"
             raise SchemaOutOfDate(
                 f"ledger {self.url} is {what}, this privcal needs revision {head}: "
                 "run `privcal db upgrade`"
@@ -118,6 +127,9 @@ class LedgerSchema:
         """
         from alembic import command
 
+        cur = self.current()
+        if cur is not None and cur not in _scan()[0]:
+            raise SchemaOutOfDate(_foreign(self.url, cur))
         with self._connect(write=True) as conn:
             try:
                 if self.backend == "postgresql":
@@ -188,3 +200,12 @@ class LedgerSchema:
                 self.upgrade()
             self.check()
             self._schema_ok = True
+
+
+def _foreign(url: str, revision: str) -> str:
+    """The one-line refusal for a database at a revision no migration of this privcal
+    names: a newer privcal wrote it, or another application's Alembic did (red team 5:
+    ``db upgrade`` was advised, and then failed with Alembic's traceback)."""
+    return (f"ledger {url} is at schema revision {revision!r}, which this privcal does not "
+            "know: a newer privcal wrote it (upgrade privcal), or it is not a privcal ledger "
+            "(another application's database: use another --db-url)")

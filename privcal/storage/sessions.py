@@ -14,8 +14,10 @@ message, and its privacy record says each agent's order statistic is revealed.
 Audit: every session write appends an entry (kinds :data:`SESSION_KINDS`) that names
 the session and counts, never subject ids, plus the session's status and a digest of
 its state; each batch's entry commits to a digest of the reports it stored (under its
-``batch`` number). :func:`check_entry`, :func:`check_migration` and
-:func:`check_sessions` are what :meth:`privcal.storage.Ledger.verify` runs on them.
+``batch`` number) and to its ``session_batches`` row (idempotency key, request digest and
+the result a retry replays); a ``session_close`` entry names the session's release (which
+must be a release of the session's dataset). :func:`check_entry`, :func:`check_migration`
+and :func:`check_sessions` are what :meth:`privcal.storage.Ledger.verify` runs on them.
 
 The operations that read and write these tables (lock a session, probe the stored reports,
 insert a batch, …) are :class:`privcal.storage.session_store.SessionStore`'s.
@@ -24,6 +26,7 @@ insert a batch, …) are :class:`privcal.storage.session_store.SessionStore`'s.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -43,7 +46,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from privcal.errors import AuditFailed
 from privcal.storage.audit import jsonable
-from privcal.storage.models import Base
+from privcal.storage.models import Base, ReleaseRow
 from privcal.storage.pseudonyms import reports_digest, state_digest
 
 __all__ = [
@@ -136,6 +139,11 @@ class SessionTally:
     batches: dict[tuple[int, int], tuple[int, str, int]] = field(default_factory=dict)
     #: session → (seq of the last entry stating it, status, state digest)
     state: dict[int, tuple[int, str, str]] = field(default_factory=dict)
+    #: session → (seq of the last entry stating it, its release id: None until one closes it)
+    release: dict[int, tuple[int, Any]] = field(default_factory=dict)
+    #: (session, batch) → (seq of the entry, its ``session_batches`` row as the entry says)
+    batch_rows: dict[tuple[int, int], tuple[int, dict[str, Any]]] = field(
+        default_factory=dict)
 
 
 _STATE_KEYS = ("status", "state_digest")
@@ -144,6 +152,17 @@ _STATE_KEYS = ("status", "state_digest")
 def _note_state(seq: int, sid: int, data: dict[str, Any], tally: SessionTally) -> None:
     if "state_digest" in data:
         tally.state[sid] = (seq, str(data.get("status")), str(data["state_digest"]))
+
+
+def _batch_row(sid: int, data: dict[str, Any]) -> dict[str, Any]:
+    """The ``session_batches`` row a ``session_batch`` entry records (every column but its
+    time): what ``submit_reports`` writes from the same values, and a retry replays."""
+    return {"idempotency_key": data.get("idempotency_key"),
+            "request_digest": data.get("request_digest"),
+            "result": {"session_id": sid, "batch_round": data.get("round"),
+                       "accepted": data.get("accepted"), "rejected": data.get("rejected"),
+                       "reasons": data.get("reasons"), "charge_id": data.get("charge_id"),
+                       "epsilon": data.get("eps0"), "advanced": data.get("advanced")}}
 
 
 def check_entry(
@@ -167,6 +186,7 @@ def check_entry(
         if sid in tally.opened:
             raise AuditFailed(f"audit entry {seq}: session {sid} is opened twice")
         tally.opened.add(sid)
+        tally.release[sid] = (seq, None)
     elif sid not in tally.opened:
         raise AuditFailed(f"audit entry {seq}: session {sid} has a {kind} before it was opened")
     if kind == "session_batch":
@@ -176,6 +196,10 @@ def check_entry(
         tally.accepted[sid] += acc
         if "reports_digest" in data:
             tally.batches[(sid, int(data["batch"]))] = (seq, str(data["reports_digest"]), acc)
+        if "batch" in data:  # written with its session_batches row (migration 0005 on)
+            tally.batch_rows[(sid, int(data["batch"]))] = (seq, _batch_row(sid, data))
+    if "release_id" in data:
+        tally.release[sid] = (seq, data["release_id"])
     _note_state(seq, sid, data, tally)
 
 
@@ -190,14 +214,55 @@ def check_migration(seq: int, data: dict[str, Any], sessions: dict[int, Collecti
         _note_state(seq, sid, doc, tally)
 
 
+def _check_releases(sessions: dict[int, CollectionSession], tally: SessionTally,
+                    releases: Mapping[int, Any]) -> None:
+    """Each session's release is the one its last entry named, and a release of its dataset."""
+    for sid, row in sorted(sessions.items()):
+        seq, logged = tally.release.get(sid, (0, None))
+        if row.release_id != logged:
+            raise AuditFailed(f"audit entry {seq}: session {sid}'s release is "
+                              f"{row.release_id}, but the log records {logged} (row edited)")
+        rel = releases.get(row.release_id) if row.release_id is not None else None
+        if row.release_id is not None and (rel is None or rel.dataset_id != row.dataset_id):
+            raise AuditFailed(f"audit entry {seq}: session {sid}'s release {row.release_id} "
+                              "is not a release of the session's dataset")
+
+
+def _check_batch_rows(s: Session, tally: SessionTally) -> None:
+    """Each ``session_batches`` row is what its batch's entry recorded: its idempotency key,
+    request digest and result (which a retry under the key replays)."""
+    want = dict(tally.batch_rows)
+    for b in s.scalars(select(SessionBatch).order_by(SessionBatch.session_id,
+                                                     SessionBatch.batch)):
+        logged = want.pop((b.session_id, b.batch), None)
+        if logged is None:
+            raise AuditFailed(f"session {b.session_id}: batch {b.batch} of session_batches "
+                              "has no audit entry (row inserted or edited)")
+        got = {"idempotency_key": b.idempotency_key, "request_digest": b.request_digest,
+               "result": b.result}
+        if got != logged[1]:
+            raise AuditFailed(f"audit entry {logged[0]}: session {b.session_id}'s batch "
+                              f"{b.batch} (its idempotency key, request digest or recorded "
+                              "result) differs from what the log recorded (row edited)")
+    if want:
+        (sid, batch), (seq, _) = min(want.items())
+        raise AuditFailed(f"audit entry {seq}: session {sid}'s batch {batch} is missing from "
+                          "session_batches (row deleted)")
+
+
 def check_sessions(s: Session, sessions: dict[int, CollectionSession],
-                   tally: SessionTally) -> None:
-    """Every session has an open entry; its status and state are those its last entry
-    recorded; its stored reports are exactly the logged ones, batch by batch."""
+                   tally: SessionTally, releases: Mapping[int, Any] | None = None) -> None:
+    """Every session has an open entry; its status, state and release are those its last
+    entries recorded (``releases``: release id → row, to check the release is of the
+    session's dataset); its stored reports and batch rows are exactly the logged ones,
+    batch by batch."""
     missing = sorted(set(sessions) - tally.opened)
     if missing:
         raise AuditFailed(f"session {missing[0]} has no audit entry (row inserted outside "
                           "privcal, or its entry deleted)")
+    _check_releases(sessions, tally, releases if releases is not None else {
+        r.id: r for r in s.scalars(select(ReleaseRow))})
+    _check_batch_rows(s, tally)
     for sid, row in sorted(sessions.items()):
         last = tally.state.get(sid)
         if last is None:

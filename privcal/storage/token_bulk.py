@@ -29,7 +29,7 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
     exists, as for ``create_token``."""
     if isinstance(session, bool) or not isinstance(session, int) or session < 1:
         raise InvalidInput("session must be a positive integer")
-    subs = [_text(str(x), "subject") for x in subjects]
+    subs = [_text(str(x), "subject", ident=True) for x in subjects]
     if len(set(subs)) != len(subs):
         raise InvalidInput("subjects must be distinct (one device token per subject)")
     if expires_in is not None and expires_in.total_seconds() <= 0:

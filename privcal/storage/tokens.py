@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -35,7 +36,7 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from privcal.errors import InvalidInput, NotFound
+from privcal.errors import InvalidInput, NotFound, utf8_problem
 from privcal.storage.audit import now
 from privcal.storage.models import AuditEntry, Base
 from privcal.storage.pseudonyms import BATCH_IDS_PG
@@ -43,30 +44,16 @@ from privcal.storage.records import UTCDateTime
 from privcal.storage.sessions import SessionReport
 from privcal.storage.token_secrets import DUMMY_HASH, new_secret, usable
 
-__all__ = [
-    "ROLES",
-    "ApiToken",
-    "IdemOutcome",
-    "IdempotencyRecord",
-    "NewToken",
-    "TokenInfo",
-    "audit_entries",
-    "authenticate",
-    "create_token",
-    "finish_idempotent",
-    "forget_idempotent",
-    "list_tokens",
-    "presented_token",
-    "reserve_idempotent",
-    "revoke_token",
-    "stored_report",
-    "verify_presented",
-]
+__all__ = ["ROLES", "ApiToken", "IdemOutcome", "IdempotencyRecord", "NewToken", "TokenInfo",
+           "audit_entries", "authenticate", "create_token", "finish_idempotent",
+           "forget_idempotent", "list_tokens", "presented_token", "reserve_idempotent",
+           "revoke_token", "stored_report", "token_texts", "verify_presented"]
 
 Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
 ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
 TOKEN_PREFIX = "pcl_"
 _TOKEN_RE = re.compile(r"^pcl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: a pending reservation older than this is taken over by a retry (its request died)
 PENDING_TTL = timedelta(minutes=5)
 
@@ -142,12 +129,26 @@ def _info(t: ApiToken) -> TokenInfo:
                      created_at=t.created_at, expires_at=t.expires_at, revoked_at=t.revoked_at)
 
 
-def _text(v: Any, what: str) -> str | None:
+def _text(v: Any, what: str, *, ident: bool = False) -> str | None:
+    """``v`` if 1-200 characters, storable, no end blank, no control (a name) / NFC (an id)."""
     if v is None:
         return None
     if not isinstance(v, str) or not v or len(v) > 200 or v != v.strip():
         raise InvalidInput(f"{what} must be 1 to 200 characters without surrounding spaces")
+    bad = utf8_problem(v) or (
+        ("is not in Unicode NFC" if not unicodedata.is_normalized("NFC", v) else None) if ident
+        else ("contains a control character" if _CONTROL.search(v) else None))
+    if bad is not None:
+        raise InvalidInput(f"{what} {bad}")
     return v
+
+
+def token_texts(*, name: str | None, datasets: Sequence[str], subject: str | None,
+                agent: str | None) -> tuple[str | None, list[str], str | None, str | None]:
+    """A token's name, dataset names, subject and agent, checked (:func:`_text`)."""
+    ds = [str(_text(str(d), "dataset name")) for d in datasets]
+    return (_text(name, "name"), ds, _text(subject, "subject", ident=True),
+            _text(agent, "agent", ident=True))
 
 
 def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
@@ -174,13 +175,11 @@ def create_token(
     expires_in: timedelta | None = None,
 ) -> NewToken:
     """Create a token; the caller checks that the named datasets/session exist."""
-    datasets = [str(d) for d in datasets]
-    for d in datasets:
-        _text(d, "dataset name")
+    name, datasets, subject, agent = token_texts(name=name, datasets=datasets,
+                                                 subject=subject, agent=agent)
     if session is not None and (isinstance(session, bool) or not isinstance(session, int)
                                 or session < 1):
         raise InvalidInput("session must be a positive integer")
-    subject, agent, name = _text(subject, "subject"), _text(agent, "agent"), _text(name, "name")
     check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
     if expires_in is not None and expires_in.total_seconds() <= 0:
         raise InvalidInput("expiry must be in the future")
@@ -211,7 +210,8 @@ def list_tokens(ledger: Any) -> list[TokenInfo]:
 def revoke_token(ledger: Any, token_id: str) -> TokenInfo:
     """Revoke now (idempotent: revoking a revoked token keeps its first revocation time)."""
     def tx(s: Session) -> TokenInfo:
-        row = s.get(ApiToken, str(token_id))
+        tid = str(token_id)
+        row = s.get(ApiToken, tid) if re.fullmatch("[0-9a-f]{16}", tid) else None  # NUL: PG
         if row is None:
             raise NotFound(f"unknown token {token_id!r}")
         if row.revoked_at is None:
@@ -344,8 +344,8 @@ class AuditEntryDoc(BaseModel):
 
 def audit_entries(ledger: Any, *, after: int = 0, limit: int = 100) -> list[AuditEntryDoc]:
     """Entries with ``seq > after``, in order, at most ``limit`` (≤ 1000)."""
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise InvalidInput("after must be an integer ≥ 0")
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**31:
+        raise InvalidInput("after must be an integer in [0, 2³¹−1]")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise InvalidInput("limit must be an integer in [1, 1000]")
     ledger.sequence_audit(read_only_ok=True)  # every committed entry chained first

@@ -2,10 +2,13 @@
 
 :meth:`LedgerVerifier.verify` (``Ledger.verify``) names the first entry or row that does not
 verify: a broken hash or link, a gap, a payload that is not canonical, an edited or
-unlogged dataset/charge/release row, running totals or per-subject spends that the logged
-charges do not add up to, collection sessions that differ from what their entries
-committed, a replaced ledger secret, a truncated or rewritten log (``expect_head``, a
-signed head). Per-subject spends are recomputed by :mod:`privcal.storage.verify_subjects`.
+unlogged dataset/charge/release row, a release its charges do not pay for, running totals
+or per-subject spends that the logged charges do not add up to, collection sessions (and
+their batches and release) that differ from what their entries committed, a replaced
+ledger secret, a truncated or rewritten log (``expect_head``, a signed head), an entry
+the signed head does not cover (chained after it, or still queued). Per-subject spends
+are recomputed by :mod:`privcal.storage.verify_subjects`, the payment of every release by
+:mod:`privcal.storage.verify_releases`.
 The recomputation of every release's *guarantees* with the installed calibrators is
 :mod:`privcal.accountant.verification`, on top of this.
 """
@@ -37,6 +40,7 @@ from privcal.storage.models import (
     spend_units,
 )
 from privcal.storage.records import VerifyReport
+from privcal.storage.verify_releases import check_release_charges
 from privcal.storage.verify_subjects import check_subject_spends
 
 #: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
@@ -203,11 +207,14 @@ class LedgerVerifier:
         committed, a replaced ledger secret, and — with ``expect_head="SEQ:HASH"`` — a log
         truncated before SEQ or rewritten up to it.
 
+        ``expect_head`` proves the prefix up to SEQ only: the entries after it, chained or
+        still queued, verify and are counted in ``after_expected``.
         ``signed_head`` (a :class:`~privcal.storage.signing.SignedHead`, its document or
         file) with ``trusted_key`` (an Ed25519 public key or its PEM file): the signature
-        must verify, the log must contain the signed head, and every later entry is one
-        the key holder did not sign — a failure naming the first, unless
-        ``allow_unsigned_tail`` (then counted in ``unsigned_entries``).
+        must verify, the log must contain the signed head, and every later entry — chained,
+        or still in ``audit_queue`` (a read-only connection cannot chain it) — is one the
+        key holder did not sign: a failure naming the first, unless ``allow_unsigned_tail``
+        (then counted in ``unsigned_entries``).
 
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
@@ -306,22 +313,29 @@ class LedgerVerifier:
                 if w_seq == 0 and w_hash != audit.GENESIS:
                     raise AuditFailed(f"audit entry 0: the {w_what}'s hash is not the genesis "
                                       "hash")
+            queued = _check_queue(s, self.backend, last, check)  # type: ignore[attr-defined]
+            # a queued entry is after every head: a signed head does not cover it either
             unsigned = 0
             if signed is not None:
-                unsigned = last - signed.seq
+                unsigned = last - signed.seq + len(queued)
                 if unsigned > 0 and not allow_unsigned_tail:
+                    first = (f"audit entry {signed.seq + 1}" if last > signed.seq else
+                             f"queued audit entry (queue id {queued[0].id}, not yet chained; "
+                             f"it would be entry {last + 1})")
                     raise AuditFailed(
-                        f"audit entry {signed.seq + 1}: not signed by the trusted key (the signed "
-                        f"head is entry {signed.seq}, signed {signed.time}; {unsigned} later "
-                        "entr" + ("y is" if unsigned == 1 else "ies are") + " unsigned: "
-                        "appended since, or forged)")
-            queued = _check_queue(s, self.backend, last, check)  # type: ignore[attr-defined]
+                        f"{first}: not signed by the trusted key (the signed head is entry "
+                        f"{signed.seq}, signed {signed.time}; {unsigned} later "
+                        "entr" + ("y is" if unsigned == 1 else "ies are") + " unsigned"
+                        + (f", {len(queued)} of them still queued" if queued else "")
+                        + ": appended since, or forged; --allow-unsigned-tail verifies them "
+                        "as unsigned)")
             for kind, rows in (("dataset", datasets), ("charge", charges), ("release", releases)):
                 missing = sorted(set(rows) - set(tally.logged[kind]))
                 if missing:
                     raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
                                       "outside privcal, or its entry deleted)")
-            _sessions.check_sessions(s, tally.coll, tally.sessions)
+            check_release_charges(releases, charges, tally.logged["release"])
+            _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
             self._check_totals(s, datasets, charges)
             check_subject_spends(s, datasets, charges, tally.logged["charge"],
                                  tally.migration)
@@ -330,7 +344,10 @@ class LedgerVerifier:
                                 signed_through=signed.seq if signed is not None else None,
                                 queued=len(queued),
                                 queued_since=queued[0].created_at if queued else None,
-                                unsigned_entries=unsigned)
+                                unsigned_entries=unsigned,
+                                expected_through=want[0] if want is not None else None,
+                                after_expected=(last - want[0] + len(queued)
+                                                if want is not None else 0))
 
     @staticmethod
     def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:

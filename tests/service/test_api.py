@@ -220,13 +220,13 @@ def test_device_token_refused_for_shuffled_and_ingestor_posts(live: Live) -> Non
     with live.client(token=live.token("analyst", name="ann-ad", datasets=["ad"])) as c:
         r = c.post("/v1/datasets/ad/sessions", json={
             "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 1,
-            "group_size": 3, "shuffled": True})
+            "group_size": 3, "shuffled": True}, headers={"Idempotency-Key": "open-ad"})
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
     with live.client("analyst") as c:  # on a zCDP cap it is refused, nothing written
         r = c.post("/v1/datasets/d/sessions", json={
             "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 1,
-            "group_size": 3, "shuffled": True})
+            "group_size": 3, "shuffled": True}, headers={"Idempotency-Key": "open-d"})
         assert r.status_code == 409 and "cannot be charged an (ε, δ) cost" in r.text
     with pytest.raises(InvalidInput, match="shuffled"):
         live.token("device", session=sid, subject="s")

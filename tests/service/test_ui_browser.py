@@ -18,6 +18,8 @@ CHROMIUM = os.environ.get("PRIVCAL_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 HOSTILE = "<script>alert(1)</script>"
+#: a dataset name is one URL segment (no '/'): markup without one
+HOSTILE_NAME = "<img src=x onerror=alert(1)>"
 
 
 def _browser_or_skip() -> Any:
@@ -33,7 +35,8 @@ def _browser_or_skip() -> Any:
 def test_auditor_view_in_chromium(live: Live) -> None:
     sync_api = _browser_or_skip()
     with live.client("admin") as c:
-        assert c.post("/v1/datasets", json={"name": HOSTILE, "epsilon": "1"}).status_code == 201
+        assert c.post("/v1/datasets", json={"name": HOSTILE_NAME,
+                                            "epsilon": "1"}).status_code == 201
     with live.client("analyst") as c:
         for rho in ("0.1", "0.3", "0.2"):
             r = c.post("/v1/datasets/d/charges", json={"cost": {"rho": rho}, "purpose": HOSTILE},
@@ -58,8 +61,8 @@ def test_auditor_view_in_chromium(live: Live) -> None:
             assert ck["httpOnly"] and ck["sameSite"] == "Strict"
             # the hostile name is text, not markup
             names = page.locator(".dataset-name").all_inner_texts()
-            assert HOSTILE in names and "d" in names
-            assert page.locator("script").count() == 0
+            assert HOSTILE_NAME in names and "d" in names
+            assert page.locator("script").count() == 0 and page.locator("img").count() == 0
             # d's chart: 3 charges → 3 points rising to 60 % of the cap
             art = page.locator("article.dataset", has=page.locator(".dataset-name",
                                                                    has_text="d")).last

@@ -46,14 +46,26 @@ class Guarantee:
 
     @property
     def statement(self) -> str:
-        """One sentence."""
+        """One sentence, with the neighbouring relation it is about (:data:`NEIGHBOURING`)."""
         if self.nonprivate:
             return (f"every private release from this dataset, however the requests adapt, "
                     f"is (with all the others) ({dstr(self.epsilon)}, {dstr(self.delta)})-DP "
-                    f"[{self.rule}]; its non-private releases (its policy allows them) have "
-                    "no privacy guarantee")
+                    f"[{self.rule}] {NEIGHBOURING}; its non-private releases (its policy "
+                    "allows them) have no privacy guarantee")
         return (f"everything released from this dataset, however the requests adapt, is "
-                f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}]")
+                f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}] {NEIGHBOURING}")
+
+
+#: the neighbouring relation of a dataset's guarantee. Each release states its own
+#: (``privacy.neighbouring``); a composition holds for the pairs that are neighbours for every
+#: release, so a release with a narrower relation narrows the whole (red team 5: LDP-CP-L
+#: sends features in the clear, and a Mondrian release assumes public groups)
+NEIGHBOURING = (
+    "for neighbouring datasets in the sense each release states (its privacy "
+    "'neighbouring', e.g. one record substituted, n public): once a release states a "
+    "narrower sense (LDP-CP-L: one subject's label, features public; Mondrian: groups "
+    "public), the whole holds only for datasets that are neighbours in that sense too"
+)
 
 
 def filter_guarantee(policy: Policy, reporting_delta: Decimal,

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privcal.accountant.accountant import Accountant
-from privcal.accountant.normalize import json_safe, optional_text, request_digest
+from privcal.accountant.normalize import idempotency_key as idempotency_key_text
+from privcal.accountant.normalize import json_safe, request_digest
 from privcal.accountant.sessions import parsing as P
 from privcal.accountant.sessions import records as R
 from privcal.accountant.sessions.records import SubmitResult
@@ -191,7 +192,7 @@ def submit_reports(
         raise InvalidInput(f"the batch has {sids.shape[0]} subject ids but {vals.shape[0]} values")
     n = int(sids.shape[0])
     ledger = accountant.ledger
-    key = optional_text(idempotency_key, "idempotency key")
+    key = idempotency_key_text(idempotency_key)
     skey = ledger.subject_key()
     # stored and looked up, never the ids: one HMAC per id, once per batch (raw S32 bytes)
     praw = pseudonyms_raw(skey, sids.tolist())

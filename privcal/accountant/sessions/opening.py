@@ -1,16 +1,27 @@
 """Opening a collection session: validate the request, plan the protocol, check the budget
 it will need, and (shuffled, on an (ε, δ) dataset) charge the amplified central cost, in
 one transaction that also writes the session row and its ``session_open`` audit entry.
+With an idempotency key that charge is made under the key (its request digest is the open
+request's), and a retry returns the session it opened instead of charging again.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from privcal.accountant import privacy as acc
 from privcal.accountant.accountant import Accountant
-from privcal.accountant.charges import charge_in_session
-from privcal.accountant.normalize import cost_json, json_safe, normalize_cost, optional_text
+from privcal.accountant.calibration_run import public as public_numbers
+from privcal.accountant.charges import charge_in_session, check_replay
+from privcal.accountant.normalize import (
+    cost_json,
+    json_safe,
+    normalize_cost,
+    optional_text,
+    request_digest,
+)
+from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.sessions.records import METHODS, SessionInfo
 from privcal.accountant.sessions.state import dump_protocol, info_of, number
 from privcal.calibrators import registry
@@ -18,7 +29,7 @@ from privcal.calibrators.base import DataShape
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.costs import ApproxDP, LocalDP
-from privcal.errors import BudgetRefused, InvalidInput
+from privcal.errors import BudgetRefused, InvalidInput, LedgerError, NotFound
 from privcal.storage.audit import now
 from privcal.storage.pseudonyms import state_digest
 from privcal.storage.sessions import session_doc
@@ -27,6 +38,10 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 __all__ = ["open_session"]
+
+#: the purpose of a shuffled session's central charge: it names the session it opened
+_PURPOSE = "session {id}: {method} (shuffled, amplified central cost)"
+_PURPOSE_ID = re.compile(r"^session (\d+): ")
 
 
 def open_session(
@@ -49,6 +64,7 @@ def open_session(
     failure_probability: float | None = None,
     shuffled: bool = False,
     requester: str | None = None,
+    idempotency_key: str | None = None,
 ) -> SessionInfo:
     """Open a collection session and publish round 0's query (ldp-score) or the plan (fed).
 
@@ -58,6 +74,15 @@ def open_session(
     and n and a dataset that
     allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
     (ε, δ) and charges it to an (ε, δ) dataset now. Writes nothing on bad input.
+
+    ``idempotency_key`` (shuffled sessions: the ones charged when they open) binds the
+    central charge to this open request, as :meth:`Accountant.charge
+    <privcal.accountant.Accountant.charge>` binds a charge: a retry with the same key and
+    request returns the session that charge opened, charged once (e.g. after a crash before
+    the caller learned the session's id); another request under the key is an InvalidInput
+    naming it. A session that is not shuffled charges nothing when it opens and takes no key;
+    a shuffled one whose amplification does not improve on ε0 charges nothing centrally, and
+    its key is not recorded (a retry opens another session, charging nothing).
     """
     from privcal.accountant.amplification import (
         check_shuffle_method,
@@ -72,6 +97,12 @@ def open_session(
     if shuffled and method != "fedcp-qq":
         check_shuffle_method(method)
     requester = optional_text(requester, "requester")
+    key = idempotency_key_text(idempotency_key)
+    if key is not None and not shuffled:
+        raise InvalidInput("an idempotency key binds the central charge of a shuffled session, "
+                           "made when it opens; this session is not shuffled and charges "
+                           "nothing when it opens (its subjects are charged per report): give "
+                           "no key")
     alpha = number(alpha, "α")
     if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
         delta = failure_probability
@@ -79,12 +110,17 @@ def open_session(
         upper = smax
     info = accountant.dataset(dataset)  # NotFound before any other work
     cal = registry.get(method).calibrator
+    # the plan, cost and amplification from public numbers: a numeric failure at the edge of
+    # the float range (ε = 5e-324) is a one-line InvalidInput, and nothing is written
+    def public(fn: Any) -> Any:
+        return public_numbers(method, fn)
+
     state: dict[str, Any] = {"total": 0, "charge_ids": []}
     if method == "ldp-score":
         for name, v in (("epsilon", epsilon), ("rounds", rounds), ("group size", group_size)):
             if v is None:
                 raise InvalidInput(f"ldp-score sessions need --{name.replace(' ', '-')}")
-        proto = LdpScoreProtocol.open(
+        proto = public(LdpScoreProtocol.open)(
             alpha=alpha, epsilon=number(epsilon, "ε"),
             rounds=number(rounds, "rounds", integer=True),
             group_size=number(group_size, "group size", integer=True),
@@ -101,7 +137,7 @@ def open_session(
         if method == "fedcp2-qq":
             if epsilon is None:
                 raise InvalidInput("fedcp2-qq sessions need --epsilon")
-            plan: Fed2Plan | FedPlan = plan_fedcp2_qq(
+            plan: Fed2Plan | FedPlan = public(plan_fedcp2_qq)(
                 m, n, alpha, number(epsilon, "ε"), bins=number(bins, "bins", integer=True),
                 smax=number(upper, "upper"), lower=number(lower, "lower"))
             p = cal.Params.model_validate({"alpha": alpha, "epsilon": plan.epsilon,
@@ -110,11 +146,11 @@ def open_session(
         else:
             if epsilon is not None or shuffled:
                 raise InvalidInput("fedcp-qq is not private: it takes no ε and no --shuffled")
-            plan = plan_fedcp_qq(m, n, alpha)
+            plan = public(plan_fedcp_qq)(m, n, alpha)
             p = cal.Params.model_validate({"alpha": alpha})
         shape = DataShape(n=m * n, group_sizes=(n,) * m)
         state["plan"] = plan.model_dump(mode="json")
-    cost = cal.cost(p, shape)
+    cost = public(cal.cost)(p, shape)
     if cost is None and not info.allow_nonprivate:
         raise BudgetRefused(
             f"non-private release refused: {method} is not differentially private and dataset "
@@ -137,16 +173,27 @@ def open_session(
         if method == "fedcp-qq":
             raise InvalidInput("fedcp-qq has no shuffled variant")
         # only a proven amplification (ldp-score), charged to a cap that can hold it (14.5/6)
-        amplified, extra = shuffled_guarantee(method, p, shape, info.reporting_delta)
+        amplified, extra = public(shuffled_guarantee)(method, p, shape, info.reporting_delta)
         check_shuffled_dataset(info)
         state["privacy_extra"] = json_safe(extra)
         if amplified is not None:
             central = normalize_cost(amplified)  # type: ignore[assignment]
             state["central_cost"] = cost_json(central)  # type: ignore[arg-type]
     params = json_safe(p.model_dump(mode="python"))
+    digest = None
+    if key is not None and central is not None:  # the open request, as a charge's (16.1)
+        digest = request_digest({"kind": "session_open", "method": method, "params": params,
+                                 "shape": shape.model_dump(mode="python"), "shuffled": True,
+                                 "dataset": dataset, "cost": cost_json(central)})
 
     def tx(s: Session) -> SessionInfo:
         ds = accountant.ledger.lock_dataset(s, dataset)
+        if digest is not None:
+            assert key is not None
+            old = accountant.ledger.charge_by_key(s.connection(), ds.id, key)
+            if old is not None:  # a retry: the session its charge opened, or the key's error
+                check_replay(old, key, digest, scope="dataset", same_cost=False)
+                return _opened_by(accountant, s, old, ds)
         t = now()
         row = accountant.ledger.insert_session(s, {
             "dataset_id": ds.id, "method": method, "params": params, "state": {},
@@ -155,8 +202,8 @@ def open_session(
         st = dict(state)
         if central is not None:
             c = charge_in_session(accountant.ledger, s, ds, central,
-                                  f"session {row.id}: {method} (shuffled, amplified central "
-                                  "cost)", requester, None)
+                                  _PURPOSE.format(id=row.id, method=method), requester,
+                                  key if digest is not None else None, digest)
             st["central_charge_id"] = c.id
         accountant.ledger.update_session(s, row, state=st)
         accountant.ledger.append_audit(s, "session_open", {
@@ -164,3 +211,18 @@ def open_session(
         return info_of(accountant.ledger, s, row, ds.name)
 
     return accountant.ledger.write(tx)
+
+
+def _opened_by(accountant: Accountant, s: Session, charge: Any, ds: Any) -> SessionInfo:
+    """The session whose opening was charged ``charge`` (a replayed key): its charge's
+    purpose names it, and the session's state names the charge back."""
+    m = _PURPOSE_ID.match(charge.purpose or "")
+    try:
+        row = accountant.ledger.session_row(s, int(m.group(1))) if m else None
+    except NotFound:
+        row = None
+    if row is None or row.dataset_id != ds.id \
+            or (row.state or {}).get("central_charge_id") != charge.id:
+        raise LedgerError(f"charge {charge.id}, made under this idempotency key for opening a "
+                          "session, names no session that it opened")
+    return info_of(accountant.ledger, s, row, ds.name)

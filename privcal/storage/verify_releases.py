@@ -1,0 +1,158 @@
+"""Verifying that every release was paid for (red team 5, F1).
+
+A private release must name at least one charge; each of its charges must be of its own
+dataset and pay for no other release; and together they must cost at least what its
+privacy record says the release cost: a central cost (ε, ρ or (ε, δ)) is covered by the
+dataset-scope charges of its kind, summed; a local-DP cost ε0 by per-subject charges, each
+of which charged every subject at least ε0 (each report used was paid for); a local run's
+or session's ``central_cost`` (the amplified (ε, δ) of a shuffle) by dataset-scope charges
+on top. A non-private release (``model`` ``none``, no cost) needs no charge.
+
+:func:`shortfall` is the rule, applied where a release is recorded
+(:func:`privcal.accountant.releases.record_release` refuses it, nothing written), by
+:func:`check_release_charges` (part of :meth:`privcal.storage.verify.LedgerVerifier.verify`)
+to the recorded privacy record, and by :mod:`privcal.accountant.verification` to the one it
+recomputes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, parse_cost
+from privcal.errors import AuditFailed, PrivcalError
+
+__all__ = ["PaidBy", "check_release_charges", "paid_by", "shortfall"]
+
+
+@dataclass(frozen=True)
+class PaidBy:
+    """What one charge paid: its dataset, scope and amounts (a charge row's cost columns)."""
+
+    id: int
+    dataset_id: int
+    scope: str  # dataset | subjects
+    notion: str  # pure | zcdp | approx | local
+    epsilon: Decimal | None = None
+    delta: Decimal | None = None
+    rho: Decimal | None = None
+    eps0: Decimal | None = None
+
+
+def paid_by(c: Any) -> PaidBy:
+    """A charge row (ORM or named tuple) as a :class:`PaidBy`."""
+    return PaidBy(id=c.id, dataset_id=c.dataset_id, scope=c.scope, notion=c.notion,
+                  epsilon=c.epsilon, delta=c.delta, rho=c.rho, eps0=c.eps0)
+
+
+def _d(x: Decimal | None) -> Decimal:
+    return Decimal(0) if x is None else Decimal(x)
+
+
+def _plain(d: Decimal) -> str:
+    return format(d.normalize(), "f") if d else "0"
+
+
+def shortfall(privacy: Any, charges: Sequence[Any]) -> str | None:
+    """Why ``charges`` (each with ``id``, ``scope``, ``notion``, ``epsilon``, ``delta``,
+    ``rho``, ``eps0``) do not pay for a release whose privacy record is ``privacy``, as the
+    end of a sentence about the release; None if they do (module docstring)."""
+    if not isinstance(privacy, Mapping):
+        return "has a privacy record that is not an object"
+    cost_doc, central_doc = privacy.get("cost"), privacy.get("central_cost")
+    if cost_doc is None and central_doc is None and privacy.get("model") in (None, "none"):
+        return None  # non-private: nothing to pay
+    if not charges:
+        return "is private but names no charge that paid for it"
+    try:
+        cost = parse_cost(cost_doc) if cost_doc is not None else None  # type: ignore[arg-type]
+        central = parse_cost(central_doc) if central_doc is not None else None  # type: ignore[arg-type]
+    except (PrivcalError, ValueError, TypeError):
+        return "has a privacy cost that cannot be read"
+    if central is not None and isinstance(central, LocalDP):
+        return "records a local-DP central_cost"
+    ids = [c.id for c in charges]
+    if isinstance(cost, LocalDP):
+        local = [c for c in charges if c.scope == "subjects" and c.notion == "local"]
+        if not local:
+            return (f"costs ε0 = {_plain(cost.eps0)} per subject, but none of its charges "
+                    f"{ids} is a per-subject charge")
+        low = [c for c in local if _d(c.eps0) < cost.eps0]
+        if low:
+            return (f"costs ε0 = {_plain(cost.eps0)} per subject, but charge {low[0].id} "
+                    f"charged each subject ε0 = {_plain(_d(low[0].eps0))}")
+    need = {"pure": [Decimal(0)], "zcdp": [Decimal(0)], "approx": [Decimal(0), Decimal(0)]}
+    wanted = False
+    for c in (cost, central):
+        if isinstance(c, PureDP):
+            need["pure"][0] += c.eps
+        elif isinstance(c, ZCDP):
+            need["zcdp"][0] += c.rho
+        elif isinstance(c, ApproxDP):
+            need["approx"][0] += c.eps
+            need["approx"][1] += c.delta
+        else:
+            continue
+        wanted = True
+    if not wanted:
+        return None
+    got = {"pure": [Decimal(0)], "zcdp": [Decimal(0)], "approx": [Decimal(0), Decimal(0)]}
+    central_ids: dict[str, list[int]] = {k: [] for k in got}
+    for c in charges:
+        if c.scope != "dataset" or c.notion not in got:
+            continue
+        central_ids[c.notion].append(c.id)
+        if c.notion == "pure":
+            got["pure"][0] += _d(c.epsilon)
+        elif c.notion == "zcdp":
+            got["zcdp"][0] += _d(c.rho)
+        else:
+            got["approx"][0] += _d(c.epsilon)
+            got["approx"][1] += _d(c.delta)
+    names = {"pure": ("ε",), "zcdp": ("ρ",), "approx": ("ε", "δ")}
+    for kind, want in need.items():
+        if not any(want):
+            continue
+        if not central_ids[kind]:
+            what = ", ".join(f"{n} = {_plain(w)}" for n, w in zip(names[kind], want, strict=True))
+            return (f"costs {what} ({kind}), but none of its charges {ids} is a {kind} charge "
+                    "of the dataset")
+        for n, w, g in zip(names[kind], want, got[kind], strict=True):
+            if g < w:
+                return (f"costs {n} = {_plain(w)} ({kind}), but its charges "
+                        f"{central_ids[kind]} cost {n} = {_plain(g)} in all")
+    return None
+
+
+def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any],
+                          seqs: Mapping[int, int]) -> None:
+    """Every release row paid for by charges of its own dataset that pay for no other
+    release, costing at least its recorded privacy cost (:func:`shortfall`); AuditFailed
+    naming the release's audit entry (``seqs``: release id → seq) otherwise."""
+    owner: dict[int, int] = {}
+    for rid, r in sorted(releases.items()):
+        where = f"audit entry {seqs.get(rid, 0)}: release {rid}"
+        ids = r.charge_ids
+        if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise AuditFailed(f"{where}: its charge_ids are not a list of charge ids")
+        if r.charge_id != (ids[0] if ids else None) or len(set(ids)) != len(ids):
+            raise AuditFailed(f"{where}: its charge_id is not the first of its charge_ids, or "
+                              "a charge is named twice")
+        for cid in ids:
+            c = charges.get(cid)
+            if c is None:
+                raise AuditFailed(f"{where}: charge {cid} is missing from the ledger")
+            if c.dataset_id != r.dataset_id:
+                raise AuditFailed(f"{where}: charge {cid} is a charge of another dataset "
+                                  "(it paid nothing towards this dataset's release)")
+            if cid in owner:
+                raise AuditFailed(f"{where}: charge {cid} already paid for release "
+                                  f"{owner[cid]} (a charge pays for one release)")
+            owner[cid] = rid
+        why = shortfall(r.privacy, [charges[i] for i in ids])
+        if why is not None:
+            raise AuditFailed(f"{where} {why} (not paid for)")
