@@ -239,3 +239,30 @@ def test_a_ledger_at_a_revision_this_privcal_does_not_know_is_named_so(ledger_ur
 def test_completion_with_json_prints_one_document(ledger_url: str, tmp_path: Path) -> None:
     doc = json.loads(CliEnv(ledger_url, tmp_path).run("--json", "completion", "bash").stdout)
     assert doc["shell"] == "bash" and "_PRIVCAL_COMPLETE" in doc["script"]
+
+
+def test_a_replay_on_a_ledger_from_before_digests_keeps_the_runs_central_charge(
+        accountant: Any) -> None:
+    """Charges written before migration 0005 carry no request digest: the batch and its
+    ``KEY#central`` charge are then matched as they were then, not dropped."""
+    acct = accountant
+    acct.create_dataset("l", rho=1, subject_epsilon=10)
+    first = acct.charge_subjects("l", "1", ["a", "b"], central_cost=ZCDP(rho="0.01"),
+                                 idempotency_key="job")
+    with acct.ledger.engine.begin() as conn:  # as an old ledger holds them
+        conn.execute(text("UPDATE charges SET request_digest = NULL"))
+    again = acct.charge_subjects("l", "1", ["a", "b"], central_cost=ZCDP(rho="0.01"),
+                                 idempotency_key="job")
+    assert first.central is not None and again.central is not None
+    assert again.central.charge_id == first.central.charge_id
+
+
+def test_json_nested_past_the_stack_is_invalid_not_a_crash() -> None:
+    import json as _json
+
+    from privcal.service.json_body import check_unique_keys, loads_strict
+
+    with pytest.raises(_json.JSONDecodeError, match="nested too deeply"):
+        loads_strict(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        check_unique_keys(b'{"a":' * 50_000 + b"1" + b"}" * 50_000)

@@ -122,10 +122,13 @@ def charge_subjects(
                              same_cost=old.eps0 == cost0.eps0)
                 # the run's own central charge: under KEY#central *and* for this request
                 # (both rows carry its digest; a caller cannot take the suffix, but a
-                # ledger written before it was reserved may hold such a key)
+                # ledger written before it was reserved may hold such a key). Both written
+                # before migration 0005 (no digests): the run's, as they were then.
                 central_old = ledger.charge_by_key(conn, ds.id, key + CENTRAL_KEY_SUFFIX)
-                if central_old is not None and (central_old.request_digest != digest
-                                                or old.request_digest != digest):
+                legacy = old.request_digest is None and central_old is not None and (
+                    central_old.request_digest is None and central_old.scope == "dataset")
+                if central_old is not None and not legacy and (
+                        central_old.request_digest != digest or old.request_digest != digest):
                     central_old = None
                 mask = None
                 if old.members_digest is not None:  # recover who was charged

@@ -60,6 +60,9 @@ def loads_strict(raw: str | bytes) -> Any:
         return json.loads(raw, object_pairs_hook=_pairs)
     except _Dup as exc:
         raise DuplicateKey(exc.key, raw) from None
+    except RecursionError:  # nested past the interpreter's stack: invalid here, not a 500
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
 
 
 #: every string token of a JSON text (group 2: followed by ':', i.e. an object key)
@@ -85,8 +88,12 @@ def check_unique_keys(raw: str | bytes, what: str = "body") -> None:
         loads_strict(raw)
     except DuplicateKey as exc:
         raise InvalidInput(f"{what}: invalid JSON: {exc.msg}") from None
-    except ValueError:
+    except json.JSONDecodeError as exc:
+        if exc.msg == "nested too deeply":
+            raise InvalidInput(f"{what}: invalid JSON: nested too deeply") from None
         return  # not JSON at all: the model's parser says so
+    except ValueError:
+        return
 
 
 def is_json_type(content_type: str | bytes | None) -> bool:
