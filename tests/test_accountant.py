@@ -260,15 +260,22 @@ def test_dry_run_writes_nothing(accountant: Any, fake_calibrator: Any) -> None:
 
 
 def test_record_release_for_a_session(accountant: Any) -> None:
+    # a release computed elsewhere (here: a run on dataset "e"), recorded with the installed
+    # calibrator's version and sentences, paid for by two per-subject charges of all its rows
+    accountant.create_dataset("e", rho=1, subject_epsilon=1)
+    n = 60
+    done = accountant.calibrate("ldp-score", dataset="e", alpha=0.1, epsilon=0.5,
+                                scores=np.linspace(0, 1, n), subjects=np.arange(n))
     accountant.create_dataset("d", rho=1, subject_epsilon=1)
-    c1 = accountant.charge_subjects("d", 0.5, ["a", "b"]).charge_id
+    c1 = accountant.charge_subjects("d", 0.5, [f"s{i}" for i in range(n - 1)]).charge_id
     c2 = accountant.charge_subjects("d", 0.5, ["c"]).charge_id
     cov = {"target": 0.9, "lower": 0.88, "over": "x", "statement": "s"}
     rel = accountant.record_release(
-        "d", method="ldp-score", calibrator_version="1", threshold=0.42, params={"alpha": 0.1},
-        shape={"n": 3}, coverage=cov, privacy={"model": "local"}, charge_ids=[c1, c2],
+        "d", method="ldp-score", calibrator_version=done.calibrator_version,
+        threshold=done.threshold, params=done.params, shape=done.shape,
+        coverage=done.coverage, privacy=done.privacy, charge_ids=[c1, c2],
     )
-    assert rel.charge_ids == [c1, c2] and rel.coverage.lower == 0.88
+    assert rel.charge_ids == [c1, c2] and rel.coverage == done.coverage
     with pytest.raises(InvalidInput, match="already has a release"):
         accountant.record_release("d", method="m", calibrator_version="1", threshold=0.1,
                                   params={}, shape={}, coverage=cov, privacy={}, charge_ids=[c1])
@@ -279,7 +286,7 @@ def test_record_release_for_a_session(accountant: Any) -> None:
         accountant.record_release("d", method="m", calibrator_version="1",
                                   threshold=math.nan, params={}, shape={}, coverage=cov,
                                   privacy={})
-    assert accountant.ledger.verify().releases == 1
+    assert accountant.ledger.verify().releases == 2
 
 
 def test_run_local_dp_with_central_cost(accountant: Any, fake_calibrator: Any) -> None:

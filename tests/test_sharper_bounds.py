@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from privcal import Accountant, Ledger
+from privcal.accountant.releases import record_release
 from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.calibrators.ldp_score import LDPScoreParams, simulate
 from privcal.calibrators.ldp_score_bounds import (
@@ -159,10 +160,15 @@ def _legacy(acct: Accountant, rel: Any, version: str, old: dict[str, Any]) -> in
     cov = as_version(version, p, shape) if as_version else cal.guarantee(p, shape)
     # a private release is recorded only with charges that pay for it
     cost = parse_cost(rel.privacy["cost"])
-    paid = (acct.charge_subjects(rel.dataset, cost, [f"{version}-{i}" for i in range(3)])
+    # (a local one: one subject per report it used, F1 of the second review)
+    used = len(rel.shape.get("group_sizes") or ()) or rel.shape["n"]
+    paid = (acct.charge_subjects(rel.dataset, cost, [f"{version}-{i}" for i in range(used)])
             if isinstance(cost, LocalDP) else acct.charge(rel.dataset, cost))
-    return acct.record_release(
-        rel.dataset, method=rel.method, calibrator_version=version, threshold=rel.threshold,
+    # an older version's release, as the older code wrote it: past the public API, which
+    # refuses a version other than the installed one
+    return record_release(
+        acct.ledger, rel.dataset, _as_computed=True, method=rel.method,
+        calibrator_version=version, threshold=rel.threshold,
         params=params, shape=rel.shape, coverage=cov, privacy=rel.privacy,
         charge_ids=[paid.charge_id],
     ).id  # fmt: skip

@@ -2,25 +2,35 @@
 
 A release is appended in its own write transaction after its charges committed (a crash
 in between leaves a charge without a release, never the reverse): lock the dataset row,
-check that the charges pay for it — every one the dataset's and none already paying for
-another release, and a private release paid for in full (at least one charge, costing
-together at least its recorded cost: :func:`privcal.storage.verify_releases.shortfall`,
-the rule ``audit verify`` applies) — insert the row and queue its audit entry.
+check that the charges pay for it — every one the dataset's, none already paying for
+another release (``release_charges``, by primary key) nor made by an open collection
+session (whose release will name it), and a private release paid for in full (at least one
+charge, costing together at least its recorded cost, a local one charging at least as many
+subjects as it used reports: :func:`privcal.storage.verify_releases.shortfall`, the rule
+``audit verify`` applies) — check that it states what the installed code states (its
+calibrator version the installed one, its guarantee sentences the ones
+:func:`privcal.accountant.verification.recompute` gives: an older wording is not written
+today, so ``audit verify``'s leniency for it covers only releases written before), insert
+the row and its ``release_charges`` rows and queue its audit entry.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from privcal.accountant.normalize import json_safe, optional_text
+from privcal.accountant.policy import dataset_info
 from privcal.accountant.results import Release
+from privcal.accountant.verification import sentence_problems
+from privcal.calibrators import registry
 from privcal.calibrators.base import CoverageGuarantee
 from privcal.errors import InvalidInput, check_row_id
 from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
-from privcal.storage.verify_releases import shortfall
+from privcal.storage.verify_releases import reports_used, shortfall
 
 __all__ = ["get_release", "list_releases", "record_release", "release_for_charge"]
 
@@ -58,8 +68,13 @@ def record_release(
     distribution_version: str = "unknown",
     requester: str | None = None,
     charge_ids: Sequence[int] = (),
+    _as_computed: bool = False,
 ) -> Release:
-    """:meth:`privcal.accountant.Accountant.record_release` (see the module docstring)."""
+    """:meth:`privcal.accountant.Accountant.record_release` (see the module docstring).
+
+    ``_as_computed`` (not public): the caller computed coverage and privacy with the
+    installed calibrator it names (``Accountant.run``), so they are not recomputed; tests
+    also use it to write an older version's release as it was written then."""
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         raise InvalidInput(f"threshold must be a number, got {threshold!r}")
     thr = threshold_str(float(threshold)) if not math.isnan(threshold) else None
@@ -82,18 +97,39 @@ def record_release(
     if len(set(ids)) != len(ids):
         raise InvalidInput("charge_ids names a charge twice")
 
+    rel = SimpleNamespace(method=row_data["method"], dataset=dataset,
+                          calibrator_version=row_data["calibrator_version"],
+                          params=row_data["params"], shape=row_data["shape"],
+                          coverage=row_data["coverage"], privacy=row_data["privacy"])
+
     def tx(s: Any) -> Release:
         ds = ledger.lock_dataset(s, dataset)
         paid = ledger.charges_paid(s, ids)
         for cid in ids:
             if cid not in paid or paid[cid].dataset_id != ds.id:
                 raise InvalidInput(f"charge {cid} is not a charge of dataset {dataset!r}")
-        owners = ledger.charge_owners(s, ds.id, ids)
+        owners = ledger.charge_owners(s, ids)
         for cid in ids:
             if cid in owners:
                 raise InvalidInput(f"charge {cid} already has a release ({owners[cid]}): a "
                                    "charge pays for one release")
-        why = shortfall(row_data["privacy"], [paid[cid] for cid in ids])
+        sessions = ledger.open_session_charges(s, ds.id) if ids else {}
+        for cid in ids:
+            if cid in sessions:
+                raise InvalidInput(f"charge {cid} was made by open collection session "
+                                   f"{sessions[cid]}, whose release will name it: a charge "
+                                   "pays for one release")
+        info = dataset_info(ds)
+        cal = None
+        if not _as_computed:
+            bad = sentence_problems(rel, info)
+            if bad:
+                raise InvalidInput(f"the release does not state what the installed code "
+                                   f"states: {bad[0]}")
+            cal = registry.get(rel.method).calibrator
+        why = shortfall(row_data["privacy"], [paid[cid] for cid in ids], reports_used(
+            row_data["shape"], session_total=None,
+            federated=getattr(cal, "privacy_model", None) == "federated" if cal else None))
         if why is not None:
             raise InvalidInput(f"the release {why}: charge its cost first (Accountant.charge "
                                "or charge_subjects) and pass those charge_ids")

@@ -28,7 +28,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
 from privcal.storage.records import VerifyReport
-from privcal.storage.verify_releases import PaidBy, shortfall
+from privcal.storage.verify_releases import PaidBy, reports_used, shortfall
 
 #: recorded floats went through JSON; anything beyond this is a real difference
 REL_TOL = 1e-9
@@ -82,9 +82,9 @@ class AuditReport(VerifyReport):
         texts = ""
         if self.statements_not_compared:
             n = self.statements_not_compared
-            texts = (f" ({n} guarantee sentence{'' if n == 1 else 's'} of older calibrator "
-                     "versions not compared: wording the installed code does not reproduce; "
-                     "their numbers are compared)")
+            texts = (f" ({n} guarantee sentence{'' if n == 1 else 's'} not reproduced by the "
+                     "installed code (older wording) not compared; their numbers are "
+                     "compared)")
         return (
             f"ok: {self.entries} log entries verify (head {self.head}){signed}{queued}"
             f"{expected}; {self.guarantees_recomputed} release guarantees recomputed and "
@@ -179,13 +179,77 @@ def _made_by(rel: Any, reg: registry.Registered) -> bool:
             or (rel.distribution, rel.distribution_version) == (package, "unknown"))
 
 
-def check_release(accountant: Any, rel: Any,
-                  charges: dict[int, PaidBy] | None = None) -> ReleaseCheck:
-    """Recompute one release's coverage and privacy guarantees from its stored inputs, and
-    check that its charges (``charges``: charge id → what it paid, at least the release's;
-    read from the ledger if not given) pay for the cost recomputed."""
+def recompute(rel: Any, ds: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(calibrator, coverage, privacy): release ``rel``'s guarantees as the installed code
+    states them for its stored parameters, shape and (shuffled) record on dataset ``ds``
+    (a :class:`~privcal.accountant.results.DatasetInfo`), by the formula of the calibrator
+    version that made it; the records as a JSON column gives them back. The one
+    recomputation of :func:`check_release` and of ``record_release``'s check of the
+    sentences it is given. Raises :class:`PrivcalError` (also for an unknown method)."""
     from privcal.accountant.amplification import shuffled_guarantee
     from privcal.accountant.prepare import validate_params
+    cal = registry.get(rel.method).calibrator
+    legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
+    params = validate_params(cal, {**(legacy or {}), **rel.params})
+    shape = DataShape.model_validate(rel.shape)
+    # an older version's recorded text, where a calibrator's changed between versions
+    as_version = getattr(cal, "guarantee_as", None)
+    coverage = (as_version(rel.calibrator_version, params, shape)
+                if as_version is not None and rel.calibrator_version != cal.version
+                else cal.guarantee(params, shape)).model_dump(mode="json")  # fmt: skip
+    cost = cal.cost(params, shape)
+    extra = (rel.privacy or {}).get("extra")
+    new_extra = None
+    central_cost = None
+    if extra and extra.get("shuffled"):
+        central_cost, new_extra = shuffled_guarantee(
+            rel.method, params, shape, ds.reporting_delta,
+            assume_unlinkable_features="assumption" in extra,
+        )  # fmt: skip
+    privacy = privacy_record(cost, ds, new_extra, cal)
+    if "amplified_for" in privacy and "amplified_for" not in (rel.privacy or {}):
+        # a shuffled release recorded before its record named whom the amplification
+        # protects against: recomputed in the wording of then
+        privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True)
+    if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
+        privacy["central_cost"] = cost_json(normalize_cost(central_cost))
+    return cal, _plain(coverage), _plain(privacy)
+
+
+def sentence_problems(rel: Any, ds: Any) -> list[str]:
+    """Why ``record_release`` refuses to write release ``rel`` (not yet written) on dataset
+    ``ds``: a calibrator version other than the installed one, or a guarantee sentence
+    (coverage ``statement``/``over``, privacy ``statement``/``neighbouring``) other than the
+    one the installed code recomputes (:func:`recompute`). Only a release written before
+    this check existed may carry older wording (``audit verify`` counts it, uncompared)."""
+    try:
+        cal, coverage, privacy = recompute(rel, ds)
+    except PrivcalError as exc:
+        return [f"its guarantees cannot be recomputed: {exc}"]
+    if rel.calibrator_version != cal.version:
+        return [f"calibrator version {rel.calibrator_version} is not the installed "
+                f"{rel.method} {cal.version}"]
+    out: list[str] = []
+    for what, rec, new in (("coverage", _plain(rel.coverage), coverage),
+                           ("privacy", _plain(rel.privacy), privacy)):
+        out += _texts(what, rec if isinstance(rec, dict) else {}, new, legacy=False)[0]
+    return out
+
+
+def reports_of(cal: Any, rel: Any, session_total: int | None) -> int:
+    """The reports local release ``rel`` used (:func:`~privcal.storage.verify_releases.
+    reports_used`, federated as its calibrator is)."""
+    return reports_used(rel.shape, federated=getattr(cal, "privacy_model", None) == "federated",
+                        session_total=session_total)
+
+
+def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None = None,
+                  sessions: dict[int, int] | None = None) -> ReleaseCheck:
+    """Recompute one release's coverage and privacy guarantees from its stored inputs, and
+    check that its charges (``charges``: charge id → what it paid, at least the release's;
+    read from the ledger if not given) pay for the cost recomputed (a local release: for as
+    many subjects as it used reports; ``sessions``: release id → its session's reports,
+    read if not given)."""
     problems: list[str] = []
     skipped = 0
     try:
@@ -205,47 +269,31 @@ def check_release(accountant: Any, rel: Any,
             f"calibrator version: recorded {rel.calibrator_version}, installed {cal.version}"
         )
     try:
-        params = validate_params(cal, {**(legacy or {}), **rel.params})
-        shape = DataShape.model_validate(rel.shape)
-        # an older version's recorded text, where a calibrator's changed between versions
-        as_version = getattr(cal, "guarantee_as", None)
-        coverage = (as_version(rel.calibrator_version, params, shape)
-                    if as_version is not None and rel.calibrator_version != cal.version
-                    else cal.guarantee(params, shape)).model_dump(mode="json")  # fmt: skip
+        from privcal.accountant.prepare import validate_params
+
+        cal, coverage, new_priv = recompute(rel, accountant.dataset(rel.dataset))
         recorded_cov = _plain(
             rel.coverage if isinstance(rel.coverage, dict) else rel.coverage.model_dump(mode="json")
         )
-        problems += _diff("coverage", recorded_cov, _plain(coverage))
+        problems += _diff("coverage", recorded_cov, coverage)
         if hasattr(cal, "check_record"):  # a levels/Mondrian wrapper: its stored thresholds
-            problems += cal.check_record(params, shape, rel.threshold, rel.diagnostics or {})
-        cost = cal.cost(params, shape)
-        ds = accountant.dataset(rel.dataset)
-        extra = (rel.privacy or {}).get("extra")
-        new_extra = None
-        central_cost = None
-        if extra and extra.get("shuffled"):
-            central_cost, new_extra = shuffled_guarantee(
-                rel.method, params, shape, ds.reporting_delta,
-                assume_unlinkable_features="assumption" in extra,
-            )  # fmt: skip
-        privacy = privacy_record(cost, ds, new_extra, cal)
-        if "amplified_for" in privacy and "amplified_for" not in (rel.privacy or {}):
-            # a shuffled release recorded before its record named whom the amplification
-            # protects against: recomputed in the wording of then
-            privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True)
-        if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
-            privacy["central_cost"] = cost_json(normalize_cost(central_cost))
-        recorded_priv, new_priv = _plain(rel.privacy), _plain(privacy)
+            params = validate_params(cal, {**(legacy or {}), **rel.params})
+            problems += cal.check_record(params, DataShape.model_validate(rel.shape),
+                                         rel.threshold, rel.diagnostics or {})
+        recorded_priv = _plain(rel.privacy)
         problems += _diff("privacy", recorded_priv, new_priv)
         legacy_cov, legacy_priv = _legacy_texts(cal, rel, recorded_priv, new_priv)
-        for what, rec, new, legacy in (("coverage", recorded_cov, _plain(coverage), legacy_cov),
-                                       ("privacy", recorded_priv, new_priv, legacy_priv)):
-            text_problems, n = _texts(what, rec, new, legacy)
+        for what, rec, new, old in (("coverage", recorded_cov, coverage, legacy_cov),
+                                    ("privacy", recorded_priv, new_priv, legacy_priv)):
+            text_problems, n = _texts(what, rec, new, old)
             problems += text_problems
             skipped += n
         if charges is None:
             charges = accountant.ledger.release_charges(rel.charge_ids)
-        unpaid = shortfall(new_priv, [charges[i] for i in rel.charge_ids if i in charges])
+        if sessions is None:
+            sessions = accountant.ledger.session_reports(rel.id)
+        unpaid = shortfall(new_priv, [charges[i] for i in rel.charge_ids if i in charges],
+                           reports_of(cal, rel, sessions.get(rel.id)))
         if unpaid is not None:
             problems.append(f"charges: the release {unpaid} (its recomputed cost)")
     except PrivcalError as exc:
@@ -264,8 +312,9 @@ def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> Au
     checked = skipped = 0
     rels = accountant.ledger.releases()
     charges = accountant.ledger.release_charges([i for r in rels for i in r.charge_ids])
+    sessions = accountant.ledger.session_reports()
     for rel in rels:
-        res = check_release(accountant, rel, charges)
+        res = check_release(accountant, rel, charges, sessions)
         if not res.ok:
             raise AuditFailed(
                 f"release {res.release} ({res.method} on {res.dataset!r}) does not recompute: "

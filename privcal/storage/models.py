@@ -48,6 +48,7 @@ __all__ = [
     "Dataset",
     "ExactDecimal",
     "LedgerSecret",
+    "ReleaseCharge",
     "ReleaseRow",
     "SubjectBaseline",
     "SubjectSpend",
@@ -282,6 +283,18 @@ class ReleaseRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     charge_id: Mapped[int | None] = mapped_column(ForeignKey("charges.id"), nullable=True)
     charge_ids: Mapped[list[int]] = mapped_column(JSON)
+
+
+class ReleaseCharge(Base):
+    """Which release a charge paid for (migration 0009): one row per element of a release's
+    ``charge_ids``, so that "a charge pays for one release" is the primary key and is looked
+    up by index. ``audit verify`` derives the same from the releases' ``charge_ids`` (the
+    hash-chained source) and checks this table against it."""
+
+    __tablename__ = "release_charges"
+
+    charge_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    release_id: Mapped[int] = mapped_column(Integer, index=True)
 
 
 class AuditEntry(Base):

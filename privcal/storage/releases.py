@@ -5,27 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_row_id, check_text
 from privcal.storage.audit import now
-from privcal.storage.models import Charge, Dataset, ReleaseRow
+from privcal.storage.models import Charge, Dataset, ReleaseCharge, ReleaseRow
 from privcal.storage.records import ReleaseRecord, parse_threshold
+from privcal.storage.sessions import CollectionSession
 from privcal.storage.verify_releases import PaidBy, paid_by
 
 #: ids per ``IN (…)`` list (SQLite's default limit on bound parameters is 999 in old builds)
 _CHUNK = 500
-
-#: (release id, charge id) of every charge a release of one dataset names, for the given ids:
-#: the elements of ``releases.charge_ids`` (a JSON array), expanded by each backend's function
-_OWNERS = {
-    "postgresql": "SELECT r.id, CAST(j.value AS BIGINT) FROM releases AS r, "
-                  "json_array_elements_text(r.charge_ids) AS j(value) "
-                  "WHERE r.dataset_id = :d AND CAST(j.value AS BIGINT) IN :ids",
-    "sqlite": "SELECT r.id, j.value FROM releases AS r, json_each(r.charge_ids) AS j "
-              "WHERE r.dataset_id = :d AND j.value IN :ids",
-}
 
 __all__ = ["ReleaseStore"]
 
@@ -45,6 +36,9 @@ class ReleaseStore:
                          charge_id=ids[0] if ids else None, charge_ids=ids, **values)
         s.add(row)
         s.flush()
+        # which release each charge paid for: the primary key refuses a second (0009)
+        s.add_all([ReleaseCharge(charge_id=i, release_id=row.id) for i in ids])
+        s.flush()
         return row
 
     @staticmethod
@@ -54,20 +48,49 @@ class ReleaseStore:
                          .where(ReleaseRow.charge_id == charge_id)).first()
 
     @staticmethod
-    def charge_owners(s: Session, dataset_id: int, charge_ids: Sequence[int]) -> dict[int, int]:
-        """charge id → the release of ``dataset_id`` that names it among its charges, for
-        those of ``charge_ids`` that one does (a charge pays for one release)."""
+    def charge_owners(s: Session, charge_ids: Sequence[int]) -> dict[int, int]:
+        """charge id → the release it paid for, for those of ``charge_ids`` that paid for one
+        (``release_charges``, by primary key: a charge pays for one release)."""
         ids = sorted({int(i) for i in charge_ids})
-        if not ids:
-            return {}
-        backend = s.get_bind().dialect.name
-        stmt = text(_OWNERS["postgresql" if backend == "postgresql" else "sqlite"]
-                    ).bindparams(bindparam("ids", expanding=True))
         out: dict[int, int] = {}
         for k in range(0, len(ids), _CHUNK):
-            for rid, cid in s.execute(stmt, {"d": dataset_id, "ids": ids[k:k + _CHUNK]}):
-                out.setdefault(int(cid), int(rid))
+            out.update((int(c), int(r)) for c, r in s.execute(
+                select(ReleaseCharge.charge_id, ReleaseCharge.release_id)
+                .where(ReleaseCharge.charge_id.in_(ids[k:k + _CHUNK]))))
         return out
+
+    @staticmethod
+    def release_charge_links(s: Session) -> dict[int, int]:
+        """Every row of ``release_charges``: charge id → release id (for verify)."""
+        return {int(c): int(r) for c, r in s.execute(
+            select(ReleaseCharge.charge_id, ReleaseCharge.release_id))}
+
+    @staticmethod
+    def open_session_charges(s: Session, dataset_id: int) -> dict[int, int]:
+        """charge id → session id, for every charge an open (unreleased) collection session
+        of ``dataset_id`` made: its batches' charges and its central charge, which its
+        release will name."""
+        out: dict[int, int] = {}
+        rows = s.execute(select(CollectionSession.id, CollectionSession.state).where(
+            CollectionSession.dataset_id == dataset_id, CollectionSession.status == "open",
+            CollectionSession.release_id.is_(None)))
+        for sid, st in rows:
+            st = st or {}
+            for cid in [*st.get("charge_ids", []), st.get("central_charge_id")]:
+                if cid is not None:
+                    out[int(cid)] = int(sid)
+        return out
+
+    def session_reports(self, release_id: int | None = None) -> dict[int, int]:
+        """release id → the reports its collection session accepted (``state.total``), for
+        the releases a session made (or that one)."""
+        with self.read() as s:
+            stmt = select(CollectionSession.release_id, CollectionSession.state).where(
+                CollectionSession.release_id.is_not(None))
+            if release_id is not None:
+                stmt = stmt.where(CollectionSession.release_id == release_id)
+            return {int(r): int((st or {}).get("total", 0))
+                    for r, st in s.execute(stmt)}
 
     @staticmethod
     def charges_paid(s: Session, charge_ids: Sequence[int]) -> dict[int, PaidBy]:

@@ -12,7 +12,8 @@ on top. A non-private release (``model`` ``none``, no cost) needs no charge.
 (:func:`privcal.accountant.releases.record_release` refuses it, nothing written), by
 :func:`check_release_charges` (part of :meth:`privcal.storage.verify.LedgerVerifier.verify`)
 to the recorded privacy record, and by :mod:`privcal.accountant.verification` to the one it
-recomputes.
+recomputes. Verify also checks the table ``release_charges`` (which release each charge paid
+for, written with every release, migration 0009) against the releases' ``charge_ids``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, parse_cost
 from privcal.errors import AuditFailed, PrivcalError
 
-__all__ = ["PaidBy", "check_release_charges", "paid_by", "shortfall"]
+__all__ = ["PaidBy", "check_release_charges", "paid_by", "reports_used", "shortfall"]
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,37 @@ class PaidBy:
     delta: Decimal | None = None
     rho: Decimal | None = None
     eps0: Decimal | None = None
+    subjects_accepted: int | None = None  # a per-subject charge: how many it charged
 
 
 def paid_by(c: Any) -> PaidBy:
     """A charge row (ORM or named tuple) as a :class:`PaidBy`."""
     return PaidBy(id=c.id, dataset_id=c.dataset_id, scope=c.scope, notion=c.notion,
-                  epsilon=c.epsilon, delta=c.delta, rho=c.rho, eps0=c.eps0)
+                  epsilon=c.epsilon, delta=c.delta, rho=c.rho, eps0=c.eps0,
+                  subjects_accepted=c.subjects_accepted)
+
+
+def reports_used(shape: Any, *, federated: bool | None = None,
+                 session_total: int | None = None) -> int:
+    """How many reports (one per charged subject) a local-DP release used.
+
+    A collection session's release: the reports the session accepted (``session_total``:
+    one per subject and session; an ldp-score session that stops early used fewer than its
+    shape's ``rounds × group_size``). A calibration run: one per row (``n``: rows of
+    duplicate subjects and of subjects over their cap are dropped before the shape is taken),
+    or, for a federated method, one per agent (``len(group_sizes)``). ``federated`` None (the
+    storage does not know the calibrators): agents if the shape has groups, else rows — never
+    more than the exact count, as every agent holds at least one row."""
+    if session_total is not None:
+        return int(session_total)
+    shape = shape if isinstance(shape, Mapping) else {}
+    groups = shape.get("group_sizes")
+    if federated is None:
+        federated = bool(groups)
+    if federated and isinstance(groups, list | tuple):
+        return len(groups)
+    n = shape.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def _d(x: Decimal | None) -> Decimal:
@@ -56,10 +82,11 @@ def _plain(d: Decimal) -> str:
     return format(d.normalize(), "f") if d else "0"
 
 
-def shortfall(privacy: Any, charges: Sequence[Any]) -> str | None:
+def shortfall(privacy: Any, charges: Sequence[Any], reports: int = 0) -> str | None:
     """Why ``charges`` (each with ``id``, ``scope``, ``notion``, ``epsilon``, ``delta``,
-    ``rho``, ``eps0``) do not pay for a release whose privacy record is ``privacy``, as the
-    end of a sentence about the release; None if they do (module docstring)."""
+    ``rho``, ``eps0``, ``subjects_accepted``) do not pay for a release whose privacy record is
+    ``privacy`` and which used ``reports`` local reports (:func:`reports_used`), as the end of
+    a sentence about the release; None if they do (module docstring)."""
     if not isinstance(privacy, Mapping):
         return "has a privacy record that is not an object"
     cost_doc, central_doc = privacy.get("cost"), privacy.get("central_cost")
@@ -84,6 +111,10 @@ def shortfall(privacy: Any, charges: Sequence[Any]) -> str | None:
         if low:
             return (f"costs ε0 = {_plain(cost.eps0)} per subject, but charge {low[0].id} "
                     f"charged each subject ε0 = {_plain(_d(low[0].eps0))}")
+        charged = sum(int(c.subjects_accepted or 0) for c in local)
+        if charged < reports:
+            return (f"used {reports} reports, one per subject, but its per-subject charges "
+                    f"{[c.id for c in local]} charged {charged} subjects in all")
     need = {"pure": [Decimal(0)], "zcdp": [Decimal(0)], "approx": [Decimal(0), Decimal(0)]}
     wanted = False
     for c in (cost, central):
@@ -128,10 +159,16 @@ def shortfall(privacy: Any, charges: Sequence[Any]) -> str | None:
 
 
 def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any],
-                          seqs: Mapping[int, int]) -> None:
+                          seqs: Mapping[int, int], links: Mapping[int, int] | None = None,
+                          sessions: Mapping[int, Any] | None = None) -> None:
     """Every release row paid for by charges of its own dataset that pay for no other
-    release, costing at least its recorded privacy cost (:func:`shortfall`); AuditFailed
-    naming the release's audit entry (``seqs``: release id → seq) otherwise."""
+    release, costing at least its recorded privacy cost (:func:`shortfall`; a local release
+    by as many subjects as it used reports: ``sessions``, the collection session rows, give a
+    session's release the reports its session accepted); and ``links`` (the rows of
+    ``release_charges``: charge id → release id) exactly the charges the releases name.
+    AuditFailed naming the release's audit entry (``seqs``: release id → seq) otherwise."""
+    totals = {c.release_id: int((c.state or {}).get("total", 0))
+              for c in (sessions or {}).values() if c.release_id is not None}
     owner: dict[int, int] = {}
     for rid, r in sorted(releases.items()):
         where = f"audit entry {seqs.get(rid, 0)}: release {rid}"
@@ -153,6 +190,15 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
                 raise AuditFailed(f"{where}: charge {cid} already paid for release "
                                   f"{owner[cid]} (a charge pays for one release)")
             owner[cid] = rid
-        why = shortfall(r.privacy, [charges[i] for i in ids])
+        why = shortfall(r.privacy, [charges[i] for i in ids],
+                        reports_used(r.shape, session_total=totals.get(rid)))
         if why is not None:
             raise AuditFailed(f"{where} {why} (not paid for)")
+    if links is None:
+        return
+    for cid in sorted(set(owner) | set(links)):
+        if links.get(cid) != owner.get(cid):
+            raise AuditFailed(
+                f"release_charges: charge {cid} is recorded as paying for release "
+                f"{links.get(cid)}, but the releases' charge_ids say "
+                f"{owner.get(cid)} (row altered, deleted or inserted outside privcal)")
