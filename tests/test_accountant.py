@@ -276,12 +276,15 @@ def test_record_release_for_a_session(accountant: Any) -> None:
         coverage=done.coverage, privacy=done.privacy, charge_ids=[c1, c2],
     )
     assert rel.charge_ids == [c1, c2] and rel.coverage == done.coverage
+    same = dict(method="ldp-score", calibrator_version=done.calibrator_version,
+                threshold=done.threshold, params=done.params, shape=done.shape,
+                coverage=done.coverage, privacy=done.privacy)
     with pytest.raises(InvalidInput, match="already has a release"):
-        accountant.record_release("d", method="m", calibrator_version="1", threshold=0.1,
-                                  params={}, shape={}, coverage=cov, privacy={}, charge_ids=[c1])
+        accountant.record_release("d", **same, charge_ids=[c1])
     with pytest.raises(InvalidInput, match="not a charge of dataset"):
-        accountant.record_release("d", method="m", calibrator_version="1", threshold=0.1,
-                                  params={}, shape={}, coverage=cov, privacy={}, charge_ids=[999])
+        accountant.record_release("d", **same, charge_ids=[999])
+    with pytest.raises(InvalidInput, match="shape is not a data shape: n: Field required"):
+        accountant.record_release("d", **{**same, "shape": {}}, charge_ids=[c2])
     with pytest.raises(InvalidInput, match="NaN"):
         accountant.record_release("d", method="m", calibrator_version="1",
                                   threshold=math.nan, params={}, shape={}, coverage=cov,

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
+from privcal.accountant import releases
 from privcal.accountant import sessions as S
 from privcal.accountant.verification import check_release
 from privcal.costs import ZCDP
@@ -150,11 +151,53 @@ def test_a_charge_of_an_open_session_cannot_pay_for_another_release(accountant: 
         batch = sorted(acct.ledger.open_session_charges(s, acct.ledger.get_dataset(s, "d").id))
     assert len(batch) == 1
     cov = {"target": 0.9, "lower": 0.9, "over": "x", "statement": "s"}
-    with pytest.raises(InvalidInput, match=f"charge {batch[0]} was made by open collection "
-                                           f"session {sess.id}, whose release will name it"):
-        acct.record_release("d", method="ldp-score", calibrator_version="x", threshold=0.1,
-                            params={}, shape={"n": 1}, coverage=cov, privacy={},
-                            charge_ids=batch)
+    with pytest.raises(InvalidInput, match=f"charge {batch[0]} was made by collection "
+                                           f"session {sess.id} \\(open"):
+        releases.record_release(acct.ledger, "d", method="ldp-score", calibrator_version="x",
+                                threshold=0.1, params={}, shape={"n": 1}, coverage=cov,
+                                privacy={}, charge_ids=batch, _as_computed=True)
     S.submit_reports(acct, sess.id, ["r2"], [1], [0])  # the session finishes: released
     assert len(acct.ledger.releases("d")) == 1
+    assert acct.verify().guarantees_recomputed == 1
+
+
+def test_a_charge_of_an_abandoned_session_cannot_pay_for_another_release(accountant: Any
+                                                                         ) -> None:
+    """An abandoned session keeps its reports and its charges: they paid for those reports,
+    not for a release recorded later (second review of the fixes)."""
+    acct = accountant
+    rel = _local_release(acct)
+    sess = S.open_session(acct, "ldp-score", dataset="a", alpha=0.1, epsilon=2, rounds=5,
+                          group_size=12)
+    S.submit_reports(acct, sess.id, [f"s{i}" for i in range(12)], [0] * 12, [0] * 12)
+    with acct.ledger.read() as s:
+        batch = sorted(acct.ledger.open_session_charges(s, acct.ledger.get_dataset(s, "a").id))
+    S.close_session(acct, sess.id, abandon=True)
+    more = acct.charge_subjects("a", 2, [f"t{i}" for i in range(N)]).charge_id
+    with pytest.raises(InvalidInput, match=f"charge {batch[0]} was made by collection "
+                                           f"session {sess.id}"):
+        _again(acct, rel, "a", [*batch, more])
+
+
+@pytest.mark.parametrize("n", [60.0, "60", 10**18, True])
+def test_a_shape_that_is_not_integer_sizes_is_refused(accountant: Any, n: Any) -> None:
+    """``n = 60.0`` or ``"60"`` read as 60 in the recomputed guarantee but counted no report
+    against the charges (one subject's charge paid for 60 reports); ``10**18`` kept the
+    recomputation running for minutes under the dataset's lock."""
+    acct = accountant
+    rel = _local_release(acct)
+    one = acct.charge_subjects("a", 2, ["only-one-subject"]).charge_id
+    with pytest.raises(InvalidInput, match="shape sizes must be integers"):
+        _again(acct, rel, "a", [one], shape={**rel.shape, "n": n})
+
+
+def test_record_release_refuses_numbers_the_installed_code_does_not_compute(
+        accountant: Any) -> None:
+    acct = accountant
+    rel = _pcoqs(acct)
+    cov = rel.coverage.model_dump(mode="json")
+    cov.update(lower=0.999, failure_probability=0.0)  # sentences untouched
+    ch = acct.charge("z", ZCDP("0.1")).charge_id
+    with pytest.raises(InvalidInput, match=r"coverage\.failure_probability"):
+        _again(acct, rel, "z", [ch], coverage=cov)
     assert acct.verify().guarantees_recomputed == 1

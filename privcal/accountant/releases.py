@@ -97,10 +97,20 @@ def record_release(
     if len(set(ids)) != len(ids):
         raise InvalidInput("charge_ids names a charge twice")
 
+    _check_shape(row_data["shape"])
     rel = SimpleNamespace(method=row_data["method"], dataset=dataset,
                           calibrator_version=row_data["calibrator_version"],
                           params=row_data["params"], shape=row_data["shape"],
                           coverage=row_data["coverage"], privacy=row_data["privacy"])
+    cal = None
+    if not _as_computed:  # recomputed before the dataset's lock is taken (it may be slow)
+        with ledger.read() as s:
+            info = dataset_info(ledger.get_dataset(s, dataset))
+        bad = sentence_problems(rel, info)
+        if bad:
+            raise InvalidInput(f"the release does not state what the installed code "
+                               f"states: {bad[0]}")
+        cal = registry.get(rel.method).calibrator
 
     def tx(s: Any) -> Release:
         ds = ledger.lock_dataset(s, dataset)
@@ -116,17 +126,9 @@ def record_release(
         sessions = ledger.open_session_charges(s, ds.id) if ids else {}
         for cid in ids:
             if cid in sessions:
-                raise InvalidInput(f"charge {cid} was made by open collection session "
-                                   f"{sessions[cid]}, whose release will name it: a charge "
-                                   "pays for one release")
-        info = dataset_info(ds)
-        cal = None
-        if not _as_computed:
-            bad = sentence_problems(rel, info)
-            if bad:
-                raise InvalidInput(f"the release does not state what the installed code "
-                                   f"states: {bad[0]}")
-            cal = registry.get(rel.method).calibrator
+                raise InvalidInput(f"charge {cid} was made by collection session "
+                                   f"{sessions[cid]} (open, or abandoned with its reports "
+                                   "stored): a charge pays for one release")
         why = shortfall(row_data["privacy"], [paid[cid] for cid in ids], reports_used(
             row_data["shape"], session_total=None,
             federated=getattr(cal, "privacy_model", None) == "federated" if cal else None))
@@ -138,3 +140,31 @@ def record_release(
         return Release.model_validate(ledger.release_record(row, ds.name).model_dump())
 
     return ledger.write(tx)
+
+
+#: the most rows (or subjects) a recorded shape may name: more than any calibration runs
+_MAX_N = 10**9
+
+
+def _check_shape(shape: Any) -> None:
+    """A recorded shape is what a run records: ``n`` an integer in 1 … 10⁹ (and the other
+    sizes integers). ``60.0`` or ``"60"`` read as 60 when the guarantee is recomputed, but
+    counted no reports when the payment was checked (red team 5); ``n = 10¹⁸`` kept the
+    recomputation running for minutes."""
+    from privcal.calibrators.base import DataShape
+
+    if not isinstance(shape, dict):
+        raise InvalidInput("shape must be an object with n (and k, group_sizes)")
+    sizes = [shape.get("n"), shape.get("k"), *(shape.get("group_sizes") or ())]
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v > _MAX_N)
+           for v in sizes):
+        raise InvalidInput(f"shape sizes must be integers of at most {_MAX_N:,} "
+                           f"(n, k, group_sizes), got {json_safe(shape)!r:.120}")
+    from pydantic import ValidationError
+
+    try:
+        DataShape.model_validate(shape)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(p) for p in e["loc"]) or "shape"
+        raise InvalidInput(f"shape is not a data shape: {where}: {e['msg']}") from None

@@ -232,7 +232,9 @@ def sentence_problems(rel: Any, ds: Any) -> list[str]:
     out: list[str] = []
     for what, rec, new in (("coverage", _plain(rel.coverage), coverage),
                            ("privacy", _plain(rel.privacy), privacy)):
-        out += _texts(what, rec if isinstance(rec, dict) else {}, new, legacy=False)[0]
+        rec = rec if isinstance(rec, dict) else {}
+        # the numbers too: a release verify would fail is never written (red team 5)
+        out += _diff(what, rec, _plain(new)) + _texts(what, rec, new, legacy=False)[0]
     return out
 
 

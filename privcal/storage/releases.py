@@ -67,13 +67,12 @@ class ReleaseStore:
 
     @staticmethod
     def open_session_charges(s: Session, dataset_id: int) -> dict[int, int]:
-        """charge id → session id, for every charge an open (unreleased) collection session
-        of ``dataset_id`` made: its batches' charges and its central charge, which its
-        release will name."""
+        """charge id → session id, for every charge an unreleased collection session of
+        ``dataset_id`` made — open (its release will name them) or abandoned (they paid for
+        the reports it stored): its batches' charges and its central charge."""
         out: dict[int, int] = {}
         rows = s.execute(select(CollectionSession.id, CollectionSession.state).where(
-            CollectionSession.dataset_id == dataset_id, CollectionSession.status == "open",
-            CollectionSession.release_id.is_(None)))
+            CollectionSession.dataset_id == dataset_id, CollectionSession.release_id.is_(None)))
         for sid, st in rows:
             st = st or {}
             for cid in [*st.get("charge_ids", []), st.get("central_charge_id")]:

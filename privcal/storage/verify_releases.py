@@ -71,7 +71,13 @@ def reports_used(shape: Any, *, federated: bool | None = None,
     if federated and isinstance(groups, list | tuple):
         return len(groups)
     n = shape.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+    # an n that is not a positive integer (60.0, "60": read as 60 when the guarantee is
+    # recomputed) is paid for by no count: counted as more reports than any charge covers
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else _UNPAYABLE
+
+
+#: the reports counted for a shape whose n is not a positive integer (never paid for)
+_UNPAYABLE = 2**63
 
 
 def _d(x: Decimal | None) -> Decimal:
