@@ -13,7 +13,7 @@ downgrade drops the table (nothing else reads it). The audit chain is untouched.
 
 Revision ID: 0009
 Revises: 0008
-Create Date: 2026-12-02
+Create Date: 2026-11-27
 """
 
 from __future__ import annotations
