@@ -111,7 +111,6 @@ class _Base:
         self.release_: Any = None
 
     def _calibrate(self, subjects: Any = None, **data: Any) -> None:
-        _check_rng(self.rng)
         if subjects is not None:  # each row's subject (local-DP methods need them)
             data["subjects"] = subjects
         if self.accountant is None or self.dataset is None:
@@ -269,7 +268,6 @@ class PrivateConformalClassifier(_Base):
         :meth:`Release.level_sets <privcal.accountant.Release.level_sets>`), so the slices
         are nested — the set at a higher confidence level contains the set at a lower one
         (separate draws per level need not nest: red team 5)."""
-        _check_rng(self.rng)
         rel = self._release()
         probs = self._probs(X)
         alphas = self._alphas(confidence_level)
