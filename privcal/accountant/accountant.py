@@ -107,6 +107,7 @@ from privcal.accountant import (
     subject_charges,
 )
 from privcal.accountant.calibration_request import INPUTS
+from privcal.accountant.decimal_context import library_context_methods
 from privcal.accountant.normalize import AMOUNT_PLACES, CentralCost
 from privcal.accountant.results import (
     BudgetReport,
@@ -145,6 +146,7 @@ __all__ = [
 CALIBRATE_OPTIONS = frozenset({*INPUTS, "requester", "idempotency_key", "rng"})
 
 
+@library_context_methods  # its own decimal context, whatever the caller's (red team 6)
 class Accountant:
     """Gatekeeper of every privacy charge and release on one :class:`~privcal.storage.Ledger`."""
 

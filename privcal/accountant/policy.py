@@ -53,7 +53,10 @@ def guarantee_report(ds: DatasetRow) -> GuaranteeReport:
     """The guarantee of the dataset's caps: its filter's (ε, δ) — plus its per-subject cap if
     it takes local-DP reports —, valid however requests adapt."""
     g = acc.filter_guarantee(policy_of(ds), ds.reporting_delta, ds.subject_epsilon,
-                             nonprivate=bool(ds.allow_nonprivate))
+                             nonprivate=bool(ds.allow_nonprivate), spent=spent_of(ds))
+    if not g.established:
+        return GuaranteeReport(epsilon=g.epsilon, delta=g.delta, rule=g.rule,
+                               statement=g.statement, established=False)
     return GuaranteeReport(epsilon=Decimal(acc.dstr(g.epsilon)), delta=Decimal(acc.dstr(g.delta)),
                            rule=g.rule, statement=g.statement)
 

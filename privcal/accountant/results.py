@@ -141,10 +141,21 @@ class GuaranteeReport(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    epsilon: Decimal
+    #: +∞ when no guarantee is established (``established``)
+    epsilon: Decimal = Field(allow_inf_nan=True)
     delta: Decimal
     rule: str
     statement: str
+    #: False when the charges so far do not pass the cap's filter (an (ε, δ) dataset charged
+    #: past its cap before migration 0004): no guarantee is established, ε is +∞, δ is 1
+    established: bool = True
+
+    @property
+    def short(self) -> str:
+        """``(ε, δ)-DP``, or that no guarantee is established."""
+        if not self.established:
+            return "none established (its charges exceed the cap's filter)"
+        return f"({self.epsilon}, {self.delta})-DP"
 
 
 class BudgetReport(BaseModel):
@@ -176,7 +187,7 @@ class BudgetReport(BaseModel):
 
         return (
             f"{self.dataset}: spent {fmt(self.spent)}, remaining {fmt(self.remaining)}; "
-            f"guarantee ({self.guarantee.epsilon}, {self.guarantee.delta})-DP by the cap's "
+            f"guarantee {self.guarantee.short} by the cap's "
             f"filter; spent so far as (ε, δ): ε={self.spent_dp.epsilon}, "
             f"δ={self.spent_dp.delta} [{self.spent_dp.rule}] (not a guarantee under adaptive use)"
         )

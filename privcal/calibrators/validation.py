@@ -158,7 +158,9 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     went through a float has already been rounded, merging distinct people — and so are
     ``None``, bools, empty ids, ids longer than 200 characters, ids that no backend can
     store (a NUL byte, a lone surrogate), and ids that read as another id: a blank at either
-    end (``" 7"``), or not in Unicode NFC — refused, never stripped or normalised. Returns a
+    end (``" 7"``), an invisible or blank character anywhere (``"alice\u200b"``, a no-break
+    space: any character Python does not call printable, the ASCII space excepted), or not in
+    Unicode NFC — refused, never stripped or normalised. Returns a
     1-D array of ``str`` (dtype ``U``).
     """
     try:
@@ -225,6 +227,17 @@ def _check_spelling(items: list[str], what: str) -> None:
                                "end; ids are kept as written, so it would be another person "
                                "than the id without it: remove the blanks (e.g. write the "
                                "CSV with ',' separators, not ', ')")
+    # invisible or blank characters anywhere (U+200B, U+FEFF, U+2060, a soft hyphen, NBSP,
+    # a tab, a line separator: Unicode's non-printable categories but the ASCII space):
+    # "alice\u200b" reads as "alice" and was another person (red team 6)
+    if not "".join(items).isprintable():
+        for i, v in enumerate(items):
+            bad = next((c for c in v if not c.isprintable()), None)
+            if bad is not None:
+                raise InvalidInput(
+                    f"{what}: row {i} is {v!r:.40}, with the invisible or blank character "
+                    f"U+{ord(bad):04X} ({unicodedata.name(bad, 'unnamed')}); it would read as "
+                    "another id: remove it (only the ASCII space may appear inside an id)")
     # "\n" never composes with a neighbour: the joined text is NFC iff every id is
     if not unicodedata.is_normalized("NFC", "\n".join(items)):
         for i, v in enumerate(items):

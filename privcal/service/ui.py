@@ -128,7 +128,7 @@ def _overview(request: Request) -> dict[str, Any]:
                          "remaining": str(b.remaining.get(k, "")), "pct": round(100 * frac, 1),
                          "w": round(300 * min(frac, 1.0), 1)})
         rows.append({"name": d.name, "policy": b.policy, "bars": bars,
-                     "guarantee": f"({b.guarantee.epsilon}, {b.guarantee.delta})-DP",
+                     "guarantee": b.guarantee.short,
                      "spent_dp": f"ε={b.spent_dp.epsilon}, δ={b.spent_dp.delta}",
                      "charges": b.charges, "releases": b.releases,
                      "chart": spend_chart(points, b.cap)})

@@ -43,6 +43,7 @@ from privcal.accountant.privacy.filters import (
     renyi_filter_term,
     renyi_orders,
     used,
+    within_cap,
 )
 from privcal.accountant.privacy.guarantees import (
     REALIZED_NOTE,
@@ -80,4 +81,5 @@ __all__ = [
     "simple_zcdp_epsilon",
     "spent_epsilon",
     "used",
+    "within_cap",
 ]

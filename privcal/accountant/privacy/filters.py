@@ -307,6 +307,26 @@ def used(policy: Policy, spent: Spent) -> dict[str, Decimal]:
         return {"epsilon": eps, "delta": delta}
 
 
+def within_cap(policy: Policy, spent: Spent) -> bool:
+    """Whether the totals ``spent`` pass the filter's check of ``policy`` — the condition its
+    guarantee rests on (step (ii) of the module docstring's proof: the *final* totals passed
+    the check; totals only grow, so every earlier state passed it too). Every charge
+    :func:`check_charge` accepts keeps it true; charges accepted before migration 0004 under
+    the old (ε, δ) rule (red team 6) or kinds a cap refuses may not."""
+    with localcontext(_EXACT):
+        if policy.notion == "pure":
+            assert policy.epsilon is not None
+            return (spent.pure_eps <= policy.epsilon
+                    and (spent.zcdp_rho, spent.approx_eps, spent.approx_delta) == (0, 0, 0))
+        if policy.notion == "zcdp":
+            assert policy.rho is not None
+            return (spent.pure_rho + spent.zcdp_rho <= policy.rho
+                    and (spent.approx_eps, spent.approx_delta) == (0, 0))
+        assert policy.epsilon is not None and policy.delta is not None
+        eps, delta = approx_usage(policy, spent)
+        return eps <= policy.epsilon and delta <= policy.delta
+
+
 def check_charge(
     policy: Policy, spent: Spent, cost: PureDP | ZCDP | ApproxDP, *, scope: str
 ) -> Spent:

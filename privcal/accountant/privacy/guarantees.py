@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 
 from privcal.accountant.privacy.conversions import cks20_epsilon, dstr, round_up
-from privcal.accountant.privacy.filters import Policy, Spent, approx_usage
+from privcal.accountant.privacy.filters import Policy, Spent, approx_usage, used, within_cap
 
 __all__ = [
     "REALIZED_NOTE",
@@ -43,10 +43,15 @@ class Guarantee:
     rule: str
     #: the dataset allows non-private releases: they are outside the guarantee
     nonprivate: bool = False
+    #: False when the charges so far do not pass the cap's filter check (:func:`within_cap`):
+    #: then no guarantee is established — ε is +∞, δ is 1 — and ``rule`` says why
+    established: bool = True
 
     @property
     def statement(self) -> str:
         """One sentence, with the neighbouring relation it is about (:data:`NEIGHBOURING`)."""
+        if not self.established:
+            return f"no privacy guarantee is established for this dataset: {self.rule}"
         if self.nonprivate:
             return (f"every private release from this dataset, however the requests adapt, "
                     f"is (with all the others) ({dstr(self.epsilon)}, {dstr(self.delta)})-DP "
@@ -68,9 +73,13 @@ NEIGHBOURING = (
 )
 
 
+#: the context of the guarantee's own arithmetic (ε + S), whatever the caller's context is
+_EXACT = Context(prec=80)
+
+
 def filter_guarantee(policy: Policy, reporting_delta: Decimal,
                      subject_epsilon: Decimal | None = None, *,
-                     nonprivate: bool = False) -> Guarantee:
+                     nonprivate: bool = False, spent: Spent | None = None) -> Guarantee:
     """The guarantee of the dataset's caps, valid at any stopping time under fully adaptive
     requests: its central cap's filter's, plus ``subject_epsilon`` if the dataset takes
     local-DP reports.
@@ -89,14 +98,31 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
     always) add (basic composition) — and the statement says so rather than the central
     (ε, δ) alone, which the local releases do not respect. ``nonprivate``: the dataset
     allows non-private releases, and the statement leaves them out in so many words.
+
+    ``spent``: the dataset's totals. The filter's proof needs the final totals to pass its
+    check (:func:`~privcal.accountant.privacy.filters.within_cap`); every charge accepted
+    since migration 0004 keeps that true, but an (ε, δ) dataset charged before it under the
+    old rule (CKS20 of the realized Σρ, not a filter) may be past its cap. Then no guarantee
+    is established: the result says so, with ε = +∞ and δ = 1 (red team 6: such a dataset
+    was stated "(E, D)-DP however the requests adapt").
     """
+    if spent is not None and not within_cap(policy, spent):
+        u = ", ".join(f"{k}={dstr(v)}" for k, v in used(policy, spent).items())
+        return Guarantee(
+            Decimal("Infinity"), Decimal(1),
+            f"its charges so far use {u} of its cap {policy.describe()}, more than its "
+            "filter allows (charges accepted before migration 0004 under the old (ε, δ) "
+            "rule, which was not a filter), so the cap's guarantee does not hold for them; "
+            "no further charge is accepted", nonprivate=nonprivate, established=False)
     if nonprivate:
         return replace(filter_guarantee(policy, reporting_delta, subject_epsilon),
                        nonprivate=True)
     if subject_epsilon is not None:
         g = filter_guarantee(policy, reporting_delta)
+        with localcontext(_EXACT):
+            total = g.epsilon + subject_epsilon
         return Guarantee(
-            g.epsilon + subject_epsilon, g.delta,
+            total, g.delta,
             f"central releases: {g.rule}, ({dstr(g.epsilon)}, {dstr(g.delta)}); local-DP "
             f"reports: Σε0 ≤ {dstr(subject_epsilon)} per subject (pure-ε filter per subject); "
             "the two added (basic composition)")

@@ -30,10 +30,15 @@ full; write the release when it finishes. If no row is accepted nothing is writt
 - Row filters apply in this order: malformed value, wrong round (``closed round`` for
   an earlier round, ``round not open`` for a later one), subject already reported in
   this session, duplicate within the batch (the first valid occurrence is kept),
-  subject budget exhausted, then ``round full`` (rows beyond what the round needs,
-  in file order). Budget comes before fullness, so a round is never left short
-  because an over-cap subject took a slot, and nobody is charged for a row that is
-  then dropped.
+  subject budget exhausted, then ``round full`` (when a batch has more usable rows than
+  the round needs, the rows kept are a uniformly random subset, drawn from the operating
+  system's CSPRNG — never the first ones: a batch's order may depend on its values, a
+  shuffler that outputs the sorted multiset or an export ``ORDER BY`` bit, and the
+  protocols assume the round's group is a random sample; red team 6). Budget comes
+  before fullness, so a round is never left short because an over-cap subject took a
+  slot, and nobody is charged for a row that is then dropped. Across batches the order
+  is the arrival order: whoever forwards reports must not sort them, nor cut a sorted
+  stream into batches.
 - A round's bits answer *that* round's query, so surplus rows are rejected, not
   carried over; and an ldp-score batch must say which round each row answers: one
   without rounds is refused whole (InvalidInput, nothing written — checked before an

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from privcal.accountant.accountant import Accountant
+from privcal.accountant.decimal_context import in_library_context
 from privcal.accountant.sessions.records import SessionInfo
 from privcal.accountant.sessions.release import (
     fed_release_args,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["close_session"]
 
 
+@in_library_context  # its own decimal context (red team 6)
 def close_session(accountant: Accountant, session_id: int, *, allow_missing: bool = False,
                   abandon: bool = False) -> SessionInfo:
     """Close a session.

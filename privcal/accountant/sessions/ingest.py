@@ -11,6 +11,7 @@ unit of work; only the release of the last batch goes through the ORM.
 from __future__ import annotations
 
 import hmac
+import secrets
 from collections import Counter
 from collections.abc import Sequence
 from decimal import Decimal
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privcal.accountant.accountant import Accountant
+from privcal.accountant.decimal_context import in_library_context
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.normalize import json_safe, request_digest
 from privcal.accountant.sessions import parsing as P
@@ -127,6 +129,12 @@ def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: 
     return np.flatnonzero(keep), stored, _Spent(spent, units)
 
 
+def _sampler() -> np.random.Generator:
+    """A generator seeded from the operating system's CSPRNG (which surplus rows of a batch
+    are kept must not be predictable by whoever orders the batch)."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
 def _advance_round(st: dict[str, Any], proto: LdpScoreProtocol, ones: int,
                    n_acc: int) -> tuple[bool, dict[str, Any] | None]:
     """ldp-score: count the accepted reports (``ones`` of them 1) in the state ``st``; a full
@@ -155,6 +163,7 @@ def _batch_digest(skey: bytes, session_id: Any, praw: np.ndarray, vals: np.ndarr
                             "sha256").hexdigest()})
 
 
+@in_library_context  # its own decimal context (red team 6)
 def submit_reports(
     accountant: Accountant,
     session_id: int,
@@ -236,7 +245,14 @@ def submit_reports(
             is_over = units > cap_u - e_units
             why[R.OVER_CAP] += int(is_over.sum())
             cand, has = cand[~is_over], has[~is_over]
-        chosen, has = cand[:need], has[:need]
+        if cand.size > need:
+            # a uniformly random subset, never the first rows: a batch's order may depend on
+            # its values (a shuffler that outputs the sorted multiset, an export ORDER BY bit),
+            # and LDP-CP-S / FedCP assume the round's group is a random sample (red team 6)
+            pick = np.sort(_sampler().choice(cand.size, size=need, replace=False))
+            chosen, has = cand[pick], has[pick]
+        else:
+            chosen = cand
         why[R.EXTRA_AGENT if fed else R.ROUND_FULL] += int(cand.size - chosen.size)
         reasons = {k: v for k, v in why.items() if v}
         if chosen.size == 0:

@@ -14,6 +14,7 @@ from privcal.accountant import privacy as acc
 from privcal.accountant.accountant import Accountant
 from privcal.accountant.calibration_run import public as public_numbers
 from privcal.accountant.charges import charge_in_session, check_replay
+from privcal.accountant.decimal_context import in_library_context
 from privcal.accountant.normalize import (
     cost_json,
     json_safe,
@@ -44,6 +45,7 @@ _PURPOSE = "session {id}: {method} (shuffled, amplified central cost)"
 _PURPOSE_ID = re.compile(r"^session (\d+): ")
 
 
+@in_library_context  # its own decimal context (red team 6)
 def open_session(
     accountant: Accountant,
     method: str,
