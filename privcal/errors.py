@@ -37,7 +37,15 @@ class AlreadyExists(PrivcalError):
 
 
 class LedgerError(PrivcalError):
-    """The ledger cannot be reached or opened (malformed URL, server down, …)."""
+    """The ledger cannot be reached or opened (malformed URL, server down, …).
+
+    ``public``: what a remote client may be told, where the message names what only the
+    operator should see — the ledger's URL or file, the driver's own error (the service
+    answers its 503 with it and logs the message; red team 6). None: the message itself."""
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public
 
 
 class BudgetRefused(PrivcalError):

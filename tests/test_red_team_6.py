@@ -257,3 +257,56 @@ def test_an_invisible_variant_is_not_a_second_subject(accountant: Accountant) ->
         S.submit_reports(accountant, info.id, ["alice\u200b"], [1], [0])
     assert accountant.budget("s").charges == before
     assert id_strings(["john smith", "café"]).tolist() == ["john smith", "café"]
+
+
+# ------------------------------------------------- keyed runs and the connection pool (PG)
+def test_many_concurrent_keyed_runs_do_not_exhaust_the_pool(accountant: Accountant) -> None:
+    """On PostgreSQL each keyed run held a connection of the shared pool (5 + 10) for its
+    key's advisory lock and needed one more to read the dataset: with ~12 concurrent runs
+    none could finish until the pool's 30 s timeout (a 500 in the service, and charges
+    without their releases). The locks now have a pool of their own."""
+    import threading
+
+    accountant.create_dataset("d", rho="100")
+    scores = np.random.default_rng(0).uniform(size=300)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            accountant.calibrate("pcoqs", dataset="d", scores=scores, alpha=0.1, rho="0.1",
+                                 idempotency_key=f"k{i}")
+        except BaseException as exc:  # collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[:3]
+    b = accountant.budget("d")
+    assert (b.charges, b.releases) == (24, 24)
+    accountant.verify()
+
+
+def test_a_pool_timeout_is_a_ledger_error_that_names_no_url(ledger: Ledger) -> None:
+    """Every connection of the pool in use past its timeout: a one-line LedgerError whose
+    public text (what the service answers) names neither the URL nor the driver."""
+    from privcal.errors import LedgerError
+
+    if ledger.backend != "postgresql":
+        pytest.skip("SQLite's pool does not run out (one connection per thread)")
+    pool = ledger.engine.pool
+    pool._timeout = 0.2  # type: ignore[attr-defined]  # (30 s by default)
+    held = []
+    try:
+        for _ in range(pool.size() + pool._max_overflow):  # type: ignore[attr-defined]
+            held.append(ledger.engine.connect())
+        with pytest.raises(LedgerError, match="busy") as err:
+            with ledger.read():
+                pass
+        assert err.value.public is not None and "://" not in err.value.public
+        assert "busy" in err.value.public
+    finally:
+        for c in held:
+            c.close()

@@ -170,7 +170,9 @@ def subject_summary(ledger: Ledger, name: str) -> SubjectSummary:
         units = ledger.subject_units_all(s, ds.id)
         cap = ds.subject_epsilon
     if units.size == 0:
-        return SubjectSummary(dataset=name, subject_epsilon=cap, subjects=0, at_cap=0,
+        return SubjectSummary(dataset=name, subject_epsilon=(Decimal(acc.dstr(cap)) if cap
+                                                             is not None else None),
+                              subjects=0, at_cap=0,
                               max=Decimal(0), mean=0.0, quantiles={})
     cap_u = cap_units(cap) if cap is not None else None
     qs = {f"{q:g}": _eps(np.quantile(units, q, method="higher")) for q in (0.5, 0.9, 0.99)}

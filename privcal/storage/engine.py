@@ -176,8 +176,8 @@ def _sqlite_engine(u: URL) -> Engine:
     return engine
 
 
-def _pg_engine(u: URL) -> Engine:
-    engine = create_engine(u, pool_recycle=RECYCLE_S)
+def _pg_engine(u: URL, **pool: Any) -> Engine:
+    engine = create_engine(u, pool_recycle=RECYCLE_S, **pool)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -264,13 +264,14 @@ def spoke_while_idle(dbapi_conn: Any) -> bool:
     return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - not POSIX
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the per-backend settings of the module docstring."""
-    u = parse_url(url)
+def make_engine(url: str | URL, **pool: Any) -> Engine:
+    """An engine for ``url`` with the per-backend settings of the module docstring;
+    ``pool``: the pool's options of a PostgreSQL engine (``pool_size``, …)."""
+    u = parse_url(url) if isinstance(url, str) else url
     try:
         if u.get_backend_name() == "sqlite":
             return _sqlite_engine(u)
-        return _pg_engine(u)
+        return _pg_engine(u, **pool)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         where = u.render_as_string(hide_password=True)
         raise LedgerError(f"cannot open ledger {where}: {exc}") from exc

@@ -46,6 +46,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from privcal.errors import LedgerError
@@ -55,6 +56,7 @@ from privcal.storage.charges import ChargeStore
 from privcal.storage.datasets import DatasetStore
 from privcal.storage.engine import make_engine, parse_url, resolve_url
 from privcal.storage.held_connections import HeldConnections
+from privcal.storage.key_locks import BUSY, KeyLocks
 from privcal.storage.models import AuditEntry, LedgerSecret
 from privcal.storage.optimistic import OptimisticCharges
 from privcal.storage.records import AuditHeadInfo
@@ -72,6 +74,7 @@ __all__ = ["MAX_ATTEMPTS", "Ledger"]
 class Ledger(
     LedgerSchema,
     LedgerTransactions,
+    KeyLocks,
     HeldConnections,
     AuditSequencer,
     HotStatements,
@@ -121,18 +124,24 @@ class Ledger(
     def close(self) -> None:
         """Release pooled connections (and those the hot path keeps: held_connections.py)."""
         self.close_held()
+        self.close_key_locks()
         self.engine.dispose()
 
     def _unreachable(self, exc: BaseException) -> LedgerError:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
-        return LedgerError(f"cannot reach the ledger at {self.url}: {first}")
+        return LedgerError(f"cannot reach the ledger at {self.url}: {first}",
+                           public="the ledger cannot be reached now; retry later")
 
     def _checkout(self) -> Connection:
-        """A connection from the pool (LedgerError if the database cannot be reached)."""
+        """A connection from the pool (LedgerError if the database cannot be reached, or if
+        every connection of the pool stayed in use for its whole timeout)."""
         try:
             return self.engine.connect()
         except DBAPIError as exc:
             raise self._unreachable(exc) from exc
+        except PoolTimeout as exc:
+            raise LedgerError(f"the ledger at {self.url} is busy: {exc}".splitlines()[0],
+                              public=BUSY) from exc
 
     @contextmanager
     def _connect(self, *, write: bool) -> Iterator[Connection]:

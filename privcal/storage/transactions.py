@@ -18,15 +18,12 @@ rows first, the sequencer last, so writers cannot deadlock.
 
 from __future__ import annotations
 
-import hashlib
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
@@ -39,15 +36,6 @@ from privcal.storage.statements import HEAD_INFO
 __all__ = ["MAX_ATTEMPTS", "LedgerTransactions"]
 
 T = TypeVar("T")
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: SQLite key locks are per process only
-    fcntl = None  # type: ignore[assignment]
-
-#: in-process locks of idempotency keys (fcntl locks do not exclude threads of one process)
-_KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
-_KEY_LOCKS_GUARD = threading.Lock()
 
 #: attempts of one write transaction before a transient failure is reported
 MAX_ATTEMPTS = 12
@@ -225,7 +213,9 @@ class LedgerTransactions:
                 if known is not None:
                     first = (str(getattr(exc, "orig", "")).strip().splitlines() or [""])[0]
                     raise LedgerError(f"the ledger at {self.url} cannot be written now "
-                                      f"({first}); {known}") from exc
+                                      f"({first}); {known}",
+                                      public=f"the ledger cannot be written now; {known}"
+                                      ) from exc
                 if _is_transient(exc):
                     raise LedgerError(
                         f"the ledger stayed locked after {attempts} attempts; try again"
@@ -276,70 +266,8 @@ class LedgerTransactions:
                     raise
                 raise LedgerError(
                     f"the connection to the ledger at {self.url} was lost during a read "
-                    "(nothing was written; retry)") from exc
-
-    @contextmanager
-    def key_lock(self, dataset: str, key: str) -> Iterator[None]:
-        """Hold the lock of idempotency key ``key`` of ``dataset`` (issue 16 item 1).
-
-        Held by :meth:`privcal.accountant.Accountant.run` from the charge to the release,
-        so a concurrent retry with the same key waits, then finds the release. The lock
-        dies with its holder, so a crashed run's retry takes it and re-runs once.
-        PostgreSQL: a session-level advisory lock on a connection of its own. SQLite: a
-        lock within the process, plus (file databases, POSIX) an ``fcntl`` byte-range
-        lock on ``<database>.keylocks`` beside the file, which the OS releases when the
-        process dies.
-        """
-        digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
-            "utf-8", "surrogatepass")).digest()
-        lock_id = int.from_bytes(digest[:8], "big", signed=True)
-        with _KEY_LOCKS_GUARD:
-            local = _KEY_LOCKS.setdefault((self.url, lock_id), threading.Lock())
-        with local:
-            if self.backend == "postgresql":
-                with self._pg_key_lock(lock_id):
-                    yield
-                return
-            path = self._url.database
-            if fcntl is None or path in (None, "", ":memory:"):
-                yield
-                return
-            offset = lock_id & 0x7FFF_FFFF_FFFF
-            with open(f"{path}.keylocks", "a+b") as fh:
-                fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
-                try:
-                    yield
-                finally:
-                    fcntl.lockf(fh, fcntl.LOCK_UN, 1, offset)
-
-    @contextmanager
-    def _pg_key_lock(self, lock_id: int) -> Iterator[None]:
-        """The advisory lock of :meth:`key_lock` on a connection of its own. Taken once more
-        on a fresh connection if the server had dropped the first (a dead session held no
-        lock); if the connection is dropped while the lock is held, the server released the
-        lock with the session, so there is nothing to unlock. Else one-line LedgerError."""
-        for attempt in (1, 2):
-            with self._connect(write=True) as conn:
-                try:
-                    conn.execute(select(func.pg_advisory_lock(lock_id)))
-                    conn.commit()
-                except DBAPIError as exc:
-                    if not _dropped(exc):
-                        raise
-                    if attempt == 1:
-                        continue
-                    raise self._unreachable(exc) from exc
-                try:
-                    yield
-                finally:
-                    try:
-                        conn.rollback()
-                        conn.execute(select(func.pg_advisory_unlock(lock_id)))
-                        conn.commit()
-                    except DBAPIError as exc:
-                        if not _dropped(exc):
-                            raise  # (the lock went with the dropped session)
-                return
+                    "(nothing was written; retry)", public="the connection to the ledger was "
+                    "lost during a read (nothing was written; retry)") from exc
 
     @staticmethod
     def has_pending_audit(conn: Connection) -> bool:

@@ -1,0 +1,144 @@
+"""Locks of idempotency keys: a keyed run holds its key's lock from its charge to its release.
+
+:meth:`KeyLocks.key_lock` is held by :meth:`privcal.accountant.Accountant.run` (issue 16
+item 1), so a concurrent retry with the same key waits, then finds the release; the lock
+dies with its holder, so a crashed run's retry takes it and re-runs once.
+
+- PostgreSQL: a session-level advisory lock, on a connection of a *pool of its own*
+  (:data:`KEY_LOCK_CONNECTIONS`). It was a connection of the ledger's shared pool, held for
+  the whole run: about a dozen concurrent keyed calibrations held every connection of the
+  pool and each waited for one more to read the dataset, so none finished until the pool's
+  30 s timeout — a 500, and a charge without its release (red team 6). A run now waits for
+  a lock connection holding nothing else, and the runs holding them need only the shared
+  pool's connections, which every other user gives back.
+- SQLite: a lock within the process, plus (file databases, POSIX) an ``fcntl`` byte-range
+  lock on ``<database>.keylocks`` beside the file, which the OS releases when the process
+  dies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from privcal.errors import LedgerError
+from privcal.storage.engine import make_engine
+from privcal.storage.transactions import _dropped
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: SQLite key locks are per process only
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["BUSY", "KEY_LOCK_CONNECTIONS", "KEY_LOCK_WAIT_S", "KeyLocks"]
+
+#: keyed runs that may hold their key's lock at once, per process and PostgreSQL ledger
+KEY_LOCK_CONNECTIONS = 16
+#: how long a keyed run waits for one of them before a LedgerError (a 503 in the service)
+KEY_LOCK_WAIT_S = 60
+#: what a remote client is told when the ledger's connections stay busy
+BUSY = "the ledger is busy (all its connections stayed in use); retry later"
+
+#: in-process locks of idempotency keys (fcntl locks do not exclude threads of one process)
+_KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
+
+
+class KeyLocks:
+    """The idempotency-key locks of a :class:`~privcal.storage.ledger.Ledger`."""
+
+    # set by Ledger.__init__ / the Ledger's: ``_url``, ``url``, ``backend``, ``_lock``,
+    # ``_unreachable``
+    _url: URL
+    _lock: threading.Lock
+    _lock_engine: Engine | None = None
+
+    @contextmanager
+    def key_lock(self, dataset: str, key: str) -> Iterator[None]:
+        """Hold the lock of idempotency key ``key`` of ``dataset`` (module docstring)."""
+        digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
+            "utf-8", "surrogatepass")).digest()
+        lock_id = int.from_bytes(digest[:8], "big", signed=True)
+        with _KEY_LOCKS_GUARD:
+            local = _KEY_LOCKS.setdefault((self.url, lock_id), threading.Lock())  # type: ignore[attr-defined]
+        with local:
+            if self.backend == "postgresql":  # type: ignore[attr-defined]
+                with self._pg_key_lock(lock_id):
+                    yield
+                return
+            path = self._url.database
+            if fcntl is None or path in (None, "", ":memory:"):
+                yield
+                return
+            offset = lock_id & 0x7FFF_FFFF_FFFF
+            with open(f"{path}.keylocks", "a+b") as fh:
+                fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+                try:
+                    yield
+                finally:
+                    fcntl.lockf(fh, fcntl.LOCK_UN, 1, offset)
+
+    def _key_lock_engine(self) -> Engine:
+        """The pool of the advisory locks' connections (module docstring), made on first use."""
+        engine = self._lock_engine
+        if engine is None:
+            with self._lock:
+                engine = self._lock_engine
+                if engine is None:
+                    engine = self._lock_engine = make_engine(
+                        self._url, pool_size=KEY_LOCK_CONNECTIONS, max_overflow=0,
+                        pool_timeout=KEY_LOCK_WAIT_S)
+        return engine
+
+    def close_key_locks(self) -> None:
+        """Close the advisory locks' pool (:meth:`~privcal.storage.ledger.Ledger.close`)."""
+        engine, self._lock_engine = self._lock_engine, None
+        if engine is not None:
+            engine.dispose()
+
+    @contextmanager
+    def _pg_key_lock(self, lock_id: int) -> Iterator[None]:
+        """The advisory lock of :meth:`key_lock` on a connection of the locks' own pool. Taken
+        once more on a fresh connection if the server had dropped the first (a dead session
+        held no lock); if the connection is dropped while the lock is held, the server
+        released the lock with the session, so there is nothing to unlock. Else one-line
+        LedgerError."""
+        for attempt in (1, 2):
+            try:
+                conn: Any = self._key_lock_engine().connect()
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc  # type: ignore[attr-defined]
+            except PoolTimeout as exc:
+                raise LedgerError(
+                    f"{KEY_LOCK_CONNECTIONS} keyed runs held their keys' locks on the ledger at "
+                    f"{self.url} for {KEY_LOCK_WAIT_S} s; retry with the same key",  # type: ignore[attr-defined]
+                    public=BUSY) from exc
+            with conn:
+                try:
+                    conn.execute(select(func.pg_advisory_lock(lock_id)))
+                    conn.commit()
+                except DBAPIError as exc:
+                    if not _dropped(exc):
+                        raise
+                    if attempt == 1:
+                        continue
+                    raise self._unreachable(exc) from exc  # type: ignore[attr-defined]
+                try:
+                    yield
+                finally:
+                    try:
+                        conn.rollback()
+                        conn.execute(select(func.pg_advisory_unlock(lock_id)))
+                        conn.commit()
+                    except DBAPIError as exc:
+                        if not _dropped(exc):
+                            raise  # (the lock went with the dropped session)
+                return
