@@ -27,6 +27,15 @@ AMPLIFIED_FOR = ("whoever sees the releases but not the reports with their subje
                  "ledger keeps a session's reports under pseudonyms, to charge each subject "
                  "once: to its holder each report is ε0-local DP)")
 
+#: what a shuffled release's amplification assumes of the other reports (red team 6): a
+#: subject hides among the round's other randomized reports, so a report that is not its
+#: subject's randomizer output, or that the adversary knows, hides nobody; privcal cannot
+#: check this, so the statement says it (recorded since ldp-score version 3, whose older
+#: releases' statements ``privcal audit verify`` counts as not compared)
+AMPLIFICATION_ASSUMES = ("provided the round's other reports are their subjects' randomizer "
+                         "outputs, unknown to the adversary (no colluding or Byzantine "
+                         "participants)")
+
 
 def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
                    calibrator: Any = None, *, legacy_wording: bool = False) -> dict[str, Any]:
@@ -34,8 +43,9 @@ def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] 
     (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent).
 
     A shuffled release's record names whom its amplified (ε, δ) protects against
-    (``amplified_for``, :data:`AMPLIFIED_FOR`); ``legacy_wording``: the statement as
-    recorded before that field existed ("for the aggregator"), for
+    (``amplified_for``, :data:`AMPLIFIED_FOR`), and its statement what the amplification
+    assumes of the other reports (:data:`AMPLIFICATION_ASSUMES`); ``legacy_wording``: the
+    statement as recorded before ``amplified_for`` existed ("for the aggregator"), for
     :mod:`privcal.accountant.verification` to recompute such a record as it was."""
     out: dict[str, Any] = {"cost": cost_json(cost) if cost is not None else None}
     rd = ds.reporting_delta
@@ -83,7 +93,7 @@ def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] 
                     out["statement"] += (
                         f"; shuffled: ({amp['eps']}, {amp['delta']})-DP "
                         f"{extra.get('scope', '')} by the {amp['bound']} bound {heuristic}, "
-                        f"for {AMPLIFIED_FOR}")
+                        f"for {AMPLIFIED_FOR}, {AMPLIFICATION_ASSUMES}")
                     out["amplified_for"] = AMPLIFIED_FOR
             else:
                 out["statement"] += ("; shuffled, but no amplification bound applies at "

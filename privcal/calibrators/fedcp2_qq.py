@@ -27,6 +27,11 @@ Review (issue 14.8)
   n·q ≥ ℓ_γ + ℓ_cor (the plan); (iv) **no score range is assumed**: scores
   above ``upper`` are rounded into the top grid point and an aggregate there
   is released as +∞; scores below ``lower`` only make the threshold conservative.
+  One assumption privcal **cannot enforce, so the recorded guarantee states it**
+  (``over`` and ``statement``, version 1.1.0): (v) every agent follows the
+  protocol — its message is its own mechanism's output on its own scores. A
+  session refuses messages off the public grid, but any grid point may be sent,
+  and the server's k_γ-th smallest follows k_γ such agents.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from privcal.calibrators.base import (
     PrivacyModel,
 )
 from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
-from privcal.calibrators.federated_agent import aggregate, fedcp2_qq_message
+from privcal.calibrators.federated_agent import HONEST_AGENTS, aggregate, fedcp2_qq_message
 from privcal.calibrators.fedplan import (
     MAX_BINS,
     Fed2Plan,
@@ -137,7 +142,12 @@ class FedCP2QQ:
     """FedCP²-QQ: agents answer an ε-DP quantile on public bins, the server keeps the k_γ-th."""
 
     name: ClassVar[str] = "fedcp2-qq"
-    version: ClassVar[str] = "1.0.0"
+    #: 1.1.0: the recorded guarantee states that every agent follows the protocol (red
+    #: team 6; same formula as 1.0.0)
+    version: ClassVar[str] = "1.1.0"
+    #: older versions ``privcal audit verify`` recomputes by this formula (their older
+    #: sentences are counted, not compared)
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -169,12 +179,13 @@ class FedCP2QQ:
             failure_probability=0.0,
             over=(
                 "calibration scores of all agents, the agents' mechanism randomness and the "
-                "test point (marginal; i.i.d. scores)"
+                f"test point (marginal; i.i.d. scores), {HONEST_AGENTS}"
             ),
             rank=p.k_gamma,
             statement=(
                 f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over all agents' data, their DP noise and the "
-                f"test point; each agent's message is {p.epsilon:g}-DP w.r.t. its own scores"
+                f"test point, {HONEST_AGENTS}; each agent's message is {p.epsilon:g}-DP w.r.t. "
+                "its own scores"
             ),
             details={
                 "alpha": alpha,

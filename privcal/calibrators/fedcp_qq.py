@@ -18,7 +18,12 @@ Review (issue 14.8)
   App. A.1 for unequal sizes). Assumptions: (i) i.i.d. scores (the user's
   data); (ii) the plan's sizes are the agents' sizes (checked in
   :func:`~privcal.calibrators.federated_agent.fedcp_qq_message`); (iii) no
-  score range (order statistics of the raw scores; +∞ when ℓ_j > n_j).
+  score range (order statistics of the raw scores; +∞ when ℓ_j > n_j); (iv)
+  every agent follows the protocol: its message is the specified order
+  statistic of its own data. privcal **cannot enforce (iv), so the recorded
+  guarantee states it** (``over`` and ``statement``, version 1.1.0): with no
+  public score range a session can refuse only NaN and −∞, and with k = 1
+  (often the plan's choice) one agent's message alone is the threshold.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
 )
-from privcal.calibrators.federated_agent import aggregate, fedcp_qq_message
+from privcal.calibrators.federated_agent import HONEST_AGENTS, aggregate, fedcp_qq_message
 from privcal.calibrators.fedplan import (
     FedPlan,
     FedPlanUnequal,
@@ -122,7 +127,12 @@ class FedCPQQ:
     """FedCP-QQ: each agent sends its ℓ-th smallest score, the server keeps the k-th smallest."""
 
     name: ClassVar[str] = "fedcp-qq"
-    version: ClassVar[str] = "1.0.0"
+    #: 1.1.0: the recorded guarantee states that every agent follows the protocol (red
+    #: team 6; same formula as 1.0.0)
+    version: ClassVar[str] = "1.1.0"
+    #: older versions ``privcal audit verify`` recomputes by this formula (their older
+    #: sentences are counted, not compared)
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     Params: ClassVar[type[CalibratorParams]] = FedCPQQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
@@ -171,11 +181,15 @@ class FedCPQQ:
             lower=1 - alpha,
             upper=plan.M,
             failure_probability=0.0,
-            over="calibration scores of all agents and the test point (marginal; i.i.d. scores)",
+            over=(
+                "calibration scores of all agents and the test point (marginal; i.i.d. "
+                f"scores), {HONEST_AGENTS}"
+            ),
             rank=plan.k,
             statement=(
                 f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over all agents' calibration data and the test "
-                f"point; exactly M = {plan.M:.10f} when the scores are continuous"
+                f"point, {HONEST_AGENTS}; exactly M = {plan.M:.10f} when the scores are "
+                "continuous"
             ),
             details=details,
         )

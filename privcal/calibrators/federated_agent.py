@@ -15,6 +15,14 @@ so P(S' ≤ Q̂) ≥ 1−α; if Q̂ < S_max then S' ≤ Q̂ ⇔ S ≤ Q̂, and i
 bin the released +∞ covers everything. A too-small public S_max costs
 efficiency (a trivial +∞ threshold), never validity, and the data's maximum is
 never used.
+
+**Assumption (honest agents; stated, not enforced)**. Both coverage theorems
+assume every agent computes its message from its own data as specified. The
+server cannot check that: a FedCP-QQ message may be any number (the method has
+no public score range to refuse values outside of), a FedCP²-QQ message any grid
+point, and the server's k-th smallest follows any k messages — with k = 1, which
+the plan often picks, one agent alone sets the threshold. The recorded guarantees
+therefore state the assumption (:data:`HONEST_AGENTS`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from privcal.calibrators.mechanisms.exponential import exponential_quantile, gri
 from privcal.errors import InvalidInput, PlanRejected
 
 __all__ = [
+    "HONEST_AGENTS",
     "aggregate",
     "bin_grid",
     "check_message",
@@ -38,6 +47,11 @@ __all__ = [
 ]
 
 AnyPlan = FedPlan | FedPlanUnequal | Fed2Plan
+
+#: the assumption of the federated coverage guarantees privcal cannot enforce (module
+#: docstring), stated in the recorded guarantees (red team 6)
+HONEST_AGENTS = ("every agent following the protocol (its message computed from its own "
+                 "data as specified)")
 
 
 def _local_scores(scores: object) -> np.ndarray:
@@ -114,8 +128,10 @@ def check_message(value: float, plan: AnyPlan) -> float:
 
     FedCP²-QQ: the value must be a point of the published grid (within 1e−9·S_max,
     to survive text round-trips); the exact grid point is returned. FedCP-QQ:
-    any number, or +∞ (an agent with fewer than ℓ scores). NaN and −∞ are
-    rejected. Raises :class:`PlanRejected` with the reason.
+    any number, or +∞ (an agent with fewer than ℓ scores): its plan has no public
+    score range to check against. NaN and −∞ are rejected. Raises
+    :class:`PlanRejected` with the reason. A well-formed message computed otherwise
+    than specified cannot be detected (module docstring, :data:`HONEST_AGENTS`).
     """
     try:
         v = float(value)

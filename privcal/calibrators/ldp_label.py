@@ -27,11 +27,13 @@ Review (issue 14.8)
   users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
   ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven one-sided DKW–Massart + McDiarmid
   slack (:func:`label_slack`; the two-sided version-1 slack with
-  ``bound="two-sided"``). Assumptions, each enforced: (i) i.i.d. (x, y); (ii) k equals
-  the probabilities' columns (checked; by default k is read from them); (iii) the
-  labels were randomized by k-RR with this ε (the users' side; not checkable from the
-  data); (iv) no score range: the threshold is a
-  candidate score, or +∞ when F̂ᶜ does not stay above the target.
+  ``bound="two-sided"``). Assumptions: (i) i.i.d. (x, y) (the user's data); (ii) k
+  equals the probabilities' columns (checked; by default k is read from them); (iii) no
+  score range: the threshold is a candidate score, or +∞ when F̂ᶜ does not stay above
+  the target; (iv) every user follows the protocol: each label is the user's own k-RR
+  output with this ε on its true label (no Byzantine participants). (iv) is the users'
+  side and cannot be checked from the data: privcal **cannot enforce it, so the recorded
+  guarantee states it** (``over`` and ``statement``, calibrator version 3).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
 
 __all__ = [
+    "HONEST_USERS",
     "LDPLabel",
     "LDPLabelParams",
     "LabelSlack",
@@ -65,6 +68,10 @@ __all__ = [
 ]
 
 PRIVACY_NOTE = "label-only ε-LDP: features sent in the clear"
+#: the assumption of the coverage guarantee privcal cannot enforce (a randomized label
+#: cannot be checked), stated in the recorded guarantee (red team 6)
+HONEST_USERS = ("every user following the protocol (each label its own k-RR output with this "
+                "ε on its true label; no Byzantine participants)")
 
 #: elements of the sorted score array processed per vectorised step of the scan
 _CHUNK = 1 << 18
@@ -272,11 +279,14 @@ class LDPLabel:
     from k-RR labels. Privacy: label-only ε-LDP (features are sent in the clear)."""
 
     name: ClassVar[str] = "ldp-label"
-    #: 2: one-sided Massart + McDiarmid slack (issue 13); 1: two-sided
-    version: ClassVar[str] = "2"
+    #: 3: the recorded guarantee states that every user follows the protocol (red team 6;
+    #: same formula as 2); 2: one-sided Massart + McDiarmid slack (issue 13); 1: two-sided
+    version: ClassVar[str] = "3"
     #: parameters a release of an older version was made with (``privcal audit verify``
-    #: recomputes it by its own formula): version 1 had no ``bound`` and was two-sided
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"}}
+    #: recomputes it by its own formula; its older sentences are counted, not compared):
+    #: version 1 had no ``bound`` and was two-sided, version 2 is version 3's formula
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"},
+                                                            "2": {}}
     privacy_model: ClassVar[str] = "local"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -311,11 +321,12 @@ class LDPLabel:
             target=1 - params.alpha,
             lower=lower,
             failure_probability=delta,
-            over="the calibration data and the users' randomized responses",
+            over=f"the calibration data and the users' randomized responses, {HONEST_USERS}",
             statement=(
                 f"With probability ≥ {1 - delta:g} over the calibration data and the users' "
                 f"randomized responses, P(Y ∈ C(X) | calibration) ≥ {lower:.6g} "
-                f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}); privacy: {PRIVACY_NOTE}."
+                f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}), {HONEST_USERS}; privacy: "
+                f"{PRIVACY_NOTE}."
             ),
             details={
                 "delta_L": sl.delta_L,

@@ -39,6 +39,11 @@ Review (issue 14.8)
   score range is assumed**: the queries are about the raw scores, and when the
   rounds run out without a backing estimate the release is +∞, never the
   public ``upper``; scores below ``lower`` only make the threshold conservative.
+  One assumption privcal **cannot enforce, so the guarantee states it** (``over`` and
+  ``statement``, calibrator version 3): (iv) every device follows the protocol — each
+  report is its own randomizer's output on its own score. A randomized bit cannot be
+  checked, and Byzantine devices move the threshold (30% of devices always answering 1
+  give a threshold far below the quantile, whatever δ).
 """
 
 from __future__ import annotations
@@ -66,12 +71,19 @@ from privcal.costs import LocalDP
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 __all__ = [
+    "HONEST_DEVICES",
     "LDPScore",
     "LDPScoreParams",
     "assign_groups",
     "open_protocol",
     "simulate",
 ]
+
+
+#: the assumption of the coverage guarantee privcal cannot enforce (a randomized report
+#: cannot be checked), stated in the recorded guarantee (red team 6)
+HONEST_DEVICES = ("every device following the protocol (each report its randomizer's output "
+                  "on its own score; no Byzantine participants)")
 
 
 def _plan(params: LDPScoreParams, n: int) -> tuple[int, int]:
@@ -131,11 +143,14 @@ class LDPScore:
     users' own scores; ``calibrate`` runs it with simulated clients (:func:`simulate`)."""
 
     name: ClassVar[str] = "ldp-score"
-    #: 2: exact binomial cut-off (issue 13); 1: Hoeffding
-    version: ClassVar[str] = "2"
+    #: 3: the recorded guarantee states that every device follows the protocol (red team
+    #: 6; same formula as 2); 2: exact binomial cut-off (issue 13); 1: Hoeffding
+    version: ClassVar[str] = "3"
     #: parameters a release of an older version was made with (``privcal audit verify``
-    #: recomputes it by its own formula): version 1 had no ``bound`` and used Hoeffding
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "hoeffding"}}
+    #: recomputes it by its own formula; its older sentences are counted, not compared):
+    #: version 1 had no ``bound`` and used Hoeffding, version 2 is version 3's formula
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "hoeffding"},
+                                                            "2": {}}
     privacy_model: ClassVar[str] = "local"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -162,13 +177,13 @@ class LDPScore:
             target=1 - params.alpha,
             lower=lower,
             failure_probability=params.delta,
-            over="the calibration data and the users' randomized responses",
+            over=f"the calibration data and the users' randomized responses, {HONEST_DEVICES}",
             statement=(
                 f"With probability ≥ {1 - params.delta:g} over the calibration data and the "
                 f"users' randomized responses, P(Y ∈ C(X) | calibration) ≥ {lower:.6g} "
                 f"(LDP-CP-S, {mode}, Δ_S = {proto.slack:.6g}, T = {proto.rounds}, "
-                f"n' = {proto.group_size}, {params.bound} bound); privacy: ε-LDP for features "
-                "and label."
+                f"n' = {proto.group_size}, {params.bound} bound), {HONEST_DEVICES}; privacy: "
+                "ε-LDP for features and label."
             ),
             details={
                 "delta_S": proto.slack,

@@ -4,6 +4,10 @@ Penso, Mahpud, Goldberger, Sheffet (seed 004), §3.2, Algorithm 3: the public qu
 per-round pass rule and the release decision. The statistics behind the pass rule are in
 :mod:`privcal.calibrators.ldp_score_bounds`; the calibrator and the simulated clients in
 :mod:`privcal.calibrators.ldp_score`. Collection sessions persist one state per round.
+
+The state machine takes each round's counts as given: it cannot tell a randomized bit
+from one a device chose, so the release's guarantee assumes every device follows the
+protocol, and states so (:data:`~privcal.calibrators.ldp_score.HONEST_DEVICES`).
 """
 
 from __future__ import annotations
