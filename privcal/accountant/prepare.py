@@ -31,7 +31,13 @@ from privcal.calibrators.base import (
     CalibratorParams,
     DataShape,
 )
-from privcal.calibrators.class_labels import check_classes, encode_labels, is_text_labels
+from privcal.calibrators.class_labels import (
+    check_classes,
+    column_classes,
+    encode_labels,
+    is_text_labels,
+)
+from privcal.calibrators.group_sets import frame_names
 from privcal.calibrators.score_range import range_record, resolve_score_range
 from privcal.calibrators.scores import SCORES, label_scores, regression_scores
 from privcal.calibrators.validation import (
@@ -110,7 +116,11 @@ def prepare(
     Labels may be class names (strings): see :func:`encode_labels` for how they map to
     probability columns; the names are recorded in the release (``diagnostics["classes"]``).
     A private method takes them from ``classes`` only, never from the labels
-    (:func:`_no_classes`).
+    (:func:`_no_classes`). A pandas DataFrame of probabilities whose columns are named
+    has its names read as the classes (:func:`~privcal.calibrators.class_labels.
+    column_classes`: ``classes`` must name the same columns; number labels are matched to
+    number names), as :func:`~privcal.calibrators.group_sets.align_columns` reads them at
+    predict time.
 
     Regression: ``targets`` with ``preds`` (``score="absolute"``) or ``lower_preds`` and
     ``upper_preds`` (``score="cqr"``); the scores are computed here
@@ -147,15 +157,20 @@ def prepare(
     needs = set(cal.inputs)
     score_record: dict[str, Any] | None = None
     names: list[str] | None = None
-    if req.classes is not None or is_text_labels(labels):
+    classes = req.classes
+    if (columns := frame_names(probs)) is not None:
+        # a DataFrame's column names are the classes, as at predict time (align_columns)
+        classes, labels = column_classes(columns, classes, labels)
+        probs = np.asarray(probs)
+    if classes is not None or is_text_labels(labels):
         if probs is None or labels is None:
             raise InvalidInput("class names label probability columns: give --probs and --labels")
         pshape = np.shape(probs)
         if len(pshape) != 2:
             raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
-        if req.classes is None and _charges(cal, p, labels, int(pshape[1])):
+        if classes is None and _charges(cal, p, labels, int(pshape[1])):
             raise _no_classes(cal.name)
-        labels, names = encode_labels(labels, req.classes, int(pshape[1]))
+        labels, names = encode_labels(labels, classes, int(pshape[1]))
 
     regression = any(a is not None for a in (req.preds, req.lower_preds, req.upper_preds,
                                              req.targets))
@@ -352,6 +367,8 @@ def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
         raise InvalidInput(f"inputs differ in length: {rows}")
     n = next(iter(rows.values()))
     k = int(np.shape(probs)[1]) if probs is not None else None
+    if (columns := frame_names(probs)) is not None:
+        column_classes(columns, req.classes, None)  # a frame's names against the classes
     if req.classes is not None:
         check_classes(req.classes, k)  # names are public; the labels themselves are not read
     sizes = None

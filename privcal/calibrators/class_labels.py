@@ -5,6 +5,10 @@ order (``classes=`` / ``--classes``), or, for a non-private method only, when ev
 the k classes appears among the labels, they are the sorted distinct labels (a private
 method is refused without names before it gets here: :func:`privcal.accountant.prepare.
 prepare`). Integer labels are column indices.
+
+When the probability columns carry their own names — a pandas DataFrame's columns, a
+CSV/parquet header — those names are the classes (:func:`column_classes`), as
+:func:`~privcal.calibrators.group_sets.align_columns` matches them at predict time.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import numpy as np
 
 from privcal.errors import InvalidInput, check_text
 
-__all__ = ["MAX_CLASS_NAME", "check_classes", "encode_labels", "is_text_labels"]
+__all__ = ["MAX_CLASS_NAME", "check_classes", "column_classes", "encode_labels",
+           "is_text_labels", "label_names", "names_are_numbers"]
 
 #: the longest class name, in characters
 MAX_CLASS_NAME = 200
@@ -96,3 +101,82 @@ def encode_labels(labels: Any, classes: list[str] | None, k: int) -> tuple[Any, 
             raise InvalidInput(f"labels: row {i} is {v!r}, not one of the classes ({shown})")
         out[i] = j
     return out, names
+
+
+def _number(s: str) -> float | None:
+    s = s.strip()
+    if "_" in s:
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def names_are_numbers(names: list[str]) -> bool:
+    """Whether integer labels could be these column names rather than column indices: some
+    name is a number (``1,2,3``, ``01,02``, ``0.5``) and the names are not 0, 1, …, k-1
+    (whose names and indices agree). Labels are then matched to the names as text."""
+    values = [_number(n) for n in names]
+    if all(v == i for i, v in enumerate(values)):
+        return False
+    return any(v is not None for v in values)
+
+
+def label_names(labels: Any) -> Any:
+    """Labels as class-name text: integers (and integral floats) as their decimal spelling,
+    text unchanged, other values as ``str`` (then refused as no class, naming the row)."""
+    arr = np.asarray(labels)
+    if arr.dtype.kind in "US":
+        return arr.astype(object)
+    if arr.ndim != 1:
+        return labels  # refused by encode_labels / check_labels with its shape
+    out = np.empty(arr.shape[0], dtype=object)
+    for i, v in enumerate(arr.tolist()):
+        if isinstance(v, float) and np.isfinite(v) and v == int(v):
+            v = int(v)
+        out[i] = v if isinstance(v, str) else str(v)
+    return out
+
+
+def column_classes(names: list[str], classes: Any, labels: Any,
+                   where: str = "probs") -> tuple[list[str] | None, Any]:
+    """The classes of probability columns that carry names (a DataFrame's columns, a table
+    header), and the labels to encode — the rule that
+    :func:`~privcal.calibrators.group_sets.align_columns` applies at predict time, so the
+    calibration and the release's later use read the columns alike.
+
+    - ``classes`` given: they must name exactly the columns (any order; a missing, extra or
+      repeated class is a one-line :class:`InvalidInput`); the release records the columns'
+      own order, since the probabilities are taken in that order.
+    - Labels that are names (text): the names are the classes, in column order — never the
+      sorted labels.
+    - Number labels where a column name is a number other than its index
+      (:func:`names_are_numbers`, e.g. sklearn's header ``1,2,3``): the labels are matched
+      to the names as text (:func:`label_names`), never taken as column indices.
+    - Otherwise (integer labels, names that are not numbers or are 0 … k-1) the labels stay
+      column indices, and the classes are recorded only when given.
+    """
+    k = len(names)
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InvalidInput(f"{where}: the column {twice[0]!r} appears twice")
+    shown = ", ".join(names[:10]) + (", …" if k > 10 else "")
+    if classes is not None:
+        given = check_classes(classes, None)
+        missing = [c for c in given if c not in names]
+        extra = [c for c in names if c not in given]
+        if missing or extra:
+            what = (f"the class {missing[0]!r} is not one of its columns" if missing
+                    else f"its column {extra[0]!r} is not one of the classes")
+            raise InvalidInput(
+                f"{where}: {what}: the columns are named ({shown}) and the classes must name "
+                "exactly those columns, in any order (or leave the classes out: the column "
+                "names are the classes)")
+    if labels is None:
+        return (list(names) if classes is not None else None), labels
+    if is_text_labels(labels):
+        return list(names), labels
+    if names_are_numbers(names) and np.asarray(labels).dtype.kind in "iufO":
+        return list(names), label_names(labels)
+    return (list(names) if classes is not None else None), labels

@@ -36,8 +36,8 @@ from privcal.calibrators.scores import all_class_scores, score_options, score_sp
 from privcal.calibrators.validation import check_probs, id_strings
 from privcal.errors import InvalidInput
 
-__all__ = ["ThresholdTable", "align_columns", "is_wrapped", "level_sets", "release_sets",
-           "table_of", "wrapped_sets"]
+__all__ = ["ThresholdTable", "align_columns", "frame_names", "is_wrapped", "level_sets",
+           "release_sets", "table_of", "wrapped_sets"]
 
 
 def is_wrapped(method: str) -> bool:
@@ -219,11 +219,12 @@ def _details(release: Any) -> dict[str, Any]:
     return dict(cov.get("details", {}) if isinstance(cov, dict) else cov.details)
 
 
-def _frame_names(probs: Any) -> list[str] | None:
+def frame_names(probs: Any) -> list[str] | None:
     """The column names of a pandas DataFrame whose columns are all strings; None for an
     array or a frame with pandas' default 0 … k-1 columns (applied by position). Any other
     frame (columns partly named, or numbered otherwise) is refused: taken by position, a
-    ``dog`` column would be read as ``cat``'s."""
+    ``dog`` column would be read as ``cat``'s. Calibration reads a frame's names by the
+    same rule (:func:`~privcal.calibrators.class_labels.column_classes`)."""
     cols = getattr(probs, "columns", None)
     if cols is None or not hasattr(probs, "iloc"):
         return None
@@ -251,7 +252,7 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
 
     classes = release_classes(release)
     if names is None and classes is not None:
-        names = _frame_names(probs)
+        names = frame_names(probs)
     if classes is None or names is None:
         return probs
     twice = sorted({c for c in names if names.count(c) > 1})

@@ -1,40 +1,63 @@
 """The CLI's data options: ``--labels``/``--label-column`` and ``--classes`` (the files
-themselves are read by :mod:`privcal.data.files`, shared with the service)."""
+themselves are read by :mod:`privcal.data.files`, shared with the service; the class
+names of a ``--probs`` header by :mod:`privcal.data.label_columns`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from privcal.data.files import load_array, prob_column_names
+import click
+
+from privcal.data.label_columns import header_classes, header_names, read_labels
 from privcal.errors import InvalidInput
 
 
+def _columns_option() -> str | None:
+    """``--columns`` of the running command (the probability columns of ``--probs``)."""
+    ctx = click.get_current_context(silent=True)
+    value = ctx.params.get("columns") if ctx is not None else None
+    return value if isinstance(value, str) else None
+
+
 def load_labels(spec: str | None, label_column: str | None, probs: str | None,
-            shape_only: bool) -> Any:
+                shape_only: bool, columns: str | None = None) -> Any:
     """The labels: ``--labels FILE[:COLUMN]``, ``--labels TABLE --label-column C``, or the
-    column ``--label-column`` of the ``--probs`` table."""
+    column ``--label-column`` of the ``--probs`` table. When the ``--probs`` header names
+    its columns by numbers other than 0 … k-1 (``1,2,3``), the labels are read as text, to
+    be matched to those names (:func:`privcal.data.label_columns.read_labels`).
+    ``columns`` is ``--columns`` (default: the running command's)."""
+    if columns is None:
+        columns = _columns_option()
     if label_column is not None:
         source = spec or probs
         if source is None:
             raise InvalidInput("--label-column names a column of --labels or of --probs")
         if ".csv:" in source or ".parquet:" in source or ".npz:" in source:
             raise InvalidInput(f"give the label column once: {source} or --label-column")
-        return load_array(f"{source}:{label_column}", "labels", shape_only=shape_only)
-    return load_array(spec, "labels", shape_only=shape_only) if spec else None
+        spec = f"{source}:{label_column}"
+    if not spec:
+        return None
+    names = header_names(probs, columns, label_column)
+    return read_labels(spec, names, shape_only=shape_only)
 
 
 def class_names(spec: str | None, probs: str | None, columns: str | None,
-              label_column: str | None, labels: Any, shape_only: bool) -> list[str] | None:
-    """The class names: ``--classes a,b,c``; else, for labels that are names, the selected
-    column names of a ``--probs`` table with a header; else None — then a private method
-    refuses name labels (its class names are never read from the labels), and only a
-    non-private one falls back to the sorted distinct labels when all k appear."""
-    from privcal.calibrators.class_labels import is_text_labels  # only when calibrating
-
+                label_column: str | None, labels: Any, shape_only: bool) -> list[str] | None:
+    """The class names: with a ``--probs`` table whose header names its columns, those
+    names (``--classes``, if given, must name the same columns, in any order; the header's
+    order is recorded: the probabilities are read in it) when ``--classes`` is given or the
+    labels are names (:func:`privcal.calibrators.class_labels.column_classes`); without a
+    header, ``--classes a,b,c``; else None — then a private method refuses name labels
+    (its class names are never read from the labels), and only a non-private one falls
+    back to the sorted distinct labels when all k appear."""
+    given = None
     if spec is not None:
         if not probs:
             raise InvalidInput("--classes names the probability columns of --probs")
-        return [c.strip() for c in spec.split(",")]
-    if not probs or shape_only or not is_text_labels(labels):
+        given = [c.strip() for c in spec.split(",")]
+    if not probs or (shape_only and given is None):
         return None
-    return prob_column_names(probs, columns, (label_column,) if label_column else ())
+    names = header_names(probs, columns, label_column)
+    classes, _ = header_classes(names, given, None if shape_only else labels,
+                                f"--probs {probs}")
+    return classes

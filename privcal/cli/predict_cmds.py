@@ -263,7 +263,7 @@ def evaluate(
     rel = settings.accountant().release(release_id)  # coverage typed (.lower)
     exclude = (label_column,) if label_column else ()
     ev = rel.evaluate(_load_probs(rel, probs, columns, exclude),
-                      load_labels(labels, label_column, probs, False), score_name=score,
+                      load_labels(labels, label_column, probs, False, columns), score_name=score,
                       alpha=one_level(alpha), groups=load_groups(groups))
 
     def human() -> None:

@@ -17,13 +17,17 @@ Selecting data inside a file:
 - a single-array file, or a table whose columns are all wanted, needs no name.
 
 A CSV file whose first row holds any non-numeric cell has a header; otherwise its
-columns are named ``c0``, ``c1``, …. A first row ``0`` or ``0,1,…,k-1`` (pandas' header
-for unnamed columns, or data) is refused: name the columns, or remove that row.
+columns are named ``c0``, ``c1``, …. A first row ``0``, or ``0,1,…,k-1`` in any plain
+decimal spelling (``0,1``, ``0.0,1.0``, ``00,01``: pandas' header for unnamed columns or
+for columns labelled by number class labels, or data) is refused: name the columns, or
+remove that row. Blank or whitespace-only lines before the first row are skipped; a first row
+that spans several lines (a quoted line break) is refused.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +61,49 @@ def _is_number(s: str) -> bool:
     return True
 
 
+def _index_spelling(cells: list[str]) -> bool:
+    """Whether ``cells`` spell 0, 1, …, k-1: the header pandas writes for unnamed columns,
+    or for columns labelled by integer or float class labels (sklearn's ``classes_ =
+    [0., 1.]`` gives ``0.0,1.0``). One cell counts only as ``0`` (a score or label file may
+    well start with ``0.0``); two or more in any plain decimal spelling (``0,1``,
+    ``0.0,1.0``, ``00,01``) — exponent spellings (``np.savetxt``'s ``0.000e+00``) are data."""
+    cells = [c.strip() for c in cells]
+    if len(cells) == 1:
+        return cells == ["0"]
+    return all(re.fullmatch(r"[0-9]+(?:\.[0-9]*)?", c) and float(c) == i
+               for i, c in enumerate(cells))
+
+
 def _first_row(path: Path) -> list[str] | None:
     """The first non-blank row (to tell a header from data; pyarrow reads the rest). A row
-    ``0,1,…,k-1`` is refused: it is pandas' header for unnamed columns, or data."""
+    spelling 0,1,…,k-1 (:func:`_index_spelling`) is refused: it is pandas' header for
+    unnamed or number-labelled columns, or data."""
+    found = _first_row_at(path)
+    return None if found is None else found[0]
+
+
+def _first_row_at(path: Path) -> tuple[list[str], int, int] | None:
+    """The first row with a non-blank cell, and the physical lines before it and through it
+    (blank or whitespace-only lines may precede it). A first row that spans several lines
+    (a quoted line break) is refused: pyarrow, told how many lines to skip, would cut it."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
-        for row in csv.reader(fh):
+        reader = csv.reader(fh)
+        before = 0
+        for row in reader:
             if row and any(c.strip() for c in row):
-                if [c.strip() for c in row] == [str(i) for i in range(len(row))]:
+                if reader.line_num != before + 1:
+                    raise InvalidInput(
+                        f"{path}: its first row spans lines {before + 1}-{reader.line_num} "
+                        "(a quoted line break): put the header or first row on one line")
+                if _index_spelling(row):
                     shown = ",".join(row) if len(row) <= 4 else f"0,1,…,{len(row) - 1}"
                     raise InvalidInput(
                         f"{path}: its first row {shown!r} is what pandas writes as a header "
-                        "for unnamed columns, or data: give the columns names (e.g. to_csv "
-                        "of a named Series/DataFrame, header 'score') or remove that row")
-                return row
+                        "for unnamed or number-labelled columns, or data: give the columns "
+                        "names (e.g. to_csv of a named Series/DataFrame, header 'score', "
+                        "'p0,p1') or remove that row")
+                return row, before, reader.line_num
+            before = reader.line_num
     return None
 
 
@@ -89,9 +123,10 @@ def _read_csv(path: Path, *, text: bool | frozenset[str] = False) -> dict[str, n
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    first = _first_row(path)
-    if first is None:
+    found = _first_row_at(path)
+    if found is None:
         raise InvalidInput(f"{path}: the file is empty")
+    first, before, through = found
     has_header = any(not _is_number(c.strip()) for c in first)
     names = [c.strip() for c in first] if has_header else [f"c{i}" for i in range(len(first))]
     if len(set(names)) != len(names):
@@ -101,7 +136,9 @@ def _read_csv(path: Path, *, text: bool | frozenset[str] = False) -> dict[str, n
     try:
         tab = pcsv.read_csv(
             path,
-            read_options=pcsv.ReadOptions(column_names=names, skip_rows=1 if has_header else 0),
+            # pyarrow skips physical lines: the blank lines before the first row, and the header
+            read_options=pcsv.ReadOptions(column_names=names,
+                                          skip_rows=through if has_header else before),
             convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
         )
     except pa.ArrowInvalid as exc:
@@ -210,6 +247,7 @@ def load_array(
     ids: bool = False,
     columns: str | None = None,
     exclude: tuple[str, ...] = (),
+    text: bool = False,
 ) -> np.ndarray:
     """Read one array from ``spec`` (``FILE``, ``FILE:NAME`` or ``FILE:FIRST:LAST``).
 
@@ -219,10 +257,12 @@ def load_array(
     :func:`select_columns`), else every column but ``exclude`` (e.g. the label column).
     ``shape_only=True`` memory-maps ``.npy`` files so that only their header is read
     (for ``--dry-run``). ``ids=True`` reads subject or agent ids: table cells as text,
-    everything through :func:`~privcal.calibrators.validation.id_strings`.
+    everything through :func:`~privcal.calibrators.validation.id_strings`. ``text=True``
+    reads table cells as text exactly as written (labels matched to class names: ``01``
+    stays ``01``); arrays are returned as stored.
     """
     path, key = _split_key(spec)
-    tab = _table(path, shape_only=shape_only, text=ids)
+    tab = _table(path, shape_only=shape_only, text=ids or text)
     table_file = path.suffix.lower() in (".csv", ".parquet")
     if columns is not None and key is not None:
         raise InvalidInput(f"{spec}: name the columns once, as FILE:COLUMNS or with --columns")
@@ -258,10 +298,16 @@ def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) 
     if suffix not in (".csv", ".parquet"):
         return None
     if suffix == ".csv":
+        if not path.exists():
+            raise InvalidInput(f"{path}: no such file")
         first = _first_row(path)
         if first is None or all(_is_number(c.strip()) for c in first):
             return None
-    names = list(_table(path))
+        names = [c.strip() for c in first]  # the header, as _read_csv names the columns
+        if names[0] in _INDEX_NAMES and len(names) > 1:
+            names = names[1:]
+    else:
+        names = list(_table(path))
     sel = key if key is not None else columns
     if sel is not None:
         return select_columns(names, sel, str(path))

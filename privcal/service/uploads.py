@@ -10,7 +10,9 @@ form whose files are read exactly as the CLI reads its table inputs.
   so an upload is refused with the CLI's one-line error for that file (naming the
   uploaded file, never a server path). ``columns`` and ``label_column`` are the CLI's
   ``--columns`` and ``--label-column``; ``select`` names what to read inside one file
-  (the CLI's ``FILE:NAME``: ``{"scores": "score"}`` reads column ``score``).
+  (the CLI's ``FILE:NAME``: ``{"scores": "score"}`` reads column ``score``). A probs
+  table whose header names its columns names the classes, as on the CLI
+  (:mod:`privcal.data.label_columns`): ``classes``, if given, must name the same columns.
 
 Bodies past the service's limit are refused (413) before any of this runs. A compressed
 upload (``.npz``, ``.parquet``) whose arrays would take more than :data:`EXPANDED_LIMIT`
@@ -223,8 +225,8 @@ _IDS = ("subjects", "agents", "groups")
 
 def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
                 shape_only: bool) -> dict[str, Any]:
-    from privcal.calibrators.class_labels import is_text_labels
-    from privcal.data.files import SUFFIXES, load_array, prob_column_names
+    from privcal.data.files import SUFFIXES, load_array
+    from privcal.data.label_columns import header_classes, header_names, read_labels
 
     body = inp.body
     select = dict(body.select or {})
@@ -256,9 +258,11 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
             # groups are read whole even in a dry run: their sizes set the cost
             out[part] = load_array(specs[part], part, shape_only=shape_only and part != "groups",
                                    ids=part in _IDS)
+    names = None
     if "probs" in specs:
         out["probs"] = load_array(specs["probs"], "probs", matrix=True, columns=body.columns,
                                   exclude=exclude, shape_only=shape_only)
+        names = header_names(specs["probs"], body.columns, lc)
     # label groups (mondrian label) are read even in a dry run: they set the cost
     labels_shape_only = shape_only and body.mondrian != "label"
     if lc is not None:
@@ -266,12 +270,15 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
         if source is None or "labels" in select or ("labels" not in specs and "probs" in select):
             raise InvalidInput("label_column names a column of the labels file or of the "
                                "probs table (and no select for it)")
-        out["labels"] = load_array(f"{source}:{lc}", "labels", shape_only=labels_shape_only)
+        out["labels"] = read_labels(f"{source}:{lc}", names, shape_only=labels_shape_only)
     elif "labels" in specs:
-        out["labels"] = load_array(specs["labels"], "labels", shape_only=labels_shape_only)
-    if out["classes"] is None and "probs" in specs and not shape_only \
-            and out["labels"] is not None and is_text_labels(out["labels"]):
-        out["classes"] = prob_column_names(specs["probs"], body.columns, exclude)
+        out["labels"] = read_labels(specs["labels"], names, shape_only=labels_shape_only)
+    # a header naming the probability columns names the classes, as the CLI's --probs:
+    # `classes` must name the same columns (their order is recorded), name labels match it
+    out["classes"], labels = header_classes(
+        names, out["classes"], None if shape_only else out["labels"], f"probs {specs.get('probs')}")
+    if not shape_only:
+        out["labels"] = labels
     return out
 
 
