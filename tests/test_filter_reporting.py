@@ -171,7 +171,8 @@ def test_cli_budget_show_and_audit_report_name_guarantee_and_realized(ledger_url
     _cli(ledger_url, "dataset", "create", "z", "--rho", "1")
     _cli(ledger_url, "charge", "z", "--epsilon", "0.5")
     doc = json.loads(_cli(ledger_url, "budget", "show", "z", "--json").stdout)
-    assert set(doc["guarantee"]) == {"epsilon", "delta", "rule", "statement"}
+    assert set(doc["guarantee"]) == {"epsilon", "delta", "rule", "statement", "established"}
+    assert doc["guarantee"]["established"] is True
     assert ADAPTIVE in doc["spent_dp"]["note"]
     assert {"epsilon", "delta", "rule", "candidates"} <= set(doc["spent_dp"])  # kept
     human = _cli(ledger_url, "budget", "show", "z").stdout

@@ -45,7 +45,8 @@ class ReleaseLine(BaseModel):
     release: int
     at: datetime
     method: str
-    alpha: float | None
+    #: the release's miscoverage level, or its levels in order for a several-level release
+    alpha: float | list[float] | None
     threshold: float
     coverage: str
     privacy: str

@@ -6,12 +6,23 @@ constants ``Infinity``/``-Infinity`` so that a +∞ threshold stays +∞ (never 
 a finite number). :func:`load_release` reads it back into a
 :class:`~privcal.accountant.Release` whose prediction sets and intervals are identical.
 
-A loaded release is a copy: it is not re-verified against the audit log (use
-``privcal audit verify`` on the ledger for that), and nothing is charged by using it.
+A loaded release is a copy, and nothing is charged by using it. It is not checked against
+the ledger it came from: a file edited by hand consistently (another threshold, another
+order of the class names) loads as that edited release. What :func:`load_release` checks
+is the file's internal consistency (:func:`consistency_problems`): no NaN threshold, the
+class names distinct and one per probability column, the coverage guarantee the one the
+installed calibrator computes for the recorded parameters and data shape (as ``privcal
+audit verify`` recomputes it), and a several-level or Mondrian release's stored thresholds
+one per level and group as its wrapper records them. To check a copy against the ledger,
+compare it with the ledger's record of the same id: ``acct.release(saved.id) == saved`` in
+Python (the record ``privcal release show ID --json`` and ``GET /v1/releases/{id}`` print),
+and ``privcal audit verify`` for the ledger's records themselves.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from privcal.errors import InvalidInput
 
-__all__ = ["load_release"]
+__all__ = ["consistency_problems", "load_release"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -29,7 +40,9 @@ def load_release(cls: type[M], source: str | bytes | os.PathLike[str]) -> M:
     """A release from a JSON document or the path of a file holding one.
 
     A string starting with ``{`` is read as the document itself; any other string or path
-    names a file. Errors are one-line :class:`~privcal.errors.InvalidInput`.
+    names a file. Errors are one-line :class:`~privcal.errors.InvalidInput`, also for a
+    document that is not internally consistent (:func:`consistency_problems`; the module
+    docstring says what is not checked: a copy is not compared with the ledger).
     """
     if isinstance(source, bytes):
         text = source.decode("utf-8", errors="replace")
@@ -49,8 +62,124 @@ def load_release(cls: type[M], source: str | bytes | os.PathLike[str]) -> M:
         raise InvalidInput("Release.load takes a JSON string or a file path, got "
                            f"{type(source).__name__}")
     try:
-        return cls.model_validate_json(text)
+        rel = cls.model_validate_json(text)
     except ValidationError as exc:
         err: dict[str, Any] = dict(exc.errors()[0])
         loc = ".".join(str(p) for p in err.get("loc", ())) or "document"
         raise InvalidInput(f"{where} is not a saved release ({loc}: {err.get('msg')})") from None
+    problems = consistency_problems(rel)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InvalidInput(f"{where} is not a consistent saved release: {problems[0]}{more}"
+                           " (edited by hand? load the release from its ledger instead)")
+    return rel
+
+
+def _nan_thresholds(node: Any, where: str = "diagnostics") -> list[str]:
+    """Every NaN under a ``threshold``/``threshold_raw`` key of the stored diagnostics."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{where}.{key}"
+            if key in ("threshold", "threshold_raw") and isinstance(value, float) \
+                    and math.isnan(value):
+                out.append(f"{here} is NaN")
+            else:
+                out += _nan_thresholds(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out += _nan_thresholds(value, f"{where}[{i}]")
+    return out
+
+
+#: recorded floats went through JSON: as ``audit verify`` compares them
+#: (:data:`privcal.accountant.verification.REL_TOL`; not imported: verification imports
+#: the results module, which imports this one)
+_REL_TOL = 1e-9
+
+
+def _plain(obj: Any) -> Any:
+    """What a JSON document gives back: the form in which values are compared."""
+    from privcal.accountant.normalize import json_safe
+
+    return json.loads(json.dumps(json_safe(obj), default=str))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, numbers within :data:`_REL_TOL` (as ``audit verify`` compares a record)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return a == b or (math.isnan(a) and math.isnan(b))
+        return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def consistency_problems(rel: Any) -> list[str]:
+    """Why release ``rel`` (a :class:`~privcal.accountant.Release` read from a file) is not
+    one privcal could have recorded, as far as can be told without its ledger: a NaN
+    threshold; class names that are not distinct strings, one per probability column (the
+    shape's k); a coverage guarantee other than the one the installed calibrator computes
+    for its parameters and shape (numbers and, for the installed version, sentences); a
+    wrapper's stored thresholds not one per level and group (its ``check_record``). A
+    method not installed here, or a calibrator version it does not know, leaves the
+    guarantee unchecked."""
+    from privcal.accountant.prepare import validate_params
+    from privcal.calibrators import registry
+    from privcal.calibrators.base import DataShape
+    from privcal.errors import PrivcalError
+
+    out: list[str] = []
+    if math.isnan(rel.threshold):
+        out.append("threshold is NaN")
+    out += _nan_thresholds(rel.diagnostics or {})
+    classes = (rel.diagnostics or {}).get("classes")
+    k = (rel.shape or {}).get("k")
+    if classes is not None:
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            out.append("diagnostics.classes is not a list of class names")
+        elif len(set(classes)) != len(classes):
+            out.append("diagnostics.classes names a class twice")
+        elif isinstance(k, int) and len(classes) != k:
+            out.append(f"diagnostics.classes names {len(classes)} classes, but the release "
+                       f"was calibrated on k = {k} probability columns")
+    try:
+        reg = registry.get(rel.method)
+    except PrivcalError:
+        return out  # a method not installed here: its guarantee cannot be recomputed
+    cal = reg.calibrator
+    legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
+    if rel.distribution != reg.distribution or (rel.calibrator_version != cal.version
+                                                and legacy is None):
+        return out  # another package's method, or a version the installed code does not know
+    try:
+        params = validate_params(cal, {**(legacy or {}), **rel.params})
+        shape = DataShape.model_validate(rel.shape)
+        as_version = getattr(cal, "guarantee_as", None)
+        new = (as_version(rel.calibrator_version, params, shape)
+               if as_version is not None and rel.calibrator_version != cal.version
+               else cal.guarantee(params, shape))
+    except (PrivcalError, ValidationError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return [*out, f"its guarantee cannot be recomputed from its parameters and shape: "
+                      f"{text}"]
+    recorded = _plain(rel.coverage.model_dump(mode="json"))
+    recomputed = _plain(new.model_dump(mode="json"))
+    texts = ("statement", "over") if rel.calibrator_version == cal.version else ()
+    for key in sorted(set(recorded) | set(recomputed)):  # an older version's wording may differ
+        if (key in texts or key not in ("statement", "over")) \
+                and not _same(recorded.get(key), recomputed.get(key)):
+            out.append(f"coverage.{key}: recorded {recorded.get(key)!r:.120}, recomputed "
+                       f"{recomputed.get(key)!r:.120}")
+    if hasattr(cal, "check_record"):  # a levels/Mondrian wrapper: its stored thresholds
+        try:
+            out += cal.check_record(params, shape, rel.threshold, rel.diagnostics or {})
+        except (PrivcalError, AttributeError, KeyError, TypeError, ValueError):
+            out.append("diagnostics: not the per-level or per-group thresholds its method "
+                       "records")
+    return out

@@ -46,7 +46,7 @@ from privcal.calibrators.wrapped import (
 )
 from privcal.errors import InvalidInput
 
-__all__ = ["LEVELS_VERSION", "Levels", "LevelsParams", "parse_alphas"]
+__all__ = ["LEVELS_VERSION", "Levels", "LevelsParams", "level_bounds", "parse_alphas"]
 
 LEVELS_VERSION = "1.0.0"
 #: at most this many levels in one release
@@ -110,6 +110,15 @@ class LevelsParams(WrappedParams):
 def level_key(alpha: float) -> str:
     """How a level is named in ``details`` and diagnostics: ``alpha=0.1``."""
     return f"alpha={alpha:g}"
+
+
+def level_bounds(g: CoverageGuarantee,
+                 alphas: tuple[float, ...]) -> list[tuple[float, float, float]]:
+    """(α, lower bound, failure probability) of each level of ``g``, a guarantee
+    :meth:`Levels.guarantee` made for levels ``alphas`` (read from its ``details``)."""
+    return [(a, float(g.details[f"{level_key(a)}: lower"]),  # type: ignore[arg-type]
+             float(g.details[f"{level_key(a)}: failure_probability"]))  # type: ignore[arg-type]
+            for a in alphas]
 
 
 class Levels(WrappedCalibrator):

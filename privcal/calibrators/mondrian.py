@@ -18,6 +18,14 @@ refuses it), gets threshold +∞ — every label, coverage 1 — never a clipped
 Each group's n, threshold and guarantee are recorded (``coverage.details["group g: …"]``,
 recomputed by ``audit verify``; thresholds in ``diagnostics["groups"]``).
 
+**Several levels** (``mondrian:levels:METHOD``). As for ``levels:METHOD``, the release's
+single threshold is the smallest α's, and so are the headline ``lower`` and
+``failure_probability`` (the smallest α's bound, min over groups, and Σ δ_g); the
+statement states every level ("2 levels; at α=0.1: for each of the … groups …; at α=0.2:
+…"), each level's bound being min_g lower_g(α) with probability ≥ 1 − Σ_g δ_g(α). Version
+1.0.0 of this wrapper stated the smallest α's only, without saying so; ``audit verify``
+recomputes a 1.0.0 release in its own wording (:meth:`Mondrian.guarantee_as`).
+
 **Privacy: parallel composition, on one condition.** If every record's group is public
 (or fixed in advance, e.g. a stratified sample), the neighbouring datasets of the claim
 differ in one record *within its group*: the group sizes n_g do not change, and only one
@@ -40,6 +48,7 @@ exist: predicting for it is an error.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -55,6 +64,7 @@ from privcal.calibrators.base import (
     CoverageGuarantee,
     DataShape,
 )
+from privcal.calibrators.levels import level_bounds
 from privcal.calibrators.wrapped import (
     WrappedCalibrator,
     WrappedParams,
@@ -68,7 +78,10 @@ from privcal.errors import InvalidInput
 
 __all__ = ["MONDRIAN_VERSION", "NEIGHBOURING", "Mondrian", "MondrianParams"]
 
-MONDRIAN_VERSION = "1.0.0"
+#: 1.1.0: a several-level release's statement states every level (1.0.0: the smallest α's)
+MONDRIAN_VERSION = "1.1.0"
+#: the versions before: recomputed by their own wording (:meth:`Mondrian.guarantee_as`)
+_OLDER = ("1.0.0",)
 #: at most this many groups in one release
 MAX_GROUPS = 10_000
 
@@ -121,6 +134,18 @@ class MondrianParams(WrappedParams):
     def inner_params(self) -> Any:
         """The inner method's validated parameters."""
         return self.inner_model.model_validate({**self.inner_values(), "alpha": self.alpha})
+
+
+def _groups_sentence(group_by: str, bounds: list[tuple[str, float, float]]) -> str:
+    """The guarantee of every group at once, from each group's (name, lower bound, failure
+    probability): the smallest bound, with probability ≥ 1 − Σ δ_g (union bound)."""
+    lower = min(b[1] for b in bounds)
+    fail = min(1.0, math.fsum(b[2] for b in bounds))
+    worst = min(bounds, key=lambda b: b[1])
+    return (f"for each of the {len(bounds)} {group_by} groups g, P(Y ∈ C(X) | G = g) ≥ "
+            f"that group's lower bound (smallest: {lower:.6g}, group {worst[0]!r}); all "
+            f"groups at once with probability ≥ {1 - fail:.6g}; hence marginal coverage ≥ "
+            f"{lower:.6g}")
 
 
 def group_key(name: str) -> str:
@@ -208,34 +233,74 @@ class Mondrian(WrappedCalibrator):
             raise InvalidInput(f"{self.inner.name} is private for some groups only")
         return max_cost(costs)
 
+    #: the wrapper version whose wording :meth:`guarantee` writes (:meth:`guarantee_as`)
+    _wording: str = MONDRIAN_VERSION
+
+    @property
+    def legacy_params(self) -> dict[str, dict[str, object]]:
+        """The inner method's older versions under this wrapper's version, and every inner
+        version under each older version of this wrapper: ``audit verify`` recomputes a
+        release of any of them by its own formula and wording."""
+        inner = {self.inner.version: {}, **getattr(self.inner, "legacy_params", {})}
+        out = {f"{MONDRIAN_VERSION}/{v}": p for v, p in inner.items()
+               if v != self.inner.version}
+        for own in _OLDER:
+            out.update({f"{own}/{v}": p for v, p in inner.items()})
+        return out
+
+    def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
+        """The guarantee as Mondrian ``version`` (``"<own>/<inner version>"``) recorded it:
+        the inner method's by its version's formula, stated in this wrapper's wording of
+        then (1.0.0: a several-level release's smallest α only). A bare inner version (as
+        :meth:`WrappedCalibrator.guarantee_as` takes it) is stated in the installed wording."""
+        twin = copy.copy(self)
+        known = {self.inner.version, *getattr(self.inner, "legacy_params", {})}
+        for own in (MONDRIAN_VERSION, *_OLDER):
+            inner_version = version.removeprefix(f"{own}/")
+            if inner_version != version and inner_version in known:
+                twin._wording = own
+                version = f"{MONDRIAN_VERSION}/{inner_version}"
+                break
+        # otherwise the inner method's version alone, stated in the installed wording
+        return WrappedCalibrator.guarantee_as(twin, version, params, shape)
+
     def guarantee(self, params: MondrianParams, shape: DataShape) -> CoverageGuarantee:
         """Each group's guarantee at its n_g (in details); headline: the smallest lower
-        bound, holding with probability ≥ 1 − Σ δ_g (module docstring)."""
+        bound, holding with probability ≥ 1 − Σ δ_g (module docstring). Several levels: the
+        headline is the smallest α's, and the statement states every level."""
         p = params.inner_params()
         per = []
         for name, n in zip(params.groups, self._sizes(params, shape), strict=True):
             g = self._group_guarantee(p, n, shape.k)
-            per.append((name, n, g if g is not None else self._trivial(p, n)))
-        lower = min(g.lower for _, _, g in per)
-        fail = min(1.0, math.fsum(g.failure_probability for _, _, g in per))
-        target = per[0][2].target
+            per.append((name, n, g))
+        trivial = {name: self._trivial(p, n) for name, n, g in per if g is None}
+        full = [(name, n, g if g is not None else trivial[name]) for name, n, g in per]
+        lower = min(g.lower for _, _, g in full)
+        fail = min(1.0, math.fsum(g.failure_probability for _, _, g in full))
+        target = full[0][2].target
         details: dict[str, float | int | str | None] = {
-            "groups": len(per), "group_by": params.group_by,
+            "groups": len(full), "group_by": params.group_by,
             "assumption": "every record's group is public or fixed in advance (asserted)"}
-        for name, n, g in per:
+        for name, n, g in full:
             put_details(details, group_key(name), g, n=n)
-        worst = min(per, key=lambda x: x[2].lower)
+        statement = _groups_sentence(params.group_by,
+                                     [(name, g.lower, g.failure_probability)
+                                      for name, _, g in full])
+        if isinstance(params.alpha, tuple) and self._wording not in _OLDER:
+            # each level's bound per group: a group the method cannot run on is +∞ at
+            # every level (coverage 1, nothing can fail)
+            by_group = [[(a, 1.0, 0.0) for a in params.alpha] if g is None
+                        else level_bounds(g, params.alpha) for _, _, g in per]
+            statement = f"{len(params.alpha)} levels; " + "; ".join(
+                f"at α={a:g}: " + _groups_sentence(params.group_by, [
+                    (name, b[i][1], b[i][2])
+                    for (name, _, _), b in zip(per, by_group, strict=True)])
+                for i, a in enumerate(params.alpha))
         return CoverageGuarantee(
             target=target, lower=lower, upper=None, failure_probability=fail,
             over=f"calibration data and test point within each {params.group_by} group "
                  "(exchangeable within the group), and the method's noise",
-            rank=None,
-            statement=(f"for each of the {len(per)} {params.group_by} groups g, "
-                       f"P(Y ∈ C(X) | G = g) ≥ that group's lower bound (smallest: "
-                       f"{lower:.6g}, group {worst[0]!r}); all groups at once with "
-                       f"probability ≥ {1 - fail:.6g}; hence marginal coverage ≥ "
-                       f"{lower:.6g}"),
-            details=details,
+            rank=None, statement=statement, details=details,
         )
 
     def check_record(self, params: MondrianParams, shape: DataShape, threshold: float,

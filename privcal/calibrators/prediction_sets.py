@@ -180,7 +180,13 @@ def release_classes(release: Any) -> list[str] | None:
 
 
 def set_labels(sets: np.ndarray, classes: list[str] | None) -> list[list[Any]]:
-    """Each prediction set as a list: of class names when known, else of column indices."""
+    """Each prediction set as a list: of class names when known, else of column indices.
+    Class names must be one per column of ``sets``: otherwise a one-line
+    :class:`InvalidInput` (never a set of the wrong names, nor an IndexError)."""
     if classes is None:
         return [np.flatnonzero(r).tolist() for r in sets]
+    k = int(np.shape(sets)[1]) if np.ndim(sets) == 2 else None
+    if k is not None and len(classes) != k:
+        raise InvalidInput(f"{len(classes)} class names for sets over {k} classes: the "
+                           "class names must be one per probability column, in order")
     return [[classes[j] for j in np.flatnonzero(r)] for r in sets]

@@ -167,7 +167,9 @@ def _bulk_subjects(count: int | None, prefix: str | None, path: str | None) -> l
             raise InvalidInput("--subject-prefix needs --count N")
         return [f"{prefix}{i}" for i in range(count)]
     try:
-        with click.open_file(path, encoding="utf-8") as f:
+        # utf-8-sig: a list saved with a byte-order mark (Windows Notepad) reads like any
+        # other, as privcal's CSV reader does, rather than with U+FEFF on its first id
+        with click.open_file(path, encoding="utf-8-sig") as f:
             subs = [line.rstrip("\r\n") for line in f]
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"--subjects {path}: cannot read it: {exc}") from None
