@@ -158,8 +158,10 @@ class ZCDP(_Cost):
 
     def to_approx(self, delta: object) -> ApproxDP:
         """(ε, δ)-DP at ``delta`` ∈ (0, 1) by Canonne, Kamath & Steinke 2020, Prop. 12 /
-        Cor. 13 (:func:`privcal.accountant.privacy.conversions.cks20_epsilon`), ε rounded *up* to 6
-        significant digits — the conversion the accountant reports."""
+        Cor. 13 (:func:`privcal.accountant.privacy.conversions.cks20_epsilon`, an upper bound
+        that allows for its float error), ε rounded *up* to 6 significant digits — the
+        conversion the accountant reports. A ρ or δ the conversion cannot evaluate in floating
+        point (e.g. beyond ~1e308) is an InvalidInput."""
         from privcal.accountant.privacy.conversions import cks20_epsilon, round_up
 
         d = _delta(delta, allow_zero=False)

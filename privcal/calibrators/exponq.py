@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 from typing import ClassVar
 
 from pydantic import Field, model_validator
@@ -60,6 +61,7 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
 )
+from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.mechanisms.exponential import exponential_quantile, grid
 from privcal.calibrators.split import _scores
 from privcal.costs import PureDP
@@ -140,6 +142,26 @@ def inflated_level(alpha: float, epsilon: float, n: int, m: int, gamma: float) -
     )
 
 
+def proven_lower(alpha: float, gamma: float, n: int) -> Fraction:
+    """A rational lower bound of the coverage Thm 2 proves, for the recorded ``lower``.
+
+    The proof (as in Humbert et al. 2023, proof of Thm 4.1, eq. (20)): with probability
+    ≥ 1−γα given the scores, the draw is at least the k-th smallest score,
+    k = ⌈(n+1)(1−α)/(1−γα)⌉, so P(Y ∈ C(X)) ≥ (1−γα)·k/(n+1), which exceeds 1−α by
+    (1−γα)(k − x)/(n+1), x = (n+1)(1−α)/(1−γα). That ceiling's slack is what lets the float
+    1−α (an ulp above the decimal 1−α for about one α in five, e.g. α = 0.18 →
+    0.8200000000000001) be recorded unchanged: it is far more than an ulp unless x lies just
+    above an integer. x is taken exactly from the float α and γ the mechanism uses, and k
+    from x less a margin n·1e−11 (which covers the float error of q̃ and of its log term,
+    ~1e−15 relative, in ranks), so this bound holds for the q̃ actually computed. Where the
+    slack is smaller than the ulp, ``float_at_most`` records a smaller float.
+    """
+    a, g = Fraction(alpha), Fraction(gamma)
+    x = (n + 1) * (1 - a) / (1 - g * a)
+    k = math.ceil(x - Fraction(n) * Fraction(1, 10**11))
+    return (1 - g * a) * k / (n + 1)
+
+
 class ExponQ:
     """ExponQ: ε-DP conformal threshold by the exponential mechanism on a public grid."""
 
@@ -209,14 +231,16 @@ class ExponQ:
                 ),
                 details=details,
             )
+        bound = proven_lower(alpha, gamma, n)
         return CoverageGuarantee(
             target=1 - alpha,
-            lower=1 - alpha,
+            lower=float_at_most(1 - alpha, bound),
             upper=None,
             failure_probability=0.0,
             over=over,
             statement=(
-                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g}, marginally over the calibration data, the "
+                f"P(Y ∈ C(X)) ≥ {text_at_most(1 - alpha, bound)}, marginally over the "
+                "calibration data, the "
                 f"mechanism's randomness and the test point (Angelopoulos et al. 2022, Thm 2; "
                 f"q̃ = {q:.6g}, m = {m} bins)"
             ),

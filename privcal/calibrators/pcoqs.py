@@ -91,6 +91,7 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
 )
+from privcal.calibrators.bound_floats import float_at_most, rank_bound, text_at_most
 from privcal.calibrators.mechanisms.discrete_gaussian import discrete_gaussian, to_fraction
 from privcal.calibrators.split import _scores
 from privcal.calibrators.tail_bounds import discrete_gaussian_cutoff
@@ -347,6 +348,7 @@ class PCOQS:
             lower = 1 - alpha
             # on E, #{s ≤ left} < r' + τ, so P(S ≤ left) ≤ ⌈r' + τ⌉/(n+1) without ties
             upper = min(1.0, math.ceil(r + tau) / (n + 1))
+        lower = float_at_most(lower, bound := rank_bound(r, tau, n))  # on E, counts ≥ r − τ
         details["upper_requires"] = "no ties; " + ("" if version in _SHORT_UPPER_REQUIRES else (
             "every score in [lower, upper] (a score below lower is counted at every step, one "
             "above upper never: either can push the coverage above this bound); ")
@@ -357,7 +359,8 @@ class PCOQS:
         return CoverageGuarantee(
             target=1 - alpha, lower=lower, upper=upper, failure_probability=beta, over=over,
             rank=r, statement=(
-                f"{lower:.6g} ≤ P(Y ∈ C(X) | E) ≤ {upper:.6g}, where the probability is over "
+                f"{text_at_most(lower, bound)} ≤ P(Y ∈ C(X) | E) ≤ {upper:.6g}, where the "
+                "probability is over "
                 f"the calibration data and the test point (marginal, not per release) and E, "
                 f"the event that all N = {n_steps} noisy counts are "
                 f"{'at most' if exact else 'within'} τ = {tau:.4g} "

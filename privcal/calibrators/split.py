@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
@@ -28,6 +29,12 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
     conformal_rank,
+)
+from privcal.calibrators.bound_floats import (
+    float_at_least,
+    float_at_most,
+    text_at_least,
+    text_at_most,
 )
 from privcal.calibrators.validation import check_scores
 from privcal.errors import InvalidInput
@@ -76,7 +83,12 @@ class SplitConformal:
         return None
 
     def guarantee(self, params: SplitParams, shape: DataShape) -> CoverageGuarantee:
-        """Marginal coverage ≥ 1−α; ≤ 1−α+1/(n+1) when scores have no ties (Lei et al. 2018)."""
+        """Marginal coverage ≥ 1−α; ≤ 1−α+1/(n+1) when scores have no ties (Lei et al. 2018).
+
+        Both are r/(n+1) in the proof; a float past it is recorded as the nearest float on the
+        proof's side (:mod:`~privcal.calibrators.bound_floats`): a release recorded before
+        that check with such a figure (e.g. α = 0.7, n = 9: 0.30000000000000004) stated more
+        than the proof gives, and ``privcal audit verify`` now reports it."""
         n, alpha = shape.n, params.alpha
         r = conformal_rank(n, alpha)
         if r > n:
@@ -93,17 +105,22 @@ class SplitConformal:
                 ),
                 details={"n": n, "alpha": alpha, "rank": r},
             )
-        upper = min(1.0, 1 - alpha + 1 / (n + 1))
+        # the proof: P(Y ∈ C(X)) ≥ r/(n+1), = r/(n+1) without ties (r exact). The floats
+        # 1−α and 1−α+1/(n+1) are recorded as they always were unless one is past it (α = 0.7,
+        # n = 9 gave 0.30000000000000004 > 3/10): bound_floats, which also says why
+        exact = Fraction(r, n + 1)
+        lower = float_at_most(1 - alpha, exact)
+        upper = float_at_least(min(1.0, 1 - alpha + 1 / (n + 1)), exact)
         return CoverageGuarantee(
             target=1 - alpha,
-            lower=1 - alpha,
+            lower=lower,
             upper=upper,
             failure_probability=0.0,
             over="calibration data and test point (marginal)",
             rank=r,
             statement=(
-                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over calibration data and test point; "
-                f"≤ {upper:.6g} when the scores have no ties"
+                f"P(Y ∈ C(X)) ≥ {text_at_most(1 - alpha, exact)} over calibration data and "
+                f"test point; ≤ {text_at_least(upper, exact)} when the scores have no ties"
             ),
             details={"n": n, "alpha": alpha, "rank": r, "upper_requires": "no ties"},
         )

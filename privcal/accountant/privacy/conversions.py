@@ -1,9 +1,9 @@
 """Conversions between privacy notions, and how a figure is reported: pure mathematics.
 
 No database here. Amounts that are stored or summed are exact :class:`~decimal.Decimal`;
-conversions to (ε, δ) are evaluated in floating point and the reported ε is
-rounded *up* (:func:`round_up`), so a reported figure is never smaller than the
-true bound.
+conversions to (ε, δ) are evaluated in floating point, inflated by a bound on the
+evaluation's rounding error (:func:`cks20_error_bound`), and the reported ε is rounded *up*
+(:func:`round_up`), so a reported figure is never smaller than the true bound.
 
 Notions (SPEC.md §3):
 
@@ -28,6 +28,7 @@ __all__ = [
     "REPORT_DIGITS",
     "check_delta",
     "cks20_epsilon",
+    "cks20_error_bound",
     "cks20_objective",
     "cks20_order",
     "dstr",
@@ -77,8 +78,36 @@ def cks20_objective(a: float, rho: float, log_inv_delta: float) -> float:
     """The CKS20 bound on ε at one Rényi order a > 1 (any a > 1 gives a valid ε)."""
     # Canonne, Kamath & Steinke 2020, Prop. 12 (as stated in SPEC §3):
     # ε = aρ + (ln(1/δ) + (a−1)·ln(1−1/a) − ln a)/(a−1), any a > 1.
+    if not a > 1.0:
+        raise InvalidInput(f"a Rényi order must be > 1, got {a}")
     am1 = a - 1.0
     return a * rho + (log_inv_delta + am1 * math.log1p(-1.0 / a) - math.log(a)) / am1
+
+
+#: relative allowance per term for the float error of :func:`cks20_objective`, whose dozen
+#: correctly rounded or faithful operations err by ~1e−15 of its terms' size (as
+#: :data:`~privcal.accountant.privacy.filters._FLOAT_SLACK`): generous on purpose
+_CKS20_SLACK = 1e-12
+
+
+def cks20_error_bound(a: float, rho: float, delta: float) -> float:
+    """A bound on |float :func:`cks20_objective` − its exact value| at the float order ``a``.
+
+    The exact value is taken at the exact ρ and δ the floats ``rho`` and ``delta`` stand for,
+    within half an ulp (a caller's decimal ρ or δ converted by ``float()``). The objective
+    is a sum of terms aρ, ln(1/δ)/(a−1), ln(1−1/a) and −ln(a)/(a−1); each operation errs by
+    at most an ulp of its result, so the error is a small multiple of 1.1e−16 times the sum
+    of the terms' sizes — with two terms that do not scale with them: 1/a rounded moves
+    ln(1−1/a) by ~1.1e−16/(a−1) (a near 1, i.e. large ρ), and δ rounded (a subnormal δ keeps
+    few bits) moves ln(1/δ) by ≤ ulp(δ)/δ, divided by a−1. Near the bound's zero crossing
+    (ρ ≈ eδ²/2) the terms cancel, so an allowance relative to the result alone would not
+    do (red team 6: a value computed ≤ 0 there was reported 0 for a true ε > 0).
+    """
+    am1 = a - 1.0
+    lid = -math.log(delta)
+    size = (a * rho + a * math.ulp(rho) + abs(math.log1p(-1.0 / a))
+            + (lid + abs(math.log(a)) + 1.0) / am1)
+    return _CKS20_SLACK * size + (math.ulp(delta) / delta) / am1
 
 
 def cks20_order(rho: float, delta: float) -> float:
@@ -90,15 +119,34 @@ def cks20_order(rho: float, delta: float) -> float:
     if not (rho > 0 and math.isfinite(rho)):
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
     check_delta(delta)
-    lid = math.log(1.0 / delta)
+    lid = -math.log(delta)  # ln(1/δ): finite for a subnormal δ too, where 1/δ overflows
     # Minimise over t = ln(a − 1): the objective is smooth and unimodal there, and the
     # optimum sits near a ≈ 1 + √(ln(1/δ)/ρ), comfortably inside the bracket. A golden-section
     # search in pure Python (≈ 70 evaluations to |Δt| ≤ 1e−12) keeps SciPy off the path of
     # `budget show` and of every charge.
-    guess = math.log(math.sqrt(lid / rho))
-    t = _golden_min(lambda x: cks20_objective(1.0 + math.exp(x), rho, lid),
-                    guess - 12.0, guess + 12.0, tol=1e-12)
-    return 1.0 + math.exp(t)
+    q = lid / rho  # over- or underflows only for a ρ near the ends of the floats
+    guess = (math.log(math.sqrt(q)) if 0.0 < q < math.inf
+             else 0.5 * (math.log(lid) - math.log(rho)))
+    t = _golden_min(lambda x: _objective_at(x, rho, lid), guess - 12.0, guess + 12.0, tol=1e-12)
+    a = 1.0 + math.exp(t)
+    if not (1.0 < a < math.inf and math.isfinite(_objective_at(t, rho, lid))):
+        raise InvalidInput(f"ρ={rho} at δ={delta} is outside the range the CKS20 conversion "
+                           "can evaluate in floating point")
+    return a
+
+
+def _objective_at(x: float, rho: float, lid: float) -> float:
+    """The objective at a = 1 + eˣ for the search; +∞ where that order is not a float > 1
+    (a huge ρ puts the optimum at a − 1 below the floats' resolution near 1, red team 6:
+    ρ = 1e30 crashed in log1p(−1)) or the value is not a number, so the search moves away."""
+    try:
+        a = 1.0 + math.exp(x)
+    except OverflowError:
+        return math.inf
+    if not 1.0 < a < math.inf:
+        return math.inf
+    v = cks20_objective(a, rho, lid)
+    return v if v == v else math.inf
 
 
 _INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
@@ -126,10 +174,22 @@ def cks20_epsilon(rho: float, delta: float) -> float:
 
     ε(δ) = inf_{a>1} [aρ + (ln(1/δ) + (a−1)ln(1−1/a) − ln a)/(a−1)], minimised over a
     continuous a (SPEC §3). Reproduces the SPEC table, e.g. ρ=0.1, δ=1e−5 → 1.9142.
+
+    The float returned is an *upper bound* on the exact bound at the order found: the float
+    evaluation plus :func:`cks20_error_bound` (≈ 1e−12 of its terms), so that
+    :func:`round_up` of it is never below the true figure (red team 6: without it, ρ =
+    0.10825636382305727, δ = 1e−5 reported ε = 2 against an exact 2.000000000000000115, and a
+    value computed ≤ 0 near the zero crossing was reported 0). A reported ε differs from
+    the un-inflated one's only where a 6-digit boundary lies within that allowance. A ρ
+    or δ whose evaluation is not finite is an InvalidInput, never a NaN turned into 0.
     """
     a = cks20_order(rho, delta)
+    # an upper bound on the exact value at a: the float value plus its error bound
+    up = cks20_objective(a, rho, -math.log(delta)) + cks20_error_bound(a, rho, delta)
+    if not math.isfinite(up):
+        raise InvalidInput(f"ρ={rho} at δ={delta} gives no finite CKS20 ε in floating point")
     # for large δ the bound can dip below 0; (ε<0, δ)-DP implies (0, δ)-DP
-    return max(0.0, cks20_objective(a, rho, math.log(1.0 / delta)))
+    return max(0.0, up)
 
 
 def simple_zcdp_epsilon(rho: float, delta: float) -> float:
@@ -137,4 +197,4 @@ def simple_zcdp_epsilon(rho: float, delta: float) -> float:
     if not (rho > 0 and math.isfinite(rho)):
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
     check_delta(delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    return rho + 2.0 * math.sqrt(rho * -math.log(delta))

@@ -11,7 +11,6 @@ parameters before it runs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from decimal import Context, Decimal, localcontext
 
@@ -75,6 +74,8 @@ NEIGHBOURING = (
 
 #: the context of the guarantee's own arithmetic (ε + S), whatever the caller's context is
 _EXACT = Context(prec=80)
+#: relative allowance for the float error of a sum of two nonnegative floats (~2 ulps)
+_SUM_SLACK = 1e-12
 
 
 def filter_guarantee(policy: Policy, reporting_delta: Decimal,
@@ -133,8 +134,9 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
                          "Rogers–Roth–Ullman–Vadhan 2016)")
     if policy.notion == "zcdp":
         assert policy.rho is not None
-        e = round_up(math.nextafter(cks20_epsilon(float(policy.rho), float(reporting_delta)),
-                                    math.inf))
+        # cks20_epsilon is already an upper bound on the exact value (its float error bound
+        # added, which a nextafter here did not cover: red team 6)
+        e = round_up(cks20_epsilon(float(policy.rho), float(reporting_delta)))
         return Guarantee(e, reporting_delta,
                          "ρ-zCDP filter: Σρ ≤ cap (Feldman–Zrnic 2021), the cap converted by "
                          "CKS20 at the reporting δ")
@@ -185,15 +187,18 @@ def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal) -> Spe
     else:
         if spent.zcdp_rho == 0:
             cands["basic composition (Σε)"] = (spent.pure_eps, Decimal(0))
-        total_rho = float(spent.pure_rho + spent.zcdp_rho)
+        with localcontext(_EXACT):
+            total_rho = float(spent.pure_rho + spent.zcdp_rho)
         cands["CKS20 of total ρ (pure ε counted as ε²/2)"] = (
             round_up(cks20_epsilon(total_rho, rd)), reporting_delta,
         )
         if spent.zcdp_rho > 0 and spent.pure_eps > 0:
             # pure group by basic composition, δ only for the zCDP group
+            # each part an upper bound (float(Σε) within an ulp): the float sum and that ulp
+            # within the relative allowance (a nextafter covered the sum only)
             e = float(spent.pure_eps) + cks20_epsilon(float(spent.zcdp_rho), rd)
             cands["basic composition of pure ε + CKS20 of zCDP ρ"] = (
-                round_up(math.nextafter(e, math.inf)), reporting_delta,
+                round_up(e + e * _SUM_SLACK), reporting_delta,
             )
     rule, (eps_d, delta_d) = min(cands.items(), key=lambda kv: (kv[1][0], kv[1][1]))
     return SpentEpsilon(eps_d, delta_d, rule, {k: dstr(v[0]) for k, v in cands.items()})
