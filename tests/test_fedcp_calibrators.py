@@ -73,7 +73,8 @@ def test_fedcp_qq_unequal_sizes_and_string_ids() -> None:
         msgs.append(s[lj - 1] if lj <= s.size else math.inf)
     assert res.threshold == np.sort(msgs)[plan.k - 1]
     g = cal.guarantee(p, DataShape(n=71, group_sizes=(30, 20, 12, 9)))
-    assert g.rank == plan.k and g.upper == plan.M
+    # the recorded upper is M plus the quadrature's allowance (red team 6: a bound, not M)
+    assert g.rank == plan.k and plan.M < g.upper <= plan.M + 2e-12
 
 
 def test_fedcp2_qq_cost_guarantee_calibrate() -> None:
@@ -183,7 +184,7 @@ def test_fedcp_qq_pinned_agent_order_gives_the_replanned_guarantee() -> None:
     p = cal.Params(alpha=0.1, agent_order=plan.l)
     assert cal.plan(p, shape) == sub
     g = cal.guarantee(p, shape)
-    assert (g.rank, g.upper, g.details["l"]) == (sub.k, sub.M, 183)
+    assert (g.rank, g.details["l"]) == (sub.k, 183) and sub.M < g.upper <= sub.M + 2e-12
     assert g.details["plan"].startswith("agent order ℓ pinned")
     assert cal.guarantee(cal.Params(alpha=0.1), shape).details["l"] == 181  # the fresh ℓ*
     data = _data([200] * 3, seed=7)

@@ -310,3 +310,33 @@ def test_a_pool_timeout_is_a_ledger_error_that_names_no_url(ledger: Ledger) -> N
     finally:
         for c in held:
             c.close()
+
+
+# ------------------------------------------------ federated plans within the tolerance
+def test_fedcp_records_no_coverage_above_its_plans_exact_m() -> None:
+    """The planners accept M within FEAS_TOL (1e-12) below 1−α; FedCP-QQ and FedCP²-QQ then
+    recorded lower = 1−α, above the plan's exact coverage (m = 1: M = ℓ/(n+1) exactly)."""
+    from fractions import Fraction
+
+    from privcal.calibrators.base import DataShape
+    from privcal.calibrators.fedcp2_qq import FedCP2QQ
+    from privcal.calibrators.fedcp_qq import FedCPQQ
+
+    cal = FedCPQQ()
+    for alpha, exact in ((0.6999999999995, Fraction(3, 10)), (0.0999999999995, Fraction(9, 10))):
+        p = cal.Params.model_validate({"alpha": alpha})
+        g = cal.guarantee(p, DataShape(n=9, group_sizes=(9,)))
+        assert Fraction(repr(g.lower)) <= exact <= Fraction(repr(g.upper))
+        said = g.statement.split("≥ ")[1].split(" ")[0]
+        assert Fraction(said) <= exact
+        old = cal.guarantee_as("1.0.0", p, DataShape(n=9, group_sizes=(9,)))
+        assert old.lower == 1 - alpha  # what 1.0.0 recorded, recomputed as it was
+    cal2 = FedCP2QQ()
+    p2 = cal2.Params.model_validate({"alpha": 0.1009081735615545, "epsilon": 50, "bins": 100,
+                                     "lower": 0, "upper": 1})
+    shape = DataShape(n=99, group_sizes=(99,))
+    g2, plan = cal2.guarantee(p2, shape), cal2.plan(p2, shape)
+    assert plan.k_gamma == 1
+    exact2 = Fraction(plan.l_gamma, 100) * (1 - Fraction(plan.gamma) * Fraction(0.1009081735615545))
+    assert Fraction(repr(g2.lower)) <= exact2
+    assert Fraction(g2.statement.split("≥ ")[1].split(" ")[0]) <= exact2

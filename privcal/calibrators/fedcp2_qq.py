@@ -37,6 +37,7 @@ Review (issue 14.8)
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 from typing import ClassVar
 
 from pydantic import AliasChoices, Field, model_validator
@@ -49,9 +50,11 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
 )
+from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
 from privcal.calibrators.federated_agent import HONEST_AGENTS, aggregate, fedcp2_qq_message
 from privcal.calibrators.fedplan import (
+    FEAS_TOL,
     MAX_BINS,
     Fed2Plan,
     plan_fedcp2_qq,
@@ -170,11 +173,26 @@ class FedCP2QQ:
 
     def guarantee(self, params: FedCP2QQParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage ≥ 1−α, marginally (Humbert et al. 2023, Thm 4.1; proof App. C.4)."""
+        return self.guarantee_as(self.version, params, shape)
+
+    def guarantee_as(self, version: str, params: FedCP2QQParams,
+                     shape: DataShape) -> CoverageGuarantee:
+        """:meth:`guarantee` as calibrator ``version`` recorded it. The planner accepts a plan
+        whose computed proof bound M_γ·(1−γα) is within
+        :data:`~privcal.calibrators.fedplan.FEAS_TOL` below 1−α (a quadrature): since 1.1.0
+        the recorded lower bound is then that bound minus FEAS_TOL, never above the proof
+        (red team 6: m = 1, n = 99, ε = 50, α = 0.1009081735615545 recorded
+        0.8990918264384455 against a proof bound of 0.899091826437946); 1.0.0 recorded 1−α."""
         p = plan_for(params, shape)
         alpha = params.alpha
+        lower, said = 1 - alpha, f"{1 - alpha:.6g}"
+        if version != "1.0.0":
+            proven = Fraction(p.proof_bound) - Fraction(FEAS_TOL)
+            lower = float_at_most(1 - alpha, proven)
+            said = text_at_most(lower, proven)
         return CoverageGuarantee(
             target=1 - alpha,
-            lower=1 - alpha,
+            lower=lower,
             upper=None,
             failure_probability=0.0,
             over=(
@@ -183,7 +201,7 @@ class FedCP2QQ:
             ),
             rank=p.k_gamma,
             statement=(
-                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over all agents' data, their DP noise and the "
+                f"P(Y ∈ C(X)) ≥ {said} over all agents' data, their DP noise and the "
                 f"test point, {HONEST_AGENTS}; each agent's message is {p.epsilon:g}-DP w.r.t. "
                 "its own scores"
             ),

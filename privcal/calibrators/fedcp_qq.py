@@ -29,6 +29,7 @@ Review (issue 14.8)
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
@@ -42,8 +43,10 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
 )
+from privcal.calibrators.bound_floats import float_at_least, float_at_most, text_at_most
 from privcal.calibrators.federated_agent import HONEST_AGENTS, aggregate, fedcp_qq_message
 from privcal.calibrators.fedplan import (
+    FEAS_TOL,
     FedPlan,
     FedPlanUnequal,
     plan_fedcp_qq,
@@ -152,8 +155,24 @@ class FedCPQQ:
 
     def guarantee(self, params: FedCPQQParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage ≥ 1−α, = M_{ℓ,k} for continuous scores (Thm 3.2; App. A.1 for unequal sizes)."""
+        return self.guarantee_as(self.version, params, shape)
+
+    def guarantee_as(self, version: str, params: FedCPQQParams,
+                     shape: DataShape) -> CoverageGuarantee:
+        """:meth:`guarantee` as calibrator ``version`` recorded it. The planner accepts a plan
+        whose computed M is within :data:`~privcal.calibrators.fedplan.coverage.FEAS_TOL` below
+        1−α (M is a quadrature, off by ~1e-14): since 1.1.0 the recorded lower bound is then
+        M − FEAS_TOL, never 1−α above the plan's exact coverage, and the upper bound
+        M + FEAS_TOL (red team 6: m = 1, n = 9, α = 0.6999999999995 recorded 0.3000000000005
+        for an exact coverage of 3/10); 1.0.0 recorded 1−α and M."""
         plan = plan_for(params, shape)
         alpha = params.alpha
+        lower, upper, said = 1 - alpha, plan.M, f"{1 - alpha:.6g}"
+        if version != "1.0.0":
+            proven = Fraction(plan.M) - Fraction(FEAS_TOL)  # the exact M is at least this
+            lower = float_at_most(1 - alpha, proven)
+            upper = min(1.0, float_at_least(plan.M, Fraction(plan.M) + Fraction(FEAS_TOL)))
+            said = text_at_most(lower, proven)
         details: dict[str, float | int | str | None] = {
             "alpha": alpha,
             "m": plan.m,
@@ -178,8 +197,8 @@ class FedCPQQ:
             )
         return CoverageGuarantee(
             target=1 - alpha,
-            lower=1 - alpha,
-            upper=plan.M,
+            lower=lower,
+            upper=upper,
             failure_probability=0.0,
             over=(
                 "calibration scores of all agents and the test point (marginal; i.i.d. "
@@ -187,7 +206,7 @@ class FedCPQQ:
             ),
             rank=plan.k,
             statement=(
-                f"P(Y ∈ C(X)) ≥ {1 - alpha:.6g} over all agents' calibration data and the test "
+                f"P(Y ∈ C(X)) ≥ {said} over all agents' calibration data and the test "
                 f"point, {HONEST_AGENTS}; exactly M = {plan.M:.10f} when the scores are "
                 "continuous"
             ),

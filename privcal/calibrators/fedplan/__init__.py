@@ -25,6 +25,7 @@ imported only when an M value is computed, so ``privcal.client`` loads none.
 from __future__ import annotations
 
 from privcal.calibrators.fedplan.coverage import (
+    FEAS_TOL,
     GL_NODES,
     coverage_M,
     coverage_M_array,
@@ -51,6 +52,7 @@ from privcal.calibrators.fedplan.unequal import (
 )
 
 __all__ = [
+    "FEAS_TOL",
     "GAMMA_GRID",
     "GL_NODES",
     "MAX_AGENTS",
