@@ -13,7 +13,7 @@ still unchecked (the writer checks the batch's tokens in bulk just before it wri
 revoked/expired 401, other role 403, other session 404) and sends the outcome (201
 accepted, 200 duplicate, 409 problem).
 
-Anything else — a missing or malformed token, a malformed session id or report id,
+Anything else — a query string, a missing or malformed token, a malformed session id or report id,
 another content type, a body that is not exactly a valid report — goes, its body
 replayed, through the whole app (:class:`privcal.service.app.ServiceMiddleware` and the
 FastAPI route), which answers it as before (the route's OpenAPI entry documents the
@@ -43,9 +43,10 @@ _HEADERS_JSON = (b"content-type", b"application/json")
 
 def lean_target(scope: Scope) -> int | None:
     """The session id of a report PUT the lean path may answer (a valid session id and
-    report id, a JSON content type); None: leave it to the FastAPI route."""
+    report id, a JSON content type, no query string); None: leave it to the FastAPI route
+    (which refuses a query parameter it does not declare: :mod:`privcal.service.query_params`)."""
     m = _LEAN_PATH.match(scope["path"])
-    if m is None:
+    if m is None or scope.get("query_string"):
         return None
     sid = int(m.group(1))
     if sid > _SID_MAX:

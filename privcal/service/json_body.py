@@ -135,12 +135,18 @@ class JsonRequest(Request):
 
 
 class JsonRoute(APIRoute):
-    """An API route whose handler reads its JSON body as a :class:`JsonRequest`."""
+    """An API route whose handler reads its JSON body as a :class:`JsonRequest`, and whose
+    writing methods refuse a query parameter the route does not declare (422, before the
+    handler runs: :mod:`privcal.service.query_params`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        from privcal.service.query_params import declared_query_names, query_guard
+
         handle = super().get_route_handler()
+        accepted = declared_query_names(self.dependant)
 
         async def handler(request: Request) -> Response:
+            await query_guard(request, accepted)
             return await handle(JsonRequest(request.scope, request.receive))
 
         return handler

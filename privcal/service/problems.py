@@ -8,6 +8,7 @@ submitted value (it may be a score, a report, a token).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -27,6 +28,8 @@ from privcal.errors import (
 )
 
 __all__ = ["PROBLEM_TYPES", "Problem", "ProblemError", "problem_for", "problem_response"]
+
+log = logging.getLogger("privcal.service")
 
 MEDIA_TYPE = "application/problem+json"
 _BASE = "urn:privcal:problem:"
@@ -70,13 +73,24 @@ class ProblemError(Exception):
 
 
 def problem_for(exc: PrivcalError) -> ProblemError:
-    """The problem a library error answers with."""
+    """The problem a library error answers with.
+
+    A :class:`~privcal.errors.LedgerError` whose ``public`` text is set answers with that
+    text, never its message (which names the ledger's URL or file, or the driver's error:
+    for the operator only, even an unauthenticated ``/readyz`` gets this 503); the full
+    message is logged at warning level on the ``privcal.service`` logger."""
     for cls, status, slug, title in PROBLEM_TYPES:
         if isinstance(exc, cls):
             extra: dict[str, Any] = {}
             if isinstance(exc, BudgetRefused):
                 extra = {"scope": exc.scope, "asked": exc.asked, "remaining": exc.remaining}
-            return ProblemError(status, slug, title, str(exc), **extra)
+            detail = str(exc)
+            if isinstance(exc, LedgerError):
+                public = getattr(exc, "public", None)
+                if public is not None:
+                    log.warning("ledger unavailable: %s", detail)
+                    detail = public
+            return ProblemError(status, slug, title, detail, **extra)
     raise AssertionError("PrivcalError is the last entry")  # pragma: no cover
 
 

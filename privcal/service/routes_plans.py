@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from privcal.errors import InvalidInput
 from privcal.service.auth import allow
 from privcal.service.common import doc
+from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 
 router = APIRouter(prefix="/v1", route_class=JsonRoute)
@@ -136,11 +137,15 @@ def amplify(body: AmplifyBody) -> dict[str, Any]:
 
 @router.post("/fed/plan", **allow("analyst"))
 def fed_plan(body: FedPlanBody) -> dict[str, Any]:
-    """The public plan of a one-shot federated calibration — ``privcal fed plan --json``."""
+    """The public plan of a one-shot federated calibration — ``privcal fed plan --json``.
+
+    At most the work of :mod:`privcal.service.fed_limits` (fewer agents and smaller local
+    sizes than the CLI: a larger request is 422, one line naming the limit)."""
     from privcal.calibrators.fedplan_choice import plan_federated
 
     sizes = [body.local_n] if isinstance(body.local_n, int) else body.local_n
     if any(s < 1 for s in sizes):
         raise InvalidInput("local_n: every local size must be ≥ 1")
+    check_fed_work(body.agents, sizes, body.epsilon is not None)  # a request's work (422)
     return _computed(lambda: plan_federated(body.agents, sizes, body.alpha, body.epsilon,
                                             body.bins, body.upper, body.lower))

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, not_found
 
@@ -126,10 +127,15 @@ def session_open(name: str, body: SessionOpen, request: Request,
     an ``Idempotency-Key`` (422 ``idempotency-key-required`` without one), as a charge
     does; a key is honoured on any open: the same key and body answer the original session
     (200, ``Idempotent-Replayed: true``: no second session, no second charge), another body
-    under that key is 409 ``idempotency-key-reused``."""
+    under that key is 409 ``idempotency-key-reused``. A federated session's plan is at
+    most the work of :mod:`privcal.service.fed_limits` (fewer agents and smaller local
+    sizes than ``privcal session open``: a larger one is 422, nothing opened)."""
     from privcal.accountant.sessions import open_session
 
     p.check_dataset(name)
+    if body.method != "ldp-score":  # the plan's work: at most what fed_limits allows (422)
+        check_fed_work(body.agents, [body.local_n] if body.local_n is not None else [],
+                       body.method == "fedcp2-qq")
     args = body.model_dump()
 
     def run() -> tuple[int, Any]:

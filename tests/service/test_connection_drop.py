@@ -296,7 +296,8 @@ def test_a_read_whose_driver_statement_meets_a_dropped_connection_is_a_ledger_er
 def test_an_idempotency_key_lock_on_a_dropped_connection_is_taken_on_a_fresh_one(
         ledger: Any, ledger_url: str) -> None:
     """Attack: the server drops the pooled connection the key lock (a PostgreSQL advisory
-    lock, storage/transactions.py) takes, after the pool handed it out, and then the one it
+    lock on a pool of its own, storage/key_locks.py) takes, after the pool handed it out, and
+    then the one it
     holds the lock on: the lock is taken on a fresh connection, and the lost one needs no
     unlock (its session, and lock, are gone) — no driver error either way."""
     import psycopg
@@ -317,7 +318,8 @@ def test_an_idempotency_key_lock_on_a_dropped_connection_is_taken_on_a_fresh_one
     lock_id = int.from_bytes(digest[:8], "big", signed=True)
     with ledger.read():  # the schema check, unarmed
         pass
-    event.listen(ledger.engine, "checkout", kill)
+    locks = ledger._key_lock_engine()  # the key locks' own pool (red team 6)
+    event.listen(locks, "checkout", kill)
     with ledger.key_lock("d", "k1"):
         assert not armed[0]  # the first connection was dropped; the lock is held anyway
         held = admin.execute(
@@ -327,7 +329,7 @@ def test_an_idempotency_key_lock_on_a_dropped_connection_is_taken_on_a_fresh_one
         assert len(held) == 1
         admin.execute("SELECT pg_terminate_backend(%s)", (held[0][0],))
         time.sleep(0.2)
-    event.remove(ledger.engine, "checkout", kill)
+    event.remove(locks, "checkout", kill)
     with ledger.key_lock("d", "k1"):  # free again
         pass
     admin.close()
