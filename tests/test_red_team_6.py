@@ -340,3 +340,23 @@ def test_fedcp_records_no_coverage_above_its_plans_exact_m() -> None:
     exact2 = Fraction(plan.l_gamma, 100) * (1 - Fraction(plan.gamma) * Fraction(0.1009081735615545))
     assert Fraction(repr(g2.lower)) <= exact2
     assert Fraction(g2.statement.split("≥ ")[1].split(" ")[0]) <= exact2
+
+
+def test_zero_width_joiners_inside_a_script_that_needs_them_are_kept() -> None:
+    """The invisible-character rule refused ZWNJ/ZWJ, part of Persian spelling and of emoji
+    sequences (second review): between two visible characters not both ASCII they stay."""
+    ok = ["علی\u200cرضا", "👨\u200d👩\u200d👧", "क\u200dष"]
+    assert id_strings(ok).tolist() == ok
+    for bad in ("a\u200db", "\u200cعلی", "علی\u200c", "علی \u200cرضا"):
+        with pytest.raises(InvalidInput, match="invisible or blank"):
+            id_strings([bad])
+
+
+def test_a_list_of_numpy_integers_is_bits(accountant: Accountant) -> None:
+    """``list(rng.integers(0, 2, n))`` (np.int64 items) was refused as malformed bits."""
+    accountant.create_dataset("s", epsilon=1, subject_epsilon=5)
+    info = S.open_session(accountant, "ldp-score", dataset="s", alpha=0.1, epsilon=1.0,
+                          rounds=2, group_size=5)
+    bits = list(np.random.default_rng(0).integers(0, 2, 5))
+    res = S.submit_reports(accountant, info.id, [f"u{i}" for i in range(5)], bits, [0] * 5)
+    assert res.accepted == 5 and not res.reasons

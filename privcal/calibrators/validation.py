@@ -159,7 +159,9 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     ``None``, bools, empty ids, ids longer than 200 characters, ids that no backend can
     store (a NUL byte, a lone surrogate), and ids that read as another id: a blank at either
     end (``" 7"``), an invisible or blank character anywhere (``"alice\u200b"``, a no-break
-    space: any character Python does not call printable, the ASCII space excepted), or not in
+    space: any character Python does not call printable, the ASCII space excepted, and the
+    zero-width joiners U+200C/U+200D but between two visible characters not both ASCII), or
+    not in
     Unicode NFC — refused, never stripped or normalised. Returns a
     1-D array of ``str`` (dtype ``U``).
     """
@@ -217,6 +219,27 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     return out
 
 
+#: zero-width (non-)joiners: part of the spelling of Persian, Indic scripts and emoji
+#: sequences (``علی‌رضا``), allowed between two visible characters not both ASCII
+_JOINERS = frozenset("\u200c\u200d")
+
+
+def _visible(c: str) -> bool:
+    return c.isprintable() and c != " "
+
+
+def _invisible(v: str) -> str | None:
+    """The first character of ``v`` that reads as nothing (:func:`_check_spelling`), if any."""
+    for i, c in enumerate(v):
+        if c.isprintable():
+            continue
+        if (c in _JOINERS and 0 < i < len(v) - 1 and _visible(v[i - 1]) and _visible(v[i + 1])
+                and not (v[i - 1].isascii() and v[i + 1].isascii())):
+            continue  # (between two ASCII letters it changes nothing a reader sees)
+        return c
+    return None
+
+
 def _check_spelling(items: list[str], what: str) -> None:
     """Refuse ids that look like another id: a blank at either end (``" 7"`` is not ``"7"``)
     or a spelling not in Unicode NFC (``"café"`` typed two ways). Never silently fixed: a
@@ -232,7 +255,7 @@ def _check_spelling(items: list[str], what: str) -> None:
     # "alice\u200b" reads as "alice" and was another person (red team 6)
     if not "".join(items).isprintable():
         for i, v in enumerate(items):
-            bad = next((c for c in v if not c.isprintable()), None)
+            bad = _invisible(v)
             if bad is not None:
                 raise InvalidInput(
                     f"{what}: row {i} is {v!r:.40}, with the invisible or blank character "

@@ -101,7 +101,8 @@ def _first_row_at(path: Path) -> tuple[list[str], int, int] | None:
                         f"{path}: its first row {shown!r} is what pandas writes as a header "
                         "for unnamed or number-labelled columns, or data: give the columns "
                         "names (e.g. to_csv of a named Series/DataFrame, header 'score', "
-                        "'p0,p1') or remove that row")
+                        "'p0,p1'; a headerless file whose first row is data: add such a "
+                        "header) or remove that row")
                 return row, before, reader.line_num
             before = reader.line_num
     return None

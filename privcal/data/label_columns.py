@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from privcal.calibrators.class_labels import column_classes, label_names, names_are_numbers
 from privcal.data.files import load_array, prob_column_names
 
 __all__ = ["header_classes", "header_names", "read_labels"]
@@ -39,6 +38,9 @@ def read_labels(spec: str, names: list[str] | None, *, shape_only: bool) -> Any:
     (:func:`~privcal.calibrators.class_labels.names_are_numbers`) — as text, integers as
     their spelling (:func:`~privcal.calibrators.class_labels.label_names`), to be matched
     to the names."""
+    # imported here: the CLI imports this module, and `privcal --help` loads no calibrator
+    from privcal.calibrators.class_labels import label_names, names_are_numbers
+
     if names is None or shape_only or not names_are_numbers(names):
         return load_array(spec, "labels", shape_only=shape_only)
     return label_names(load_array(spec, "labels", text=True))
@@ -50,4 +52,6 @@ def header_classes(names: list[str] | None, classes: list[str] | None, labels: A
     ``names`` (None: no header, ``classes`` as given) — see the module docstring."""
     if names is None:
         return classes, labels
+    from privcal.calibrators.class_labels import column_classes
+
     return column_classes(names, classes, labels, where)

@@ -8,6 +8,7 @@ row, in Python. Tests check that both give the same answer on the same rows.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -30,9 +31,9 @@ ROUND_REASONS = (None, R.MALFORMED_ROUND, R.CLOSED_ROUND, R.FUTURE_ROUND)
 def _bit(v: Any) -> int:
     """One report's bit (0 or 1), or -1 if it is not one (bools, the numbers 0 and 1, and
     the strings "0" and "1" with surrounding whitespace are bits)."""
-    if isinstance(v, bool):
+    if isinstance(v, bool | np.bool_):
         return int(v)
-    if isinstance(v, int | float):
+    if isinstance(v, numbers.Real):  # NumPy's scalars too (a list of np.int64 from a generator)
         return int(v) if v in (0, 1) else -1
     if isinstance(v, str):
         t = v.strip()
