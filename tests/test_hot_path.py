@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from privcal.costs import ZCDP
-from privcal.errors import LedgerError
+from privcal.errors import InvalidInput, LedgerError
 from privcal.storage import audit
 from tests.wire import Wire
 
@@ -137,7 +137,13 @@ def test_a_charge_does_not_wait_for_another_datasets_batch(
 @pytest.mark.postgres
 def test_subject_ids_with_copy_special_characters(accountant: Any) -> None:
     accountant.create_dataset("d", rho=1, subject_epsilon=2)
-    odd = ["tab\there", "back\\slash", "new\nline", "cr\rx", r"\N", "plain"]
+    # a tab, a line feed or a carriage return in an id is refused since red team 6 (an
+    # invisible character: "new\nline" read as two ids), and nothing is charged
+    for bad in ("tab\there", "new\nline", "cr\rx"):
+        with pytest.raises(InvalidInput, match="invisible or blank"):
+            accountant.charge_subjects("d", 1, [bad, "plain"])
+    assert accountant.subject_spend("d", "plain") == 0
+    odd = ["back\\slash", r"\N", "\\.", 'quo"te', "com,ma", "plain"]
     assert accountant.charge_subjects("d", 1, odd).accepted == len(odd)
     for sid in odd:
         assert accountant.subject_spend("d", sid) == 1

@@ -78,7 +78,7 @@ def test_versions_before_2_1_recorded_the_short_text() -> None:
     cal = PCOQS()
     p, shape = PCOQSParams(alpha=0.1, rho=1.0), DataShape(n=1000)
     new = cal.guarantee(p, shape)
-    assert cal.version == "2.2.0" and cal.guarantee_as("2.2.0", p, shape) == new
+    assert cal.version == "2.3.0" and cal.guarantee_as("2.3.0", p, shape) == new
     for old in ("1.0.0", "2.0.0"):
         g = cal.guarantee_as(old, p, shape)
         assert g.details["upper_requires"] == (
@@ -108,21 +108,21 @@ def _rerecord(acct: Accountant, rel: Any, version: str, as_version: str,
 
 def test_old_and_new_releases_verify_each_by_its_own_text(accountant: Accountant) -> None:
     """A 2.0.0 release (short text, params with ``bound``), a 1.0.0 and a 2.1.0 one verify
-    next to a 2.2.0 one; a 2.0.0 release carrying the 2.1.0 text, or a 2.1.0 one carrying the short
+    next to a 2.3.0 one; a 2.0.0 release carrying the 2.1.0 text, or a 2.1.0 one carrying the short
     text, does not. The same for a Mondrian-wrapped P-COQS (version ``M/2.0.0``)."""
     acct = accountant
     acct.create_dataset("z", rho=10)
     s = np.random.default_rng(2).beta(2, 5, 3000)
     pc = acct.calibrate("pcoqs", dataset="z", scores=s, alpha=0.1, rho=0.5,
                         rng=random.Random(0))
-    assert pc.calibrator_version == "2.2.0"
+    assert pc.calibrator_version == "2.3.0"
     assert "every score in [lower, upper]" in pc.coverage.details["upper_requires"]
     probs = np.random.default_rng(3).dirichlet(np.ones(3), 600)
     y = np.random.default_rng(4).integers(0, 3, 600)
     mo = acct.calibrate("pcoqs", dataset="z", probs=probs, labels=y, score="lac", alpha=0.1,
                         rho=0.5, mondrian="label", public_groups=True, rng=random.Random(1))
-    assert mo.method == "mondrian:pcoqs" and mo.calibrator_version.endswith("/2.2.0")
-    old_mo = mo.calibrator_version.removesuffix("2.2.0") + "2.0.0"
+    assert mo.method == "mondrian:pcoqs" and mo.calibrator_version.endswith("/2.3.0")
+    old_mo = mo.calibrator_version.removesuffix("2.3.0") + "2.0.0"
     _rerecord(acct, pc, "2.0.0", "2.0.0", drop=())
     _rerecord(acct, pc, "1.0.0", "1.0.0", old={"bound": "subgaussian"})
     _rerecord(acct, mo, old_mo, "2.0.0", drop=())

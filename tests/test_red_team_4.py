@@ -86,7 +86,7 @@ def test_pcoqs_statement_names_every_condition_of_its_upper_bound(accountant: An
     cal = PCOQS()
     p, shape = PCOQSParams(alpha=0.2, rho=50, tol=0.25), DataShape(n=120)
     g = cal.guarantee(p, shape)
-    assert cal.version == "2.2.0"
+    assert cal.version == "2.3.0"
     assert "no score inside the search's final interval (width ≤ tol = 0.25)" in g.statement
     old = cal.guarantee_as("2.1.0", p, shape)
     assert "final interval" not in old.statement and old.details == g.details

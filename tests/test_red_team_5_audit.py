@@ -236,7 +236,7 @@ def test_older_wording_is_counted_as_not_compared(accountant: Any) -> None:
     assert (rep.guarantees_recomputed, rep.statements_not_compared) == (3, 1)
     assert ("1 guarantee sentence not reproduced by the installed code (older wording) not "
             "compared" in rep.summary)
-    bad = copy_as("2.2.0", statement="an older wording of the same bound")
+    bad = copy_as("2.3.0", statement="an older wording of the same bound")
     with pytest.raises(AuditFailed, match=f"release {bad} .*coverage.statement"):
         acct.verify()
 

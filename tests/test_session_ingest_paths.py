@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import numbers
 import re
 from decimal import Decimal
 from typing import Any
@@ -100,9 +101,9 @@ def _old_bits(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
     ok = np.zeros(n, dtype=bool)
     out = [""] * n
     for i, v in enumerate(values.tolist()):
-        if isinstance(v, bool):
+        if isinstance(v, bool | np.bool_):
             b: int | None = int(v)
-        elif isinstance(v, int | float) and v in (0, 1):
+        elif isinstance(v, numbers.Real) and v in (0, 1):  # NumPy's scalars too (red team 6)
             b = int(v)
         elif isinstance(v, str) and v.strip() in ("0", "1"):
             b = int(v.strip())

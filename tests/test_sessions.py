@@ -58,8 +58,9 @@ def test_subjects_past_their_cap_are_rejected_at_ingestion(accountant: Any) -> N
     assert r.accepted == 3
     assert r.reasons == {"subject budget exhausted": 2, "round full": 1}
     assert acct.subject_spend("d", "old1") == Decimal("1.5")  # not charged a second time
-    assert acct.subject_spend("d", "new3") == Decimal("1.5")
-    assert acct.subject_spend("d", "new4") == 0  # dropped as surplus, never charged
+    # the surplus row is a random one of the four new ones (red team 6), never charged
+    spends = [acct.subject_spend("d", f"new{i}") for i in range(1, 5)]
+    assert sorted(spends) == [0, Decimal("1.5"), Decimal("1.5"), Decimal("1.5")]
     # a batch smaller than the round: the over-cap row is found by the charging SQL itself
     r = S.submit_reports(acct, b.id, ["x", "new5"], [1, 1], [1, 1])
     assert r.accepted == 1 and r.reasons == {"subject budget exhausted": 1}
@@ -246,7 +247,8 @@ def test_awkward_subject_ids_round_trip(accountant: Any) -> None:
     acct: Accountant = accountant
     acct.create_dataset("d", epsilon=1, subject_epsilon=5)
     info = _ldp(acct, group_size=5)
-    odd = ["tab\there", "new\nline", "back\\slash", "cr\rx", "ünï,\"q\""]
+    # (a tab, a line feed or a CR in an id is refused since red team 6: tests/test_hot_path.py)
+    odd = ["a|b", r"\N", "back\\slash", "com,ma", "ünï,\"q\""]
     assert S.submit_reports(acct, info.id, odd, [1, 0, 1, 0, 1], [0] * 5).accepted == 5
     with acct.ledger.read() as s:
         stored = sorted(s.scalars(select(SessionReport.subject)))

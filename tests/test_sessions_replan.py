@@ -107,7 +107,8 @@ def test_fedcp_qq_three_of_five_releases_the_replanned_guarantee(accountant: Any
     assert rel.params["agent_order"] == 183
     shape = DataShape(n=600, group_sizes=(200,) * 3)
     assert rel.coverage == FedCPQQ().guarantee(FedCPQQParams(alpha=0.1, agent_order=183), shape)
-    assert rel.coverage.rank == sub.k and rel.coverage.upper == sub.M
+    # the recorded upper is M plus the quadrature's allowance (red team 6)
+    assert rel.coverage.rank == sub.k and sub.M < rel.coverage.upper <= sub.M + 2e-12
     assert rel.coverage.details["l"] == 183 and rel.coverage.details["M"] == sub.M
     assert rel.threshold == sorted(msgs)[sub.k - 1]
     assert rel.charge_ids == [] and rel.privacy["model"] == "none"

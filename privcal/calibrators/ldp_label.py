@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -53,6 +54,7 @@ from privcal.calibrators.base import (
     DataShape,
     LocalFailureProbability,
 )
+from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.mechanisms.randomized_response import krr_beta
 from privcal.calibrators.validation import check_labels, check_lengths, check_probs
 from privcal.costs import LocalDP
@@ -316,6 +318,10 @@ class LDPLabel:
         sl = label_slack(shape.n, k, params.epsilon, delta, params.bound)
         target = target_level(params, sl)
         lower = 1 - params.alpha if not params.nominal else max(0.0, 1 - params.alpha - sl.delta_L)
+        # the recorded bound and the statement's numbers never above their exact values
+        exact = max(Fraction(0), 1 - Fraction(repr(params.alpha))
+                    - (Fraction(sl.delta_L) if params.nominal else 0))
+        lower = float_at_most(lower, exact)
         mode = "nominal target 1−α" if params.nominal else "target 1−α+Δ_L"
         return CoverageGuarantee(
             target=1 - params.alpha,
@@ -323,8 +329,9 @@ class LDPLabel:
             failure_probability=delta,
             over=f"the calibration data and the users' randomized responses, {HONEST_USERS}",
             statement=(
-                f"With probability ≥ {1 - delta:g} over the calibration data and the users' "
-                f"randomized responses, P(Y ∈ C(X) | calibration) ≥ {lower:.6g} "
+                f"With probability ≥ {text_at_most(1 - delta, 1 - Fraction(repr(delta)))} over "
+                "the calibration data and the users' randomized responses, "
+                f"P(Y ∈ C(X) | calibration) ≥ {text_at_most(lower, exact)} "
                 f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}), {HONEST_USERS}; privacy: "
                 f"{PRIVACY_NOTE}."
             ),

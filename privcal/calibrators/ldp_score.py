@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
@@ -62,6 +63,7 @@ from privcal.calibrators.base import (
     DataShape,
     numpy_rng,
 )
+from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.ldp_score_bounds import best_rounds, rr_range
 from privcal.calibrators.ldp_score_params import LDPScoreParams
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
@@ -169,9 +171,17 @@ class LDPScore:
         return LocalDP(eps0=params.epsilon)
 
     def guarantee(self, params: LDPScoreParams, shape: DataShape) -> CoverageGuarantee:
-        """Coverage ≥ 1−α (default) or ≥ G (nominal), with probability ≥ 1−δ."""
+        """Coverage ≥ 1−α (default) or ≥ G (nominal), with probability ≥ 1−δ. The recorded
+        bound is never above its exact value (1−α as typed; 1−α−Δ_S; G as recorded), nor
+        is any number of the statement (red team 6: δ = 1e-7 was
+        stated "with probability ≥ 1")."""
         proto = open_protocol(params, shape.n)
         lower = proto.guarantee_lower()
+        exact = (1 - Fraction(repr(params.alpha)) if not params.nominal
+                 else max(Fraction(0), 1 - Fraction(repr(params.alpha)) - Fraction(proto.slack))
+                 if params.bound == "hoeffding" else Fraction(repr(lower)))
+        lower = float_at_most(lower, exact)
+        sure = text_at_most(1 - params.delta, 1 - Fraction(repr(params.delta)))
         mode = "nominal target 1−α" if params.nominal else "target 1−α+Δ_S"
         return CoverageGuarantee(
             target=1 - params.alpha,
@@ -179,8 +189,9 @@ class LDPScore:
             failure_probability=params.delta,
             over=f"the calibration data and the users' randomized responses, {HONEST_DEVICES}",
             statement=(
-                f"With probability ≥ {1 - params.delta:g} over the calibration data and the "
-                f"users' randomized responses, P(Y ∈ C(X) | calibration) ≥ {lower:.6g} "
+                f"With probability ≥ {sure} over the calibration data and the users' "
+                "randomized responses, "
+                f"P(Y ∈ C(X) | calibration) ≥ {text_at_most(lower, exact)} "
                 f"(LDP-CP-S, {mode}, Δ_S = {proto.slack:.6g}, T = {proto.rounds}, "
                 f"n' = {proto.group_size}, {params.bound} bound), {HONEST_DEVICES}; privacy: "
                 "ε-LDP for features and label."

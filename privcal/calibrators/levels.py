@@ -19,12 +19,20 @@ so level i keeps its guarantee (coverage of t'ᵢ ≥ coverage of tᵢ), and the
 The raw thresholds are recorded too. The release's single ``threshold`` is t'₁ (smallest
 α, largest set) with that level's guarantee as the headline; every level's guarantee is in
 ``coverage.details`` (``"alpha=0.1: lower"``, …), recomputed by ``audit verify``.
+
+**Wording.** The statement is the headline level's, then each other level's bound and the
+probability it holds with, both rounded down to 6 significant digits (never above the
+recorded bound, nor above 1 − δ exactly). Version 1.0.0 of this wrapper rounded them to
+nearest (1 − δ = 0.9999999 read "w.p. ≥ 1"); ``audit verify`` recomputes a 1.0.0 release in
+its own wording (:meth:`Levels.guarantee_as`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
+from fractions import Fraction
 from typing import Any, ClassVar
 
 from pydantic import model_validator
@@ -36,6 +44,7 @@ from privcal.calibrators.base import (
     CoverageGuarantee,
     DataShape,
 )
+from privcal.calibrators.bound_floats import text_at_most
 from privcal.calibrators.wrapped import (
     WrappedCalibrator,
     WrappedParams,
@@ -48,7 +57,10 @@ from privcal.errors import InvalidInput
 
 __all__ = ["LEVELS_VERSION", "Levels", "LevelsParams", "level_bounds", "parse_alphas"]
 
-LEVELS_VERSION = "1.0.0"
+#: 1.1.0: the other levels' numbers rounded down (1.0.0: to nearest; module docstring)
+LEVELS_VERSION = "1.1.0"
+#: the versions before: recomputed by their own wording (:meth:`Levels.guarantee_as`)
+_OLDER = ("1.0.0",)
 #: at most this many levels in one release
 MAX_LEVELS = 20
 
@@ -153,6 +165,44 @@ class Levels(WrappedCalibrator):
             raise InvalidInput(f"{self.inner.name} is private at some levels only")
         return sum(costs)  # type: ignore[arg-type]
 
+    #: the wrapper version whose wording :meth:`guarantee` writes (:meth:`guarantee_as`)
+    _wording: str = LEVELS_VERSION
+
+    @property
+    def legacy_params(self) -> dict[str, dict[str, object]]:
+        """The inner method's older versions under this wrapper's version, and every inner
+        version under each older version of this wrapper: ``audit verify`` recomputes a
+        release of any of them by its own formula and wording."""
+        inner = {self.inner.version: {}, **getattr(self.inner, "legacy_params", {})}
+        out = {f"{LEVELS_VERSION}/{v}": p for v, p in inner.items() if v != self.inner.version}
+        for own in _OLDER:
+            out.update({f"{own}/{v}": p for v, p in inner.items()})
+        return out
+
+    def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
+        """The guarantee as levels ``version`` (``"<own>/<inner version>"``) recorded it: the
+        inner method's by its version's formula, stated in this wrapper's wording of then.
+        A bare inner version (as :meth:`WrappedCalibrator.guarantee_as` takes it) is stated
+        in the installed wording."""
+        twin = copy.copy(self)
+        known = {self.inner.version, *getattr(self.inner, "legacy_params", {})}
+        for own in (LEVELS_VERSION, *_OLDER):
+            inner_version = version.removeprefix(f"{own}/")
+            if inner_version != version and inner_version in known:
+                twin._wording = own
+                version = f"{LEVELS_VERSION}/{inner_version}"
+                break
+        return WrappedCalibrator.guarantee_as(twin, version, params, shape)
+
+    def _level_text(self, g: CoverageGuarantee) -> str:
+        """``coverage ≥ L[ w.p. ≥ P]`` of one level, in this wrapper's wording."""
+        fail = g.failure_probability
+        if self._wording in _OLDER:
+            return f"coverage ≥ {g.lower:.6g}" + (f" w.p. ≥ {1 - fail:.6g}" if fail else "")
+        return (f"coverage ≥ {text_at_most(g.lower, Fraction(repr(g.lower)))}"
+                + (f" w.p. ≥ {text_at_most(1 - fail, 1 - Fraction(repr(fail)))}"
+                   if fail else ""))
+
     def guarantee(self, params: LevelsParams, shape: DataShape) -> CoverageGuarantee:
         """The smallest α's guarantee as the headline; every level's numbers in details."""
         per = [(a, self.inner.guarantee(p, shape)) for a, p in params.per_level()]
@@ -165,10 +215,7 @@ class Levels(WrappedCalibrator):
             target=head.target, lower=head.lower, upper=head.upper,
             failure_probability=head.failure_probability, over=head.over, rank=head.rank,
             statement=f"{len(per)} levels; at α={per[0][0]:g}: {head.statement}; "
-            + "; ".join(f"at α={a:g}: coverage ≥ {g.lower:.6g}"
-                        + (f" w.p. ≥ {1 - g.failure_probability:.6g}"
-                           if g.failure_probability else "")
-                        for a, g in per[1:]),
+            + "; ".join(f"at α={a:g}: {self._level_text(g)}" for a, g in per[1:]),
             details=details,
         )
 

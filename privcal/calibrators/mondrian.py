@@ -23,8 +23,9 @@ single threshold is the smallest α's, and so are the headline ``lower`` and
 ``failure_probability`` (the smallest α's bound, min over groups, and Σ δ_g); the
 statement states every level ("2 levels; at α=0.1: for each of the … groups …; at α=0.2:
 …"), each level's bound being min_g lower_g(α) with probability ≥ 1 − Σ_g δ_g(α). Version
-1.0.0 of this wrapper stated the smallest α's only, without saying so; ``audit verify``
-recomputes a 1.0.0 release in its own wording (:meth:`Mondrian.guarantee_as`).
+1.0.0 of this wrapper stated the smallest α's only, without saying so, and rounded the
+bound and 1 − Σ δ_g to nearest (1.1.0 rounds both down); ``audit verify`` recomputes a 1.0.0
+release in its own wording (:meth:`Mondrian.guarantee_as`).
 
 **Privacy: parallel composition, on one condition.** If every record's group is public
 (or fixed in advance, e.g. a stratified sample), the neighbouring datasets of the claim
@@ -52,6 +53,7 @@ import copy
 import dataclasses
 import math
 import random
+from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -64,6 +66,7 @@ from privcal.calibrators.base import (
     CoverageGuarantee,
     DataShape,
 )
+from privcal.calibrators.bound_floats import float_at_least, text_at_most
 from privcal.calibrators.levels import level_bounds
 from privcal.calibrators.wrapped import (
     WrappedCalibrator,
@@ -78,7 +81,8 @@ from privcal.errors import InvalidInput
 
 __all__ = ["MONDRIAN_VERSION", "NEIGHBOURING", "Mondrian", "MondrianParams"]
 
-#: 1.1.0: a several-level release's statement states every level (1.0.0: the smallest α's)
+#: 1.1.0: a several-level release's statement states every level (1.0.0: the smallest α's),
+#: its numbers rounded down (1.0.0: to nearest)
 MONDRIAN_VERSION = "1.1.0"
 #: the versions before: recomputed by their own wording (:meth:`Mondrian.guarantee_as`)
 _OLDER = ("1.0.0",)
@@ -136,16 +140,29 @@ class MondrianParams(WrappedParams):
         return self.inner_model.model_validate({**self.inner_values(), "alpha": self.alpha})
 
 
-def _groups_sentence(group_by: str, bounds: list[tuple[str, float, float]]) -> str:
+def _failure(probabilities: list[float]) -> tuple[float, Fraction]:
+    """(the float recorded, the exact value) of min(1, Σ δ_g) over the groups' recorded
+    δ_g: the float never below the exact sum (``fsum`` rounds to nearest)."""
+    exact = min(Fraction(1), sum((Fraction(repr(d)) for d in probabilities), Fraction(0)))
+    return float_at_least(min(1.0, math.fsum(probabilities)), exact), exact
+
+
+def _groups_sentence(group_by: str, bounds: list[tuple[str, float, float]],
+                     nearest: bool = False) -> str:
     """The guarantee of every group at once, from each group's (name, lower bound, failure
-    probability): the smallest bound, with probability ≥ 1 − Σ δ_g (union bound)."""
+    probability): the smallest bound, with probability ≥ 1 − Σ δ_g (union bound). Both
+    numbers are written rounded down (never above the recorded bound, nor above 1 − Σ δ_g
+    exactly: red team 6, δ_g = 1e-7 was stated "with probability ≥ 1"); ``nearest``: both
+    rounded to nearest, as wrapper version 1.0.0 wrote them."""
     lower = min(b[1] for b in bounds)
-    fail = min(1.0, math.fsum(b[2] for b in bounds))
+    fail, exact_fail = _failure([b[2] for b in bounds])
     worst = min(bounds, key=lambda b: b[1])
+    said = f"{lower:.6g}" if nearest else text_at_most(lower, Fraction(repr(lower)))
+    sure = f"{1 - fail:.6g}" if nearest else text_at_most(1 - fail, 1 - exact_fail)
     return (f"for each of the {len(bounds)} {group_by} groups g, P(Y ∈ C(X) | G = g) ≥ "
-            f"that group's lower bound (smallest: {lower:.6g}, group {worst[0]!r}); all "
-            f"groups at once with probability ≥ {1 - fail:.6g}; hence marginal coverage ≥ "
-            f"{lower:.6g}")
+            f"that group's lower bound (smallest: {said}, group {worst[0]!r}); all "
+            f"groups at once with probability ≥ {sure}; "
+            f"hence marginal coverage ≥ {said}")
 
 
 def group_key(name: str) -> str:
@@ -276,7 +293,7 @@ class Mondrian(WrappedCalibrator):
         trivial = {name: self._trivial(p, n) for name, n, g in per if g is None}
         full = [(name, n, g if g is not None else trivial[name]) for name, n, g in per]
         lower = min(g.lower for _, _, g in full)
-        fail = min(1.0, math.fsum(g.failure_probability for _, _, g in full))
+        fail = _failure([g.failure_probability for _, _, g in full])[0]
         target = full[0][2].target
         details: dict[str, float | int | str | None] = {
             "groups": len(full), "group_by": params.group_by,
@@ -285,7 +302,8 @@ class Mondrian(WrappedCalibrator):
             put_details(details, group_key(name), g, n=n)
         statement = _groups_sentence(params.group_by,
                                      [(name, g.lower, g.failure_probability)
-                                      for name, _, g in full])
+                                      for name, _, g in full],
+                                     nearest=self._wording in _OLDER)
         if isinstance(params.alpha, tuple) and self._wording not in _OLDER:
             # each level's bound per group: a group the method cannot run on is +∞ at
             # every level (coverage 1, nothing can fail)

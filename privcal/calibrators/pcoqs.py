@@ -91,8 +91,9 @@ from privcal.calibrators.base import (
     DataShape,
     PrivacyModel,
 )
-from privcal.calibrators.bound_floats import float_at_most, rank_bound, text_at_most
+from privcal.calibrators.bound_floats import float_at_least, float_at_most, rank_bound
 from privcal.calibrators.mechanisms.discrete_gaussian import discrete_gaussian, to_fraction
+from privcal.calibrators.pcoqs_statement import coverage_statement
 from privcal.calibrators.split import _scores
 from privcal.calibrators.tail_bounds import discrete_gaussian_cutoff
 from privcal.costs import ZCDP
@@ -249,22 +250,23 @@ def noisy_binary_search(
 
 #: versions whose ``upper_requires`` omitted the score range (:meth:`PCOQS.guarantee_as`)
 _SHORT_UPPER_REQUIRES = frozenset({"1.0.0", "2.0.0"})
-#: versions whose statement omitted the upper bound's third condition (the final interval)
-_SHORT_UPPER_STATEMENT = frozenset({"1.0.0", "2.0.0", "2.1.0"})
 
 
 class PCOQS:
     """P-COQS: ρ-zCDP conformal threshold by noisy binary search (seed 003, Alg. 1–2)."""
 
     name: ClassVar[str] = "pcoqs"
-    #: 2.2.0: the statement names every condition of the upper bound; 2.1.0: upper_requires
-    #: names the score range; 2.0.0: exact τ (issue 13); 1.0.0: sub-Gaussian
-    version: ClassVar[str] = "2.2.0"
+    #: 2.3.0: the statement's numbers never overstate (:mod:`~privcal.calibrators.
+    #: pcoqs_statement`); 2.2.0: the statement names every condition of the upper bound;
+    #: 2.1.0: upper_requires names the score range; 2.0.0: exact τ (issue 13); 1.0.0:
+    #: sub-Gaussian
+    version: ClassVar[str] = "2.3.0"
     #: parameters a release of an older version was made with (``privcal audit verify``
     #: recomputes it by its own formula, :meth:`guarantee_as`): 1.0.0 had no ``bound`` and
     #: used the sub-Gaussian τ; 1.0.0 and 2.0.0 recorded the shorter ``upper_requires``
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {"bound": "subgaussian"},
-                                                             "2.0.0": {}, "2.1.0": {}}
+                                                             "2.0.0": {}, "2.1.0": {},
+                                                             "2.2.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "central-zcdp"
     #: its scores: at least two, finite (``_scores``), checked before the charge
     min_scores: ClassVar[int] = 2
@@ -304,7 +306,9 @@ class PCOQS:
         is always counted, so ``left`` may never move; one above ``upper`` never is); before
         2.2.0 its statement omitted that the upper bound ignores the scores inside the
         search's final interval (width ≤ tol): scores concentrated there lift the coverage
-        above it (a Monte Carlo at tol = 0.25 gave 0.97 against a recorded 0.80)."""
+        above it (a Monte Carlo at tol = 0.25 gave 0.97 against a recorded 0.80); before
+        2.3.0 it rounded its upper bound, 1−β and τ to nearest (:mod:`~privcal.calibrators.
+        pcoqs_statement`)."""
         n, alpha, beta = shape.n, params.alpha, params.failure_probability
         n_steps, tau, r = self._plan(params, n)
         exact = params.bound == "exact"
@@ -344,11 +348,16 @@ class PCOQS:
         if params.nominal:
             lower = max(0.0, 1 - alpha - tau / (n + 1))
             upper = min(1.0, 1 - alpha + (tau + 1) / (n + 1))
+            upper_bound = min(Fraction(1), 1 - Fraction(str(alpha)) + (Fraction(tau) + 1)
+                              / (n + 1))
         else:
             lower = 1 - alpha
             # on E, #{s ≤ left} < r' + τ, so P(S ≤ left) ≤ ⌈r' + τ⌉/(n+1) without ties
             upper = min(1.0, math.ceil(r + tau) / (n + 1))
+            upper_bound = min(Fraction(1), Fraction(math.ceil(r + Fraction(tau)), n + 1))
         lower = float_at_most(lower, bound := rank_bound(r, tau, n))  # on E, counts ≥ r − τ
+        if version not in self.legacy_params:  # since 2.3.0: never an ulp below its proof
+            upper = float_at_least(upper, upper_bound)
         details["upper_requires"] = "no ties; " + ("" if version in _SHORT_UPPER_REQUIRES else (
             "every score in [lower, upper] (a score below lower is counted at every step, one "
             "above upper never: either can push the coverage above this bound); ")
@@ -358,23 +367,9 @@ class PCOQS:
         # (a +inf release, when no count backs the top of the range, has coverage 1)
         return CoverageGuarantee(
             target=1 - alpha, lower=lower, upper=upper, failure_probability=beta, over=over,
-            rank=r, statement=(
-                f"{text_at_most(lower, bound)} ≤ P(Y ∈ C(X) | E) ≤ {upper:.6g}, where the "
-                "probability is over "
-                f"the calibration data and the test point (marginal, not per release) and E, "
-                f"the event that all N = {n_steps} noisy counts are "
-                f"{'at most' if exact else 'within'} τ = {tau:.4g} "
-                f"{'above' if exact else 'of'} the true counts, depends on the noise alone and "
-                f"has P(E) ≥ {1 - beta:.6g}"
-                + (" (the upper bound: given E₋, no count more than τ below, P(E₋) ≥ 1−β) "
-                   if exact else " ")
-                + f"(seed 003, Thm 2; target rank {r} of n = {n}; the upper bound also needs no "
-                + ("ties and every score in [lower, upper], the lower bound needs neither)"
-                   if version in _SHORT_UPPER_STATEMENT else
-                   f"ties, every score in [lower, upper] and no score inside the search's final "
-                   f"interval (width ≤ tol = {params.tol:g}): it does not hold otherwise; the "
-                   "lower bound needs none of these)")
-            ),
+            rank=r, statement=coverage_statement(
+                version, lower=lower, lower_bound=bound, upper=upper, upper_bound=upper_bound,
+                beta=beta, tau=tau, exact=exact, n_steps=n_steps, rank=r, n=n, tol=params.tol),
             details=details,
         )
 
