@@ -29,7 +29,6 @@ its own wording (:meth:`Levels.guarantee_as`).
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 from fractions import Fraction
@@ -52,6 +51,8 @@ from privcal.calibrators.wrapped import (
     inner_dump,
     params_class,
     put_details,
+    worded_guarantee_as,
+    worded_legacy_params,
 )
 from privcal.errors import InvalidInput
 
@@ -173,26 +174,14 @@ class Levels(WrappedCalibrator):
         """The inner method's older versions under this wrapper's version, and every inner
         version under each older version of this wrapper: ``audit verify`` recomputes a
         release of any of them by its own formula and wording."""
-        inner = {self.inner.version: {}, **getattr(self.inner, "legacy_params", {})}
-        out = {f"{LEVELS_VERSION}/{v}": p for v, p in inner.items() if v != self.inner.version}
-        for own in _OLDER:
-            out.update({f"{own}/{v}": p for v, p in inner.items()})
-        return out
+        return worded_legacy_params(self.inner, LEVELS_VERSION, _OLDER)
 
     def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
         """The guarantee as levels ``version`` (``"<own>/<inner version>"``) recorded it: the
         inner method's by its version's formula, stated in this wrapper's wording of then.
         A bare inner version (as :meth:`WrappedCalibrator.guarantee_as` takes it) is stated
         in the installed wording."""
-        twin = copy.copy(self)
-        known = {self.inner.version, *getattr(self.inner, "legacy_params", {})}
-        for own in (LEVELS_VERSION, *_OLDER):
-            inner_version = version.removeprefix(f"{own}/")
-            if inner_version != version and inner_version in known:
-                twin._wording = own
-                version = f"{LEVELS_VERSION}/{inner_version}"
-                break
-        return WrappedCalibrator.guarantee_as(twin, version, params, shape)
+        return worded_guarantee_as(self, LEVELS_VERSION, _OLDER, version, params, shape)
 
     def _level_text(self, g: CoverageGuarantee) -> str:
         """``coverage ≥ L[ w.p. ≥ P]`` of one level, in this wrapper's wording."""

@@ -49,7 +49,6 @@ exist: predicting for it is an error.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import random
@@ -76,6 +75,8 @@ from privcal.calibrators.wrapped import (
     max_cost,
     params_class,
     put_details,
+    worded_guarantee_as,
+    worded_legacy_params,
 )
 from privcal.errors import InvalidInput
 
@@ -258,28 +259,14 @@ class Mondrian(WrappedCalibrator):
         """The inner method's older versions under this wrapper's version, and every inner
         version under each older version of this wrapper: ``audit verify`` recomputes a
         release of any of them by its own formula and wording."""
-        inner = {self.inner.version: {}, **getattr(self.inner, "legacy_params", {})}
-        out = {f"{MONDRIAN_VERSION}/{v}": p for v, p in inner.items()
-               if v != self.inner.version}
-        for own in _OLDER:
-            out.update({f"{own}/{v}": p for v, p in inner.items()})
-        return out
+        return worded_legacy_params(self.inner, MONDRIAN_VERSION, _OLDER)
 
     def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
         """The guarantee as Mondrian ``version`` (``"<own>/<inner version>"``) recorded it:
         the inner method's by its version's formula, stated in this wrapper's wording of
         then (1.0.0: a several-level release's smallest α only). A bare inner version (as
         :meth:`WrappedCalibrator.guarantee_as` takes it) is stated in the installed wording."""
-        twin = copy.copy(self)
-        known = {self.inner.version, *getattr(self.inner, "legacy_params", {})}
-        for own in (MONDRIAN_VERSION, *_OLDER):
-            inner_version = version.removeprefix(f"{own}/")
-            if inner_version != version and inner_version in known:
-                twin._wording = own
-                version = f"{MONDRIAN_VERSION}/{inner_version}"
-                break
-        # otherwise the inner method's version alone, stated in the installed wording
-        return WrappedCalibrator.guarantee_as(twin, version, params, shape)
+        return worded_guarantee_as(self, MONDRIAN_VERSION, _OLDER, version, params, shape)
 
     def guarantee(self, params: MondrianParams, shape: DataShape) -> CoverageGuarantee:
         """Each group's guarantee at its n_g (in details); headline: the smallest lower
