@@ -10,8 +10,10 @@ dataset's stated guarantee *down*: (0.4938, 0)-DP for a true ε of 0.49382715938
 So the library's entry points — every public method of
 :class:`~privcal.accountant.Accountant` and the collection sessions' operations — run in
 :data:`LIBRARY_CONTEXT` (:func:`in_library_context`, :func:`library_context_methods`): the
-results are those of Python's default context, the caller's context is untouched on return,
-and no flag set inside leaks out. Pure functions that do arithmetic outside those entry
+results are those of Python's default context, and the caller's context is untouched on
+return: a caller whose context is already the library's (the usual case) runs as it is, so
+its flags record privcal's operations as they record its own; any other context is left with
+no flag set by privcal. Pure functions that do arithmetic outside those entry
 points (the filters, the costs' conversions) set their own exact context as before.
 """
 
@@ -26,6 +28,7 @@ from decimal import (
     DivisionByZero,
     InvalidOperation,
     Overflow,
+    getcontext,
     localcontext,
 )
 from typing import Any, TypeVar
@@ -38,6 +41,9 @@ LIBRARY_CONTEXT = Context(prec=28, rounding=ROUND_HALF_EVEN, Emin=-999999, Emax=
                           capitals=1, clamp=0, flags=[],
                           traps=[InvalidOperation, DivisionByZero, Overflow])
 
+#: its traps, as a context's ``traps`` dict compares
+_TRAPS = LIBRARY_CONTEXT.traps.copy()
+
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C", bound=type)
 
@@ -47,6 +53,11 @@ def in_library_context(fn: F) -> F:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
+        ctx = getcontext()
+        if (ctx.prec == 28 and ctx.rounding == ROUND_HALF_EVEN and ctx.Emax == 999999
+                and ctx.Emin == -999999 and not ctx.clamp and ctx.traps == _TRAPS):
+            return fn(*args, **kwargs)  # already the library's (the usual case: a charge's hot
+            # path saves the context's copy, issue 11)
         with localcontext(LIBRARY_CONTEXT):
             return fn(*args, **kwargs)
 
