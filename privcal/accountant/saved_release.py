@@ -21,7 +21,6 @@ and ``privcal audit verify`` for the ledger's records themselves.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -92,34 +91,6 @@ def _nan_thresholds(node: Any, where: str = "diagnostics") -> list[str]:
     return out
 
 
-#: recorded floats went through JSON: as ``audit verify`` compares them
-#: (:data:`privcal.accountant.verification.REL_TOL`; not imported: verification imports
-#: the results module, which imports this one)
-_REL_TOL = 1e-9
-
-
-def _plain(obj: Any) -> Any:
-    """What a JSON document gives back: the form in which values are compared."""
-    from privcal.accountant.normalize import json_safe
-
-    return json.loads(json.dumps(json_safe(obj), default=str))
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal, numbers within :data:`_REL_TOL` (as ``audit verify`` compares a record)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        if not (math.isfinite(a) and math.isfinite(b)):
-            return a == b or (math.isnan(a) and math.isnan(b))
-        return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=1e-12)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 def consistency_problems(rel: Any) -> list[str]:
     """Why release ``rel`` (a :class:`~privcal.accountant.Release` read from a file) is not
     one privcal could have recorded, as far as can be told without its ledger: a NaN
@@ -129,9 +100,8 @@ def consistency_problems(rel: Any) -> list[str]:
     wrapper's stored thresholds not one per level and group (its ``check_record``). A
     method not installed here, or a calibrator version it does not know, leaves the
     guarantee unchecked."""
-    from privcal.accountant.prepare import validate_params
+    from privcal.accountant.record_compare import coverage_as_recorded, plain, same
     from privcal.calibrators import registry
-    from privcal.calibrators.base import DataShape
     from privcal.errors import PrivcalError
 
     out: list[str] = []
@@ -158,22 +128,17 @@ def consistency_problems(rel: Any) -> list[str]:
                                                 and legacy is None):
         return out  # another package's method, or a version the installed code does not know
     try:
-        params = validate_params(cal, {**(legacy or {}), **rel.params})
-        shape = DataShape.model_validate(rel.shape)
-        as_version = getattr(cal, "guarantee_as", None)
-        new = (as_version(rel.calibrator_version, params, shape)
-               if as_version is not None and rel.calibrator_version != cal.version
-               else cal.guarantee(params, shape))
+        params, shape, new = coverage_as_recorded(cal, rel)
     except (PrivcalError, ValidationError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return [*out, f"its guarantee cannot be recomputed from its parameters and shape: "
                       f"{text}"]
-    recorded = _plain(rel.coverage.model_dump(mode="json"))
-    recomputed = _plain(new.model_dump(mode="json"))
+    recorded = plain(rel.coverage.model_dump(mode="json"))
+    recomputed = plain(new.model_dump(mode="json"))
     texts = ("statement", "over") if rel.calibrator_version == cal.version else ()
     for key in sorted(set(recorded) | set(recomputed)):  # an older version's wording may differ
         if (key in texts or key not in ("statement", "over")) \
-                and not _same(recorded.get(key), recomputed.get(key)):
+                and not same(recorded.get(key), recomputed.get(key)):
             out.append(f"coverage.{key}: recorded {recorded.get(key)!r:.120}, recomputed "
                        f"{recomputed.get(key)!r:.120}")
     if hasattr(cal, "check_record"):  # a levels/Mondrian wrapper: its stored thresholds

@@ -16,22 +16,18 @@ the recorded cost).
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from privcal.accountant.normalize import cost_json, json_safe, normalize_cost
+from privcal.accountant.normalize import cost_json, normalize_cost
+from privcal.accountant.record_compare import coverage_as_recorded, plain, same
 from privcal.accountant.release_privacy import privacy_record
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
 from privcal.storage.records import VerifyReport
 from privcal.storage.verify_releases import PaidBy, reports_used, shortfall
-
-#: recorded floats went through JSON; anything beyond this is a real difference
-REL_TOL = 1e-9
 
 
 class ReleaseCheck(BaseModel):
@@ -92,20 +88,6 @@ class AuditReport(VerifyReport):
         )
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        if math.isinf(a) or math.isinf(b) or math.isnan(a) or math.isnan(b):
-            return a == b or (math.isnan(a) and math.isnan(b))
-        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 #: the human sentences of each record: compared by :func:`_texts`, not by :func:`_diff`
 TEXTS = {"coverage": ("statement", "over"), "privacy": ("statement", "neighbouring")}
 
@@ -116,7 +98,7 @@ _OLD_NONPRIVATE = "non-private release (allowed by the dataset policy)"
 def _diff(what: str, recorded: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:
     out = []
     for key in sorted((set(recorded) | set(recomputed)) - set(TEXTS[what])):
-        if not _same(recorded.get(key), recomputed.get(key)):
+        if not same(recorded.get(key), recomputed.get(key)):
             out.append(
                 f"{what}.{key}: recorded {recorded.get(key)!r}, recomputed {recomputed.get(key)!r}"
             )
@@ -159,11 +141,6 @@ def _legacy_texts(cal: Any, rel: Any, recorded: dict[str, Any],
     return older or pre_14_7, older or pre_14_7 or nonprivate_old
 
 
-def _plain(obj: Any) -> Any:
-    """What a JSON column gives back: the form in which recorded values are compared."""
-    return json.loads(json.dumps(json_safe(obj), default=str))
-
-
 def _made_by(rel: Any, reg: registry.Registered) -> bool:
     """Whether release ``rel`` was recorded by the calibrator registered as its method. Also
     the two forms a calibrator object passed by a caller was recorded under before
@@ -187,16 +164,9 @@ def recompute(rel: Any, ds: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     recomputation of :func:`check_release` and of ``record_release``'s check of the
     sentences it is given. Raises :class:`PrivcalError` (also for an unknown method)."""
     from privcal.accountant.amplification import shuffled_guarantee
-    from privcal.accountant.prepare import validate_params
     cal = registry.get(rel.method).calibrator
-    legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
-    params = validate_params(cal, {**(legacy or {}), **rel.params})
-    shape = DataShape.model_validate(rel.shape)
-    # an older version's recorded text, where a calibrator's changed between versions
-    as_version = getattr(cal, "guarantee_as", None)
-    coverage = (as_version(rel.calibrator_version, params, shape)
-                if as_version is not None and rel.calibrator_version != cal.version
-                else cal.guarantee(params, shape)).model_dump(mode="json")  # fmt: skip
+    params, shape, guarantee = coverage_as_recorded(cal, rel)
+    coverage = guarantee.model_dump(mode="json")
     cost = cal.cost(params, shape)
     extra = (rel.privacy or {}).get("extra")
     new_extra = None
@@ -213,7 +183,7 @@ def recompute(rel: Any, ds: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True)
     if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
         privacy["central_cost"] = cost_json(normalize_cost(central_cost))
-    return cal, _plain(coverage), _plain(privacy)
+    return cal, plain(coverage), plain(privacy)
 
 
 def sentence_problems(rel: Any, ds: Any) -> list[str]:
@@ -230,11 +200,11 @@ def sentence_problems(rel: Any, ds: Any) -> list[str]:
         return [f"calibrator version {rel.calibrator_version} is not the installed "
                 f"{rel.method} {cal.version}"]
     out: list[str] = []
-    for what, rec, new in (("coverage", _plain(rel.coverage), coverage),
-                           ("privacy", _plain(rel.privacy), privacy)):
+    for what, rec, new in (("coverage", plain(rel.coverage), coverage),
+                           ("privacy", plain(rel.privacy), privacy)):
         rec = rec if isinstance(rec, dict) else {}
         # the numbers too: a release verify would fail is never written (red team 5)
-        out += _diff(what, rec, _plain(new)) + _texts(what, rec, new, legacy=False)[0]
+        out += _diff(what, rec, plain(new)) + _texts(what, rec, new, legacy=False)[0]
     return out
 
 
@@ -274,7 +244,7 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
         from privcal.accountant.prepare import validate_params
 
         cal, coverage, new_priv = recompute(rel, accountant.dataset(rel.dataset))
-        recorded_cov = _plain(
+        recorded_cov = plain(
             rel.coverage if isinstance(rel.coverage, dict) else rel.coverage.model_dump(mode="json")
         )
         problems += _diff("coverage", recorded_cov, coverage)
@@ -282,7 +252,7 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
             params = validate_params(cal, {**(legacy or {}), **rel.params})
             problems += cal.check_record(params, DataShape.model_validate(rel.shape),
                                          rel.threshold, rel.diagnostics or {})
-        recorded_priv = _plain(rel.privacy)
+        recorded_priv = plain(rel.privacy)
         problems += _diff("privacy", recorded_priv, new_priv)
         legacy_cov, legacy_priv = _legacy_texts(cal, rel, recorded_priv, new_priv)
         for what, rec, new, old in (("coverage", recorded_cov, coverage, legacy_cov),
