@@ -19,7 +19,7 @@ import numpy as np
 
 from privcal.errors import InvalidInput, check_text
 
-__all__ = ["MAX_CLASS_NAME", "check_classes", "column_classes", "encode_labels",
+__all__ = ["MAX_CLASS_NAME", "check_classes", "column_classes", "column_mismatch", "encode_labels",
            "is_text_labels", "label_names", "names_are_numbers"]
 
 #: the longest class name, in characters
@@ -139,6 +139,19 @@ def label_names(labels: Any) -> Any:
     return out
 
 
+def column_mismatch(names: list[str], classes: list[str],
+                    where: str) -> tuple[list[str], list[str]]:
+    """(the ``classes`` no column is named, the column ``names`` that are no class): how named
+    probability columns differ from a list of classes, at calibration
+    (:func:`column_classes`) as at predict (:func:`~privcal.calibrators.group_sets.
+    align_columns`). A column named twice is a one-line InvalidInput (``where`` names the
+    input)."""
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InvalidInput(f"{where}: the column {twice[0]!r} appears twice")
+    return [c for c in classes if c not in names], [c for c in names if c not in classes]
+
+
 def column_classes(names: list[str], classes: Any, labels: Any,
                    where: str = "probs") -> tuple[list[str] | None, Any]:
     """The classes of probability columns that carry names (a DataFrame's columns, a table
@@ -158,14 +171,11 @@ def column_classes(names: list[str], classes: Any, labels: Any,
       column indices, and the classes are recorded only when given.
     """
     k = len(names)
-    twice = sorted({c for c in names if names.count(c) > 1})
-    if twice:
-        raise InvalidInput(f"{where}: the column {twice[0]!r} appears twice")
     shown = ", ".join(names[:10]) + (", …" if k > 10 else "")
-    if classes is not None:
-        given = check_classes(classes, None)
-        missing = [c for c in given if c not in names]
-        extra = [c for c in names if c not in given]
+    if classes is None:
+        column_mismatch(names, [], where)  # (a column named twice)
+    else:
+        missing, extra = column_mismatch(names, check_classes(classes, None), where)
         if missing or extra:
             what = (f"the class {missing[0]!r} is not one of its columns" if missing
                     else f"its column {extra[0]!r} is not one of the classes")

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from privcal.calibrators.class_labels import column_mismatch
 from privcal.calibrators.prediction_sets import (
     lac_cut,
     prediction_sets,
@@ -255,11 +256,7 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
         names = frame_names(probs)
     if classes is None or names is None:
         return probs
-    twice = sorted({c for c in names if names.count(c) > 1})
-    if twice:
-        raise InvalidInput(f"{where}: the column {twice[0]!r} appears twice")
-    missing = [c for c in classes if c not in names]
-    extra = [c for c in names if c not in classes]
+    missing, extra = column_mismatch(names, classes, where)
     if missing or extra:
         what = (f"has no column for the class {missing[0]!r}" if missing
                 else f"has a column {extra[0]!r} that is not a class")
