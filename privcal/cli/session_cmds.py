@@ -93,7 +93,8 @@ def _describe(s: Any) -> str:
 @click.option("--nominal", is_flag=True, help="ldp-score: target 1−α (guarantee 1−α−Δ_S).")
 @click.option("--agents", type=int, default=None, help="Federated: number of agents m.")
 @click.option("--local-n", type=int, default=None, help="Federated: scores per agent n.")
-@click.option("--bins", type=int, default=100, show_default=True, help="fedcp2-qq: grid points B.")
+@click.option("--bins", type=int, default=None,
+              help="fedcp2-qq: grid points B.  [default: 100]")
 @click.option("--shuffled", is_flag=True,
               help="Reports go through a trusted shuffler: record the amplified (ε, δ).")
 @click.option("--requester", default=None, help="Who opened the session (recorded).")
@@ -107,7 +108,7 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
              rounds: int | None, group_size: int | None, lower: float | None,
              upper: float | None, score_range: tuple[float, float] | None,
              failure_probability: float | None, delta: float | None, nominal: bool,
-             agents: int | None, local_n: int | None, bins: int, shuffled: bool,
+             agents: int | None, local_n: int | None, bins: int | None, shuffled: bool,
              requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
     """Open a session: prints its id and round 0's query (ldp-score) or the plan (federated)."""
     from privcal.accountant.sessions import open_session

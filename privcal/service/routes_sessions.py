@@ -139,7 +139,9 @@ def session_open(name: str, body: SessionOpen, request: Request,
     args = body.model_dump()
 
     def run() -> tuple[int, Any]:
-        kw = dict(args)
+        # the fields the body gave: an option the method does not use is the library's 422,
+        # not a default silently dropped (the digest above still hashes the whole body)
+        kw = {k: v for k, v in args.items() if k in body.model_fields_set or k == "method"}
         # the library binds the key (the principal's, as a calibration's) to the shuffled
         # session's central charge too: a crash after its commit and before the service's
         # record is answered by the library's replay, never by a second charge

@@ -55,13 +55,13 @@ def open_session(
     epsilon: float | None = None,
     rounds: int | None = None,
     group_size: int | None = None,
-    lower: float = 0.0,
-    upper: float = 1.0,
-    delta: float = 0.001,
+    lower: float | None = None,
+    upper: float | None = None,
+    delta: float | None = None,
     nominal: bool = False,
     agents: int | None = None,
     local_n: int | None = None,
-    bins: int = 100,
+    bins: int | None = None,
     smax: float | None = None,
     failure_probability: float | None = None,
     shuffled: bool = False,
@@ -75,7 +75,10 @@ def open_session(
     ``epsilon`` (and ``bins``, ``lower``, ``upper``: the public grid); ``fedcp-qq`` needs m
     and n and a dataset that
     allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
-    (ε, δ) and charges it to an (ε, δ) dataset now. Writes nothing on bad input.
+    (ε, δ) and charges it to an (ε, δ) dataset now. An option the method does not use
+    (``bins`` for ldp-score, ``lower`` for fedcp-qq, ...) is an InvalidInput, not ignored;
+    the defaults of those it uses: ``lower`` 0, ``upper`` 1, ``bins`` 100, failure
+    probability 0.001. Writes nothing on bad input.
 
     ``idempotency_key`` (shuffled sessions: the ones charged when they open) binds the
     central charge to this open request, as :meth:`Accountant.charge
@@ -110,6 +113,16 @@ def open_session(
         delta = failure_probability
     if smax is not None:  # deprecated name of ``upper`` for fedcp2-qq
         upper = smax
+    if method == "fedcp-qq" and (epsilon is not None or shuffled):
+        raise InvalidInput("fedcp-qq is not private: it takes no ε and no --shuffled")
+    _refuse_unused(method, {"epsilon": epsilon, "rounds": rounds, "group-size": group_size,
+                            "lower": lower, "upper": upper, "failure-probability": delta,
+                            "nominal": nominal or None, "agents": agents,
+                            "local-n": local_n, "bins": bins})
+    lower = 0.0 if lower is None else lower
+    upper = 1.0 if upper is None else upper
+    delta = 0.001 if delta is None else delta
+    bins = 100 if bins is None else bins
     info = accountant.dataset(dataset)  # NotFound before any other work
     cal = registry.get(method).calibrator
     # the plan, cost and amplification from public numbers: a numeric failure at the edge of
@@ -146,8 +159,6 @@ def open_session(
                                            "bins": plan.bins, "lower": plan.lower,
                                            "upper": plan.smax})
         else:
-            if epsilon is not None or shuffled:
-                raise InvalidInput("fedcp-qq is not private: it takes no ε and no --shuffled")
             plan = public(plan_fedcp_qq)(m, n, alpha)
             p = cal.Params.model_validate({"alpha": alpha})
         shape = DataShape(n=m * n, group_sizes=(n,) * m)
@@ -213,6 +224,25 @@ def open_session(
         return info_of(accountant.ledger, s, row, ds.name)
 
     return accountant.ledger.write(tx)
+
+
+#: the options each method uses (by their CLI names); any other one given is refused
+_USES = {
+    "ldp-score": ("epsilon", "rounds", "group-size", "lower", "upper", "failure-probability",
+                  "nominal"),
+    "fedcp2-qq": ("epsilon", "agents", "local-n", "bins", "lower", "upper"),
+    "fedcp-qq": ("agents", "local-n"),
+}
+
+
+def _refuse_unused(method: str, given: dict[str, Any]) -> None:
+    """An option the method does not use is an error, not silently dropped: a fedcp-qq
+    session opened with ``--lower 0 --upper 5`` would otherwise be recorded as if those
+    bounds meant something to it (they do not: its threshold is an order statistic)."""
+    unused = [f"--{k}" for k, v in given.items() if v is not None and k not in _USES[method]]
+    if unused:
+        raise InvalidInput(f"{method} sessions take no {', '.join(unused)} (they use: "
+                           f"{', '.join('--' + k for k in _USES[method])})")
 
 
 def _opened_by(accountant: Accountant, s: Session, charge: Any, ds: Any) -> SessionInfo:

@@ -1,0 +1,84 @@
+"""Red team 7 (lead): options a session's method does not use are refused, not dropped.
+
+Before, ``open_session("fedcp-qq", lower=0, upper=5)`` or an ldp-score session with
+``bins=7`` opened as if the option meant something (it was silently ignored, and the CLI
+and the service forwarded their defaults so nobody could tell given from not given).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from privcal.accountant import Accountant
+from privcal.accountant import sessions as S
+from privcal.cli import main
+from privcal.errors import InvalidInput
+from privcal.storage.models import Charge
+from privcal.storage.sessions import CollectionSession
+
+
+def _state(acct: Accountant) -> tuple[Any, ...]:
+    with acct.ledger.read() as s:
+        return (acct.ledger.head(),
+                s.scalar(select(func.count()).select_from(CollectionSession)),
+                s.scalar(select(func.count()).select_from(Charge)))
+
+
+LDP = dict(alpha=0.1, epsilon=1.0, rounds=2, group_size=3)
+FED2 = dict(alpha=0.1, epsilon=2.0, agents=5, local_n=200)
+FED = dict(alpha=0.1, agents=3, local_n=50)
+
+UNUSED = [
+    ("fedcp-qq", FED, {"lower": 0.0}, "--lower"),
+    ("fedcp-qq", FED, {"upper": 5.0}, "--upper"),
+    ("fedcp-qq", FED, {"bins": 7}, "--bins"),
+    ("fedcp-qq", FED, {"rounds": 2}, "--rounds"),
+    ("fedcp-qq", FED, {"nominal": True}, "--nominal"),
+    ("fedcp-qq", FED, {"failure_probability": 0.01}, "--failure-probability"),
+    ("ldp-score", LDP, {"bins": 7}, "--bins"),
+    ("ldp-score", LDP, {"agents": 3}, "--agents"),
+    ("ldp-score", LDP, {"local_n": 3}, "--local-n"),
+    ("fedcp2-qq", FED2, {"rounds": 2}, "--rounds"),
+    ("fedcp2-qq", FED2, {"group_size": 2}, "--group-size"),
+    ("fedcp2-qq", FED2, {"nominal": True}, "--nominal"),
+    ("fedcp2-qq", FED2, {"delta": 0.01}, "--failure-probability"),
+]
+
+
+@pytest.mark.parametrize(("method", "base", "extra", "flag"), UNUSED)
+def test_an_option_the_method_does_not_use_is_refused(accountant: Any, method: str,
+                                                      base: dict[str, Any],
+                                                      extra: dict[str, Any], flag: str) -> None:
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5, allow_nonprivate=True)
+    before = _state(acct)
+    with pytest.raises(InvalidInput, match=f"{method} sessions take no {flag}"):
+        S.open_session(acct, method, dataset="d", **base, **extra)
+    assert _state(acct) == before
+    S.open_session(acct, method, dataset="d", **base)  # the same request without it opens
+
+
+def test_the_options_a_method_uses_keep_their_defaults(accountant: Any) -> None:
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5)
+    info = S.open_session(acct, "fedcp2-qq", dataset="d", **FED2)
+    assert (info.params["bins"], info.params["lower"], info.params["upper"]) == (100, 0.0, 1.0)
+    ldp = S.open_session(acct, "ldp-score", dataset="d", **LDP)
+    assert ldp.params["failure_probability"] == 0.001
+    assert (ldp.params["lower"], ldp.params["upper"]) == (0.0, 1.0)
+
+
+def test_cli_refuses_bins_on_an_ldp_score_session(ledger_url: str) -> None:
+    Accountant(ledger_url).create_dataset("d", epsilon=1, subject_epsilon=5)
+    args = ["--db-url", ledger_url, "session", "open", "ldp-score", "--dataset", "d",
+            "--alpha", "0.1", "--epsilon", "1", "--rounds", "2", "--group-size", "3"]
+    res = CliRunner().invoke(main, [*args, "--bins", "7", "--json"])
+    assert res.exit_code == 1, res.output  # bad input: one line, nothing changed
+    assert "ldp-score sessions take no --bins" in json.loads(res.stdout)["error"]["message"]
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert res.exit_code == 0, res.output
