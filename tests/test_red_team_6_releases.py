@@ -36,7 +36,7 @@ def test_audit_report_cli_and_service_list_a_several_level_release(accountant: A
     hence ``privcal audit report``, the spend-history endpoint and the UI home page."""
     from privcal.accountant.report import audit_report
     from privcal.service.app import create_app
-    from privcal.service.routes_meta import create_bound_token
+    from privcal.service.bound_tokens import create_bound_token
     from tests.service.conftest import start_server
 
     accountant.create_dataset("a", rho=1)

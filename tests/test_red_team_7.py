@@ -82,3 +82,60 @@ def test_cli_refuses_bins_on_an_ldp_score_session(ledger_url: str) -> None:
     assert "ldp-score sessions take no --bins" in json.loads(res.stdout)["error"]["message"]
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output
+
+
+#: runs ``privcal ARGS`` in a fresh interpreter where the ``server`` extra's packages do not
+#: import (a base install): a meta-path finder refuses them
+_NO_SERVER = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fastapi", "starlette", "uvicorn", "httpx"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, _Block())
+from privcal.cli import main
+main(sys.argv[1:], prog_name="privcal")
+"""
+
+
+def test_token_create_works_without_the_server_extra(tmp_path: Any) -> None:
+    """``privcal token create`` imported FastAPI (its checks lived in a route module): on a
+    base install it died with a traceback. It needs no server."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+
+    def run(*args: str) -> Any:
+        return subprocess.run([sys.executable, "-c", _NO_SERVER, "--db-url", url, *args],
+                              capture_output=True, text=True, timeout=120)
+
+    res = run("token", "create", "--role", "admin", "--name", "ops", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["token"].startswith("pcl_")
+    assert "Traceback" not in res.stderr
+    res = run("token", "list", "--json")
+    assert res.returncode == 0 and len(json.loads(res.stdout)) == 1, res.stderr
+
+
+def test_the_device_client_without_httpx_says_what_to_install() -> None:
+    """A device with a base install got a bare ModuleNotFoundError from ``Reporter``; the
+    ``client`` extra installs httpx, and the error names it."""
+    import subprocess
+    import sys
+
+    code = _NO_SERVER.split("from privcal.cli")[0] + (
+        "from privcal.client import Reporter\n"
+        "from privcal.errors import InvalidInput\n"
+        "try:\n    Reporter('http://127.0.0.1:9', 'pcl_x')\n"
+        "except InvalidInput as exc:\n    print(exc)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "pip install 'privcal[client]'" in res.stdout
+    import tomllib
+    from pathlib import Path
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    assert [d.split(">")[0] for d in extras["client"]] == ["httpx"]

@@ -141,7 +141,7 @@ def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str
     privcal token create --role device --session 1 --subjects devices.txt --json
     """
     from privcal.accountant import Accountant
-    from privcal.service.routes_meta import create_bound_token
+    from privcal.service.bound_tokens import create_bound_token
 
     expires_in = parse_duration(expires) if expires else None
     if count is not None or subject_prefix is not None or subjects_file is not None:
@@ -188,7 +188,7 @@ def _create_device_tokens(settings: Any, role: str, name: str | None,
                           as_json: bool) -> None:
     """``token create --count/--subjects``: one device token per subject, one transaction."""
     from privcal.accountant import Accountant
-    from privcal.service.routes_meta import create_bound_device_tokens
+    from privcal.service.bound_tokens import create_bound_device_tokens
     from privcal.storage.tokens import presented_token
 
     if role != "device":

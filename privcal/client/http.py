@@ -109,7 +109,12 @@ class _Base:
     def __init__(self, url: str, token: str, *, timeout: float = 30.0, retries: int = 3,
                  client: Any = None, memo: str | os.PathLike[str] | None = None,
                  max_epsilon: float | None = None) -> None:
-        import httpx
+        try:
+            import httpx
+        except ImportError:  # a base install: one line saying what to install
+            raise InvalidInput("the privcal HTTP client needs httpx: pip install "
+                               "'privcal[client]' (a device or agent needs nothing else)"
+                               ) from None
 
         if max_epsilon is not None and not (0 < float(max_epsilon) < math.inf):
             raise InvalidInput(f"max_epsilon must be a positive number, not {max_epsilon!r}")

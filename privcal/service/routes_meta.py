@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -11,8 +10,9 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from privcal.errors import InvalidInput, PrivcalError
+from privcal.errors import PrivcalError
 from privcal.service.auth import Principal, allow, principal
+from privcal.service.bound_tokens import create_bound_token
 from privcal.service.common import doc, public
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
@@ -93,75 +93,6 @@ class TokenCreate(BaseModel):
     subject: str | None = Field(default=None, min_length=1, max_length=200)
     agent: str | None = Field(default=None, min_length=1, max_length=200)
     expires_in: int | None = Field(default=None, ge=1, le=10 * 366 * 86400)
-
-
-def create_bound_token(acct: Any, role: str, *, name: str | None, datasets: list[str],
-                       session: int | None, subject: str | None, agent: str | None,
-                       expires_in: timedelta | None) -> Any:
-    """Check the token's texts (a subject or agent id by the library's rule for ids,
-    :func:`~privcal.calibrators.validation.id_strings`: NFC, no NUL, no blank at its ends;
-    a name or dataset name without control characters) and that what it is bound to
-    exists, then create it (API and CLI). A bad input writes nothing (422)."""
-    from privcal.storage.tokens import check_bindings, create_token, token_texts
-
-    for v, what in ((subject, "subject"), (agent, "agent")):
-        if v is not None:
-            _check_id(v, what)
-    name, datasets, subject, agent = token_texts(name=name, datasets=datasets,
-                                                 subject=subject, agent=agent)
-    check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
-    for d in datasets:
-        acct.dataset(d)  # NotFound
-    if session is not None:
-        _check_session_binding(acct, role, session)
-    return create_token(acct.ledger, role, name=name, datasets=datasets, session=session,
-                        subject=subject, agent=agent, expires_in=expires_in)
-
-
-def create_bound_device_tokens(acct: Any, session: int, subjects: Sequence[str],
-                               expires_in: timedelta | None) -> list[str]:
-    """One device token per subject (distinct ids) of an existing, unshuffled ldp-score
-    session, in one transaction (CLI ``token create --count``); the tokens in the order of
-    ``subjects``, shown this once."""
-    from privcal.calibrators.validation import id_strings
-    from privcal.storage.token_bulk import create_device_tokens
-
-    if isinstance(session, bool) or not isinstance(session, int) or session < 1:
-        raise InvalidInput("session must be a positive integer")
-    id_strings(list(subjects), "subject ids")  # the library's rule for ids (InvalidInput)
-    _check_session_binding(acct, "device", session)
-    return create_device_tokens(acct.ledger, session, subjects, expires_in=expires_in)
-
-
-def _check_id(v: Any, what: str) -> None:
-    """InvalidInput unless ``v`` is one id by the library's rule (the one a session applies
-    to the ids it is sent: a token whose subject it refuses could never report)."""
-    from privcal.calibrators.validation import id_strings
-
-    if not isinstance(v, str):
-        raise InvalidInput(f"{what} must be text")
-    try:
-        id_strings([v], what)
-    except InvalidInput as exc:
-        raise InvalidInput(str(exc).replace(f"{what}: row 0 ", f"{what} ", 1)) from None
-
-
-def _check_session_binding(acct: Any, role: str, session: int) -> None:
-    """The session exists (NotFound) and takes tokens of ``role``: device tokens for an
-    ldp-score session, agent tokens for a federated one, neither for a shuffled one."""
-    from privcal.accountant.sessions import session_status
-
-    info = session_status(acct, session)
-    fed = info.method != "ldp-score"
-    if role == "device" and fed:
-        raise InvalidInput(f"session {session} is federated ({info.method}): give its "
-                           "agents agent tokens, not device tokens")
-    if role == "agent" and not fed:
-        raise InvalidInput(f"session {session} is {info.method}: agent tokens are for "
-                           "federated sessions")
-    if role in ("device", "agent") and info.shuffled:
-        raise InvalidInput(f"session {session} is shuffled: reports reach it only through "
-                           "its ingestor (create an ingestor token)")
 
 
 @router.post("/v1/tokens", status_code=201, **allow("admin"))

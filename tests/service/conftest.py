@@ -37,7 +37,7 @@ class Live:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kw)
 
     def token(self, role: str, **kw: Any) -> str:
-        from privcal.service.routes_meta import create_bound_token
+        from privcal.service.bound_tokens import create_bound_token
 
         new = create_bound_token(self.accountant, role, name=kw.pop("name", None),
                                  datasets=kw.pop("datasets", []), session=kw.pop("session", None),

@@ -93,7 +93,7 @@ def test_token_texts_the_library_refuses_are_refused_at_creation(
 
 def test_bulk_device_tokens_refuse_an_id_the_library_refuses(live: Live) -> None:
     from privcal.errors import InvalidInput
-    from privcal.service.routes_meta import create_bound_device_tokens
+    from privcal.service.bound_tokens import create_bound_device_tokens
 
     sid = open_ldp(live)
     n = _tokens(live)
