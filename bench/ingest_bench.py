@@ -54,6 +54,7 @@ def _raw(url: str, ids: np.ndarray, bits: np.ndarray, batch: int, suffix: str = 
     if sqlite:
         conn: Any = sqlite3.connect(url.split("///", 1)[1], timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")  # privcal's own setting
     else:
         import psycopg
         from sqlalchemy.engine import make_url

@@ -83,8 +83,8 @@ def _raw_connect(url: str) -> tuple[Any, str]:
     """A bare DB-API connection to the ledger at ``url`` and its paramstyle marker."""
     if url.startswith("sqlite"):
         conn = sqlite3.connect(url.split("///", 1)[1], timeout=30, isolation_level=None)
-        for pragma in ("journal_mode=WAL", "busy_timeout=30000", "foreign_keys=ON",
-                       "temp_store=MEMORY"):
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=30000",
+                       "foreign_keys=ON", "temp_store=MEMORY"):  # privcal's own settings
             conn.execute(f"PRAGMA {pragma}")
         return conn, "?"
     import psycopg

@@ -139,3 +139,31 @@ def test_the_device_client_without_httpx_says_what_to_install() -> None:
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())[
         "project"]["optional-dependencies"]
     assert [d.split(">")[0] for d in extras["client"]] == ["httpx"]
+
+
+def test_a_sqlite_ledger_commits_with_synchronous_full(tmp_path: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit must be on disk when it returns: privcal sets ``synchronous=FULL`` itself
+    instead of trusting the SQLite build's WAL default (NORMAL on some builds, where a
+    power cut can lose a charge whose release was already shown). Such a build is
+    simulated: every new driver connection starts at NORMAL."""
+    import sqlite3
+
+    from privcal.storage import Ledger
+
+    connect = sqlite3.connect
+
+    def normal_by_default(*args: Any, **kw: Any) -> Any:
+        conn = connect(*args, **kw)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", normal_by_default)
+    monkeypatch.setattr(sqlite3.dbapi2, "connect", normal_by_default)  # what SQLAlchemy calls
+
+    led = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    led.upgrade()
+    with led.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+    led.close()

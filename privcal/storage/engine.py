@@ -156,6 +156,10 @@ def _sqlite_engine(u: URL) -> Engine:
         cur = dbapi_conn.cursor()
         if not memory:
             cur.execute("PRAGMA journal_mode=WAL")
+            # a commit is on disk when it returns (a charge shown, then lost to a power cut,
+            # would be a release nobody paid for): FULL, not the build's WAL default, which
+            # some SQLite builds set to NORMAL (durable only up to the last checkpoint)
+            cur.execute("PRAGMA synchronous=FULL")
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         # bulk local-DP charges stage ids in a temp table: keep it off the disk
