@@ -37,8 +37,14 @@ class LDPScoreParams(CalibratorParams):
     upper: float = Field(
         default=1.0, allow_inf_nan=False, description="public score range: upper end"
     )
-    nominal: bool = False
-    band: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="w; Δ_S")
+    nominal: bool = Field(
+        default=False,
+        description="target 1−α, for coverage ≥ G ≈ 1−α−Δ_S instead of ≥ 1−α (the default "
+        "targets 1−α+Δ_S); either with probability ≥ 1−δ (--failure-probability)")
+    band: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False,
+        description="stop band w: a round whose private estimate Z lies in [target, "
+        "target + w] stops the search and releases its query; default Δ_S")
     bound: Bound = Field(
         default="exact",
         description="pass cut-off: 'exact' binomial tail (default) or 'hoeffding' (the "
