@@ -128,8 +128,16 @@ class SplitConformal:
     def calibrate(
         self, data: CalibrationInput, params: SplitParams, rng: random.Random
     ) -> CalibrationResult:
-        """Threshold = r-th smallest score, r = ⌈(n+1)(1−α)⌉ exactly; +inf if r > n (SPEC §2)."""
+        """Threshold = r-th smallest score, r = ⌈(n+1)(1−α)⌉ exactly; +inf if r > n (SPEC §2).
+
+        The guarantee's upper bound holds only for scores without ties (red team 7: scores in
+        {0, 0.5, 1} at n = 20, α = 0.1 cover 0.988 against a stated ≤ 0.948). This method is
+        not private and sees the scores, so it says when they tie: ``tied_scores`` in the
+        diagnostics (scores equal to an earlier one), which ``release show`` prints beside
+        the statement."""
         s = _scores(data)
         n = s.shape[0]
         r = conformal_rank(n, params.alpha)
-        return CalibrationResult(threshold=kth_smallest(s, r), diagnostics={"n": n, "rank": r})
+        tied = int(n - np.unique(s).size)
+        return CalibrationResult(threshold=kth_smallest(s, r),
+                                 diagnostics={"n": n, "rank": r, "tied_scores": tied})

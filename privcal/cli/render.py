@@ -54,6 +54,8 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
     n = rel.shape.get("n") if isinstance(rel.shape, dict) else getattr(rel.shape, "n", None)
     click.echo(f"  n                   {n}" + (f"   rank {cov.rank}" if cov.rank else ""))
     click.echo(f"  coverage guarantee  {cov.statement}")
+    if (ties := ties_note(rel)) is not None:
+        click.echo(f"  ties                {ties}")
     priv = rel.privacy or {}
     click.echo(f"  privacy             {priv.get('statement') or priv.get('summary') or priv}")
     render_thresholds(rel)
@@ -63,6 +65,17 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
                    f"subject, {dropped.get('subject_over_cap', 0)} subject past its cap")
     if budget is not None:
         click.echo(f"  budget left         {getattr(budget, 'summary', budget)}")
+
+
+def ties_note(rel: Any) -> str | None:
+    """Why the release's upper coverage bound does not apply, when a non-private method saw
+    tied calibration scores (its ``tied_scores`` diagnostic); else None."""
+    tied = (rel.diagnostics or {}).get("tied_scores")
+    upper = rel.coverage.upper
+    if isinstance(tied, int) and tied > 0 and upper is not None and upper < 1:
+        return (f"{tied} calibration scores tie with another: the upper bound {upper:.6g} "
+                "(no ties) does not apply to these scores")
+    return None
 
 
 def render_thresholds(rel: Any) -> None:
