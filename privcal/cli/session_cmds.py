@@ -215,13 +215,16 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
               help="Federated: release with a plan recomputed for the agents that answered.")
 @click.option("--abandon", is_flag=True,
               help="Close without a release (charges already made stay spent).")
+@click.option("--requester", default=None,
+              help="Who closes the session (recorded as closed_by, and as the requester of "
+                   "a release --allow-missing makes).")
 @json_option
 @pass_settings
 def close_cmd(settings: Any, session_id: int, allow_missing: bool, abandon: bool,
-              as_json: bool) -> None:
+              requester: str | None, as_json: bool) -> None:
     """Close a session: federated with agents missing (--allow-missing), or abandon it."""
     from privcal.accountant.sessions import close_session
 
     res = close_session(settings.accountant(), session_id, allow_missing=allow_missing,
-                        abandon=abandon)
+                        abandon=abandon, requester=requester)
     emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))

@@ -263,14 +263,15 @@ def session_close(request: Request, body: CloseBody, sid: int = SessionId,
                   p: Principal = Depends(principal),
                   idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
                                                        max_length=200)) -> JSONResponse:
-    """Close a session (federated: release with missing agents, or abandon)."""
+    """Close a session (federated: release with missing agents, or abandon); the analyst
+    closing it is recorded (``closed_by``; the requester of a release the close makes)."""
     from privcal.accountant.sessions import close_session
 
     _visible(request, p, sid)
 
     def run() -> tuple[int, Any]:
         return 200, close_session(_acct(request), sid, allow_missing=body.allow_missing,
-                                  abandon=body.abandon)
+                                  abandon=body.abandon, requester=p.requester)
 
     return idempotent(request, idempotency_key, {"sid": sid, **body.model_dump()}, run)
 

@@ -23,7 +23,17 @@ subject batch's audit digest, so replacing the secret is detected by ``audit ver
 **Digests** (issue 16 item 3). :func:`members_digest` commits, in a charge's audit
 entry, to the sorted pseudonyms it charged (stored in ``charge_members``), from
 which ``audit verify`` recomputes every per-subject spend; :func:`reports_digest`
-commits a session batch's stored reports; :func:`state_digest` a session's state.
+commits a session batch's stored reports; :func:`keyed_state_digest` a session's state.
+
+*The state digest is keyed* (red team 7, B-1). A session's state holds what is not public
+until a round completes — ``round_ones``, the running count of 1-reports of the open round —
+and everything else in it can be rebuilt from public numbers (the open entry's params, the
+group size, the charge entries). A plain hash of it, in every ``session_batch`` entry, let
+an audit reader try ``round_ones = 0..accepted`` and learn each batch's count of ones (a
+one-report batch: a device's bit, unshuffled). So the entries commit to
+HMAC-SHA256 under a key derived from the ledger secret, tagged :data:`STATE_KEYED`;
+:func:`state_digest` (plain SHA-256, untagged) is the form written before, which
+``audit verify`` still accepts on old entries and migration 0005 still writes.
 """
 
 from __future__ import annotations
@@ -39,8 +49,10 @@ import numpy as np
 __all__ = [
     "BATCH_IDS_PG",
     "PSEUDONYM_BYTES",
+    "STATE_KEYED",
     "hex_of",
     "key_id",
+    "keyed_state_digest",
     "members_blob",
     "members_commitment",
     "members_digest",
@@ -53,6 +65,7 @@ __all__ = [
     "reports_digest_sorted",
     "spend_digest",
     "state_digest",
+    "state_digest_matches",
     "subjects_digest",
     "subjects_digest_raw",
 ]
@@ -254,7 +267,40 @@ def spend_digest(rows: Iterable[tuple[str, int]]) -> str:
 
 
 def state_digest(state: Any) -> str:
-    """SHA-256 of the RFC 8785 canonical JSON of a session's state document."""
+    """SHA-256 of the RFC 8785 canonical JSON of a session's state document: the *old*,
+    unkeyed form (64 hex digits). Not written by sessions any more — it can be inverted for
+    the open round's count of ones (see the module docstring); kept for migration 0005 (which
+    must write what it always wrote) and for verifying entries written before the change."""
     from privcal.storage.audit import canonical
 
     return hashlib.sha256(canonical(state).encode()).hexdigest()
+
+
+#: what begins a keyed state digest (an unkeyed one is 64 hex digits: never this)
+STATE_KEYED = "k:"
+
+#: domain of the key state digests are made under (derived from the ledger secret; a NUL
+#: byte, which no subject id may hold, keeps the derived key from being any subject's
+#: pseudonym)
+_STATE_DOMAIN = b"privcal session state\x00"
+
+
+def keyed_state_digest(key: bytes, state: Any) -> str:
+    """The state commitment sessions write: :data:`STATE_KEYED` and
+    HMAC-SHA256(HMAC-SHA256(key, domain), RFC 8785 of ``state``) in hex, ``key`` the ledger
+    secret. Without the secret it cannot be recomputed for a guessed state, so it does not
+    reveal the open round's count of ones; with it ``audit verify`` checks the row."""
+    from privcal.storage.audit import canonical
+
+    derived = hmac.digest(key, _STATE_DOMAIN, "sha256")
+    return STATE_KEYED + hmac.new(derived, canonical(state).encode(), "sha256").hexdigest()
+
+
+def state_digest_matches(key: bytes | None, state: Any, digest: str) -> bool:
+    """Whether ``digest`` (as an entry recorded it) commits to ``state``: a tagged digest by
+    :func:`keyed_state_digest` under ``key`` (None: the ledger has no secret — never a
+    match), an untagged one by :func:`state_digest` (entries written before it was keyed)."""
+    if digest.startswith(STATE_KEYED):
+        # plain ==: a forged entry's digest may be any text (compare_digest refuses non-ASCII)
+        return key is not None and keyed_state_digest(key, state) == digest
+    return state_digest(state) == digest

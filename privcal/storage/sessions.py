@@ -13,7 +13,9 @@ message, and its privacy record says each agent's order statistic is revealed.
 
 Audit: every session write appends an entry (kinds :data:`SESSION_KINDS`) that names
 the session and counts, never subject ids, plus the session's status and a digest of
-its state; each batch's entry commits to a digest of the reports it stored (under its
+its state — keyed with the ledger secret (:func:`privcal.storage.pseudonyms.keyed_state_digest`:
+the state holds the open round's count of ones, which a plain hash would let an audit
+reader recover); each batch's entry commits to a digest of the reports it stored (under its
 ``batch`` number) and to its ``session_batches`` row (idempotency key, request digest and
 the result a retry replays); a ``session_close`` entry names the session's release (which
 must be a release of the session's dataset). :func:`check_entry`, :func:`check_migration`
@@ -46,8 +48,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from privcal.errors import AuditFailed
 from privcal.storage.audit import jsonable
-from privcal.storage.models import Base, ReleaseRow
-from privcal.storage.pseudonyms import reports_digest, state_digest
+from privcal.storage.models import Base, LedgerSecret, ReleaseRow
+from privcal.storage.pseudonyms import reports_digest, state_digest_matches
 
 __all__ = [
     "SESSION_KINDS",
@@ -263,14 +265,18 @@ def check_sessions(s: Session, sessions: dict[int, CollectionSession],
     _check_releases(sessions, tally, releases if releases is not None else {
         r.id: r for r in s.scalars(select(ReleaseRow))})
     _check_batch_rows(s, tally)
+    secret = s.get(LedgerSecret, 1)
+    key = bytes.fromhex(secret.secret) if secret is not None else None
     for sid, row in sorted(sessions.items()):
         last = tally.state.get(sid)
         if last is None:
             continue  # opened before 0005 on a ledger whose log was empty at migration: none
         seq, status, digest = last
-        if row.status != status or state_digest(row.state) != digest:
+        # keyed (tagged) since red team 7; an untagged digest is an older entry's SHA-256
+        if row.status != status or not state_digest_matches(key, row.state, digest):
             raise AuditFailed(f"audit entry {seq}: session {sid}'s status or state differs from "
-                              "what the log recorded (row edited)")
+                              "what the log recorded (row edited, or the ledger secret "
+                              "replaced)")
     rows: dict[tuple[int, int | None], list[tuple[str, int, str]]] = defaultdict(list)
     for sid, subj, rnd, val, batch in s.execute(select(
             SessionReport.session_id, SessionReport.subject, SessionReport.round,

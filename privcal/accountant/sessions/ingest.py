@@ -43,10 +43,10 @@ from privcal.storage.audit import canonical, charge_doc, now
 from privcal.storage.models import Dataset, cap_units, spend_units
 from privcal.storage.pseudonyms import (
     key_id,
+    keyed_state_digest,
     members_commitment,
     pseudonyms_raw,
     reports_digest_sorted,
-    state_digest,
     subjects_digest_raw,
 )
 from privcal.storage.sessions import CollectionSession
@@ -306,7 +306,8 @@ def submit_reports(
             "eps0": eps0, "advanced": advanced, "batch": batch,
             "idempotency_key": key, "request_digest": digest,
             "reports_digest": reports_digest_sorted(acc_raw, current, acc_vals),
-            "status": row.status, "state_digest": state_digest(st),
+            # keyed: st holds the open round's count of ones (red team 7, B-1)
+            "status": row.status, "state_digest": keyed_state_digest(skey, st),
         })
         if finish is None:
             return SubmitResult(**result, session=info_of(ledger, conn, row, ds.name))
@@ -315,7 +316,7 @@ def submit_reports(
             row_o = s.get(CollectionSession, row.id)
             ds_o = s.get(Dataset, ds.id)
             release_in_tx(accountant, s, ds_o, row_o,  # type: ignore[arg-type]
-                          privacy_extra=st.get("privacy_extra"), **finish)
+                          state_key=skey, privacy_extra=st.get("privacy_extra"), **finish)
             return SubmitResult(**result, session=info_of(ledger, s, row_o, ds.name))
 
     try:

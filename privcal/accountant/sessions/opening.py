@@ -32,7 +32,7 @@ from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InvalidInput, LedgerError, NotFound
 from privcal.storage.audit import now
-from privcal.storage.pseudonyms import state_digest
+from privcal.storage.pseudonyms import keyed_state_digest
 from privcal.storage.sessions import session_doc
 
 if TYPE_CHECKING:
@@ -220,9 +220,13 @@ def open_session(
             st["central_charge_id"] = c.id
         accountant.ledger.update_session(s, row, state=st)
         accountant.ledger.append_audit(s, "session_open", {
-            **session_doc(row, ds.name), "status": row.status, "state_digest": state_digest(st)})
+            **session_doc(row, ds.name), "status": row.status,
+            "state_digest": keyed_state_digest(skey, st)})
         return info_of(accountant.ledger, s, row, ds.name)
 
+    # read before the write transaction (its first read may create the secret); the state
+    # digest is keyed with it, as every session entry's is (red team 7, B-1)
+    skey = accountant.ledger.subject_key()
     return accountant.ledger.write(tx)
 
 

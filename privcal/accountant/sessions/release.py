@@ -25,7 +25,7 @@ from privcal.calibrators.fedplan import (
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.errors import InfeasiblePlan, InvalidInput, PlanRejected
 from privcal.storage.audit import release_doc, threshold_str
-from privcal.storage.pseudonyms import state_digest
+from privcal.storage.pseudonyms import keyed_state_digest
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -38,12 +38,23 @@ __all__ = ["fed_release_args", "ldp_release_args", "release_in_tx", "subset_extr
 
 
 def release_in_tx(
-    acct: Accountant, s: Session, ds: Dataset, row: CollectionSession, *, threshold: float,
-    params: dict[str, Any], shape: DataShape, privacy_extra: dict[str, Any] | None,
-    diagnostics: dict[str, Any],
+    acct: Accountant, s: Session, ds: Dataset, row: CollectionSession, *, state_key: bytes,
+    threshold: float, params: dict[str, Any], shape: DataShape,
+    privacy_extra: dict[str, Any] | None, diagnostics: dict[str, Any],
+    at_close: bool = False, closed_by: str | None = None,
 ) -> ReleaseRow:
-    """Append the release (``record_release`` semantics) inside the batch's transaction,
-    tied to every charge of the session, and close the session as released."""
+    """Append the release (``record_release`` semantics) inside the batch's (or close's)
+    transaction, tied to every charge of the session, and close the session as released;
+    ``state_key`` (the ledger secret) keys the ``session_close`` entry's state digest.
+
+    Who is recorded (red team 7, E-3): a session its last batch finishes ran as it was opened,
+    so the release's requester is the opener. A release made by a close (``at_close``:
+    ``close_session(allow_missing=True)``, a plan recomputed for the agents that answered)
+    is the closer's decision: its requester is the closer ``closed_by`` (None if the caller
+    did not say who), its diagnostics state the opener as ``opened_by``, and the
+    ``session_close`` entry names ``closed_by``. (Entries and releases written before
+    carry neither key; nothing checks their absence.)
+    """
     reg = registry.get(row.method)
     cal = reg.calibrator
     p = cal.Params.model_validate(params)
@@ -62,14 +73,17 @@ def release_in_tx(
         "shape": json_safe(shape.model_dump(mode="python")),
         "threshold": threshold_str(float(threshold)), "coverage": json_safe(coverage),
         "privacy": json_safe(privacy),
-        "diagnostics": json_safe({**diagnostics, "session_id": row.id}),
-        "requester": row.requester,
+        "diagnostics": json_safe({**diagnostics, "session_id": row.id,
+                                  **({"opened_by": row.requester} if at_close else {})}),
+        "requester": closed_by if at_close else row.requester,
     }, charge_ids(row))
     acct.ledger.append_audit(s, "release", release_doc(rel, ds.name))
     acct.ledger.update_session(s, row, release_id=rel.id, status="released")
     acct.ledger.append_audit(s, "session_close", {
         "session_id": row.id, "status": "released", "release_id": rel.id,
-        "reports": int(row.state.get("total", 0)), "state_digest": state_digest(row.state)})
+        "reports": int(row.state.get("total", 0)),
+        "state_digest": keyed_state_digest(state_key, row.state),
+        **({"closed_by": closed_by} if at_close else {})})
     return rel
 
 
