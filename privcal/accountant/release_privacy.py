@@ -16,7 +16,7 @@ from privcal.accountant.normalize import AnyCost, cost_json, json_safe
 from privcal.accountant.results import DatasetInfo
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
-__all__ = ["privacy_record"]
+__all__ = ["LOCAL_RULE", "is_generic_local", "privacy_record"]
 
 
 #: whom a shuffled release's amplified (ε, δ) protects against (red team 5): the reports
@@ -37,16 +37,36 @@ AMPLIFICATION_ASSUMES = ("provided the round's other reports are their subjects'
                          "participants)")
 
 
+#: what a local-DP release is charged: ε0 per participating subject (or agent)
+LOCAL_RULE = "ε0-local DP for each participating subject"
+#: the statement of a local-DP release whose calibrator does not say what its ε0 protects
+GENERIC_LOCAL = "{eps}-local DP for each participating subject"
+
+
+def is_generic_local(statement: Any, epsilon: Any) -> bool:
+    """Whether a recorded local-DP statement is the generic sentence every local release
+    carried before its calibrator could say what its ε0 protects (red team 7), possibly
+    followed by a shuffled release's amplification clause."""
+    generic = GENERIC_LOCAL.format(eps=epsilon)
+    return isinstance(statement, str) and (statement == generic
+                                           or statement.startswith(generic + "; shuffled"))
+
+
 def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
-                   calibrator: Any = None, *, legacy_wording: bool = False) -> dict[str, Any]:
+                   calibrator: Any = None, *, legacy_wording: bool = False,
+                   generic_local: bool = False) -> dict[str, Any]:
     """The privacy record of a release; a non-private calibrator may say what it reveals
-    (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent).
+    (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent), a local-DP
+    one what its ε0 protects (its ``local_statement``, a format string of ``eps``; else the
+    generic "ε0-local DP for each participating subject").
 
     A shuffled release's record names whom its amplified (ε, δ) protects against
     (``amplified_for``, :data:`AMPLIFIED_FOR`), and its statement what the amplification
     assumes of the other reports (:data:`AMPLIFICATION_ASSUMES`); ``legacy_wording``: the
     statement as recorded before ``amplified_for`` existed ("for the aggregator"), for
-    :mod:`privcal.accountant.verification` to recompute such a record as it was."""
+    :mod:`privcal.accountant.verification` to recompute such a record as it was;
+    ``generic_local``: likewise, a local-DP statement as recorded before its calibrator
+    said what its ε0 protects."""
     out: dict[str, Any] = {"cost": cost_json(cost) if cost is not None else None}
     rd = ds.reporting_delta
     if cost is None:
@@ -69,9 +89,12 @@ def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] 
                    statement=f"({e}, {d})-DP (central)")
     else:
         e = acc.dstr(cost.eps0)
-        out.update(model="local", epsilon=e, delta="0",
-                   rule="ε0-local DP for each participating subject",
-                   statement=f"{e}-local DP for each participating subject")
+        # what the ε0 protects is the calibrator's to say (red team 7): LDP-CP-L randomizes
+        # the label only, and a FedCP²-QQ agent's message is ε-DP per record of its data,
+        # not a local randomizer of its whole input; the rule (what is charged) is the same
+        local = None if generic_local else getattr(calibrator, "local_statement", None)
+        out.update(model="local", epsilon=e, delta="0", rule=LOCAL_RULE,
+                   statement=(local or GENERIC_LOCAL).format(eps=e))
     # the neighbouring relation the claim is about (issue 14.7): the calibrator's own
     # statement, else the one its cost type implies
     if cost is not None:

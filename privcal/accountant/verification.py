@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant.normalize import cost_json, normalize_cost
 from privcal.accountant.record_compare import coverage_as_recorded, plain, same
-from privcal.accountant.release_privacy import privacy_record
+from privcal.accountant.release_privacy import is_generic_local, privacy_record
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
@@ -156,13 +156,16 @@ def _made_by(rel: Any, reg: registry.Registered) -> bool:
             or (rel.distribution, rel.distribution_version) == (package, "unknown"))
 
 
-def recompute(rel: Any, ds: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def recompute(rel: Any, ds: Any, *, current: bool = False,
+              ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(calibrator, coverage, privacy): release ``rel``'s guarantees as the installed code
     states them for its stored parameters, shape and (shuffled) record on dataset ``ds``
     (a :class:`~privcal.accountant.results.DatasetInfo`), by the formula of the calibrator
     version that made it; the records as a JSON column gives them back. The one
     recomputation of :func:`check_release` and of ``record_release``'s check of the
-    sentences it is given. Raises :class:`PrivcalError` (also for an unknown method)."""
+    sentences it is given (``current``: in the installed code's wording only, never an
+    older one the recorded sentences use). Raises :class:`PrivcalError` (also for an
+    unknown method)."""
     from privcal.accountant.amplification import shuffled_guarantee
     cal = registry.get(rel.method).calibrator
     params, shape, guarantee = coverage_as_recorded(cal, rel)
@@ -176,11 +179,18 @@ def recompute(rel: Any, ds: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
             rel.method, params, shape, ds.reporting_delta,
             assume_unlinkable_features="assumption" in extra,
         )  # fmt: skip
-    privacy = privacy_record(cost, ds, new_extra, cal)
-    if "amplified_for" in privacy and "amplified_for" not in (rel.privacy or {}):
+    recorded = rel.privacy or {}
+    # a local-DP release recorded before its calibrator said what its ε0 protects (red
+    # team 7: "ε-local DP for each participating subject" also for LDP-CP-L's label-only
+    # and FedCP²-QQ's record-level ε): recomputed in the wording of then
+    generic = not current and is_generic_local(recorded.get("statement"),
+                                               recorded.get("epsilon"))
+    privacy = privacy_record(cost, ds, new_extra, cal, generic_local=generic)
+    if not current and "amplified_for" in privacy and "amplified_for" not in recorded:
         # a shuffled release recorded before its record named whom the amplification
         # protects against: recomputed in the wording of then
-        privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True)
+        privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True,
+                                 generic_local=generic)
     if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
         privacy["central_cost"] = cost_json(normalize_cost(central_cost))
     return cal, plain(coverage), plain(privacy)
@@ -193,7 +203,7 @@ def sentence_problems(rel: Any, ds: Any) -> list[str]:
     one the installed code recomputes (:func:`recompute`). Only a release written before
     this check existed may carry older wording (``audit verify`` counts it, uncompared)."""
     try:
-        cal, coverage, privacy = recompute(rel, ds)
+        cal, coverage, privacy = recompute(rel, ds, current=True)
     except PrivcalError as exc:
         return [f"its guarantees cannot be recomputed: {exc}"]
     if rel.calibrator_version != cal.version:

@@ -155,6 +155,7 @@ class Levels(WrappedCalibrator):
         self.summary = f"{inner.name} at several levels α at once"
         self.neighbouring = getattr(inner, "neighbouring", None)
         self.privacy_statement = getattr(inner, "privacy_statement", None)
+        self.local_statement = getattr(inner, "local_statement", None)
 
     def cost(self, params: LevelsParams, shape: DataShape) -> Any:
         """The sum of the k runs' costs (module docstring), or None if the method is

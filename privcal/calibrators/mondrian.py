@@ -200,6 +200,7 @@ class Mondrian(WrappedCalibrator):
         self.summary = f"{inner.name} per class or group (Mondrian), charged once"
         self.neighbouring = NEIGHBOURING
         self.privacy_statement = getattr(inner, "privacy_statement", None)
+        self.local_statement = getattr(inner, "local_statement", None)
 
     # ---------------------------------------------------------------- per group
     def _group_guarantee(self, p: Any, n: int, k: int | None) -> CoverageGuarantee | None:
