@@ -35,6 +35,7 @@ __all__ = [
     "budget_report",
     "create_dataset",
     "get_dataset",
+    "largest_subject_spend",
     "list_datasets",
     "subject_spend",
     "subject_summary",
@@ -134,20 +135,37 @@ def budget_report(ledger: Ledger, name: str) -> BudgetReport:
         ds = ledger.get_dataset(s, name)
         n_rel = ledger.release_count(s, ds.id)
         pol, sp = policy_of(ds), spent_of(ds)
-        se = acc.spent_epsilon(pol, sp, ds.reporting_delta)
+        # local-DP reports are in no central total: the worst subject's Σε0 is added (F-2)
+        se = acc.spent_epsilon(pol, sp, ds.reporting_delta, largest_subject_spend(ledger, s, ds))
+        g = guarantee_report(ds)  # its short forms know what the statement excludes (F-1)
         return BudgetReport(
             dataset=ds.name, notion=ds.notion, policy=pol.describe(), cap=exact(cap_of(ds)),
             spent=exact(acc.used(pol, sp)), remaining=exact(acc.remaining(pol, sp)),
             reporting_delta=Decimal(acc.dstr(ds.reporting_delta)),
-            guarantee=guarantee_report(ds),
-            spent_dp=SpentReport(epsilon=Decimal(acc.dstr(se.epsilon)),
-                                 delta=Decimal(acc.dstr(se.delta)),
-                                 rule=se.rule, candidates=se.candidates, note=se.note),
+            guarantee=g,
+            spent_dp=SpentReport(
+                epsilon=Decimal(acc.dstr(se.epsilon)), delta=Decimal(acc.dstr(se.delta)),
+                rule=se.rule, candidates=se.candidates, note=se.note,
+                central_epsilon=_opt(se.central_epsilon), subject_max=_opt(se.subject_max)),
             renyi_orders=[Decimal(acc.dstr(a)) for a in o] if (o := renyi_orders_of(ds)) else None,
             charges=ds.charge_count, releases=n_rel,
             subject_epsilon=(Decimal(acc.dstr(ds.subject_epsilon))
                              if ds.subject_epsilon is not None else None),
         )
+
+
+def largest_subject_spend(ledger: Ledger, s: Any, ds: Any) -> Decimal | None:
+    """The largest Σε0 one subject has spent on ``ds``'s local-DP reports, read in the
+    snapshot ``s`` (0 if none yet); None if the dataset takes no local-DP reports (no
+    per-subject cap: they are refused)."""
+    if ds.subject_epsilon is None:
+        return None
+    return _eps(ledger.subject_units_max(s, ds.id))
+
+
+def _opt(d: Decimal | None) -> Decimal | None:
+    """An optional amount as the exact decimal reported."""
+    return None if d is None else Decimal(acc.dstr(d))
 
 
 def _eps(units: float | int) -> Decimal:

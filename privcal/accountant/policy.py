@@ -56,9 +56,10 @@ def guarantee_report(ds: DatasetRow) -> GuaranteeReport:
                              nonprivate=bool(ds.allow_nonprivate), spent=spent_of(ds))
     if not g.established:
         return GuaranteeReport(epsilon=g.epsilon, delta=g.delta, rule=g.rule,
-                               statement=g.statement, established=False)
+                               statement=g.statement, established=False,
+                               nonprivate=g.nonprivate)
     return GuaranteeReport(epsilon=Decimal(acc.dstr(g.epsilon)), delta=Decimal(acc.dstr(g.delta)),
-                           rule=g.rule, statement=g.statement)
+                           rule=g.rule, statement=g.statement, nonprivate=g.nonprivate)
 
 
 def spent_of(ds: DatasetRow) -> acc.Spent:

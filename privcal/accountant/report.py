@@ -5,20 +5,26 @@ Per dataset: its budget policy and the guarantee of its cap (the filter's
 threshold, coverage guarantee, privacy cost), and the budget consumed over time —
 each charge replayed through the same exact composition rules the accountant
 enforces (:mod:`privcal.accountant.privacy.filters`), with the realized spend after it,
-labelled as such: it is not a guarantee under adaptive use (issue 14).
+labelled as such: it is not a guarantee under adaptive use (issue 14). For a dataset that
+takes local-DP reports the realized spend includes the largest per-subject Σε0 (a bound on
+it before the last charge: :func:`audit_report`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant import privacy as acc
+from privcal.accountant.datasets import largest_subject_spend
 from privcal.accountant.policy import charge_cost, guarantee_report, policy_of, renyi_orders_of
 from privcal.costs import LocalDP
+
+#: the context of the replay's running Σε0 (exact for any amounts the ledger holds)
+_EXACT = Context(prec=80)
 
 
 class TimelineEntry(BaseModel):
@@ -80,12 +86,25 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
             policy = policy_of(ds)
             charges = ledger.charges_of(s, ds.id)
             spent = acc.Spent()
+            # local-DP reports are charged per subject, in no central total: the realized
+            # spend adds the largest per-subject Σε0 (red team 7, F-2). Replayed, it is at
+            # most the batches' running Σε0 (each charges a subject at most once) and at
+            # most today's largest spend (spends only grow), so labelled "≤"; after the last
+            # charge it is today's, exactly (as `budget show` prints it)
+            today = largest_subject_spend(ledger, s, ds)
+            local = Decimal(0)
             timeline = []
-            for c in charges:
+            for i, c in enumerate(charges):
                 cost = charge_cost(c)
                 if not isinstance(cost, LocalDP):
                     spent = spent.add(cost)
-                rep = acc.spent_epsilon(policy, spent, ds.reporting_delta)
+                elif c.subjects_accepted != 0:
+                    with localcontext(_EXACT):  # exact: a rounded-down sum would under-report
+                        local += cost.eps0
+                last = i == len(charges) - 1
+                subj = None if today is None else today if last else min(local, today)
+                rep = acc.spent_epsilon(policy, spent, ds.reporting_delta, subj,
+                                        subject_bound=subj is not None and not last)
                 timeline.append(
                     TimelineEntry(
                         charge=c.id,
@@ -95,7 +114,8 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                         cost=cost.describe(),
                         subjects_charged=c.subjects_accepted,
                         used_after=acc.used(policy, spent),
-                        spent_dp_after=(f"spent so far ε={rep.epsilon}, δ={rep.delta} "
+                        spent_dp_after=(f"spent so far ε={acc.dstr(rep.epsilon)}, "
+                                        f"δ={acc.dstr(rep.delta)} "
                                         f"[{rep.rule}; not a guarantee under adaptive use]"),
                     )
                 )

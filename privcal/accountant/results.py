@@ -13,6 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.accountant import privacy as acc
+from privcal.accountant.privacy.guarantees import NOT_ESTABLISHED_SHORT, short_guarantee
 from privcal.calibrators.base import CoverageGuarantee
 from privcal.storage.records import ReleaseRecord, UTCDateTime
 
@@ -134,6 +135,12 @@ class SpentReport(BaseModel):
     rule: str
     candidates: dict[str, str]
     note: str = acc.REALIZED_NOTE
+    #: the central charges' ε alone, when ``epsilon`` also includes local-DP reports
+    #: (None: the dataset takes none)
+    central_epsilon: Decimal | None = None
+    #: the largest per-subject Σε0 of local-DP reports, included in ``epsilon`` (None: the
+    #: dataset takes none)
+    subject_max: Decimal | None = None
 
 
 class GuaranteeReport(BaseModel):
@@ -149,13 +156,23 @@ class GuaranteeReport(BaseModel):
     #: False when the charges so far do not pass the cap's filter (an (ε, δ) dataset charged
     #: past its cap before migration 0004): no guarantee is established, ε is +∞, δ is 1
     established: bool = True
+    #: whether the dataset allows non-private releases (outside the guarantee); None when the
+    #: report was built without it — then :attr:`short` is the full :attr:`statement`, which
+    #: always says so. Not in the JSON: there the statement says it.
+    nonprivate: bool | None = Field(default=None, exclude=True)
 
     @property
     def short(self) -> str:
-        """``(ε, δ)-DP``, or that no guarantee is established."""
+        """The guarantee in one line, with every qualification of :attr:`statement` (however
+        requests adapt; the neighbouring relation; non-private releases excluded):
+        :func:`~privcal.accountant.privacy.guarantees.short_guarantee`. Without
+        ``nonprivate`` known it is the statement itself: a bare "(ε, δ)-DP" must not be
+        read as covering a non-private release (red team 7, F-1)."""
         if not self.established:
-            return "none established (its charges exceed the cap's filter)"
-        return f"({self.epsilon}, {self.delta})-DP"
+            return NOT_ESTABLISHED_SHORT
+        if self.nonprivate is None:
+            return self.statement
+        return short_guarantee(self.epsilon, self.delta, nonprivate=self.nonprivate)
 
 
 class BudgetReport(BaseModel):
@@ -187,8 +204,8 @@ class BudgetReport(BaseModel):
 
         return (
             f"{self.dataset}: spent {fmt(self.spent)}, remaining {fmt(self.remaining)}; "
-            f"guarantee {self.guarantee.short} by the cap's "
-            f"filter; spent so far as (ε, δ): ε={self.spent_dp.epsilon}, "
+            f"guarantee {self.guarantee.short} (the cap's filter); "
+            f"spent so far as (ε, δ): ε={self.spent_dp.epsilon}, "
             f"δ={self.spent_dp.delta} [{self.spent_dp.rule}] (not a guarantee under adaptive use)"
         )
 

@@ -178,8 +178,10 @@ def budget_show(settings: Settings, name: str | None, dataset_opt: str | None, s
             {"": "budget", "value": rep.policy},
             {"": "spent", "value": _fmt(rep.spent) if rep.spent else "nothing"},
             {"": "remaining", "value": _fmt(rep.remaining)},
-            {"": "guarantee", "value": (f"({g.epsilon}, {g.delta})-DP however requests adapt "
-                                        f"({g.rule})" if g.established else g.statement)},
+            # the short form carries every qualification of the statement (red team 7, F-1)
+            {"": "guarantee", "value": g.short if g.established else g.statement},
+            {"": "guarantee's rule", "value": g.rule if g.established else "-"},
+            # the rule names the local-DP reports' share when there is one (F-2)
             {"": "spent so far as (ε, δ)", "value": f"ε={cell(dp.epsilon)}, δ={cell(dp.delta)} "
                                                      f"({dp.rule}); not a guarantee under "
                                                      "adaptive use"},

@@ -21,7 +21,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -198,3 +198,10 @@ class SubjectSpendStore:
                       .where(SubjectSpend.dataset_id == dataset_id)),
             dtype=np.int64,
         )
+
+    @staticmethod
+    def subject_units_max(s: Session, dataset_id: int) -> int:
+        """The most units one subject has spent on a dataset (0 if none): one aggregate,
+        not every subject's row (``budget show`` on a dataset of 10⁶ subjects)."""
+        return int(s.scalar(select(func.max(SubjectSpend.spent_units))
+                            .where(SubjectSpend.dataset_id == dataset_id)) or 0)

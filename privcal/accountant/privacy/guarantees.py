@@ -18,10 +18,14 @@ from privcal.accountant.privacy.conversions import cks20_epsilon, dstr, round_up
 from privcal.accountant.privacy.filters import Policy, Spent, approx_usage, used, within_cap
 
 __all__ = [
+    "NEIGHBOURING",
+    "NEIGHBOURING_SHORT",
+    "NOT_ESTABLISHED_SHORT",
     "REALIZED_NOTE",
     "Guarantee",
     "SpentEpsilon",
     "filter_guarantee",
+    "short_guarantee",
     "spent_epsilon",
 ]
 
@@ -59,6 +63,14 @@ class Guarantee:
         return (f"everything released from this dataset, however the requests adapt, is "
                 f"({dstr(self.epsilon)}, {dstr(self.delta)})-DP [{self.rule}] {NEIGHBOURING}")
 
+    @property
+    def short(self) -> str:
+        """One line with every qualification :attr:`statement` makes (:func:`short_guarantee`),
+        or that no guarantee is established."""
+        if not self.established:
+            return NOT_ESTABLISHED_SHORT
+        return short_guarantee(self.epsilon, self.delta, nonprivate=self.nonprivate)
+
 
 #: the neighbouring relation of a dataset's guarantee. Each release states its own
 #: (``privacy.neighbouring``); a composition holds for the pairs that are neighbours for every
@@ -70,6 +82,28 @@ NEIGHBOURING = (
     "narrower sense (LDP-CP-L: one subject's label, features public; Mondrian: groups "
     "public), the whole holds only for datasets that are neighbours in that sense too"
 )
+
+
+#: :data:`NEIGHBOURING` in a few words, for the one-line forms (:func:`short_guarantee`)
+NEIGHBOURING_SHORT = ("for neighbours in the sense each release states (a narrower one, e.g. "
+                      "LDP-CP-L's or Mondrian's, narrows the whole)")
+#: the one-line form of a guarantee that is not established
+NOT_ESTABLISHED_SHORT = "none established (its charges exceed the cap's filter)"
+
+
+def short_guarantee(epsilon: Decimal, delta: Decimal, *, nonprivate: bool) -> str:
+    """A dataset's guarantee in one line, qualified as its full statement is: however requests
+    adapt, for the neighbouring relation the releases state, and — when the dataset allows
+    non-private releases — for its private releases only, the non-private ones having none.
+
+    Every short form prints this (``budget show``, the budget summary, the web page): a bare
+    "(1, 0)-DP" read as covering a non-private split threshold already published, and as
+    holding for any neighbours (red team 7, F-1)."""
+    eps = f"({dstr(epsilon)}, {dstr(delta)})-DP"
+    if nonprivate:
+        return (f"{eps} for its private releases, however requests adapt, {NEIGHBOURING_SHORT}; "
+                "its non-private releases (its policy allows them) have no privacy guarantee")
+    return f"{eps} however requests adapt, {NEIGHBOURING_SHORT}"
 
 
 #: the context of the guarantee's own arithmetic (ε + S), whatever the caller's context is
@@ -148,17 +182,52 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
 
 @dataclass(frozen=True)
 class SpentEpsilon:
-    """The realized spend as (ε, δ) and its rule: not a guarantee under adaptive use."""
+    """The realized spend as (ε, δ) and its rule: not a guarantee under adaptive use.
+
+    For a dataset that takes local-DP reports, ``epsilon`` includes the largest per-subject
+    Σε0 (``subject_max``) added to the central charges' figure (``central_epsilon``)."""
 
     epsilon: Decimal  # rounded up
     delta: Decimal
     rule: str
-    candidates: dict[str, str]  # rule → ε (rounded up), for transparency
+    candidates: dict[str, str]  # rule → ε (rounded up) of the central charges, for transparency
     note: str = REALIZED_NOTE
+    #: the central charges' ε alone (None: the dataset takes no local-DP reports)
+    central_epsilon: Decimal | None = None
+    #: the largest per-subject Σε0 included in ``epsilon`` (None: no local-DP reports taken)
+    subject_max: Decimal | None = None
 
 
-def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal) -> SpentEpsilon:
-    """The realized spend as (ε, δ) at the dataset's reporting δ: the minimum of the bounds below.
+def spent_epsilon(policy: Policy, spent: Spent, reporting_delta: Decimal,
+                  subject_max: Decimal | None = None, *,
+                  subject_bound: bool = False) -> SpentEpsilon:
+    """The realized spend as (ε, δ) at the dataset's reporting δ, local-DP reports included.
+
+    ``spent`` holds the central charges only (local-DP reports are charged per subject, never
+    to the central totals). ``subject_max``: the largest Σε0 any one subject has spent on the
+    dataset's local-DP reports (None when it takes none). One subject's data then takes part
+    in the central releases and in its own reports, so the realized figure for one subject is
+    the central figure plus its Σε0 (basic composition) — the worst subject's, as
+    :func:`filter_guarantee` adds the per-subject cap. Leaving it out printed "ε=0 (nothing
+    spent)" for a dataset whose subjects had each spent 5 (red team 7, F-2).
+    ``subject_bound``: ``subject_max`` is an upper bound on that largest Σε0 (the audit
+    report's replay), not its exact value; the rule says "≤".
+    """
+    central = _central_spent(policy, spent, reporting_delta)
+    if subject_max is None:
+        return central
+    with localcontext(_EXACT):  # exact: both are exact decimals, the first rounded up
+        eps = central.epsilon + subject_max
+    rel = "≤" if subject_bound else "="
+    rule = (f"central charges ε={dstr(central.epsilon)}, δ={dstr(central.delta)} "
+            f"({central.rule}) + local-DP reports: largest per-subject Σε0 {rel} "
+            f"{dstr(subject_max)}, added (basic composition)")
+    return replace(central, epsilon=eps, rule=rule, central_epsilon=central.epsilon,
+                   subject_max=subject_max)
+
+
+def _central_spent(policy: Policy, spent: Spent, reporting_delta: Decimal) -> SpentEpsilon:
+    """The central charges' realized spend as (ε, δ): the minimum of the bounds below.
 
     Each candidate is a valid (ε, δ) guarantee for the charges so far *had they been fixed in
     advance*. Requests may adapt, and then the realized Σε/Σρ is an odometer reading: converting
