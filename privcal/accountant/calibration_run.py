@@ -2,9 +2,11 @@
 
 :func:`run` is the flow of DESIGN.md, "The flow of one calibration", one call per step:
 
-1. validate the parameters and the data's public shape (:mod:`privcal.accountant.run_inputs`:
-   ``params_of``, ``check_data``, ``shape_of``; and ``rng``), and everything that needs only
-   those (``calibrator.guarantee``, e.g. an infeasible plan) — before anything is charged;
+1. validate the parameters, the data (``check_data``: whatever the calibrator's
+   ``calibrate`` would refuse, by its ``check_inputs``) and its public shape
+   (:mod:`privcal.accountant.run_inputs`: ``params_of``, ``check_data``, ``shape_of``; and
+   ``rng``), and everything that needs only those (``calibrator.guarantee``, e.g. an
+   infeasible plan) — before anything is charged;
 2. the cost, from the parameters and the shape alone: ``calibrator.cost(params, shape)``;
 3. charge it and COMMIT: :func:`privcal.accountant.charges.charge` (central), or
    :func:`privcal.accountant.subject_charges.charge_subjects` (local DP: per subject; the
@@ -135,7 +137,7 @@ def _run(
         raise InvalidInput("data must be a CalibrationInput")
     registered = registry.provenance(calibrator, registered)  # a stand-in is refused here
     p = params_of(calibrator, params)
-    check_data(calibrator, data)
+    check_data(calibrator, data, p)  # what calibrate would refuse, refused before the charge
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
                                 or classes < 2):
         raise InvalidInput(f"classes must be an integer ≥ 2, got {classes!r}")

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape
-from privcal.calibrators.validation import check_scores, group_sizes, id_strings
+from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, check_inputs
+from privcal.calibrators.validation import group_sizes, id_strings
 from privcal.errors import InvalidInput
 
 __all__ = ["check_data", "params_of", "rows_of", "shape_of"]
@@ -38,7 +38,11 @@ def shape_of(data: CalibrationInput, n: int | None = None, k: int | None = None)
         groups = _mondrian_sizes(data)
     try:
         return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:  # one line: the first error (k = 1 column, n = 0, …)
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        raise InvalidInput(f"unusable calibration data: {where} {err.get('msg')}") from None
+    except ValueError as exc:
         raise InvalidInput(f"unusable calibration data: {exc}") from exc
 
 
@@ -47,17 +51,20 @@ def _mondrian_sizes(data: CalibrationInput) -> tuple[int, ...]:
     not one integer index in [0, ``group_count``) per row (a hand-built input; refused before
     anything is charged)."""
     g, count = np.asarray(data.groups), data.group_count
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int | np.integer)
-                              or count < 1):
+    # the count is required: Mondrian's calibrate refuses groups without it, after the charge
+    # (red team 7: the sizes read off the indices had the number of groups the cost needs)
+    if count is None:
+        raise InvalidInput("groups need group_count, the number of groups (indices in "
+                           "[0, group_count))")
+    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 1:
         raise InvalidInput(f"group_count must be an integer ≥ 1, got {count!r}")
     if g.ndim != 1 or g.dtype.kind not in "iu":
         raise InvalidInput("groups must be a 1-D array of integer group indices")
     if g.shape[0] != data.n:
         raise InvalidInput(f"groups has {g.shape[0]} rows, the calibration data {data.n}")
-    if g.size and (int(g.min()) < 0 or (count is not None and int(g.max()) >= count)):
-        raise InvalidInput("group indices must lie in [0, "
-                           + (f"{int(count)})" if count is not None else "∞)"))
-    return tuple(int(c) for c in np.bincount(g.astype(np.int64), minlength=int(count or 0)))
+    if g.size and (int(g.min()) < 0 or int(g.max()) >= count):
+        raise InvalidInput(f"group indices must lie in [0, {int(count)})")
+    return tuple(int(c) for c in np.bincount(g.astype(np.int64), minlength=int(count)))
 
 
 def params_of(calibrator: Calibrator, params: Any) -> Any:
@@ -76,26 +83,40 @@ def params_of(calibrator: Calibrator, params: Any) -> Any:
     raise InvalidInput(f"params must be a {calibrator.Params.__name__} or a dict")
 
 
-def check_data(calibrator: Calibrator, data: CalibrationInput) -> None:
-    """Generic checks before anything is charged (calibrators check the rest themselves;
-    the scores of a method that declares ``min_scores`` as its ``calibrate`` will)."""
-    for field in calibrator.inputs:
-        arr = getattr(data, field, None)
-        if arr is None:
-            raise InvalidInput(f"{calibrator.name} needs {field!r} data")
-        arr = np.asarray(arr)
+def check_data(calibrator: Calibrator, data: CalibrationInput, params: Any) -> None:
+    """Every check of the data before anything is charged: generic ones (each input an array
+    of rows, of one length; no NaN; a group column for a Mondrian method only), then what
+    the calibrator's ``calibrate`` would refuse (:func:`~privcal.calibrators.base.
+    check_inputs`, with the validated ``params``): a refusal after the charge would spend
+    every subject's ε0 on no release (red team 7)."""
+    rows: dict[str, int] = {}
+    for field in ("scores", "probs", "labels", "agents", "subjects"):
+        if getattr(data, field) is None:
+            if field in calibrator.inputs:
+                raise InvalidInput(f"{calibrator.name} needs {field!r} data")
+            continue
+        try:
+            arr = np.asarray(getattr(data, field))
+        except (ValueError, TypeError) as exc:  # a ragged list
+            raise InvalidInput(f"{field} is not an array: {str(exc).splitlines()[0]}") from None
+        if arr.ndim == 0:
+            raise InvalidInput(f"{field} is a single value, not an array of rows")
         if arr.shape[0] == 0:
             raise InvalidInput(f"{field} is empty")
-        if arr.dtype.kind == "f" and np.isnan(arr).any():
+        if field in calibrator.inputs and arr.dtype.kind == "f" and np.isnan(arr).any():
             raise InvalidInput(f"{field} contains NaN")
-    rows = getattr(calibrator, "min_scores", None)
-    if rows is not None and "scores" in calibrator.inputs:
-        check_scores(data.scores, min_rows=rows)  # what its calibrate refuses: not after the charge
-    lengths = {f: int(np.asarray(getattr(data, f)).shape[0])
-               for f in ("scores", "probs", "labels", "agents", "subjects")
-               if getattr(data, f) is not None}
-    if len(set(lengths.values())) > 1:
-        raise InvalidInput(f"calibration arrays differ in length: {lengths}")
+        rows[field] = int(arr.shape[0])
+    if len(set(rows.values())) > 1:
+        raise InvalidInput(f"calibration arrays differ in length: {rows}")
+    from privcal.calibrators.mondrian import Mondrian  # here: `privcal --help` loads none
+
+    if (data.groups is not None or data.group_count is not None) and not isinstance(
+            calibrator, Mondrian):
+        # shape_of reads group sizes off this column: a federated method's shape would
+        # record a plan for these groups, not for the agents it ran on (red team 7)
+        raise InvalidInput(f"groups (a Mondrian group column) are for a mondrian: method, "
+                           f"not {calibrator.name}")
+    check_inputs(calibrator, params, data)  # the calibrator's own rules, as calibrate has them
     if (calibrator.privacy_model == "federated" and data.subjects is not None
             and (data.agents is None
                  or not np.array_equal(id_strings(data.subjects, "subject ids"),

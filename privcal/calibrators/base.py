@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol, get_args, runtim
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from privcal.calibrators.validation import check_scores
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
 PrivacyModel = Literal["none", "central-zcdp", "central-pure", "local", "federated"]
@@ -164,9 +165,10 @@ class CalibrationInput:
 
     @property
     def n(self) -> int:
+        """The number of rows (of the first array given; ``np.shape``, so a list counts)."""
         for a in (self.scores, self.labels, self.probs, self.agents):
             if a is not None:
-                return int(a.shape[0])
+                return int(np.shape(a)[0])
         raise ValueError("empty calibration input")
 
 
@@ -190,7 +192,9 @@ class Calibrator(Protocol):
     Optional: ``min_scores`` (int), declared by a method whose ``calibrate`` refuses fewer
     scores, or non-finite ones (:func:`~privcal.calibrators.validation.check_scores`): the
     accountant checks that before the charge, and a Mondrian group with fewer rows is
-    released at +∞ without running it."""
+    released at +∞ without running it. Optional: ``check_inputs(params, data)``, raising
+    :class:`~privcal.errors.InvalidInput` for whatever data its ``calibrate`` would refuse,
+    by the same validators (:func:`check_inputs`: called before anything is charged)."""
 
     name: ClassVar[str]
     version: ClassVar[str]
@@ -213,6 +217,23 @@ class Calibrator(Protocol):
     ) -> CalibrationResult:
         """Compute the threshold. Raise ``privcal.errors.InvalidInput`` for unusable data."""
         ...
+
+
+def check_inputs(calibrator: Calibrator, params: Any, data: CalibrationInput) -> None:
+    """Refuse, before anything is charged, the data ``calibrator.calibrate(data, params, …)``
+    would refuse (a one-line :class:`~privcal.errors.InvalidInput`): a refusal after the
+    charge spends every subject's or agent's ε0 on no release (red team 7, B-2). The
+    calibrator's own ``check_inputs(params, data)`` if it has one — built on the validators
+    its ``calibrate`` uses, never a second copy of a rule; else, for a method declaring
+    ``min_scores``, its scores as its ``calibrate`` checks them
+    (:func:`~privcal.calibrators.validation.check_scores`)."""
+    own = getattr(calibrator, "check_inputs", None)
+    if callable(own):
+        own(params, data)
+        return
+    rows = getattr(calibrator, "min_scores", None)
+    if rows is not None and "scores" in calibrator.inputs:
+        check_scores(data.scores, min_rows=rows)
 
 
 def default_rng() -> random.Random:

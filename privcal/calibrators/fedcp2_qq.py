@@ -52,7 +52,12 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
-from privcal.calibrators.federated_agent import HONEST_AGENTS, aggregate, fedcp2_qq_message
+from privcal.calibrators.federated_agent import (
+    HONEST_AGENTS,
+    aggregate,
+    bin_grid,
+    fedcp2_qq_message,
+)
 from privcal.calibrators.fedplan import (
     FEAS_TOL,
     MAX_BINS,
@@ -120,7 +125,7 @@ def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
             f"{sorted(set(sizes))}"
         )
     if params.level is not None:
-        return plan_fedcp2_qq_pinned(
+        plan = plan_fedcp2_qq_pinned(
             len(sizes),
             sizes[0],
             params.alpha,
@@ -130,15 +135,21 @@ def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
             smax=params.upper,
             lower=params.lower,
         )
-    return plan_fedcp2_qq(
-        len(sizes),
-        sizes[0],
-        params.alpha,
-        params.epsilon,
-        bins=params.bins,
-        smax=params.upper,
-        lower=params.lower,
-    )
+    else:
+        plan = plan_fedcp2_qq(
+            len(sizes),
+            sizes[0],
+            params.alpha,
+            params.epsilon,
+            bins=params.bins,
+            smax=params.upper,
+            lower=params.lower,
+        )
+    # the grid every agent's mechanism uses, checked with the plan: before the charge, not
+    # in calibrate after every agent paid ε (red team 7: a width that overflows a float, a
+    # step below the floats' resolution)
+    bin_grid(plan)
+    return plan
 
 
 class FedCP2QQ:
@@ -238,6 +249,11 @@ class FedCP2QQ:
                 ),
             },
         )
+
+    def check_inputs(self, params: FedCP2QQParams, data: CalibrationInput) -> None:
+        """What :meth:`calibrate` refuses (:func:`group_by_agent`: the scores and agent ids),
+        refused before every agent is charged ε."""
+        group_by_agent(data)
 
     def calibrate(
         self, data: CalibrationInput, params: FedCP2QQParams, rng: random.Random

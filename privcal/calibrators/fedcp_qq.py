@@ -94,7 +94,9 @@ def group_by_agent(data: CalibrationInput) -> list[np.ndarray]:
         raise InvalidInput("federated calibration needs the agent of each score (--agent-of)")
     s = check_scores(data.scores, min_rows=1)
     a = np.asarray(data.agents)
-    if a.ndim != 1 or a.shape[0] != s.shape[0]:
+    if a.ndim != 1:
+        raise InvalidInput(f"agents must be a 1-D array of agent ids, got shape {a.shape}")
+    if a.shape[0] != s.shape[0]:
         raise InvalidInput(
             f"length mismatch: scores has {s.shape[0]} rows, agents has {a.shape[0]} rows"
         )
@@ -212,6 +214,11 @@ class FedCPQQ:
             ),
             details=details,
         )
+
+    def check_inputs(self, params: FedCPQQParams, data: CalibrationInput) -> None:
+        """What :meth:`calibrate` refuses (:func:`group_by_agent`: the scores and agent ids),
+        refused before the run goes on (the same check as FedCP²-QQ's, charged per agent)."""
+        group_by_agent(data)
 
     def calibrate(
         self, data: CalibrationInput, params: FedCPQQParams, rng: random.Random

@@ -354,18 +354,30 @@ class LDPLabel:
             },
         )
 
+    def _inputs(self, params: LDPLabelParams,
+                data: CalibrationInput) -> tuple[np.ndarray, np.ndarray, int]:
+        """(probabilities, the users' noisy labels, k), checked: the one set of rules of
+        :meth:`calibrate` and :meth:`check_inputs` (a one-line InvalidInput)."""
+        if data.probs is None or data.labels is None:
+            raise InvalidInput("ldp-label needs probabilities and the users' noisy labels")
+        probs = check_probs(data.probs, min_rows=1)
+        k = self._k(params, DataShape(n=probs.shape[0], k=probs.shape[1]))
+        labels = check_labels(data.labels, k, min_rows=1)
+        check_lengths(probs=probs, labels=labels)
+        return probs, labels, k
+
+    def check_inputs(self, params: LDPLabelParams, data: CalibrationInput) -> None:
+        """What :meth:`calibrate` refuses, refused before every subject is charged ε."""
+        self._inputs(params, data)
+
     def calibrate(
         self, data: CalibrationInput, params: LDPLabelParams, rng: random.Random
     ) -> CalibrationResult:
         """Threshold from the probabilities and the users' noisy labels (``data.labels``)."""
         from privcal.calibrators.scores import all_class_scores
 
-        if data.probs is None or data.labels is None:
-            raise InvalidInput("ldp-label needs probabilities and the users' noisy labels")
-        probs = check_probs(data.probs, min_rows=1)
-        k = self._k(params, DataShape(n=probs.shape[0], k=probs.shape[1]))
-        labels = check_labels(data.labels, k, min_rows=1)
-        n = check_lengths(probs=probs, labels=labels)
+        probs, labels, k = self._inputs(params, data)
+        n = probs.shape[0]
         sl = label_slack(n, k, params.epsilon, params.failure_probability, params.bound)
         target = target_level(params, sl)
         scores = all_class_scores(params.score, probs, rng=rng)

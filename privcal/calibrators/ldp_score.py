@@ -79,6 +79,7 @@ __all__ = [
     "assign_groups",
     "open_protocol",
     "simulate",
+    "simulated_scores",
 ]
 
 
@@ -124,11 +125,20 @@ def assign_groups(n: int, rounds: int, group_size: int, gen: np.random.Generator
     return gen.permutation(n)[: rounds * group_size].reshape(rounds, group_size)
 
 
-def simulate(scores: np.ndarray, params: LDPScoreParams, rng: random.Random) -> LdpScoreProtocol:
+def simulated_scores(scores: object) -> np.ndarray:
+    """The scores :func:`simulate` takes: 1-D numbers, ±∞ allowed (a query's answer is
+    defined for them), no NaN; one rule for :func:`simulate` and :meth:`LDPScore.check_inputs`."""
+    if scores is None:
+        raise InvalidInput("ldp-score needs scores")
+    return check_scores(scores, min_rows=1, allow_inf=True)
+
+
+def simulate(scores: np.ndarray | None, params: LDPScoreParams,
+             rng: random.Random) -> LdpScoreProtocol:
     """Run LDP-CP-S with simulated clients: the scores are split into T random disjoint
     groups of n' = ⌊n/T⌋; in round j each member of group j reports
     binary_rr(1{s ≤ q⁽ʲ⁾}, ε). Returns the finished protocol (``.threshold``)."""
-    s = check_scores(scores, min_rows=1, allow_inf=True)
+    s = simulated_scores(scores)
     proto = open_protocol(params, s.shape[0])
     gen = numpy_rng(rng)
     groups = assign_groups(s.shape[0], proto.rounds, proto.group_size, gen)
@@ -219,12 +229,15 @@ class LDPScore:
             },
         )
 
+    def check_inputs(self, params: LDPScoreParams, data: CalibrationInput) -> None:
+        """What :meth:`calibrate` refuses (:func:`simulated_scores`), refused before every
+        subject is charged ε."""
+        simulated_scores(data.scores)
+
     def calibrate(
         self, data: CalibrationInput, params: LDPScoreParams, rng: random.Random
     ) -> CalibrationResult:
         """Simulate the protocol on ``data.scores`` (see :func:`simulate`)."""
-        if data.scores is None:
-            raise InvalidInput("ldp-score needs scores")
         proto = simulate(data.scores, params, rng)
         threshold = proto.threshold if proto.threshold is not None else math.inf
         return CalibrationResult(
