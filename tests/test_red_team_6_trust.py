@@ -32,7 +32,7 @@ AGENTS = "every agent following the protocol (its message computed from its own 
 SHUFFLE = ("provided the round's other reports are their subjects' randomizer outputs, unknown "
            "to the adversary (no colluding or Byzantine participants)")
 #: the installed versions, and the ones before the assumption was stated
-NEW = {"ldp-score": "3", "ldp-label": "3", "fedcp-qq": "1.1.0", "fedcp2-qq": "1.1.0"}
+NEW = {"ldp-score": "3", "ldp-label": "3", "fedcp-qq": "1.1.0", "fedcp2-qq": "1.2.0"}
 OLD = {"ldp-score": "2", "ldp-label": "2", "fedcp-qq": "1.0.0", "fedcp2-qq": "1.0.0"}
 PHRASE = {"ldp-score": DEVICES, "ldp-label": USERS, "fedcp-qq": AGENTS, "fedcp2-qq": AGENTS}
 
@@ -120,6 +120,9 @@ def _as_old(acct: Any, rel: Any, name: str, *, lower: float | None = None) -> in
         cov[key] = cov[key].replace(f", {PHRASE[name]}", "")
     if lower is not None:
         cov["lower"] = lower
+    if name == "fedcp2-qq":  # as 1.0.0 and 1.1.0 worded an agent's ε (red team 7)
+        cov["details"] = {**cov["details"], "privacy": f"each agent {rel.params['epsilon']:g}"
+                          "-DP w.r.t. its own scores (local DP at agent level)"}
     privacy = dict(rel.privacy)
     privacy["statement"] = privacy["statement"].replace(f", {SHUFFLE}", "")
     cost = parse_cost(privacy["cost"]) if privacy.get("cost") is not None else None

@@ -73,8 +73,14 @@ def test_the_options_a_method_uses_keep_their_defaults(accountant: Any) -> None:
     assert (ldp.params["lower"], ldp.params["upper"]) == (0.0, 1.0)
 
 
-def test_cli_refuses_bins_on_an_ldp_score_session(ledger_url: str) -> None:
-    Accountant(ledger_url).create_dataset("d", epsilon=1, subject_epsilon=5)
+def _url(ledger: Any) -> str:
+    """A migrated ledger's URL, for the CLI (a new PostgreSQL schema is not created on use)."""
+    return str(ledger.engine.url.render_as_string(hide_password=False))
+
+
+def test_cli_refuses_bins_on_an_ldp_score_session(ledger: Any) -> None:
+    ledger_url = _url(ledger)
+    Accountant(ledger).create_dataset("d", epsilon=1, subject_epsilon=5)
     args = ["--db-url", ledger_url, "session", "open", "ldp-score", "--dataset", "d",
             "--alpha", "0.1", "--epsilon", "1", "--rounds", "2", "--group-size", "3"]
     res = CliRunner().invoke(main, [*args, "--bins", "7", "--json"])
@@ -169,14 +175,14 @@ def test_a_sqlite_ledger_commits_with_synchronous_full(tmp_path: Any,
     led.close()
 
 
-def test_split_says_when_tied_scores_void_its_upper_bound(ledger_url: str,
-                                                          tmp_path: Any) -> None:
+def test_split_says_when_tied_scores_void_its_upper_bound(ledger: Any, tmp_path: Any) -> None:
     """Split's upper bound 1−α+1/(n+1) needs scores without ties (on {0, 0.5, 1} at n = 20,
     α = 0.1 the coverage is 0.988 against a stated ≤ 0.948). It is not private and sees its
     scores: the release counts the ties and ``calibrate`` prints that the bound is void."""
     import numpy as np
 
-    Accountant(ledger_url).create_dataset("t", epsilon=1, allow_nonprivate=True)
+    ledger_url = _url(ledger)
+    Accountant(ledger).create_dataset("t", epsilon=1, allow_nonprivate=True)
     tied = np.array([0.0, 0.5, 1.0, 0.5] * 5)
     free = np.random.default_rng(0).random(20)
     args = ["--db-url", ledger_url, "calibrate", "split", "--dataset", "t", "--alpha", "0.1"]
@@ -189,3 +195,95 @@ def test_split_says_when_tied_scores_void_its_upper_bound(ledger_url: str,
                 "does not apply" in res.stdout) == (want > 0)
         doc = CliRunner().invoke(main, [*args, "--scores", str(path), "--json"])
         assert json.loads(doc.stdout)["release"]["diagnostics"]["tied_scores"] == want
+
+
+GENERIC = "-local DP for each participating subject"
+
+
+def _local_releases(acct: Accountant) -> dict[str, Any]:
+    """An LDP-CP-L release, a FedCP²-QQ release (a session of 10 agents) and an LDP-CP-S
+    release, each on dataset z."""
+    import random
+
+    import numpy as np
+
+    from privcal.calibrators.fedplan import Fed2Plan
+    from privcal.client import fedcp2_qq_message
+
+    acct.create_dataset("z", rho=10, subject_epsilon=100)
+    r = random.Random(0)
+    probs = np.random.default_rng(3).dirichlet(np.ones(4), 3000)
+    labels = np.random.default_rng(4).integers(0, 4, 3000)
+    out = {"ldp-label": acct.calibrate("ldp-label", dataset="z", probs=probs, labels=labels,
+                                       alpha=0.1, epsilon=2, rng=r,
+                                       subjects=[f"v{i}" for i in range(3000)]),
+           "ldp-score": acct.calibrate("ldp-score", dataset="z", alpha=0.1, epsilon=2, rng=r,
+                                       scores=np.random.default_rng(2).beta(2, 5, 3000),
+                                       subjects=[f"u{i}" for i in range(3000)])}
+    info = S.open_session(acct, "fedcp2-qq", dataset="z", alpha=0.1, agents=10, local_n=100,
+                          epsilon=5.0, bins=50)
+    plan = Fed2Plan.model_validate(info.plan)
+    g = np.random.default_rng(0)
+    vals = [fedcp2_qq_message(g.uniform(size=100), plan, random.Random(j)) for j in range(10)]
+    S.submit_reports(acct, info.id, [f"agent{j}" for j in range(10)], vals)
+    out["fedcp2-qq"] = S.release_of(acct, info.id)
+    return out
+
+
+def test_a_local_release_states_what_its_epsilon_protects(accountant: Any) -> None:
+    """Every local-DP release said "ε-local DP for each participating subject": false for
+    LDP-CP-L (its features are sent in the clear) and for FedCP²-QQ (an agent's message is
+    ε-DP per record of its data, not a local randomizer of its whole input)."""
+    acct: Accountant = accountant
+    rels = _local_releases(acct)
+    label = rels["ldp-label"].privacy["statement"]
+    assert label == ("2-local DP of each participating subject's label (label-only: its "
+                     "features are sent in the clear)")
+    fed = rels["fedcp2-qq"]
+    assert fed.calibrator_version == "1.2.0"
+    assert fed.privacy["statement"] == (
+        "each agent's message is 5-DP with respect to any one of its own scores "
+        "(record-level DP at each agent; not local DP of the agent's whole data)")
+    details = fed.coverage.details
+    assert "local DP at agent level" not in details["privacy"]
+    assert "record-level" in details["privacy"] and "record-level" in fed.coverage.statement
+    # LDP-CP-S: each subject's whole input is randomized (one RR bit): the generic sentence
+    assert rels["ldp-score"].privacy["statement"] == "2" + GENERIC
+    rep = acct.verify()
+    assert (rep.guarantees_recomputed, rep.statements_not_compared) == (3, 0)
+
+
+def test_old_local_wording_verifies_but_is_never_written_anew(accountant: Any) -> None:
+    """A release recorded with the generic sentence before its calibrator said more still
+    verifies (recomputed in the wording of then, numbers compared); a release written now
+    with that sentence is refused, and one that alters the old sentence fails verify."""
+    from privcal.accountant.releases import record_release
+    from privcal.costs import LocalDP
+    from privcal.errors import AuditFailed
+
+    acct: Accountant = accountant
+    rel = _local_releases(acct)["ldp-label"]
+    privacy = {**rel.privacy, "statement": "2" + GENERIC}
+
+    def paid(tag: str) -> list[int]:  # a release's own charge: one per release
+        return [acct.charge_subjects("z", LocalDP(eps0=2),
+                                     [f"{tag}{i}" for i in range(3000)]).charge_id]
+
+    args = dict(method=rel.method, calibrator_version=rel.calibrator_version,
+                threshold=rel.threshold, params=rel.params, shape=rel.shape,
+                coverage=rel.coverage, privacy=privacy, diagnostics=rel.diagnostics)
+    head = acct.ledger.head()
+    with pytest.raises(InvalidInput, match=r"privacy\.statement"):
+        acct.record_release("z", **args)  # type: ignore[arg-type]
+    assert acct.ledger.head() == head
+    before = acct.verify()
+    old = record_release(acct.ledger, "z", _as_computed=True, charge_ids=paid("a"),
+                         **args)  # as written then
+    rep = acct.verify()
+    assert rep.guarantees_recomputed == before.guarantees_recomputed + 1
+    assert rep.statements_not_compared == 0  # compared, in the wording of then
+    worse = record_release(acct.ledger, "z", _as_computed=True, charge_ids=paid("b"),
+                           **{**args, "privacy": {**privacy, "statement": "3" + GENERIC}}).id
+    with pytest.raises(AuditFailed, match=f"release {worse} .*privacy.statement"):
+        acct.verify()
+    assert old.id < worse

@@ -156,18 +156,24 @@ class FedCP2QQ:
     """FedCP²-QQ: agents answer an ε-DP quantile on public bins, the server keeps the k_γ-th."""
 
     name: ClassVar[str] = "fedcp2-qq"
-    #: 1.1.0: the recorded guarantee states that every agent follows the protocol (red
-    #: team 6; same formula as 1.0.0)
-    version: ClassVar[str] = "1.1.0"
+    #: 1.2.0: an agent's ε is worded as what it is, record-level DP of its message, not
+    #: "local DP at agent level" (red team 7; same formula); 1.1.0: the recorded guarantee
+    #: states that every agent follows the protocol (red team 6; same formula as 1.0.0)
+    version: ClassVar[str] = "1.2.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}}
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
         "substitution of one score in one agent's n scores (record-level ε-DP of each "
         "agent's message w.r.t. its own data; n and m are public)"
     )
+    #: what its ε protects, in the release's privacy statement (red team 7: an agent's
+    #: message is ε-DP per record of its data, not a local randomizer of its whole input)
+    local_statement: ClassVar[str] = (
+        "each agent's message is {eps}-DP with respect to any one of its own scores "
+        "(record-level DP at each agent; not local DP of the agent's whole data)")
     Params: ClassVar[type[CalibratorParams]] = FedCP2QQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
     summary: ClassVar[str] = (
@@ -196,6 +202,7 @@ class FedCP2QQ:
         0.8990918264384455 against a proof bound of 0.899091826437946); 1.0.0 recorded 1−α."""
         p = plan_for(params, shape)
         alpha = params.alpha
+        old = version in ("1.0.0", "1.1.0")  # worded an agent's ε "local DP" (red team 7)
         lower, said = 1 - alpha, f"{1 - alpha:.6g}"
         if version != "1.0.0":
             proven = Fraction(p.proof_bound) - Fraction(FEAS_TOL)
@@ -214,7 +221,7 @@ class FedCP2QQ:
             statement=(
                 f"P(Y ∈ C(X)) ≥ {said} over all agents' data, their DP noise and the "
                 f"test point, {HONEST_AGENTS}; each agent's message is {p.epsilon:g}-DP w.r.t. "
-                "its own scores"
+                + ("its own scores" if old else "any one of its own scores (record-level)")
             ),
             details={
                 "alpha": alpha,
@@ -235,6 +242,8 @@ class FedCP2QQ:
                 "proof_bound": p.proof_bound,
                 "privacy": (
                     f"each agent {p.epsilon:g}-DP w.r.t. its own scores (local DP at agent level)"
+                    if old else f"each agent's message {p.epsilon:g}-DP w.r.t. any one of its "
+                    "own scores (record-level DP; not local DP of its whole data)"
                 ),
                 "top_bin": "an aggregate on the top grid point S_max is released as +inf",
                 **(

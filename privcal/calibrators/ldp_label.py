@@ -16,9 +16,8 @@ bisection.
 
 Review (issue 14.8)
 -------------------
-- **Privacy claim**: label-only ε-local DP for each participating subject,
-  recorded as ``LocalDP(ε)``. Neighbouring relation: any two labels of one
-  subject; the features are sent in the clear (``privacy["neighbouring"]``).
+- **Privacy claim**: label-only ε-LDP of each subject, charged as ``LocalDP(ε)``; the
+  features are sent in the clear (``privacy["neighbouring"]``, ``local_statement``).
 - **Sensitivity**: not applicable (local randomizer): k-RR keeps the label
   w.p. e^ε/(e^ε+k−1), a likelihood ratio ≤ e^ε.
 - **Sampler**: the client's k-RR is exact (integer ``randrange``) from the OS
@@ -287,13 +286,14 @@ class LDPLabel:
     #: parameters a release of an older version was made with (``privcal audit verify``
     #: recomputes it by its own formula; its older sentences are counted, not compared):
     #: version 1 had no ``bound`` and was two-sided, version 2 is version 3's formula
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"},
-                                                            "2": {}}
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"}, "2": {}}
     privacy_model: ClassVar[str] = "local"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
         "any two labels of one subject (label-only local DP: the features are sent in the clear)"
     )
+    local_statement: ClassVar[str] = ("{eps}-local DP of each participating subject's label "
+                                      "(label-only: its features are sent in the clear)")
     Params: ClassVar[type[CalibratorParams]] = LDPLabelParams
     inputs: ClassVar[frozenset[str]] = frozenset({"probs", "labels"})
     summary: ClassVar[str] = "LDP-CP-L: k-RR noisy labels, noise-aware threshold (label-only ε-LDP)"
