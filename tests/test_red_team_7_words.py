@@ -92,23 +92,29 @@ def test_cli_budget_show_words_on_a_nonprivate_dataset(accountant: Accountant,
 
 def _ui_page(acct: Accountant) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     """The /ui page as an auditor sees it, ``loc``'s budget and spend history (HTTP)."""
-    from fastapi.testclient import TestClient
+    import httpx
 
     from privcal.service.app import create_app
-    from privcal.service.routes_meta import create_bound_token
+    from privcal.service.bound_tokens import create_bound_token
+    from tests.service.conftest import start_server
 
     tok = str(create_bound_token(acct, "auditor", name="aud", datasets=[], session=None,
                                  subject=None, agent=None, expires_in=None).token)
-    with TestClient(create_app(accountant=acct)) as c:
-        r = c.post("/ui/login", data={"token": tok}, follow_redirects=False)
-        assert r.status_code == 303, r.text
-        page = c.get("/ui/")
-        assert page.status_code == 200, page.text
-        hdr = {"Authorization": f"Bearer {tok}"}
-        budget = c.get("/v1/datasets/loc/budget", headers=hdr)
-        assert budget.status_code == 200, budget.text
-        hist = c.get("/v1/datasets/loc/spend-history", headers=hdr)
-        assert hist.status_code == 200, hist.text
+    url, server, th = start_server(create_app(accountant=acct))  # a real server
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/ui/login", data={"token": tok}, follow_redirects=False)
+            assert r.status_code == 303, r.text
+            page = c.get("/ui/")
+            assert page.status_code == 200, page.text
+            hdr = {"Authorization": f"Bearer {tok}"}
+            budget = c.get("/v1/datasets/loc/budget", headers=hdr)
+            assert budget.status_code == 200, budget.text
+            hist = c.get("/v1/datasets/loc/spend-history", headers=hdr)
+            assert hist.status_code == 200, hist.text
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
     return page.text, budget.json(), hist.json()["points"]
 
 

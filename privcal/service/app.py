@@ -4,8 +4,11 @@
 lifespan (never a database session per request: fastapi#3205) and refuses a stale
 schema there; each library call scopes its own transaction. Handlers are sync ``def``
 (run in the thread pool). :class:`ServiceMiddleware` (pure ASGI, before any body is
-read) enforces the body limit (413), authenticates every ``/v1`` request (401 with
-``WWW-Authenticate: Bearer``), and writes the access log: method, route template,
+read) enforces the body limit (413; a device report's is
+:data:`~privcal.service.device_reports.REPORT_BODY_LIMIT`), authenticates every ``/v1``
+request (401 with ``WWW-Authenticate: Bearer``) and the ``/ui`` cookie
+(:func:`privcal.service.ui.ui_principal`; then drops every ``Cookie`` header, which no
+route reads), and writes the access log: method, route template,
 status, token id, latency — never a body, a query string or a subject id. A device's
 valid report PUT, the hot path, is answered before all of this by :class:`PrivcalApp`
 (same checks, same answers, same access log: :mod:`privcal.service.device_reports`);
@@ -30,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from privcal import __version__
 from privcal.errors import PrivcalError
-from privcal.service.device_reports import REPORT_ROUTE, try_lean
+from privcal.service.device_reports import REPORT_BODY_LIMIT, REPORT_ROUTE, try_lean
 from privcal.service.json_body import invalid_json_detail, sent_as_bytes
 from privcal.service.problems import (
     ProblemError,
@@ -73,19 +76,22 @@ class ServiceMiddleware:
             _log_access(scope, status["code"], t0)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        report = scope["method"] == "PUT" and _REPORT_PATH.match(path) is not None
+        # a device report is a few dozen bytes, and its token is checked only after its body
+        # is read: without its own small limit, anyone with a made-up token of the right
+        # shape had the server read and parse 16 MB before its 401
+        limit = min(self.body_limit, REPORT_BODY_LIMIT) if report else self.body_limit
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
             try:
-                too_big = int(length) > self.body_limit
+                too_big = int(length) > limit
             except ValueError:
                 too_big = True
             if too_big:
-                await self._problem(scope, send, ProblemError(
-                    413, "body-too-large", "Request body too large",
-                    f"the body limit is {self.body_limit} bytes"))
+                await self._problem(scope, send, _too_large(limit))
                 return
-        path: str = scope["path"]
-        if scope["method"] == "PUT" and _REPORT_PATH.match(path):
+        if report:
             # a device's report: its token is checked by the report writer, in bulk, just
             # before the write (auth.DeferredPrincipal); a malformed one is refused now
             from privcal.service.auth import DeferredPrincipal
@@ -106,17 +112,16 @@ class ServiceMiddleware:
                 await self._problem(scope, send, unauthenticated())
                 return
             scope["state"]["principal"] = tok
-        elif path.startswith("/ui"):
-            from privcal.service.ui import COOKIE
+        elif path.startswith("/ui"):  # its own cookie credential, never a bearer token
+            from privcal.service.ui import ui_principal
 
-            cookie = _cookie(scope, COOKIE)
-            if cookie:
-                try:
-                    tok = await self._authenticate(scope, cookie)
-                except PrivcalError:  # the page itself answers the ledger's state
-                    tok = None
-                if tok is not None:
-                    scope["state"]["principal"] = tok
+            tok = await ui_principal(scope)
+            if tok is not None:
+                scope["state"]["principal"] = tok
+        # no route reads a cookie (the UI's was just read, linearly): drop the header, which
+        # FastAPI parses on every route with http.cookies' unquoting, quadratic in
+        # backslashes on this Python (CVE-2024-7592), on the event loop
+        scope["headers"] = [h for h in scope["headers"] if h[0] != b"cookie"]
 
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
             # no Content-Length (chunked): read it here, up to the limit, then replay it
@@ -128,10 +133,8 @@ class ServiceMiddleware:
                     break
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
-                if size > self.body_limit:
-                    await self._problem(scope, send, ProblemError(
-                        413, "body-too-large", "Request body too large",
-                        f"the body limit is {self.body_limit} bytes"))
+                if size > limit:
+                    await self._problem(scope, send, _too_large(limit))
                     return
                 if not message.get("more_body", False):
                     break
@@ -139,13 +142,12 @@ class ServiceMiddleware:
             return
         await self.app(scope, receive, send)
 
-    async def _authenticate(self, scope: Scope, presented: str | None = None) -> Any:
+    async def _authenticate(self, scope: Scope) -> Any:
         from privcal.storage.tokens import authenticate
 
+        presented = _bearer(scope)
         if presented is None:
-            presented = _bearer(scope)
-            if presented is None:
-                return None
+            return None
         ledger = scope["app"].state.accountant.ledger
         return await anyio.to_thread.run_sync(authenticate, ledger, presented)
 
@@ -157,6 +159,11 @@ class ServiceMiddleware:
             return {"type": "http.disconnect"}
 
         await resp(scope, _nothing, send)
+
+
+def _too_large(limit: int) -> ProblemError:
+    return ProblemError(413, "body-too-large", "Request body too large",
+                        f"the body limit is {limit} bytes")
 
 
 def _log_access(scope: Scope, status: int, t0: float) -> None:
@@ -237,21 +244,6 @@ def _bearer(scope: Scope) -> str | None:
     return presented.strip()
 
 
-def _cookie(scope: Scope, name: str) -> str | None:
-    from http.cookies import SimpleCookie
-
-    raw = dict(scope["headers"]).get(b"cookie")
-    if not raw:
-        return None
-    c: SimpleCookie = SimpleCookie()
-    try:
-        c.load(raw.decode("latin-1"))
-    except Exception:
-        return None
-    m = c.get(name)
-    return m.value if m is not None else None
-
-
 def create_app(db_url: str | None = None, *, accountant: Any = None,
                body_limit: int = DEFAULT_BODY_LIMIT, report_window: float = 0.004,
                threads: int = 200) -> FastAPI:
@@ -319,8 +311,11 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
     async def _http(request: Request, exc: StarletteHTTPException) -> Any:
         slugs = {400: "bad-request", 404: "not-found", 405: "method-not-allowed"}
         slug = slugs.get(exc.status_code, "http-error")
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names only the first route of the path
+            headers = {**(headers or {}), "Allow": _allowed(request.app, request.scope)}
         return problem_response(ProblemError(exc.status_code, slug, str(exc.detail),
-                                             str(exc.detail), headers=exc.headers))
+                                             str(exc.detail), headers=headers))
 
     from privcal.service import (
         routes_audit,
@@ -341,6 +336,17 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
     app.add_middleware(ServiceMiddleware, body_limit=body_limit)
     app.privcal_body_limit = body_limit
     return app
+
+
+def _allowed(app: Any, scope: Scope) -> str:
+    """The ``Allow`` header of a 405: the methods of every route whose path matches."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if route.matches(scope)[0] != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 def _int(v: Any) -> int | None:

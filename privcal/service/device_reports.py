@@ -4,9 +4,9 @@ the service's hot path: thousands of devices each putting one small JSON body.
 FastAPI's routing, dependency solving and pydantic validation, and Starlette's middleware
 stack, cost ≈ 1 ms of CPU per request, more than the whole batched write of the report.
 So :class:`privcal.service.app.PrivcalApp` answers a *well-formed* device report before
-the framework (:func:`try_lean`): a JSON content type, a Content-Length within the body
-limit, a well-formed bearer token, valid session and report ids, and a body that is
-exactly a valid :class:`privcal.service.routes_sessions.ReportBody` (a JSON object with
+the framework (:func:`try_lean`): a JSON content type, a Content-Length within
+:data:`REPORT_BODY_LIMIT`, a well-formed bearer token, valid session and report ids, and a
+body that is exactly a valid :class:`privcal.service.routes_sessions.ReportBody` (a JSON object with
 exactly ``round``, an integer in [0, 10⁶], and ``value``, the integer 0 or 1 — strict:
 ``true``/``1.0`` are refused). It hands the report to the report writer with the token
 still unchecked (the writer checks the batch's tokens in bulk just before it writes:
@@ -19,6 +19,11 @@ replayed, through the whole app (:class:`privcal.service.app.ServiceMiddleware` 
 FastAPI route), which answers it as before (the route's OpenAPI entry documents the
 route; its problem documents the errors). So the lean path changes the cost of a valid
 report, never an answer.
+
+A report's body is at most :data:`REPORT_BODY_LIMIT` bytes, on either path (the
+middleware answers a longer one 413 before reading past the limit): its token is checked
+only after the body is read, so a larger limit let anyone with a made-up token of the
+right shape have the server read and parse megabytes before its 401.
 """
 
 from __future__ import annotations
@@ -32,7 +37,12 @@ from starlette.types import Message, Receive, Scope, Send
 from privcal.errors import PrivcalError
 from privcal.service.problems import ProblemError, problem_for, problem_response
 
-__all__ = ["REPORT_ROUTE", "lean_target", "parse_report", "put_report", "try_lean"]
+__all__ = ["REPORT_BODY_LIMIT", "REPORT_ROUTE", "lean_target", "parse_report", "put_report",
+           "try_lean"]
+
+#: the body limit of a device's report PUT, in bytes: a valid report,
+#: ``{"round": 1000000, "value": 1}``, is under 40, even generously spaced
+REPORT_BODY_LIMIT = 1024
 
 #: the route template the access log names for a device report
 REPORT_ROUTE = "/v1/sessions/{sid}/reports/{report_id}"
@@ -74,7 +84,7 @@ def parse_report(body: bytes) -> tuple[int, int] | None:
     """
     try:
         d = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # `[[[…`: the app's 422
         return None
     if type(d) is not dict or len(d) != 2 or body.count(b'"') != 4:
         return None
@@ -90,7 +100,8 @@ async def try_lean(scope: Scope, receive: Receive, send: Send, *,
                    body_limit: int) -> int | bytes | None:
     """Answer ``scope`` if it is a valid device report: the status sent. None: not one,
     nothing read (the app answers it); bytes: not one, this body was read (the app answers
-    it with the body replayed)."""
+    it with the body replayed). A Content-Length over ``body_limit`` or
+    :data:`REPORT_BODY_LIMIT` is not read here."""
     from privcal.service.auth import DeferredPrincipal
     from privcal.storage.tokens import presented_token
 
@@ -103,8 +114,9 @@ async def try_lean(scope: Scope, receive: Receive, send: Send, *,
             length = v
         elif k == b"authorization":
             auth = v
-    if length is None or not length.isdigit() or int(length) > body_limit or auth is None:
-        return None
+    limit = min(body_limit, REPORT_BODY_LIMIT)
+    if length is None or not length.isdigit() or int(length) > limit or auth is None:
+        return None  # over the limit: the middleware answers 413, nothing read
     scheme, _, tok = auth.decode("latin-1").partition(" ")
     presented = presented_token(tok.strip()) if scheme.lower() == "bearer" else None
     if presented is None:

@@ -1,6 +1,21 @@
 """The auditor's web view ``/ui``: read-only, server-rendered (Jinja2, autoescaped), no
-JavaScript at all, a strict Content-Security-Policy, and a login form that turns a token
-into an HttpOnly, SameSite=Strict cookie. Admin and auditor tokens only.
+JavaScript at all, a strict Content-Security-Policy, and a login form that checks a token
+and sets an HttpOnly, SameSite=Strict cookie (Secure under https). Admin and auditor
+tokens only.
+
+The cookie is a UI-only credential, never the bearer token: cookies are scoped by host,
+not port, so any other service on the same host name receives it, and the token itself
+would open the whole ``/v1`` API. It is ``<token id>.<issued at>.<MAC>``, an HMAC-SHA256
+under a key derived from the ledger's secret (the same for every worker process; a
+restart keeps sessions); ``/v1`` refuses it (not a bearer token). It opens ``/ui`` only,
+for at most :data:`UI_SESSION` seconds, and only while its token is in force: revoking or
+expiring the token ends the session at its next request. Logging out drops the cookie
+from the browser (a copy taken before stays valid until one of those ends).
+
+The cookie is read by :func:`cookie_credential`, a linear scan of the raw header: never
+:class:`http.cookies.SimpleCookie` (whose unquoting is quadratic in backslashes on this
+Python, CVE-2024-7592, and ran on the event loop: one header froze the server), nor
+Starlette's ``request.cookies`` (the same unquoting).
 
 Pages: datasets with budget bars and each dataset's spend over time as an inline SVG
 chart; releases with their guarantees; a verify button showing the head and result.
@@ -8,14 +23,24 @@ chart; releases with their guarantees; a verify button showing the head and resu
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import re
+import time
+from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.types import Scope
 
-from privcal.errors import AuditFailed
+from privcal.errors import AuditFailed, PrivcalError
+
+if TYPE_CHECKING:
+    from privcal.storage.tokens import TokenInfo
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -27,7 +52,89 @@ _HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
             "X-Frame-Options": "DENY"}
 
+#: the longest a UI session lasts (seconds), whatever the token's own expiry
+UI_SESSION = 12 * 3600
+#: Cookie headers longer than this in all are ignored (the page asks to log in): the UI's
+#: credential is 71 bytes, and a browser's cookie is at most 4 KiB
+COOKIE_HEADER_MAX = 8 * 1024
+_CREDENTIAL = re.compile(rb"([0-9a-f]{16})\.([0-9]{10})\.([A-Za-z0-9_-]{43})")
+_MAC_LABEL = b"privcal ui session v1\x00"
+
 _env: Any = None
+
+
+def ui_key(ledger: Any) -> bytes:
+    """The MAC key of UI credentials: derived from the ledger's secret (never sent; the
+    same for every worker process on one ledger, so any of them can check the cookie)."""
+    return hmac.new(ledger.subject_key(), b"privcal ui cookie key v1", hashlib.sha256).digest()
+
+
+def issue_credential(key: bytes, token_id: str, issued_at: int | None = None) -> str:
+    """The UI credential of token ``token_id``: ``<id>.<issued at, Unix seconds>.<MAC>``
+    (nothing of the token's secret)."""
+    at = int(time.time()) if issued_at is None else int(issued_at)
+    msg = f"{token_id}.{at:010d}"
+    mac = hmac.new(key, _MAC_LABEL + msg.encode("ascii"), hashlib.sha256).digest()
+    return f"{msg}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode('ascii')}"
+
+
+def credential_token_id(key: bytes, value: str, now: float | None = None) -> str | None:
+    """The token id a UI credential names, if its MAC is ours and it was issued within the
+    last :data:`UI_SESSION` seconds; else None (whether its token is still in force is
+    :func:`privcal.storage.token_checks.active_token`'s to say)."""
+    m = _CREDENTIAL.fullmatch(value.encode("ascii", "replace"))
+    if m is None:
+        return None
+    tid, at = m.group(1).decode(), int(m.group(2))
+    if not hmac.compare_digest(issue_credential(key, tid, at).encode(), m.group(0)):
+        return None
+    age = (time.time() if now is None else now) - at
+    return tid if -60 <= age <= UI_SESSION else None  # a minute of clock skew between workers
+
+
+def cookie_credential(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The first well-formed UI credential among the request's ``privcal_ui`` cookies, or
+    None. Linear in the header: split on ``;`` and ``=``, no unquoting (a credential never
+    needs quoting; see the module docstring); Cookie headers longer than
+    :data:`COOKIE_HEADER_MAX` bytes in all count as absent."""
+    raw = [v for k, v in headers if k == b"cookie"]
+    if not raw or sum(len(v) for v in raw) > COOKIE_HEADER_MAX:
+        return None
+    want = COOKIE.encode()
+    for header in raw:
+        for part in header.split(b";"):
+            name, eq, value = part.partition(b"=")
+            if eq and name.strip() == want and _CREDENTIAL.fullmatch(value.strip()):
+                return value.strip().decode("ascii")
+    return None
+
+
+def _key(app: Any) -> bytes:
+    key = getattr(app.state, "ui_key", None)
+    if key is None:
+        key = app.state.ui_key = ui_key(app.state.accountant.ledger)
+    return bytes(key)
+
+
+def _session_token(app: Any, value: str) -> TokenInfo | None:
+    from privcal.storage.token_checks import active_token
+
+    tid = credential_token_id(_key(app), value)
+    return None if tid is None else active_token(app.state.accountant.ledger, tid)
+
+
+async def ui_principal(scope: Scope) -> TokenInfo | None:
+    """The token record a ``/ui`` request's cookie stands for, if any (None: the page asks
+    to log in; a ledger that cannot be read too: the page itself answers its state)."""
+    import anyio
+
+    value = cookie_credential(scope["headers"])
+    if value is None:
+        return None
+    try:
+        return await anyio.to_thread.run_sync(_session_token, scope["app"], value)
+    except PrivcalError:
+        return None
 
 
 def _templates() -> Any:
@@ -88,7 +195,8 @@ def login_form() -> HTMLResponse:
 
 @router.post("/login", openapi_extra={"x-privcal-roles": ["public"]})
 def login(request: Request, token: str = Form(max_length=200)) -> Response:
-    """Check the token and set it as an HttpOnly SameSite=Strict cookie."""
+    """Check the token and set an HttpOnly SameSite=Strict cookie holding a UI-only
+    credential for it (:func:`issue_credential`: never the token, which opens ``/v1``)."""
     from privcal.storage.tokens import authenticate
 
     tok = authenticate(request.app.state.accountant.ledger, token.strip())
@@ -98,8 +206,8 @@ def login(request: Request, token: str = Form(max_length=200)) -> Response:
         return _page("login.html", status=403,
                      error=f"a {tok.role} token cannot open the auditor's view")
     resp = RedirectResponse("/ui/", status_code=303, headers=_HEADERS)
-    resp.set_cookie(COOKIE, token.strip(), httponly=True, samesite="strict", path="/ui",
-                    secure=request.url.scheme == "https")
+    resp.set_cookie(COOKIE, issue_credential(_key(request.app), tok.id), httponly=True,
+                    samesite="strict", path="/ui", secure=request.url.scheme == "https")
     return resp
 
 

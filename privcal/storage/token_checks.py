@@ -1,10 +1,12 @@
 """The service's report writer's token check: a whole write window's device tokens with
 one read, just before it writes (see :mod:`privcal.service.batcher`). The rules are
-:func:`privcal.storage.tokens.verify_presented`'s; only the cost differs.
+:func:`privcal.storage.tokens.verify_presented`'s; only the cost differs. And the web UI's
+check of the token its session credential names (:func:`active_token`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any, NamedTuple
@@ -13,10 +15,10 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from privcal.storage.audit import now
-from privcal.storage.token_secrets import usable
-from privcal.storage.tokens import ApiToken
+from privcal.storage.token_secrets import active, usable
+from privcal.storage.tokens import ApiToken, TokenInfo, _info
 
-__all__ = ["DeviceGrant", "check_presented"]
+__all__ = ["DeviceGrant", "active_token", "check_presented"]
 
 # PostgreSQL: a window's token ids (newline-joined) looked up one primary-key probe per id.
 # `id IN (…)` on a tokens table never ANALYZEd was 3.7 ms per write window with 20 000
@@ -70,3 +72,19 @@ def check_presented(ledger: Any, presented: Sequence[tuple[str, str]], *,
         else:
             out.append(None)
     return out
+
+
+def active_token(ledger: Any, token_id: str) -> TokenInfo | None:
+    """The record of token ``token_id`` if it exists and is in force now (not revoked, not
+    expired: :func:`~privcal.storage.token_secrets.active`); else None. No secret is
+    checked: the caller holds a credential the server itself issued for this id and has
+    checked its MAC (the web UI's session cookie, :mod:`privcal.service.ui`), so a revoked
+    or expired token ends that session at its next request."""
+    tid = str(token_id)
+    if not re.fullmatch("[0-9a-f]{16}", tid):
+        return None
+    with ledger.read() as s:
+        row = s.get(ApiToken, tid)
+        if row is None or not active(row.revoked_at, row.expires_at, now()):
+            return None
+        return _info(row)

@@ -12,7 +12,7 @@ import hmac
 import secrets
 from datetime import UTC, datetime
 
-__all__ = ["DUMMY_HASH", "new_secret", "usable"]
+__all__ = ["DUMMY_HASH", "active", "new_secret", "usable"]
 
 #: compared against a presented secret whose token id is unknown, so that the time taken
 #: does not say whether the id exists
@@ -30,7 +30,16 @@ def usable(digest: str, stored: str | None, revoked_at: datetime | None,
     """The one rule of every token check: ``digest`` matches ``stored`` (constant time; a
     dummy hash if the id is unknown, ``stored`` None) and it is neither revoked nor expired."""
     ok = hmac.compare_digest(digest, stored if stored is not None else DUMMY_HASH)
-    if not ok or stored is None or revoked_at is not None:
+    if not ok or stored is None:
+        return False
+    return active(revoked_at, expires_at, at)
+
+
+def active(revoked_at: datetime | None, expires_at: datetime | None, at: datetime) -> bool:
+    """Whether a token is in force at ``at``: not revoked, and not expired (the part of
+    :func:`usable` that the web UI's own credential also needs: it names a token, see
+    :mod:`privcal.service.ui`)."""
+    if revoked_at is not None:
         return False
     if expires_at is not None and expires_at.tzinfo is None:  # SQLite gives naive UTC
         expires_at = expires_at.replace(tzinfo=UTC)

@@ -160,7 +160,10 @@ def _request(lv: Live, ctx: dict[str, Any], method: str, path: str,
     url, kw = _recipe(lv, ctx, method, path, role or "admin")
     headers = dict(kw.pop("headers", {}))
     if role and path.startswith("/ui"):
-        headers["Cookie"] = f"privcal_ui={tok}"
+        from privcal.service.ui import issue_credential, ui_key
+
+        cred = issue_credential(ui_key(lv.accountant.ledger), str(tok).split("_")[1])
+        headers["Cookie"] = f"privcal_ui={cred}"
     elif role:
         headers["Authorization"] = f"Bearer {tok}"
     return url, {"headers": headers, **kw}

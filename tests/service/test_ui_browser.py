@@ -90,6 +90,12 @@ def test_ui_refuses_other_roles_and_bad_tokens(live: Live) -> None:
         r = c.post("/ui/login", data={"token": "pcl_nope"})
         assert r.status_code == 401 and "set-cookie" not in r.headers
         r = c.get("/ui/", headers={"Cookie": f"privcal_ui={live.tokens['analyst']}"})
+        assert r.status_code == 303  # a bearer token is not a UI credential
+        from privcal.service.ui import issue_credential, ui_key
+
+        cred = issue_credential(ui_key(live.accountant.ledger),
+                                live.tokens["analyst"].split("_")[1])
+        r = c.get("/ui/", headers={"Cookie": f"privcal_ui={cred}"})
         assert r.status_code == 403
         r = c.post("/ui/login", data={"token": live.tokens["auditor"]})
         assert r.status_code == 303 and "httponly" in r.headers["set-cookie"].lower()
