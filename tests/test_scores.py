@@ -197,14 +197,16 @@ def test_lac_sets_equal_the_score_matrix_on_boundary_thresholds() -> None:
 
 
 def test_probability_rows_at_the_tolerance() -> None:
-    from privcal.calibrators.validation import PROB_SUM_TOL, check_probs
+    from privcal.calibrators.validation import check_probs, prob_sum_tolerance
 
     p = np.array([[0.5, 0.5], [0.25, 0.75]])
+    tol = prob_sum_tolerance(2)
+    assert tol == 1e-6 + 2 * 5e-7
     near = p.copy()
-    near[1, 1] += PROB_SUM_TOL * 0.999999  # inside the tolerance but past the fast margin
+    near[1, 1] += tol * 0.999999  # inside the tolerance but past the fast margin
     assert (check_probs(near) == near).all()
     off = p.copy()
-    off[1, 1] += PROB_SUM_TOL * 1.5
+    off[1, 1] += tol * 1.5
     with pytest.raises(InvalidInput, match="row 1 sums to"):
         check_probs(off)
     for bad, msg in ((np.nan, "must be finite"), (np.inf, "must be finite"),
@@ -213,3 +215,21 @@ def test_probability_rows_at_the_tolerance() -> None:
         q[1, 0] = bad
         with pytest.raises(InvalidInput, match=msg):
             check_probs(q)
+
+
+def test_probabilities_written_with_six_decimals_are_accepted() -> None:
+    """A CSV writing each probability with 6 decimals (pandas' float_format="%.6f", R,
+    spreadsheets) moves a row of k by up to k·5e-7: such rows were refused as summing to
+    "0.999999, not 1 (tolerance 1e-06)"; a matrix that is not one of probabilities still is."""
+    from privcal.calibrators.validation import check_probs
+
+    rng = np.random.default_rng(0)
+    for k in (3, 10, 100, 1000):
+        p = rng.dirichlet(np.ones(k), 2000)
+        rounded = np.array([[float(f"{v:.6f}") for v in row] for row in p])
+        assert np.abs(rounded.sum(axis=1) - 1).max() > 1e-6  # the old tolerance refused it
+        assert (check_probs(rounded) == rounded).all()
+    with pytest.raises(InvalidInput,
+                       match=r"row 0 sums to 1\.01, not 1 \(tolerance 2\.5e-06 for 3"):
+        check_probs(np.array([[0.5, 0.3, 0.21], [0.2, 0.3, 0.5]]))
+

@@ -16,6 +16,7 @@ import numpy as np
 from privcal.errors import InvalidInput, utf8_problem
 
 __all__ = [
+    "PROB_ROUNDING",
     "PROB_SUM_TOL",
     "check_labels",
     "check_lengths",
@@ -23,10 +24,24 @@ __all__ = [
     "check_scores",
     "check_targets",
     "id_strings",
+    "prob_sum_tolerance",
 ]
 
-#: rows of a probability matrix must sum to 1 within this absolute tolerance
+#: rows of a probability matrix must sum to 1 within this absolute tolerance, plus
+#: :data:`PROB_ROUNDING` per class
 PROB_SUM_TOL = 1e-6
+#: what rounding adds to a row sum per probability: a file that writes each probability with
+#: 6 decimals (pandas' ``float_format="%.6f"``, spreadsheets, R) moves a row of k by up to
+#: k·5e-7 (red team 7: such a 3-class CSV was refused as summing to 0.999999)
+PROB_ROUNDING = 5e-7
+
+
+def prob_sum_tolerance(k: int) -> float:
+    """How far from 1 a row of ``k`` probabilities may sum: :data:`PROB_SUM_TOL` plus
+    6-decimal rounding of each entry. The scores' guarantees do not rest on it (conformal
+    coverage holds for any score function); it only catches a matrix that is not one of
+    probabilities (logits, percentages, a shifted column)."""
+    return PROB_SUM_TOL + k * PROB_ROUNDING
 
 
 def _numeric(a: object, what: str) -> np.ndarray:
@@ -81,7 +96,8 @@ def check_targets(a: object, *, min_rows: int = 2, what: str = "targets") -> np.
 
 
 def check_probs(p: object, *, min_rows: int = 2) -> np.ndarray:
-    """An n×k float64 probability matrix: finite, ≥ 0, rows summing to 1 within 1e-6, k ≥ 2."""
+    """An n×k float64 probability matrix: finite, ≥ 0, rows summing to 1 within
+    :func:`prob_sum_tolerance` (1e-6 + k·5e-7), k ≥ 2."""
     arr = _numeric(p, "probabilities")
     if arr.ndim != 2:
         raise InvalidInput(f"probabilities must be a 2-D n×k array, got shape {arr.shape}")
@@ -93,8 +109,9 @@ def check_probs(p: object, *, min_rows: int = 2) -> np.ndarray:
     # or a negative entry) and every row sum (einsum) is within the tolerance less a margin
     # far above any rounding difference (so NaN/+inf rows fail it). A matrix that does not
     # pass is checked below, entry by entry, for the exact error — same verdicts as before.
+    tol = prob_sum_tolerance(out.shape[1])
     sums = np.einsum("ij->i", out)
-    if out.min() >= 0 and bool((np.abs(sums - 1.0) <= PROB_SUM_TOL - 1e-12).all()):
+    if out.min() >= 0 and bool((np.abs(sums - 1.0) <= tol - 1e-12).all()):
         return out
     bad = ~np.isfinite(out)
     if bad.any():
@@ -105,12 +122,12 @@ def check_probs(p: object, *, min_rows: int = 2) -> np.ndarray:
         i, j = np.unravel_index(int(np.argmax(neg)), out.shape)
         raise InvalidInput(f"probabilities: row {i}, column {j} is negative ({out[i, j]})")
     sums = out.sum(axis=1)
-    off = np.abs(sums - 1.0) > PROB_SUM_TOL
+    off = np.abs(sums - 1.0) > tol
     if off.any():
         i = int(np.argmax(off))
         raise InvalidInput(
-            f"probabilities: row {i} sums to {float(sums[i]):.10g}, not 1 "
-            f"(tolerance {PROB_SUM_TOL})"
+            f"probabilities: row {i} sums to {float(sums[i]):.15g}, not 1 (tolerance {tol:.3g} "
+            f"for {out.shape[1]} classes: 1e-6 plus 6-decimal rounding of each)"
         )
     return out
 
