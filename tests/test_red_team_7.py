@@ -287,3 +287,33 @@ def test_old_local_wording_verifies_but_is_never_written_anew(accountant: Any) -
     with pytest.raises(AuditFailed, match=f"release {worse} .*privacy.statement"):
         acct.verify()
     assert old.id < worse
+
+
+def test_wrappers_pass_an_inner_method_s_input_rules_on() -> None:
+    """A plugin's own ``check_inputs`` runs before the charge through the levels and
+    Mondrian wrappers too (they fell back to its ``min_scores`` only)."""
+    import numpy as np
+
+    from privcal.calibrators.base import CalibrationInput, check_inputs
+    from privcal.calibrators.levels import Levels
+    from privcal.calibrators.mondrian import Mondrian
+    from privcal.calibrators.split import SplitConformal
+
+    class Picky(SplitConformal):  # a plugin refusing negative scores
+        name = "picky"
+
+        def check_inputs(self, params: Any, data: CalibrationInput) -> None:
+            if (np.asarray(data.scores) < 0).any():
+                raise InvalidInput("picky: negative scores")
+
+    data = CalibrationInput(scores=np.array([0.1, -0.2, 0.3, 0.4]),
+                            groups=np.array([0, 1, 0, 1]), group_count=2)
+    lv = Levels(Picky())
+    with pytest.raises(InvalidInput, match="picky: negative scores"):
+        check_inputs(lv, lv.Params.model_validate({"alpha": [0.1, 0.2]}), data)
+    mo = Mondrian(Picky())
+    MP = {"alpha": 0.1, "groups": ["a", "b"], "group_by": "column", "public_groups": True}
+    with pytest.raises(InvalidInput, match="picky: negative scores"):
+        check_inputs(mo, mo.Params.model_validate(MP), data)
+    ok = CalibrationInput(scores=np.abs(data.scores), groups=data.groups, group_count=2)
+    check_inputs(mo, mo.Params.model_validate(MP), ok)

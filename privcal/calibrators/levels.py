@@ -43,6 +43,9 @@ from privcal.calibrators.base import (
     CoverageGuarantee,
     DataShape,
 )
+from privcal.calibrators.base import (
+    check_inputs as base_check_inputs,
+)
 from privcal.calibrators.bound_floats import text_at_most
 from privcal.calibrators.wrapped import (
     WrappedCalibrator,
@@ -226,6 +229,12 @@ class Levels(WrappedCalibrator):
         if threshold != nested[0]:
             return [f"threshold {threshold} is not the smallest α's ({nested[0]})"]
         return []
+
+    def check_inputs(self, params: LevelsParams, data: CalibrationInput) -> None:
+        """The inner method's input rules (:func:`~privcal.calibrators.base.check_inputs`,
+        its own ``check_inputs`` if a plugin has one), before anything is charged: every
+        level runs on the same data, so the first level's parameters check it."""
+        base_check_inputs(self.inner, params.per_level()[0][1], data)
 
     def calibrate(self, data: CalibrationInput, params: LevelsParams,
                   rng: random.Random) -> CalibrationResult:

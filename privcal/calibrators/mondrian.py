@@ -65,6 +65,9 @@ from privcal.calibrators.base import (
     CoverageGuarantee,
     DataShape,
 )
+from privcal.calibrators.base import (
+    check_inputs as base_check_inputs,
+)
 from privcal.calibrators.bound_floats import float_at_least, text_at_most
 from privcal.calibrators.levels import level_bounds
 from privcal.calibrators.wrapped import (
@@ -337,6 +340,12 @@ class Mondrian(WrappedCalibrator):
         if threshold != top:
             problems.append(f"threshold {threshold} is not the largest group's ({top})")
         return problems
+
+    def check_inputs(self, params: MondrianParams, data: CalibrationInput) -> None:
+        """The inner method's input rules (:func:`~privcal.calibrators.base.check_inputs`,
+        its own ``check_inputs`` if a plugin has one) on all the rows, before anything is
+        charged (a group too small for the method is +∞, not an error)."""
+        base_check_inputs(self.inner, params.inner_params(), data)
 
     def calibrate(self, data: CalibrationInput, params: MondrianParams,
                   rng: random.Random) -> CalibrationResult:
