@@ -194,7 +194,12 @@ def test_split_says_when_tied_scores_void_its_upper_bound(ledger: Any, tmp_path:
         assert ("17 calibration scores tie with another: the upper bound 0.947619 (no ties) "
                 "does not apply" in res.stdout) == (want > 0)
         doc = CliRunner().invoke(main, [*args, "--scores", str(path), "--json"])
-        assert json.loads(doc.stdout)["release"]["diagnostics"]["tied_scores"] == want
+        rel = json.loads(doc.stdout)["release"]
+        assert rel["diagnostics"]["tied_scores"] == want
+        show = CliRunner().invoke(main, ["--db-url", ledger_url, "release", "show",
+                                         str(rel["id"])])
+        assert show.exit_code == 0, show.output
+        assert ("does not apply to these scores" in show.stdout) == (want > 0)
 
 
 GENERIC = "-local DP for each participating subject"

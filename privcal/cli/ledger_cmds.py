@@ -266,6 +266,8 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
 @pass_settings
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
+    from privcal.cli.render import ties_note
+
     r = settings.accountant().release(release_id)
 
     def human() -> None:
@@ -280,6 +282,7 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
             {"": "parameters", "value": cell(r.params)},
             {"": "data", "value": shape},
             {"": "coverage", "value": cov.statement},
+            *([{"": "ties", "value": ties}] if (ties := ties_note(r)) else []),
             {"": "privacy", "value": str(r.privacy.get("statement") or privacy_cell(r.privacy))},
             {"": "privacy (ε, δ)", "value": privacy_cell(r.privacy)},
             {"": "requester", "value": cell(r.requester)},
