@@ -178,7 +178,8 @@ def test_a_sqlite_ledger_commits_with_synchronous_full(tmp_path: Any,
 def test_split_says_when_tied_scores_void_its_upper_bound(ledger: Any, tmp_path: Any) -> None:
     """Split's upper bound 1−α+1/(n+1) needs scores without ties (on {0, 0.5, 1} at n = 20,
     α = 0.1 the coverage is 0.988 against a stated ≤ 0.948). It is not private and sees its
-    scores: the release counts the ties and ``calibrate`` prints that the bound is void."""
+    scores: the release counts the ties at its threshold and ``calibrate`` and ``release
+    show`` print that the bound is void."""
     import numpy as np
 
     ledger_url = _url(ledger)
@@ -186,16 +187,16 @@ def test_split_says_when_tied_scores_void_its_upper_bound(ledger: Any, tmp_path:
     tied = np.array([0.0, 0.5, 1.0, 0.5] * 5)
     free = np.random.default_rng(0).random(20)
     args = ["--db-url", ledger_url, "calibrate", "split", "--dataset", "t", "--alpha", "0.1"]
-    for scores, want in ((tied, 17), (free, 0)):
+    for scores, want in ((tied, 4), (free, 0)):  # five 1.0s, the threshold one of them
         path = tmp_path / f"s{want}.npy"
         np.save(path, scores)
         res = CliRunner().invoke(main, [*args, "--scores", str(path)])
         assert res.exit_code == 0, res.output
-        assert ("17 calibration scores tie with another: the upper bound 0.947619 (no ties) "
-                "does not apply" in res.stdout) == (want > 0)
+        assert ("4 other calibration scores equal the threshold: the upper bound 0.947619 "
+                "(no ties) does not apply" in res.stdout) == (want > 0)
         doc = CliRunner().invoke(main, [*args, "--scores", str(path), "--json"])
         rel = json.loads(doc.stdout)["release"]
-        assert rel["diagnostics"]["tied_scores"] == want
+        assert rel["diagnostics"]["tied_at_threshold"] == want
         show = CliRunner().invoke(main, ["--db-url", ledger_url, "release", "show",
                                          str(rel["id"])])
         assert show.exit_code == 0, show.output

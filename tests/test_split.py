@@ -79,7 +79,7 @@ def test_rank_uses_exact_rational_arithmetic():
     res = CAL.calibrate(
         CalibrationInput(scores=np.arange(9.0)), SplitParams(alpha=alpha), random.Random(0)
     )
-    assert res.diagnostics == {"n": 9, "rank": 3, "tied_scores": 0}
+    assert res.diagnostics == {"n": 9, "rank": 3, "tied_at_threshold": 0}
     assert res.threshold == 2.0
 
 

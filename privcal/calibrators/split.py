@@ -132,12 +132,14 @@ class SplitConformal:
 
         The guarantee's upper bound holds only for scores without ties (red team 7: scores in
         {0, 0.5, 1} at n = 20, α = 0.1 cover 0.988 against a stated ≤ 0.948). This method is
-        not private and sees the scores, so it says when they tie: ``tied_scores`` in the
-        diagnostics (scores equal to an earlier one), which ``release show`` prints beside
-        the statement."""
+        not private and sees the scores, so it says when they tie at the threshold, where a
+        tie moves coverage above the bound (by the probability of the tied value):
+        ``tied_at_threshold`` in the diagnostics, the other calibration scores equal to the
+        threshold (one O(n) pass; ``release show`` and ``calibrate`` print it)."""
         s = _scores(data)
         n = s.shape[0]
         r = conformal_rank(n, params.alpha)
-        tied = int(n - np.unique(s).size)
-        return CalibrationResult(threshold=kth_smallest(s, r),
-                                 diagnostics={"n": n, "rank": r, "tied_scores": tied})
+        t = kth_smallest(s, r)
+        tied = int(np.count_nonzero(s == t)) - 1 if math.isfinite(t) else 0
+        return CalibrationResult(threshold=t,
+                                 diagnostics={"n": n, "rank": r, "tied_at_threshold": tied})

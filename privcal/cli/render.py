@@ -69,12 +69,13 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
 
 def ties_note(rel: Any) -> str | None:
     """Why the release's upper coverage bound does not apply, when a non-private method saw
-    tied calibration scores (its ``tied_scores`` diagnostic); else None."""
-    tied = (rel.diagnostics or {}).get("tied_scores")
+    calibration scores tied at its threshold (its ``tied_at_threshold`` diagnostic); else
+    None."""
+    tied = (rel.diagnostics or {}).get("tied_at_threshold")
     upper = rel.coverage.upper
     if isinstance(tied, int) and tied > 0 and upper is not None and upper < 1:
-        return (f"{tied} calibration scores tie with another: the upper bound {upper:.6g} "
-                "(no ties) does not apply to these scores")
+        return (f"{tied} other calibration scores equal the threshold: the upper bound "
+                f"{upper:.6g} (no ties) does not apply to these scores")
     return None
 
 
