@@ -5,8 +5,10 @@ FedCP-QQ evaluates the coverage M_{ℓ,k} for every server order k, FedCP²-QQ r
 for up to 99 γ, unequal sizes build an m-term Poisson-binomial law per quadrature node.
 The library and the CLI plan any size up to :mod:`privcal.calibrators.fedplan.limits`
 (10 000 agents: minutes); a service request runs in a server thread, so
-``POST /v1/fed/plan`` and the opening of a federated session
-(``POST /v1/datasets/{name}/sessions``) accept only what plans in about 2 s of CPU on a
+``POST /v1/fed/plan``, the opening of a federated session
+(``POST /v1/datasets/{name}/sessions``) and a federated calibration
+(``POST /v1/datasets/{name}/calibrations``, its agents' sizes counted from its agent ids;
+red team 7) accept only what plans in about 2 s of CPU on a
 loaded 2-core machine (measured worst cases over α, ε and the grid, red team 6):
 
 - FedCP-QQ, equal sizes: m ≤ 1 000 agents, n ≤ 100 000 scores each (≤ 1.8 s);

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from privcal.accountant.calibration_request import ARRAYS
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.routes_datasets import _acct, _lib_key
 from privcal.service.uploads import (
@@ -54,6 +55,7 @@ def calibrate(name: str, request: Request,
     p.check_dataset(name)
     body = inp.body
     arrays = load_arrays(inp, shape_only=dry_run)
+    _check_fed_work(body.method, arrays.get("agents"))
     req = body.request(arrays)
     if dry_run:
         rep = calibration.dry_run(_acct(request), req, dataset=name)
@@ -73,6 +75,18 @@ def calibrate(name: str, request: Request,
     if rid is not None:
         resp.headers["Location"] = f"/v1/releases/{rid}"
     return resp
+
+
+def _check_fed_work(method: str, agents: Any) -> None:
+    """A federated calibration plans as a session does: at most what
+    :mod:`privcal.service.fed_limits` allows a request (422, nothing planned or charged)."""
+    if method not in ("fedcp-qq", "fedcp2-qq"):
+        return
+    a = np.asarray(agents) if agents is not None else None
+    if a is None or a.ndim != 1 or a.size == 0:
+        return  # the library's one-line error for missing or malformed agent ids
+    _, sizes = np.unique(a.astype(str), return_counts=True)
+    check_fed_work(None, [int(c) for c in sizes], method == "fedcp2-qq")
 
 
 __all__ = ["router"]

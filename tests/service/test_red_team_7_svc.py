@@ -219,3 +219,23 @@ def test_a_405_allows_every_method_of_the_path(live: Live) -> None:
             assert set(r.headers["allow"].split(", ")) == {"GET", "POST"}, r.headers["allow"]
         r = c.request("PATCH", "/v1/tokens/0123456789abcdef")
         assert r.status_code == 405 and r.headers["allow"] == "DELETE", r.headers["allow"]
+
+
+def test_a_federated_calibration_plans_no_more_than_a_session_may(live: Any) -> None:
+    """``POST /v1/datasets/{name}/calibrations`` with fedcp2-qq planned any number of agents
+    in a server thread (a session open refuses more than fed_limits allows): it is refused
+    the same way now, before anything is planned or charged."""
+    from privcal.service.fed_limits import FED2_MAX_AGENTS
+
+    m = FED2_MAX_AGENTS + 1
+    body = {"method": "fedcp2-qq", "params": {"alpha": 0.2, "epsilon": 2.0},
+            "scores": [0.5] * (2 * m), "agents": [f"a{j}" for j in range(m)] * 2}
+    head = live.accountant.ledger.head()
+    with live.client("analyst") as c:
+        for q in ("", "?dry_run=true"):
+            r = c.post(f"/v1/datasets/d/calibrations{q}", json=body,
+                       headers={"Idempotency-Key": f"fed{q}"})
+            assert r.status_code == 422, r.text
+            assert f"the service plans FedCP²-QQ (an epsilon) for at most {FED2_MAX_AGENTS} " \
+                   f"agents, got {m}" in r.json()["detail"]
+    assert live.accountant.ledger.head() == head
