@@ -59,14 +59,19 @@ UI_SESSION = 12 * 3600
 COOKIE_HEADER_MAX = 8 * 1024
 _CREDENTIAL = re.compile(rb"([0-9a-f]{16})\.([0-9]{10})\.([A-Za-z0-9_-]{43})")
 _MAC_LABEL = b"privcal ui session v1\x00"
+#: the label the MAC key is derived under (NUL: never a subject id's UTF-8)
+_KEY_LABEL = b"privcal ui cookie key v2\x00"
 
 _env: Any = None
 
 
 def ui_key(ledger: Any) -> bytes:
     """The MAC key of UI credentials: derived from the ledger's secret (never sent; the
-    same for every worker process on one ledger, so any of them can check the cookie)."""
-    return hmac.new(ledger.subject_key(), b"privcal ui cookie key v1", hashlib.sha256).digest()
+    same for every worker process on one ledger, so any of them can check the cookie). Its
+    label ends in NUL, which no subject id holds: a subject's pseudonym is the HMAC of its
+    id under the same secret, and the label without NUL was a valid id (red team 7 — its
+    pseudonym, in ``subject_spend``, was this key)."""
+    return hmac.new(ledger.subject_key(), _KEY_LABEL, hashlib.sha256).digest()
 
 
 def issue_credential(key: bytes, token_id: str, issued_at: int | None = None) -> str:

@@ -239,3 +239,24 @@ def test_a_federated_calibration_plans_no_more_than_a_session_may(live: Any) -> 
             assert f"the service plans FedCP²-QQ (an epsilon) for at most {FED2_MAX_AGENTS} " \
                    f"agents, got {m}" in r.json()["detail"]
     assert live.accountant.ledger.head() == head
+
+
+def test_the_ui_key_is_no_subject_s_pseudonym(live: Any) -> None:
+    """The UI credential's MAC key was HMAC(secret, "privcal ui cookie key v1"), which is
+    the pseudonym of the subject id "privcal ui cookie key v1": whoever read subject_spend
+    could forge a /ui session. Its label ends in NUL now, which no subject id holds."""
+    import hmac as hmac_mod
+
+    from privcal.errors import InvalidInput
+    from privcal.service import ui
+    from privcal.storage.pseudonyms import pseudonym
+
+    led = live.accountant.ledger
+    key = ui.ui_key(led)
+    for label in (b"privcal ui cookie key v1", ui._KEY_LABEL.rstrip(b"\x00")):
+        live.accountant.charge_subjects("d", 1, [label.decode()], purpose="x")
+        assert bytes.fromhex(pseudonym(led.subject_key(), label.decode())) != key
+    assert ui._KEY_LABEL.endswith(b"\x00") and ui._MAC_LABEL.endswith(b"\x00")
+    with pytest.raises(InvalidInput):  # the label itself can never be charged as a subject
+        live.accountant.charge_subjects("d", 1, [ui._KEY_LABEL.decode()], purpose="x")
+    assert hmac_mod.compare_digest(key, ui.ui_key(led))  # stable: any worker checks it
