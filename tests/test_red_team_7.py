@@ -260,16 +260,20 @@ def test_a_local_release_states_what_its_epsilon_protects(accountant: Any) -> No
 
 
 def test_old_local_wording_verifies_but_is_never_written_anew(accountant: Any) -> None:
-    """A release recorded with the generic sentence before its calibrator said more still
-    verifies (recomputed in the wording of then, numbers compared); a release written now
-    with that sentence is refused, and one that alters the old sentence fails verify."""
+    """A release recorded before its calibrator said what its ε protects (rule "ε0-local DP
+    for each participating subject", the generic sentence) still verifies — its numbers and
+    rule compared, its sentence counted as older wording, not reported as matching; a
+    release written now in that form is refused; an old one whose numbers differ fails."""
+    from privcal.accountant.release_privacy import LEGACY_LOCAL_RULE, LOCAL_RULE
     from privcal.accountant.releases import record_release
     from privcal.costs import LocalDP
     from privcal.errors import AuditFailed
 
     acct: Accountant = accountant
-    rel = _local_releases(acct)["ldp-label"]
-    privacy = {**rel.privacy, "statement": "2" + GENERIC}
+    rels = _local_releases(acct)
+    rel = rels["ldp-label"]
+    assert rel.privacy["rule"] == LOCAL_RULE
+    old_privacy = {**rel.privacy, "rule": LEGACY_LOCAL_RULE, "statement": "2" + GENERIC}
 
     def paid(tag: str) -> list[int]:  # a release's own charge: one per release
         return [acct.charge_subjects("z", LocalDP(eps0=2),
@@ -277,22 +281,32 @@ def test_old_local_wording_verifies_but_is_never_written_anew(accountant: Any) -
 
     args = dict(method=rel.method, calibrator_version=rel.calibrator_version,
                 threshold=rel.threshold, params=rel.params, shape=rel.shape,
-                coverage=rel.coverage, privacy=privacy, diagnostics=rel.diagnostics)
+                coverage=rel.coverage, privacy=old_privacy, diagnostics=rel.diagnostics)
     head = acct.ledger.head()
-    with pytest.raises(InvalidInput, match=r"privacy\.statement"):
+    with pytest.raises(InvalidInput, match=r"privacy\.rule"):
         acct.record_release("z", **args)  # type: ignore[arg-type]
     assert acct.ledger.head() == head
     before = acct.verify()
-    old = record_release(acct.ledger, "z", _as_computed=True, charge_ids=paid("a"),
-                         **args)  # as written then
+    assert before.statements_not_compared == 0
+    record_release(acct.ledger, "z", _as_computed=True, charge_ids=paid("a"),
+                   **args)  # as written then
     rep = acct.verify()
     assert rep.guarantees_recomputed == before.guarantees_recomputed + 1
-    assert rep.statements_not_compared == 0  # compared, in the wording of then
+    assert rep.statements_not_compared == 1  # the old sentence: older wording, not "match"
+    assert "1 guarantee sentence not reproduced by the installed code" in rep.summary
+    # an LDP-CP-S release of then: its sentence is the current one, nothing uncompared
+    ldps = rels["ldp-score"]
+    record_release(acct.ledger, "z", _as_computed=True, charge_ids=paid("c"),
+                   **{**args, "method": ldps.method, "params": ldps.params,
+                      "calibrator_version": ldps.calibrator_version, "shape": ldps.shape,
+                      "threshold": ldps.threshold, "coverage": ldps.coverage,
+                      "diagnostics": ldps.diagnostics,
+                      "privacy": {**ldps.privacy, "rule": LEGACY_LOCAL_RULE}})
+    assert acct.verify().statements_not_compared == 1
     worse = record_release(acct.ledger, "z", _as_computed=True, charge_ids=paid("b"),
-                           **{**args, "privacy": {**privacy, "statement": "3" + GENERIC}}).id
-    with pytest.raises(AuditFailed, match=f"release {worse} .*privacy.statement"):
+                           **{**args, "privacy": {**old_privacy, "epsilon": "3"}}).id
+    with pytest.raises(AuditFailed, match=f"release {worse} .*privacy.epsilon"):
         acct.verify()
-    assert old.id < worse
 
 
 def test_wrappers_pass_an_inner_method_s_input_rules_on() -> None:

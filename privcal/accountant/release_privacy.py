@@ -16,7 +16,7 @@ from privcal.accountant.normalize import AnyCost, cost_json, json_safe
 from privcal.accountant.results import DatasetInfo
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
-__all__ = ["LOCAL_RULE", "is_generic_local", "privacy_record"]
+__all__ = ["GENERIC_LOCAL", "LEGACY_LOCAL_RULE", "LOCAL_RULE", "is_legacy_local", "privacy_record"]
 
 
 #: whom a shuffled release's amplified (ε, δ) protects against (red team 5): the reports
@@ -37,24 +37,27 @@ AMPLIFICATION_ASSUMES = ("provided the round's other reports are their subjects'
                          "participants)")
 
 
-#: what a local-DP release is charged: ε0 per participating subject (or agent)
-LOCAL_RULE = "ε0-local DP for each participating subject"
+#: what a local-DP release is charged: ε0 per participating subject (an agent, for a
+#: federated method), against the dataset's per-subject cap; what that ε0 protects is the
+#: statement's to say (the calibrator's ``local_statement``)
+LOCAL_RULE = "ε0 charged to each participating subject or agent, against its per-subject cap"
+#: the rule every local release recorded before red team 7, which also claimed "ε0-local DP"
+#: of every subject (false for LDP-CP-L's features and FedCP²-QQ's agents): its marker
+LEGACY_LOCAL_RULE = "ε0-local DP for each participating subject"
 #: the statement of a local-DP release whose calibrator does not say what its ε0 protects
 GENERIC_LOCAL = "{eps}-local DP for each participating subject"
 
 
-def is_generic_local(statement: Any, epsilon: Any) -> bool:
-    """Whether a recorded local-DP statement is the generic sentence every local release
-    carried before its calibrator could say what its ε0 protects (red team 7), possibly
-    followed by a shuffled release's amplification clause."""
-    generic = GENERIC_LOCAL.format(eps=epsilon)
-    return isinstance(statement, str) and (statement == generic
-                                           or statement.startswith(generic + "; shuffled"))
+def is_legacy_local(recorded: Any) -> bool:
+    """Whether a recorded privacy record is a local release's as written before its
+    calibrator said what its ε0 protects (its rule is :data:`LEGACY_LOCAL_RULE`)."""
+    return (isinstance(recorded, dict) and recorded.get("model") == "local"
+            and recorded.get("rule") == LEGACY_LOCAL_RULE)
 
 
 def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
                    calibrator: Any = None, *, legacy_wording: bool = False,
-                   generic_local: bool = False) -> dict[str, Any]:
+                   legacy_local: bool = False) -> dict[str, Any]:
     """The privacy record of a release; a non-private calibrator may say what it reveals
     (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent), a local-DP
     one what its ε0 protects (its ``local_statement``, a format string of ``eps``; else the
@@ -65,8 +68,9 @@ def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] 
     assumes of the other reports (:data:`AMPLIFICATION_ASSUMES`); ``legacy_wording``: the
     statement as recorded before ``amplified_for`` existed ("for the aggregator"), for
     :mod:`privcal.accountant.verification` to recompute such a record as it was;
-    ``generic_local``: likewise, a local-DP statement as recorded before its calibrator
-    said what its ε0 protects."""
+    ``legacy_local``: a local release's rule as recorded before its calibrator said what
+    its ε0 protects (:func:`is_legacy_local`; its statement, older wording, is counted as
+    not compared, not recomputed as it was)."""
     out: dict[str, Any] = {"cost": cost_json(cost) if cost is not None else None}
     rd = ds.reporting_delta
     if cost is None:
@@ -92,9 +96,10 @@ def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] 
         # what the ε0 protects is the calibrator's to say (red team 7): LDP-CP-L randomizes
         # the label only, and a FedCP²-QQ agent's message is ε-DP per record of its data,
         # not a local randomizer of its whole input; the rule (what is charged) is the same
-        local = None if generic_local else getattr(calibrator, "local_statement", None)
-        out.update(model="local", epsilon=e, delta="0", rule=LOCAL_RULE,
-                   statement=(local or GENERIC_LOCAL).format(eps=e))
+        local = getattr(calibrator, "local_statement", None) or GENERIC_LOCAL
+        out.update(model="local", epsilon=e, delta="0",
+                   rule=LEGACY_LOCAL_RULE if legacy_local else LOCAL_RULE,
+                   statement=local.format(eps=e))
     # the neighbouring relation the claim is about (issue 14.7): the calibrator's own
     # statement, else the one its cost type implies
     if cost is not None:

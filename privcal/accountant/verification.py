@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant.normalize import cost_json, normalize_cost
 from privcal.accountant.record_compare import coverage_as_recorded, plain, same
-from privcal.accountant.release_privacy import is_generic_local, privacy_record
+from privcal.accountant.release_privacy import is_legacy_local, privacy_record
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
@@ -132,13 +132,14 @@ def _legacy_texts(cal: Any, rel: Any, recorded: dict[str, Any],
     and LDP-CP-L version 1 before issue 14.7 worded theirs otherwise). A private release
     recorded before the neighbouring relation was (issue 14.7; ExponQ 1.0.0 then worded its
     statement otherwise). A non-private release that says only what every one said before
-    its calibrator could state what it reveals. A release of the installed version recorded
-    since is compared sentence by sentence."""
+    its calibrator could state what it reveals. A local release recorded before its
+    calibrator said what its ε0 protects (red team 7). A release of the installed version
+    recorded since is compared sentence by sentence."""
     older = rel.calibrator_version != cal.version
     pre_14_7 = recomputed.get("cost") is not None and "neighbouring" not in recorded
     nonprivate_old = (recomputed.get("cost") is None
                       and recorded.get("statement") == _OLD_NONPRIVATE)
-    return older or pre_14_7, older or pre_14_7 or nonprivate_old
+    return older or pre_14_7, older or pre_14_7 or nonprivate_old or is_legacy_local(recorded)
 
 
 def _made_by(rel: Any, reg: registry.Registered) -> bool:
@@ -182,15 +183,15 @@ def recompute(rel: Any, ds: Any, *, current: bool = False,
     recorded = rel.privacy or {}
     # a local-DP release recorded before its calibrator said what its ε0 protects (red
     # team 7: "ε-local DP for each participating subject" also for LDP-CP-L's label-only
-    # and FedCP²-QQ's record-level ε): recomputed in the wording of then
-    generic = not current and is_generic_local(recorded.get("statement"),
-                                               recorded.get("epsilon"))
-    privacy = privacy_record(cost, ds, new_extra, cal, generic_local=generic)
+    # and FedCP²-QQ's record-level ε): its rule as then; its statement, older wording, is
+    # counted as not compared (_legacy_texts), never reported as matching
+    generic = not current and is_legacy_local(recorded)
+    privacy = privacy_record(cost, ds, new_extra, cal, legacy_local=generic)
     if not current and "amplified_for" in privacy and "amplified_for" not in recorded:
         # a shuffled release recorded before its record named whom the amplification
         # protects against: recomputed in the wording of then
         privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True,
-                                 generic_local=generic)
+                                 legacy_local=generic)
     if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
         privacy["central_cost"] = cost_json(normalize_cost(central_cost))
     return cal, plain(coverage), plain(privacy)
