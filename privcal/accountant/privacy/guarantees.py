@@ -159,7 +159,9 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
         return Guarantee(
             total, g.delta,
             f"central releases: {g.rule}, ({dstr(g.epsilon)}, {dstr(g.delta)}); local-DP "
-            f"reports: Σε0 ≤ {dstr(subject_epsilon)} per subject (pure-ε filter per subject); "
+            f"reports: Σε0 ≤ {dstr(subject_epsilon)} per subject (pure-ε filter per subject; "
+            "a federated agent is one subject for all its records, so a person who is also "
+            "a record in an agent's data, or in two agents', counts once per id); "
             "the two added (basic composition)")
     if policy.notion == "pure":
         assert policy.epsilon is not None
