@@ -337,3 +337,17 @@ def test_wrappers_pass_an_inner_method_s_input_rules_on() -> None:
         check_inputs(mo, mo.Params.model_validate(MP), data)
     ok = CalibrationInput(scores=np.abs(data.scores), groups=data.groups, group_count=2)
     check_inputs(mo, mo.Params.model_validate(MP), ok)
+
+
+@pytest.mark.parametrize("grid", [dict(lower=-1.7e308, upper=1.7e308),  # a step overflows
+                                  dict(lower=1.0, upper=1 + 1e-13, bins=1000)])  # below ulp
+def test_a_federated_session_with_a_grid_agents_cannot_use_does_not_open(
+        accountant: Any, grid: dict[str, Any]) -> None:
+    """open_session planned FedCP²-QQ without building the agents' grid: such a session
+    opened (row and audit entry) and then refused every message as off the grid."""
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5)
+    before = _state(acct)
+    with pytest.raises(InvalidInput, match=r"grid|float"):
+        S.open_session(acct, "fedcp2-qq", dataset="d", **{**FED2, **grid})
+    assert _state(acct) == before

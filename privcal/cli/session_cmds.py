@@ -99,9 +99,8 @@ def _describe(s: Any) -> str:
               help="Reports go through a trusted shuffler: record the amplified (ε, δ).")
 @click.option("--requester", default=None, help="Who opened the session (recorded).")
 @click.option("--idempotency-key", default=None,
-              help="With --shuffled (charged when it opens): retrying with the same key "
-                   "returns the session opened, charged once; another request under the key "
-                   "is an error.")
+              help="Retrying with the same key returns the session opened (a --shuffled one "
+                   "charged once); another request under the key is an error.")
 @json_option
 @pass_settings
 def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: float | None,
@@ -218,13 +217,17 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
 @click.option("--requester", default=None,
               help="Who closes the session (recorded as closed_by, and as the requester of "
                    "a release --allow-missing makes).")
+@click.option("--idempotency-key", default=None,
+              help="Retrying the same close with the same key prints the closed session (and "
+                   "its release) instead of 'already closed'; other options under the key are "
+                   "an error.")
 @json_option
 @pass_settings
 def close_cmd(settings: Any, session_id: int, allow_missing: bool, abandon: bool,
-              requester: str | None, as_json: bool) -> None:
+              requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
     """Close a session: federated with agents missing (--allow-missing), or abandon it."""
     from privcal.accountant.sessions import close_session
 
     res = close_session(settings.accountant(), session_id, allow_missing=allow_missing,
-                        abandon=abandon, requester=requester)
+                        abandon=abandon, requester=requester, idempotency_key=idempotency_key)
     emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))

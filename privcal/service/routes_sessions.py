@@ -16,6 +16,7 @@ from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
 from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, not_found
+from privcal.service.routes_datasets import _lib_key
 
 router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
@@ -137,21 +138,24 @@ def session_open(name: str, body: SessionOpen, request: Request,
         check_fed_work(body.agents, [body.local_n] if body.local_n is not None else [],
                        body.method == "fedcp2-qq")
     args = body.model_dump()
+    given = body.model_dump(exclude_unset=True)  # what the request said (its fingerprint)
 
     def run() -> tuple[int, Any]:
         # the fields the body gave: an option the method does not use is the library's 422,
         # not a default silently dropped (the digest above still hashes the whole body)
         kw = {k: v for k, v in args.items() if k in body.model_fields_set or k == "method"}
-        # the library binds the key (the principal's, as a calibration's) to the shuffled
-        # session's central charge too: a crash after its commit and before the service's
-        # record is answered by the library's replay, never by a second charge
-        from privcal.service.routes_datasets import _lib_key
-
-        key = _lib_key(p, idempotency_key) if body.shuffled and idempotency_key else None
+        # the library binds the key (the principal's, as a calibration's) to every open — a
+        # shuffled session's central charge, or the state of a session that charges nothing
+        # when it opens: a crash after its commit and before the service's record is
+        # answered by the library's replay, never by a second charge or session (red team 7)
+        key = _lib_key(p, idempotency_key) if idempotency_key else None
         return 201, open_session(_acct(request), kw.pop("method"), dataset=name,
                                  requester=p.requester, idempotency_key=key, **kw)
 
-    resp = idempotent(request, idempotency_key, {"dataset": name, **args}, run,
+    # the fingerprint is the body as sent, not with defaults filled in: an option the
+    # method does not use, added on a retry, is another request (409), not a replay that
+    # would let it through unrefused (red team 7)
+    resp = idempotent(request, idempotency_key, {"dataset": name, **given}, run,
                       required=body.shuffled)
     sid = json.loads(resp.body).get("id")
     if sid is not None:
@@ -234,7 +238,12 @@ def batch_post(request: Request, body: BatchBody, sid: int = SessionId,
                idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
                                                     max_length=200)) -> JSONResponse:
     """An ingestor (shuffler/proxy) posts a batch: 200 with counts per rejection reason;
-    422 for an ldp-score batch without a ``round`` on its rows (nothing written)."""
+    422 for an ldp-score batch without a ``round`` on its rows (nothing written).
+
+    The ``Idempotency-Key`` (required) is also the library's batch key (bound to the
+    principal): a retry that finds the service's own record of the request lost to a crash
+    after the batch committed gets the library's replay of the recorded counts
+    (``replayed``: true), never "subject already reported" for the rows it accepted."""
     from privcal.accountant.sessions import submit_reports
 
     p.check_session(sid)
@@ -250,7 +259,8 @@ def batch_post(request: Request, body: BatchBody, sid: int = SessionId,
     def run() -> tuple[int, Any]:
         res = submit_reports(_acct(request), sid, [r.subject for r in rows],
                              [value(r.value) for r in rows],
-                             None if rounds[0] is None else rounds)
+                             None if rounds[0] is None else rounds,
+                             idempotency_key=_lib_key(p, idempotency_key or ""))
         d = doc(res)
         d["session"] = {k: d["session"].get(k) for k in PUBLIC_FIELDS}
         return 200, d
@@ -264,14 +274,19 @@ def session_close(request: Request, body: CloseBody, sid: int = SessionId,
                   idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
                                                        max_length=200)) -> JSONResponse:
     """Close a session (federated: release with missing agents, or abandon); the analyst
-    closing it is recorded (``closed_by``; the requester of a release the close makes)."""
+    closing it is recorded (``closed_by``; the requester of a release the close makes).
+
+    The ``Idempotency-Key`` (required) is also the library's close key (bound to the
+    principal): a retry that finds the service's own record lost to a crash after the close
+    committed answers the closed session (200), not 409 "already closed"."""
     from privcal.accountant.sessions import close_session
 
     _visible(request, p, sid)
 
     def run() -> tuple[int, Any]:
         return 200, close_session(_acct(request), sid, allow_missing=body.allow_missing,
-                                  abandon=body.abandon, requester=p.requester)
+                                  abandon=body.abandon, requester=p.requester,
+                                  idempotency_key=_lib_key(p, idempotency_key or ""))
 
     return idempotent(request, idempotency_key, {"sid": sid, **body.model_dump()}, run)
 

@@ -174,6 +174,15 @@ class SessionStore:
         return self.session_row(s, row.id, lock=True), ds
 
     @staticmethod
+    def session_by_open_key(s: Session, dataset_id: int, key: str) -> CollectionSession | None:
+        """The session of ``dataset_id`` whose state says it was opened under idempotency
+        ``key`` (``open_idempotency_key``: an open that made no charge to bind it), if any."""
+        return s.scalars(select(CollectionSession).where(
+            CollectionSession.dataset_id == dataset_id,
+            CollectionSession.state["open_idempotency_key"].as_string() == key)
+            .order_by(CollectionSession.id)).first()
+
+    @staticmethod
     def dataset_name(s: Session, dataset_id: int) -> str:
         """The name of dataset ``dataset_id``."""
         return str(s.scalar(select(Dataset.name).where(Dataset.id == dataset_id)))

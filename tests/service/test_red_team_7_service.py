@@ -29,3 +29,20 @@ def test_session_open_refuses_an_option_its_method_does_not_use(live: Any) -> No
         assert _sessions(live) == 0
         assert c.post("/v1/datasets/d/sessions", json=body).status_code == 201
     assert _sessions(live) == 1
+
+
+def test_an_unused_option_added_on_a_retry_is_another_request(live: Any) -> None:
+    """The open's fingerprint hashed the body with its defaults filled in, so a retry that
+    added ``"bins": 100`` to an ldp-score open was replayed (200) instead of refused: the
+    option slipped through unrefused. The body as sent is fingerprinted now."""
+    body = {"method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 2,
+            "group_size": 4}
+    with live.client("analyst") as c:
+        first = c.post("/v1/datasets/d/sessions", json=body, headers={"Idempotency-Key": "o1"})
+        assert first.status_code == 201, first.text
+        again = c.post("/v1/datasets/d/sessions", json=body, headers={"Idempotency-Key": "o1"})
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        r = c.post("/v1/datasets/d/sessions", json={**body, "bins": 100},
+                   headers={"Idempotency-Key": "o1"})
+        assert r.status_code == 409, r.text
+    assert _sessions(live) == 1

@@ -2,7 +2,8 @@
 it will need, and (shuffled, on an (ε, δ) dataset) charge the amplified central cost, in
 one transaction that also writes the session row and its ``session_open`` audit entry.
 With an idempotency key that charge is made under the key (its request digest is the open
-request's), and a retry returns the session it opened instead of charging again.
+request's), and a retry returns the session it opened instead of charging again; an open that
+makes no charge records its key in the session's state, and a retry returns that session.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from privcal.accountant.sessions.records import METHODS, SessionInfo
 from privcal.accountant.sessions.state import dump_protocol, info_of, number
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
+from privcal.calibrators.federated_agent import bin_grid
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.costs import ApproxDP, LocalDP
@@ -80,14 +82,16 @@ def open_session(
     the defaults of those it uses: ``lower`` 0, ``upper`` 1, ``bins`` 100, failure
     probability 0.001. Writes nothing on bad input.
 
-    ``idempotency_key`` (shuffled sessions: the ones charged when they open) binds the
-    central charge to this open request, as :meth:`Accountant.charge
-    <privcal.accountant.Accountant.charge>` binds a charge: a retry with the same key and
-    request returns the session that charge opened, charged once (e.g. after a crash before
-    the caller learned the session's id); another request under the key is an InvalidInput
-    naming it. A session that is not shuffled charges nothing when it opens and takes no key;
-    a shuffled one whose amplification does not improve on ε0 charges nothing centrally, and
-    its key is not recorded (a retry opens another session, charging nothing).
+    ``idempotency_key`` binds this open request: a retry with the same key and request
+    returns the session it opened (e.g. after a crash before the caller learned the
+    session's id), and another request under the key — or a key a charge was made under —
+    is an InvalidInput naming it. A shuffled session charged its amplified cost when it
+    opens binds the key to that central charge, as :meth:`Accountant.charge
+    <privcal.accountant.Accountant.charge>` binds a charge (charged once); a session that
+    charges nothing when it opens (not shuffled, or an amplification that does not improve
+    on ε0) records the key and the request's digest in its state (``open_idempotency_key``,
+    ``open_request_digest``: the ``session_open`` entry's state digest commits to them), where
+    a retry finds it (red team 7, C-1: a second session was opened).
     """
     from privcal.accountant.amplification import (
         check_shuffle_method,
@@ -103,11 +107,6 @@ def open_session(
         check_shuffle_method(method)
     requester = optional_text(requester, "requester")
     key = idempotency_key_text(idempotency_key)
-    if key is not None and not shuffled:
-        raise InvalidInput("an idempotency key binds the central charge of a shuffled session, "
-                           "made when it opens; this session is not shuffled and charges "
-                           "nothing when it opens (its subjects are charged per report): give "
-                           "no key")
     alpha = number(alpha, "α")
     if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
         delta = failure_probability
@@ -155,6 +154,10 @@ def open_session(
             plan: Fed2Plan | FedPlan = public(plan_fedcp2_qq)(
                 m, n, alpha, number(epsilon, "ε"), bins=number(bins, "bins", integer=True),
                 smax=number(upper, "upper"), lower=number(lower, "lower"))
+            # the agents' grid, as the run path builds it (red team 7): a grid the mechanism
+            # refuses (a step that overflows, or below float resolution) opened a session
+            # no message could ever answer
+            public(bin_grid)(plan)
             p = cal.Params.model_validate({"alpha": alpha, "epsilon": plan.epsilon,
                                            "bins": plan.bins, "lower": plan.lower,
                                            "upper": plan.smax})
@@ -198,15 +201,26 @@ def open_session(
         digest = request_digest({"kind": "session_open", "method": method, "params": params,
                                  "shape": shape.model_dump(mode="python"), "shuffled": True,
                                  "dataset": dataset, "cost": cost_json(central)})
+    elif key is not None:  # no charge to bind the key: the session's state records it
+        digest = request_digest({"kind": "session_open", "method": method, "params": params,
+                                 "shape": shape.model_dump(mode="python"),
+                                 "shuffled": bool(shuffled), "dataset": dataset, "cost": None})
+        state.update(open_idempotency_key=key, open_request_digest=digest)
 
     def tx(s: Session) -> SessionInfo:
         ds = accountant.ledger.lock_dataset(s, dataset)
-        if digest is not None:
-            assert key is not None
+        if key is not None:  # a retry: the session the key opened, or the key's error
             old = accountant.ledger.charge_by_key(s.connection(), ds.id, key)
-            if old is not None:  # a retry: the session its charge opened, or the key's error
+            if old is not None:
                 check_replay(old, key, digest, scope="dataset", same_cost=False)
                 return _opened_by(accountant, s, old, ds)
+            opened = accountant.ledger.session_by_open_key(s, ds.id, key)
+            if opened is not None:
+                if (opened.state or {}).get("open_request_digest") != digest:
+                    raise InvalidInput(f"idempotency key {key!r} was already used to open "
+                                       f"session {opened.id} with another request: use a new "
+                                       "key")
+                return info_of(accountant.ledger, s, opened, ds.name)
         t = now()
         row = accountant.ledger.insert_session(s, {
             "dataset_id": ds.id, "method": method, "params": params, "state": {},
@@ -216,7 +230,7 @@ def open_session(
         if central is not None:
             c = charge_in_session(accountant.ledger, s, ds, central,
                                   _PURPOSE.format(id=row.id, method=method), requester,
-                                  key if digest is not None else None, digest)
+                                  key, digest)
             st["central_charge_id"] = c.id
         accountant.ledger.update_session(s, row, state=st)
         accountant.ledger.append_audit(s, "session_open", {

@@ -42,6 +42,7 @@ def release_in_tx(
     threshold: float, params: dict[str, Any], shape: DataShape,
     privacy_extra: dict[str, Any] | None, diagnostics: dict[str, Any],
     at_close: bool = False, closed_by: str | None = None,
+    close_entry: dict[str, Any] | None = None,
 ) -> ReleaseRow:
     """Append the release (``record_release`` semantics) inside the batch's (or close's)
     transaction, tied to every charge of the session, and close the session as released;
@@ -53,7 +54,8 @@ def release_in_tx(
     is the closer's decision: its requester is the closer ``closed_by`` (None if the caller
     did not say who), its diagnostics state the opener as ``opened_by``, and the
     ``session_close`` entry names ``closed_by``. (Entries and releases written before
-    carry neither key; nothing checks their absence.)
+    carry neither key; nothing checks their absence.) ``close_entry``: more keys of that
+    entry (a keyed close's idempotency key and request digest).
     """
     reg = registry.get(row.method)
     cal = reg.calibrator
@@ -83,7 +85,7 @@ def release_in_tx(
         "session_id": row.id, "status": "released", "release_id": rel.id,
         "reports": int(row.state.get("total", 0)),
         "state_digest": keyed_state_digest(state_key, row.state),
-        **({"closed_by": closed_by} if at_close else {})})
+        **({"closed_by": closed_by} if at_close else {}), **(close_entry or {})})
     return rel
 
 
