@@ -21,6 +21,7 @@ from privcal.costs import ZCDP
 from privcal.errors import AuditFailed, InvalidInput, PlanRejected
 from privcal.storage.sessions import CollectionSession
 from privcal.storage.tokens import audit_entries
+from tests.test_red_team_7_sessions import _fed_two_of_three
 
 
 def _entries(acct: Accountant, kind: str, sid: int) -> list[dict[str, Any]]:
@@ -38,17 +39,6 @@ def _ldp(acct: Accountant) -> int:
         acct.create_dataset("u", rho=1, subject_epsilon=10)
     return S.open_session(acct, "ldp-score", dataset="u", alpha=0.1, epsilon=2.0, rounds=2,
                           group_size=50).id
-
-
-def _fed_two_of_three(acct: Accountant) -> int:
-    if "h" not in {d.name for d in acct.datasets()}:
-        acct.create_dataset("h", epsilon=1, subject_epsilon=10)
-    sid = S.open_session(acct, "fedcp2-qq", dataset="h", alpha=0.2, epsilon=2.0, agents=3,
-                         local_n=200, bins=20, upper=1.0).id
-    grid = S.session_status(acct, sid).grid
-    assert grid is not None
-    S.submit_reports(acct, sid, ["a0", "a1"], [grid["lower"] + 10 * grid["step"]] * 2)
-    return sid
 
 
 def test_a_keyed_abandon_retried_returns_the_closed_session(accountant: Accountant) -> None:

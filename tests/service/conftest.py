@@ -119,4 +119,15 @@ def open_fed(lv: Live, *, agents: int = 3) -> int:
         return int(r.json()["id"])
 
 
+def answer_fed(lv: Live, sid: int, agents: tuple[str, ...] = ("a0", "a1")) -> None:
+    """``agents`` of federated session ``sid`` each send the grid's 11th point."""
+    with lv.client(token=lv.token("agent", session=sid, agent=agents[0])) as c:
+        grid = c.get(f"/v1/sessions/{sid}").json()["grid"]
+    for a in agents:
+        with lv.client(token=lv.token("agent", session=sid, agent=a)) as c:
+            r = c.put(f"/v1/sessions/{sid}/messages",
+                      json={"value": grid["lower"] + 10 * grid["step"]})
+            assert r.status_code == 201, r.text
+
+
 EXPIRED = timedelta(seconds=1)

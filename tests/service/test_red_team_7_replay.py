@@ -19,7 +19,7 @@ import pytest
 
 import privcal.storage.tokens as tokens
 from privcal.accountant import sessions as S
-from tests.service.conftest import Live, open_fed, open_ldp
+from tests.service.conftest import Live, answer_fed, open_fed, open_ldp
 
 
 @pytest.fixture
@@ -104,13 +104,7 @@ def test_an_abandon_retried_after_a_crash_answers_the_closed_session(
 def test_a_release_at_close_retried_after_a_crash_answers_its_release(
         live: Live, crashed: list[str]) -> None:
     sid = open_fed(live, agents=3)
-    with live.client(token=live.token("agent", session=sid, agent="a0")) as c:
-        grid = c.get(f"/v1/sessions/{sid}").json()["grid"]
-    for a in ("a0", "a1"):
-        with live.client(token=live.token("agent", session=sid, agent=a)) as c:
-            r = c.put(f"/v1/sessions/{sid}/messages",
-                      json={"value": grid["lower"] + 10 * grid["step"]})
-            assert r.status_code == 201, r.text
+    answer_fed(live, sid)
     _post_and_die(live, live.tokens["analyst"], f"/v1/sessions/{sid}/close",
                   {"allow_missing": True}, "rel")
     assert crashed == ["rel"]

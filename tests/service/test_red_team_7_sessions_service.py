@@ -17,7 +17,7 @@ from sqlalchemy import select
 from privcal.storage import pseudonyms
 from privcal.storage.audit import canonical
 from privcal.storage.sessions import CollectionSession
-from tests.service.conftest import Live, open_fed
+from tests.service.conftest import Live, answer_fed, open_fed
 
 BITS = [1, 0, 0, 1, 1, 0]
 
@@ -75,13 +75,7 @@ def test_auditor_cannot_read_a_forwarded_report_bit_off_the_log(live: Live) -> N
 
 def test_close_by_another_analyst_is_recorded_as_hers(live: Live) -> None:
     sid = open_fed(live, agents=3)  # opened by ann
-    with live.client(token=live.token("agent", session=sid, agent="a0")) as c:
-        grid = c.get(f"/v1/sessions/{sid}").json()["grid"]
-    for a in ("a0", "a1"):
-        with live.client(token=live.token("agent", session=sid, agent=a)) as c:
-            r = c.put(f"/v1/sessions/{sid}/messages",
-                      json={"value": grid["lower"] + 10 * grid["step"]})
-            assert r.status_code == 201, r.text
+    answer_fed(live, sid)
     carol = live.token("analyst", name="carol", datasets=["d"])
     with live.client(token=carol) as c:
         r = c.post(f"/v1/sessions/{sid}/close", json={"allow_missing": True},
