@@ -27,10 +27,18 @@ from privcal.errors import InvalidInput
 __all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "parse_cost"]
 
 
+def _np_float(value: object) -> bool:
+    """Whether ``value`` is a numpy floating scalar (without importing numpy here)."""
+    return type(value).__module__ == "numpy" and hasattr(value, "is_integer") \
+        and not isinstance(value, int) and type(value).__name__.startswith("float")
+
+
 def _exact(value: object) -> Decimal:
-    """A float as the decimal a person typed (its shortest repr), never its binary expansion."""
-    if isinstance(value, float):
-        value = repr(value)
+    """A float as the decimal a person typed (its shortest repr), never its binary expansion.
+    A numpy float is the float it holds (NumPy 2's repr is ``np.float64(0.1)``, and a
+    float32's str, ``0.1``, is less than the 0.10000000149… it holds: red team 7)."""
+    if isinstance(value, float) or _np_float(value):
+        value = repr(float(value))  # type: ignore[arg-type]
     if isinstance(value, bool) or (isinstance(value, str) and "_" in value):
         # Decimal("1_0") is 10 and True is 1: neither is an amount anyone meant
         raise ValueError(f"not a number: {value!r}")

@@ -351,3 +351,57 @@ def test_a_federated_session_with_a_grid_agents_cannot_use_does_not_open(
     with pytest.raises(InvalidInput, match=r"grid|float"):
         S.open_session(acct, "fedcp2-qq", dataset="d", **{**FED2, **grid})
     assert _state(acct) == before
+
+
+def test_numpy_amounts_are_the_floats_they_hold() -> None:
+    """NumPy 2 spells ``repr(np.float64(0.1))`` "np.float64(0.1)": a budget or a charge of
+    one was refused as not a number; a float32's ``str`` (0.1) is less than the value it
+    holds (0.10000000149…), so it is charged as that value, never less."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    from privcal.costs import ZCDP, LocalDP
+
+    acct = Accountant("sqlite://")
+    acct.create_dataset("x", rho=np.float64(0.1))
+    assert acct.budget("x").cap == {"rho": Decimal("0.1")}
+    assert ZCDP(np.float64(0.1)).rho == Decimal("0.1")
+    assert ZCDP(np.float32(0.1)).rho == Decimal("0.10000000149011612")
+    acct.create_dataset("y", epsilon=1, subject_epsilon=2)
+    acct.charge_subjects("y", np.float64(0.5), ["u1"])
+    assert acct.subject_spend("y", "u1") == Decimal("0.5")
+    assert LocalDP(eps0=np.float64(0.5)).eps0 == Decimal("0.5")
+
+
+BIG = 10**400  # an int no float holds
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: S.open_session(a, "ldp-score", dataset="d", alpha=BIG, epsilon=1, rounds=2,
+                             group_size=2),
+    lambda a: S.open_session(a, "ldp-score", dataset="d", alpha=0.1, epsilon=BIG, rounds=2,
+                             group_size=2),
+    lambda a: S.open_session(a, "ldp-score", dataset="d", alpha=0.1, epsilon=1, rounds=2,
+                             group_size=2**62),  # reached the audit entry's JSON
+    lambda a: a.calibrate("pcoqs", dataset="d", alpha=0.1, rho=0.1, scores=[0.5] * 300,
+                          score_range=(0, BIG)),
+    lambda a: __import__("privcal.client", fromlist=["x"]).binary_rr(True, BIG),
+    lambda a: __import__("privcal.client", fromlist=["x"]).krr(1, BIG, 1.0),
+    lambda a: __import__("privcal.calibrators.advisor", fromlist=["x"]).advise(
+        2**63, 5, 1.0, 0.1),  # hung in scipy's binom.isf
+    lambda a: __import__("privcal.calibrators.advisor_central", fromlist=["x"]).advise_central(
+        "exponq", 0.1, n=1000, epsilon=1e308),  # scanned to 10⁹ for minutes, then was wrong
+    lambda a: __import__("privcal", fromlist=["x"]).Release.load("a\x00"),
+])
+def test_edge_numbers_and_paths_are_one_line_errors(call: Any) -> None:
+    """Found by fuzzing the public API (red team 7, G): each raised OverflowError,
+    TypeError, ValueError or an RFC 8785 error, or ran for minutes; each is a one-line
+    InvalidInput now, and nothing is written."""
+    acct = Accountant("sqlite://")
+    acct.create_dataset("d", rho=1, subject_epsilon=5)
+    before = _state(acct)
+    with pytest.raises(InvalidInput) as exc:
+        call(acct)
+    assert "\n" not in str(exc.value)
+    assert _state(acct) == before

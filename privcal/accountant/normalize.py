@@ -15,7 +15,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from privcal.accountant import privacy as acc
-from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float
 from privcal.errors import InvalidInput, check_text
 from privcal.storage.audit import canonical, threshold_str
 
@@ -52,7 +52,8 @@ def parse_amount(
     if isinstance(value, str) and "_" in value:  # Decimal("1_0") is 10: a typo, not a number
         raise InvalidInput(f"{what} must be a number, got {value!r}")
     try:
-        d = Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value).strip())
+        d = (Decimal(repr(float(value))) if isinstance(value, float) or _np_float(value)
+             else Decimal(str(value).strip()))
     except (InvalidOperation, ValueError) as exc:
         raise InvalidInput(f"{what} must be a number, got {value!r}") from exc
     if not d.is_finite():

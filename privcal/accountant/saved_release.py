@@ -54,9 +54,10 @@ def load_release(cls: type[M], source: str | bytes | os.PathLike[str]) -> M:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise InvalidInput(f"no release file {path}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"cannot read the release file {path}: {exc}") from None
+            raise InvalidInput(f"no release file {str(path)!r:.200}") from None
+        except (OSError, UnicodeError, ValueError) as exc:  # a NUL or lone surrogate in it
+            raise InvalidInput(f"cannot read the release file {str(path)!r:.200}: {exc}"
+                               ) from None
     else:
         raise InvalidInput("Release.load takes a JSON string or a file path, got "
                            f"{type(source).__name__}")

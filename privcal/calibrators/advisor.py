@@ -52,6 +52,10 @@ __all__ = [
 Bound = Literal["proven", "paper"]
 
 
+#: the largest n and T advice is computed for
+MAX_N, MAX_ROUNDS = 10**12, 10**4
+
+
 def _check(
     n: int | None = None,
     k: int | None = None,
@@ -64,12 +68,14 @@ def _check(
     def bad_int(v: object, lo: int) -> bool:
         return isinstance(v, bool) or not isinstance(v, int) or v < lo
 
-    if n is not None and bad_int(n, 1):
-        raise InvalidInput(f"n must be an integer ≥ 1, got {n!r}")
+    # the upper ends are the service's (routes_plans): beyond them the exact tails run for
+    # minutes or overflow (red team 7: `advise --n 2**63` hung in scipy's binom.isf)
+    if n is not None and (bad_int(n, 1) or n > MAX_N):
+        raise InvalidInput(f"n must be an integer in [1, 10¹²], got {n!r:.40}")
     if k is not None and bad_int(k, 2):
-        raise InvalidInput(f"k must be an integer ≥ 2, got {k!r}")
-    if rounds is not None and bad_int(rounds, 1):
-        raise InvalidInput(f"rounds must be an integer ≥ 1, got {rounds!r}")
+        raise InvalidInput(f"k must be an integer ≥ 2, got {k!r:.40}")
+    if rounds is not None and (bad_int(rounds, 1) or rounds > MAX_ROUNDS):
+        raise InvalidInput(f"rounds must be an integer in [1, 10⁴], got {rounds!r:.40}")
     if eps is not None and not (math.isfinite(eps) and eps > 0):
         raise InvalidInput(f"ε must be a finite number > 0, got {eps!r}")
     if delta is not None and not (0 < delta < 1):

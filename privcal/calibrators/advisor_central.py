@@ -31,6 +31,10 @@ __all__ = ["CentralAdvice", "advise_central", "min_n_exponq", "min_n_pcoqs"]
 N_LIMIT = 10**9
 
 
+#: the largest ε ExponQ advice is computed for
+MAX_EXPONQ_EPSILON = 1e6
+
+
 def _pcoqs_rank(params: PCOQSParams, n: int) -> int:
     return PCOQS()._plan(params, n)[2]
 
@@ -158,6 +162,12 @@ def advise_central(
         elif method == "exponq":
             if epsilon is None:
                 raise InvalidInput("advise --method exponq needs --epsilon")
+            if isinstance(epsilon, int | float) and not isinstance(epsilon, bool) \
+                    and epsilon > MAX_EXPONQ_EPSILON:
+                # past it b² overflows and q̃ is NaN: the search scanned to 10⁹ for minutes
+                # and answered "needs more than 10⁹ scores" (red team 7)
+                raise InvalidInput(f"advise computes ExponQ for ε ≤ 10⁶, got {epsilon:g} (at "
+                                   "such an ε a handful of scores suffice)")
             ep = ExponQParams(alpha=alpha, epsilon=epsilon, lower=lower, upper=upper)
             n_min = min_n_exponq(ep)
             details = {}

@@ -71,8 +71,9 @@ class ThresholdTable:
             shown = ", ".join(f"{a:g}" for a in self.levels)
             raise InvalidInput(f"this release has {len(self.levels)} levels α ({shown}): "
                                "choose one (alpha=…, --alpha)")
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
-            raise InvalidInput(f"alpha must be a number, got {alpha!r:.40}")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) \
+                or not 0 < alpha < 1:  # (also an int too big for a float: red team 7)
+            raise InvalidInput(f"alpha must be a number in (0, 1), got {alpha!r:.40}")
         for j, a in enumerate(self.levels):
             if math.isclose(a, float(alpha), rel_tol=1e-12, abs_tol=1e-15):
                 return j
@@ -304,7 +305,7 @@ def release_sets(
         raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
     own = (release.params or {}).get("alpha")
     if alpha is not None and not (isinstance(own, int | float) and isinstance(alpha, int | float)
-                                  and math.isclose(own, alpha)):
+                                  and 0 < alpha < 1 and math.isclose(own, alpha)):
         raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
     return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)
 

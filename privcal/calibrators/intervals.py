@@ -72,7 +72,7 @@ def release_thresholds(release: Any, n: int, *, alpha: float | None = None,
             raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
         own = (release.params or {}).get("alpha")
         if alpha is not None and not (isinstance(alpha, int | float)
-                                      and isinstance(own, int | float)
+                                      and isinstance(own, int | float) and 0 < alpha < 1
                                       and math.isclose(own, alpha)):
             raise InvalidInput(f"release {release.id} is at the one level α = {own}, "
                                f"not {alpha}")

@@ -57,7 +57,7 @@ def parse_score_range(value: Any) -> tuple[float, float]:
         try:
             lo, hi = value
             pair = (float(lo), float(hi))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise InvalidInput(f"score_range must be a pair (lo, hi), got {value!r:.60}") from None
     lo, hi = pair
     if not (math.isfinite(lo) and math.isfinite(hi)):

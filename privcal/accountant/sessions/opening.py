@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["open_session"]
 
+#: the most reports an ldp-score session may plan (rounds × group size): far beyond any
+#: population, and within what its audit entry's JSON (RFC 8785: integers < 2⁵³) can hold
+MAX_SESSION_REPORTS = 10**12
 #: the purpose of a shuffled session's central charge: it names the session it opened
 _PURPOSE = "session {id}: {method} (shuffled, amplified central cost)"
 _PURPOSE_ID = re.compile(r"^session (\d+): ")
@@ -134,6 +137,11 @@ def open_session(
         for name, v in (("epsilon", epsilon), ("rounds", rounds), ("group size", group_size)):
             if v is None:
                 raise InvalidInput(f"ldp-score sessions need --{name.replace(' ', '-')}")
+        t_, g_ = number(rounds, "rounds", integer=True), number(group_size, "group size",
+                                                                integer=True)
+        if t_ * g_ > MAX_SESSION_REPORTS:  # 2**62 reached the audit entry's JSON (red team 7)
+            raise InvalidInput(f"an ldp-score session takes at most 10¹² reports (rounds × "
+                               f"group size), got {t_} × {g_}")
         proto = public(LdpScoreProtocol.open)(
             alpha=alpha, epsilon=number(epsilon, "ε"),
             rounds=number(rounds, "rounds", integer=True),

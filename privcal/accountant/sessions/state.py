@@ -54,7 +54,7 @@ def number(value: Any, what: str, *, integer: bool = False) -> Any:
         return int(value)
     try:
         v = float(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # 10**400: too big for a float
         raise InvalidInput(f"{what} must be a number, got {value!r}") from exc
     if not math.isfinite(v):
         raise InvalidInput(f"{what} must be finite, got {value!r}")

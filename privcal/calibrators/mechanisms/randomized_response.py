@@ -44,15 +44,18 @@ __all__ = [
 def _check_eps(eps: Any) -> float:
     if isinstance(eps, bool) or not isinstance(eps, int | float | np.integer | np.floating):
         raise InvalidInput(f"ε must be a number, got {eps!r}")
-    e = float(eps)
+    try:
+        e = float(eps)
+    except OverflowError:  # an int too big for a float (10**400)
+        raise InvalidInput(f"ε must be a finite number > 0, got {eps!r:.40}") from None
     if not (math.isfinite(e) and e > 0):
         raise InvalidInput(f"ε must be a finite number > 0, got {eps!r}")
     return e
 
 
 def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 2:
-        raise InvalidInput(f"k (number of classes) must be an integer ≥ 2, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 2 <= k <= 10**9:
+        raise InvalidInput(f"k (number of classes) must be an integer in [2, 10⁹], got {k!r:.40}")
     return int(k)
 
 
