@@ -48,14 +48,13 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.bound_floats import text_at_most
 from privcal.calibrators.wrapped import (
+    WordedWrapper,
     WrappedCalibrator,
     WrappedParams,
     check_wrappable,
     inner_dump,
     params_class,
     put_details,
-    worded_guarantee_as,
-    worded_legacy_params,
 )
 from privcal.errors import InvalidInput
 
@@ -137,7 +136,7 @@ def level_bounds(g: CoverageGuarantee,
             for a in alphas]
 
 
-class Levels(WrappedCalibrator):
+class Levels(WordedWrapper):
     """METHOD at several levels at once (see the module docstring)."""
 
     version: str
@@ -170,22 +169,9 @@ class Levels(WrappedCalibrator):
             raise InvalidInput(f"{self.inner.name} is private at some levels only")
         return sum(costs)  # type: ignore[arg-type]
 
-    #: the wrapper version whose wording :meth:`guarantee` writes (:meth:`guarantee_as`)
-    _wording: str = LEVELS_VERSION
-
-    @property
-    def legacy_params(self) -> dict[str, dict[str, object]]:
-        """The inner method's older versions under this wrapper's version, and every inner
-        version under each older version of this wrapper: ``audit verify`` recomputes a
-        release of any of them by its own formula and wording."""
-        return worded_legacy_params(self.inner, LEVELS_VERSION, _OLDER)
-
-    def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
-        """The guarantee as levels ``version`` (``"<own>/<inner version>"``) recorded it: the
-        inner method's by its version's formula, stated in this wrapper's wording of then.
-        A bare inner version (as :meth:`WrappedCalibrator.guarantee_as` takes it) is stated
-        in the installed wording."""
-        return worded_guarantee_as(self, LEVELS_VERSION, _OLDER, version, params, shape)
+    own_version = LEVELS_VERSION
+    older_versions = _OLDER
+    _wording = LEVELS_VERSION
 
     def _level_text(self, g: CoverageGuarantee) -> str:
         """``coverage ≥ L[ w.p. ≥ P]`` of one level, in this wrapper's wording."""

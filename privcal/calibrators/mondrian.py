@@ -71,15 +71,13 @@ from privcal.calibrators.base import (
 from privcal.calibrators.bound_floats import float_at_least, text_at_most
 from privcal.calibrators.levels import level_bounds
 from privcal.calibrators.wrapped import (
-    WrappedCalibrator,
+    WordedWrapper,
     WrappedParams,
     check_wrappable,
     inner_dump,
     max_cost,
     params_class,
     put_details,
-    worded_guarantee_as,
-    worded_legacy_params,
 )
 from privcal.errors import InvalidInput
 
@@ -183,7 +181,7 @@ def _rows(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:
     })
 
 
-class Mondrian(WrappedCalibrator):
+class Mondrian(WordedWrapper):
     """METHOD per group, charged once (see the module docstring)."""
 
     version: str
@@ -255,22 +253,9 @@ class Mondrian(WrappedCalibrator):
             raise InvalidInput(f"{self.inner.name} is private for some groups only")
         return max_cost(costs)
 
-    #: the wrapper version whose wording :meth:`guarantee` writes (:meth:`guarantee_as`)
-    _wording: str = MONDRIAN_VERSION
-
-    @property
-    def legacy_params(self) -> dict[str, dict[str, object]]:
-        """The inner method's older versions under this wrapper's version, and every inner
-        version under each older version of this wrapper: ``audit verify`` recomputes a
-        release of any of them by its own formula and wording."""
-        return worded_legacy_params(self.inner, MONDRIAN_VERSION, _OLDER)
-
-    def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
-        """The guarantee as Mondrian ``version`` (``"<own>/<inner version>"``) recorded it:
-        the inner method's by its version's formula, stated in this wrapper's wording of
-        then (1.0.0: a several-level release's smallest α only). A bare inner version (as
-        :meth:`WrappedCalibrator.guarantee_as` takes it) is stated in the installed wording."""
-        return worded_guarantee_as(self, MONDRIAN_VERSION, _OLDER, version, params, shape)
+    own_version = MONDRIAN_VERSION
+    older_versions = _OLDER
+    _wording = MONDRIAN_VERSION
 
     def guarantee(self, params: MondrianParams, shape: DataShape) -> CoverageGuarantee:
         """Each group's guarantee at its n_g (in details); headline: the smallest lower

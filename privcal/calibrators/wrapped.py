@@ -155,35 +155,43 @@ class WrappedCalibrator:
         return twin.guarantee(params, shape)  # type: ignore[attr-defined, no-any-return]
 
 
-def worded_legacy_params(inner: Any, own_version: str,
-                         older: tuple[str, ...]) -> dict[str, dict[str, object]]:
-    """``legacy_params`` of a wrapper whose wording has versions (:func:`worded_guarantee_as`):
-    the inner method's older versions under the installed ``own_version``, and every inner
-    version under each ``older`` one, so ``audit verify`` recomputes a release of any of them
-    by its own formula and wording."""
-    versions = {inner.version: {}, **getattr(inner, "legacy_params", {})}
-    out = {f"{own_version}/{v}": p for v, p in versions.items() if v != inner.version}
-    for own in older:
-        out.update({f"{own}/{v}": p for v, p in versions.items()})
-    return out
+class WordedWrapper(WrappedCalibrator):
+    """A wrapper whose *wording* has versions (levels, Mondrian): its recorded version is
+    ``"<own>/<inner version>"``, ``own`` the installed :attr:`own_version` or one of the
+    :attr:`older_versions`, and :meth:`guarantee` writes the wording of :attr:`_wording`."""
 
+    #: the installed version of the wrapper's own wording, and its older ones
+    own_version: str
+    older_versions: tuple[str, ...] = ()
+    #: the wrapper version whose wording :meth:`guarantee` writes (:meth:`guarantee_as`)
+    _wording: str
 
-def worded_guarantee_as(wrapper: Any, own_version: str, older: tuple[str, ...], version: str,
-                        params: Any, shape: Any) -> CoverageGuarantee:
-    """:meth:`WrappedCalibrator.guarantee_as` for a wrapper whose *wording* has versions
-    (levels, Mondrian): ``version`` is ``"<own>/<inner version>"``, ``own`` the wrapper's
-    installed ``own_version`` or one of its ``older`` ones; the inner method's guarantee by
-    its version's formula, stated in the wrapper's wording of then (``_wording``). A bare
-    inner version is stated in the installed wording."""
-    twin = copy.copy(wrapper)
-    known = {wrapper.inner.version, *getattr(wrapper.inner, "legacy_params", {})}
-    for own in (own_version, *older):
-        inner_version = version.removeprefix(f"{own}/")
-        if inner_version != version and inner_version in known:
-            twin._wording = own
-            version = f"{own_version}/{inner_version}"
-            break
-    return WrappedCalibrator.guarantee_as(twin, version, params, shape)
+    @property
+    def legacy_params(self) -> dict[str, dict[str, object]]:
+        """The inner method's older versions under the installed version, and every inner
+        version under each older version of the wrapper: ``audit verify`` recomputes a
+        release of any of them by its own formula and wording."""
+        inner = self.inner
+        versions = {inner.version: {}, **getattr(inner, "legacy_params", {})}
+        out = {f"{self.own_version}/{v}": p for v, p in versions.items() if v != inner.version}
+        for own in self.older_versions:
+            out.update({f"{own}/{v}": p for v, p in versions.items()})
+        return out
+
+    def guarantee_as(self, version: str, params: Any, shape: Any) -> CoverageGuarantee:
+        """The guarantee as wrapper ``version`` recorded it: the inner method's by its
+        version's formula, stated in the wrapper's wording of then. A bare inner version
+        (as :meth:`WrappedCalibrator.guarantee_as` takes it) is stated in the installed
+        wording."""
+        twin = copy.copy(self)
+        known = {self.inner.version, *getattr(self.inner, "legacy_params", {})}
+        for own in (self.own_version, *self.older_versions):
+            inner_version = version.removeprefix(f"{own}/")
+            if inner_version != version and inner_version in known:
+                twin._wording = own
+                version = f"{self.own_version}/{inner_version}"
+                break
+        return WrappedCalibrator.guarantee_as(twin, version, params, shape)
 
 
 class _AsVersion:
