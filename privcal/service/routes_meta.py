@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ from privcal.service.bound_tokens import create_bound_token
 from privcal.service.common import doc, public
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
+from privcal.storage.token_secrets import is_token_id
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -121,6 +121,6 @@ def token_revoke(token_id: str, request: Request) -> dict[str, Any]:
     """Revoke a token now."""
     from privcal.storage.tokens import revoke_token
 
-    if not re.fullmatch("[0-9a-f]{16}", token_id):  # not a token id (a NUL, …): none such
+    if not is_token_id(token_id):  # not a token id (a NUL, …): none such
         raise ProblemError(404, "not-found", "Not found", "unknown token")
     return doc(revoke_token(request.app.state.accountant.ledger, token_id))

@@ -38,6 +38,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Scope
 
 from privcal.errors import AuditFailed, PrivcalError
+from privcal.storage.token_secrets import TOKEN_ID
 
 if TYPE_CHECKING:
     from privcal.storage.tokens import TokenInfo
@@ -57,7 +58,7 @@ UI_SESSION = 12 * 3600
 #: Cookie headers longer than this in all are ignored (the page asks to log in): the UI's
 #: credential is 71 bytes, and a browser's cookie is at most 4 KiB
 COOKIE_HEADER_MAX = 8 * 1024
-_CREDENTIAL = re.compile(rb"([0-9a-f]{16})\.([0-9]{10})\.([A-Za-z0-9_-]{43})")
+_CREDENTIAL = re.compile(rf"({TOKEN_ID})\.([0-9]{{10}})\.([A-Za-z0-9_-]{{43}})".encode())
 _MAC_LABEL = b"privcal ui session v1\x00"
 #: the label the MAC key is derived under (NUL: never a subject id's UTF-8)
 _KEY_LABEL = b"privcal ui cookie key v2\x00"

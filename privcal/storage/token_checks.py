@@ -6,7 +6,6 @@ check of the token its session credential names (:func:`active_token`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any, NamedTuple
@@ -15,7 +14,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from privcal.storage.audit import now
-from privcal.storage.token_secrets import active, usable
+from privcal.storage.token_secrets import active, is_token_id, usable
 from privcal.storage.tokens import ApiToken, TokenInfo, _info
 
 __all__ = ["DeviceGrant", "active_token", "check_presented"]
@@ -81,7 +80,7 @@ def active_token(ledger: Any, token_id: str) -> TokenInfo | None:
     checked its MAC (the web UI's session cookie, :mod:`privcal.service.ui`), so a revoked
     or expired token ends that session at its next request."""
     tid = str(token_id)
-    if not re.fullmatch("[0-9a-f]{16}", tid):
+    if not is_token_id(tid):
         return None
     with ledger.read() as s:
         row = s.get(ApiToken, tid)

@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import UTC, datetime
 
-__all__ = ["DUMMY_HASH", "active", "new_secret", "usable"]
+__all__ = ["DUMMY_HASH", "TOKEN_ID", "active", "is_token_id", "new_secret", "usable"]
 
 #: compared against a presented secret whose token id is unknown, so that the time taken
 #: does not say whether the id exists
 DUMMY_HASH = hashlib.sha256(b"privcal: no such token").hexdigest()
+
+
+#: a token id's form (:func:`new_secret`: 8 random bytes in lower-case hex), as a pattern
+TOKEN_ID = "[0-9a-f]{16}"
+_TOKEN_ID = re.compile(TOKEN_ID)
+
+
+def is_token_id(text: str) -> bool:
+    """Whether ``text`` has a token id's form: anything else (a NUL, which PostgreSQL
+    refuses in text, …) names no token and is never looked up."""
+    return _TOKEN_ID.fullmatch(text) is not None
 
 
 def new_secret() -> tuple[str, str, str]:

@@ -42,7 +42,7 @@ from privcal.storage.models import AuditEntry, Base
 from privcal.storage.pseudonyms import BATCH_IDS_PG
 from privcal.storage.records import UTCDateTime
 from privcal.storage.sessions import SessionReport
-from privcal.storage.token_secrets import DUMMY_HASH, new_secret, usable
+from privcal.storage.token_secrets import DUMMY_HASH, TOKEN_ID, is_token_id, new_secret, usable
 
 __all__ = ["ROLES", "ApiToken", "IdemOutcome", "IdempotencyRecord", "NewToken", "TokenInfo",
            "audit_entries", "authenticate", "create_token", "finish_idempotent",
@@ -52,7 +52,7 @@ __all__ = ["ROLES", "ApiToken", "IdemOutcome", "IdempotencyRecord", "NewToken", 
 Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
 ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
 TOKEN_PREFIX = "pcl_"
-_TOKEN_RE = re.compile(r"^pcl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+_TOKEN_RE = re.compile(rf"^pcl_({TOKEN_ID})_([A-Za-z0-9_-]{{43}})$")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: a pending reservation older than this is taken over by a retry (its request died)
 PENDING_TTL = timedelta(minutes=5)
@@ -211,7 +211,7 @@ def revoke_token(ledger: Any, token_id: str) -> TokenInfo:
     """Revoke now (idempotent: revoking a revoked token keeps its first revocation time)."""
     def tx(s: Session) -> TokenInfo:
         tid = str(token_id)
-        row = s.get(ApiToken, tid) if re.fullmatch("[0-9a-f]{16}", tid) else None  # NUL: PG
+        row = s.get(ApiToken, tid) if is_token_id(tid) else None
         if row is None:
             raise NotFound(f"unknown token {token_id!r}")
         if row.revoked_at is None:
