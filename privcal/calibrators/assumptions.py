@@ -1,0 +1,56 @@
+"""What each method's coverage guarantee assumes of the data, which privcal cannot check.
+
+Every coverage guarantee of conformal prediction rests on how the calibration points and
+the test point were drawn. The marginal guarantees of split conformal, P-COQS and ExponQ
+need only that they be **exchangeable**; the guarantees that hold "with probability ≥ 1−δ
+over the calibration data" (LDP-CP-L, LDP-CP-S: DKW–Massart and binomial tails) and the
+federated ones (FedCP-QQ, FedCP²-QQ: Humbert et al., i.i.d. scores across agents) are
+proven for **i.i.d.** draws from one distribution — so agents whose populations differ
+(two hospitals) are outside FedCP's guarantee. Each module's docstring gives the theorem;
+this is the one place the assumption is worded for people (``calibrate``, ``release show``,
+the quickstart). The recorded statement is not changed: releases recorded before keep
+verifying.
+
+A plugin states its own with a class attribute ``assumes`` (a phrase, as below); one that
+does not is shown as stating none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ASSUMES", "data_assumption"]
+
+_EXCHANGEABLE = "the calibration points and the test point are exchangeable (i.i.d. is enough)"
+_IID_USERS = "the users' (x, y) and the test point are i.i.d. draws from one distribution"
+
+#: built-in method → what its coverage guarantee assumes of the data
+ASSUMES: dict[str, str] = {
+    "split": _EXCHANGEABLE,
+    "pcoqs": _EXCHANGEABLE,
+    "exponq": _EXCHANGEABLE,
+    "ldp-label": _IID_USERS,
+    "ldp-score": _IID_USERS + ", and which round a user answers does not depend on its "
+                 "(x, y) (privcal draws the rounds at random when it simulates the users)",
+    "fedcp-qq": "every agent's scores and the test point are i.i.d. draws from one distribution "
+                "(agents whose populations differ are outside the guarantee)",
+    "fedcp2-qq": "every agent's scores and the test point are i.i.d. draws from one "
+                 "distribution (agents whose populations differ are outside the guarantee)",
+}
+
+
+def data_assumption(calibrator: Any) -> str | None:
+    """What ``calibrator``'s coverage guarantee assumes of the data, as a phrase; None for a
+    plugin that states nothing (its own ``assumes`` attribute, if it has one, is used).
+    Wrappers: levels assume what their method does; Mondrian assumes it within each group
+    (the guarantee is conditional on the group)."""
+    own = getattr(calibrator, "assumes", None)
+    if isinstance(own, str) and own:
+        return own
+    inner = getattr(calibrator, "inner", None)
+    if inner is not None:
+        found = data_assumption(inner)
+        if found is None or not getattr(calibrator, "name", "").startswith("mondrian"):
+            return found
+        return f"within each group, {found}"
+    return ASSUMES.get(getattr(calibrator, "name", None))  # type: ignore[arg-type]
