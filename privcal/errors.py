@@ -13,6 +13,7 @@ codec encodes a lone surrogate, and no SQL integer holds 2⁷⁰).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
@@ -123,6 +124,22 @@ def numeric_edge(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
 # ------------------------------------------ argument checks: storable everywhere, or an error above
 #: the largest id an SQL ``BIGINT`` (and SQLite's INTEGER) holds
 MAX_ROW_ID = 2**63 - 1
+
+
+#: the characters that reorder text on screen (Unicode's bidirectional embeddings,
+#: overrides, isolates and marks): in a name (a dataset's, a token's) they would make it
+#: print as another (``"\u202eadmin"`` shows reversed, and so does what follows it in a
+#: table, the audit report or the web UI), so names refuse them (red team 8)
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def bidi_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a name because of a bidirectional control, or None."""
+    found = BIDI_CONTROLS.search(value)
+    if found is None:
+        return None
+    return (f"contains the bidirectional control U+{ord(found.group()):04X}, which reorders "
+            "the text around it on screen")
 
 
 def utf8_problem(value: str) -> str | None:

@@ -26,7 +26,7 @@ from privcal.accountant.policy import (
 )
 from privcal.accountant.results import BudgetReport, DatasetInfo, SpentReport, SubjectSummary
 from privcal.calibrators.validation import id_strings
-from privcal.errors import InvalidInput, check_text
+from privcal.errors import InvalidInput, bidi_problem, check_text
 from privcal.storage import Ledger
 from privcal.storage.audit import dataset_doc, now
 from privcal.storage.models import MAX_SUBJECT_UNITS, SUBJECT_UNIT, cap_units, units_eps
@@ -205,7 +205,8 @@ def subject_summary(ledger: Ledger, name: str) -> SubjectSummary:
 def _check_addressable(name: str) -> None:
     """A new dataset's name must name it everywhere it is used: as one path segment of the
     service's ``/v1/datasets/{name}`` (no ``/``, not ``.`` or ``..``), in a header and a
-    one-line message (no control characters), and as one spelling (NFC, as subject ids:
+    one-line message (no control characters, no bidirectional controls: they would make
+    it print as another name, red team 8), and as one spelling (NFC, as subject ids:
     ``é`` typed two ways would be two datasets that print alike) (red team 5)."""
     import unicodedata
 
@@ -214,5 +215,7 @@ def _check_addressable(name: str) -> None:
                            "(it is one segment of the service's URLs)")
     if any(unicodedata.category(ch) == "Cc" for ch in name):
         raise InvalidInput(f"dataset name {name!r} contains a control character")
+    if (bidi := bidi_problem(name)) is not None:
+        raise InvalidInput(f"dataset name {name!r:.60} {bidi}")
     if unicodedata.normalize("NFC", name) != name:
         raise InvalidInput(f"dataset name {name!r} is not in Unicode NFC: write it composed")

@@ -26,7 +26,9 @@ Outcomes are read from the ledger, not guessed: the subjects' stored reports are
 before the batch, and after it unless every report of the batch was accepted (then
 each was stored as sent). Two reports of one subject in one
 window are never put in one batch (the second waits for the next), so a retry racing
-its original is answered ``duplicate``.
+its original is answered ``duplicate``; with several workers (processes) the original may
+be written by another one between the two reads, and a report found stored as sent after
+the batch is answered ``accepted`` or ``duplicate``, never ``rejected``.
 """
 
 from __future__ import annotations
@@ -321,12 +323,21 @@ class ReportBatcher:
             for it in todo:
                 it.answer(Outcome("accepted", None, res.session))
             return
-        after = stored_reports(ledger, sid, [it.subject for it in todo]) if res.accepted else {}
+        # read back even when this batch stored nothing: another worker (process) may have
+        # stored the very same report since ``before`` (a retry racing its original across
+        # workers) — it is stored, not rejected (red team 8)
+        after = stored_reports(ledger, sid, [it.subject for it in todo])
+        stored = [it for it in todo
+                  if (got := after.get(it.subject)) is not None and _same(got, it.round, it.value)]
+        # more stored as sent than this batch accepted: some were stored by another writer,
+        # and which cannot be told apart; "duplicate" (this very report is stored) is true
+        # of each
+        status = "accepted" if len(stored) <= res.accepted else "duplicate"
+        for it in stored:
+            it.answer(Outcome(status, None, res.session))
         other = {k: v for k, v in res.reasons.items() if k not in _ROUND_REASONS}
         for it in todo:
-            got = after.get(it.subject)
-            if got is not None and _same(got, it.round, it.value):
-                it.answer(Outcome("accepted", None, res.session))
+            if it.done:
                 continue
             if it.round is not None and it.round != res.batch_round and \
                     res.session.method == "ldp-score":

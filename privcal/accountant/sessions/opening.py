@@ -111,9 +111,15 @@ def open_session(
     requester = optional_text(requester, "requester")
     key = idempotency_key_text(idempotency_key)
     alpha = number(alpha, "α")
+    # one value under two names is refused, never one silently dropped (red team 8)
     if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
+        if delta is not None:
+            raise InvalidInput("give failure_probability or its deprecated spelling delta, "
+                               "not both")
         delta = failure_probability
     if smax is not None:  # deprecated name of ``upper`` for fedcp2-qq
+        if upper is not None:
+            raise InvalidInput("give upper or its deprecated spelling smax, not both")
         upper = smax
     if method == "fedcp-qq" and (epsilon is not None or shuffled):
         raise InvalidInput("fedcp-qq is not private: it takes no ε and no --shuffled")

@@ -1,0 +1,110 @@
+"""Red team 8 (K): the service with several workers (``privcal serve --workers 2``, one
+process each) on one ledger. A device's retry racing its original on another worker was
+answered 409 "subject already reported" for a report stored and charged: each worker's
+batcher read the subject's stored report before its batch, found none, and its batch then
+accepted nothing (the other worker had stored it) — and it read nothing back. Every pair
+of identical concurrent PUTs must now be answered as stored (201 or 200), each subject
+charged once. Until this test, no test ran more than one worker."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from privcal.accountant import Accountant
+from privcal.accountant.sessions import session_status
+from privcal.storage.token_bulk import create_device_tokens
+from privcal.storage.tokens import create_token
+
+PAIRS = 60
+
+
+def _serve(url: str, workers: int) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PRIVCAL_DATABASE_URL": url}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from privcal.cli import main; main()", "serve", "--port", "0",
+         "--workers", str(workers), "--log-level", "warning"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+        start_new_session=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    m = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)\n", line)
+    assert m, line
+    base = m.group(1)
+    deadline = time.monotonic() + 90
+    ready = 0
+    while ready < 8:  # every worker up: several answers in a row
+        try:
+            ready = ready + 1 if httpx.get(base + "/readyz").status_code == 200 else 0
+        except httpx.TransportError:
+            ready = 0
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    return proc, base
+
+
+@pytest.mark.parametrize("kind", ["reports", "messages"])
+def test_a_retry_racing_its_original_on_another_worker_is_not_rejected(
+        ledger: Any, ledger_url: str, kind: str) -> None:
+    acct = Accountant(ledger)
+    acct.create_dataset("d", rho="1", subject_epsilon="100", allow_nonprivate=True)
+    analyst = create_token(ledger, "analyst", name="an", datasets=["d"]).token
+    proc, base = _serve(ledger_url, 2)
+    try:
+        auth = {"Authorization": f"Bearer {analyst}", "Idempotency-Key": "open-1"}
+        if kind == "reports":
+            body: dict[str, Any] = {"method": "ldp-score", "alpha": 0.2, "epsilon": 1.0,
+                                    "rounds": 1, "group_size": 5000}
+        else:
+            body = {"method": "fedcp-qq", "alpha": 0.2, "agents": PAIRS, "local_n": 50}
+        r = httpx.post(f"{base}/v1/datasets/d/sessions", headers=auth, json=body, timeout=60)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        if kind == "reports":
+            tokens = create_device_tokens(ledger, sid, [f"dev{i}" for i in range(PAIRS)])
+            rnd = httpx.get(f"{base}/v1/sessions/{sid}",
+                            headers={"Authorization": f"Bearer {tokens[0]}"}).json()["round"]
+        else:
+            tokens = [create_token(ledger, "agent", session=sid, agent=f"ag{i}").token
+                      for i in range(PAIRS)]
+
+        def put(i: int, out: list[tuple[int, str]]) -> None:
+            with httpx.Client(base_url=base, timeout=60) as c:  # a connection of its own
+                h = {"Authorization": f"Bearer {tokens[i]}"}
+                if kind == "reports":
+                    rr = c.put(f"/v1/sessions/{sid}/reports/r{i}", headers=h,
+                               json={"round": rnd, "value": i % 2})
+                else:
+                    rr = c.put(f"/v1/sessions/{sid}/messages", headers=h,
+                               json={"value": i / PAIRS})
+                doc = rr.json()
+                out.append((rr.status_code, doc.get("reason") or doc.get("status") or ""))
+
+        answers: Counter[tuple[int, str]] = Counter()
+        for i in range(PAIRS):
+            out: list[tuple[int, str]] = []
+            threads = [threading.Thread(target=put, args=(i, out)) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            answers.update(out)
+        refused = {a: n for a, n in answers.items() if a[0] not in (200, 201)}
+        assert not refused, (refused, answers)
+        assert answers[(201, "accepted")] >= PAIRS  # each stored once, by one of the two
+        assert session_status(acct, sid).total_reports == PAIRS
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+    if kind == "reports":  # each subject charged once (ε = 1), none twice
+        summary = acct.subject_summary("d")
+        assert summary.subjects == PAIRS and float(summary.max) == 1.0

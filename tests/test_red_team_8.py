@@ -1,0 +1,52 @@
+"""Red team 8 (lead's fixes): a session option given under both of its names is refused,
+not one silently dropped (H-F3); a dataset name with a bidirectional control (it prints as
+another name) is refused (H-F9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from privcal.accountant import Accountant
+from privcal.accountant import sessions as S
+from privcal.errors import InvalidInput
+from tests.test_red_team_7 import FED2, LDP, _state
+
+
+@pytest.mark.parametrize(("method", "base", "both", "message"), [
+    ("ldp-score", LDP, {"delta": 0.5, "failure_probability": 0.001},
+     "give failure_probability or its deprecated spelling delta, not both"),
+    ("fedcp2-qq", FED2, {"upper": 2.0, "smax": 1.0},
+     "give upper or its deprecated spelling smax, not both"),
+])
+def test_an_option_under_both_its_names_is_refused(accountant: Any, method: str,
+                                                   base: dict[str, Any], both: dict[str, Any],
+                                                   message: str) -> None:
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5)
+    before = _state(acct)
+    with pytest.raises(InvalidInput, match=message):
+        S.open_session(acct, method, dataset="d", **base, **both)
+    assert _state(acct) == before
+    # each name alone still opens, with the value given
+    old, new = sorted(both, key=lambda k: k in ("failure_probability", "upper"))
+    opened = S.open_session(acct, method, dataset="d", **base, **{old: both[old]})
+    key = "failure_probability" if new == "failure_probability" else "upper"
+    assert opened.params[key] == both[old]
+
+
+@pytest.mark.parametrize("name", ["a\u202eb", "\u202eadmin", "x\u200f", "\u2066y\u2069",
+                                  "z\u061c"])
+def test_a_dataset_name_with_a_bidi_control_is_refused(accountant: Any, name: str) -> None:
+    acct: Accountant = accountant
+    head = acct.ledger.head()
+    with pytest.raises(InvalidInput, match="bidirectional control U\\+"):
+        acct.create_dataset(name, epsilon=1)
+    assert acct.ledger.head() == head and acct.datasets() == []
+
+
+def test_a_right_to_left_name_without_controls_is_a_name(accountant: Any) -> None:
+    acct: Accountant = accountant
+    acct.create_dataset("מחקר-1", epsilon=1)
+    assert [d.name for d in acct.datasets()] == ["מחקר-1"]
