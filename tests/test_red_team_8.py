@@ -50,3 +50,49 @@ def test_a_right_to_left_name_without_controls_is_a_name(accountant: Any) -> Non
     acct: Accountant = accountant
     acct.create_dataset("מחקר-1", epsilon=1)
     assert [d.name for d in acct.datasets()] == ["מחקר-1"]
+
+
+def test_a_symlinked_sqlite_ledger_takes_the_same_key_locks(tmp_path: Any) -> None:
+    """Red team 8 (K): the SQLite key lock (a keyed run's exactly-once) was keyed by the
+    path as written: the same file through a symlink took other locks (a lock file of its
+    own, and another in-process lock), so two keyed runs could proceed at once."""
+    import threading
+
+    from privcal.storage import Ledger
+
+    real = tmp_path / "real" / "l.db"
+    real.parent.mkdir()
+    (tmp_path / "link").mkdir()
+    link = tmp_path / "link" / "l.db"
+    first = Ledger(f"sqlite:///{real}")
+    first.upgrade()
+    link.symlink_to(real)
+    second = Ledger(f"sqlite:///{link}")
+    order: list[str] = []
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with first.key_lock("d", "k"):
+            order.append("first in")
+            held.set()
+            release.wait(10)
+            order.append("first out")
+
+    def take() -> None:
+        held.wait(10)
+        with second.key_lock("d", "k"):
+            order.append("second in")
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=take)]
+    for t in threads:
+        t.start()
+    held.wait(10)
+    threads[1].join(0.5)  # it must be waiting for the first's lock
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["first in", "first out", "second in"]
+    assert (real.parent / "l.db.keylocks").exists()
+    assert not (link.parent / "l.db.keylocks").exists()
+    first.close()
+    second.close()

@@ -12,13 +12,15 @@ dies with its holder, so a crashed run's retry takes it and re-runs once.
   a lock connection holding nothing else, and the runs holding them need only the shared
   pool's connections, which every other user gives back.
 - SQLite: a lock within the process, plus (file databases, POSIX) an ``fcntl`` byte-range
-  lock on ``<database>.keylocks`` beside the file, which the OS releases when the process
-  dies.
+  lock on ``<database>.keylocks`` beside the file (its real path: a symlink to it, or
+  another spelling of its path, takes the same locks), which the OS releases when the
+  process dies.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,19 +69,23 @@ class KeyLocks:
         digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
             "utf-8", "surrogatepass")).digest()
         lock_id = int.from_bytes(digest[:8], "big", signed=True)
+        path = self._url.database
+        # a SQLite file by its real path: the same file reached through a symlink or another
+        # relative spelling takes the same locks (in this process, and its lock file)
+        file = (os.path.realpath(path) if self.backend != "postgresql"  # type: ignore[attr-defined]
+                and path not in (None, "", ":memory:") else None)
         with _KEY_LOCKS_GUARD:
-            local = _KEY_LOCKS.setdefault((self.url, lock_id), threading.Lock())  # type: ignore[attr-defined]
+            local = _KEY_LOCKS.setdefault((file or self.url, lock_id), threading.Lock())  # type: ignore[attr-defined]
         with local:
             if self.backend == "postgresql":  # type: ignore[attr-defined]
                 with self._pg_key_lock(lock_id):
                     yield
                 return
-            path = self._url.database
-            if fcntl is None or path in (None, "", ":memory:"):
+            if fcntl is None or file is None:
                 yield
                 return
             offset = lock_id & 0x7FFF_FFFF_FFFF
-            with open(f"{path}.keylocks", "a+b") as fh:
+            with open(f"{file}.keylocks", "a+b") as fh:
                 fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
                 try:
                     yield
