@@ -13,7 +13,9 @@ status, token id, latency — never a body, a query string or a subject id. A de
 valid report PUT, the hot path, is answered before all of this by :class:`PrivcalApp`
 (same checks, same answers, same access log: :mod:`privcal.service.device_reports`);
 so is a session-bound token's successful read of its session
-(:mod:`privcal.service.session_reads`).
+(:mod:`privcal.service.session_reads`). No path is redirected to another spelling (a
+trailing slash is a 404 problem document), except ``/ui``, the web view's address, to
+``/ui/``.
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ class ServiceMiddleware:
                 await self._problem(scope, send, unauthenticated())
                 return
             scope["state"]["principal"] = tok
+        elif path == "/ui" and scope["method"] in ("GET", "HEAD"):
+            # the web view's documented address: to its page, by a fixed relative Location
+            # (the app does not redirect slashes: create_app)
+            await _send_see_other(send, "/ui/")
+            return
         elif path.startswith("/ui"):  # its own cookie credential, never a bearer token
             from privcal.service.ui import ui_principal
 
@@ -159,6 +166,14 @@ class ServiceMiddleware:
             return {"type": "http.disconnect"}
 
         await resp(scope, _nothing, send)
+
+
+async def _send_see_other(send: Send, location: str) -> None:
+    """A 303 to ``location`` (a path of this server: never built from a request header)."""
+    await send({"type": "http.response.start", "status": 303,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0"),
+                            (b"cache-control", b"no-store")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _too_large(limit: int) -> ProblemError:
@@ -271,8 +286,12 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
             if accountant is None:
                 acct.ledger.close()
 
+    # redirect_slashes=False: a path with a trailing slash it does not have (POST
+    # /v1/datasets/d/charges/) is a 404 problem document, not a 307 with an empty body and a
+    # Location built from the Host header (red team 8); ``/ui`` alone: ServiceMiddleware
     app = PrivcalApp(
         title="privcal", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+        redirect_slashes=False,
         description="Privacy-accountable conformal calibration over HTTP. Every route but "
                     "/healthz, /readyz and the /ui login needs `Authorization: Bearer "
                     "pcl_<id>_<secret>`; `x-privcal-roles` lists the roles allowed. Errors "

@@ -20,7 +20,10 @@ from privcal.storage.token_checks import DeviceGrant
 from privcal.storage.tokens import TokenInfo
 
 __all__ = ["ERROR_RESPONSES", "DeferredPrincipal", "Principal", "allow", "bearer",
-           "device_problem", "resolve_deferred"]
+           "device_problem", "resolve_deferred", "shown_text"]
+
+#: how much of a caller's text (a dataset name, a path segment) an answer repeats
+SHOWN_CHARS = 60
 
 bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer pcl_<id>_<secret>`")
 
@@ -39,6 +42,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (503, "ledger unavailable or schema out of date"),
     )
 }
+
+
+def shown_text(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` as an answer names it: its ``repr`` (one line, control characters escaped),
+    cut to its first ``limit`` characters with an ellipsis — a 5000-character path segment
+    is not echoed whole in a 404 (red team 8), as ``json_body.DuplicateKey`` cuts a key."""
+    if len(text) <= limit:
+        return repr(text)
+    cut = repr(text[:limit])
+    return f"{cut[:-1]}…{cut[-1]}"
 
 
 class Principal:
@@ -65,9 +78,10 @@ class Principal:
         return self.role in ("admin", "auditor")
 
     def check_dataset(self, name: str) -> None:
-        """404 unless this principal may see dataset ``name`` (it may not exist at all)."""
+        """404 unless this principal may see dataset ``name`` (it may not exist at all); the
+        answer names at most its first 60 characters (:func:`shown_text`)."""
         if not self.sees_all_datasets() and name not in self.token.datasets:
-            raise not_found(f"unknown dataset {name!r}")
+            raise not_found(f"unknown dataset {shown_text(name)}")
 
     def check_session(self, session_id: int) -> None:
         """404 unless this session-bound principal is bound to ``session_id``."""

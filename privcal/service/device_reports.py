@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from privcal.errors import PrivcalError
 from privcal.service.problems import ProblemError, problem_for, problem_response
+from privcal.storage.releases import MAX_STORED_ID
 
 __all__ = ["REPORT_BODY_LIMIT", "REPORT_ROUTE", "lean_target", "parse_report", "put_report",
            "try_lean"]
@@ -47,7 +48,7 @@ REPORT_BODY_LIMIT = 1024
 #: the route template the access log names for a device report
 REPORT_ROUTE = "/v1/sessions/{sid}/reports/{report_id}"
 _LEAN_PATH = re.compile(r"^/v1/sessions/([1-9][0-9]{0,9})/reports/[A-Za-z0-9._~-]{1,128}$")
-_SID_MAX = 2**31 - 1
+_SID_MAX = MAX_STORED_ID  # the largest id a ledger holds
 _HEADERS_JSON = (b"content-type", b"application/json")
 
 

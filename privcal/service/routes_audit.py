@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.errors import AuditFailed
@@ -13,6 +13,7 @@ from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import doc
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import not_found
+from privcal.storage.releases import MAX_STORED_ID
 
 router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
@@ -36,11 +37,12 @@ def release_list(request: Request, p: Principal = Depends(principal),
 
 
 @router.get("/releases/{release_id}", **allow("admin", "auditor", "analyst"))
-def release_show(request: Request, release_id: int, p: Principal = Depends(principal)
-                 ) -> dict[str, Any]:
-    """One release with its coverage and privacy guarantees."""
-    if not 1 <= release_id <= 2**63 - 1:
-        raise not_found(f"unknown release {release_id}")
+def release_show(request: Request, p: Principal = Depends(principal),
+                 release_id: int = Path(ge=1, le=MAX_STORED_ID)) -> dict[str, Any]:
+    """One release with its coverage and privacy guarantees. ``release_id`` is a canonical
+    decimal id, 1 … 2³¹−1: any other spelling (``01``, ``+1``, ``1.0``) or a larger value is
+    404 before this runs (:mod:`privcal.service.query_params`; the library's lookup answers
+    NotFound for one out of range too)."""
     rel = _acct(request).release(release_id)
     if not p.sees_all_datasets() and rel.dataset not in p.token.datasets:
         raise not_found(f"unknown release {release_id}")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from privcal.errors import PrivcalError
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.bound_tokens import create_bound_token
-from privcal.service.common import doc, public
+from privcal.service.common import IDEMPOTENCY_HEADER, doc, public, request_fingerprint
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
 from privcal.storage.token_secrets import is_token_id
@@ -89,23 +89,67 @@ class TokenCreate(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     dataset: str | None = Field(default=None, min_length=1, max_length=200)
     datasets: list[str] | None = Field(default=None, max_length=1000)
-    session: int | None = Field(default=None, ge=1)
+    #: a session id: the ledger's session ids are 32-bit (``SessionId`` of the session routes)
+    session: int | None = Field(default=None, ge=1, le=2**31 - 1)
     subject: str | None = Field(default=None, min_length=1, max_length=200)
     agent: str | None = Field(default=None, min_length=1, max_length=200)
     expires_in: int | None = Field(default=None, ge=1, le=10 * 366 * 86400)
 
 
 @router.post("/v1/tokens", status_code=201, **allow("admin"))
-def token_create(body: TokenCreate, request: Request) -> JSONResponse:
-    """Create a token; the token string is in this response only."""
+def token_create(body: TokenCreate, request: Request, p: Principal = Depends(principal),
+                 idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
+                                                      max_length=200)) -> JSONResponse:
+    """Create a token; the token string is in this response only.
+
+    An ``Idempotency-Key`` (optional) makes the create happen once: the key's record is
+    completed in the token's own transaction and holds the token's id, never its secret
+    (the ledger keeps no bearer secret). So a retry with the same key and body is answered
+    409 ``token-already-created`` naming that token — its secret was shown once: if that
+    answer was lost, revoke the token and create another — and the same key with another
+    body 409 ``idempotency-key-reused``. A refused create leaves the key unused."""
     ds = list(body.datasets or []) + ([body.dataset] if body.dataset else [])
-    new = create_bound_token(
-        request.app.state.accountant, body.role, name=body.name, datasets=ds,
-        session=body.session, subject=body.subject, agent=body.agent,
-        expires_in=timedelta(seconds=body.expires_in) if body.expires_in else None)
+    acct = request.app.state.accountant
+    keyed = (p.id, idempotency_key) if idempotency_key else None
+    if keyed is not None:
+        _reserve(request, keyed, body)
+    try:
+        new = create_bound_token(
+            acct, body.role, name=body.name, datasets=ds, session=body.session,
+            subject=body.subject, agent=body.agent, idempotency=keyed,
+            expires_in=timedelta(seconds=body.expires_in) if body.expires_in else None)
+    except BaseException:
+        if keyed is not None:
+            from privcal.storage.tokens import forget_idempotent
+
+            forget_idempotent(acct.ledger, *keyed)
+        raise
     return JSONResponse(doc({"id": new.id, "token": new.token, "info": new.info}),
                         status_code=201, headers={"Location": f"/v1/tokens/{new.id}",
                                                   "Cache-Control": "no-store"})
+
+
+def _reserve(request: Request, keyed: tuple[str, str], body: TokenCreate) -> None:
+    """Reserve (principal, key) for this create, or raise the 409 saying why not: the key
+    already created a token (named by its id: its record holds nothing else), was used for
+    another request, or its request is still running."""
+    from privcal.storage.tokens import reserve_idempotent
+
+    ledger = request.app.state.accountant.ledger
+    fp = request_fingerprint(ledger.subject_key(), body.model_dump())
+    out = reserve_idempotent(ledger, *keyed, f"POST {request.scope['route'].path}", fp)
+    if out.state == "replay":
+        tid = (out.response or {}).get("id") if isinstance(out.response, dict) else None
+        raise ProblemError(409, "token-already-created", "Token already created",
+                           f"a token was already created under this Idempotency-Key: token "
+                           f"{tid}; its secret was shown once (if it was lost, revoke that "
+                           "token and create another)", token_id=tid)
+    if out.state == "mismatch":
+        raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
+                           "this Idempotency-Key was used for a different request")
+    if out.state == "pending":
+        raise ProblemError(409, "idempotency-in-progress", "Request in progress",
+                           "a request with this Idempotency-Key is still running; retry later")
 
 
 @router.get("/v1/tokens", **allow("admin"))

@@ -17,10 +17,13 @@ from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, not_found
 from privcal.service.routes_datasets import _lib_key
+from privcal.storage.releases import MAX_STORED_ID
 
 router = APIRouter(prefix="/v1", route_class=JsonRoute)
 
-SessionId = Path(ge=1, le=2**31 - 1)
+#: a session id in a path: canonical decimal, 1 … 2³¹−1 (any other spelling, ``01`` or
+#: ``1.0``, is 404 before the handler: :mod:`privcal.service.query_params`)
+SessionId = Path(ge=1, le=MAX_STORED_ID)
 
 
 class SessionOpen(BaseModel):

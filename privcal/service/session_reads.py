@@ -30,12 +30,14 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import Scope, Send
 
+from privcal.storage.releases import MAX_STORED_ID
+
 __all__ = ["SESSION_ROUTE", "PublicStates", "try_lean_get"]
 
 #: the route template the access log names for a session read
 SESSION_ROUTE = "/v1/sessions/{sid}"
 _LEAN_GET = re.compile(r"^/v1/sessions/([1-9][0-9]{0,9})$")
-_SID_MAX = 2**31 - 1
+_SID_MAX = MAX_STORED_ID  # the largest id a ledger holds
 _BOUND_ROLES = frozenset({"device", "agent", "ingestor"})
 
 

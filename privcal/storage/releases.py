@@ -18,7 +18,22 @@ from privcal.storage.verify_releases import PaidBy, paid_by
 #: ids per ``IN (…)`` list (SQLite's default limit on bound parameters is 999 in old builds)
 _CHUNK = 500
 
-__all__ = ["ReleaseStore"]
+#: the largest release or session id a ledger holds: their id columns are 32-bit integers on
+#: PostgreSQL, which refuses a larger bound value with an error (a 500), not "no such row"
+MAX_STORED_ID = 2**31 - 1
+
+__all__ = ["MAX_STORED_ID", "ReleaseStore", "stored_id"]
+
+
+def stored_id(value: object, what: str) -> int:
+    """A release or session id given by a caller, as the row id to look up: an ``int`` (not
+    a bool, not a string: :class:`~privcal.errors.InvalidInput`); one outside
+    1 … :data:`MAX_STORED_ID` names no row — :class:`~privcal.errors.NotFound` ("unknown
+    release N"), on every backend, before any query (red team 8)."""
+    value = check_row_id(value, what)
+    if value > MAX_STORED_ID:
+        raise NotFound(f"unknown {what} {value}")
+    return value
 
 
 class ReleaseStore:
@@ -82,7 +97,13 @@ class ReleaseStore:
 
     def session_reports(self, release_id: int | None = None) -> dict[int, int]:
         """release id → the reports its collection session accepted (``state.total``), for
-        the releases a session made (or that one)."""
+        the releases a session made (or that one: an id that names no release, e.g. one
+        past :data:`MAX_STORED_ID`, has none)."""
+        if release_id is not None:
+            try:
+                release_id = stored_id(release_id, "release")
+            except NotFound:
+                return {}
         with self.read() as s:
             stmt = select(CollectionSession.release_id, CollectionSession.state).where(
                 CollectionSession.release_id.is_not(None))
@@ -134,8 +155,9 @@ class ReleaseStore:
             return [self.release_record(r, n) for r, n in rows]
 
     def release(self, release_id: int) -> ReleaseRecord:
-        """One release by id (NotFound if there is none)."""
-        release_id = check_row_id(release_id, "release")
+        """One release by id (NotFound if there is none, or if the id is outside
+        1 … :data:`MAX_STORED_ID`: :func:`stored_id`)."""
+        release_id = stored_id(release_id, "release")
         with self.read() as s:
             row = s.execute(
                 select(ReleaseRow, Dataset.name)

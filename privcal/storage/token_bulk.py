@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from privcal.errors import InvalidInput
 from privcal.storage.audit import now
 from privcal.storage.token_secrets import new_secret
-from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text
+from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text, check_session_id
 
 __all__ = ["create_device_tokens"]
 
@@ -26,9 +26,8 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
     """One device token per subject of ``subjects`` (distinct ids), bound to ``session``,
     created in one transaction, expiring after ``expires_in`` (default: never); the tokens,
     in the order of ``subjects`` (shown this once). The caller checks that the session
-    exists, as for ``create_token``."""
-    if isinstance(session, bool) or not isinstance(session, int) or session < 1:
-        raise InvalidInput("session must be a positive integer")
+    exists and still takes reports, as for ``create_token``."""
+    check_session_id(session)  # an int in [1, 2³¹−1], what the column holds
     subs = [_text(str(x), "subject", ident=True) for x in subjects]
     if len(set(subs)) != len(subs):
         raise InvalidInput("subjects must be distinct (one device token per subject)")

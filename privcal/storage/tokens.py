@@ -1,6 +1,6 @@
 """API tokens and idempotency records of the HTTP service (``privcal serve``), and the few
 reads the service needs that the library has no call for (a page of audit entries, one
-subject's stored report).
+subject's stored report: :mod:`privcal.storage.service_reads`, re-exported here).
 
 **Tokens** are opaque bearer strings ``pcl_<id>_<secret>``: ``id`` is 16 hex digits
 (public, the primary key), ``secret`` 256 random bits (``secrets.token_urlsafe(32)``).
@@ -17,7 +17,8 @@ a fingerprint of the request and the response that was sent, so a retried reques
 gets the original answer and a key reused for another request is refused. A record is
 first reserved (``pending``) in its own transaction and completed after the library
 call; the library's own idempotency keys (charges, calibrations) make a crash between
-the two safe to retry.
+the two safe to retry. A token created under a key completes the key's record in its
+own transaction, with the token's id and never its secret (:func:`create_token`).
 """
 
 from __future__ import annotations
@@ -36,24 +37,32 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from privcal.errors import InvalidInput, NotFound, utf8_problem
+from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, utf8_problem
 from privcal.storage.audit import now
-from privcal.storage.models import AuditEntry, Base
-from privcal.storage.pseudonyms import BATCH_IDS_PG
+from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
-from privcal.storage.sessions import SessionReport
+from privcal.storage.service_reads import _STORED_PG as _STORED_PG  # re-exported
+from privcal.storage.service_reads import (
+    AuditEntryDoc,
+    audit_entries,
+    stored_report,
+    stored_reports,
+)
 from privcal.storage.token_secrets import DUMMY_HASH, TOKEN_ID, is_token_id, new_secret, usable
 
-__all__ = ["ROLES", "ApiToken", "IdemOutcome", "IdempotencyRecord", "NewToken", "TokenInfo",
-           "audit_entries", "authenticate", "create_token", "finish_idempotent",
-           "forget_idempotent", "list_tokens", "presented_token", "reserve_idempotent",
-           "revoke_token", "stored_report", "token_texts", "verify_presented"]
+__all__ = ["ROLES", "SESSION_MAX", "ApiToken", "AuditEntryDoc", "IdemOutcome",
+           "IdempotencyRecord", "NewToken", "TokenInfo", "audit_entries", "authenticate",
+           "check_session_id", "create_token", "finish_idempotent", "forget_idempotent",
+           "list_tokens", "presented_token", "reserve_idempotent", "revoke_token",
+           "stored_report", "stored_reports", "token_texts", "verify_presented"]
 
 Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
 ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
 TOKEN_PREFIX = "pcl_"
 _TOKEN_RE = re.compile(rf"^pcl_({TOKEN_ID})_([A-Za-z0-9_-]{{43}})$")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: the largest session id a token binds (``api_tokens.session_id`` is a 32-bit INTEGER)
+SESSION_MAX = 2**31 - 1
 #: a pending reservation older than this is taken over by a retry (its request died)
 PENDING_TTL = timedelta(minutes=5)
 
@@ -130,14 +139,19 @@ def _info(t: ApiToken) -> TokenInfo:
 
 
 def _text(v: Any, what: str, *, ident: bool = False) -> str | None:
-    """``v`` if 1-200 characters, storable, no end blank, no control (a name) / NFC (an id)."""
+    """``v`` if 1-200 characters, storable, no end blank; a name: no control character and
+    no bidirectional control (:data:`privcal.errors.BIDI_CONTROLS`, the library's rule for
+    names: one would reorder ``token list`` and the UI); an id: NFC."""
     if v is None:
         return None
     if not isinstance(v, str) or not v or len(v) > 200 or v != v.strip():
         raise InvalidInput(f"{what} must be 1 to 200 characters without surrounding spaces")
+    bidi = None if ident else BIDI_CONTROLS.search(v)
     bad = utf8_problem(v) or (
         ("is not in Unicode NFC" if not unicodedata.is_normalized("NFC", v) else None) if ident
-        else ("contains a control character" if _CONTROL.search(v) else None))
+        else "contains a control character" if _CONTROL.search(v)
+        else f"contains the bidirectional control U+{ord(bidi.group()):04X}, which reorders "
+             "the text around it on screen" if bidi else None)
     if bad is not None:
         raise InvalidInput(f"{what} {bad}")
     return v
@@ -169,17 +183,30 @@ def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
         raise InvalidInput(f"a {role} token needs {', '.join(sorted(need - given))}")
 
 
+def check_session_id(session: Any) -> int:
+    """``session`` if it is an ``int`` in [1, :data:`SESSION_MAX`] (what a token's session
+    column holds), else InvalidInput."""
+    if isinstance(session, bool) or not isinstance(session, int) \
+            or not 1 <= session <= SESSION_MAX:
+        raise InvalidInput("session must be an integer in [1, 2³¹−1]")
+    return session
+
+
 def create_token(
     ledger: Any, role: str, *, name: str | None = None, datasets: Sequence[str] = (),
     session: int | None = None, subject: str | None = None, agent: str | None = None,
-    expires_in: timedelta | None = None,
+    expires_in: timedelta | None = None, idempotency: tuple[str, str] | None = None,
 ) -> NewToken:
-    """Create a token; the caller checks that the named datasets/session exist."""
+    """Create a token; the caller checks that the named datasets/session exist.
+
+    ``idempotency``: the (principal, key) of a reservation of :func:`reserve_idempotent`,
+    completed (201) in the token's own transaction with the token's id only — never its
+    secret, which is shown once — so no crash leaves a token under a key still pending (a
+    retry would make a second); InvalidInput, nothing written, if it is not pending."""
     name, datasets, subject, agent = token_texts(name=name, datasets=datasets,
                                                  subject=subject, agent=agent)
-    if session is not None and (isinstance(session, bool) or not isinstance(session, int)
-                                or session < 1):
-        raise InvalidInput("session must be a positive integer")
+    if session is not None:
+        check_session_id(session)
     check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
     if expires_in is not None and expires_in.total_seconds() <= 0:
         raise InvalidInput("expiry must be in the future")
@@ -194,6 +221,8 @@ def create_token(
             expires_at=t0 + expires_in if expires_in is not None else None, revoked_at=None)
         s.add(row)
         s.flush()
+        if idempotency is not None:
+            _complete_reserved(s, *idempotency, status_code=201, response={"id": tid})
         return _info(row)
 
     info = ledger.write(tx)
@@ -322,79 +351,18 @@ def finish_idempotent(ledger: Any, principal: str, key: str, status_code: int,
     ledger.write(tx)
 
 
+def _complete_reserved(s: Session, principal: str, key: str, *, status_code: int,
+                       response: Any) -> None:
+    """Complete, in the caller's transaction, the pending record of (principal, key)."""
+    row = s.get(IdempotencyRecord, (principal, key), with_for_update=True)
+    if row is None or row.state != "pending":
+        raise InvalidInput(f"no pending request under Idempotency-Key {key!r} (already answered)")
+    row.state, row.status_code = "done", int(status_code)
+    row.response = json.dumps(response, sort_keys=True)
+
+
 def forget_idempotent(ledger: Any, principal: str, key: str) -> None:
     """Drop a pending reservation whose request failed (nothing was written: it may be retried)."""
     ledger.write(lambda s: s.execute(delete(IdempotencyRecord).where(
         IdempotencyRecord.principal == principal, IdempotencyRecord.key == key,
         IdempotencyRecord.state == "pending")))
-
-
-# ----------------------------------------------------------------- reads for the service
-class AuditEntryDoc(BaseModel):
-    """One audit entry as stored: the canonical payload and the hashes that chain it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    seq: int
-    kind: str
-    payload: str
-    prev_hash: str
-    entry_hash: str
-
-
-def audit_entries(ledger: Any, *, after: int = 0, limit: int = 100) -> list[AuditEntryDoc]:
-    """Entries with ``seq > after``, in order, at most ``limit`` (≤ 1000)."""
-    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**31:
-        raise InvalidInput("after must be an integer in [0, 2³¹−1]")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-        raise InvalidInput("limit must be an integer in [1, 1000]")
-    ledger.sequence_audit(read_only_ok=True)  # every committed entry chained first
-    with ledger.read() as s:
-        rows = s.scalars(select(AuditEntry).where(AuditEntry.seq > after)
-                         .order_by(AuditEntry.seq).limit(limit))
-        return [AuditEntryDoc(seq=r.seq, kind=r.kind, payload=r.payload, prev_hash=r.prev_hash,
-                              entry_hash=r.entry_hash) for r in rows]
-
-
-def stored_report(ledger: Any, session_id: int, subject: str) -> tuple[int, str] | None:
-    """(round, value) of the report ``subject`` has stored in ``session_id``, if any
-    (looked up by its pseudonym: reports never store the id)."""
-    pseudonym = str(ledger.pseudonyms([str(subject)])[0])
-    with ledger.read() as s:
-        row = s.get(SessionReport, (int(session_id), pseudonym))
-        return (row.round, row.value) if row is not None else None
-
-
-# The reports a batch's subjects already stored (PostgreSQL; pseudonyms are hex, joined by
-# newlines): looked up by the whole primary key, one probe per id, as the session batch's
-# probe (storage/session_store.py). `session_id = :sid AND subject IN (…)` was planned, on a
-# table never ANALYZEd, as a scan of all the session's reports filtered by the IN: the
-# service's report writer runs it twice per batch, 55 ms per call on average over a
-# 20 000-report session (bench/RESULTS.md, "Device reports at a session's size").
-_STORED_PG = (f"SELECT r.subject, r.round, r.value FROM {BATCH_IDS_PG} CROSS JOIN LATERAL ("
-              "SELECT subject, round, value FROM session_reports WHERE session_id = %(sid)s "
-              "AND subject = b.subject LIMIT 1) r")
-
-
-def stored_reports(ledger: Any, session_id: int,
-                   subjects: Sequence[str]) -> dict[str, tuple[int, str]]:
-    """(round, value) per subject among ``subjects`` that has a stored report."""
-    out: dict[str, tuple[int, str]] = {}
-    subs = [str(x) for x in subjects]
-    of = dict(zip(ledger.pseudonyms(subs).tolist(), subs, strict=True))  # pseudonym → id
-    pseud = list(of)
-    if not pseud:
-        return out
-    with ledger.read() as s:
-        if ledger.backend == "postgresql":  # one primary-key probe per id: see _STORED_PG
-            with s.connection().connection.driver_connection.cursor() as cur:
-                rows = cur.execute(_STORED_PG, {"sid": int(session_id), "ids": "\n".join(pseud)},
-                                   prepare=False).fetchall()
-            return {of[subj]: (rnd, val) for subj, rnd, val in rows}
-        for i in range(0, len(pseud), 500):
-            chunk = pseud[i:i + 500]
-            for r in s.scalars(select(SessionReport).where(
-                    SessionReport.session_id == int(session_id),
-                    SessionReport.subject.in_(chunk))):
-                out[of[r.subject]] = (r.round, r.value)
-    return out

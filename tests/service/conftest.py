@@ -29,6 +29,7 @@ class Live:
     ledger_url: str
     tokens: dict[str, str] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)
+    tables: list[Any] | None = None  # the ledger's tables, reflected by ledger_snapshot
 
     def client(self, role: str | None = None, token: str | None = None,
                **kw: Any) -> httpx.Client:
@@ -131,3 +132,21 @@ def answer_fed(lv: Live, sid: int, agents: tuple[str, ...] = ("a0", "a1")) -> No
 
 
 EXPIRED = timedelta(seconds=1)
+
+
+def ledger_snapshot(lv: Live) -> dict[str, list[tuple[str, ...]]]:
+    """Every row of every table of ``lv``'s ledger (reflected with SQLAlchemy's
+    ``MetaData.reflect``, once per server: ``lv.tables``), each row as the ``repr`` of its
+    values, sorted — two snapshots are equal iff no row was added, removed or changed. No
+    table is excluded (``alembic_version`` included). Cheap: the test ledgers are small,
+    and one read transaction reads them all."""
+    from sqlalchemy import MetaData, select
+
+    engine = lv.accountant.ledger.engine
+    if lv.tables is None:
+        md = MetaData()
+        md.reflect(bind=engine)
+        lv.tables = list(md.sorted_tables)
+    with engine.connect() as conn:
+        return {t.name: sorted(tuple(repr(v) for v in row) for row in conn.execute(select(t)))
+                for t in lv.tables}
