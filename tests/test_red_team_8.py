@@ -96,3 +96,22 @@ def test_a_symlinked_sqlite_ledger_takes_the_same_key_locks(tmp_path: Any) -> No
     assert not (link.parent / "l.db.keylocks").exists()
     first.close()
     second.close()
+
+
+@pytest.mark.parametrize("sid", [2**31, 2**40, 2**63 - 1])
+def test_a_session_id_past_the_stored_range_is_unknown_everywhere(accountant: Any,
+                                                                  sid: int) -> None:
+    """Red team 8 (H-F2, and the fixer's note): a session id past 2³¹−1 reached
+    PostgreSQL's 32-bit id column on close and ingest (an error, not "unknown session");
+    every session entry point now says NotFound, on every backend, writing nothing."""
+    from privcal.errors import NotFound
+
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5)
+    head = acct.ledger.head()
+    for call in (lambda: S.session_status(acct, sid),
+                 lambda: S.close_session(acct, sid),
+                 lambda: S.submit_reports(acct, sid, ["a"], [1], [0])):
+        with pytest.raises(NotFound, match=f"unknown session {sid}"):
+            call()
+    assert acct.ledger.head() == head

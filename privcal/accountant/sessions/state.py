@@ -22,7 +22,8 @@ import numpy as np
 from privcal.accountant.sessions.records import REPORTS_ARE, SessionInfo
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
-from privcal.errors import InvalidInput, check_row_id
+from privcal.errors import InvalidInput
+from privcal.storage.releases import stored_id
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -62,10 +63,13 @@ def number(value: Any, what: str, *, integer: bool = False) -> Any:
 
 
 def session_key(session_id: Any) -> int:
-    """A session id as given (the CLI and the service pass it as text) as the row's id."""
+    """A session id as given (the CLI and the service pass it as text) as the row's id;
+    NotFound for one outside 1 … 2³¹−1, which names no session on any backend
+    (:func:`~privcal.storage.releases.stored_id`: PostgreSQL refused to compare it with its
+    32-bit id column, an error rather than "unknown session", red team 8)."""
     if isinstance(session_id, str) and session_id.strip().isdecimal():
         session_id = int(session_id)
-    return int(check_row_id(session_id, "session"))
+    return stored_id(session_id, "session")
 
 
 def dump_protocol(proto: LdpScoreProtocol) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from privcal.accountant.accountant import Accountant
 from privcal.accountant.results import Release
 from privcal.accountant.sessions.records import SessionInfo
 from privcal.accountant.sessions.state import info_of, session_key
-from privcal.storage.releases import stored_id
 
 __all__ = ["release_of", "session_status"]
 
@@ -15,10 +14,10 @@ def session_status(accountant: Accountant, session_id: int) -> SessionInfo:
     """The session's method, status, round, counts, current interval and query, release.
 
     NotFound ("unknown session N") if there is none — also for an id outside
-    1 … 2³¹−1 (:func:`~privcal.storage.releases.stored_id`), which names no row on any
+    1 … 2³¹−1 (:func:`~privcal.accountant.sessions.state.session_key`), which names no row on any
     backend (PostgreSQL would refuse to compare it with its 32-bit id column: a 500)."""
     ledger = accountant.ledger
-    sid = stored_id(session_key(session_id), "session")
+    sid = session_key(session_id)
     with ledger.read() as s:
         row = ledger.session_row(s, sid)
         return info_of(ledger, s, row, ledger.dataset_name(s, row.dataset_id))
