@@ -115,3 +115,28 @@ def test_a_session_id_past_the_stored_range_is_unknown_everywhere(accountant: An
         with pytest.raises(NotFound, match=f"unknown session {sid}"):
             call()
     assert acct.ledger.head() == head
+
+
+def test_several_levels_of_split_say_when_ties_void_the_headline_upper_bound(
+        ledger: Any, tmp_path: Any) -> None:
+    """The ties note (red team 7) read the release's top-level diagnostics only: a
+    ``levels:split`` release records its levels' diagnostics under ``levels`` and its
+    headline upper bound is the first level's, so tied scores there went unmentioned."""
+    import numpy as np
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+
+    url = str(ledger.engine.url.render_as_string(hide_password=False))
+    Accountant(ledger).create_dataset("t", epsilon=1, allow_nonprivate=True)
+    tied = np.array([0.0, 0.5, 1.0, 0.5] * 5)
+    free = np.random.default_rng(0).random(20)
+    for scores, ties in ((tied, True), (free, False)):
+        path = tmp_path / f"s{ties}.npy"
+        np.save(path, scores)
+        res = CliRunner().invoke(main, ["--db-url", url, "calibrate", "split",
+                                        "--dataset", "t", "--alpha", "0.1,0.2",
+                                        "--scores", str(path)])
+        assert res.exit_code == 0, res.output
+        assert ("other calibration scores equal the threshold: the upper bound 0.947619 "
+                "(no ties) does not apply" in res.stdout) == ties, res.stdout

@@ -87,9 +87,14 @@ def assumes_note(method: str) -> str | None:
 
 def ties_note(rel: Any) -> str | None:
     """Why the release's upper coverage bound does not apply, when a non-private method saw
-    calibration scores tied at its threshold (its ``tied_at_threshold`` diagnostic); else
-    None."""
-    tied = (rel.diagnostics or {}).get("tied_at_threshold")
+    calibration scores tied at its threshold (its ``tied_at_threshold`` diagnostic; of the
+    headline level for several levels); else None."""
+    diag = rel.diagnostics or {}
+    levels = diag.get("levels")
+    if isinstance(levels, list) and levels and isinstance(levels[0], dict):
+        # several levels: the headline (and its upper bound) is the first level's
+        diag = levels[0].get("diagnostics") or {}
+    tied = diag.get("tied_at_threshold") if isinstance(diag, dict) else None
     upper = rel.coverage.upper
     if isinstance(tied, int) and tied > 0 and upper is not None and upper < 1:
         return (f"{tied} other calibration scores equal the threshold: the upper bound "
