@@ -168,6 +168,11 @@ class ServiceMiddleware:
         await resp(scope, _nothing, send)
 
 
+def shown_path(path: str) -> str:
+    """A request path for an error message: at most 80 characters, quoted."""
+    return repr(path) if len(path) <= 80 else repr(path[:80]) + "…"
+
+
 async def _send_see_other(send: Send, location: str) -> None:
     """A 303 to ``location`` (a path of this server: never built from a request header)."""
     await send({"type": "http.response.start", "status": 303,
@@ -333,8 +338,13 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         headers = exc.headers
         if exc.status_code == 405:  # Starlette names only the first route of the path
             headers = {**(headers or {}), "Allow": _allowed(request.app, request.scope)}
-        return problem_response(ProblemError(exc.status_code, slug, str(exc.detail),
-                                             str(exc.detail), headers=headers))
+        detail = str(exc.detail)
+        path = request.url.path
+        if exc.status_code == 404 and len(path) > 1 and path.endswith("/"):
+            detail = f"no route {shown_path(path)} (paths are not redirected: drop the " \
+                     "trailing slash)"
+        return problem_response(ProblemError(exc.status_code, slug, str(exc.detail), detail,
+                                             headers=headers))
 
     from privcal.service import (
         routes_audit,

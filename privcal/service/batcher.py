@@ -120,14 +120,18 @@ def _deliver(items: list[_Item]) -> None:
             pass
 
 
-def _same(stored: tuple[int, str], rnd: int | None, value: Any) -> bool:
-    srnd, sval = stored
+def _same(stored: tuple[int, str, int | None], rnd: int | None, value: Any) -> bool:
+    """Whether a stored (round, value, batch) is this report: the same round and the same
+    value, up to a relative 10⁻¹² (a FedCP²-QQ grid point sent as another decimal text) —
+    never an absolute tolerance (a FedCP-QQ message is a raw score: 1e-13 and 0.0 are two
+    messages)."""
+    srnd, sval = stored[0], stored[1]
     if rnd is not None and srnd != rnd:
         return False
     if sval == str(value):
         return True
     try:
-        return math.isclose(float(sval), float(value), rel_tol=1e-12, abs_tol=1e-12)
+        return math.isclose(float(sval), float(value), rel_tol=1e-12, abs_tol=0.0)
     except (TypeError, ValueError):
         return False
 
@@ -327,14 +331,13 @@ class ReportBatcher:
         # stored the very same report since ``before`` (a retry racing its original across
         # workers) — it is stored, not rejected (red team 8)
         after = stored_reports(ledger, sid, [it.subject for it in todo])
-        stored = [it for it in todo
-                  if (got := after.get(it.subject)) is not None and _same(got, it.round, it.value)]
-        # more stored as sent than this batch accepted: some were stored by another writer,
-        # and which cannot be told apart; "duplicate" (this very report is stored) is true
-        # of each
-        status = "accepted" if len(stored) <= res.accepted else "duplicate"
-        for it in stored:
-            it.answer(Outcome(status, None, res.session))
+        for it in todo:
+            got = after.get(it.subject)
+            if got is not None and _same(got, it.round, it.value):
+                # each stored report records the batch that stored it: this one's is
+                # "accepted", another writer's (the original this request retries) "duplicate"
+                mine = res.batch is not None and got[2] == res.batch
+                it.answer(Outcome("accepted" if mine else "duplicate", None, res.session))
         other = {k: v for k, v in res.reasons.items() if k not in _ROUND_REASONS}
         for it in todo:
             if it.done:

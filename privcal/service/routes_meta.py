@@ -58,7 +58,7 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
 
         stored = stored_reports(request.app.state.accountant.ledger, t.session, [who])
         if t.role == "device":
-            out["reported_rounds"] = sorted(int(r) for r, _ in stored.values())
+            out["reported_rounds"] = sorted(int(r) for r, *_ in stored.values())
         else:
             out["sent"] = bool(stored)
     return doc(out)
@@ -106,8 +106,8 @@ def token_create(body: TokenCreate, request: Request, p: Principal = Depends(pri
     completed in the token's own transaction and holds the token's id, never its secret
     (the ledger keeps no bearer secret). So a retry with the same key and body is answered
     409 ``token-already-created`` naming that token — its secret was shown once: if that
-    answer was lost, revoke the token and create another — and the same key with another
-    body 409 ``idempotency-key-reused``. A refused create leaves the key unused."""
+    answer was lost, revoke the token and create another under a new key — and the same
+    key with another body 409 ``idempotency-key-reused``. A refused create leaves the key unused."""
     ds = list(body.datasets or []) + ([body.dataset] if body.dataset else [])
     acct = request.app.state.accountant
     keyed = (p.id, idempotency_key) if idempotency_key else None
@@ -143,7 +143,8 @@ def _reserve(request: Request, keyed: tuple[str, str], body: TokenCreate) -> Non
         raise ProblemError(409, "token-already-created", "Token already created",
                            f"a token was already created under this Idempotency-Key: token "
                            f"{tid}; its secret was shown once (if it was lost, revoke that "
-                           "token and create another)", token_id=tid)
+                           "token and create another under a new Idempotency-Key)",
+                           token_id=tid)
     if out.state == "mismatch":
         raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
                            "this Idempotency-Key was used for a different request")

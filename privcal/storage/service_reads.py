@@ -61,15 +61,17 @@ def stored_report(ledger: Any, session_id: int, subject: str) -> tuple[int, str]
 # table never ANALYZEd, as a scan of all the session's reports filtered by the IN: the
 # service's report writer runs it twice per batch, 55 ms per call on average over a
 # 20 000-report session (bench/RESULTS.md, "Device reports at a session's size").
-_STORED_PG = (f"SELECT r.subject, r.round, r.value FROM {BATCH_IDS_PG} CROSS JOIN LATERAL ("
-              "SELECT subject, round, value FROM session_reports WHERE session_id = %(sid)s "
+_STORED_PG = (f"SELECT r.subject, r.round, r.value, r.batch FROM {BATCH_IDS_PG} CROSS JOIN "
+              "LATERAL (SELECT subject, round, value, batch FROM session_reports "
+              "WHERE session_id = %(sid)s "
               "AND subject = b.subject LIMIT 1) r")
 
 
 def stored_reports(ledger: Any, session_id: int,
-                   subjects: Sequence[str]) -> dict[str, tuple[int, str]]:
-    """(round, value) per subject among ``subjects`` that has a stored report."""
-    out: dict[str, tuple[int, str]] = {}
+                   subjects: Sequence[str]) -> dict[str, tuple[int, str, int | None]]:
+    """(round, value, batch) per subject among ``subjects`` that has a stored report
+    (``batch``: the session batch that stored it; None before migration 0005)."""
+    out: dict[str, tuple[int, str, int | None]] = {}
     subs = [str(x) for x in subjects]
     of = dict(zip(ledger.pseudonyms(subs).tolist(), subs, strict=True))  # pseudonym → id
     pseud = list(of)
@@ -80,11 +82,11 @@ def stored_reports(ledger: Any, session_id: int,
             with s.connection().connection.driver_connection.cursor() as cur:
                 rows = cur.execute(_STORED_PG, {"sid": int(session_id), "ids": "\n".join(pseud)},
                                    prepare=False).fetchall()
-            return {of[subj]: (rnd, val) for subj, rnd, val in rows}
+            return {of[subj]: (rnd, val, batch) for subj, rnd, val, batch in rows}
         for i in range(0, len(pseud), 500):
             chunk = pseud[i:i + 500]
             for r in s.scalars(select(SessionReport).where(
                     SessionReport.session_id == int(session_id),
                     SessionReport.subject.in_(chunk))):
-                out[of[r.subject]] = (r.round, r.value)
+                out[of[r.subject]] = (r.round, r.value, r.batch)
     return out

@@ -138,15 +138,15 @@ def _info(t: ApiToken) -> TokenInfo:
                      created_at=t.created_at, expires_at=t.expires_at, revoked_at=t.revoked_at)
 
 
-def _text(v: Any, what: str, *, ident: bool = False) -> str | None:
+def _text(v: Any, what: str, *, ident: bool = False, bidi_ok: bool = False) -> str | None:
     """``v`` if 1-200 characters, storable, no end blank; a name: no control character and
     no bidirectional control (:data:`privcal.errors.BIDI_CONTROLS`, the library's rule for
-    names: one would reorder ``token list`` and the UI); an id: NFC."""
+    names: one would reorder ``token list`` and the UI) unless ``bidi_ok``; an id: NFC."""
     if v is None:
         return None
     if not isinstance(v, str) or not v or len(v) > 200 or v != v.strip():
         raise InvalidInput(f"{what} must be 1 to 200 characters without surrounding spaces")
-    bidi = None if ident else BIDI_CONTROLS.search(v)
+    bidi = None if ident or bidi_ok else BIDI_CONTROLS.search(v)
     bad = utf8_problem(v) or (
         ("is not in Unicode NFC" if not unicodedata.is_normalized("NFC", v) else None) if ident
         else "contains a control character" if _CONTROL.search(v)
@@ -159,8 +159,10 @@ def _text(v: Any, what: str, *, ident: bool = False) -> str | None:
 
 def token_texts(*, name: str | None, datasets: Sequence[str], subject: str | None,
                 agent: str | None) -> tuple[str | None, list[str], str | None, str | None]:
-    """A token's name, dataset names, subject and agent, checked (:func:`_text`)."""
-    ds = [str(_text(str(d), "dataset name")) for d in datasets]
+    """A token's name, dataset names, subject and agent, checked (:func:`_text`). A dataset
+    name binds an existing dataset (the callers check it exists): one made before names
+    refused bidirectional controls keeps its name and can still be granted."""
+    ds = [str(_text(str(d), "dataset name", bidi_ok=True)) for d in datasets]
     return (_text(name, "name"), ds, _text(subject, "subject", ident=True),
             _text(agent, "agent", ident=True))
 

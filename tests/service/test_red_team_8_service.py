@@ -159,6 +159,9 @@ def test_a_trailing_slash_is_404_not_a_redirect(live: Live) -> None:
                           headers={"Idempotency-Key": "rt8-slash", "Host": "evil.example"})
             _problem(r, 404, "not-found")
             assert "location" not in r.headers
+            # review R (F5): it says why, in one line
+            assert r.json()["detail"] == (f"no route {path!r} (paths are not redirected: "
+                                          "drop the trailing slash)")
     assert ledger_snapshot(live) == before
     with live.client() as c:  # the web view's documented address still leads to it
         r = c.get("/ui", headers={"Host": "evil.example"})

@@ -108,3 +108,51 @@ def test_a_retry_racing_its_original_on_another_worker_is_not_rejected(
     if kind == "reports":  # each subject charged once (ε = 1), none twice
         summary = acct.subject_summary("d")
         assert summary.subjects == PAIRS and float(summary.max) == 1.0
+
+
+def test_a_report_this_batch_stored_is_accepted_and_another_writer_s_a_duplicate(
+        accountant: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review R (F2): when another worker stored one report of a batch between the
+    batcher's read and its write, every stored report of the batch was answered
+    "duplicate" — the one this batch stored too. Each stored report records its batch."""
+    import privcal.accountant.sessions as sessions
+    from privcal.service.batcher import ReportBatcher, _Item
+
+    acct: Accountant = accountant
+    acct.create_dataset("d", rho="1", subject_epsilon="100")
+    sid = sessions.open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0,
+                                rounds=1, group_size=50).id
+    rnd = session_status(acct, sid).round
+    real = sessions.submit_reports
+
+    def racing(acct_: Any, sid_: int, subjects: Any, values: Any, rounds: Any = None,
+               **kw: Any) -> Any:
+        real(acct_, sid_, ["A"], [1], [rnd])  # the other worker stores A's retry first
+        return real(acct_, sid_, subjects, values, rounds, **kw)
+
+    monkeypatch.setattr(sessions, "submit_reports", racing)
+    items = [_Item(sid, "A", rnd, 1), _Item(sid, "B", rnd, 0)]
+    ReportBatcher(acct)._write(sid, items)
+    assert [(it.subject, it.outcome.status if it.outcome else it.error)
+            for it in items] == [("A", "duplicate"), ("B", "accepted")]
+
+
+def test_an_agent_message_near_zero_is_not_the_stored_zero(accountant: Any) -> None:
+    """Review R (F3): messages were compared with an absolute tolerance of 1e-12, so a
+    FedCP-QQ agent's second, different raw score (0.0 after 1e-13) was answered
+    "duplicate" — stored — when it is another message (refused)."""
+    import privcal.accountant.sessions as sessions
+    from privcal.service.batcher import ReportBatcher, _Item
+
+    acct: Accountant = accountant
+    acct.create_dataset("d", rho="1", allow_nonprivate=True)
+    sid = sessions.open_session(acct, "fedcp-qq", dataset="d", alpha=0.2, agents=3,
+                                local_n=50).id
+    batcher = ReportBatcher(acct)
+    answers = []
+    for v in (1e-13, 1e-13, 0.0, -5e-13):
+        it = _Item(sid, "a1", None, v)
+        batcher._write(sid, [it])
+        assert it.outcome is not None
+        answers.append(it.outcome.status)
+    assert answers == ["accepted", "duplicate", "rejected", "rejected"]

@@ -310,14 +310,15 @@ def submit_reports(
             "status": row.status, "state_digest": keyed_state_digest(skey, st),
         })
         if finish is None:
-            return SubmitResult(**result, session=info_of(ledger, conn, row, ds.name))
+            return SubmitResult(**result, batch=batch,
+                                session=info_of(ledger, conn, row, ds.name))
         # the last batch: the release, through the ORM (once per session)
         with ledger.orm_in_core(conn) as s:
             row_o = s.get(CollectionSession, row.id)
             ds_o = s.get(Dataset, ds.id)
             release_in_tx(accountant, s, ds_o, row_o,  # type: ignore[arg-type]
                           state_key=skey, privacy_extra=st.get("privacy_extra"), **finish)
-            return SubmitResult(**result, session=info_of(ledger, s, row_o, ds.name))
+            return SubmitResult(**result, batch=batch, session=info_of(ledger, s, row_o, ds.name))
 
     try:
         return ledger.write_core(tx)

@@ -91,3 +91,6 @@ class SubmitResult(BaseModel):
     advanced: bool
     session: SessionInfo
     replayed: bool = False
+    #: the session batch number that stored this batch's accepted reports (each stored
+    #: report records its batch); None when none was accepted or for a replay
+    batch: int | None = None
