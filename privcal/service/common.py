@@ -15,7 +15,8 @@ from starlette.responses import JSONResponse
 from privcal.service.problems import ProblemError
 from privcal.storage.request_fingerprints import keyed_fingerprint, request_digest_hex
 
-__all__ = ["IDEMPOTENCY_HEADER", "doc", "idempotent", "public", "request_fingerprint"]
+__all__ = ["IDEMPOTENCY_HEADER", "doc", "idempotent", "public", "refuse_reused_or_running",
+           "request_fingerprint"]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -57,6 +58,17 @@ def request_fingerprint(subject_key: bytes, fingerprint: Any) -> str:
     return keyed_fingerprint(subject_key, request_digest_hex(body))
 
 
+def refuse_reused_or_running(state: str) -> None:
+    """The 409 of a reservation whose key was used for another request (``mismatch``) or
+    whose request is still running (``pending``); nothing for the other states."""
+    if state == "mismatch":
+        raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
+                           "this Idempotency-Key was used for a different request")
+    if state == "pending":
+        raise ProblemError(409, "idempotency-in-progress", "Request in progress",
+                           "a request with this Idempotency-Key is still running; retry later")
+
+
 def idempotent(request: Request, key: str | None, fingerprint: Any,
                fn: Callable[[], tuple[int, Any]], *, required: bool = True) -> JSONResponse:
     """Run ``fn`` (→ status, document) once per (principal, key); replay its answer after.
@@ -87,12 +99,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     route = request.scope["route"].path
     fp = request_fingerprint(ledger.subject_key(), fingerprint)
     out = reserve_idempotent(ledger, p.id, key, f"{request.method} {route}", fp)
-    if out.state == "mismatch":
-        raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
-                           "this Idempotency-Key was used for a different request")
-    if out.state == "pending":
-        raise ProblemError(409, "idempotency-in-progress", "Request in progress",
-                           "a request with this Idempotency-Key is still running; retry later")
+    refuse_reused_or_running(out.state)
     if out.state == "replay":
         return JSONResponse(out.response, status_code=200,
                             headers={"Idempotent-Replayed": "true"})

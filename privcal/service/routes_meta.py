@@ -12,7 +12,13 @@ from starlette.responses import JSONResponse
 from privcal.errors import PrivcalError
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.bound_tokens import create_bound_token
-from privcal.service.common import IDEMPOTENCY_HEADER, doc, public, request_fingerprint
+from privcal.service.common import (
+    IDEMPOTENCY_HEADER,
+    doc,
+    public,
+    refuse_reused_or_running,
+    request_fingerprint,
+)
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
 from privcal.storage.token_secrets import is_token_id
@@ -145,12 +151,7 @@ def _reserve(request: Request, keyed: tuple[str, str], body: TokenCreate) -> Non
                            f"{tid}; its secret was shown once (if it was lost, revoke that "
                            "token and create another under a new Idempotency-Key)",
                            token_id=tid)
-    if out.state == "mismatch":
-        raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
-                           "this Idempotency-Key was used for a different request")
-    if out.state == "pending":
-        raise ProblemError(409, "idempotency-in-progress", "Request in progress",
-                           "a request with this Idempotency-Key is still running; retry later")
+    refuse_reused_or_running(out.state)
 
 
 @router.get("/v1/tokens", **allow("admin"))
