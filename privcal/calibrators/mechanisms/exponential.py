@@ -218,8 +218,8 @@ def _exp_bounds(t: Fraction, digits: int) -> tuple[Fraction, Fraction]:
     t_lo, t_hi = dn.divide(num, den), up.divide(num, den)
     near = Context(prec=digits)
     slack = Fraction(1, 10 ** (digits - 2))
-    hi = Fraction(near.exp(-t_lo)) * (1 + slack)
-    lo = Fraction(near.exp(-t_hi)) * (1 - slack)
+    hi = Fraction(near.exp(t_lo.copy_negate())) * (1 + slack)
+    lo = Fraction(near.exp(t_hi.copy_negate())) * (1 - slack)
     return lo, hi
 
 
