@@ -57,7 +57,7 @@ def audit_head(request: Request) -> dict[str, Any]:
 
 
 #: the largest audit sequence number a ledger holds (a 32-bit integer column on PostgreSQL)
-SEQ_MAX = 2**31 - 1
+SEQ_MAX = MAX_STORED_ID
 
 
 @router.get("/audit/entries", **allow("admin", "auditor"))

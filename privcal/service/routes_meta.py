@@ -21,6 +21,7 @@ from privcal.service.common import (
 )
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
+from privcal.storage.releases import MAX_STORED_ID
 from privcal.storage.token_secrets import is_token_id
 
 router = APIRouter(route_class=JsonRoute)
@@ -96,7 +97,7 @@ class TokenCreate(BaseModel):
     dataset: str | None = Field(default=None, min_length=1, max_length=200)
     datasets: list[str] | None = Field(default=None, max_length=1000)
     #: a session id: the ledger's session ids are 32-bit (``SessionId`` of the session routes)
-    session: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    session: int | None = Field(default=None, ge=1, le=MAX_STORED_ID)
     subject: str | None = Field(default=None, min_length=1, max_length=200)
     agent: str | None = Field(default=None, min_length=1, max_length=200)
     expires_in: int | None = Field(default=None, ge=1, le=10 * 366 * 86400)

@@ -41,6 +41,7 @@ from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, utf8_problem
 from privcal.storage.audit import now
 from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
+from privcal.storage.releases import MAX_STORED_ID
 from privcal.storage.service_reads import _STORED_PG as _STORED_PG  # re-exported
 from privcal.storage.service_reads import (
     AuditEntryDoc,
@@ -61,8 +62,9 @@ ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ing
 TOKEN_PREFIX = "pcl_"
 _TOKEN_RE = re.compile(rf"^pcl_({TOKEN_ID})_([A-Za-z0-9_-]{{43}})$")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-#: the largest session id a token binds (``api_tokens.session_id`` is a 32-bit INTEGER)
-SESSION_MAX = 2**31 - 1
+#: the largest session id a token binds (``api_tokens.session_id`` is a 32-bit INTEGER, as
+#: every row id the ledger hands out)
+SESSION_MAX = MAX_STORED_ID
 #: a pending reservation older than this is taken over by a retry (its request died)
 PENDING_TTL = timedelta(minutes=5)
 
