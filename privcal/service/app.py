@@ -168,11 +168,6 @@ class ServiceMiddleware:
         await resp(scope, _nothing, send)
 
 
-def shown_path(path: str) -> str:
-    """A request path for an error message: at most 80 characters, quoted."""
-    return repr(path) if len(path) <= 80 else repr(path[:80]) + "…"
-
-
 async def _send_see_other(send: Send, location: str) -> None:
     """A 303 to ``location`` (a path of this server: never built from a request header)."""
     await send({"type": "http.response.start", "status": 303,
@@ -341,7 +336,9 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         detail = str(exc.detail)
         path = request.url.path
         if exc.status_code == 404 and len(path) > 1 and path.endswith("/"):
-            detail = f"no route {shown_path(path)} (paths are not redirected: drop the " \
+            from privcal.service.auth import shown_text
+
+            detail = f"no route {shown_text(path, 80)} (paths are not redirected: drop the " \
                      "trailing slash)"
         return problem_response(ProblemError(exc.status_code, slug, str(exc.detail), detail,
                                              headers=headers))
