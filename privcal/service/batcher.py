@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import queue
 import threading
 import time
@@ -122,18 +121,13 @@ def _deliver(items: list[_Item]) -> None:
 
 def _same(stored: tuple[int, str, int | None], rnd: int | None, value: Any) -> bool:
     """Whether a stored (round, value, batch) is this report: the same round and the same
-    value, up to a relative 10⁻¹² (a FedCP²-QQ grid point sent as another decimal text) —
-    never an absolute tolerance (a FedCP-QQ message is a raw score: 1e-13 and 0.0 are two
-    messages)."""
+    stored text — a device's bit as sent, an agent's message as the library stores it
+    (:meth:`ReportBatcher._message_texts`); no tolerance (a FedCP-QQ message is a raw score:
+    1.0 and 1.0000000000005 are two messages)."""
     srnd, sval = stored[0], stored[1]
     if rnd is not None and srnd != rnd:
         return False
-    if sval == str(value):
-        return True
-    try:
-        return math.isclose(float(sval), float(value), rel_tol=1e-12, abs_tol=0.0)
-    except (TypeError, ValueError):
-        return False
+    return value is not None and sval == str(value)
 
 
 class ReportBatcher:
@@ -298,18 +292,42 @@ class ReportBatcher:
                 it.subject, it.token = info.subject, None
         return [it for it in items if it.token is None and not it.done]
 
+    def _message_texts(self, sid: int, items: list[_Item]) -> dict[int, str | None]:
+        """An agent message (an item without a round) as the library would store it —
+        :func:`~privcal.accountant.sessions.parsing.parse_messages` under the session's
+        plan: a FedCP²-QQ value within the grid's tolerance is its grid point, a FedCP-QQ
+        score its own float's text; None if the library would refuse it — by item id; so a
+        retry is compared with the stored text exactly, never within a tolerance."""
+        msgs = [it for it in items if it.round is None]
+        if not msgs:
+            return {}
+        import numpy as np
+
+        from privcal.accountant.sessions import parsing, session_status
+        from privcal.calibrators.fedplan import Fed2Plan, FedPlan
+
+        info = session_status(self.accountant, sid)
+        if info.plan is None:
+            return {}
+        plan = (Fed2Plan if info.method == "fedcp2-qq" else FedPlan).model_validate(info.plan)
+        ok, texts = parsing.parse_messages(
+            info.method, np.asarray([it.value for it in msgs], dtype=object), plan)
+        return {id(it): (t if good else None)
+                for it, good, t in zip(msgs, ok.tolist(), texts, strict=True)}
+
     def _write(self, sid: int, items: list[_Item]) -> None:
         from privcal.accountant.sessions import submit_reports
         from privcal.storage.tokens import stored_reports
 
         ledger = self.accountant.ledger
         before = stored_reports(ledger, sid, [it.subject for it in items])
+        as_stored = self._message_texts(sid, items)
         todo: list[_Item] = []
         for it in items:
             old = before.get(it.subject)
             if old is None:
                 todo.append(it)
-            elif _same(old, it.round, it.value):
+            elif _same(old, it.round, as_stored.get(id(it), it.value)):
                 it.answer(Outcome("duplicate", None, None))
             else:
                 it.answer(Outcome(
@@ -333,7 +351,7 @@ class ReportBatcher:
         after = stored_reports(ledger, sid, [it.subject for it in todo])
         for it in todo:
             got = after.get(it.subject)
-            if got is not None and _same(got, it.round, it.value):
+            if got is not None and _same(got, it.round, as_stored.get(id(it), it.value)):
                 # each stored report records the batch that stored it: this one's is
                 # "accepted", another writer's (the original this request retries) "duplicate"
                 mine = res.batch is not None and got[2] == res.batch

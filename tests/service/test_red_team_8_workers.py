@@ -156,3 +156,46 @@ def test_an_agent_message_near_zero_is_not_the_stored_zero(accountant: Any) -> N
         assert it.outcome is not None
         answers.append(it.outcome.status)
     assert answers == ["accepted", "duplicate", "rejected", "rejected"]
+
+
+def test_a_retried_message_is_compared_as_the_library_stores_it(accountant: Any) -> None:
+    """Review R2 (F1, F2): a FedCP²-QQ message is stored as its grid point (a value within
+    the grid's tolerance), so the same text sent again was "rejected: another report"
+    (compared with the sent text within 10⁻¹²), and a FedCP-QQ score 5·10⁻¹³ away was
+    "duplicate". Now each is compared with the library's own stored text, exactly."""
+    import privcal.accountant.sessions as sessions
+    from privcal.service.batcher import ReportBatcher, _Item
+
+    acct: Accountant = accountant
+    acct.create_dataset("d", epsilon="10", subject_epsilon="10", allow_nonprivate=True)
+    fed2 = sessions.open_session(acct, "fedcp2-qq", dataset="d", alpha=0.1, epsilon=2.0,
+                                 agents=5, local_n=200, bins=4, upper=1.0).id
+    fed = sessions.open_session(acct, "fedcp-qq", dataset="d", alpha=0.2, agents=3,
+                                local_n=50).id
+    batcher = ReportBatcher(acct)
+
+    def send(sid: int, agent: str, value: Any) -> str:
+        it = _Item(sid, agent, None, value)
+        batcher._write(sid, [it])
+        assert it.outcome is not None, it.error
+        return it.outcome.status
+
+    # grid {0, 1/3, 2/3, 1}: "0.3333333333" and 1e-10 are grid points 1/3 and 0
+    assert [send(fed2, "a1", "0.3333333333") for _ in range(2)] == ["accepted", "duplicate"]
+    assert [send(fed2, "a2", 1e-10) for _ in range(2)] == ["accepted", "duplicate"]
+    assert send(fed2, "a2", 1 / 3) == "rejected"  # another grid point than the stored one
+    assert [send(fed, "f1", v) for v in (1.0, 1.0, 1.0 + 5e-13)] == [
+        "accepted", "duplicate", "rejected"]
+
+
+def test_a_replayed_batch_says_the_batch_that_stored_it(accountant: Any) -> None:
+    """Review R2 (F5): a keyed batch's replay answered ``batch: None``, not the original's."""
+    import privcal.accountant.sessions as sessions
+
+    acct: Accountant = accountant
+    acct.create_dataset("d", rho="1", allow_nonprivate=True)
+    sid = sessions.open_session(acct, "fedcp-qq", dataset="d", alpha=0.2, agents=3,
+                                local_n=50).id
+    first = sessions.submit_reports(acct, sid, ["f2"], [2.0], idempotency_key="k")
+    again = sessions.submit_reports(acct, sid, ["f2"], [2.0], idempotency_key="k")
+    assert again.replayed and first.batch is not None and again.batch == first.batch

@@ -219,7 +219,7 @@ def submit_reports(
                     raise InvalidInput(
                         f"idempotency key {key!r} was already used for a different batch of "
                         f"session {row.id} (batch {done.batch}): use a new key")
-                return SubmitResult(**done.result, replayed=True,
+                return SubmitResult(**done.result, replayed=True, batch=done.batch,
                                     session=info_of(ledger, conn, row, ds.name))
         why: Counter[str] = Counter()
         if row.status != "open":

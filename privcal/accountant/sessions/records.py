@@ -92,5 +92,5 @@ class SubmitResult(BaseModel):
     session: SessionInfo
     replayed: bool = False
     #: the session batch number that stored this batch's accepted reports (each stored
-    #: report records its batch); None when none was accepted or for a replay
+    #: report records its batch; a replay says the original's); None when none was accepted
     batch: int | None = None
