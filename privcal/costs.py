@@ -17,14 +17,24 @@ convert (``.to_zcdp()``, ``.to_approx(delta)``). The stored JSON form is unchang
 
 from __future__ import annotations
 
-from decimal import Context, Decimal, localcontext
+from decimal import (
+    MAX_EMAX,
+    MIN_EMIN,
+    ROUND_HALF_EVEN,
+    Context,
+    Decimal,
+    DivisionByZero,
+    InvalidOperation,
+    Overflow,
+    localcontext,
+)
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from privcal.errors import InvalidInput
 
-__all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "parse_cost"]
+__all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "fixed_context", "parse_cost"]
 
 
 def _np_float(value: object) -> bool:
@@ -63,12 +73,22 @@ def _delta(value: object, *, allow_zero: bool) -> Decimal:
     return d
 
 
+def fixed_context(prec: int, rounding: str = ROUND_HALF_EVEN) -> Context:
+    """A decimal context that depends on nothing global: every field is given, since Python
+    fills the ones a ``Context(...)`` call omits (exponent range, traps, rounding) from
+    ``decimal.DefaultContext``, which any program may change (red team 8: an embedding
+    program's ``DefaultContext.Emin = -99`` made the exact sampler's exp(−300) bounds 0)."""
+    return Context(prec=prec, rounding=rounding, Emin=MIN_EMIN, Emax=MAX_EMAX, capitals=1,
+                   clamp=0, flags=[], traps=[InvalidOperation, DivisionByZero, Overflow])
+
+
+_EXACT = fixed_context(80)
+
+
 def plain(d: Decimal) -> str:
-    """A decimal as people write it: ``10`` not ``1E+1``, ``0.000001`` not ``1E-6``."""
-    return format(d.normalize(), "f")
-
-
-_EXACT = Context(prec=80)
+    """A decimal as people write it: ``10`` not ``1E+1``, ``0.000001`` not ``1E-6`` (in a
+    context of its own: a caller's low precision would round it)."""
+    return format(d.normalize(_EXACT), "f")
 _EPS = Field(validation_alias=AliasChoices("eps", "epsilon"))
 
 

@@ -1,11 +1,14 @@
-"""Red team 8 (lead's fixes): a session option given under both of its names is refused,
-not one silently dropped (H-F3); a dataset name with a bidirectional control (it prints as
-another name) is refused (H-F9)."""
+"""Red team 8 (lead's fixes and the reviews of the fixes): a session option given under both
+of its names is refused, not one silently dropped (H-F3); a dataset name with a
+bidirectional control (it prints as another name) is refused (H-F9); the SQLite key lock by
+the file's real path (K); session ids past 2³¹−1; the ties note for several levels; decimal
+contexts of the exact sampler and of a bound's text that depend on nothing global (R2)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from privcal.accountant import Accountant
@@ -140,3 +143,56 @@ def test_several_levels_of_split_say_when_ties_void_the_headline_upper_bound(
         assert res.exit_code == 0, res.output
         assert ("other calibration scores equal the threshold: the upper bound 0.947619 "
                 "(no ties) does not apply" in res.stdout) == ties, res.stdout
+
+
+@pytest.fixture
+def changed_default_context() -> Any:
+    """``decimal.DefaultContext`` as an embedding program may set it (Emin -99, Inexact
+    trapped), restored after the test."""
+    import decimal
+
+    saved = decimal.DefaultContext.copy()
+    decimal.DefaultContext.Emin = -99
+    decimal.DefaultContext.traps[decimal.Inexact] = True
+    try:
+        yield
+    finally:
+        for field in ("prec", "rounding", "Emin", "Emax", "capitals", "clamp"):
+            setattr(decimal.DefaultContext, field, getattr(saved, field))
+        decimal.DefaultContext.traps = dict(saved.traps)
+        decimal.DefaultContext.flags = dict(saved.flags)
+
+
+def test_exact_sampler_bounds_ignore_the_default_context(changed_default_context: Any) -> None:
+    """Review R2 (F3): the exact exponential sampler built its decimal contexts from
+    ``decimal.DefaultContext`` (the fields a ``Context(...)`` call omits): with Emin -99
+    the bounds of exp(−300) were both 0 — a grid point's probability 0 on one dataset and
+    positive on a neighbour — and with Inexact trapped every draw raised."""
+    import random
+    from decimal import Context, Decimal
+    from fractions import Fraction
+
+    from privcal.calibrators.mechanisms import exponential as em
+
+    ref = Fraction(Context(prec=60, Emin=-10**6, Emax=10**6, traps=[]).exp(Decimal(-300)))
+    lo, hi = em._exp_bounds(Fraction(300), 30)
+    assert 0 < lo <= ref <= hi and (hi - lo) / ref < Fraction(1, 10**25)
+    below = np.arange(0, 110, 10)  # 11 grid points of 100 scores: counts below, above
+    index = em.sample_index(below, 100 - below, 0.5, 1.0, random.Random(3))
+    assert 0 <= index <= 10  # Inexact trapped in DefaultContext: no longer raised
+
+
+def test_a_bound_s_text_ignores_the_caller_s_precision() -> None:
+    """Review R2 (F3): ``text_at_most`` normalised its decimal in the caller's context: under
+    ``localcontext(prec=3)`` P-COQS's 57/70 printed as 0.814, not 0.814285 — a statement
+    that no longer recomputes to the recorded one."""
+    from decimal import localcontext
+    from fractions import Fraction
+
+    from privcal.calibrators.bound_floats import text_at_least, text_at_most
+
+    x = float(Fraction(57, 70))
+    with localcontext() as ctx:
+        ctx.prec = 3
+        assert text_at_most(x, Fraction(57, 70)) == "0.814285"
+        assert text_at_least(float(Fraction(1, 3)) - 1e-12, Fraction(1, 3)) == "0.333334"

@@ -16,8 +16,10 @@ for an upper bound.
 from __future__ import annotations
 
 import math
-from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal, localcontext
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from fractions import Fraction
+
+from privcal.costs import fixed_context
 
 __all__ = ["float_at_least", "float_at_most", "rank_bound", "text_at_least", "text_at_most"]
 
@@ -57,9 +59,9 @@ def _text(x: float, bound: Fraction, digits: int, *, up: bool) -> str:
     s = f"{x:.{digits}g}"
     if (Fraction(s) >= bound) if up else (Fraction(s) <= bound):
         return s
-    with localcontext(Context(prec=digits, rounding=ROUND_CEILING if up else ROUND_FLOOR)):
-        d = Decimal(bound.numerator) / Decimal(bound.denominator)
-    return format(d.normalize(), "g")
+    ctx = fixed_context(digits, ROUND_CEILING if up else ROUND_FLOOR)
+    d = ctx.divide(Decimal(bound.numerator), Decimal(bound.denominator))
+    return format(d.normalize(ctx), "g")
 
 
 def text_at_most(x: float, bound: Fraction, digits: int = 6) -> str:

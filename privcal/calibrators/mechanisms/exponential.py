@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import math
 import random
-from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from fractions import Fraction
 
 import numpy as np
 
 from privcal.calibrators.mechanisms.discrete_gaussian import to_fraction
+from privcal.costs import fixed_context
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -212,11 +213,13 @@ def _exp_bounds(t: Fraction, digits: int) -> tuple[Fraction, Fraction]:
     t is rounded down and up with directed rounding; ``Decimal.exp`` is correctly rounded
     (relative error ≤ ½·10^(1−digits)), widened here by 10^(2−digits) each way.
     """
-    dn = Context(prec=digits, rounding=ROUND_FLOOR)
-    up = Context(prec=digits, rounding=ROUND_CEILING)
+    # contexts of their own, every field given (fixed_context): nothing from the thread's
+    # context or decimal.DefaultContext (an Emin of -99 there made exp(-300)'s bounds 0)
+    dn = fixed_context(digits, ROUND_FLOOR)
+    up = fixed_context(digits, ROUND_CEILING)
     num, den = Decimal(t.numerator), Decimal(t.denominator)
     t_lo, t_hi = dn.divide(num, den), up.divide(num, den)
-    near = Context(prec=digits)
+    near = fixed_context(digits)
     slack = Fraction(1, 10 ** (digits - 2))
     hi = Fraction(near.exp(t_lo.copy_negate())) * (1 + slack)
     lo = Fraction(near.exp(t_hi.copy_negate())) * (1 - slack)
