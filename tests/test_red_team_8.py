@@ -196,3 +196,24 @@ def test_a_bound_s_text_ignores_the_caller_s_precision() -> None:
         ctx.prec = 3
         assert text_at_most(x, Fraction(57, 70)) == "0.814285"
         assert text_at_least(float(Fraction(1, 3)) - 1e-12, Fraction(1, 3)) == "0.333334"
+
+
+def test_the_exact_sampler_returns_at_huge_exponents() -> None:
+    """Review R2 (F4): the sampler shifted the exponents by v_min·(1 − 2⁻³⁰), leaving the
+    best grid point v_min·2⁻³⁰: past ε·n ≈ 10¹¹ every proposal was accepted with a
+    vanishing probability and an ExponQ calibration never returned (after its charge). The
+    shift is the exact minimum now; run in a subprocess, so the old hang fails, not stalls."""
+    import subprocess
+    import sys
+
+    code = ("import random, numpy as np\n"
+            "from privcal.calibrators.mechanisms.exponential import sample_index\n"
+            "b = np.arange(1001); a = 1000 - b\n"
+            "print([sample_index(b, a, 0.5, e, random.Random(0)) for e in (1e9, 1e12, 1e15)])\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sample_index did not return in 60 s at ε·n = 10¹²")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[500, 500, 500]"  # the median: every other point ~e^-10⁵

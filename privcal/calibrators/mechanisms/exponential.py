@@ -24,8 +24,8 @@ Sampler (exact, :func:`sample_index`): the selection probabilities are never
 rounded. With d_j = ε·w_j/(2Δ) as exact rationals (q as its exact binary
 value, ε as the decimal typed), j is drawn by rejection: a proposal
 j ∝ 2^(−L_j), where the integers L_j ≤ (d_j − s)·log2(e) are lower bounds
-computed with IEEE-exact +, −, ×, ÷ and a margin (s ≤ min d_j a rational
-shift), sampled exactly with ``rng.randrange``; then acceptance with
+computed with IEEE-exact +, −, ×, ÷ and a margin (s = min d_j, computed exactly
+among the few j whose float screening puts them near the minimum), sampled exactly with ``rng.randrange``; then acceptance with
 probability exp(−(d_j − s))·2^(L_j) ≤ 1, decided by comparing a lazily
 refined uniform (``rng.getrandbits``) against rigorous decimal bounds of that
 number (``Decimal.exp`` is correctly rounded), refining until the comparison
@@ -301,8 +301,12 @@ def sample_index(
     cf = float(c)
     v = cf * np.maximum(b.astype(np.float64) / q, a.astype(np.float64) / (1.0 - q))
     v_min = float(v.min())
-    # s ≤ min_j d_j: each v_j is within 2^−49 (relative) of d_j
-    s = Fraction(v_min) * (1 - Fraction(1, 1 << 30))
+    # s = min_j d_j exactly: each v_j is within 2^−49 (relative) of d_j, so the minimiser
+    # is among the j with v_j ≤ v_min·(1 + 2^−44). (A shift of v_min·(1 − 2^−30) left the
+    # best grid point an exponent v_min·2^−30: past ε·n ≈ 10^11 every proposal's acceptance
+    # was ≪ 1 and the sampler never returned — review R2.)
+    near_min = np.flatnonzero(v <= v_min * (1 + 2.0**-44))
+    s = min(d(int(j)) for j in near_min)
     if float(v.max()) < 2.0**40:
         x = (v - float(s)) * _LOG2E
         # |x_j − (d_j − s)·log2 e| ≤ 2^−45·(v_j + v_min) < 1 when v < 2^40: floor(x − 1 − …)
