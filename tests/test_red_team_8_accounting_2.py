@@ -31,6 +31,7 @@ from privcal.accountant.privacy import shuffle_bounds as sb
 from privcal.cli import main
 from privcal.costs import ZCDP, PureDP
 from privcal.errors import AuditFailed, InvalidInput
+from tests import test_red_team_8_accounting as first_pass
 
 _HI = Context(prec=60)
 
@@ -237,27 +238,9 @@ def test_truncated_clone_delta_is_never_below_the_exact_delta(eps0: float, n: in
 
 # ------------------------------------------------------------------ G09
 def _cks20_exact(rho: Decimal, delta: Decimal) -> Decimal:
-    """inf over a > 1 of aρ + (ln(1/δ) + (a−1)·ln(1−1/a) − ln a)/(a−1) at 60 digits: a grid
-    over x = ln(a − 1), then golden sections (the minimiser's error only raises it)."""
-    with localcontext(_HI):
-        lid = -delta.ln()
-
-        def f(x: Decimal) -> Decimal:
-            a = 1 + x.exp()
-            return a * rho + (lid + (a - 1) * (1 - 1 / a).ln() - a.ln()) / (a - 1)
-
-        lo, hi = Decimal(-30), Decimal(30)
-        step = (hi - lo) / 400
-        best = min((lo + step * i for i in range(401)), key=f)
-        lo, hi = best - step, best + step
-        inv_phi = (Decimal(5).sqrt() - 1) / 2
-        for _ in range(160):
-            c, d = hi - inv_phi * (hi - lo), lo + inv_phi * (hi - lo)
-            if f(c) <= f(d):
-                hi = d
-            else:
-                lo = c
-        return f((lo + hi) / 2)
+    """inf over a > 1 of the CKS20 objective at 60 digits (the first pass's reference,
+    :func:`tests.test_red_team_8_accounting._cks20_exact`, at these decimals)."""
+    return first_pass._cks20_exact(str(rho), str(delta))
 
 
 def test_pure_plus_cks20_sum_is_never_below_its_exact_value() -> None:
