@@ -25,10 +25,11 @@ rounded. With d_j = ε·w_j/(2Δ) as exact rationals (q as its exact binary
 value, ε as the decimal typed), j is drawn by rejection: a proposal
 j ∝ 2^(−L_j), where the integers L_j ≤ (d_j − s)·log2(e) are lower bounds
 computed with IEEE-exact +, −, ×, ÷ and a margin (s = min d_j, computed exactly
-among the few j whose float screening puts them near the minimum), sampled exactly with ``rng.randrange``; then acceptance with
-probability exp(−(d_j − s))·2^(L_j) ≤ 1, decided by comparing a lazily
-refined uniform (``rng.getrandbits``) against rigorous decimal bounds of that
-number (``Decimal.exp`` is correctly rounded), refining until the comparison
+among the few j whose float screening puts them near the minimum), sampled
+exactly with ``rng.randrange``; then acceptance with probability
+exp(−(d_j − s))·2^(L_j) ≤ 1, decided by comparing a lazily refined uniform
+(``rng.getrandbits``) against rigorous decimal bounds of that number
+(``Decimal.exp`` is correctly rounded), refining until the comparison
 is decided. The accepted j has probability exactly ∝ exp(−d_j): pure ε-DP
 holds as stated, with no δ from floating point (the float inverse-CDF sampler
 this replaces could not output some bins under one neighbour that had
