@@ -18,8 +18,6 @@ convert (``.to_zcdp()``, ``.to_approx(delta)``). The stored JSON form is unchang
 from __future__ import annotations
 
 from decimal import (
-    MAX_EMAX,
-    MIN_EMIN,
     ROUND_HALF_EVEN,
     Context,
     Decimal,
@@ -78,7 +76,7 @@ def fixed_context(prec: int, rounding: str = ROUND_HALF_EVEN) -> Context:
     fills the ones a ``Context(...)`` call omits (exponent range, traps, rounding) from
     ``decimal.DefaultContext``, which any program may change (red team 8: an embedding
     program's ``DefaultContext.Emin = -99`` made the exact sampler's exp(−300) bounds 0)."""
-    return Context(prec=prec, rounding=rounding, Emin=MIN_EMIN, Emax=MAX_EMAX, capitals=1,
+    return Context(prec=prec, rounding=rounding, Emin=-999_999, Emax=999_999, capitals=1,
                    clamp=0, flags=[], traps=[InvalidOperation, DivisionByZero, Overflow])
 
 

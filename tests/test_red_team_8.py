@@ -217,3 +217,58 @@ def test_the_exact_sampler_returns_at_huge_exponents() -> None:
         pytest.fail("sample_index did not return in 60 s at ε·n = 10¹²")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[500, 500, 500]"  # the median: every other point ~e^-10⁵
+
+
+def test_the_accountant_ignores_a_default_context_set_before_import(tmp_path: Any) -> None:
+    """Review R3 (F1): the accountant's module-level exact contexts (filters, guarantees,
+    report, the subject units) were ``Context(prec=…)``, built at import from
+    ``decimal.DefaultContext``: a program that trapped Inexact before importing privcal had
+    every zCDP charge to an (ε, δ) cap raise a bare ``decimal.Inexact``. Run in a fresh
+    interpreter, the context changed first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import decimal\n"
+        "decimal.DefaultContext.traps[decimal.Inexact] = True\n"
+        "decimal.DefaultContext.Emin = -99\n"
+        "from privcal.accountant import Accountant\n"
+        "from privcal.costs import ZCDP, PureDP\n"
+        "from privcal.storage import Ledger\n"
+        f"led = Ledger('sqlite:///{tmp_path / 'l.db'}'); led.upgrade()\n"
+        "acct = Accountant(led)\n"
+        "acct.create_dataset('d', approx_epsilon=1, approx_delta='1e-6', subject_epsilon=2)\n"
+        "acct.charge('d', ZCDP('0.01')); acct.charge('d', PureDP('0.1'))\n"
+        "print(acct.budget('d').summary)\n"
+        "print(ZCDP('0.5').to_approx('1e-6').eps)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == "5.22154"
+
+
+def test_conversions_round_in_their_own_context() -> None:
+    """Review R3 (F2): ``ZCDP.to_approx`` and ``amplify`` rounded their figure up in the
+    caller's decimal context: under ``prec=5`` one raised InvalidOperation and the other
+    answered "outside the range the bounds can be computed for"."""
+    from decimal import ROUND_DOWN, localcontext
+
+    from privcal.accountant.privacy.shuffle import amplify
+    from privcal.costs import ZCDP
+
+    want = (ZCDP("0.5").to_approx("1e-6"), amplify(1.0, 10_000, 1e-6))
+    with localcontext() as ctx:
+        ctx.prec, ctx.rounding = 5, ROUND_DOWN
+        assert (ZCDP("0.5").to_approx("1e-6"), amplify(1.0, 10_000, 1e-6)) == want
+    assert str(want[0].eps) == "5.22154"
+
+
+def test_an_agent_message_too_large_for_a_float_is_refused() -> None:
+    """Review R3 (F4): ``10**400`` as a message raised a bare OverflowError (library API)."""
+    from privcal.calibrators.federated_agent import check_message
+    from privcal.calibrators.fedplan import plan_fedcp_qq
+    from privcal.errors import PlanRejected
+
+    plan = plan_fedcp_qq(3, 50, 0.2)
+    with pytest.raises(PlanRejected, match="is not a number"):
+        check_message(10**400, plan)

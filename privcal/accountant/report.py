@@ -13,7 +13,7 @@ it before the last charge: :func:`audit_report`).
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Context, Decimal, localcontext
+from decimal import Decimal, localcontext
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict
 from privcal.accountant import privacy as acc
 from privcal.accountant.datasets import largest_subject_spend
 from privcal.accountant.policy import charge_cost, guarantee_report, policy_of, renyi_orders_of
-from privcal.costs import LocalDP
+from privcal.costs import LocalDP, fixed_context
 
 #: the context of the replay's running Σε0 (exact for any amounts the ledger holds)
-_EXACT = Context(prec=80)
+_EXACT = fixed_context(80)  # every field given: nothing from decimal.DefaultContext
 
 
 class TimelineEntry(BaseModel):

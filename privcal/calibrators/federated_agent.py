@@ -135,8 +135,8 @@ def check_message(value: float, plan: AnyPlan) -> float:
     """
     try:
         v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise PlanRejected(f"message {value!r} is not a number") from exc
+    except (TypeError, ValueError, OverflowError) as exc:  # 10**400: too large for a float
+        raise PlanRejected(f"message {value!r:.60} is not a number") from exc
     if math.isnan(v) or v == -math.inf:
         raise PlanRejected(f"message {value!r} is not a valid score")
     if isinstance(plan, Fed2Plan):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -35,6 +35,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from privcal.costs import fixed_context
 
 __all__ = [
     "MAX_SUBJECT_UNITS",
@@ -71,7 +73,7 @@ MAX_SUBJECT_UNITS = 10**18
 #: (NUMERIC(48, 30), 18 integer digits), whatever decimal context the caller has set — under
 #: a caller's ``getcontext().prec = 13`` a cap of 10.999999999999 divided in the default
 #: context became 11 × 10¹² units, and a subject spent 11 against it
-_UNITS = Context(prec=100)
+_UNITS = fixed_context(100)  # every field given: nothing from decimal.DefaultContext
 
 
 def _units(eps: Decimal, rounding: str) -> int:

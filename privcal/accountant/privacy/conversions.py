@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 from decimal import ROUND_CEILING, Decimal
 
+from privcal.costs import fixed_context
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -39,6 +40,9 @@ __all__ = [
 #: significant digits of a reported ε (rounded up)
 REPORT_DIGITS = 6
 
+
+#: the context of :func:`round_up` (every field given: nothing from the caller's)
+_FIXED = fixed_context(80)
 
 def dstr(d: Decimal) -> str:
     """A decimal as a plain string without exponent or trailing zeros ("0.9", not "0.900E0")."""
@@ -61,11 +65,12 @@ def round_up(x: float, digits: int = REPORT_DIGITS) -> Decimal:
     d = Decimal(x)  # exact binary value
     if d == 0:
         return Decimal(0)
+    ctx = _FIXED  # not the caller's context: its precision or traps would change the figure
     exp = d.adjusted() - digits + 1
-    r = d.quantize(Decimal(1).scaleb(exp), rounding=ROUND_CEILING)
+    r = d.quantize(Decimal(1).scaleb(exp, ctx), rounding=ROUND_CEILING, context=ctx)
     if len(r.as_tuple().digits) > digits:  # rounded up to the next power of ten (999999.5 → 1e6)
-        r = r.quantize(Decimal(1).scaleb(exp + 1), rounding=ROUND_CEILING)
-    return r.normalize()
+        r = r.quantize(Decimal(1).scaleb(exp + 1, ctx), rounding=ROUND_CEILING, context=ctx)
+    return r.normalize(ctx)
 
 
 def check_delta(delta: float) -> None:

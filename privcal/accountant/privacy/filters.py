@@ -81,11 +81,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from decimal import Context, Decimal, localcontext
+from decimal import Decimal, localcontext
 from typing import Literal
 
 from privcal.accountant.privacy.conversions import check_delta, cks20_objective, dstr, round_up
-from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, fixed_context
 from privcal.errors import BudgetRefused, InvalidInput
 
 __all__ = [
@@ -127,7 +127,7 @@ MAX_RENYI_ORDERS = 64
 _MAX_ORDER = Decimal(10) ** 6
 
 #: enough digits that sums of stored amounts (≤ 30 decimals each) stay exact
-_EXACT = Context(prec=80)
+_EXACT = fixed_context(80)  # every field given: nothing from decimal.DefaultContext
 
 
 def renyi_orders(values: object) -> tuple[Decimal, ...]:

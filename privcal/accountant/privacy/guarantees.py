@@ -12,10 +12,11 @@ parameters before it runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from decimal import Context, Decimal, localcontext
+from decimal import Decimal, localcontext
 
 from privcal.accountant.privacy.conversions import cks20_epsilon, dstr, round_up
 from privcal.accountant.privacy.filters import Policy, Spent, approx_usage, used, within_cap
+from privcal.costs import fixed_context
 
 __all__ = [
     "NEIGHBOURING",
@@ -107,7 +108,7 @@ def short_guarantee(epsilon: Decimal, delta: Decimal, *, nonprivate: bool) -> st
 
 
 #: the context of the guarantee's own arithmetic (ε + S), whatever the caller's context is
-_EXACT = Context(prec=80)
+_EXACT = fixed_context(80)  # every field given: nothing from decimal.DefaultContext
 #: relative allowance for the float error of a sum of two nonnegative floats (~2 ulps)
 _SUM_SLACK = 1e-12
 

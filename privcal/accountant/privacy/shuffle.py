@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant.privacy import shuffle_bounds as sb
-from privcal.costs import ApproxDP
+from privcal.costs import ApproxDP, fixed_context
 from privcal.errors import InvalidInput, numeric_edge
 
 __all__ = [
@@ -153,7 +153,9 @@ def _round_up(x: float) -> Decimal:
     d = Decimal(x)
     if d == 0:
         return d
-    return d.quantize(Decimal(1).scaleb(d.adjusted() - DIGITS + 1), rounding=ROUND_CEILING)
+    ctx = fixed_context(80)  # not the caller's context: its precision would change the figure
+    return d.quantize(Decimal(1).scaleb(d.adjusted() - DIGITS + 1, ctx), rounding=ROUND_CEILING,
+                      context=ctx)
 
 
 def _float_not_above(d: Decimal) -> float:

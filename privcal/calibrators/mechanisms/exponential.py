@@ -307,7 +307,11 @@ def sample_index(
     # best grid point an exponent v_min·2^−30: past ε·n ≈ 10^11 every proposal's acceptance
     # was ≪ 1 and the sampler never returned — review R2.)
     near_min = np.flatnonzero(v <= v_min * (1 + 2.0**-44))
-    s = min(d(int(j)) for j in near_min)
+    # d_j depends on j only through (below_j, above_j): one exact value per distinct pair
+    # (a plateau of grid points with equal counts — an empty stretch of scores — is one)
+    keep = np.ones(near_min.size, dtype=bool)
+    keep[1:] = (np.diff(b[near_min]) != 0) | (np.diff(a[near_min]) != 0)
+    s = min(d(int(j)) for j in near_min[keep])
     if float(v.max()) < 2.0**40:
         x = (v - float(s)) * _LOG2E
         # |x_j − (d_j − s)·log2 e| ≤ 2^−45·(v_j + v_min) < 1 when v < 2^40: floor(x − 1 − …)
