@@ -272,3 +272,20 @@ def test_an_agent_message_too_large_for_a_float_is_refused() -> None:
     plan = plan_fedcp_qq(3, 50, 0.2)
     with pytest.raises(PlanRejected, match="is not a number"):
         check_message(10**400, plan)
+
+
+def test_an_amount_is_parsed_in_its_own_context() -> None:
+    """Found while killing N04: ``parse_amount`` quantized in the caller's context — under
+    ``prec=6`` a plain "123.5" raised a bare InvalidOperation (the library's own methods set
+    their context; a direct caller's did not)."""
+    from decimal import Decimal, localcontext
+
+    from privcal.accountant.normalize import normalize_cost, parse_amount
+    from privcal.costs import PureDP
+
+    with localcontext() as ctx:
+        ctx.prec = 6
+        assert parse_amount("123.5", "ε") == Decimal("123.5")
+        with pytest.raises(InvalidInput, match="more than 12 decimal places"):
+            parse_amount("0.1000000000001", "ε")
+        assert normalize_cost(PureDP("123.456789012345")).eps == Decimal("123.456789012345")

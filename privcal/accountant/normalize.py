@@ -15,7 +15,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from privcal.accountant import privacy as acc
-from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float
+from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float, fixed_context
 from privcal.errors import InvalidInput, check_text
 from privcal.storage.audit import canonical, threshold_str
 
@@ -64,11 +64,14 @@ def parse_amount(
         raise InvalidInput(f"{what} must be < 1, got {value}")
     if d >= Decimal("1e15"):
         raise InvalidInput(f"{what} is too large ({value})")
-    if d != d.quantize(_QUANTUM, rounding=ROUND_CEILING):
+    if d != d.quantize(_QUANTUM, rounding=ROUND_CEILING, context=_AMOUNTS):
         raise InvalidInput(f"{what} has more than {AMOUNT_PLACES} decimal places ({value})")
     return d
 
 
+#: the context of an amount's rounding (every field given: not the caller's, whose precision
+#: would make a 12-place amount an InvalidOperation; 28 digits hold any amount below 10¹⁵)
+_AMOUNTS = fixed_context(28)
 #: no amount at or above this is stored (a larger one is a typo, and 10¹⁵ with 12 decimal
 #: places is the most a 28-digit decimal context holds exactly)
 _MAX_AMOUNT = Decimal("1e15")
@@ -87,7 +90,7 @@ def _up(d: Decimal, what: str, *, zero_ok: bool = False) -> Decimal:
         raise InvalidInput(f"privacy amount {d} is too large (must be < {_MAX_AMOUNT:.0E})")
     if d < 0 or (d == 0 and not zero_ok):
         raise InvalidInput(f"{what} must be {'≥' if zero_ok else '>'} 0, got {d}")
-    return d.quantize(_QUANTUM, rounding=ROUND_CEILING).normalize()
+    return d.quantize(_QUANTUM, rounding=ROUND_CEILING, context=_AMOUNTS).normalize(_AMOUNTS)
 
 
 def _same(a: Decimal, b: Decimal) -> bool:
