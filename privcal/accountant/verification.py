@@ -185,13 +185,13 @@ def recompute(rel: Any, ds: Any, *, current: bool = False,
     # team 7: "ε-local DP for each participating subject" also for LDP-CP-L's label-only
     # and FedCP²-QQ's record-level ε): its rule as then; its statement, older wording, is
     # counted as not compared (_legacy_texts), never reported as matching
-    generic = not current and is_legacy_local(recorded)
-    privacy = privacy_record(cost, ds, new_extra, cal, legacy_local=generic)
+    legacy_local = not current and is_legacy_local(recorded)
+    privacy = privacy_record(cost, ds, new_extra, cal, legacy_local=legacy_local)
     if not current and "amplified_for" in privacy and "amplified_for" not in recorded:
         # a shuffled release recorded before its record named whom the amplification
         # protects against: recomputed in the wording of then
         privacy = privacy_record(cost, ds, new_extra, cal, legacy_wording=True,
-                                 legacy_local=generic)
+                                 legacy_local=legacy_local)
     if central_cost is not None and ds.notion == "approx":  # charged to the dataset (run)
         privacy["central_cost"] = cost_json(normalize_cost(central_cost))
     return cal, plain(coverage), plain(privacy)

@@ -140,13 +140,12 @@ def session_open(name: str, body: SessionOpen, request: Request,
     if body.method != "ldp-score":  # the plan's work: at most what fed_limits allows (422)
         check_fed_work(body.agents, [body.local_n] if body.local_n is not None else [],
                        body.method == "fedcp2-qq")
-    args = body.model_dump()
-    given = body.model_dump(exclude_unset=True)  # what the request said (its fingerprint)
+    # the fields the body gave — the library's arguments (an option the method does not use
+    # is its 422, not a default silently dropped) and the request's fingerprint
+    given = body.model_dump(exclude_unset=True)
 
     def run() -> tuple[int, Any]:
-        # the fields the body gave: an option the method does not use is the library's 422,
-        # not a default silently dropped (the digest above still hashes the whole body)
-        kw = {k: v for k, v in args.items() if k in body.model_fields_set or k == "method"}
+        kw = {**given, "method": body.method}
         # the library binds the key (the principal's, as a calibration's) to every open — a
         # shuffled session's central charge, or the state of a session that charges nothing
         # when it opens: a crash after its commit and before the service's record is

@@ -149,9 +149,7 @@ def open_session(
             raise InvalidInput(f"an ldp-score session takes at most 10¹² reports (rounds × "
                                f"group size), got {t_} × {g_}")
         proto = public(LdpScoreProtocol.open)(
-            alpha=alpha, epsilon=number(epsilon, "ε"),
-            rounds=number(rounds, "rounds", integer=True),
-            group_size=number(group_size, "group size", integer=True),
+            alpha=alpha, epsilon=number(epsilon, "ε"), rounds=t_, group_size=g_,
             lower=number(lower, "lower"), upper=number(upper, "upper"),
             delta=number(delta, "δ"), nominal=bool(nominal))
         p: Any = proto.to_params()
@@ -211,15 +209,13 @@ def open_session(
             state["central_cost"] = cost_json(central)  # type: ignore[arg-type]
     params = json_safe(p.model_dump(mode="python"))
     digest = None
-    if key is not None and central is not None:  # the open request, as a charge's (16.1)
-        digest = request_digest({"kind": "session_open", "method": method, "params": params,
-                                 "shape": shape.model_dump(mode="python"), "shuffled": True,
-                                 "dataset": dataset, "cost": cost_json(central)})
-    elif key is not None:  # no charge to bind the key: the session's state records it
+    if key is not None:  # the open request, as a charge's (16.1); a central cost only shuffled
         digest = request_digest({"kind": "session_open", "method": method, "params": params,
                                  "shape": shape.model_dump(mode="python"),
-                                 "shuffled": bool(shuffled), "dataset": dataset, "cost": None})
-        state.update(open_idempotency_key=key, open_request_digest=digest)
+                                 "shuffled": bool(shuffled), "dataset": dataset,
+                                 "cost": None if central is None else cost_json(central)})
+        if central is None:  # no charge to bind the key: the session's state records it
+            state.update(open_idempotency_key=key, open_request_digest=digest)
 
     def tx(s: Session) -> SessionInfo:
         ds = accountant.ledger.lock_dataset(s, dataset)
