@@ -55,6 +55,9 @@ class ReleaseLine(BaseModel):
     alpha: float | list[float] | None
     threshold: float
     coverage: str
+    #: what the coverage guarantee assumes of the data (the installed method's wording,
+    #: :func:`~privcal.calibrators.assumptions.method_assumption`; None: method unknown here)
+    assumes: str | None
     privacy: str
 
 
@@ -122,6 +125,8 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
             reporting_delta = ds.reporting_delta
             guarantee = guarantee_report(ds).statement
             orders = renyi_orders_of(ds)
+        from privcal.calibrators.assumptions import method_assumption
+
         releases = [
             ReleaseLine(
                 release=r.id,
@@ -130,6 +135,7 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                 alpha=r.params.get("alpha"),
                 threshold=r.threshold,
                 coverage=r.coverage.get("statement", ""),
+                assumes=method_assumption(r.method),
                 privacy=(r.privacy or {}).get("statement", ""),
             )
             for r in accountant.ledger.releases(dataset=name)

@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from privcal.accountant import privacy as acc
 from privcal.accountant.privacy.guarantees import NOT_ESTABLISHED_SHORT, short_guarantee
@@ -247,6 +247,18 @@ class Release(ReleaseRecord):
     model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     coverage: CoverageGuarantee  # type: ignore[assignment]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def assumes(self) -> str | None:
+        """What the coverage guarantee assumes of the data, which privcal cannot check
+        (exchangeable or i.i.d. draws; per group for Mondrian): the installed method's
+        wording (:func:`~privcal.calibrators.assumptions.method_assumption`), not stored;
+        None for a method this installation does not know. In every JSON of a release
+        (``--json``, the HTTP API, a saved release; ignored when one is loaded back)."""
+        from privcal.calibrators.assumptions import method_assumption
+
+        return method_assumption(self.method)
 
     @classmethod
     def load(cls, source: Any) -> Release:

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ASSUMES", "data_assumption"]
+__all__ = ["ASSUMES", "NOT_STATED", "data_assumption", "method_assumption"]
+
+#: what a plugin that states no assumption is shown as stating
+NOT_STATED = "not stated by the method (a plugin)"
 
 _EXCHANGEABLE = "the calibration points and the test point are exchangeable (i.i.d. is enough)"
 _IID_USERS = "the users' (x, y) and the test point are i.i.d. draws from one distribution"
@@ -54,3 +57,19 @@ def data_assumption(calibrator: Any) -> str | None:
             return found
         return f"within each group, {found}"
     return ASSUMES.get(getattr(calibrator, "name", None))  # type: ignore[arg-type]
+
+
+def method_assumption(method: str) -> str | None:
+    """What the installed method named ``method`` (a release's ``method``, wrappers
+    included) assumes of the data: :func:`data_assumption` of its calibrator,
+    :data:`NOT_STATED` for a plugin that states nothing, None for a method this
+    installation does not know (a plugin since uninstalled). Not stored with a release: the
+    wording of the installed method, so a release recorded before keeps verifying."""
+    from privcal.calibrators.registry import get
+    from privcal.errors import PrivcalError
+
+    try:
+        calibrator = get(method).calibrator
+    except PrivcalError:
+        return None
+    return data_assumption(calibrator) or NOT_STATED

@@ -74,6 +74,8 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
             } for r in rep.releases]))
             for r in rep.releases:
                 click.echo(f"    #{r.release} coverage: {r.coverage}")
+                if r.assumes is not None:
+                    click.echo(f"    #{r.release} assuming: {r.assumes}")
             click.echo("  budget over time:")
             click.echo(table([{
                 "charge": t.charge, "at": t.at.strftime("%Y-%m-%d %H:%M:%S"), "cost": t.cost,

@@ -266,7 +266,7 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
 @pass_settings
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
-    from privcal.cli.render import assumes_note, ties_note
+    from privcal.cli.render import ties_note
 
     r = settings.accountant().release(release_id)
 
@@ -282,7 +282,7 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
             {"": "parameters", "value": cell(r.params)},
             {"": "data", "value": shape},
             {"": "coverage", "value": cov.statement},
-            *([{"": "assuming", "value": a}] if (a := assumes_note(r.method)) else []),
+            *([{"": "assuming", "value": a}] if (a := r.assumes) else []),
             *([{"": "ties", "value": ties}] if (ties := ties_note(r)) else []),
             {"": "privacy", "value": str(r.privacy.get("statement") or privacy_cell(r.privacy))},
             {"": "privacy (ε, δ)", "value": privacy_cell(r.privacy)},

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from privcal.cli.app import emit, json_option, main, pass_settings
-from privcal.cli.render import assumes_note, fmt_threshold
+from privcal.cli.render import fmt_threshold
 from privcal.errors import BudgetRefused
 
 _quiet = False
@@ -35,7 +35,7 @@ def _step(n: int, title: str, why: str) -> None:
 def _show_release(rel: Any) -> None:
     _say(f"    → release {rel.id}: threshold {fmt_threshold(rel.threshold)}")
     _say(f"      coverage: {rel.coverage.statement}")
-    _say(f"      assuming: {assumes_note(rel.method)}")
+    _say(f"      assuming: {rel.assumes}")
     _say(f"      privacy:  {rel.privacy.get('statement', rel.privacy)}")
 
 

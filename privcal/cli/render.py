@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-__all__ = ["assumes_note", "fmt_threshold", "render_dry_run", "render_release",
+__all__ = ["fmt_threshold", "render_dry_run", "render_release",
            "render_thresholds", "ties_note"]
 
 
@@ -55,7 +55,7 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
     n = rel.shape.get("n") if isinstance(rel.shape, dict) else getattr(rel.shape, "n", None)
     click.echo(f"  n                   {n}" + (f"   rank {cov.rank}" if cov.rank else ""))
     click.echo(f"  coverage guarantee  {cov.statement}")
-    if (assumes := assumes_note(rel.method)) is not None:
+    if (assumes := rel.assumes) is not None:
         click.echo(f"  assuming            {assumes}")
     if (ties := ties_note(rel)) is not None:
         click.echo(f"  ties                {ties}")
@@ -68,21 +68,6 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
                    f"subject, {dropped.get('subject_over_cap', 0)} subject past its cap")
     if budget is not None:
         click.echo(f"  budget left         {getattr(budget, 'summary', budget)}")
-
-
-def assumes_note(method: str) -> str | None:
-    """What ``method``'s coverage guarantee assumes of the data
-    (:func:`~privcal.calibrators.assumptions.data_assumption`), for people; None for a
-    method this installation does not know (a plugin since uninstalled)."""
-    from privcal.calibrators.assumptions import data_assumption
-    from privcal.calibrators.registry import get
-    from privcal.errors import PrivcalError
-
-    try:
-        calibrator = get(method).calibrator
-    except PrivcalError:
-        return None
-    return data_assumption(calibrator) or "not stated by the method (a plugin)"
 
 
 def ties_note(rel: Any) -> str | None:

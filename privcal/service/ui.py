@@ -38,12 +38,16 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Scope
 
 from privcal.errors import AuditFailed, PrivcalError
+from privcal.service.json_body import JsonRoute
 from privcal.storage.token_secrets import TOKEN_ID
 
 if TYPE_CHECKING:
     from privcal.storage.tokens import TokenInfo
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+#: :class:`~privcal.service.json_body.JsonRoute`: the UI's URLs are checked as the API's are
+#: (:mod:`privcal.service.query_params`: a query parameter given twice, or one a form POST
+#: does not declare, is a one-line 422 before the handler runs)
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=JsonRoute)
 
 COOKIE = "privcal_ui"
 UI_ROLES = ("admin", "auditor")
@@ -251,6 +255,7 @@ def _overview(request: Request) -> dict[str, Any]:
         rels.append({"id": r.id, "dataset": r.dataset, "method": r.method,
                      "threshold": r.threshold, "requester": r.requester or "",
                      "coverage": getattr(r.coverage, "statement", ""),
+                     "assumes": r.assumes or "",
                      "privacy": (r.privacy or {}).get("statement", ""),
                      "at": r.created_at.isoformat(timespec="seconds")})
     return {"datasets": rows, "releases": rels, "head": str(acct.ledger.head())}
