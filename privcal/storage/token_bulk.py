@@ -16,7 +16,13 @@ from sqlalchemy.orm import Session
 from privcal.errors import InvalidInput
 from privcal.storage.audit import now
 from privcal.storage.token_secrets import new_secret
-from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text, check_session_id
+from privcal.storage.tokens import (
+    TOKEN_PREFIX,
+    ApiToken,
+    _text,
+    check_session_id,
+    check_session_open,
+)
 
 __all__ = ["create_device_tokens"]
 
@@ -26,7 +32,8 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
     """One device token per subject of ``subjects`` (distinct ids), bound to ``session``,
     created in one transaction, expiring after ``expires_in`` (default: never); the tokens,
     in the order of ``subjects`` (shown this once). The caller checks that the session
-    exists and still takes reports, as for ``create_token``."""
+    exists and takes reports, as for ``create_token``; that it is still open is checked
+    again in the tokens' transaction (:func:`~privcal.storage.tokens.check_session_open`)."""
     check_session_id(session)  # an int in [1, 2³¹−1], what the column holds
     subs = [_text(str(x), "subject", ident=True) for x in subjects]
     if len(set(subs)) != len(subs):
@@ -46,6 +53,7 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
         out.append(f"{TOKEN_PREFIX}{tid}_{secret}")
 
     def tx(s: Session) -> None:
+        check_session_open(s, session)  # still open, in this transaction
         for i in range(0, len(rows), 5000):
             s.execute(insert(ApiToken), rows[i:i + 5000])
 

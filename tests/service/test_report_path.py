@@ -223,6 +223,8 @@ def test_device_put_with_an_unreadable_ledger_is_503(
 
 
 def test_device_tokens_in_bulk_are_tokens_like_any_other(ledger_url: str) -> None:
+    from privcal.accountant import Accountant
+    from privcal.accountant.sessions import open_session
     from privcal.errors import InvalidInput
     from privcal.storage import Ledger
     from privcal.storage.token_bulk import create_device_tokens
@@ -231,16 +233,20 @@ def test_device_tokens_in_bulk_are_tokens_like_any_other(ledger_url: str) -> Non
     led = Ledger(ledger_url)
     led.upgrade()
     try:
-        toks = create_device_tokens(led, 7, ["a", "b", "c"])
+        acct = Accountant(led)
+        acct.create_dataset("d", rho="1", subject_epsilon="10")
+        sid = open_session(acct, "ldp-score", dataset="d", alpha=0.1, epsilon=2.0, rounds=1,
+                           group_size=3).id
+        toks = create_device_tokens(led, sid, ["a", "b", "c"])
         assert len(set(toks)) == 3
         infos = [authenticate(led, t) for t in toks]
         assert [(i.role, i.session, i.subject) for i in infos if i is not None] == [
-            ("device", 7, "a"), ("device", 7, "b"), ("device", 7, "c")]
+            ("device", sid, "a"), ("device", sid, "b"), ("device", sid, "c")]
         assert authenticate(led, toks[0][:-1] + ("A" if toks[0][-1] != "A" else "B")) is None
         stored = {t.id for t in list_tokens(led)}
         for bad in (["x", "x"], ["ok", " spaced"], [""]):
             with pytest.raises(InvalidInput):
-                create_device_tokens(led, 7, bad)
+                create_device_tokens(led, sid, bad)
         with pytest.raises(InvalidInput):
             create_device_tokens(led, 0, ["z"])
         assert {t.id for t in list_tokens(led)} == stored  # a refused call wrote nothing

@@ -1,0 +1,83 @@
+"""Red team 9 (the service): races between routes — a check made in one transaction and
+the write it allows in another."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import Live, open_ldp
+from tests.service.test_red_team_8_tokens import _count, _refused
+
+
+def _abandon_after_the_check(lv: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The route's check of the session's state passes (the session is open), and the
+    session is abandoned right after it, before the token's transaction: the interleaving
+    of a ``POST /v1/tokens`` and a ``POST /v1/sessions/{id}/close`` racing."""
+    from privcal.accountant.sessions.closing import close_session
+    from privcal.service import bound_tokens
+
+    check = bound_tokens._check_session_binding
+
+    def check_then_abandon(acct: Any, role: str, session: Any) -> None:
+        check(acct, role, session)
+        close_session(acct, session, abandon=True)
+
+    monkeypatch.setattr(bound_tokens, "_check_session_binding", check_then_abandon)
+
+
+def test_a_token_for_a_session_abandoned_after_the_check_is_refused(
+        live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: a session is abandoned between the token route's check that it is open and
+    the token's INSERT (two transactions): 201, a live device token for an abandoned
+    session. Now the token's own transaction reads the session (``FOR SHARE`` on
+    PostgreSQL) and refuses: 422, no token written, the Idempotency-Key free for a retry;
+    the same for the CLI's ``--count`` (many tokens in one transaction)."""
+    from privcal.service.bound_tokens import create_bound_device_tokens
+
+    sid = open_ldp(live)
+    before = _count(live)
+    _abandon_after_the_check(live, monkeypatch)
+    with live.client("admin") as c:
+        r = c.post("/v1/tokens", json={"role": "device", "session": sid, "subject": "s"},
+                   headers={"Idempotency-Key": "race-1"})
+        _refused(r, 422, "invalid-input", f"session {sid} is abandoned",
+                 "could never report")
+    assert _count(live) == before
+    monkeypatch.undo()
+    other = open_ldp(live)
+    _abandon_after_the_check(live, monkeypatch)
+    from privcal.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=f"session {other} is abandoned"):
+        create_bound_device_tokens(live.accountant, other, ["a", "b"], None)
+    assert _count(live) == before
+    monkeypatch.undo()
+    with live.client("admin") as c:  # the key was not spent on the refusal
+        third = open_ldp(live)
+        r = c.post("/v1/tokens", json={"role": "device", "session": third, "subject": "s"},
+                   headers={"Idempotency-Key": "race-1"})
+        assert r.status_code == 201, r.text
+    assert _count(live) == before + 1
+
+
+def test_the_library_refuses_a_token_for_a_closed_session(live: Live) -> None:
+    """:func:`privcal.storage.tokens.create_token` and the bulk writer check the session in
+    their own transaction, whatever their caller checked."""
+    from privcal.accountant.sessions.closing import close_session
+    from privcal.errors import InvalidInput, NotFound
+    from privcal.storage.token_bulk import create_device_tokens
+    from privcal.storage.tokens import create_token
+
+    sid = open_ldp(live)
+    close_session(live.accountant, sid, abandon=True)
+    before = _count(live)
+    led = live.accountant.ledger
+    with pytest.raises(InvalidInput, match=f"session {sid} is abandoned"):
+        create_token(led, "device", session=sid, subject="x")
+    with pytest.raises(InvalidInput, match=f"session {sid} is abandoned"):
+        create_device_tokens(led, sid, ["x", "y"])
+    with pytest.raises(NotFound, match="unknown session 999999"):
+        create_token(led, "ingestor", session=999999)
+    assert _count(live) == before
