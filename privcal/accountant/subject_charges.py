@@ -130,13 +130,17 @@ def charge_subjects(
                 if central_old is not None and not legacy and (
                         central_old.request_digest != digest or old.request_digest != digest):
                     central_old = None
+                members = (ledger.members_of(conn, old.id)
+                           if old.members_digest is not None else None)
+                if old.request_digest is None:
+                    _check_legacy_replay(old, key, members, pseud, sids.shape[0])
                 mask = None
-                if old.members_digest is not None:  # recover who was charged
-                    mask = is_first & np.isin(pseud, ledger.members_of(conn, old.id))[inverse]
+                if members is not None:  # recover who was charged
+                    mask = is_first & np.isin(pseud, members)[inverse]
                 return SubjectChargeResult(
                     charge_id=old.id, dataset=ds.name, eps0=cost0.eps0,
                     accepted=old.subjects_accepted or 0, rejected=old.subjects_rejected or 0,
-                    rejected_over_cap=(old.subjects_rejected or 0) - n_dup,
+                    rejected_over_cap=max(0, (old.subjects_rejected or 0) - n_dup),
                     rejected_duplicate=n_dup, accepted_mask=mask,
                     central=receipt_of(central_old, ds, replayed=True) if central_old else None,
                     replayed=True, reason="replayed",
@@ -197,3 +201,26 @@ def charge_subjects(
         )
 
     return ledger.write_core(tx)
+
+
+def _check_legacy_replay(old: Any, key: str, members: Any, pseud: np.ndarray,
+                         n_ids: int) -> None:
+    """InvalidInput unless a replay of ``old`` — a local-DP batch charged before migration
+    0005, with no request digest, whose scope and ε0 match — can be told to be this very
+    request (red team 9): who it charged must be known (its members, recorded since 0005)
+    and all among this request's subjects, and it must have counted as many ids as this one
+    gives. Otherwise its replay would answer "replayed, accepted 3" for ids it never
+    charged, and their spend would not hold their cap; nothing is charged (a new key
+    charges these subjects, counted again: never less than they spent)."""
+    counted = (old.subjects_accepted or 0) + (old.subjects_rejected or 0)
+    if members is None:
+        raise InvalidInput(
+            f"idempotency key {key!r} was used for a local-DP batch (charge {old.id}) charged "
+            "before privcal recorded its request or who it charged (migration 0005): whether "
+            "this is that request cannot be told; nothing was charged (a new key charges "
+            "these subjects)")
+    if counted != n_ids or not bool(np.isin(np.asarray(members), pseud).all()):
+        raise InvalidInput(
+            f"idempotency key {key!r} was already used for a different charge or request "
+            f"(charge {old.id}: a local-DP batch of {counted} ids, charged before migration "
+            "0005); use a new key")

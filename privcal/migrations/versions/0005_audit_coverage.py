@@ -11,8 +11,13 @@
   session's status and state and to its stored reports (they become batch 0), so that
   ``audit verify`` can recompute all of them from the chain from now on.
 
-Downgrade drops the new tables and columns; pseudonyms cannot be turned back into ids
-and the ``migration`` entry stays in the log (privcal before 0005 will not verify it).
+Downgrade drops the new tables and columns, and so it is refused — nothing changed, one
+line — on a ledger holding anything this migration keyed or introduced (per-subject
+spends, session reports, request or member digests, batches, baselines): pseudonyms cannot
+be turned back into ids, and an upgrade after it would key them again under a new secret
+(every subject's spend restarting at 0) and find the charges' digests gone (``audit
+verify`` failing). On a ledger without such rows the ``migration`` entry stays in the log
+(privcal before 0005 will not verify it).
 
 Revision ID: 0005
 Revises: 0004
@@ -128,7 +133,35 @@ def upgrade() -> None:
                  {"seq": seq, "h": entry_hash})
 
 
+#: what a downgrade would lose, and the statement that finds a row of it
+_KEPT_SINCE_0005 = (
+    ("per-subject spends", "SELECT 1 FROM subject_spend"),
+    ("session reports", "SELECT 1 FROM session_reports"),
+    ("request or member digests of charges",
+     "SELECT 1 FROM charges WHERE request_digest IS NOT NULL OR members_digest IS NOT NULL"),
+    ("local-DP batch members", "SELECT 1 FROM charge_members"),
+    ("subject baselines", "SELECT 1 FROM subject_baseline"),
+    ("session batches", "SELECT 1 FROM session_batches"),
+)
+
+
+def refuse_losing_data(conn: Any) -> None:
+    """LedgerError, before anything is changed, if the ledger holds a row the downgrade
+    would make unrecoverable (module docstring)."""
+    from privcal.errors import LedgerError
+
+    held = [what for what, sql in _KEPT_SINCE_0005
+            if conn.execute(sa.text(sql + " LIMIT 1")).first() is not None]
+    if held:
+        raise LedgerError(
+            f"cannot downgrade this ledger below 0005: it holds {', '.join(held)}, keyed by "
+            "its subject secret or recorded only since 0005, which the downgrade would drop "
+            "and no upgrade could restore (every subject's spend would restart at 0 and "
+            "audit verify would fail); nothing was changed")
+
+
 def downgrade() -> None:
+    refuse_losing_data(op.get_bind())
     with op.batch_alter_table("session_reports") as b:
         b.drop_column("batch")
     with op.batch_alter_table("charges") as b:

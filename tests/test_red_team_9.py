@@ -1,0 +1,119 @@
+"""Red team 9: ledgers written by older privcal versions, upgraded (and downgraded) by this
+one (review r9b). Each test states the attack and what is true now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from privcal import Accountant, Ledger
+from privcal.costs import ZCDP
+from privcal.errors import BudgetRefused, InvalidInput, LedgerError
+
+
+def _revision(ledger: Ledger) -> str:
+    with ledger.engine.connect() as conn:
+        return str(conn.execute(text("SELECT version_num FROM alembic_version")).scalar())
+
+
+def _tables(ledger: Ledger) -> dict[str, Any]:
+    from sqlalchemy import inspect
+
+    names = sorted(inspect(ledger.engine).get_table_names())
+    with ledger.engine.connect() as conn:
+        return {n: sorted(map(tuple, conn.execute(text(f'SELECT * FROM "{n}"'))), key=repr)
+                for n in names}
+
+
+# ------------------------------------------------------------ F1: a downgrade below 0005
+@pytest.mark.parametrize("target", ["0004", "0001"])
+def test_a_downgrade_below_0005_that_would_lose_subjects_is_refused(
+        ledger_url: str, target: str) -> None:
+    """Attack: charge subject alice her whole cap (1), downgrade to 0004 and upgrade again:
+    0005's downgrade dropped the ledger's subject secret and the charges' digests, its
+    upgrade keyed the stored pseudonyms again under a new secret — alice's spend read 0
+    and she was charged 1 more (2 against a cap of 1), and ``audit verify`` failed for
+    good ("row edited"). Now the downgrade is refused in one line before anything
+    changes: the revision, every table's rows and the verification are as they were."""
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    acct = Accountant(ledger)
+    acct.create_dataset("s", rho=10, subject_epsilon=1)
+    acct.charge_subjects("s", "1", ["alice"])
+    before, rev = _tables(ledger), _revision(ledger)
+    with pytest.raises(LedgerError) as err:
+        ledger.downgrade(target)
+    msg = str(err.value)
+    assert "\n" not in msg and "below 0005" in msg and "per-subject spends" in msg
+    assert "nothing was changed" in msg
+    assert _revision(ledger) == rev and _tables(ledger) == before
+    assert acct.verify().entries > 0
+    with pytest.raises(BudgetRefused):
+        acct.charge_subjects("s", "1", ["alice"])
+    ledger.close()
+
+
+def test_a_downgrade_below_0005_of_a_ledger_without_subject_rows_still_runs(
+        ledger_url: str) -> None:
+    """What 0005 added is empty (plain charges, no idempotency key): nothing is lost, the
+    round trip is allowed and verifies (as tests/test_filter_reporting.py's does)."""
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    acct = Accountant(ledger)
+    acct.create_dataset("z", rho=1)
+    acct.charge("z", ZCDP(rho="0.1"))
+    ledger.downgrade("0004")
+    assert _revision(ledger) == "0004"
+    ledger.upgrade()
+    assert acct.verify().charges == 1
+    ledger.close()
+
+
+# ------------------------------------------------- F2: a pre-0005 local-DP batch's replay
+def _as_before_0005(ledger: Ledger, *, members: bool) -> None:
+    """The charges as a ledger written before 0005 holds them: no request digest (and,
+    unless ``members``, no record of who a batch charged)."""
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE charges SET request_digest = NULL"))
+        if not members:
+            conn.execute(text("UPDATE charges SET members_digest = NULL"))
+            conn.execute(text("DELETE FROM charge_members"))
+
+
+def test_a_pre_0005_batch_key_reused_for_other_subjects_is_not_a_replay(
+        accountant: Any) -> None:
+    """Attack: on a ledger written before 0005 (no request digest, no members), reuse a
+    local-DP batch's key with other ids: the replay matched its scope and ε0 only and
+    answered "replayed, accepted 3" for ``["alice", "zed"]`` — zed never charged, so a
+    caller releasing zed's data past his cap believed it paid for. Now refused in one line,
+    nothing charged, whatever the ids (who it charged is unknown)."""
+    acct = accountant
+    acct.create_dataset("l", rho=1, subject_epsilon=10)
+    acct.charge_subjects("l", "0.5", ["alice", "bob", "carl"], idempotency_key="k")
+    _as_before_0005(acct.ledger, members=False)
+    for ids in (["alice", "zed"], [f"x{i}" for i in range(10)], ["zed", "zed"],
+                ["alice", "bob", "carl"]):
+        with pytest.raises(InvalidInput) as err:
+            acct.charge_subjects("l", "0.5", ids, idempotency_key="k")
+        assert "'k'" in str(err.value) and "\n" not in str(err.value)
+    assert acct.subject_spend("l", "zed") == 0 and acct.subject_spend("l", "alice") == 0.5
+
+
+def test_a_pre_0005_batch_with_members_replays_only_its_own_request(accountant: Any) -> None:
+    """With who it charged known (members) but no request digest: the same ids replay (who
+    was charged recovered); fewer or other ids are refused (their count, or a charged
+    subject missing from them)."""
+    acct = accountant
+    acct.create_dataset("l", rho=1, subject_epsilon=10)
+    first = acct.charge_subjects("l", "0.5", ["alice", "bob", "carl"], idempotency_key="k")
+    _as_before_0005(acct.ledger, members=True)
+    again = acct.charge_subjects("l", "0.5", ["alice", "bob", "carl"], idempotency_key="k")
+    assert again.replayed and again.charge_id == first.charge_id
+    assert again.accepted == 3 and again.rejected_over_cap == 0
+    assert again.accepted_mask is not None and again.accepted_mask.all()
+    for ids in (["alice", "zed"], ["alice", "bob", "zed"], ["alice", "bob", "carl", "dan"]):
+        with pytest.raises(InvalidInput, match="already used for a different"):
+            acct.charge_subjects("l", "0.5", ids, idempotency_key="k")
+    assert acct.subject_spend("l", "zed") == 0 and acct.subject_spend("l", "dan") == 0
