@@ -58,15 +58,48 @@ def request_fingerprint(subject_key: bytes, fingerprint: Any) -> str:
     return keyed_fingerprint(subject_key, request_digest_hex(body))
 
 
-def refuse_reused_or_running(state: str) -> None:
-    """The 409 of a reservation whose key was used for another request (``mismatch``) or
-    whose request is still running (``pending``); nothing for the other states."""
-    if state == "mismatch":
-        raise ProblemError(409, "idempotency-key-reused", "Idempotency-Key reused",
-                           "this Idempotency-Key was used for a different request")
-    if state == "pending":
+def refuse_reused_or_running(out: Any) -> None:
+    """The 409 of a reservation (an :class:`~privcal.storage.tokens.IdemOutcome`) whose key
+    was used for another request (``mismatch``) or whose request is still running
+    (``pending``); nothing for the other states.
+
+    A mismatch names what the key was used for — its route and, once it finished, its
+    status and the id it answered with — and carries that answer (``recorded``: the
+    caller's own, as records are per principal). A retry that spans an upgrade of privcal
+    whose request fingerprints changed (red team 9: 0008 keyed them, a calibration's
+    fingerprint gained fields) is refused this way though it is the same request: the
+    answer tells the client its request was done — resending it under a new key would run
+    and charge it again."""
+    if out.state == "mismatch":
+        answered = ""
+        if out.status_code is not None:
+            answered = f", answered {out.status_code}{_answer_id(out.route, out.response)}"
+        recorded = {"route": out.route, "status": out.status_code, "response": out.response}
+        raise ProblemError(
+            409, "idempotency-key-reused", "Idempotency-Key reused",
+            f"this Idempotency-Key was used for a different request ({out.route}{answered}; "
+            "its answer is in 'recorded': if that was this request — a retry across an "
+            "upgrade of privcal — it is done, do not resend it under a new key)",
+            recorded=recorded)
+    if out.state == "pending":
         raise ProblemError(409, "idempotency-in-progress", "Request in progress",
                            "a request with this Idempotency-Key is still running; retry later")
+
+
+#: the id a recorded answer of a keyed route names, by the end of the route's path
+_ANSWER_IDS = (("/calibrations", "id", "release"), ("/charges", "charge_id", "charge"),
+               ("/sessions", "id", "session"), ("/close", "id", "session"),
+               ("/tokens", "id", "token"))
+
+
+def _answer_id(route: str | None, response: Any) -> str:
+    """``": release 7"`` for a recorded answer of ``route`` naming its resource's id."""
+    for end, key, noun in _ANSWER_IDS:
+        if (route or "").endswith(end) and isinstance(response, dict):
+            v = response.get(key)
+            if isinstance(v, int | str) and not isinstance(v, bool):
+                return f": {noun} {str(v)[:40]}"
+    return ""
 
 
 def idempotent(request: Request, key: str | None, fingerprint: Any,
@@ -99,7 +132,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     route = request.scope["route"].path
     fp = request_fingerprint(ledger.subject_key(), fingerprint)
     out = reserve_idempotent(ledger, p.id, key, f"{request.method} {route}", fp)
-    refuse_reused_or_running(out.state)
+    refuse_reused_or_running(out)
     if out.state == "replay":
         return JSONResponse(out.response, status_code=200,
                             headers={"Idempotent-Replayed": "true"})

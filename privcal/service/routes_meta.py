@@ -152,7 +152,7 @@ def _reserve(request: Request, keyed: tuple[str, str], body: TokenCreate) -> Non
                            f"{tid}; its secret was shown once (if it was lost, revoke that "
                            "token and create another under a new Idempotency-Key)",
                            token_id=tid)
-    refuse_reused_or_running(out.state)
+    refuse_reused_or_running(out)
 
 
 @router.get("/v1/tokens", **allow("admin"))

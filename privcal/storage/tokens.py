@@ -325,13 +325,16 @@ def verify_presented(ledger: Any, presented: Sequence[tuple[str, str]]
 
 # ----------------------------------------------------------------- idempotency
 class IdemOutcome(BaseModel):
-    """What a reservation found: ``new`` (go ahead), or a ``replay`` of a finished request."""
+    """What a reservation found: ``new`` (go ahead), a ``replay`` of a finished request, or
+    a key used for another request (``mismatch``: its ``route``, and its answer once it
+    finished) or still running (``pending``)."""
 
     model_config = ConfigDict(frozen=True)
 
     state: Literal["new", "replay", "mismatch", "pending"]
     status_code: int | None = None
     response: Any = None
+    route: str | None = None
 
 
 def reserve_idempotent(ledger: Any, principal: str, key: str, route: str,
@@ -348,7 +351,10 @@ def reserve_idempotent(ledger: Any, principal: str, key: str, route: str,
             s.flush()
             return IdemOutcome(state="new")
         if row.route != route or not hmac.compare_digest(row.fingerprint, fingerprint):
-            return IdemOutcome(state="mismatch")
+            done = row.state == "done"
+            return IdemOutcome(state="mismatch", route=row.route,
+                               status_code=row.status_code if done else None,
+                               response=json.loads(row.response or "null") if done else None)
         if row.state == "done":
             return IdemOutcome(state="replay", status_code=row.status_code,
                                response=json.loads(row.response or "null"))

@@ -81,3 +81,56 @@ def test_the_library_refuses_a_token_for_a_closed_session(live: Live) -> None:
     with pytest.raises(NotFound, match="unknown session 999999"):
         create_token(led, "ingestor", session=999999)
     assert _count(live) == before
+
+
+def _refingerprint(lv: Live, key: str) -> None:
+    """The record of ``key`` as an earlier privcal left it: another fingerprint for the
+    same request (0008 keyed the 6a8d801 HMACs again; a calibration's fingerprint gained
+    fields since 0003)."""
+    from sqlalchemy import update
+
+    from privcal.storage.tokens import IdempotencyRecord
+
+    with lv.accountant.ledger.engine.begin() as conn:
+        n = conn.execute(update(IdempotencyRecord).where(IdempotencyRecord.key == key)
+                         .values(fingerprint="k:" + "0" * 62)).rowcount
+    assert n == 1
+
+
+def test_a_retry_across_an_upgrade_that_changed_its_fingerprint_learns_it_was_done(
+        live: Live) -> None:
+    """Attack (review r9b): a calibration and a charge under Idempotency-Keys, the ledger
+    upgraded by a privcal whose request fingerprint differs, the same requests retried:
+    409 "used for a different request" and nothing else — the client lost its release id
+    and receipt, and the answer's advice (a new key) would run and charge them again. Now
+    the 409 names the route, the recorded status and id, and carries the recorded answer;
+    nothing is charged."""
+    import numpy as np
+
+    body = {"method": "split", "params": {"alpha": 0.1},
+            "scores": np.linspace(0, 1, 101).tolist()}
+    with live.client("analyst") as c:
+        rel = c.post("/v1/datasets/d/calibrations", json=body,
+                     headers={"Idempotency-Key": "cal"})
+        assert rel.status_code == 201, rel.text
+        ch = c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.01"}},
+                    headers={"Idempotency-Key": "chg"})
+        assert ch.status_code == 201, ch.text
+        _refingerprint(live, "cal")
+        _refingerprint(live, "chg")
+        spent = live.accountant.budget("d").spent
+        r = c.post("/v1/datasets/d/calibrations", json=body,
+                   headers={"Idempotency-Key": "cal"})
+        detail = _refused(r, 409, "idempotency-key-reused", "different request",
+                          "POST /v1/datasets/{name}/calibrations",
+                          f"answered 201: release {rel.json()['id']}", "do not resend")
+        assert "\n" not in detail
+        rec = r.json()["recorded"]
+        assert rec["status"] == 201 and rec["response"]["id"] == rel.json()["id"]
+        assert rec["response"]["threshold"] == rel.json()["threshold"]
+        r = c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.01"}},
+                   headers={"Idempotency-Key": "chg"})
+        _refused(r, 409, "idempotency-key-reused",
+                 f"answered 201: charge {ch.json()['charge_id']}")
+        assert r.json()["recorded"]["response"]["charge_id"] == ch.json()["charge_id"]
+    assert live.accountant.budget("d").spent == spent

@@ -5,11 +5,17 @@ batch body holds subject ids and their reports, so whoever read the table could 
 guess "subject X reported v" against it — what the keyed pseudonyms exist to prevent. Each
 stored digest d becomes :func:`~privcal.storage.request_fingerprints.keyed_fingerprint` of
 d, under the ledger's subject key (``ledger_secret``, made by 0005), which is what the
-service now stores for a request: a retry that spans the upgrade still replays, and no
-unkeyed digest is left. The downgrade cannot recover the digests (an HMAC is one-way): it
-leaves the keyed ones, which the older code compares with its unkeyed digest and so answers
-a retry under an old key "Idempotency-Key reused" (409) — it fails closed, nothing runs
-twice; they begin with ``k:``, so upgrading again keys only the digests written in between.
+service now stores for a request, and no unkeyed digest is left. A retry that spans the
+upgrade replays when the older privcal fingerprinted its request as this one does; where it
+did not (a calibration's fingerprint gained fields since 0003; code between 0007 and 0008
+stored keyed digests without their ``k:``, which this keys again), the retry is answered
+409 ``idempotency-key-reused`` naming the recorded answer and carrying it
+(:func:`privcal.service.common.refuse_reused_or_running`): nothing runs twice, and the
+client learns its request was done (red team 9). The downgrade cannot recover the digests
+(an HMAC is one-way): it leaves the keyed ones, which the older code compares with its
+unkeyed digest and so answers a retry under an old key "Idempotency-Key reused" (409) — it
+fails closed, nothing runs twice; they begin with ``k:``, so upgrading again keys only the
+digests written in between.
 No other table changes; the audit chain is untouched.
 
 Revision ID: 0008
