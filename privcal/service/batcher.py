@@ -18,33 +18,38 @@ answers of a batch reach an event loop in one thread-safe call, not one wake-up 
 - ``rejected`` (409): not stored, with the library's reason (another value already
   stored, closed round, round full, subject budget exhausted, session closed, …);
 - invalid input (422, nothing stored): a batch the library refuses as invalid (an id it
-  does not take, from a token made before ids were checked at creation) is written again
-  in halves, down to one report, so that only the bad report fails, with a generic detail — never
-  the library's message, which would name the id of a subject (maybe another's).
+  does not take, from a token made before ids were checked) is written again in halves,
+  down to one report, so that only the bad one fails, with a generic detail — never the
+  library's message, which would name a subject's id (maybe another's);
+- busy (503, nothing stored): a report the writer has not taken when its request's wait
+  (60 s) is up is dropped; one it has taken is being written, and its request waits for
+  the outcome (red team 9: a timeout was a bare 500 for a report then stored and charged).
 
 Outcomes are read from the ledger, not guessed: the subjects' stored reports are read
-before the batch, and after it unless every report of the batch was accepted (then
-each was stored as sent). Two reports of one subject in one
-window are never put in one batch (the second waits for the next), so a retry racing
-its original is answered ``duplicate``; with several workers (processes) the original may
-be written by another one between the two reads, and a report found stored as sent after
-the batch is answered ``accepted`` or ``duplicate``, never ``rejected``.
+before the batch, and after it unless every report of the batch was accepted (then each
+was stored as sent). Two reports of one subject in one window are never put in one batch
+(the second waits for the next), so a retry racing its original is answered
+``duplicate``; with several workers (processes) the original may be written by another
+one between the two reads, and a report found stored as sent after the batch is answered
+``accepted`` or ``duplicate``, never ``rejected``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
 from privcal.errors import InvalidInput, PrivcalError
-from privcal.service.problems import ProblemError, problem_for
+from privcal.service.problems import ProblemError, problem_for, report_writer_busy
 
 __all__ = ["Outcome", "ReportBatcher"]
 
@@ -74,6 +79,9 @@ class _Item:
     loop: asyncio.AbstractEventLoop | None = None  # ... on this event loop
     outcome: Outcome | None = None
     error: BaseException | None = None
+    #: (under ReportBatcher._claims) taken into a batch, or given up by its waiter first
+    claimed: bool = False
+    cancelled: bool = False
 
     @property
     def done(self) -> bool:
@@ -90,7 +98,7 @@ def _settle(items: list[_Item]) -> None:
     """On the event loop: hand each request its answer (one call per batch and loop)."""
     for it in items:
         fut = it.afuture
-        if fut is None or fut.done():  # its request timed out or went away
+        if fut is None or fut.done():  # its request went away
             continue
         if it.error is not None:
             fut.set_exception(it.error)
@@ -113,10 +121,8 @@ def _deliver(items: list[_Item]) -> None:
             else:
                 it.future.set_result(it.outcome)  # type: ignore[arg-type]
     for loop, its in by_loop.items():
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
             loop.call_soon_threadsafe(_settle, its)
-        except RuntimeError:  # that loop is closed: nobody is waiting any more
-            pass
 
 
 def _same(stored: tuple[int, str, int | None], rnd: int | None, value: Any) -> bool:
@@ -141,6 +147,8 @@ class ReportBatcher:
         self._thread = threading.Thread(target=self._run, name="privcal-report-writer",
                                         daemon=True)
         self._stopped = False
+        self._claims = threading.Lock()  # an item's claimed / cancelled (its waiter's timeout)
+        self.wait = 60.0  # seconds a request waits for the writer to take its report
         self.batches = 0
         self.reports = 0
 
@@ -157,28 +165,45 @@ class ReportBatcher:
         self._thread.join(timeout=10)
 
     def submit(self, session_id: int, subject: str, rnd: int | None, value: Any,
-               timeout: float = 60.0) -> Outcome:
+               timeout: float | None = None) -> Outcome:
         """Queue one report and wait for its outcome (library errors are re-raised)."""
         if self._stopped:
             raise RuntimeError("the report writer is stopped")
         item = _Item(session_id, subject, rnd, value, future=Future())
         self._q.put(item)
         assert item.future is not None
-        return item.future.result(timeout=timeout)
+        try:
+            return item.future.result(timeout=self.wait if timeout is None else timeout)
+        except FutureTimeout:
+            self._give_up(item)  # 503, never written; or taken: its outcome, however long
+            return item.future.result()
 
     async def submit_async(self, session_id: int, subject: str | None, rnd: int | None,
                            value: Any, *, token: tuple[str, str] | None = None,
-                           timeout: float = 60.0) -> Outcome:
-        """:meth:`submit` for a request on the event loop (no thread is held while it
-        waits). ``token``: a device's unchecked (id, digest), for ``subject`` None — the
-        writer checks it and takes the subject from it, or answers its problem."""
+                           timeout: float | None = None) -> Outcome:
+        """:meth:`submit` for a request on the event loop (no thread held while it waits).
+        ``token``: a device's unchecked (id, digest) for ``subject`` None — the writer
+        checks it and takes the subject from it, or answers its problem."""
         if self._stopped:
             raise RuntimeError("the report writer is stopped")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome] = loop.create_future()
-        self._q.put(_Item(session_id, subject, rnd, value, token, afuture=fut, loop=loop))
-        async with asyncio.timeout(timeout):
+        item = _Item(session_id, subject, rnd, value, token, afuture=fut, loop=loop)
+        self._q.put(item)
+        try:
+            async with asyncio.timeout(self.wait if timeout is None else timeout):
+                return await asyncio.shield(fut)  # a timeout leaves ``fut`` to be answered
+        except TimeoutError:
+            self._give_up(item)
             return await fut
+
+    def _give_up(self, item: _Item) -> None:
+        """A waiter's timeout: 503 for an item not taken (never written, then); none for one
+        taken (its waiter waits for the outcome)."""
+        with self._claims:
+            if not item.claimed:
+                item.cancelled = True
+                raise report_writer_busy()
 
     # ---------------------------------------------------------------- writer
     def _run(self) -> None:
@@ -227,12 +252,16 @@ class ReportBatcher:
         pending = self._check_tokens(pending)
         groups: dict[int, list[_Item]] = defaultdict(list)
         seen: set[tuple[int, str | None]] = set()
-        for it in pending:
-            if (it.session_id, it.subject) in seen:
-                carry.append(it)  # same subject twice: the next batch answers it
-            else:
-                seen.add((it.session_id, it.subject))
-                groups[it.session_id].append(it)
+        with self._claims:  # what is written now is claimed; what a waiter gave up, dropped
+            for it in pending:
+                if it.cancelled:
+                    continue
+                if (it.session_id, it.subject) in seen:
+                    carry.append(it)  # same subject twice: the next batch answers it
+                else:
+                    seen.add((it.session_id, it.subject))
+                    groups[it.session_id].append(it)
+                    it.claimed = True
         for sid, items in groups.items():
             self._write_each(sid, items)
         return carry

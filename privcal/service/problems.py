@@ -27,7 +27,8 @@ from privcal.errors import (
     SchemaOutOfDate,
 )
 
-__all__ = ["PROBLEM_TYPES", "Problem", "ProblemError", "problem_for", "problem_response"]
+__all__ = ["PROBLEM_TYPES", "Problem", "ProblemError", "problem_for", "problem_response",
+           "report_writer_busy"]
 
 log = logging.getLogger("privcal.service")
 
@@ -125,3 +126,13 @@ def unsupported_media_type(accepted: str) -> ProblemError:
     """415: a body in another format than the route reads."""
     return ProblemError(415, "unsupported-media-type", "Unsupported media type",
                         f"send the body as {accepted}")
+
+
+def report_writer_busy() -> ProblemError:
+    """503 for a device report or agent message the report writer had not taken into a
+    batch when its request stopped waiting (:mod:`privcal.service.batcher`): it was not
+    stored, and never will be."""
+    return ProblemError(
+        503, "report-writer-busy", "Report writer busy",
+        "the ledger did not take this report in time; it was not stored: send it again, "
+        "with the same report id and the same value", headers={"Retry-After": "1"})

@@ -134,3 +134,76 @@ def test_a_retry_across_an_upgrade_that_changed_its_fingerprint_learns_it_was_do
                  f"answered 201: charge {ch.json()['charge_id']}")
         assert r.json()["recorded"]["response"]["charge_id"] == ch.json()["charge_id"]
     assert live.accountant.budget("d").spent == spent
+
+
+class _WriteLock:
+    """The ledger's write lock held from outside the service (a backup, an admin's shell):
+    SQLite ``BEGIN IMMEDIATE``, PostgreSQL the session row ``FOR UPDATE``."""
+
+    def __init__(self, lv: Live, sid: int) -> None:
+        self.engine = lv.accountant.ledger.engine
+        self.sid = sid
+
+    def __enter__(self) -> _WriteLock:
+        from sqlalchemy import text
+
+        self.conn = self.engine.connect()
+        if self.engine.dialect.name == "sqlite":
+            self.conn.connection.driver_connection.execute("BEGIN IMMEDIATE")
+        else:
+            self.conn.execute(text("SELECT 1 FROM collection_sessions WHERE id = :s "
+                                   "FOR UPDATE"), {"s": self.sid})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.engine.dialect.name == "sqlite":
+            self.conn.connection.driver_connection.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+        self.conn.close()
+
+
+def test_a_report_whose_wait_ran_out_is_never_stored_after_its_answer(live: Live) -> None:
+    """Attack (review r9c): the ledger's write lock held from outside past a report
+    request's wait: the request was answered a bare 500 and its report stayed queued —
+    stored and its subject charged once the lock went, so a device told "failed" (and
+    ``whoami`` saying it had not reported) sent a second randomized answer. Now a report
+    the writer had not taken when its wait ran out is answered 503
+    ``report-writer-busy`` and dropped — never stored, never charged; the report the
+    writer had taken (blocked in its write) is waited for and answered as stored."""
+    import threading
+    import time
+
+    from privcal.storage.service_reads import stored_reports
+
+    sid = open_ldp(live, group_size=4, rounds=1)
+    toks = {s: live.token("device", session=sid, subject=s) for s in ("a", "b")}
+    live.app.state.batcher.wait = 0.6
+    got: dict[str, Any] = {}
+
+    def put(subject: str) -> None:
+        with live.client(token=toks[subject]) as c:
+            got[subject] = c.put(f"/v1/sessions/{sid}/reports/{subject}-1",
+                                 json={"round": 0, "value": 1})
+
+    with _WriteLock(live, sid):
+        first = threading.Thread(target=put, args=("a",))
+        first.start()
+        time.sleep(0.25)  # the writer has taken a's report and waits for the lock
+        put("b")  # queued behind it; its wait runs out
+        time.sleep(0.6)  # a's wait has run out too, while its write is blocked
+    first.join(timeout=60)
+    b = got["b"]
+    assert b.status_code == 503, b.text
+    assert b.json()["type"] == "urn:privcal:problem:report-writer-busy"
+    assert "not stored" in b.json()["detail"] and b.headers.get("retry-after") == "1"
+    assert got["a"].status_code == 201, got["a"].text
+    time.sleep(0.3)  # the writer's next cycle: b's item, dropped
+    led = live.accountant.ledger
+    assert set(stored_reports(led, sid, ["a", "b"])) == {"a"}
+    assert live.accountant.subject_spend("d", "b") == 0
+    assert live.accountant.subject_spend("d", "a") > 0
+    with live.client(token=toks["b"]) as c:
+        assert c.get("/v1/whoami").json()["reported_rounds"] == []
+        again = c.put(f"/v1/sessions/{sid}/reports/b-1", json={"round": 0, "value": 1})
+        assert again.status_code == 201, again.text
