@@ -114,6 +114,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     422 ``idempotency-key-required`` if ``required`` (a request that charges), else ``fn``
     runs unrecorded.
     """
+    from privcal.service.leases import running
     from privcal.storage.tokens import (
         finish_idempotent,
         forget_idempotent,
@@ -137,7 +138,8 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
         return JSONResponse(out.response, status_code=200,
                             headers={"Idempotent-Replayed": "true"})
     try:
-        status, body = fn()
+        with running(ledger, p.id, key):  # its record touched while it runs: never taken over
+            status, body = fn()
     except BaseException:
         forget_idempotent(ledger, p.id, key)
         raise

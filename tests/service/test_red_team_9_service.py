@@ -207,3 +207,54 @@ def test_a_report_whose_wait_ran_out_is_never_stored_after_its_answer(live: Live
         assert c.get("/v1/whoami").json()["reported_rounds"] == []
         again = c.put(f"/v1/sessions/{sid}/reports/b-1", json={"round": 0, "value": 1})
         assert again.status_code == 201, again.text
+
+
+def test_a_request_running_past_the_reservation_ttl_is_not_run_again(
+        live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack (review r9c): a keyed non-private calibration still running when its
+    reservation's five minutes (``PENDING_TTL``) are up — a long run, a ledger lock — and
+    its retry under the same key took the record over and ran it again: two releases for
+    one key and body, both 201. Now a running request's record is touched while it runs
+    (:mod:`privcal.service.leases`): its retries are 409 ``idempotency-in-progress`` however
+    long it runs, then replay its answer; one release."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import numpy as np
+
+    import privcal.storage.tokens as tokens
+    from privcal.accountant import calibration
+
+    monkeypatch.setattr(tokens, "PENDING_TTL", timedelta(seconds=1.5))
+    real = calibration.calibrate
+
+    def slow(*a: Any, **kw: Any) -> Any:
+        time.sleep(4.0)  # a run longer than the TTL
+        return real(*a, **kw)
+
+    monkeypatch.setattr(calibration, "calibrate", slow)
+    body = {"method": "split", "params": {"alpha": 0.1},
+            "scores": np.linspace(0, 1, 101).tolist()}
+    got: dict[str, Any] = {}
+
+    def first() -> None:
+        with live.client("analyst") as c:
+            got["first"] = c.post("/v1/datasets/d/calibrations", json=body,
+                                  headers={"Idempotency-Key": "long"})
+
+    t = threading.Thread(target=first)
+    t.start()
+    with live.client("analyst") as c:
+        for wait in (2.5, 1.0):  # past the TTL, the first still running
+            time.sleep(wait)
+            r = c.post("/v1/datasets/d/calibrations", json=body,
+                       headers={"Idempotency-Key": "long"})
+            _refused(r, 409, "idempotency-in-progress", "still running")
+        t.join(timeout=60)
+        assert got["first"].status_code == 201, got["first"].text
+        again = c.post("/v1/datasets/d/calibrations", json=body,
+                       headers={"Idempotency-Key": "long"})
+        assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+        assert again.json()["id"] == got["first"].json()["id"]
+    assert [r.id for r in live.accountant.releases("d")] == [got["first"].json()["id"]]
