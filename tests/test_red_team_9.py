@@ -117,3 +117,39 @@ def test_a_pre_0005_batch_with_members_replays_only_its_own_request(accountant: 
         with pytest.raises(InvalidInput, match="already used for a different"):
             acct.charge_subjects("l", "0.5", ids, idempotency_key="k")
     assert acct.subject_spend("l", "zed") == 0 and acct.subject_spend("l", "dan") == 0
+
+
+# ------------------------------- r9a F2: a several-level Mondrian release with a tiny group
+@pytest.mark.parametrize("method", ["split", "pcoqs"])
+def test_a_group_too_small_to_run_has_its_bound_at_every_level(method: str) -> None:
+    """Attack (review r9a): a Mondrian release at several levels in which one group has a
+    single record (too few for the method: +inf, the set of every label): its bound read
+    NaN in ``thresholds()`` at every level, the release's overall bound became NaN, and
+    ``evaluate`` called every such release "BELOW and inconsistent" (a coverage of 1.0
+    a failure). Its recorded bound (1: +inf covers) holds at every level now."""
+    import math
+    import random
+
+    import numpy as np
+
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", rho=4, allow_nonprivate=True)
+    g = np.random.default_rng(0)
+    probs = g.dirichlet(np.ones(3), size=400)
+    labels = np.array([g.choice(3, p=p) for p in probs])
+    site = np.where(np.arange(400) == 0, "tiny", "big")
+    kw = {"rho": 0.5} if method == "pcoqs" else {}
+    rel = acct.calibrate(method, dataset="d", probs=probs, labels=labels, score="lac",
+                         alpha=[0.1, 0.2], groups=site, public_groups=True,
+                         rng=random.Random(1), **kw)
+    tiny = [r for r in rel.thresholds() if r["group"] == "tiny"]
+    assert [(r["alpha"], r["threshold"], r["lower"]) for r in tiny] == [
+        (0.1, math.inf, 1.0), (0.2, math.inf, 1.0)]
+    big = [r for r in rel.thresholds() if r["group"] == "big"]
+    assert all(0 < r["lower"] < 1 for r in big)
+    for a in (0.1, 0.2):
+        ev = rel.evaluate(probs, labels, alpha=a, groups=site)
+        want = min(r["lower"] for r in big if r["alpha"] == a)
+        assert ev.guaranteed_lower == want
+        (small,) = [b for b in ev.by_group if b.group == "tiny"]
+        assert small.guaranteed_lower == 1.0 and small.meets_guarantee

@@ -111,6 +111,8 @@ def table_of(method: str, params: dict[str, Any], diagnostics: dict[str, Any],
 
     def lower(prefix: str, a: float) -> float:
         key = f"{prefix}alpha={a:g}: lower" if levelled else f"{prefix}lower"
+        if key not in details:  # a group too small to run records one bound (its +inf
+            key = f"{prefix}lower"  # threshold covers at every level): NaN was read (r9a)
         return _float(details.get(key, math.nan))
 
     if not mondrian:
