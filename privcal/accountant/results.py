@@ -283,11 +283,13 @@ class Release(ReleaseRecord):
                           upper_preds: Any = None, score_name: str | None = None,
                           alpha: float | None = None, groups: Any = None) -> Any:
         """Coverage and interval length on held-out targets (an ``IntervalEvaluation``)."""
+        from privcal.calibrators.evaluation import is_marginal
         from privcal.calibrators.intervals import evaluate_intervals, release_lower
 
         iv = self.predict_interval(preds, lower_preds=lower_preds, upper_preds=upper_preds,
                                    score_name=score_name, alpha=alpha, groups=groups)
-        return evaluate_intervals(iv, targets, release_lower(self, alpha=alpha))
+        return evaluate_intervals(iv, targets, release_lower(self, alpha=alpha),
+                                  is_marginal(self.coverage))
 
     def predict_set(self, probs: Any, *, score_name: str | None = None,
                     rng: random.Random | None = None, alpha: float | None = None,
@@ -346,7 +348,7 @@ class Release(ReleaseRecord):
         for a Mondrian release also ``by_group``, each group against its own bound).
 
         ``labels`` are column indices, or class names when the release records them."""
-        from privcal.calibrators.evaluation import evaluate_sets
+        from privcal.calibrators.evaluation import evaluate_sets, is_marginal
         from privcal.calibrators.group_sets import evaluate_wrapped, is_wrapped
 
         sets = self.predict_set(probs, score_name=score_name, rng=rng, alpha=alpha,
@@ -354,4 +356,5 @@ class Release(ReleaseRecord):
         if is_wrapped(self.method):
             return evaluate_wrapped(self, sets, labels, alpha=alpha, groups=groups,
                                     classes=self.classes)
-        return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes)
+        return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes,
+                             marginal=is_marginal(self.coverage))

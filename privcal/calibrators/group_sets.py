@@ -178,14 +178,15 @@ def evaluate_wrapped(release: Any, sets: np.ndarray, labels: Any, *,
     """Marginal coverage against the smallest group lower bound at the level, and, for a
     Mondrian release, coverage per group against each group's own bound."""
     from privcal.calibrators.class_labels import encode_labels, is_text_labels
-    from privcal.calibrators.evaluation import evaluate_sets, group_coverage
+    from privcal.calibrators.evaluation import evaluate_sets, group_coverage, is_marginal
     from privcal.calibrators.validation import check_labels
 
     table = table_of(release.method, release.params, release.diagnostics or {},
                      _details(release))
     col = table.level(alpha)
     lowers = table.lowers[:, col]
-    ev = evaluate_sets(sets, labels, float(lowers.min()), classes=classes)
+    marginal = is_marginal(release.coverage)
+    ev = evaluate_sets(sets, labels, float(lowers.min()), classes=classes, marginal=marginal)
     if table.groups is None:
         return ev
     if is_text_labels(labels):
@@ -195,7 +196,8 @@ def evaluate_wrapped(release: Any, sets: np.ndarray, labels: Any, *,
     names = table.groups
     if table.group_by == "label" and classes is not None:
         names = tuple(classes)
-    return ev.model_copy(update={"by_group": group_coverage(sets, y, rows, names, lowers)})
+    return ev.model_copy(update={"by_group": group_coverage(sets, y, rows, names, lowers,
+                                                            marginal)})
 
 
 def threshold_rows(release: Any) -> list[dict[str, Any]]:

@@ -163,15 +163,19 @@ class IntervalEvaluation(BaseModel):
     coverage_upper_95: float
     consistent_with_guarantee: bool
     note: str
+    #: the guarantee is marginal: a shortfall of one release is no evidence against it
+    #: (:func:`~privcal.calibrators.evaluation.is_marginal`)
+    marginal: bool = False
 
 
-def evaluate_intervals(intervals: Any, targets: Any, lower: float) -> IntervalEvaluation:
+def evaluate_intervals(intervals: Any, targets: Any, lower: float,
+                       marginal: bool = False) -> IntervalEvaluation:
     """Empirical coverage (lo ≤ y ≤ hi) and interval lengths, against the guaranteed ``lower``.
 
     ``consistent_with_guarantee``: the one-sided 95% Clopper–Pearson upper bound of the
     empirical coverage reaches ``lower`` (as for prediction sets).
     """
-    from privcal.calibrators.evaluation import coverage_check
+    from privcal.calibrators.evaluation import coverage_check, evaluation_note
 
     iv = np.asarray(intervals, dtype=np.float64)
     if iv.ndim != 2 or iv.shape[1] != 2:
@@ -194,12 +198,9 @@ def evaluate_intervals(intervals: Any, targets: Any, lower: float) -> IntervalEv
         infinite_count=n_inf,
         infinite_fraction=n_inf / n,
         empty_fraction=float((lo > hi).mean()),
-        **coverage_check(covered, n, lower),
-        note=(
-            "empirical coverage on a finite test set fluctuates around the true coverage; "
-            "'consistent' means the 95% upper bound reaches the guaranteed level"
-            + (f"; {n_inf} of {n} intervals are (−∞, +∞) (the threshold is +∞): they count "
-               "as covering and make mean_length +∞, mean_finite_length leaves them out"
-               if n_inf else "")
-        ),
+        **coverage_check(covered, n, lower, marginal),
+        note=evaluation_note(marginal)
+        + (f"; {n_inf} of {n} intervals are (−∞, +∞) (the threshold is +∞): they count "
+           "as covering and make mean_length +∞, mean_finite_length leaves them out"
+           if n_inf else ""),
     )

@@ -238,6 +238,7 @@ def evaluate(
     Mondrian release, per group against each group's guarantee); for a regression release,
     coverage and interval length (infinite intervals counted)."""
     if _regression_given(preds, lower_preds, upper_preds, probs):
+        from privcal.calibrators.evaluation import is_marginal
         from privcal.calibrators.intervals import (
             evaluate_intervals,
             release_intervals,
@@ -252,7 +253,7 @@ def evaluate(
         iv = release_intervals(rel, score_name=score, alpha=level, groups=load_groups(groups),
                                **load_regression_inputs(preds, lower_preds, upper_preds))
         ev = evaluate_intervals(iv, load_array(targets, "targets"),
-                                release_lower(rel, alpha=level))
+                                release_lower(rel, alpha=level), is_marginal(rel.coverage))
         emit_evaluation(rel, ev, as_json)
         return
     if targets is not None:

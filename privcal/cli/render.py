@@ -28,6 +28,10 @@ def guarantee_verdict(ev: Any) -> str:
         verdict = "meets"
     elif ev.consistent_with_guarantee:
         verdict = f"below, but consistent with (95% upper bound {ev.coverage_upper_95:.4f})"
+    elif getattr(ev, "marginal", False):  # one release below a marginal bound: no evidence
+        return (f"below on this test set (95% upper bound {ev.coverage_upper_95:.4f}); the "
+                "recorded guarantee is marginal — over calibration sets and test points — "
+                "and one release may fall below it: no evidence against it")
     else:
         verdict = "BELOW and inconsistent with"
     return f"{verdict} the recorded guarantee"
