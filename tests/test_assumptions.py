@@ -68,13 +68,20 @@ def _run(url: str, *args: str) -> Any:
     return res.stdout
 
 
-def test_calibrate_and_release_show_print_it(tmp_path: Path) -> None:
+def _ledger(tmp_path: Path, **columns: np.ndarray) -> str:
+    """A migrated ledger with dataset ``d`` (non-private allowed), 200 uniform scores in
+    ``s.npy`` and each of ``columns`` saved as ``NAME.npy``; its URL."""
     url = f"sqlite:///{tmp_path / 'l.db'}"
     _run(url, "db", "upgrade")
     _run(url, "dataset", "create", "d", "--epsilon", "5", "--allow-nonprivate")
-    rng = np.random.default_rng(3)
-    np.save(tmp_path / "s.npy", rng.random(200))
-    np.save(tmp_path / "a.npy", np.repeat(np.arange(4), 50))
+    np.save(tmp_path / "s.npy", np.random.default_rng(3).random(200))
+    for name, values in columns.items():
+        np.save(tmp_path / f"{name}.npy", values)
+    return url
+
+
+def test_calibrate_and_release_show_print_it(tmp_path: Path) -> None:
+    url = _ledger(tmp_path, a=np.repeat(np.arange(4), 50))
     out = _run(url, "calibrate", "split", "--dataset", "d", "--alpha", "0.1",
                "--scores", str(tmp_path / "s.npy"))
     assert f"assuming            {ASSUMES['split']}" in out
@@ -92,12 +99,7 @@ def test_every_json_of_a_release_says_it(tmp_path: Path) -> None:
     from privcal.accountant import Accountant, Release
     from privcal.storage import Ledger
 
-    url = f"sqlite:///{tmp_path / 'l.db'}"
-    _run(url, "db", "upgrade")
-    _run(url, "dataset", "create", "d", "--epsilon", "5", "--allow-nonprivate")
-    rng = np.random.default_rng(4)
-    np.save(tmp_path / "s.npy", rng.random(200))
-    np.save(tmp_path / "g.npy", np.repeat(np.arange(2), 100))
+    url = _ledger(tmp_path, g=np.repeat(np.arange(2), 100))
     made = json.loads(_run(url, "calibrate", "split", "--dataset", "d", "--alpha", "0.1",
                            "--scores", str(tmp_path / "s.npy"), "--json"))
     assert made["release"]["assumes"] == ASSUMES["split"]
