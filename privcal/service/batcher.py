@@ -98,7 +98,7 @@ def _settle(items: list[_Item]) -> None:
     """On the event loop: hand each request its answer (one call per batch and loop)."""
     for it in items:
         fut = it.afuture
-        if fut is None or fut.done():  # its request went away
+        if fut is None or fut.done() or it.cancelled:  # its request went away or gave up
             continue
         if it.error is not None:
             fut.set_exception(it.error)

@@ -258,3 +258,40 @@ def test_a_request_running_past_the_reservation_ttl_is_not_run_again(
         assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
         assert again.json()["id"] == got["first"].json()["id"]
     assert [r.id for r in live.accountant.releases("d")] == [got["first"].json()["id"]]
+
+
+def test_an_agent_message_whose_wait_ran_out_is_never_stored(live: Live) -> None:
+    """The same for agent messages (the writer's synchronous path): the message taken into
+    a batch blocked by the lock is answered as stored; the one queued behind it, 503 and
+    never stored."""
+    import threading
+    import time
+
+    from tests.service.conftest import open_fed
+
+    sid = open_fed(live, agents=3)
+    toks = {a: live.token("agent", session=sid, agent=a) for a in ("a0", "a1")}
+    with live.client(token=toks["a0"]) as c:
+        grid = c.get(f"/v1/sessions/{sid}").json()["grid"]
+    value = grid["lower"] + 10 * grid["step"]
+    live.app.state.batcher.wait = 0.6
+    got: dict[str, Any] = {}
+
+    def put(agent: str) -> None:
+        with live.client(token=toks[agent]) as c:
+            got[agent] = c.put(f"/v1/sessions/{sid}/messages", json={"value": value})
+
+    with _WriteLock(live, sid):
+        first = threading.Thread(target=put, args=("a0",))
+        first.start()
+        time.sleep(0.25)
+        put("a1")
+        time.sleep(0.6)
+    first.join(timeout=60)
+    assert got["a1"].status_code == 503, got["a1"].text
+    assert got["a1"].json()["type"] == "urn:privcal:problem:report-writer-busy"
+    assert got["a0"].status_code == 201, got["a0"].text
+    time.sleep(0.3)
+    from privcal.accountant.sessions import session_status
+
+    assert session_status(live.accountant, sid).received == 1
