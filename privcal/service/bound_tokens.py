@@ -76,6 +76,7 @@ def _check_session_binding(acct: Any, role: str, session: Any) -> None:
     (InvalidInput, red team 8) — and takes tokens of ``role``: device tokens for an
     ldp-score session, agent tokens for a federated one, neither for a shuffled one."""
     from privcal.accountant.sessions import session_status
+    from privcal.storage.sessions import refuse_unless_open
     from privcal.storage.tokens import SESSION_MAX
 
     if isinstance(session, bool) or not isinstance(session, int) or session < 1:
@@ -83,10 +84,7 @@ def _check_session_binding(acct: Any, role: str, session: Any) -> None:
     if session > SESSION_MAX:  # no session has it (nor can a token's column hold it)
         raise NotFound(f"unknown session {session}")
     info = session_status(acct, session)
-    if info.status != "open":
-        state = ("abandoned" if info.status == "closed" and info.release_id is None
-                 else info.status)
-        raise InvalidInput(f"session {session} is {state}: a token for it could never report")
+    refuse_unless_open(session, info.status, info.release_id)
     fed = info.method != "ldp-score"
     if role == "device" and fed:
         raise InvalidInput(f"session {session} is federated ({info.method}): give its "

@@ -46,7 +46,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from privcal.errors import AuditFailed
+from privcal.errors import AuditFailed, InvalidInput, NotFound
 from privcal.storage.audit import jsonable
 from privcal.storage.models import Base, LedgerSecret, ReleaseRow
 from privcal.storage.pseudonyms import reports_digest, state_digest_matches
@@ -59,7 +59,9 @@ __all__ = [
     "SessionTally",
     "check_entry",
     "check_migration",
+    "check_session_open",
     "check_sessions",
+    "refuse_unless_open",
 ]
 
 #: audit entry kinds written by collection sessions
@@ -301,3 +303,26 @@ def check_sessions(s: Session, sessions: dict[int, CollectionSession],
         if stored.get(sid, 0) != tally.accepted.get(sid, 0):
             raise AuditFailed(f"session {sid}: {stored.get(sid, 0)} stored reports but the log "
                               f"records {tally.accepted.get(sid, 0)} accepted (rows edited)")
+
+
+def check_session_open(s: Session, session: int) -> None:
+    """In the token's own transaction: session ``session`` is still open (NotFound, or
+    InvalidInput naming its state). The caller's earlier check (the service's, the CLI's)
+    ran in another transaction; a session closed or abandoned between the two would get a
+    token that could never report. On PostgreSQL the row is read ``FOR SHARE``: a close
+    committed first is seen, and a close after waits for the token's commit; SQLite's
+    writes are serial."""
+    row = s.execute(select(CollectionSession.status, CollectionSession.release_id)
+                    .where(CollectionSession.id == session)
+                    .with_for_update(read=True)).first()
+    if row is None:
+        raise NotFound(f"unknown session {session}")
+    refuse_unless_open(session, row.status, row.release_id)
+
+
+def refuse_unless_open(session: int, status: str, release_id: int | None) -> None:
+    """InvalidInput naming the state of a session that is not open (a closed one without a
+    release: abandoned) — a token for it could never report."""
+    if status != "open":
+        state = "abandoned" if status == "closed" and release_id is None else status
+        raise InvalidInput(f"session {session} is {state}: a token for it could never report")

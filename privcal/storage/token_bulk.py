@@ -15,14 +15,9 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import InvalidInput
 from privcal.storage.audit import now
+from privcal.storage.sessions import check_session_open
 from privcal.storage.token_secrets import new_secret
-from privcal.storage.tokens import (
-    TOKEN_PREFIX,
-    ApiToken,
-    _text,
-    check_session_id,
-    check_session_open,
-)
+from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text, check_session_id
 
 __all__ = ["create_device_tokens"]
 
@@ -33,7 +28,7 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
     created in one transaction, expiring after ``expires_in`` (default: never); the tokens,
     in the order of ``subjects`` (shown this once). The caller checks that the session
     exists and takes reports, as for ``create_token``; that it is still open is checked
-    again in the tokens' transaction (:func:`~privcal.storage.tokens.check_session_open`)."""
+    again in the tokens' transaction (:func:`~privcal.storage.sessions.check_session_open`)."""
     check_session_id(session)  # an int in [1, 2³¹−1], what the column holds
     subs = [_text(str(x), "subject", ident=True) for x in subjects]
     if len(set(subs)) != len(subs):

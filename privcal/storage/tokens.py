@@ -49,13 +49,14 @@ from privcal.storage.service_reads import (
     stored_report,
     stored_reports,
 )
+from privcal.storage.sessions import check_session_open
 from privcal.storage.token_secrets import DUMMY_HASH, TOKEN_ID, is_token_id, new_secret, usable
 
 __all__ = ["ROLES", "SESSION_MAX", "ApiToken", "AuditEntryDoc", "IdemOutcome",
            "IdempotencyRecord", "NewToken", "TokenInfo", "audit_entries", "authenticate",
-           "check_session_id", "check_session_open", "create_token", "finish_idempotent",
-           "forget_idempotent", "list_tokens", "presented_token", "reserve_idempotent",
-           "revoke_token", "stored_report", "stored_reports", "token_texts", "verify_presented"]
+           "check_session_id", "create_token", "finish_idempotent", "forget_idempotent",
+           "list_tokens", "presented_token", "reserve_idempotent", "revoke_token",
+           "stored_report", "stored_reports", "token_texts", "verify_presented"]
 
 Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
 ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
@@ -196,32 +197,14 @@ def check_session_id(session: Any) -> int:
     return session
 
 
-def check_session_open(s: Session, session: int) -> None:
-    """In the token's own transaction: session ``session`` is still open (NotFound, or
-    InvalidInput naming its state). The caller's earlier check (the service's, the CLI's)
-    ran in another transaction; a session closed or abandoned between the two would get a
-    token that could never report. On PostgreSQL the row is read ``FOR SHARE``: a close
-    committed first is seen, and a close after waits for the token's commit; SQLite's
-    writes are serial."""
-    from privcal.storage.sessions import CollectionSession
-
-    row = s.execute(select(CollectionSession.status, CollectionSession.release_id)
-                    .where(CollectionSession.id == session)
-                    .with_for_update(read=True)).first()
-    if row is None:
-        raise NotFound(f"unknown session {session}")
-    if row.status != "open":
-        state = "abandoned" if row.status == "closed" and row.release_id is None else row.status
-        raise InvalidInput(f"session {session} is {state}: a token for it could never report")
-
-
 def create_token(
     ledger: Any, role: str, *, name: str | None = None, datasets: Sequence[str] = (),
     session: int | None = None, subject: str | None = None, agent: str | None = None,
     expires_in: timedelta | None = None, idempotency: tuple[str, str] | None = None,
 ) -> NewToken:
     """Create a token; the caller checks that the named datasets/session exist (a session's
-    being open is checked again in the token's transaction: :func:`check_session_open`).
+    being open is checked again in the token's transaction:
+    :func:`~privcal.storage.sessions.check_session_open`).
 
     ``idempotency``: the (principal, key) of a reservation of :func:`reserve_idempotent`,
     completed (201) in the token's own transaction with the token's id only — never its
