@@ -140,13 +140,18 @@ class JsonRoute(APIRoute):
     handler runs: :mod:`privcal.service.query_params`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        from privcal.service.query_params import declared_query_names, query_guard
+        from privcal.service.query_params import (
+            declared_query_names,
+            int_path_names,
+            query_guard,
+        )
 
         handle = super().get_route_handler()
-        accepted = declared_query_names(self.dependant)
+        accepted = declared_query_names(self.dependant)  # both once per route, not per request
+        int_paths = tuple(int_path_names(self.dependant))
 
         async def handler(request: Request) -> Response:
-            await query_guard(request, accepted)
+            await query_guard(request, accepted, int_paths)
             return await handle(JsonRequest(request.scope, request.receive))
 
         return handler

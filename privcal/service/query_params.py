@@ -94,14 +94,11 @@ async def _token_first(request: Request) -> None:
         await resolve_deferred(request, int(sid) if _canonical_id(sid) else None)
 
 
-async def _check_path_ids(request: Request) -> None:
-    """404 for an ``int`` path parameter that is not a canonical id (module docstring)."""
-    route = request.scope.get("route")
-    dependant = getattr(route, "dependant", None)
-    if dependant is None:
-        return
+async def _check_path_ids(request: Request, int_paths: tuple[str, ...]) -> None:
+    """404 for an ``int`` path parameter (``int_paths``) that is not a canonical id (module
+    docstring)."""
     params = request.scope.get("path_params", {})
-    for name in int_path_names(dependant):
+    for name in int_paths:
         raw = str(params.get(name, ""))
         if _canonical_id(raw):
             continue
@@ -116,11 +113,13 @@ async def _check_path_ids(request: Request) -> None:
                         "leading zeros)")
 
 
-async def query_guard(request: Request, accepted: frozenset[str]) -> None:
-    """Refuse, before the handler runs, a request whose ``int`` path id is not canonical
-    (404), with a query parameter given more than once (422, any method) or, on a writing
-    method, a query parameter not in ``accepted`` (422); see the module docstring."""
-    await _check_path_ids(request)
+async def query_guard(request: Request, accepted: frozenset[str],
+                      int_paths: tuple[str, ...] = ()) -> None:
+    """Refuse, before the handler runs, a request whose ``int`` path id (one of
+    ``int_paths``: :func:`int_path_names` of its route) is not canonical (404), with a
+    query parameter given more than once (422, any method) or, on a writing method, a
+    query parameter not in ``accepted`` (422); see the module docstring."""
+    await _check_path_ids(request, int_paths)
     if not request.scope.get("query_string"):
         return
     counts = Counter(k for k, _ in request.query_params.multi_items())
