@@ -43,6 +43,9 @@ def _rng_ids(gen: np.random.Generator, n: int) -> list[str]:
 
 
 # ---------------------------------------------------------------- digests
+#: one salt for both sides of a comparison (each digest is otherwise salted afresh)
+SALT = "0123456789abcdef"
+
 @pytest.mark.parametrize("seed", range(5))
 def test_reports_digest_sorted_equals_the_definition(seed: int) -> None:
     gen = np.random.default_rng(seed)
@@ -57,28 +60,29 @@ def test_reports_digest_sorted_equals_the_definition(seed: int) -> None:
                    np.asarray([t.encode() for t in bits.tolist()], dtype="S")):
         as_text = [v.decode() if isinstance(v, bytes) else str(v)
                    for v in (values.tolist() if isinstance(values, np.ndarray) else values)]
-        want = PS.reports_digest(zip(hexes, [rnd] * n, as_text, strict=True))
-        assert PS.reports_digest_sorted(raw_sorted, rnd, values) == want
+        want = PS.reports_digest(zip(hexes, [rnd] * n, as_text, strict=True), SALT)
+        assert PS.reports_digest_sorted(raw_sorted, rnd, values, SALT) == want
     # unsorted or repeated pseudonyms are hashed by the definition itself
     shuffled = gen.permutation(raw_sorted)
     vals = bits.tolist()
-    assert PS.reports_digest_sorted(shuffled, rnd, vals) == PS.reports_digest(
-        zip(PS.hex_of(shuffled).tolist(), [rnd] * n, vals, strict=True))
+    assert PS.reports_digest_sorted(shuffled, rnd, vals, SALT) == PS.reports_digest(
+        zip(PS.hex_of(shuffled).tolist(), [rnd] * n, vals, strict=True), SALT)
     if n:
         dup = np.concatenate([raw_sorted[:1], raw_sorted])
         dvals = ["1", *vals]
-        assert PS.reports_digest_sorted(dup, rnd, dvals) == PS.reports_digest(
-            zip(PS.hex_of(dup).tolist(), [rnd] * (n + 1), dvals, strict=True))
+        assert PS.reports_digest_sorted(dup, rnd, dvals, SALT) == PS.reports_digest(
+            zip(PS.hex_of(dup).tolist(), [rnd] * (n + 1), dvals, strict=True), SALT)
 
 
 def test_reports_digest_sorted_of_nothing_and_of_unequal_widths() -> None:
     empty = np.zeros(0, dtype="S32")
-    assert PS.reports_digest_sorted(empty, 3, np.zeros(0, dtype="S1")) == PS.reports_digest([])
+    assert PS.reports_digest_sorted(empty, 3, np.zeros(0, dtype="S1"), SALT) == \
+        PS.reports_digest([], SALT)
     raw = np.sort(PS.pseudonyms_raw(KEY, ["a", "b", "c"]))
     mixed = np.asarray([b"1", b"10", b"0.5"])  # S3: NUL-padded entries take the join path
     want = PS.reports_digest(zip(PS.hex_of(raw).tolist(), [0] * 3, ["1", "10", "0.5"],
-                                 strict=True))
-    assert PS.reports_digest_sorted(raw, 0, mixed) == want
+                                 strict=True), SALT)
+    assert PS.reports_digest_sorted(raw, 0, mixed, SALT) == want
     with pytest.raises(TypeError):
         PS.reports_digest_sorted(PS.hex_of(raw), 0, ["1", "1", "1"])
 

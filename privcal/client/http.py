@@ -238,12 +238,17 @@ class _Base:
         return None
 
     def _guard(self, who: dict[str, Any]) -> None:
-        """Refuse to draw if the server already holds this token's answer (whoami)."""
+        """Refuse to draw if the server holds this token's answer or its cap is spent."""
         if who.get("reported_rounds") or who.get("sent"):
             raise PlanRejected(
                 f"the server already holds this {self._role}'s answer in session "
                 f"{who.get('session')} (one per session): no new randomized answer is drawn "
                 "(keep a memo= file to get its status back)")
+        if who.get("within_cap") is False:
+            raise PlanRejected(f"this {self._role}'s {self._who} has less than session "
+                               f"{who.get('session')}'s ε left of its per-subject ε cap: its "
+                               "answer would be refused after leaving the device; nothing "
+                               "was drawn or sent")
 
     def _check_epsilon(self, eps: float, sid: Any) -> None:
         """Refuse, before drawing, a session whose ε exceeds ``max_epsilon``."""

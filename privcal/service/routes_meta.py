@@ -53,21 +53,27 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
     its session (``reported_rounds``: empty, or that one round — a subject reports once per
     session), an agent token's whether its message was stored (``sent``), so that a client
     that lost its local state does not draw and send a second randomized answer
-    (:mod:`privcal.client.http`). One primary-key read of the ledger, for those two roles
-    only."""
+    (:mod:`privcal.client.http`); and, for both, whether the subject or agent still has
+    the session's ε0 left under its dataset's per-subject ε cap (``within_cap``; null if
+    the session charges none): a report past the cap is refused only after it was sent —
+    a randomized answer the server saw and the ledger does not count — so a client draws
+    nothing when it is false. Primary-key reads of the ledger, for those two roles only."""
     t = p.token
     out = {"id": t.id, "principal": p.requester, "role": t.role, "datasets": t.datasets,
            "session": t.session, "subject": t.subject, "agent": t.agent,
            "expires_at": t.expires_at}
     who = t.subject if t.role == "device" else t.agent if t.role == "agent" else None
     if t.session is not None and who is not None:
+        from privcal.storage.service_reads import within_cap
         from privcal.storage.tokens import stored_reports
 
-        stored = stored_reports(request.app.state.accountant.ledger, t.session, [who])
+        ledger = request.app.state.accountant.ledger
+        stored = stored_reports(ledger, t.session, [who])
         if t.role == "device":
             out["reported_rounds"] = sorted(int(r) for r, *_ in stored.values())
         else:
             out["sent"] = bool(stored)
+        out["within_cap"] = within_cap(ledger, t.session, who)
     return doc(out)
 
 

@@ -25,6 +25,16 @@ entry, to the sorted pseudonyms it charged (stored in ``charge_members``), from
 which ``audit verify`` recomputes every per-subject spend; :func:`reports_digest`
 commits a session batch's stored reports; :func:`keyed_state_digest` a session's state.
 
+*The members and reports digests are salted* (red team 10). A plain hash of a one-subject
+charge's members, or of a one-row batch's ``(pseudonym, round, value)``, is the same
+wherever the same person reports (the pseudonym is the same in every session of a ledger):
+an audit reader who never sees a pseudonym could still link one person's charges across
+sessions and — comparing a shuffled session's one-row batch with another session whose
+release shows that person's bit — read the shuffled bit. Each digest is now computed over
+a fresh random salt that it carries (:data:`SALTED`, :func:`salted`), so no two entries'
+digests are equal; ``audit verify`` recomputes it with that salt, and still accepts the
+unsalted form on entries written before.
+
 *The state digest is keyed* (red team 7, B-1). A session's state holds what is not public
 until a round completes — ``round_ones``, the running count of 1-reports of the open round —
 and everything else in it can be rebuilt from public numbers (the open entry's params, the
@@ -49,6 +59,7 @@ import numpy as np
 __all__ = [
     "BATCH_IDS_PG",
     "PSEUDONYM_BYTES",
+    "SALTED",
     "STATE_KEYED",
     "hex_of",
     "key_id",
@@ -56,12 +67,14 @@ __all__ = [
     "members_blob",
     "members_commitment",
     "members_digest",
+    "members_digest_matches",
     "new_secret",
     "pseudonym",
     "pseudonym_bytes",
     "pseudonyms",
     "pseudonyms_raw",
     "reports_digest",
+    "reports_digest_matches",
     "reports_digest_sorted",
     "spend_digest",
     "state_digest",
@@ -138,9 +151,55 @@ def members_blob(hex_pseudonyms: Iterable[str]) -> bytes:
     return b"".join(sorted(bytes.fromhex(h) for h in hex_pseudonyms))
 
 
-def members_digest(kid: str, blob: bytes) -> str:
-    """SHA-256 commitment to a charge's members under the secret's fingerprint ``kid``."""
-    return hashlib.sha256(b"privcal members\x00" + kid.encode() + b"\x00" + blob).hexdigest()
+#: what begins a salted digest (an unsalted one is 64 hex digits: never this)
+SALTED = "s:"
+#: hex digits of a salt (64 random bits) and of the SHA-256 kept after it: ``s:SALT:HASH``
+#: fits the 64 characters of ``charges.members_digest`` (176 bits of SHA-256 stay)
+_SALT_HEX, _SALTED_HASH_HEX = 16, 44
+
+
+def _new_salt() -> str:
+    return secrets.token_hex(_SALT_HEX // 2)
+
+
+def salted(salt: str, h: Any) -> str:
+    """The salted form of a digest whose SHA-256 object ``h`` began with the salt:
+    ``s:SALT:`` and the first 44 hex digits of ``h``."""
+    return f"{SALTED}{salt}:{h.hexdigest()[:_SALTED_HASH_HEX]}"
+
+
+def _salt_of(digest: str) -> str | None:
+    """The salt a salted digest carries, or None (unsalted, or not a well-formed one)."""
+    parts = digest.split(":")
+    if len(parts) != 3 or parts[0] + ":" != SALTED or len(parts[1]) != _SALT_HEX or \
+            len(parts[2]) != _SALTED_HASH_HEX:
+        return None
+    return parts[1]
+
+
+def _members_hash(kid: str, blob: bytes, salt: str | None) -> Any:
+    h = hashlib.sha256(b"privcal members\x00")
+    if salt is not None:
+        h.update(b"salt\x00" + salt.encode() + b"\x00")
+    h.update(kid.encode() + b"\x00" + blob)
+    return h
+
+
+def members_digest(kid: str, blob: bytes, salt: str | None = None) -> str:
+    """Commitment to a charge's members under the secret's fingerprint ``kid``, salted
+    (:data:`SALTED`; a fresh salt unless ``salt`` is given): no two charges' digests are
+    equal, even of the same one subject."""
+    salt = _new_salt() if salt is None else salt
+    return salted(salt, _members_hash(kid, blob, salt))
+
+
+def members_digest_matches(kid: str, blob: bytes, digest: str) -> bool:
+    """Whether ``digest`` (as a charge recorded it) commits to ``blob``: salted with the salt
+    it carries, or the unsalted SHA-256 written before the salt."""
+    salt = _salt_of(digest)
+    if digest.startswith(SALTED):
+        return salt is not None and salted(salt, _members_hash(kid, blob, salt)) == digest
+    return _members_hash(kid, blob, None).hexdigest() == digest
 
 
 def members_commitment(kid: str, accepted: np.ndarray, *,
@@ -176,12 +235,32 @@ def subjects_digest_raw(key: bytes, raw: np.ndarray) -> str:
     return mac.hexdigest()
 
 
-def reports_digest(rows: Iterable[tuple[str, int, str]]) -> str:
-    """SHA-256 of the sorted ``(pseudonym, round, value)`` rows of one session batch."""
+def _reports_hash(salt: str | None) -> Any:
     h = hashlib.sha256(b"privcal reports\x00")
+    if salt is not None:
+        h.update(b"salt\x00" + salt.encode() + b"\x00")
+    return h
+
+
+def reports_digest(rows: Iterable[tuple[str, int, str]], salt: str | None = None, *,
+                   unsalted: bool = False) -> str:
+    """Digest of the sorted ``(pseudonym, round, value)`` rows of one session batch: salted
+    (:data:`SALTED`; a fresh salt unless ``salt`` is given), or the plain SHA-256 written
+    before the salt (``unsalted``: migration 0005 writes what it always wrote)."""
+    salt = None if unsalted else _new_salt() if salt is None else salt
+    h = _reports_hash(salt)
     for subj, rnd, val in sorted((str(a), int(b), str(c)) for a, b, c in rows):
         h.update(f"{subj}\t{rnd}\t{val}\n".encode())
-    return h.hexdigest()
+    return h.hexdigest() if salt is None else salted(salt, h)
+
+
+def reports_digest_matches(rows: Iterable[tuple[str, int, str]], digest: str) -> bool:
+    """Whether ``digest`` (as an entry recorded it) commits to ``rows``: salted with the salt
+    it carries, or unsalted (entries written before the salt)."""
+    if digest.startswith(SALTED):
+        salt = _salt_of(digest)
+        return salt is not None and reports_digest(rows, salt) == digest
+    return reports_digest(rows, unsalted=True) == digest
 
 
 def hex_matrix(raw: np.ndarray) -> np.ndarray:
@@ -223,19 +302,21 @@ def _ascii_matrix(values: np.ndarray) -> np.ndarray | None:
 
 
 def reports_digest_sorted(raw_sorted: np.ndarray, round_: int,
-                          values: np.ndarray | Sequence[str]) -> str:
+                          values: np.ndarray | Sequence[str], salt: str | None = None) -> str:
     """:func:`reports_digest` of one batch's rows ``(hex(raw_sorted[i]), round_, values[i])``,
     hashed in one pass when it can be: bit for bit the same digest (a test checks it).
 
     ``raw_sorted``: the batch's raw pseudonyms (``S32``) in ascending order, all distinct —
     then the sort of :func:`reports_digest` is this order (lowercase hex sorts as the bytes it
     encodes, and distinct subjects never reach the round or the value), and its SHA-256 over
-    the rows one after the other is the SHA-256 of their concatenation. ``values``: the
+    the rows one after the other is the SHA-256 of their concatenation. Salted as
+    :func:`reports_digest` is (a fresh salt unless ``salt`` is given). ``values``: the
     stored value strings — an ``S`` array of ASCII text (equal widths: one NumPy fill) or
     any strings (one join).
     Anything else (repeated or unsorted pseudonyms) is hashed by :func:`reports_digest`.
     """
     raw_sorted = np.asarray(raw_sorted)
+    salt = _new_salt() if salt is None else salt
     if raw_sorted.dtype != np.dtype("S32") or raw_sorted.ndim != 1:
         raise TypeError("reports_digest_sorted takes a 1-D array of raw pseudonyms (S32)")
     n = int(raw_sorted.shape[0])
@@ -243,8 +324,9 @@ def reports_digest_sorted(raw_sorted: np.ndarray, round_: int,
     if n > 1 and not bool(np.all(raw_sorted[1:] > raw_sorted[:-1])):
         text = values.tolist() if isinstance(values, np.ndarray) else list(values)
         strs = [v.decode("ascii") if isinstance(v, bytes) else v for v in text]
-        return reports_digest(zip(hex_of(raw_sorted).tolist(), [round_] * n, strs, strict=True))
-    h = hashlib.sha256(b"privcal reports\x00")
+        return reports_digest(zip(hex_of(raw_sorted).tolist(), [round_] * n, strs, strict=True),
+                              salt)
+    h = _reports_hash(salt)
     mat = _ascii_matrix(vals) if vals is not None else None
     if mat is not None:
         h.update(fixed_lines(n, [hex_matrix(raw_sorted), f"\t{int(round_)}\t".encode(), mat,
@@ -255,7 +337,7 @@ def reports_digest_sorted(raw_sorted: np.ndarray, round_: int,
         h.update("".join([s + mid + (v.decode("ascii") if isinstance(v, bytes) else str(v))
                           + "\n" for s, v in zip(hex_of(raw_sorted).tolist(), text,
                                                   strict=True)]).encode())
-    return h.hexdigest()
+    return salted(salt, h)
 
 
 def spend_digest(rows: Iterable[tuple[str, int]]) -> str:

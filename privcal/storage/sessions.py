@@ -49,7 +49,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from privcal.errors import AuditFailed, InvalidInput, NotFound
 from privcal.storage.audit import jsonable
 from privcal.storage.models import Base, LedgerSecret, ReleaseRow
-from privcal.storage.pseudonyms import reports_digest, state_digest_matches
+from privcal.storage.pseudonyms import reports_digest_matches, state_digest_matches
 
 __all__ = [
     "SESSION_KINDS",
@@ -289,7 +289,7 @@ def check_sessions(s: Session, sessions: dict[int, CollectionSession],
         if want is None:
             raise AuditFailed(f"session {sid}: {len(got)} stored report(s) of batch {batch} that "
                               "no audit entry records (rows inserted or edited)")
-        if reports_digest(got) != want[1] or len(got) != want[2]:
+        if not reports_digest_matches(got, want[1]) or len(got) != want[2]:
             raise AuditFailed(f"audit entry {want[0]}: session {sid}'s reports of batch {batch} "
                               "differ from what the log recorded (subject or value edited)")
     for (sid, batch), (seq, _, count) in sorted(tally.batches.items()):

@@ -112,7 +112,7 @@ def check_subject_spends(s: Session, datasets: dict[int, Dataset],
             continue
         blob = blobs.pop(cid, None)
         if blob is None or kid is None or \
-                pseudonyms.members_digest(kid, bytes(blob)) != c.members_digest:
+                not pseudonyms.members_digest_matches(kid, bytes(blob), c.members_digest):
             raise AuditFailed(f"audit entry {seq}: the subjects charged by charge {cid} "
                               "differ from what the log recorded (rows edited, or the "
                               "ledger secret replaced)")

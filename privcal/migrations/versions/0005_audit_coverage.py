@@ -115,7 +115,8 @@ def upgrade() -> None:
         st = state if isinstance(state, dict) else json.loads(state)
         sessions[str(sid)] = {"status": status, "state_digest": pseudonyms.state_digest(st),
                               "reports": len(rep[int(sid)]),
-                              "reports_digest": pseudonyms.reports_digest(rep[int(sid)])}
+                              "reports_digest": pseudonyms.reports_digest(rep[int(sid)],
+                                                                          unsalted=True)}
     data = {
         "revision": revision,
         "subject_key": pseudonyms.key_id(key),
