@@ -49,7 +49,8 @@ def parse_amount(
     """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
     if isinstance(value, bool):
         raise InvalidInput(f"{what} must be a number, got {value!r}")
-    if isinstance(value, str) and "_" in value:  # Decimal("1_0") is 10: a typo, not a number
+    if isinstance(value, str) and ("_" in value or not value.isascii()):
+        # Decimal("1_0") is 10 and Decimal("１") 1: a typo or a fullwidth digit, not a number
         raise InvalidInput(f"{what} must be a number, got {value!r}")
     try:
         d = (Decimal(repr(float(value))) if isinstance(value, float) or _np_float(value)

@@ -55,8 +55,10 @@ class CalibratorParams(BaseModel):
     def _no_bool_numbers(cls, data: Any) -> Any:
         """Refuse True/False for a numeric parameter: pydantic would read ``rho: true`` as
         ρ = 1 and charge it (a JSON body or a Python call could smuggle it; the CLI cannot);
-        and anything but True/False for a bool parameter, which pydantic would read from
-        ``1``, ``"yes"``, ``"on"``, … (``nominal: 1``; the CLI's flags give only bools)."""
+        anything but True/False for a bool parameter, which pydantic would read from
+        ``1``, ``"yes"``, ``"on"``, … (``nominal: 1``; the CLI's flags give only bools);
+        and, for a numeric parameter, text that is not a plain number
+        (:func:`check_number_text`: pydantic reads ``rho: "0_5"`` as ρ = 5, red team 10)."""
         if not isinstance(data, dict):
             return data
         for name, field in cls.model_fields.items():
@@ -65,13 +67,32 @@ class CalibratorParams(BaseModel):
             strict_bool = _only_bool(field.annotation)
             if _admits_bool(field.annotation) and not strict_bool:
                 continue
+            numeric = _numeric(field.annotation)
             for key in keys:
                 v = data.get(key)
                 if strict_bool and v is not None and not isinstance(v, bool | np.bool_):
                     raise ValueError(f"{key} must be true or false, not {v!r}")
                 if not strict_bool and isinstance(v, bool | np.bool_):
                     raise ValueError(f"{key} must be a number, not {bool(v)}")
+                if numeric:
+                    for item in v if isinstance(v, list | tuple) else (v,):
+                        if isinstance(item, str):
+                            check_number_text(item, key)
         return data
+
+
+def check_number_text(text: str, what: str) -> None:
+    """Refuse (ValueError) the text of a number that is not plain ASCII or holds a ``_``.
+
+    The rule the cost parsers apply to an amount (:mod:`privcal.costs`,
+    :func:`privcal.accountant.normalize.parse_amount`, the CLI's ``AmountType``):
+    ``Decimal("1_0")`` and ``float("0_5")`` read a digit separator, so a typo became
+    ρ = 5 and was charged (red team 10). Non-ASCII too: ``float("１")`` (a fullwidth
+    digit) is 1, which no number here is meant to be written as. Everything else (spaces
+    around, ``1e-3``, …) is left to the number's own parser."""
+    if "_" in text or not text.isascii():
+        raise ValueError(f"{what} must be a plain number (ASCII digits, no '_'), "
+                         f"got {text!r}")
 
 
 def _only_bool(annotation: Any) -> bool:
@@ -79,6 +100,13 @@ def _only_bool(annotation: Any) -> bool:
     return annotation is bool or (
         bool(get_args(annotation)) and set(get_args(annotation)) <= {bool, type(None)}
         and bool in get_args(annotation))
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field's type takes a number (float or int, in a union or a tuple)."""
+    if annotation in (float, int):
+        return True
+    return any(_numeric(a) for a in get_args(annotation))
 
 
 def _admits_bool(annotation: Any) -> bool:

@@ -42,6 +42,7 @@ from privcal.calibrators.base import (
     Calibrator,
     CoverageGuarantee,
     DataShape,
+    check_number_text,
 )
 from privcal.calibrators.base import (
     check_inputs as base_check_inputs,
@@ -74,6 +75,8 @@ def parse_alphas(value: Any) -> tuple[float, ...]:
     if isinstance(value, str):
         parts = [s.strip() for s in value.split(",")]
         try:
+            for s in parts:  # float("0.0_5") is 0.005 (red team 10)
+                check_number_text(s, "alpha")
             items: list[Any] = [float(s) for s in parts]
         except ValueError:
             raise InvalidInput(f"alpha must be a number or a comma-separated list of "

@@ -138,6 +138,9 @@ class Settings:
             from privcal.storage import Ledger
 
             self._ledger = Ledger(self.db_url)
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:  # its pooled connections closed when the command ends
+                ctx.find_root().call_on_close(self._ledger.close)
         return self._ledger
 
     def accountant(self) -> Any:
@@ -224,8 +227,8 @@ class AmountType(click.ParamType):
             d = value
         else:
             text = str(value).strip()
-            if "_" in text:  # Decimal("1_0") is 10: a typo must not become a budget
-                self.fail(f"{value!r} is not a decimal number", param, ctx)
+            if "_" in text or not text.isascii():  # Decimal("1_0") is 10, Decimal("１") 1:
+                self.fail(f"{value!r} is not a decimal number", param, ctx)  # not a budget
             try:
                 d = Decimal(text)
             except (InvalidOperation, ValueError):

@@ -14,10 +14,16 @@ from typing import Any, Literal
 
 import click
 
+from privcal.calibrators.base import check_number_text
+from privcal.cli.app import AmountType
+from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
 from privcal.errors import InvalidInput
 
 __all__ = [
     "COMMON",
+    "Integer",
+    "Levels",
+    "Number",
     "apply_deprecated",
     "deprecated_aliases",
     "param_options",
@@ -43,11 +49,54 @@ def _unwrap_optional(ann: Any) -> Any:
     return ann
 
 
+def _plain(value: Any, param: Any, ctx: Any, kind: click.ParamType) -> None:
+    """A usage error for a number's text the library refuses (``0_5``, a fullwidth ``１``):
+    Python's ``float``/``int``, click's FLOAT/INT, read them as 5 and 1 (red team 10)."""
+    if isinstance(value, str):
+        try:
+            check_number_text(value, "it")
+        except ValueError:
+            kind.fail(f"{value!r} is not a plain number (ASCII digits, no '_')", param, ctx)
+
+
+class Number(AmountType):
+    """A float parameter: read as the cost options read an amount (``AmountType``: no ``_``,
+    finite), plain ASCII, given to the library as a float."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            return value
+        _plain(value, param, ctx, self)
+        return float(super().convert(value, param, ctx))
+
+
+class Integer(click.types.IntParamType):
+    """An int parameter: click's INT, but not ``1_0`` or non-ASCII digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        _plain(value, param, ctx, self)
+        return super().convert(value, param, ctx)
+
+
+class Levels(AlphaLevels):
+    """``--alpha``: one level or several (``AlphaLevels``), in plain numbers."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        _plain(value, param, ctx, self)
+        return super().convert(value, param, ctx)
+
+
 def _click_type(ann: Any) -> Any:
     ann = _unwrap_optional(ann)
     if typing.get_origin(ann) is Literal:
         return click.Choice([str(a) for a in typing.get_args(ann)])
-    return {int: int, float: float, str: str}.get(ann, str)
+    if ann is float:
+        return Number()
+    if ann is int:
+        return Integer()
+    return str
 
 
 def deprecated_aliases(params_model: type) -> dict[str, str]:
@@ -119,23 +168,15 @@ def param_options(params_model: type) -> list[click.Option]:
                 )
             )
             continue
+        # click >= 8.3 reads an explicit default=None as a value given: a required option
+        # then never reports itself missing (red team 10), so a required one gets no default
+        given = {} if required else {"default": default, "show_default": default is not None}
         if name == "alpha":  # several levels at once: --alpha 0.05,0.1 (issue 12B)
-            from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
-
-            opts.append(click.Option([flag, name], type=AlphaLevels(), required=required,
-                                     default=default, show_default=default is not None,
-                                     help=help_text + ALPHA_HELP))
+            opts.append(click.Option([flag, name], type=Levels(), required=required,
+                                     help=help_text + ALPHA_HELP, **given))
             continue
-        opts.append(
-            click.Option(
-                [flag, name],
-                type=_click_type(field.annotation),
-                required=required,
-                default=default,
-                show_default=default is not None,
-                help=help_text,
-            )
-        )
+        opts.append(click.Option([flag, name], type=_click_type(field.annotation),
+                                 required=required, help=help_text, **given))
     return opts
 
 

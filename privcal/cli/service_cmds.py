@@ -53,7 +53,11 @@ def parse_duration(text: str) -> timedelta:
 @pass_settings
 def serve(settings: Any, host: str, port: int, max_body: int, report_window: float,
           workers: int, log_level: str) -> None:
-    """Run the HTTP service on the ledger (needs `pip install 'privcal[server]'`)."""
+    """Run the HTTP service on the ledger (needs the server extra: `pip install
+    'privcal[server]'`, from a clone `pip install '.[server]'`).
+
+    Prints where it listens on stderr once the port is bound; with --json, also one JSON
+    document on stdout: {"listening": URL, "port": N, "workers": N}."""
     import logging
     import socket
     import sys
@@ -64,7 +68,8 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
         from privcal.service.app import create_app
     except ImportError as exc:
         raise InvalidInput(f"privcal serve needs the server extra: pip install "
-                           f"'privcal[server]' ({exc})") from None
+                           f"'privcal[server]' (from a clone: pip install '.[server]') "
+                           f"({exc})") from None
     import os
 
     ledger = settings.ledger()
@@ -84,6 +89,10 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     info(f"listening on http://{shown}:{bound}")
+    if settings.as_json:  # the one document, as soon as the port is known (--port 0)
+        emit({"listening": f"http://{shown}:{bound}", "port": bound, "workers": workers},
+             as_json=True)
+        sys.stdout.flush()
     if workers == 1:
         app: Any = create_app(accountant=Accountant(ledger), body_limit=max_body,
                               report_window=report_window)

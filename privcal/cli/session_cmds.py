@@ -25,6 +25,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
+from privcal.cli.method_options import Integer, Number
 from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
 
@@ -74,26 +75,26 @@ def _describe(s: Any) -> str:
 @click.argument("method", type=click.Choice(["ldp-score", "fedcp2-qq", "fedcp-qq"]))
 @click.option("--dataset", required=True, help="Dataset whose budgets are charged.",
               shell_complete=complete_dataset)
-@click.option("--alpha", type=float, required=True, help="Miscoverage α in (0, 1).")
-@click.option("--epsilon", type=float, default=None, help="ε of each user's / agent's report.")
-@click.option("--rounds", type=int, default=None, help="ldp-score: T rounds.")
-@click.option("--group-size", type=int, default=None, help="ldp-score: n' reports per round.")
-@click.option("--lower", type=float, default=None,
+@click.option("--alpha", type=Number(), required=True, help="Miscoverage α in (0, 1).")
+@click.option("--epsilon", type=Number(), default=None, help="ε of each user's / agent's report.")
+@click.option("--rounds", type=Integer(), default=None, help="ldp-score: T rounds.")
+@click.option("--group-size", type=Integer(), default=None, help="ldp-score: n' reports per round.")
+@click.option("--lower", type=Number(), default=None,
               help="Public score range: lower end (ldp-score, fedcp2-qq grid)  [default: 0]")
-@click.option("--upper", type=float, default=None,
+@click.option("--upper", type=Number(), default=None,
               help="Public score range: upper end (ldp-score; fedcp2-qq grid top S_max, "
                    "released as +inf)  [default: 1]")
-@click.option("--range", "score_range", type=float, nargs=2, default=None, hidden=True,
+@click.option("--range", "score_range", type=Number(), nargs=2, default=None, hidden=True,
               help="Deprecated: --lower LO --upper HI.")
-@click.option("--failure-probability", "failure_probability", type=float, default=None,
+@click.option("--failure-probability", "failure_probability", type=Number(), default=None,
               help="ldp-score: failure probability δ of the coverage guarantee (Δ_S), over the "
                    "data and the users' responses; not a DP δ  [default: 0.001]")
-@click.option("--delta", type=float, default=None, hidden=True,
+@click.option("--delta", type=Number(), default=None, hidden=True,
               help="Deprecated spelling of --failure-probability.")
 @click.option("--nominal", is_flag=True, help="ldp-score: target 1−α (guarantee 1−α−Δ_S).")
-@click.option("--agents", type=int, default=None, help="Federated: number of agents m.")
-@click.option("--local-n", type=int, default=None, help="Federated: scores per agent n.")
-@click.option("--bins", type=int, default=None,
+@click.option("--agents", type=Integer(), default=None, help="Federated: number of agents m.")
+@click.option("--local-n", type=Integer(), default=None, help="Federated: scores per agent n.")
+@click.option("--bins", type=Integer(), default=None,
               help="fedcp2-qq: grid points B.  [default: 100]")
 @click.option("--shuffled", is_flag=True,
               help="Reports go through a trusted shuffler: record the amplified (ε, δ).")

@@ -113,7 +113,7 @@ class _Base:
             import httpx
         except ImportError:  # a base install: one line saying what to install
             raise InvalidInput("the privcal HTTP client needs httpx: pip install "
-                               "'privcal[client]' (a device or agent needs nothing else)"
+                               "'privcal[client]' (from a clone: pip install '.[client]')"
                                ) from None
 
         if max_epsilon is not None and not (0 < float(max_epsilon) < math.inf):

@@ -1,7 +1,8 @@
 """``privcal serve``: the HTTP service (FastAPI), a thin layer over the library.
 
-Needs the ``server`` extra (``pip install 'privcal[server]'``). :func:`create_app`
-builds the application; see ``shared/SERVICE.md`` and the README, "Run the service".
+Needs the ``server`` extra (``pip install 'privcal[server]'``; from a clone
+``pip install '.[server]'``). :func:`create_app` builds the application; see
+``shared/SERVICE.md`` and the README, "Run the service".
 """
 
 from __future__ import annotations

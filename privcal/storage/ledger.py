@@ -95,8 +95,8 @@ class Ledger(
         self._backend: str = self._url.get_backend_name()
         if self.is_default:
             path = Path(self._url.database or "")
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+            try:  # 0700: the ledger holds the pseudonyms' secret and every subject's spend
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as exc:
                 raise LedgerError(
                     f"cannot create the ledger directory {path.parent}: {exc}") from exc

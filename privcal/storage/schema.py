@@ -5,6 +5,7 @@ the first-use creation of new SQLite ledgers (:class:`LedgerSchema`, a part of
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from pathlib import Path
@@ -127,6 +128,7 @@ class LedgerSchema:
         """
         from alembic import command
 
+        self._private_new_file()
         cur = self.current()
         if cur is not None and cur not in _scan()[0]:
             raise SchemaOutOfDate(_foreign(self.url, cur))
@@ -166,6 +168,23 @@ class LedgerSchema:
             return None
         return Path(self._url.database)
 
+    def _private_new_file(self) -> None:
+        """Make a SQLite ledger that is missing or empty (so about to be created) readable by
+        its owner only: 0600 whatever the umask (SQLite gives its -wal and -shm files the
+        same mode). It will hold the pseudonyms' secret (``ledger_secret``), with which a
+        guessed subject id can be tested, and every subject's spend and report. A ledger
+        with data in it is left as its owner set it."""
+        path = self._sqlite_file()
+        if path is None or str(path).startswith("file:") or self._url.query.get("uri"):
+            return
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            if path.stat().st_size == 0:
+                os.chmod(path, 0o600)
+        except OSError:
+            pass  # no such directory, or not writable: the driver's error says which
+
     def exists(self) -> bool:
         """False only for a SQLite file that does not exist yet (nothing is created)."""
         path = self._sqlite_file()
@@ -194,6 +213,7 @@ class LedgerSchema:
         with self._lock:
             if self._schema_ok:
                 return
+            self._private_new_file()
             if self.is_default and self.current() != self.head_revision():
                 self.upgrade()
             elif self._is_new_sqlite():

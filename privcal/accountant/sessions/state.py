@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privcal.accountant.sessions.records import REPORTS_ARE, SessionInfo
+from privcal.calibrators.base import check_number_text
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.errors import InvalidInput
@@ -47,6 +48,11 @@ def number(value: Any, what: str, *, integer: bool = False) -> Any:
     """``value`` as a finite float (or an int if ``integer``), or a one-line InvalidInput."""
     if isinstance(value, bool) or value is None:
         raise InvalidInput(f"{what} must be a number, got {value!r}")
+    if isinstance(value, str):  # float("2_0") is 20 (red team 10)
+        try:
+            check_number_text(value, what)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
     if integer:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
