@@ -142,6 +142,45 @@ def bidi_problem(value: str) -> str | None:
             "the text around it on screen")
 
 
+#: characters that render as nothing although Python calls them printable: Unicode's
+#: Default_Ignorable_Code_Point set (DerivedCoreProperties.txt: the soft hyphen, the
+#: combining grapheme joiner, the Hangul fillers, the Khmer inherent vowels, the Mongolian
+#: and other variation selectors, zero-width characters, tags, …) and U+2800 BRAILLE
+#: PATTERN BLANK. ``"alice\ufe0f"`` prints as ``alice`` and was another subject with a cap
+#: of its own (red team 10; red team 6 had refused the non-printable ones)
+READS_AS_NOTHING = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+
+#: zero-width (non-)joiners: part of the spelling of Persian, Indic scripts and emoji
+#: sequences (``علی‌رضا``), allowed between two visible characters not both ASCII
+_JOINERS = frozenset("\u200c\u200d")
+
+
+def _visible(c: str) -> bool:
+    return c.isprintable() and c != " " and READS_AS_NOTHING.match(c) is None
+
+
+def invisible_char(v: str) -> str | None:
+    """The first character of ``v`` that reads as nothing or as a blank — one Python does
+    not call printable (the ASCII space excepted) or one of :data:`READS_AS_NOTHING` — if
+    any: a name or an id holding one prints as another (the one rule for subject and agent
+    ids, dataset names and token names). A zero-width (non-)joiner is allowed between two
+    visible characters not both ASCII (between two ASCII letters it changes nothing a
+    reader sees)."""
+    if v.isprintable() and READS_AS_NOTHING.search(v) is None:
+        return None
+    for i, c in enumerate(v):
+        if c in _JOINERS and 0 < i < len(v) - 1 and _visible(v[i - 1]) and \
+                _visible(v[i + 1]) and not (v[i - 1].isascii() and v[i + 1].isascii()):
+            continue
+        if c.isprintable() and READS_AS_NOTHING.match(c) is None:
+            continue
+        return c
+    return None
+
+
 def utf8_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored as text in every backend, or None if it can."""
     if "\x00" in value:

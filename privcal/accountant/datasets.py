@@ -26,7 +26,7 @@ from privcal.accountant.policy import (
 )
 from privcal.accountant.results import BudgetReport, DatasetInfo, SpentReport, SubjectSummary
 from privcal.calibrators.validation import id_strings
-from privcal.errors import InvalidInput, bidi_problem, check_text
+from privcal.errors import InvalidInput, bidi_problem, check_text, invisible_char
 from privcal.storage import Ledger
 from privcal.storage.audit import dataset_doc, now
 from privcal.storage.models import MAX_SUBJECT_UNITS, SUBJECT_UNIT, cap_units, units_eps
@@ -217,5 +217,9 @@ def _check_addressable(name: str) -> None:
         raise InvalidInput(f"dataset name {name!r} contains a control character")
     if (bidi := bidi_problem(name)) is not None:
         raise InvalidInput(f"dataset name {name!r:.60} {bidi}")
+    if (blank := invisible_char(name)) is not None:  # "d\ufe0f" prints as "d" (red team 10)
+        raise InvalidInput(f"dataset name {name!r:.60} contains U+{ord(blank):04X} "
+                           f"({unicodedata.name(blank, 'unnamed')}), which reads as nothing: "
+                           "it would print as another name")
     if unicodedata.normalize("NFC", name) != name:
         raise InvalidInput(f"dataset name {name!r} is not in Unicode NFC: write it composed")

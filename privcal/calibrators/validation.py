@@ -13,7 +13,7 @@ import unicodedata
 
 import numpy as np
 
-from privcal.errors import InvalidInput, utf8_problem
+from privcal.errors import READS_AS_NOTHING, InvalidInput, invisible_char, utf8_problem
 
 __all__ = [
     "PROB_ROUNDING",
@@ -176,9 +176,9 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     ``None``, bools, empty ids, ids longer than 200 characters, ids that no backend can
     store (a NUL byte, a lone surrogate), and ids that read as another id: a blank at either
     end (``" 7"``), an invisible or blank character anywhere (``"alice\u200b"``, a no-break
-    space: any character Python does not call printable, the ASCII space excepted, and the
-    zero-width joiners U+200C/U+200D but between two visible characters not both ASCII), or
-    not in
+    space: any character Python does not call printable, the ASCII space excepted, or that
+    renders as nothing — :func:`privcal.errors.invisible_char` — but the zero-width joiners
+    U+200C/U+200D between two visible characters not both ASCII), or not in
     Unicode NFC — refused, never stripped or normalised. Returns a
     1-D array of ``str`` (dtype ``U``).
     """
@@ -236,27 +236,6 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     return out
 
 
-#: zero-width (non-)joiners: part of the spelling of Persian, Indic scripts and emoji
-#: sequences (``علی‌رضا``), allowed between two visible characters not both ASCII
-_JOINERS = frozenset("\u200c\u200d")
-
-
-def _visible(c: str) -> bool:
-    return c.isprintable() and c != " "
-
-
-def _invisible(v: str) -> str | None:
-    """The first character of ``v`` that reads as nothing (:func:`_check_spelling`), if any."""
-    for i, c in enumerate(v):
-        if c.isprintable():
-            continue
-        if (c in _JOINERS and 0 < i < len(v) - 1 and _visible(v[i - 1]) and _visible(v[i + 1])
-                and not (v[i - 1].isascii() and v[i + 1].isascii())):
-            continue  # (between two ASCII letters it changes nothing a reader sees)
-        return c
-    return None
-
-
 def _check_spelling(items: list[str], what: str) -> None:
     """Refuse ids that look like another id: a blank at either end (``" 7"`` is not ``"7"``)
     or a spelling not in Unicode NFC (``"café"`` typed two ways). Never silently fixed: a
@@ -268,11 +247,13 @@ def _check_spelling(items: list[str], what: str) -> None:
                                "than the id without it: remove the blanks (e.g. write the "
                                "CSV with ',' separators, not ', ')")
     # invisible or blank characters anywhere (U+200B, U+FEFF, U+2060, a soft hyphen, NBSP,
-    # a tab, a line separator: Unicode's non-printable categories but the ASCII space):
-    # "alice\u200b" reads as "alice" and was another person (red team 6)
-    if not "".join(items).isprintable():
+    # a tab, a line separator: Unicode's non-printable categories but the ASCII space;
+    # and the printable ones that render as nothing, errors.READS_AS_NOTHING): "alice\u200b"
+    # (red team 6) and "alice\ufe0f" (red team 10) read as "alice" and were other people
+    joined = "".join(items)
+    if not joined.isprintable() or READS_AS_NOTHING.search(joined) is not None:
         for i, v in enumerate(items):
-            bad = _invisible(v)
+            bad = invisible_char(v)
             if bad is not None:
                 raise InvalidInput(
                     f"{what}: row {i} is {v!r:.40}, with the invisible or blank character "

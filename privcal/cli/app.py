@@ -223,16 +223,13 @@ class AmountType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> Decimal:
-        if isinstance(value, Decimal):
-            d = value
-        else:
-            text = str(value).strip()
-            if "_" in text or not text.isascii():  # Decimal("1_0") is 10, Decimal("１") 1:
-                self.fail(f"{value!r} is not a decimal number", param, ctx)  # not a budget
-            try:
-                d = Decimal(text)
-            except (InvalidOperation, ValueError):
-                self.fail(f"{value!r} is not a decimal number", param, ctx)
+        text = "" if isinstance(value, Decimal) else str(value).strip()
+        try:  # Decimal("1_0") is 10 and Decimal("１") 1: neither becomes a budget
+            if "_" in text or not text.isascii():
+                raise ValueError(text)
+            d = value if isinstance(value, Decimal) else Decimal(text)
+        except (InvalidOperation, ValueError):
+            self.fail(f"{value!r} is not a decimal number", param, ctx)
         if not d.is_finite():
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return d

@@ -37,7 +37,7 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, utf8_problem
+from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, invisible_char, utf8_problem
 from privcal.storage.audit import now
 from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
@@ -144,17 +144,24 @@ def _info(t: ApiToken) -> TokenInfo:
 def _text(v: Any, what: str, *, ident: bool = False, bidi_ok: bool = False) -> str | None:
     """``v`` if 1-200 characters, storable, no end blank; a name: no control character and
     no bidirectional control (:data:`privcal.errors.BIDI_CONTROLS`, the library's rule for
-    names: one would reorder ``token list`` and the UI) unless ``bidi_ok``; an id: NFC."""
+    names: one would reorder ``token list`` and the UI) unless ``bidi_ok``; an id: NFC;
+    both: no character that reads as nothing (:func:`privcal.errors.invisible_char`, the
+    rule ids meet when their reports arrive: refused here, before a device sends one)."""
     if v is None:
         return None
     if not isinstance(v, str) or not v or len(v) > 200 or v != v.strip():
         raise InvalidInput(f"{what} must be 1 to 200 characters without surrounding spaces")
-    bidi = None if ident or bidi_ok else BIDI_CONTROLS.search(v)
-    bad = utf8_problem(v) or (
-        ("is not in Unicode NFC" if not unicodedata.is_normalized("NFC", v) else None) if ident
-        else "contains a control character" if _CONTROL.search(v)
-        else f"contains the bidirectional control U+{ord(bidi.group()):04X}, which reorders "
-             "the text around it on screen" if bidi else None)
+    bad = utf8_problem(v)
+    if bad is None and not ident and _CONTROL.search(v):
+        bad = "contains a control character"
+    if bad is None and not (ident or bidi_ok) and (bidi := BIDI_CONTROLS.search(v)):
+        bad = (f"contains the bidirectional control U+{ord(bidi.group()):04X}, which "
+               "reorders the text around it on screen")
+    if bad is None and not bidi_ok and (blank := invisible_char(v)) is not None:
+        bad = (f"contains U+{ord(blank):04X} ({unicodedata.name(blank, 'unnamed')}), which "
+               "reads as nothing: it would print as another")
+    if bad is None and ident and not unicodedata.is_normalized("NFC", v):
+        bad = "is not in Unicode NFC"
     if bad is not None:
         raise InvalidInput(f"{what} {bad}")
     return v
