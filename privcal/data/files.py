@@ -181,6 +181,25 @@ def _read_parquet(path: Path, *, text: bool | frozenset[str] = False) -> dict[st
     return out
 
 
+def _check_parquet_ids(path: Path, column: str, what: str) -> None:
+    """Refuse a parquet id column that is not text or integers: a decimal(10, 2) 7 reads as
+    "7.00" (another person than an int64 7), a bool as "true"/"false" (red team 10); as
+    :func:`~privcal.calibrators.validation.id_strings` refuses floats and bools elsewhere."""
+    if path.suffix.lower() != ".parquet":
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    found = {f.name: f.type for f in pq.read_schema(path)}.get(column)
+    if found is None:
+        return
+    inner = found.value_type if pa.types.is_dictionary(found) else found
+    if not (pa.types.is_integer(inner) or pa.types.is_string(inner)
+            or pa.types.is_large_string(inner)):
+        raise InvalidInput(f"{path}: {what} column {column!r} is of type {found}: ids must be "
+                           "text or integers (write the column as strings or int64)")
+
+
 def _table(
     path: Path, *, shape_only: bool = False, text: bool | frozenset[str] = False
 ) -> dict[str, np.ndarray]:
@@ -257,8 +276,9 @@ def load_array(
     columns of a CSV/parquet table as an n×k matrix: those ``columns`` selects (see
     :func:`select_columns`), else every column but ``exclude`` (e.g. the label column).
     ``shape_only=True`` memory-maps ``.npy`` files so that only their header is read
-    (for ``--dry-run``). ``ids=True`` reads subject or agent ids: table cells as text,
-    everything through :func:`~privcal.calibrators.validation.id_strings`. ``text=True``
+    (for ``--dry-run``). ``ids=True`` reads subject or agent ids: table cells as text (a
+    parquet column must be text or integers), everything through
+    :func:`~privcal.calibrators.validation.id_strings`. ``text=True``
     reads table cells as text exactly as written (labels matched to class names: ``01``
     stays ``01``); arrays are returned as stored.
     """
@@ -280,15 +300,18 @@ def load_array(
         if key not in tab:
             kind = "column" if table_file else "array"
             raise InvalidInput(f"{path}: no {kind} named {key!r} (has: {', '.join(tab)})")
-        arr = tab[key]
+        name = key
     elif len(tab) == 1:
-        arr = next(iter(tab.values()))
+        name = next(iter(tab))
     elif what in tab:
-        arr = tab[what]
+        name = what
     else:
         raise InvalidInput(
             f"{path}: holds several arrays ({', '.join(tab)}); name one as {path}:NAME")
-    return id_strings(arr, f"{path}: {what}") if ids else arr
+    if not ids:
+        return tab[name]
+    _check_parquet_ids(path, name, what)
+    return id_strings(tab[name], f"{path}: {what}")
 
 
 def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) -> list[str] | None:
@@ -338,4 +361,5 @@ def load_reports(
             f"{path}: {label}reports need columns {id_column!r} and {value_column!r} "
             f"(has: {cols})"
         )
+    _check_parquet_ids(path, id_column, "id")
     return id_strings(tab[id_column], f"{path}: {id_column}"), tab[value_column], tab.get("round")

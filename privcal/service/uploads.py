@@ -198,12 +198,12 @@ def load_arrays(inp: CalibrationInput, *, shape_only: bool) -> dict[str, Any]:
     def arr(v: Any, dtype: Any = None) -> Any:
         return None if v is None else np.asarray(v, dtype=dtype)
 
+    if body.probs is not None and len({len(r) for r in body.probs}) > 1:  # before asarray
+        raise InvalidInput("probs must be a matrix: every row the same length")
     out: dict[str, Any] = {
         **{part: arr(getattr(body, part), float) for part in _FLOATS},
         "labels": arr(body.labels), "classes": body.classes,
         **{part: arr(getattr(body, part), object) for part in _IDS}}
-    if body.probs is not None and len({len(r) for r in body.probs}) > 1:
-        raise InvalidInput("probs must be a matrix: every row the same length")
     if not inp.files:
         for opt in ("columns", "label_column", "select"):
             if getattr(body, opt) is not None:
