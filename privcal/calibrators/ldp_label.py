@@ -59,14 +59,8 @@ from privcal.calibrators.validation import check_labels, check_lengths, check_pr
 from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
 
-__all__ = [
-    "HONEST_USERS",
-    "LDPLabel",
-    "LDPLabelParams",
-    "LabelSlack",
-    "label_slack",
-    "noise_aware_threshold",
-]
+__all__ = ["HONEST_USERS", "LDPLabel", "LDPLabelParams", "LabelSlack", "label_slack",
+           "noise_aware_threshold"]
 
 PRIVACY_NOTE = "label-only ε-LDP: features sent in the clear"
 #: the assumption of the coverage guarantee privcal cannot enforce (a randomized label
@@ -147,6 +141,10 @@ def label_slack(
     else:
         raise InvalidInput(f"bound must be 'one-sided' or 'two-sided', got {bound!r}")
     h = (1 - beta) / (1 + beta)
+    if not math.isfinite(delta_l := (t_n + beta * t_r) / (1 - beta)):  # red team 10
+        # δ ≤ ~1e-308: c/δ overflows, Δ_L = +inf, and no coverage can be stated or reached
+        raise InvalidInput(f"failure probability δ = {delta!r} is too small: the slack Δ_L is "
+                           "not finite (ln(2/δ) or ln(4/δ) overflows a float); use δ ≥ 1e-300")
     return LabelSlack(
         n=n,
         k=k,
@@ -155,7 +153,7 @@ def label_slack(
         beta=beta,
         t_n=t_n,
         t_r=t_r,
-        delta_L=(t_n + beta * t_r) / (1 - beta),
+        delta_L=delta_l,
         h=h,
         delta_paper=math.sqrt(math.log(4 / delta) / (2 * n * h * h)),
     )

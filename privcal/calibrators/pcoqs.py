@@ -99,16 +99,11 @@ from privcal.calibrators.tail_bounds import discrete_gaussian_cutoff
 from privcal.costs import ZCDP
 from privcal.errors import InvalidInput
 
-__all__ = [
-    "PCOQS",
-    "PCOQSParams",
-    "noise_variance",
-    "noisy_binary_search",
-    "num_steps",
-    "rank_error",
-    "rank_error_exact",
-    "target_rank",
-]
+__all__ = ["MAX_RECORDED_RANK", "PCOQS", "PCOQSParams", "noise_variance", "noisy_binary_search",
+           "num_steps", "rank_error", "rank_error_exact", "target_rank"]
+
+#: the largest τ or target rank a release records (its audit JSON, RFC 8785: 2⁵³ − 1)
+MAX_RECORDED_RANK = 2**53 - 1
 
 
 class PCOQSParams(CalibratorParams):
@@ -294,6 +289,16 @@ class PCOQS:
         r = target_rank(n, params.alpha, tau, params.nominal)
         return n_steps, tau, r
 
+    def _recordable_plan(self, params: PCOQSParams, n: int) -> tuple[int, float, int]:
+        """:meth:`_plan` of a release (guarantee, run; ``advise`` uses :meth:`_plan`): a τ or
+        rank its record cannot hold is refused before the charge (red team 10: ρ ≈ 1e-30)."""
+        n_steps, tau, r = self._plan(params, n)
+        if max(r, tau if isinstance(tau, int) else 0) > MAX_RECORDED_RANK:
+            raise InvalidInput(f"pcoqs: ρ = {params.rho!r} is too small: its rank error τ = "
+                               f"{tau:.6g} (target rank {r}) is past 2**53 − 1, the largest "
+                               "integer a release records (a guaranteed release would be +inf)")
+        return n_steps, tau, r
+
     def guarantee(self, params: PCOQSParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage bounds of seed 003 Thm 2 (nominal) or ≥ 1−α (guaranteed), w.p. ≥ 1−β."""
         return self.guarantee_as(self.version, params, shape)
@@ -310,7 +315,7 @@ class PCOQS:
         2.3.0 it rounded its upper bound, 1−β and τ to nearest (:mod:`~privcal.calibrators.
         pcoqs_statement`)."""
         n, alpha, beta = shape.n, params.alpha, params.failure_probability
-        n_steps, tau, r = self._plan(params, n)
+        n_steps, tau, r = self._recordable_plan(params, n)
         exact = params.bound == "exact"
         event = (
             "E, the event that no noisy count exceeds its true count by more than τ"
@@ -379,7 +384,7 @@ class PCOQS:
         """Run the N-step noisy binary search and release ``right`` (SPEC §4)."""
         s = _scores(data)
         n = s.shape[0]
-        n_steps, tau, r = self._plan(params, n)
+        n_steps, tau, r = self._recordable_plan(params, n)
         diag: dict[str, object] = {"N": n_steps, "tau": tau, "target_rank": r}
         if r > n:
             # trivial set; the data are not touched, so no noise is drawn either
