@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from privcal.costs import ZCDP, ApproxDP, PureDP
+from privcal.errors import invisible_char
 
 _pg = pytest.mark.parametrize("ledger_url", [pytest.param("postgresql",
                                                           marks=pytest.mark.postgres)],
@@ -374,10 +375,11 @@ def test_odd_text_in_a_charge_is_stored_and_logged_byte_for_byte(
         ctx = _sequencer_busy(led)
     names = []
     for i, t in enumerate(_ODD_TEXTS):
-        # a dataset name is one URL segment, printable, NFC (red team 5): the SQL-looking
-        # text stays in it, the control characters and '/' go (they stay in the others)
+        # a dataset name is one URL segment, printable, NFC (red team 5), with nothing that
+        # reads as nothing (red team 10): the SQL-looking text stays in it, the control,
+        # separator and invisible characters and '/' go (they stay in the others)
         shown = unicodedata.normalize("NFC", "".join(
-            ch for ch in t[:150] if ch != "/" and unicodedata.category(ch) != "Cc"))
+            ch for ch in t[:150] if ch != "/" and invisible_char(ch) is None))
         name = f"d{i} {shown}".strip() + f" {i}"
         accountant.create_dataset(name, rho="1")
         names.append(name)
