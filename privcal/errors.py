@@ -14,6 +14,8 @@ codec encodes a lone surrogate, and no SQL integer holds 2⁷⁰).
 from __future__ import annotations
 
 import re
+import unicodedata
+from bisect import bisect_right
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
@@ -153,27 +155,120 @@ READS_AS_NOTHING = re.compile(
     "\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8"
     "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
 
-#: zero-width (non-)joiners: part of the spelling of Persian, Indic scripts and emoji
-#: sequences (``علی‌رضا``), allowed between two visible characters not both ASCII
+#: zero-width (non-)joiners: U+200C (ZWNJ) and U+200D (ZWJ) are part of the spelling of
+#: Persian (``علی‌رضا``), of the Indic scripts (``क्‍ष``: a half form) and of emoji
+#: sequences (``👩‍💻``), but everywhere else they render as nothing: ``caf\u200cé`` read as
+#: ``café`` and was another subject with a cap of its own (red team 10 review). A joiner is
+#: therefore allowed only where it can change what is drawn, see :func:`_joiner_counts`
 _JOINERS = frozenset("\u200c\u200d")
 
+#: the scripts where a ZWNJ/ZWJ changes the shapes around it, as (first, last, script)
+#: code-point ranges (Unicode blocks): the joining scripts (letters take a joined or an
+#: unjoined form: ArabicShaping.txt) and the scripts with a virama (a joiner after it asks
+#: for a half form, a ligature or a visible virama). Sorted by first code point
+_JOINER_SCRIPTS: tuple[tuple[int, int, str], ...] = (
+    (0x0600, 0x06FF, "Arabic"), (0x0700, 0x074F, "Syriac"), (0x0750, 0x077F, "Arabic"),
+    (0x07C0, 0x07FF, "Nko"), (0x0840, 0x085F, "Mandaic"), (0x0860, 0x086F, "Syriac"),
+    (0x0870, 0x08FF, "Arabic"), (0x0900, 0x097F, "Devanagari"), (0x0980, 0x09FF, "Bengali"),
+    (0x0A00, 0x0A7F, "Gurmukhi"), (0x0A80, 0x0AFF, "Gujarati"), (0x0B00, 0x0B7F, "Oriya"),
+    (0x0B80, 0x0BFF, "Tamil"), (0x0C00, 0x0C7F, "Telugu"), (0x0C80, 0x0CFF, "Kannada"),
+    (0x0D00, 0x0D7F, "Malayalam"), (0x0D80, 0x0DFF, "Sinhala"), (0x0F00, 0x0FFF, "Tibetan"),
+    (0x1000, 0x109F, "Myanmar"), (0x1700, 0x171F, "Tagalog"), (0x1720, 0x173F, "Hanunoo"),
+    (0x1780, 0x17FF, "Khmer"), (0x1800, 0x18AF, "Mongolian"), (0x1A20, 0x1AAF, "Tai Tham"),
+    (0x1B00, 0x1B7F, "Balinese"), (0x1B80, 0x1BBF, "Sundanese"), (0x1BC0, 0x1BFF, "Batak"),
+    (0x1CD0, 0x1CFF, "Devanagari"), (0xA800, 0xA82F, "Syloti Nagri"),
+    (0xA840, 0xA87F, "Phags-pa"), (0xA880, 0xA8DF, "Saurashtra"),
+    (0xA8E0, 0xA8FF, "Devanagari"), (0xA930, 0xA95F, "Rejang"), (0xA980, 0xA9DF, "Javanese"),
+    (0xA9E0, 0xA9FF, "Myanmar"), (0xAA60, 0xAA7F, "Myanmar"), (0xAAE0, 0xAAFF, "Meetei Mayek"),
+    (0xABC0, 0xABFF, "Meetei Mayek"), (0xFB50, 0xFDFF, "Arabic"), (0xFE70, 0xFEFE, "Arabic"),
+    (0x10A00, 0x10A5F, "Kharoshthi"), (0x10AC0, 0x10AFF, "Manichaean"),
+    (0x10B80, 0x10BAF, "Psalter Pahlavi"), (0x10D00, 0x10D3F, "Hanifi Rohingya"),
+    (0x10EC0, 0x10EFF, "Arabic"), (0x10F30, 0x10F6F, "Sogdian"),
+    (0x10F70, 0x10FAF, "Old Uyghur"), (0x10FB0, 0x10FDF, "Chorasmian"),
+    (0x11000, 0x1107F, "Brahmi"), (0x11080, 0x110CF, "Kaithi"), (0x11100, 0x1114F, "Chakma"),
+    (0x11180, 0x111DF, "Sharada"), (0x11200, 0x1124F, "Khojki"), (0x112B0, 0x112FF, "Khudawadi"),
+    (0x11300, 0x1137F, "Grantha"), (0x11400, 0x1147F, "Newa"), (0x11480, 0x114DF, "Tirhuta"),
+    (0x11580, 0x115FF, "Siddham"), (0x11600, 0x1165F, "Modi"), (0x11680, 0x116CF, "Takri"),
+    (0x11700, 0x1174F, "Ahom"), (0x11800, 0x1184F, "Dogra"), (0x11900, 0x1195F, "Dives Akuru"),
+    (0x119A0, 0x119FF, "Nandinagari"), (0x11A00, 0x11A4F, "Zanabazar Square"),
+    (0x11A50, 0x11AAF, "Soyombo"), (0x11C00, 0x11C6F, "Bhaiksuki"),
+    (0x11D00, 0x11D5F, "Masaram Gondi"), (0x11D60, 0x11DAF, "Gunjala Gondi"),
+    (0x1E900, 0x1E95F, "Adlam"),
+)
+_JOINER_STARTS = [first for first, _, _ in _JOINER_SCRIPTS]
+#: the joining scripts among them: there a ZWJ between two letters asks them to join,
+#: which they do anyway (``س\u200dلام`` reads as ``سلام``) unless the first never joins the
+#: next — then it shapes the second as joined, a way to show a letter's forms, not to spell
+#: a name — so only the ZWNJ is allowed between two of their letters
+_CURSIVE = frozenset({"Arabic", "Syriac", "Nko", "Mandaic", "Mongolian", "Phags-pa",
+                      "Manichaean", "Psalter Pahlavi", "Hanifi Rohingya", "Sogdian",
+                      "Old Uyghur", "Chorasmian", "Adlam"})
 
-def _visible(c: str) -> bool:
-    return c.isprintable() and c != " " and READS_AS_NOTHING.match(c) is None
+#: Extended_Pictographic (emoji-data.txt), the characters a ZWJ sequence is made of
+#: (``👩‍💻``, ``👨‍👩‍👧``, ``🐻‍❄``); regional indicators (flags) are not, and tag
+#: sequences hold tags, which read as nothing anyway
+_EMOJI = (
+    "\u00a9\u00ae\u203c\u2049\u2122\u2139\u2194-\u2199\u21a9\u21aa\u231a\u231b\u2328\u2388"
+    "\u23cf\u23e9-\u23f3\u23f8-\u23fa\u24c2\u25aa\u25ab\u25b6\u25c0\u25fb-\u25fe\u2600-\u2605"
+    "\u2607-\u2612\u2614-\u2685\u2690-\u2705\u2708-\u2712\u2714\u2716\u271d\u2721\u2728"
+    "\u2733\u2734\u2744\u2747\u274c\u274e\u2753-\u2755\u2757\u2763-\u2767\u2795-\u2797"
+    "\u27a1\u27b0\u27bf\u2934\u2935\u2b05-\u2b07\u2b1b\u2b1c\u2b50\u2b55\u3030\u303d\u3297"
+    "\u3299\U0001f000-\U0001f0ff\U0001f10d-\U0001f10f\U0001f12f\U0001f16c-\U0001f171"
+    "\U0001f17e\U0001f17f\U0001f18e\U0001f191-\U0001f19a\U0001f1ad-\U0001f1e5"
+    "\U0001f201-\U0001f20f\U0001f21a\U0001f22f\U0001f232-\U0001f23a\U0001f23c-\U0001f23f"
+    "\U0001f249-\U0001f3fa\U0001f400-\U0001f53d\U0001f546-\U0001f64f\U0001f680-\U0001f6ff"
+    "\U0001f774-\U0001f77f\U0001f7d5-\U0001f7ff\U0001f80c-\U0001f80f\U0001f848-\U0001f84f"
+    "\U0001f85a-\U0001f85f\U0001f888-\U0001f88f\U0001f8ae-\U0001f8ff\U0001f90c-\U0001f93a"
+    "\U0001f93c-\U0001f945\U0001f947-\U0001faff\U0001fc00-\U0001fffd")
+_ZWJ_AFTER = re.compile(f"[{_EMOJI}]")
+#: before a ZWJ: an emoji, or the skin-tone modifier that ends one (``👩🏽‍💻``)
+_ZWJ_BEFORE = re.compile(f"[{_EMOJI}\U0001f3fb-\U0001f3ff]")
+
+
+def _joiner_script(c: str) -> str | None:
+    """The script of ``c`` if it is a letter or a mark of a joining or virama script."""
+    o = ord(c)
+    i = bisect_right(_JOINER_STARTS, o) - 1
+    if i < 0 or o > _JOINER_SCRIPTS[i][1] or unicodedata.category(c)[0] not in "LM":
+        return None
+    return _JOINER_SCRIPTS[i][2]
+
+
+def _joiner_counts(v: str, i: int) -> bool:
+    """Whether the joiner ``v[i]`` can change how ``v`` is drawn, so that ``v`` does not
+    read as ``v`` without it: a ZWNJ between two letters or marks of one joining or virama
+    script (:data:`_JOINER_SCRIPTS`), a ZWJ between two of one virama script (not of a
+    joining script: :data:`_CURSIVE`), or a ZWJ between two emoji. Both neighbours
+    are asked for: a ZWNJ only separates two letters that would join, and in the virama
+    scripts the joiner sits inside one cluster (after the virama, or before it in Sinhala
+    and Bengali); a joiner next to a digit, a punctuation mark, a Latin, Cyrillic, Greek or
+    CJK letter or at either end is drawn as nothing (two joiners in a row are refused
+    too). Within those scripts it may still change nothing (a ZWNJ after an Arabic letter
+    that never joins the next, a joiner between two Devanagari letters without a virama):
+    no joining-type or font tables here to tell."""
+    if not 0 < i < len(v) - 1:
+        return False
+    before, after = v[i - 1], v[i + 1]
+    if v[i] == "\u200d" and _ZWJ_BEFORE.match(before) and _ZWJ_AFTER.match(after):
+        return True
+    script = _joiner_script(before)
+    return script is not None and script == _joiner_script(after) and \
+        (v[i] == "\u200c" or script not in _CURSIVE)
 
 
 def invisible_char(v: str) -> str | None:
     """The first character of ``v`` that reads as nothing or as a blank — one Python does
     not call printable (the ASCII space excepted) or one of :data:`READS_AS_NOTHING` — if
     any: a name or an id holding one prints as another (the one rule for subject and agent
-    ids, dataset names and token names). A zero-width (non-)joiner is allowed between two
-    visible characters not both ASCII (between two ASCII letters it changes nothing a
-    reader sees)."""
+    ids, dataset names and token names). A zero-width (non-)joiner is allowed only where it
+    can change what is drawn (:func:`_joiner_counts`): a ZWNJ between two letters or marks
+    of one joining or virama script (Persian ``علی‌رضا``), a ZWJ between two of one virama
+    script (Hindi ``क्‍ष``), or a ZWJ between two emoji (``👩‍💻``; not with U+FE0F, a
+    variation selector, in the sequence)."""
     if v.isprintable() and READS_AS_NOTHING.search(v) is None:
         return None
     for i, c in enumerate(v):
-        if c in _JOINERS and 0 < i < len(v) - 1 and _visible(v[i - 1]) and \
-                _visible(v[i + 1]) and not (v[i - 1].isascii() and v[i + 1].isascii()):
+        if c in _JOINERS and _joiner_counts(v, i):
             continue
         if c.isprintable() and READS_AS_NOTHING.match(c) is None:
             continue
@@ -222,3 +317,18 @@ def check_row_id(value: Any, what: str) -> int:
     if not 1 <= value <= MAX_ROW_ID:
         raise NotFound(f"unknown {what} {value}")
     return value
+
+
+def check_number_text(text: str, what: str) -> None:
+    """Refuse (ValueError) the text of a number that is not plain ASCII or holds a ``_``.
+
+    The one rule every number read from text follows: the cost parsers (:mod:`privcal.costs`,
+    :func:`privcal.accountant.normalize.parse_amount`), the parameter models
+    (:func:`privcal.calibrators.base.check_number_text`) and the CLI's number types
+    (:mod:`privcal.cli.number_types`). ``Decimal("1_0")`` and ``float("0_5")`` read a digit
+    separator, so a typo became ρ = 5 and was charged (red team 10); ``float("１")`` (a
+    fullwidth digit) is 1, which no number here is meant to be written as. Everything else
+    (spaces around, ``1e-3``, …) is left to the number's own parser."""
+    if "_" in text or not text.isascii():
+        raise ValueError(f"{what} must be a plain number (ASCII digits, no '_'), "
+                         f"got {text!r}")

@@ -10,6 +10,7 @@ run in a subprocess), not by a re-creation of it.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -83,9 +84,16 @@ def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Pat
     with ledger.engine.connect() as conn:
         stored = [r[0] for r in conn.execute(text("SELECT subject FROM subject_spend"))]
         reports = [r[0] for r in conn.execute(text("SELECT subject FROM session_reports"))]
-        kind = conn.execute(text("SELECT kind FROM audit_log WHERE seq = :s"),
-                            {"s": seq + 1}).scalar()
+        kind, payload = conn.execute(text("SELECT kind, payload FROM audit_log WHERE seq = :s"),
+                                     {"s": seq + 1}).one()
     assert kind == "migration"
+    # written by this code: keyed and salted, never a plain hash of one person's rows that
+    # another entry could match (red team 10) or an open round's state (red team 7)
+    mig = json.loads(payload)["data"]
+    assert mig["sessions"] and mig["subject_spend"]
+    for doc in mig["sessions"].values():
+        assert doc["state_digest"].startswith("k:") and doc["reports_digest"].startswith("s:")
+    assert all(d["digest"].startswith("s:") for d in mig["subject_spend"].values())
     assert sorted(stored) == sorted(ledger.pseudonyms(
         ["alice", "bob", "000007", "a", "b"]).tolist())  # "a", "b": the session charged them
     assert sorted(reports) == sorted(ledger.pseudonyms(["a", "b"]).tolist())

@@ -164,3 +164,53 @@ def test_the_cli_closes_the_ledger_it_opened(tmp_path: Path,
         closed.clear()
         CliRunner().invoke(main, ["--db-url", url, *args])
         assert closed == [url], args
+
+
+# ---------------------------------------------- F2, reviewed (r10rev 2 and 6)
+def test_db_current_or_check_first_does_not_leave_the_ledger_readable(
+        tmp_path: Path, umask_022: None) -> None:
+    """``db current`` / ``db check`` opened a missing file through SQLite (4096 bytes, 0644);
+    the ``db upgrade`` their message asks for then kept 0644, ``ledger_secret`` included."""
+    for first in (["db", "current"], ["db", "check"]):
+        path = tmp_path / f"{first[1]}.sqlite"
+        url = f"sqlite:///{path}"
+        CliRunner().invoke(main, ["--db-url", url, *first])
+        assert _mode(path) == 0o600, first
+        assert CliRunner().invoke(main, ["--db-url", url, "db", "upgrade"]).exit_code == 0
+        assert _mode(path) == 0o600, first
+    # a file made by SQLite itself (an older privcal's `db current`): made private when
+    # privcal creates its schema in it
+    import sqlite3
+
+    older = tmp_path / "older.sqlite"
+    sqlite3.connect(older).execute("PRAGMA user_version = 0").connection.close()
+    os.chmod(older, 0o644)
+    res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{older}", "db", "upgrade"])
+    assert res.exit_code == 0, res.output
+    assert _mode(older) == 0o600
+
+
+def test_a_symlinked_or_unchangeable_ledger_path_is_not_a_traceback(
+        tmp_path: Path, umask_022: None) -> None:
+    target = tmp_path / "real.sqlite"
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(target)  # dangling: the ledger is made at its target, 0600
+    res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{link}", "dataset", "create", "d",
+                                    "--epsilon", "1"])
+    assert res.exit_code == 0, res.output
+    assert _mode(target) == 0o600
+    # an empty file privcal may not chmod (os.chmod refused): used as it is, no traceback
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    real_chmod = os.chmod
+
+    def refuse(*a: Any, **k: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    os.chmod = refuse  # type: ignore[assignment]
+    try:
+        res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{empty}", "dataset", "create",
+                                        "d", "--epsilon", "1"])
+    finally:
+        os.chmod = real_chmod
+    assert res.exit_code == 0, res.output

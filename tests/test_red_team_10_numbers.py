@@ -160,3 +160,51 @@ def test_amounts_in_non_ascii_digits_are_refused(text: str, tmp_path: Any) -> No
     assert res.exit_code == 2 and "is not a decimal number" in res.output
     shown = run(main, ["--db-url", url, "budget", "show", "z", "--json"])
     assert '"charges": 0' in shown.output
+
+
+# ---------------------------------------------- reviewed (r10rev 3 and 5): bytes, score ranges
+@pytest.mark.parametrize("value", [b"0_5", np.bytes_(b"0_5"), bytearray(b"0.5")])
+def test_a_number_given_as_bytes_is_refused(tmp_path: Path, value: Any) -> None:
+    """``float(b"0_5")`` is 5: a NumPy ``S`` array's item passed as ρ was charged 5."""
+    from privcal.accountant import sessions as S
+    from privcal.errors import PrivcalError
+
+    led = Ledger(f"sqlite:///{tmp_path}/b.sqlite")
+    acct = Accountant(led)
+    acct.create_dataset("d", rho=20)
+    acct.create_dataset("u", approx_epsilon=50, approx_delta="1e-6", subject_epsilon=30)
+    rng = np.random.default_rng(0)
+    with pytest.raises(InvalidInput, match="not bytes"):
+        acct.calibrate("pcoqs", {"alpha": 0.1, "rho": value}, dataset="d",
+                       scores=rng.random(200))
+    with pytest.raises(InvalidInput, match="must be a number"):
+        S.open_session(acct, "ldp-score", dataset="u", alpha=0.1, epsilon=value, rounds=2,
+                       group_size=10)
+    assert acct.budget("d").charges == acct.budget("u").charges == 0
+    assert acct.releases() == []
+    with pytest.raises(PrivcalError, match="session"):  # none was opened
+        S.session_status(acct, 1)
+    led.close()
+
+
+@pytest.mark.parametrize("text", ["0,1_0", "0,１", ("0", "1_0"), (b"0", 1), (True, 2)])
+def test_a_score_range_in_malformed_text_is_refused(tmp_path: Path, text: Any) -> None:
+    """``--score-range 0,1_0`` was charged and released on [0, 10]."""
+    led = Ledger(f"sqlite:///{tmp_path}/r.sqlite")
+    acct = Accountant(led)
+    acct.create_dataset("d", rho=2)
+    with pytest.raises(InvalidInput, match=r"score[ _-]range"):
+        acct.calibrate("pcoqs", {"alpha": 0.1, "rho": 0.5}, dataset="d",
+                       scores=np.random.default_rng(0).random(200), score_range=text)
+    assert acct.budget("d").charges == 0 and acct.releases() == []
+    led.close()
+
+
+def test_cli_score_range_in_malformed_text_is_a_usage_error(tmp_path: Path) -> None:
+    env = CliEnv(f"sqlite:///{tmp_path}/c.sqlite", tmp_path)
+    np.save(tmp_path / "s.npy", np.random.default_rng(0).random(200))
+    assert env.run("dataset", "create", "d", "--rho", "2").exit_code == 0
+    res = env.run("calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1", "--rho", "0.5",
+                  "--scores", env.f("s.npy"), "--score-range", "0,1_0")
+    assert res.exit_code != 0 and "plain numbers" in res.output
+    assert env.json("budget", "show", "d")["charges"] == 0

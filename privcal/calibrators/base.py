@@ -30,6 +30,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from privcal.calibrators.validation import check_scores
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
+from privcal.errors import check_number_text as _number_text_rule
 
 PrivacyModel = Literal["none", "central-zcdp", "central-pure", "local", "federated"]
 PRIVACY_MODEL_LABELS: dict[str, str] = {
@@ -76,23 +77,18 @@ class CalibratorParams(BaseModel):
                     raise ValueError(f"{key} must be a number, not {bool(v)}")
                 if numeric:
                     for item in v if isinstance(v, list | tuple) else (v,):
+                        if isinstance(item, bytes | bytearray):  # float(b"0_5") is 5 too
+                            raise ValueError(f"{key} must be a number or its text, not bytes")
                         if isinstance(item, str):
                             check_number_text(item, key)
         return data
 
 
 def check_number_text(text: str, what: str) -> None:
-    """Refuse (ValueError) the text of a number that is not plain ASCII or holds a ``_``.
-
-    The rule the cost parsers apply to an amount (:mod:`privcal.costs`,
-    :func:`privcal.accountant.normalize.parse_amount`, the CLI's ``AmountType``):
-    ``Decimal("1_0")`` and ``float("0_5")`` read a digit separator, so a typo became
-    ρ = 5 and was charged (red team 10). Non-ASCII too: ``float("１")`` (a fullwidth
-    digit) is 1, which no number here is meant to be written as. Everything else (spaces
-    around, ``1e-3``, …) is left to the number's own parser."""
-    if "_" in text or not text.isascii():
-        raise ValueError(f"{what} must be a plain number (ASCII digits, no '_'), "
-                         f"got {text!r}")
+    """Refuse (ValueError) the text of a number that is not plain ASCII or holds a ``_``
+    (``float("0_5")`` is 5, ``float("１")`` 1: red team 10). The rule is
+    :func:`privcal.errors.check_number_text`, shared with the CLI and the cost parsers."""
+    _number_text_rule(text, what)
 
 
 def _only_bool(annotation: Any) -> bool:

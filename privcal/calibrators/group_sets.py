@@ -83,7 +83,14 @@ class ThresholdTable:
     def group_rows(self, groups: Any, n: int) -> np.ndarray:
         """Each row's group index, from its group name; unknown groups are an error."""
         assert self.groups is not None
-        ids = id_strings(groups, "groups").astype(str)
+        try:
+            ids = id_strings(groups, "groups").astype(str)
+        except InvalidInput:  # a release made before a spelling rule keeps its groups' names
+            raw = np.asarray(groups, dtype=object).reshape(-1)
+            known = set(self.groups)
+            if not all(isinstance(g, str) and g in known for g in raw.tolist()):
+                raise
+            ids = raw.astype(str)
         if ids.shape[0] != n:
             raise InvalidInput(f"groups must give one group per row: {ids.shape[0]} for {n}")
         index = {g: j for j, g in enumerate(self.groups)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from privcal.calibrators.base import check_number_text
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -49,13 +50,21 @@ def parse_score_range(value: Any) -> tuple[float, float]:
         parts = value.split(",")
         if len(parts) != 2:
             raise InvalidInput(f"--score-range takes LO,HI (e.g. 0,5), got {value!r}")
-        try:
+        try:  # float("1_0") is 10 and float("１") 1 (red team 10): plain numbers only
+            for p in parts:
+                check_number_text(p, "score range")
             pair = (float(parts[0]), float(parts[1]))
         except ValueError:
-            raise InvalidInput(f"--score-range takes two numbers LO,HI, got {value!r}") from None
+            raise InvalidInput(f"--score-range takes two plain numbers LO,HI, got "
+                               f"{value!r}") from None
     else:
         try:
             lo, hi = value
+            for v in (lo, hi):
+                if isinstance(v, bytes | bytearray | bool):
+                    raise TypeError(v)
+                if isinstance(v, str):
+                    check_number_text(v, "score range")
             pair = (float(lo), float(hi))
         except (TypeError, ValueError, OverflowError):
             raise InvalidInput(f"score_range must be a pair (lo, hi), got {value!r:.60}") from None

@@ -178,7 +178,7 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     end (``" 7"``), an invisible or blank character anywhere (``"alice\u200b"``, a no-break
     space: any character Python does not call printable, the ASCII space excepted, or that
     renders as nothing — :func:`privcal.errors.invisible_char` — but the zero-width joiners
-    U+200C/U+200D between two visible characters not both ASCII), or not in
+    U+200C/U+200D where they shape a joining or virama script or join two emoji), or not in
     Unicode NFC — refused, never stripped or normalised. Returns a
     1-D array of ``str`` (dtype ``U``).
     """

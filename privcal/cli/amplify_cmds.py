@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from privcal.cli.app import emit, json_option, main, table
+from privcal.cli.number_types import Integer, Number
 
 
 def _fmt(x: float | None, spec: str = ".6g") -> str:
@@ -17,15 +18,15 @@ def _fmt(x: float | None, spec: str = ".6g") -> str:
 
 
 @main.command("amplify")
-@click.option("--epsilon0", "eps0", type=float, required=True,
+@click.option("--epsilon0", "eps0", type=Number(), required=True,
               help="Local ε0 of each report's randomizer.")
-@click.option("--n", "n", type=int, required=True, help="Number of shuffled reports.")
-@click.option("--delta", type=float, required=True, help="Target δ of the central guarantee.")
+@click.option("--n", "n", type=Integer(), required=True, help="Number of shuffled reports.")
+@click.option("--delta", type=Number(), required=True, help="Target δ of the central guarantee.")
 @click.option("--randomizer", type=click.Choice(["binary-rr", "krr", "generic"]),
               default="generic", show_default=True,
               help="binary-rr, krr (k-ary randomized response, needs --k) or generic "
               "(any ε0-LDP randomizer).")
-@click.option("--k", "k", type=int, default=None, help="Number of categories of k-RR.")
+@click.option("--k", "k", type=Integer(), default=None, help="Number of categories of k-RR.")
 @json_option
 def amplify_cmd(eps0: float, n: int, delta: float, randomizer: str, k: int | None,
                 as_json: bool) -> None:

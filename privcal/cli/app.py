@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from privcal import __version__
-from privcal.errors import BudgetRefused, InvalidInput, PrivcalError
+from privcal.errors import BudgetRefused, InvalidInput, PrivcalError, check_number_text
 
 
 def wants_json(args: Sequence[str]) -> bool:
@@ -225,8 +225,7 @@ class AmountType(click.ParamType):
                 ctx: click.Context | None) -> Decimal:
         text = "" if isinstance(value, Decimal) else str(value).strip()
         try:  # Decimal("1_0") is 10 and Decimal("１") 1: neither becomes a budget
-            if "_" in text or not text.isascii():
-                raise ValueError(text)
+            check_number_text(text, "it")
             d = value if isinstance(value, Decimal) else Decimal(text)
         except (InvalidOperation, ValueError):
             self.fail(f"{value!r} is not a decimal number", param, ctx)

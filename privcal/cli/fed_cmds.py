@@ -12,6 +12,7 @@ import click
 
 from privcal.cli import progress
 from privcal.cli.app import emit, json_option, main, table
+from privcal.cli.number_types import Integer, IntList, Number
 from privcal.errors import InvalidInput
 
 if TYPE_CHECKING:  # the planning module pulls in SciPy: imported when a plan is made
@@ -108,26 +109,28 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
 
 
 @fed.command("plan")
-@click.option("--agents", "agents", type=int, default=None, help="Number of agents m.")
+@click.option("--agents", "agents", type=Integer(), default=None, help="Number of agents m.")
 @click.option(
     "--local-n",
     "local_n",
+    type=IntList(),
     required=True,
     help="Scores per agent n, or a comma list n_1,…,n_m of unequal sizes (FedCP-QQ only).",
 )
-@click.option("--alpha", type=float, required=True, help="Miscoverage level α in (0, 1).")
-@click.option("--epsilon", type=float, default=None, help="Per-agent ε: plan FedCP²-QQ.")
-@click.option("--bins", type=int, default=100, show_default=True, help="FedCP²-QQ grid points B.")
+@click.option("--alpha", type=Number(), required=True, help="Miscoverage level α in (0, 1).")
+@click.option("--epsilon", type=Number(), default=None, help="Per-agent ε: plan FedCP²-QQ.")
+@click.option("--bins", type=Integer(), default=100, show_default=True,
+              help="FedCP²-QQ grid points B.")
 @click.option(
-    "--lower", type=float, default=0.0, show_default=True,
+    "--lower", type=Number(), default=0.0, show_default=True,
     help="FedCP²-QQ public score range: lower end of the grid.",
 )
 @click.option(
-    "--upper", type=float, default=None,
+    "--upper", type=Number(), default=None,
     help="FedCP²-QQ public score range: upper end S_max of the grid (an aggregate on it is "
     "released as +inf)  [default: 1]",
 )
-@click.option("--smax", type=float, default=None, hidden=True, help="Deprecated: --upper.")
+@click.option("--smax", type=Number(), default=None, hidden=True, help="Deprecated: --upper.")
 @json_option
 def plan_cmd(
     agents: int | None,

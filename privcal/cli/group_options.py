@@ -14,7 +14,7 @@ import click
 
 from privcal.cli.app import FILE
 from privcal.data.files import load_array
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_number_text
 
 __all__ = ["ALPHA_HELP", "ALPHA_OPTION", "GROUPS_OPTION", "AlphaLevels", "echo_groups",
            "emit_all_levels", "group_args", "group_options", "load_groups", "one_level"]
@@ -90,7 +90,8 @@ def one_level(alpha: str | None) -> float | None:
     """``--alpha A`` as a number (None when not given)."""
     if alpha is None:
         return None
-    try:
+    try:  # float("0_1") is 1.0 and float("０.1") 0.1 (red team 10)
+        check_number_text(alpha, "--alpha")
         return float(alpha)
     except ValueError:
         raise InvalidInput(f"--alpha takes a level of the release (or, for predict, 'all'), "

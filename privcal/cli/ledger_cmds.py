@@ -23,6 +23,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
+from privcal.cli.number_types import Integer
 from privcal.costs import ZCDP, ApproxDP, PureDP
 from privcal.errors import InvalidInput
 
@@ -261,7 +262,7 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
 
 
 @release.command("show")
-@click.argument("release_id", type=int)
+@click.argument("release_id", type=Integer())
 @json_option
 @pass_settings
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from privcal.cli.app import emit, json_option, main, table
+from privcal.cli.number_types import Integer, Number
 
 
 def _fmt(x: float | int | None, spec: str = ".4g") -> str:
@@ -26,32 +27,32 @@ def _fmt(x: float | int | None, spec: str = ".4g") -> str:
     "or exponq (--epsilon): the smallest n with a finite threshold (and, with --n, whether "
     "this n reaches it).",
 )
-@click.option("--n", "n", type=int, default=None, help="Number of calibration subjects.")
-@click.option("--k", "k", type=int, default=None, help="Number of classes (local).")
-@click.option("--epsilon", type=float, default=None, help="ε (local: per subject; exponq).")
-@click.option("--rho", type=float, default=None, help="pcoqs: ρ (zCDP).")
-@click.option("--alpha", type=float, required=True, help="Miscoverage level α.")
+@click.option("--n", "n", type=Integer(), default=None, help="Number of calibration subjects.")
+@click.option("--k", "k", type=Integer(), default=None, help="Number of classes (local).")
+@click.option("--epsilon", type=Number(), default=None, help="ε (local: per subject; exponq).")
+@click.option("--rho", type=Number(), default=None, help="pcoqs: ρ (zCDP).")
+@click.option("--alpha", type=Number(), required=True, help="Miscoverage level α.")
 @click.option("--nominal", is_flag=True, default=False, help="pcoqs: the paper's nominal rank.")
 @click.option(
     "--failure-probability",
     "failure_probability",
-    type=float,
+    type=Number(),
     default=None,
     help="Failure probability of the coverage bound (local: δ over the data and the users' "
     "randomized responses; pcoqs: β over the noise; not a DP δ)  [default: 0.001 local, "
     "0.05 pcoqs]",
 )
-@click.option("--delta", type=float, default=None, hidden=True,
+@click.option("--delta", type=Number(), default=None, hidden=True,
               help="Deprecated spelling of --failure-probability.")
 @click.option(
     "--slack",
-    type=float,
+    type=Number(),
     default=None,
     help="A slack Δ to reach: report the smallest ε and n for each method.",
 )
 @click.option(
     "--rounds",
-    type=int,
+    type=Integer(),
     default=None,
     help="LDP-CP-S rounds T (default: the T minimising Δ_S(T) + 2^-T for this n and α).",
 )

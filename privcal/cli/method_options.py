@@ -14,9 +14,8 @@ from typing import Any, Literal
 
 import click
 
-from privcal.calibrators.base import check_number_text
-from privcal.cli.app import AmountType
 from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
+from privcal.cli.number_types import Integer, Number, plain
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -49,42 +48,11 @@ def _unwrap_optional(ann: Any) -> Any:
     return ann
 
 
-def _plain(value: Any, param: Any, ctx: Any, kind: click.ParamType) -> None:
-    """A usage error for a number's text the library refuses (``0_5``, a fullwidth ``１``):
-    Python's ``float``/``int``, click's FLOAT/INT, read them as 5 and 1 (red team 10)."""
-    if isinstance(value, str):
-        try:
-            check_number_text(value, "it")
-        except ValueError:
-            kind.fail(f"{value!r} is not a plain number (ASCII digits, no '_')", param, ctx)
-
-
-class Number(AmountType):
-    """A float parameter: read as the cost options read an amount (``AmountType``: no ``_``,
-    finite), plain ASCII, given to the library as a float."""
-
-    name = "float"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if isinstance(value, float | int) and not isinstance(value, bool):
-            return value
-        _plain(value, param, ctx, self)
-        return float(super().convert(value, param, ctx))
-
-
-class Integer(click.types.IntParamType):
-    """An int parameter: click's INT, but not ``1_0`` or non-ASCII digits."""
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        _plain(value, param, ctx, self)
-        return super().convert(value, param, ctx)
-
-
 class Levels(AlphaLevels):
     """``--alpha``: one level or several (``AlphaLevels``), in plain numbers."""
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        _plain(value, param, ctx, self)
+        plain(value, param, ctx, self)
         return super().convert(value, param, ctx)
 
 
@@ -191,6 +159,8 @@ def parse_score_options(items: tuple[str, ...]) -> dict[str, Any]:
         value: Any
         if low in ("true", "false"):
             value = low == "true"
+        elif "_" in raw or not raw.isascii():  # int("1_0") is 10: such text stays text
+            value = raw
         else:
             try:
                 value = int(raw)

@@ -30,6 +30,7 @@ from privcal.cli.group_options import (
     one_level,
 )
 from privcal.cli.inputs import load_labels
+from privcal.cli.number_types import Integer
 from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array, prob_column_names
 from privcal.errors import InvalidInput
@@ -137,7 +138,7 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
 
 
 @main.command("predict")
-@click.option("--release", "release_id", type=int, required=True, help="Release id.")
+@click.option("--release", "release_id", type=Integer(), required=True, help="Release id.")
 @click.option("--probs", default=None, type=FILE,
               help="n×k probabilities of the points to predict (FILE:FIRST:LAST picks columns)."
               + PROBS_COLUMNS_HELP)
@@ -210,7 +211,7 @@ def predict(
 
 
 @main.command("evaluate")
-@click.option("--release", "release_id", type=int, required=True, help="Release id.")
+@click.option("--release", "release_id", type=Integer(), required=True, help="Release id.")
 @click.option("--probs", default=None, type=FILE,
               help="n×k probabilities of held-out points." + PROBS_COLUMNS_HELP)
 @_regression_options

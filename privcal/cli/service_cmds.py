@@ -14,9 +14,10 @@ from typing import Any
 import click
 
 from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.cli.number_types import FloatRange, Integer, IntRange
 from privcal.errors import InvalidInput
 
-_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_DURATION = re.compile(r"^([0-9]+)([smhdw])$")  # \d is any Unicode digit: not "１d"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -38,14 +39,14 @@ def parse_duration(text: str) -> timedelta:
 
 @main.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
-@click.option("--port", default=8321, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=8321, show_default=True, type=IntRange(0, 65535),
               help="port (0: a free one, printed on stderr)")
 @click.option("--max-body", default=16 * 1024 * 1024, show_default=True,
-              type=click.IntRange(1024), help="request body limit in bytes (413 above)")
+              type=IntRange(1024), help="request body limit in bytes (413 above)")
 @click.option("--report-window", default=0.004, show_default=True,
-              type=click.FloatRange(0.0, 1.0), help="seconds device reports are gathered "
+              type=FloatRange(0.0, 1.0), help="seconds device reports are gathered "
               "before one batched write")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+@click.option("--workers", default=1, show_default=True, type=IntRange(1, 64),
               help="server processes sharing the port (each opens the ledger and batches its "
               "own reports)")
 @click.option("--log-level", default="info", show_default=True,
@@ -124,11 +125,11 @@ def token() -> None:
               type=click.Choice(["admin", "analyst", "auditor", "device", "agent", "ingestor"]))
 @click.option("--name", help="who this is (recorded as requester role:name)")
 @click.option("--dataset", "datasets", multiple=True, help="dataset granted (analyst; repeat)")
-@click.option("--session", "session_id", type=int, help="session (device, agent, ingestor)")
+@click.option("--session", "session_id", type=Integer(), help="session (device, agent, ingestor)")
 @click.option("--subject", help="the device's subject id")
 @click.option("--agent", help="the federated agent's id")
 @click.option("--expires", help="lifetime: 90s, 15m, 12h, 30d, 2w (default: no expiry)")
-@click.option("--count", type=click.IntRange(1, 1_000_000),
+@click.option("--count", type=IntRange(1, 1_000_000),
               help="device tokens in bulk: N tokens for --session, one per subject (with "
               "--subject-prefix or --subjects), in one transaction; printed as lines "
               "'SUBJECT<TAB>TOKEN' (--json: a list)")

@@ -25,7 +25,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.method_options import Integer, Number
+from privcal.cli.number_types import Integer, Number
 from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
 
@@ -153,7 +153,7 @@ def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 @session.command("submit")
-@click.argument("session_id", type=int)
+@click.argument("session_id", type=Integer())
 @click.option("--reports", required=True,
               type=click.Path(dir_okay=False),
               help="Batch file: subject,bit,round (ldp-score) or agent,value (federated).")
@@ -198,7 +198,7 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
 
 
 @session.command("status")
-@click.argument("session_id", type=int)
+@click.argument("session_id", type=Integer())
 @json_option
 @pass_settings
 def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
@@ -210,7 +210,7 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
 
 
 @session.command("close")
-@click.argument("session_id", type=int)
+@click.argument("session_id", type=Integer())
 @click.option("--allow-missing", is_flag=True,
               help="Federated: release with a plan recomputed for the agents that answered.")
 @click.option("--abandon", is_flag=True,

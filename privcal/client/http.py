@@ -90,6 +90,7 @@ __all__ = ["Agent", "Reporter", "ServiceError"]
 
 _RETRY_REASONS = ("closed round", "round full", "round not open")
 _STORED = ("accepted", "duplicate")
+_WHO = {"subject": "device's subject", "agent": "agent"}  # whose cap a refusal names
 
 
 class ServiceError(PrivcalError):
@@ -245,10 +246,9 @@ class _Base:
                 f"{who.get('session')} (one per session): no new randomized answer is drawn "
                 "(keep a memo= file to get its status back)")
         if who.get("within_cap") is False:
-            raise PlanRejected(f"this {self._role}'s {self._who} has less than session "
-                               f"{who.get('session')}'s ε left of its per-subject ε cap: its "
-                               "answer would be refused after leaving the device; nothing "
-                               "was drawn or sent")
+            raise PlanRejected(f"this {_WHO[self._who]} has less than session {who['session']}'s "
+                               "ε left of its per-subject ε cap (or is no longer a valid id): "
+                               "its answer would be refused on arrival; nothing was drawn")
 
     def _check_epsilon(self, eps: float, sid: Any) -> None:
         """Refuse, before drawing, a session whose ε exceeds ``max_epsilon``."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from privcal.errors import PrivcalError
+from privcal.errors import InvalidInput, PrivcalError
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.bound_tokens import create_bound_token
 from privcal.service.common import (
@@ -57,13 +57,16 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
     the session's ε0 left under its dataset's per-subject ε cap (``within_cap``; null if
     the session charges none): a report past the cap is refused only after it was sent —
     a randomized answer the server saw and the ledger does not count — so a client draws
-    nothing when it is false. Primary-key reads of the ledger, for those two roles only."""
+    nothing when it is false (false also for a token whose subject the id rule refuses, made
+    before the rule: its reports are refused on arrival). Primary-key reads of the ledger,
+    for those two roles only."""
     t = p.token
     out = {"id": t.id, "principal": p.requester, "role": t.role, "datasets": t.datasets,
            "session": t.session, "subject": t.subject, "agent": t.agent,
            "expires_at": t.expires_at}
     who = t.subject if t.role == "device" else t.agent if t.role == "agent" else None
     if t.session is not None and who is not None:
+        from privcal.calibrators.validation import id_strings
         from privcal.storage.service_reads import within_cap
         from privcal.storage.tokens import stored_reports
 
@@ -73,7 +76,11 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
             out["reported_rounds"] = sorted(int(r) for r, *_ in stored.values())
         else:
             out["sent"] = bool(stored)
-        out["within_cap"] = within_cap(ledger, t.session, who)
+        try:  # a subject the id rule now refuses (a token made before it): refused on arrival
+            id_strings([who], "id")
+            out["within_cap"] = within_cap(ledger, t.session, who)
+        except InvalidInput:
+            out["within_cap"] = False
     return doc(out)
 
 

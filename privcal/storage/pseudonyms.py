@@ -43,7 +43,8 @@ an audit reader try ``round_ones = 0..accepted`` and learn each batch's count of
 one-report batch: a device's bit, unshuffled). So the entries commit to
 HMAC-SHA256 under a key derived from the ledger secret, tagged :data:`STATE_KEYED`;
 :func:`state_digest` (plain SHA-256, untagged) is the form written before, which
-``audit verify`` still accepts on old entries and migration 0005 still writes.
+``audit verify`` still accepts on old entries (migration 0005's ``migration`` entry, written
+when a ledger of schema ≤ 0004 is upgraded, keys and salts its digests since red team 10).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ __all__ = [
     "reports_digest_matches",
     "reports_digest_sorted",
     "spend_digest",
+    "spend_digest_matches",
     "state_digest",
     "state_digest_matches",
     "subjects_digest",
@@ -177,29 +179,38 @@ def _salt_of(digest: str) -> str | None:
     return parts[1]
 
 
-def _members_hash(kid: str, blob: bytes, salt: str | None) -> Any:
-    h = hashlib.sha256(b"privcal members\x00")
+def _start(domain: bytes, salt: str | None) -> Any:
+    """A SHA-256 over ``domain`` and, when given, the salt (the salted forms' prefix)."""
+    h = hashlib.sha256(domain)
     if salt is not None:
         h.update(b"salt\x00" + salt.encode() + b"\x00")
-    h.update(kid.encode() + b"\x00" + blob)
     return h
 
 
-def members_digest(kid: str, blob: bytes, salt: str | None = None) -> str:
+def _matches(digest: str, make: Any) -> bool:
+    """Whether ``digest`` (as an entry recorded it) is ``make(its salt)`` — or, unsalted
+    (written before the salt), ``make(None)``; a malformed salted one never matches."""
+    if not digest.startswith(SALTED):
+        return bool(make(None) == digest)
+    salt = _salt_of(digest)
+    return salt is not None and make(salt) == digest
+
+
+def members_digest(kid: str, blob: bytes, salt: str | None = None, *,
+                   unsalted: bool = False) -> str:
     """Commitment to a charge's members under the secret's fingerprint ``kid``, salted
     (:data:`SALTED`; a fresh salt unless ``salt`` is given): no two charges' digests are
-    equal, even of the same one subject."""
-    salt = _new_salt() if salt is None else salt
-    return salted(salt, _members_hash(kid, blob, salt))
+    equal, even of the same one subject (``unsalted``: the form written before)."""
+    salt = None if unsalted else _new_salt() if salt is None else salt
+    h = _start(b"privcal members\x00", salt)
+    h.update(kid.encode() + b"\x00" + blob)
+    return h.hexdigest() if salt is None else salted(salt, h)
 
 
 def members_digest_matches(kid: str, blob: bytes, digest: str) -> bool:
-    """Whether ``digest`` (as a charge recorded it) commits to ``blob``: salted with the salt
-    it carries, or the unsalted SHA-256 written before the salt."""
-    salt = _salt_of(digest)
-    if digest.startswith(SALTED):
-        return salt is not None and salted(salt, _members_hash(kid, blob, salt)) == digest
-    return _members_hash(kid, blob, None).hexdigest() == digest
+    """Whether ``digest`` (as a charge recorded it) commits to ``blob``."""
+    return _matches(digest, lambda salt: members_digest(kid, blob, salt,
+                                                        unsalted=salt is None))
 
 
 def members_commitment(kid: str, accepted: np.ndarray, *,
@@ -235,32 +246,22 @@ def subjects_digest_raw(key: bytes, raw: np.ndarray) -> str:
     return mac.hexdigest()
 
 
-def _reports_hash(salt: str | None) -> Any:
-    h = hashlib.sha256(b"privcal reports\x00")
-    if salt is not None:
-        h.update(b"salt\x00" + salt.encode() + b"\x00")
-    return h
-
-
 def reports_digest(rows: Iterable[tuple[str, int, str]], salt: str | None = None, *,
                    unsalted: bool = False) -> str:
     """Digest of the sorted ``(pseudonym, round, value)`` rows of one session batch: salted
     (:data:`SALTED`; a fresh salt unless ``salt`` is given), or the plain SHA-256 written
-    before the salt (``unsalted``: migration 0005 writes what it always wrote)."""
+    before the salt (``unsalted``: how entries written before it are checked)."""
     salt = None if unsalted else _new_salt() if salt is None else salt
-    h = _reports_hash(salt)
+    h = _start(b"privcal reports\x00", salt)
     for subj, rnd, val in sorted((str(a), int(b), str(c)) for a, b, c in rows):
         h.update(f"{subj}\t{rnd}\t{val}\n".encode())
     return h.hexdigest() if salt is None else salted(salt, h)
 
 
 def reports_digest_matches(rows: Iterable[tuple[str, int, str]], digest: str) -> bool:
-    """Whether ``digest`` (as an entry recorded it) commits to ``rows``: salted with the salt
-    it carries, or unsalted (entries written before the salt)."""
-    if digest.startswith(SALTED):
-        salt = _salt_of(digest)
-        return salt is not None and reports_digest(rows, salt) == digest
-    return reports_digest(rows, unsalted=True) == digest
+    """Whether ``digest`` (as an entry recorded it) commits to ``rows``."""
+    rows = list(rows)
+    return _matches(digest, lambda salt: reports_digest(rows, salt, unsalted=salt is None))
 
 
 def hex_matrix(raw: np.ndarray) -> np.ndarray:
@@ -326,7 +327,7 @@ def reports_digest_sorted(raw_sorted: np.ndarray, round_: int,
         strs = [v.decode("ascii") if isinstance(v, bytes) else v for v in text]
         return reports_digest(zip(hex_of(raw_sorted).tolist(), [round_] * n, strs, strict=True),
                               salt)
-    h = _reports_hash(salt)
+    h = _start(b"privcal reports\x00", salt)
     mat = _ascii_matrix(vals) if vals is not None else None
     if mat is not None:
         h.update(fixed_lines(n, [hex_matrix(raw_sorted), f"\t{int(round_)}\t".encode(), mat,
@@ -340,19 +341,29 @@ def reports_digest_sorted(raw_sorted: np.ndarray, round_: int,
     return salted(salt, h)
 
 
-def spend_digest(rows: Iterable[tuple[str, int]]) -> str:
-    """SHA-256 of the sorted ``(pseudonym, units)`` rows of a per-subject baseline."""
-    h = hashlib.sha256(b"privcal spends\x00")
+def spend_digest(rows: Iterable[tuple[str, int]], salt: str | None = None, *,
+                 unsalted: bool = False) -> str:
+    """Digest of the sorted ``(pseudonym, units)`` rows of a per-subject baseline: salted as
+    :func:`reports_digest` is (a one-subject dataset's would otherwise be the same wherever
+    that person had spent as much), or the plain SHA-256 written before (``unsalted``)."""
+    salt = None if unsalted else _new_salt() if salt is None else salt
+    h = _start(b"privcal spends\x00", salt)
     for subj, units in sorted((str(a), int(b)) for a, b in rows):
         h.update(f"{subj}\t{units}\n".encode())
-    return h.hexdigest()
+    return h.hexdigest() if salt is None else salted(salt, h)
+
+
+def spend_digest_matches(rows: Iterable[tuple[str, int]], digest: str) -> bool:
+    """Whether ``digest`` (as the ``migration`` entry recorded it) commits to ``rows``."""
+    rows = list(rows)
+    return _matches(digest, lambda salt: spend_digest(rows, salt, unsalted=salt is None))
 
 
 def state_digest(state: Any) -> str:
     """SHA-256 of the RFC 8785 canonical JSON of a session's state document: the *old*,
     unkeyed form (64 hex digits). Not written by sessions any more — it can be inverted for
-    the open round's count of ones (see the module docstring); kept for migration 0005 (which
-    must write what it always wrote) and for verifying entries written before the change."""
+    the open round's count of ones (see the module docstring); kept for verifying entries
+    written before the change."""
     from privcal.storage.audit import canonical
 
     return hashlib.sha256(canonical(state).encode()).hexdigest()

@@ -91,6 +91,7 @@ class LedgerSchema:
 
     def current(self) -> str | None:
         """The ledger's schema revision (None for an empty database)."""
+        self._private_new_file()  # a missing SQLite file is made 0600 before SQLite makes it
         with self._connect(write=False) as conn:
             try:
                 if not inspect(conn).has_table("alembic_version"):
@@ -128,10 +129,11 @@ class LedgerSchema:
         """
         from alembic import command
 
-        self._private_new_file()
         cur = self.current()
         if cur is not None and cur not in _scan()[0]:
             raise SchemaOutOfDate(_foreign(self.url, cur))
+        if cur is None and self._is_new_sqlite():  # e.g. made by `db current` before this fix
+            self._private_new_file(schema_new=True)
         with self._connect(write=True) as conn:
             try:
                 if self.backend == "postgresql":
@@ -168,22 +170,28 @@ class LedgerSchema:
             return None
         return Path(self._url.database)
 
-    def _private_new_file(self) -> None:
-        """Make a SQLite ledger that is missing or empty (so about to be created) readable by
-        its owner only: 0600 whatever the umask (SQLite gives its -wal and -shm files the
-        same mode). It will hold the pseudonyms' secret (``ledger_secret``), with which a
-        guessed subject id can be tested, and every subject's spend and report. A ledger
-        with data in it is left as its owner set it."""
+    def _private_new_file(self, *, schema_new: bool = False) -> None:
+        """Make a SQLite ledger that is missing or empty (so about to be created) — or, with
+        ``schema_new``, one whose schema privcal is about to create — readable by its owner
+        only: 0600 whatever the umask (SQLite gives its -wal and -shm files the same mode).
+        It will hold the pseudonyms' secret (``ledger_secret``), with which a guessed
+        subject id can be tested, and every subject's spend and report. A ledger with data
+        in it is left as its owner set it. Called before anything connects (``current``,
+        ``ensure_schema``, ``upgrade``); a symbolic link's target is the file made."""
         path = self._sqlite_file()
         if path is None or str(path).startswith("file:") or self._url.query.get("uri"):
             return
+        target = path.resolve()
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except FileExistsError:
-            if path.stat().st_size == 0:
-                os.chmod(path, 0o600)
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            return
         except OSError:
-            pass  # no such directory, or not writable: the driver's error says which
+            pass  # it exists, or cannot be made here (the driver's error will say why)
+        try:
+            if schema_new or target.stat().st_size == 0:
+                os.chmod(target, 0o600)
+        except OSError:
+            pass  # not ours to change (another user's, read-only): left as it is
 
     def exists(self) -> bool:
         """False only for a SQLite file that does not exist yet (nothing is created)."""

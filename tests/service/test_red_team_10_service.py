@@ -45,8 +45,8 @@ def test_a_device_past_its_cap_draws_and_sends_nothing(live: Live, tmp_path: Pat
         with live.client(token=tok) as c:
             who = c.get("/v1/whoami").json()
         assert who["within_cap"] is False and who["reported_rounds"] == []
-        with pytest.raises(PlanRejected, match="per-subject ε cap: its answer would be "
-                                               "refused after leaving the device"):
+        with pytest.raises(PlanRejected, match=r"per-subject ε cap \(or is no longer a valid "
+                                               r"id\): its answer would be refused on arrival"):
             Reporter(live.url, tok, client=http, memo=memo, max_epsilon=4).report(0.3)
         with pytest.raises(PlanRejected, match="per-subject ε cap"):  # no memo either
             Reporter(live.url, tok, client=http).report(0.3)
@@ -66,3 +66,23 @@ def test_whoami_within_cap_of_an_agent_and_of_other_roles(live: Live) -> None:
     assert who["within_cap"] is True and who["sent"] is False
     with live.client("analyst") as c:
         assert "within_cap" not in c.get("/v1/whoami").json()
+
+
+def test_a_token_made_before_the_id_rule_draws_nothing(live: Live, monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """A device token minted before the invisible-character rule for ``alice\\ufe0f``: its
+    reports are refused on arrival, so whoami says ``within_cap: false`` and nothing is
+    drawn or sent (r10rev 8b)."""
+    from privcal.storage import tokens
+
+    sid = open_ldp(live, group_size=4, rounds=1, epsilon=1.0)
+    with monkeypatch.context() as m:  # the code before
+        m.setattr(tokens, "invisible_char", lambda v: None)
+        tok = str(tokens.create_token(live.accountant.ledger, "device", session=sid,
+                                      subject="alice\ufe0f").token)
+    with live.client(token=tok) as c:
+        assert c.get("/v1/whoami").json()["within_cap"] is False
+    sent: list[str] = []
+    with _client(live, sent) as http, pytest.raises(PlanRejected, match="no longer a valid id"):
+        Reporter(live.url, tok, client=http).report(0.3)
+    assert sent == []

@@ -46,7 +46,7 @@ __all__ = [
 
 def number(value: Any, what: str, *, integer: bool = False) -> Any:
     """``value`` as a finite float (or an int if ``integer``), or a one-line InvalidInput."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool | bytes | bytearray) or value is None:  # float(b"2_0") is 20
         raise InvalidInput(f"{what} must be a number, got {value!r}")
     if isinstance(value, str):  # float("2_0") is 20 (red team 10)
         try:

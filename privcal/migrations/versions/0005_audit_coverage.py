@@ -113,10 +113,12 @@ def upgrade() -> None:
     for sid, status, state in conn.execute(sa.text(
             "SELECT id, status, state FROM collection_sessions")).all():
         st = state if isinstance(state, dict) else json.loads(state)
-        sessions[str(sid)] = {"status": status, "state_digest": pseudonyms.state_digest(st),
+        # keyed and salted (red teams 7 and 10): a plain digest of an open round's state or
+        # of one person's single report could be inverted or matched across sessions
+        sessions[str(sid)] = {"status": status,
+                              "state_digest": pseudonyms.keyed_state_digest(key, st),
                               "reports": len(rep[int(sid)]),
-                              "reports_digest": pseudonyms.reports_digest(rep[int(sid)],
-                                                                          unsalted=True)}
+                              "reports_digest": pseudonyms.reports_digest(rep[int(sid)])}
     data = {
         "revision": revision,
         "subject_key": pseudonyms.key_id(key),

@@ -1,0 +1,76 @@
+"""Click types for the numbers typed on the command line: plain ASCII, no ``_``.
+
+click's INT and FLOAT (Python's ``int``/``float``) read ``1_0`` as 10 and a fullwidth ``１``
+as 1, so ``session submit 1_0`` went to session 10 and ``advise --epsilon 0_5`` advised for
+ε = 5 (red team 10). These types refuse such text first, by the library's one rule
+(:func:`privcal.errors.check_number_text`), as a usage error (exit 2), then read it as
+click would. Light on purpose: every command module imports it, ``privcal --help`` too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from privcal.cli.app import AmountType
+from privcal.errors import check_number_text
+
+__all__ = ["FloatRange", "IntList", "IntRange", "Integer", "Number", "plain"]
+
+
+def plain(value: Any, param: Any, ctx: Any, kind: click.ParamType) -> None:
+    """A usage error for a number's text the library refuses (``0_5``, a fullwidth ``１``)."""
+    if isinstance(value, str):
+        try:
+            check_number_text(value, "it")
+        except ValueError:
+            kind.fail(f"{value!r} is not a plain number (ASCII digits, no '_')", param, ctx)
+
+
+class Number(AmountType):
+    """A float: read as the cost options read an amount (``AmountType``: no ``_``, ASCII,
+    finite), given to the library as a float."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            return value
+        plain(value, param, ctx, self)
+        return float(super().convert(value, param, ctx))
+
+
+class Integer(click.types.IntParamType):
+    """An int (an id, a count): click's INT, but not ``1_0`` or non-ASCII digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        plain(value, param, ctx, self)
+        return super().convert(value, param, ctx)
+
+
+class IntRange(click.IntRange):
+    """click's IntRange (the range checked as there), in plain ASCII digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        plain(value, param, ctx, self)
+        return super().convert(value, param, ctx)
+
+
+class FloatRange(click.FloatRange):
+    """click's FloatRange (the range checked as there), in plain ASCII digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        plain(value, param, ctx, self)
+        return super().convert(value, param, ctx)
+
+
+class IntList(click.ParamType):
+    """An integer or a comma list of integers, kept as its text (the command splits it):
+    refused here if it is not plain ASCII or holds a ``_`` (``--local-n 2_00``)."""
+
+    name = "N[,N…]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        plain(value, param, ctx, self)
+        return value
