@@ -242,10 +242,12 @@ def _joiner_counts(v: str, i: int) -> bool:
     are asked for: a ZWNJ only separates two letters that would join, and in the virama
     scripts the joiner sits inside one cluster (after the virama, or before it in Sinhala
     and Bengali); a joiner next to a digit, a punctuation mark, a Latin, Cyrillic, Greek or
-    CJK letter or at either end is drawn as nothing (two joiners in a row are refused
-    too). Within those scripts it may still change nothing (a ZWNJ after an Arabic letter
-    that never joins the next, a joiner between two Devanagari letters without a virama):
-    no joining-type or font tables here to tell."""
+    CJK letter is drawn as nothing, and one at either end is refused (so is an old-style
+    Malayalam chillu, consonant + virama + ZWJ, at the end of an id). Where it is allowed
+    it may still change nothing (a ZWNJ after an Arabic letter that never joins the next,
+    a joiner between two Devanagari letters without a virama, a ZWJ between two emoji
+    that form no sequence, ``🍕‍🍕``): no joining-type, font or emoji-sequence tables here
+    to tell — such an id and the one without the joiner are two subjects (README)."""
     if not 0 < i < len(v) - 1:
         return False
     before, after = v[i - 1], v[i + 1]

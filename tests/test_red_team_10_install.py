@@ -214,3 +214,17 @@ def test_a_symlinked_or_unchangeable_ledger_path_is_not_a_traceback(
     finally:
         os.chmod = real_chmod
     assert res.exit_code == 0, res.output
+
+
+def test_a_symlink_loop_is_a_one_line_error(tmp_path: Path) -> None:
+    """``Path.resolve`` raises RuntimeError on a loop (Python 3.11): the ledger's own
+    one-line error, not a traceback (r10rev2 1)."""
+    a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    for args in (["db", "current"], ["db", "check"], ["dataset", "list"]):
+        res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{a}", *args])
+        # the ledger's own one-line error: a clean exit, not an exception escaping
+        assert res.exit_code != 0 and isinstance(res.exception, SystemExit), (
+            args, res.output, res.exception)
+        assert "Traceback" not in res.output and "RuntimeError" not in res.output, args

@@ -181,7 +181,10 @@ class LedgerSchema:
         path = self._sqlite_file()
         if path is None or str(path).startswith("file:") or self._url.query.get("uri"):
             return
-        target = path.resolve()
+        try:
+            target = path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (3.11: RuntimeError): the driver's
+            return  # one-line "cannot reach the ledger" says so
         try:
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             return
