@@ -224,7 +224,6 @@ class LedgerSchema:
         with self._lock:
             if self._schema_ok:
                 return
-            self._private_new_file()
             if self.is_default and self.current() != self.head_revision():
                 self.upgrade()
             elif self._is_new_sqlite():
