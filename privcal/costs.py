@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, plain_number_text
 
 __all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "fixed_context", "parse_cost"]
 
@@ -47,10 +47,9 @@ def _exact(value: object) -> Decimal:
     float32's str, ``0.1``, is less than the 0.10000000149… it holds: red team 7)."""
     if isinstance(value, float) or _np_float(value):
         value = repr(float(value))  # type: ignore[arg-type]
-    if isinstance(value, bool) or (isinstance(value, str) and (
-            "_" in value or not value.isascii())):
+    if isinstance(value, bool) or (isinstance(value, str) and not plain_number_text(value)):
         # Decimal("1_0") is 10, Decimal("１") (a fullwidth digit) 1 and True is 1: none is an
-        # amount anyone meant (red team 10: calibrators.base.check_number_text, one rule)
+        # amount anyone meant (red team 10: errors.check_number_text, one rule)
         raise ValueError(f"not a number: {value!r}")
     try:
         d = Decimal(str(value)) if not isinstance(value, Decimal) else value

@@ -321,16 +321,22 @@ def check_row_id(value: Any, what: str) -> int:
     return value
 
 
+def plain_number_text(text: str) -> bool:
+    """Whether the text of a number may be read as one: ASCII, no ``_`` (the rule of
+    :func:`check_number_text`, for callers that word their own refusal)."""
+    return "_" not in text and text.isascii()
+
+
 def check_number_text(text: str, what: str) -> None:
     """Refuse (ValueError) the text of a number that is not plain ASCII or holds a ``_``.
 
     The one rule every number read from text follows: the cost parsers (:mod:`privcal.costs`,
     :func:`privcal.accountant.normalize.parse_amount`), the parameter models
-    (:func:`privcal.calibrators.base.check_number_text`) and the CLI's number types
+    (:class:`privcal.calibrators.base.CalibratorParams`) and the CLI's number types
     (:mod:`privcal.cli.number_types`). ``Decimal("1_0")`` and ``float("0_5")`` read a digit
     separator, so a typo became ρ = 5 and was charged (red team 10); ``float("１")`` (a
     fullwidth digit) is 1, which no number here is meant to be written as. Everything else
     (spaces around, ``1e-3``, …) is left to the number's own parser."""
-    if "_" in text or not text.isascii():
+    if not plain_number_text(text):
         raise ValueError(f"{what} must be a plain number (ASCII digits, no '_'), "
                          f"got {text!r}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from privcal.accountant import privacy as acc
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float, fixed_context
-from privcal.errors import InvalidInput, check_text
+from privcal.errors import InvalidInput, check_text, plain_number_text
 from privcal.storage.audit import canonical, threshold_str
 
 __all__ = [
@@ -49,7 +49,7 @@ def parse_amount(
     """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
     if isinstance(value, bool):
         raise InvalidInput(f"{what} must be a number, got {value!r}")
-    if isinstance(value, str) and ("_" in value or not value.isascii()):
+    if isinstance(value, str) and not plain_number_text(value):
         # Decimal("1_0") is 10 and Decimal("１") 1: a typo or a fullwidth digit, not a number
         raise InvalidInput(f"{what} must be a number, got {value!r}")
     try:

@@ -30,7 +30,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from privcal.calibrators.validation import check_scores
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
-from privcal.errors import check_number_text as _number_text_rule
+from privcal.errors import check_number_text
 
 PrivacyModel = Literal["none", "central-zcdp", "central-pure", "local", "federated"]
 PRIVACY_MODEL_LABELS: dict[str, str] = {
@@ -82,13 +82,6 @@ class CalibratorParams(BaseModel):
                         if isinstance(item, str):
                             check_number_text(item, key)
         return data
-
-
-def check_number_text(text: str, what: str) -> None:
-    """Refuse (ValueError) the text of a number that is not plain ASCII or holds a ``_``
-    (``float("0_5")`` is 5, ``float("１")`` 1: red team 10). The rule is
-    :func:`privcal.errors.check_number_text`, shared with the CLI and the cost parsers."""
-    _number_text_rule(text, what)
 
 
 def _only_bool(annotation: Any) -> bool:

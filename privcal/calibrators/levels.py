@@ -42,7 +42,6 @@ from privcal.calibrators.base import (
     Calibrator,
     CoverageGuarantee,
     DataShape,
-    check_number_text,
 )
 from privcal.calibrators.base import (
     check_inputs as base_check_inputs,
@@ -57,7 +56,7 @@ from privcal.calibrators.wrapped import (
     params_class,
     put_details,
 )
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_number_text
 
 __all__ = ["LEVELS_VERSION", "Levels", "LevelsParams", "level_bounds", "parse_alphas"]
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from privcal.calibrators.base import check_number_text
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_number_text
 
 __all__ = [
     "OUTSIDE_RANGE",

@@ -16,7 +16,7 @@ import click
 
 from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
 from privcal.cli.number_types import Integer, Number, plain
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, plain_number_text
 
 __all__ = [
     "COMMON",
@@ -159,7 +159,7 @@ def parse_score_options(items: tuple[str, ...]) -> dict[str, Any]:
         value: Any
         if low in ("true", "false"):
             value = low == "true"
-        elif "_" in raw or not raw.isascii():  # int("1_0") is 10: such text stays text
+        elif not plain_number_text(raw):  # int("1_0") is 10: such text stays text
             value = raw
         else:
             try:

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privcal.accountant.sessions.records import REPORTS_ARE, SessionInfo
-from privcal.calibrators.base import check_number_text
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, check_number_text
 from privcal.storage.releases import stored_id
 
 if TYPE_CHECKING:
