@@ -12,7 +12,7 @@ and still accepts the unsalted form entries written before carry.
 
 L-2: a subject past its per-subject cap was refused only when its report arrived, after the
 device had randomized and sent it (a bit the server saw and the ledger does not count).
-``storage.service_reads.within_cap`` answers, before anything is drawn, the test the report
+``storage.service_reads.subject_standing`` answers, before anything is drawn, the test the report
 will meet; ``GET /v1/whoami`` serves it and the client draws nothing when it is false
 (tests/service/test_red_team_10_service.py).
 """
@@ -31,8 +31,13 @@ from privcal.accountant import sessions as S
 from privcal.errors import AuditFailed
 from privcal.storage import pseudonyms as PS
 from privcal.storage.models import SUBJECT_UNIT, SubjectSpend
-from privcal.storage.service_reads import within_cap
+from privcal.storage.service_reads import subject_standing
 from privcal.storage.tokens import audit_entries
+
+
+def within_cap(acct: Accountant, session_id: int, subject: str) -> bool | None:
+    """What whoami says of ``subject``'s cap in ``session_id``."""
+    return subject_standing(acct.ledger, session_id, subject)[1]
 
 
 def _data(acct: Accountant, kind: str) -> list[dict[str, Any]]:
@@ -139,7 +144,7 @@ def test_within_cap_is_the_test_a_report_meets(accountant: Accountant, extra_uni
     accountant.create_dataset("users", approx_epsilon=20, approx_delta="1e-5",
                               subject_epsilon=6)
     first = _open(accountant, "users", shuffled=False, rounds=1)
-    assert within_cap(accountant.ledger, first, "alice") is True
+    assert within_cap(accountant, first, "alice") is True
     assert S.submit_reports(accountant, first, ["alice"], [1], [0]).accepted == 1
     # alice's spend moved to cap − ε0 (+ one unit) behind privcal's back
     p = str(PS.pseudonyms(accountant.ledger.subject_key(), ["alice"])[0])
@@ -152,9 +157,9 @@ def test_within_cap_is_the_test_a_report_meets(accountant: Accountant, extra_uni
     accountant.ledger.write(put)
     second = S.open_session(accountant, "ldp-score", dataset="users", alpha=0.1, epsilon=2.0,
                             rounds=1, group_size=1, idempotency_key="second").id
-    allowed = within_cap(accountant.ledger, second, "alice")
+    allowed = within_cap(accountant, second, "alice")
     assert allowed is (extra_units == 0)
     got = S.submit_reports(accountant, second, ["alice"], [1], [0])
     assert got.accepted == int(bool(allowed))
-    assert within_cap(accountant.ledger, second, "bob") is True
-    assert within_cap(accountant.ledger, 10_000, "alice") is None  # no such session
+    assert within_cap(accountant, second, "bob") is True
+    assert within_cap(accountant, 10_000, "alice") is None  # no such session

@@ -58,8 +58,9 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
     the session charges none): a report past the cap is refused only after it was sent —
     a randomized answer the server saw and the ledger does not count — so a client draws
     nothing when it is false (false also for a token whose subject the id rule refuses, made
-    before the rule: its reports are refused on arrival). Primary-key reads of the ledger,
-    for those two roles only."""
+    before the rule: its reports are refused on arrival). Primary-key reads of the ledger in
+    one transaction (:func:`~privcal.storage.service_reads.subject_standing`), for those two
+    roles only."""
     t = p.token
     out = {"id": t.id, "principal": p.requester, "role": t.role, "datasets": t.datasets,
            "session": t.session, "subject": t.subject, "agent": t.agent,
@@ -67,18 +68,16 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
     who = t.subject if t.role == "device" else t.agent if t.role == "agent" else None
     if t.session is not None and who is not None:
         from privcal.calibrators.validation import id_strings
-        from privcal.storage.service_reads import within_cap
-        from privcal.storage.tokens import stored_reports
+        from privcal.storage.service_reads import subject_standing
 
-        ledger = request.app.state.accountant.ledger
-        stored = stored_reports(ledger, t.session, [who])
+        rnd, allowed = subject_standing(request.app.state.accountant.ledger, t.session, who)
         if t.role == "device":
-            out["reported_rounds"] = sorted(int(r) for r, *_ in stored.values())
+            out["reported_rounds"] = [] if rnd is None else [int(rnd)]
         else:
-            out["sent"] = bool(stored)
+            out["sent"] = rnd is not None
         try:  # a subject the id rule now refuses (a token made before it): refused on arrival
             id_strings([who], "id")
-            out["within_cap"] = within_cap(ledger, t.session, who)
+            out["within_cap"] = allowed
         except InvalidInput:
             out["within_cap"] = False
     return doc(out)

@@ -1,7 +1,7 @@
 """The few reads the HTTP service needs that the library has no call for: a page of audit
 entries as stored (``GET /v1/audit/entries``), the reports subjects have stored in a
-session (``/v1/whoami``, the report writer), and whether a subject's cap still allows its
-session's report (``/v1/whoami``). Moved out of :mod:`privcal.storage.tokens`,
+session (the report writer; ``/v1/whoami``, with whether a subject's cap still allows its
+session's report). Moved out of :mod:`privcal.storage.tokens`,
 which re-exports them, to keep that module within 400 lines.
 """
 
@@ -19,7 +19,7 @@ from privcal.storage.models import AuditEntry, Dataset, cap_units, spend_units
 from privcal.storage.pseudonyms import BATCH_IDS_PG
 from privcal.storage.sessions import CollectionSession, SessionReport
 
-__all__ = ["AuditEntryDoc", "audit_entries", "stored_report", "stored_reports", "within_cap"]
+__all__ = ["AuditEntryDoc", "audit_entries", "stored_report", "stored_reports", "subject_standing"]
 
 
 class AuditEntryDoc(BaseModel):
@@ -94,20 +94,25 @@ def stored_reports(ledger: Any, session_id: int,
     return out
 
 
-def within_cap(ledger: Any, session_id: int, subject: str) -> bool | None:
-    """Whether ``subject`` (a device's subject or an agent) still has its session's ε0 left
-    under the dataset's per-subject ε cap — the test a report of it meets when it arrives
-    (:mod:`privcal.accountant.sessions.ingest`: spent + ε0 ≤ cap, in units). A report
-    that fails it is refused *after* it left the device, an ε0-LDP output the server saw
-    and the ledger does not count, so a client asks first (red team 10). None: the session
-    charges nothing per report (no ε0), or no longer exists."""
+def subject_standing(ledger: Any, session_id: int, subject: str
+                     ) -> tuple[int | None, bool | None]:
+    """What ``GET /v1/whoami`` tells a device (subject) or agent token, in one read under
+    one pseudonym: the round of the report it has stored in the session (None: none), and
+    whether it still has the session's ε0 left under the dataset's per-subject ε cap — the
+    test a report of it meets when it arrives (:mod:`privcal.accountant.sessions.ingest`:
+    spent + ε0 ≤ cap, in units). A report that fails it is refused *after* it left the
+    device, an ε0-LDP output the server saw and the ledger does not count, so a client asks
+    first (red team 10). None for the cap: the session charges nothing per report (no ε0),
+    or no longer exists."""
     pseudonym = str(ledger.pseudonyms([str(subject)])[0])
     with ledger.read() as s:
+        stored = s.get(SessionReport, (int(session_id), pseudonym))
+        rnd = stored.round if stored is not None else None
         row = s.get(CollectionSession, int(session_id))
         eps0 = row.state.get("eps0") if row is not None else None
         if row is None or eps0 is None:
-            return None
+            return rnd, None
         ds = s.get(Dataset, row.dataset_id)
         cap_u = cap_units(ds.subject_epsilon or Decimal(0)) if ds is not None else 0
         spent = ledger.subject_units(s, row.dataset_id, pseudonym)
-        return spent <= cap_u - spend_units(Decimal(str(eps0)))
+        return rnd, spent <= cap_u - spend_units(Decimal(str(eps0)))
