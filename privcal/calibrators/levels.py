@@ -20,11 +20,19 @@ The raw thresholds are recorded too. The release's single ``threshold`` is t'₁
 α, largest set) with that level's guarantee as the headline; every level's guarantee is in
 ``coverage.details`` (``"alpha=0.1: lower"``, …), recomputed by ``audit verify``.
 
+**Upper bounds.** Raising a level's threshold to t'ᵢ can raise its coverage above the
+upper bound of its own run: coverage grows with the threshold, so cov(t'ᵢ) = max_{j ≥ i}
+cov(tⱼ) ≤ max_{j ≥ i} Uⱼ when every run j ≥ i meets its upper bound's conditions (for
+P-COQS each run's own noise event E₋ⱼ: together with probability ≥ 1 − Σ_{j ≥ i} βⱼ). Since
+version 1.2.0 level i records that maximum as its upper bound, its ``upper_requires`` says
+that every larger α's conditions are needed too, and the statement says so (versions 1.0.0
+and 1.1.0 recorded each run's own upper bound and conditions: red team 9, r9a).
+
 **Wording.** The statement is the headline level's, then each other level's bound and the
 probability it holds with, both rounded down to 6 significant digits (never above the
 recorded bound, nor above 1 − δ exactly). Version 1.0.0 of this wrapper rounded them to
-nearest (1 − δ = 0.9999999 read "w.p. ≥ 1"); ``audit verify`` recomputes a 1.0.0 release in
-its own wording (:meth:`Levels.guarantee_as`).
+nearest (1 − δ = 0.9999999 read "w.p. ≥ 1"); ``audit verify`` recomputes a release of an
+older version in its own wording (:meth:`Levels.guarantee_as`).
 """
 
 from __future__ import annotations
@@ -60,10 +68,17 @@ from privcal.errors import InvalidInput, check_number_text
 
 __all__ = ["LEVELS_VERSION", "Levels", "LevelsParams", "level_bounds", "parse_alphas"]
 
-#: 1.1.0: the other levels' numbers rounded down (1.0.0: to nearest; module docstring)
-LEVELS_VERSION = "1.1.0"
+#: 1.2.0: a level's upper bound the largest of its own and every larger α's, with their
+#: conditions (1.1.0: each run's own); 1.1.0: the other levels' numbers rounded down (1.0.0:
+#: to nearest; module docstring)
+LEVELS_VERSION = "1.2.0"
 #: the versions before: recomputed by their own wording (:meth:`Levels.guarantee_as`)
-_OLDER = ("1.0.0",)
+_OLDER = ("1.0.0", "1.1.0")
+#: versions that rounded the other levels' numbers to nearest
+_ROUNDED_TO_NEAREST = ("1.0.0",)
+#: the condition an upper bound of a raised (nested) threshold adds (module docstring)
+NESTED_UPPER = ("and the same at every larger level α (this level's threshold is the "
+                "largest of theirs)")
 #: at most this many levels in one release
 MAX_LEVELS = 20
 
@@ -138,6 +153,23 @@ def level_bounds(g: CoverageGuarantee,
             for a in alphas]
 
 
+def _nested_uppers(per: list[tuple[float, CoverageGuarantee]]
+                   ) -> list[tuple[float, CoverageGuarantee]]:
+    """Each level's guarantee with the upper bound of its nested threshold (module
+    docstring): the largest of its own and every larger α's (None if one of them has none),
+    its ``upper_requires`` extended by :data:`NESTED_UPPER`. The largest α is unchanged."""
+    out = [per[-1]]
+    top: float | None = per[-1][1].upper
+    for a, g in reversed(per[:-1]):
+        top = None if top is None or g.upper is None else max(top, g.upper)
+        details = dict(g.details)
+        if top is not None:
+            own = details.get("upper_requires")
+            details["upper_requires"] = f"{own}; {NESTED_UPPER}" if own else NESTED_UPPER
+        out.append((a, g.model_copy(update={"upper": top, "details": details})))
+    return out[::-1]
+
+
 class Levels(WordedWrapper):
     """METHOD at several levels at once (see the module docstring)."""
 
@@ -178,7 +210,7 @@ class Levels(WordedWrapper):
     def _level_text(self, g: CoverageGuarantee) -> str:
         """``coverage ≥ L[ w.p. ≥ P]`` of one level, in this wrapper's wording."""
         fail = g.failure_probability
-        if self._wording in _OLDER:
+        if self._wording in _ROUNDED_TO_NEAREST:
             return f"coverage ≥ {g.lower:.6g}" + (f" w.p. ≥ {1 - fail:.6g}" if fail else "")
         return (f"coverage ≥ {text_at_most(g.lower, Fraction(repr(g.lower)))}"
                 + (f" w.p. ≥ {text_at_most(1 - fail, 1 - Fraction(repr(fail)))}"
@@ -187,6 +219,9 @@ class Levels(WordedWrapper):
     def guarantee(self, params: LevelsParams, shape: DataShape) -> CoverageGuarantee:
         """The smallest α's guarantee as the headline; every level's numbers in details."""
         per = [(a, self.inner.guarantee(p, shape)) for a, p in params.per_level()]
+        nested = self._wording not in _OLDER and any(g.upper is not None for _, g in per[:-1])
+        if nested:
+            per = _nested_uppers(per)
         head = per[0][1]
         details: dict[str, float | int | str | None] = {
             "levels": ",".join(f"{a:g}" for a, _ in per)}
@@ -196,7 +231,10 @@ class Levels(WordedWrapper):
             target=head.target, lower=head.lower, upper=head.upper,
             failure_probability=head.failure_probability, over=head.over, rank=head.rank,
             statement=f"{len(per)} levels; at α={per[0][0]:g}: {head.statement}; "
-            + "; ".join(f"at α={a:g}: {self._level_text(g)}" for a, g in per[1:]),
+            + "; ".join(f"at α={a:g}: {self._level_text(g)}" for a, g in per[1:])
+            + ("; a level's upper bound is the largest of its own run's and every larger α's, "
+               "and holds only under all of their conditions (its threshold is raised to the "
+               "largest of theirs)" if nested else ""),
             details=details,
         )
 

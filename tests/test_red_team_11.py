@@ -1,0 +1,84 @@
+"""Red team 11 (and the item red team 9 left): what a recorded guarantee says must hold for
+the threshold that was released.
+
+A several-level release raises a level's threshold to the largest of its own and every larger
+α's (nested sets). Its coverage is then the largest of theirs, so its upper bound is the
+largest of their upper bounds and holds only under all of their conditions — for P-COQS each
+run's own noise event E₋. Levels 1.1.0 recorded each run's own upper bound and conditions.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+
+from privcal.calibrators.base import CoverageGuarantee, DataShape
+from privcal.calibrators.levels import LEVELS_VERSION, NESTED_UPPER, _nested_uppers
+from privcal.calibrators.registry import get
+
+
+def _g(upper: float | None, requires: str | None = "no ties") -> CoverageGuarantee:
+    details: dict[str, Any] = {} if requires is None else {"upper_requires": requires}
+    return CoverageGuarantee(target=0.9, lower=0.9, upper=upper, failure_probability=0.0,
+                             over="calibration data and the test point", rank=None,
+                             statement="s", details=details)
+
+
+def test_a_nested_levels_upper_bound_is_the_largest_of_the_larger_alphas() -> None:
+    """An upper bound that does not fall with α (a plugin's): the smaller α's threshold may
+    be raised to the larger α's, whose upper bound is then the one that holds."""
+    out = _nested_uppers([(0.1, _g(0.92)), (0.2, _g(0.95)), (0.3, _g(0.8))])
+    assert [g.upper for _, g in out] == [0.95, 0.95, 0.8]
+    assert [g.details["upper_requires"] for _, g in out] == [
+        f"no ties; {NESTED_UPPER}", f"no ties; {NESTED_UPPER}", "no ties"]
+    # a larger level without an upper bound: none for the smaller ones either
+    out = _nested_uppers([(0.1, _g(0.92)), (0.2, _g(None, None)), (0.3, _g(0.8))])
+    assert [g.upper for _, g in out] == [None, None, 0.8]
+    assert out[0][1].details["upper_requires"] == "no ties"  # its own run's, not extended
+    # a level without conditions of its own gets the larger levels'
+    out = _nested_uppers([(0.1, _g(0.92, None)), (0.2, _g(0.85))])
+    assert out[0][1].details["upper_requires"] == NESTED_UPPER
+
+
+def test_levels_pcoqs_states_that_an_upper_bound_needs_every_larger_levels_event() -> None:
+    pc = get("levels:pcoqs").calibrator
+    assert pc.version == f"{LEVELS_VERSION}/{get('pcoqs').calibrator.version}"
+    params = pc.Params.model_validate({"alpha": [0.05, 0.1, 0.2], "rho": 1.0})
+    g = pc.guarantee(params, DataShape(n=3000))
+    req = {a: g.details[f"alpha={a}: upper_requires"] for a in ("0.05", "0.1", "0.2")}
+    assert req["0.05"].endswith(NESTED_UPPER) and req["0.1"].endswith(NESTED_UPPER)
+    assert NESTED_UPPER not in req["0.2"] and "E₋" in req["0.2"]
+    assert "holds only under all of their conditions" in g.statement
+    # the numbers: each level's bound at least every larger α's (P-COQS's fall with α)
+    ups = [float(g.details[f"alpha={a}: upper"]) for a in ("0.05", "0.1", "0.2")]
+    singles = [get("pcoqs").calibrator.guarantee(p, DataShape(n=3000)).upper
+               for _, p in params.per_level()]
+    assert ups == [max(singles[i:]) for i in range(3)]
+    assert g.upper == ups[0]
+
+
+def test_a_one_level_release_is_stated_as_before() -> None:
+    pc = get("levels:pcoqs").calibrator
+    g = pc.guarantee(pc.Params.model_validate({"alpha": [0.1], "rho": 1.0}), DataShape(n=500))
+    assert "conditions" not in g.statement
+    assert NESTED_UPPER not in str(g.details)
+
+
+def test_levels_release_records_and_verifies(accountant: Any) -> None:
+    """The new wording goes through record_release's recomputation and audit verify; a
+    release whose noise crossed two levels (raised threshold) is among them."""
+    acct = accountant
+    acct.create_dataset("d", rho=100)
+    s = np.random.default_rng(3).random(1000)
+    crossed = 0
+    for seed in range(12):
+        rel = acct.calibrate("pcoqs", dataset="d", scores=s, alpha=[0.1, 0.102], rho=1,
+                             rng=random.Random(seed))
+        lv = rel.diagnostics["levels"]
+        crossed += lv[0]["threshold"] > lv[0]["threshold_raw"]
+        assert rel.calibrator_version.startswith(f"{LEVELS_VERSION}/")
+    assert crossed > 0  # the case the wording is for happened
+    rep = acct.verify()
+    assert rep.guarantees_recomputed == 12  # verify raises on any entry that fails
