@@ -1,5 +1,5 @@
 """Red team 11 (and the item red team 9 left): what a recorded guarantee says must hold for
-the threshold that was released.
+the threshold that was released; the HTTP clients' options checked when they are made.
 
 A several-level release raises a level's threshold to the largest of its own and every larger
 α's (nested sets). Its coverage is then the largest of theirs, so its upper bound is the
@@ -13,10 +13,12 @@ import random
 from typing import Any
 
 import numpy as np
+import pytest
 
 from privcal.calibrators.base import CoverageGuarantee, DataShape
 from privcal.calibrators.levels import LEVELS_VERSION, NESTED_UPPER, _nested_uppers
 from privcal.calibrators.registry import get
+from privcal.errors import InvalidInput
 
 
 def _g(upper: float | None, requires: str | None = "no ties") -> CoverageGuarantee:
@@ -82,3 +84,30 @@ def test_levels_release_records_and_verifies(accountant: Any) -> None:
     assert crossed > 0  # the case the wording is for happened
     rep = acct.verify()
     assert rep.guarantees_recomputed == 12  # verify raises on any entry that fails
+
+
+# ------------------------------------------------------------ the HTTP clients' options
+@pytest.mark.parametrize("kw", [
+    {"retries": -1}, {"retries": 1.5}, {"retries": True}, {"retries": "3"},
+    {"timeout": -1.0}, {"timeout": 0}, {"timeout": float("nan")}, {"timeout": float("inf")},
+    {"timeout": "30"}, {"max_epsilon": "2"}, {"max_epsilon": float("nan")},
+    {"max_epsilon": 0}, {"max_epsilon": True},
+])
+@pytest.mark.parametrize("cls", ["Reporter", "Agent"])
+def test_client_options_are_checked_when_the_client_is_made(cls: str, kw: dict[str, Any]
+                                                            ) -> None:
+    """A bad ``retries``/``timeout``/``max_epsilon`` was an AssertionError, a TypeError or
+    httpx's ValueError at the first call (red team 11): now one line, nothing sent."""
+    import privcal.client as client
+
+    with pytest.raises(InvalidInput) as err:
+        getattr(client, cls)("http://127.0.0.1:9", "pc_x_y", **kw)
+    assert "\n" not in str(err.value) and next(iter(kw)) in str(err.value)
+
+
+def test_client_options_in_range_are_taken() -> None:
+    from privcal.client import Reporter
+
+    rep = Reporter("http://127.0.0.1:9", "pc_x_y", retries=0, timeout=1, max_epsilon=2)
+    assert rep.retries == 0 and rep.max_epsilon == 2.0
+    rep.close()

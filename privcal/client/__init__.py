@@ -48,7 +48,7 @@ _EXPORTS = {
     "krr_many": "privcal.calibrators.mechanisms.randomized_response",
     "Reporter": "privcal.client.http",
     "Agent": "privcal.client.http",
-    "ServiceError": "privcal.client.http",
+    "ServiceError": "privcal.client.transport",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,7 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover
         label_scores,
         regression_scores,
     )
-    from privcal.client.http import Agent, Reporter, ServiceError
+    from privcal.client.http import Agent, Reporter
+    from privcal.client.transport import ServiceError
 
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)

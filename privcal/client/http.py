@@ -21,10 +21,9 @@ device never draws a second answer for a token it has already answered (a device
 token is bound to one session and one subject or agent):
 
 - *memo* (strongly recommended): ``Reporter(..., memo=PATH)`` / ``Agent(..., memo=PATH)``
-  keeps a small JSON file on the device (:mod:`privcal.client.memo`: written atomically,
-  mode 0600, its directory created) keyed by what the client knows itself — the role and a
-  SHA-256 of the token (not the URL: one server has many spellings) — never by what the
-  server says. Every answer is recorded
+  keeps a small JSON file on the device (:mod:`privcal.client.memo`: written atomically, mode
+  0600) keyed by what the client knows itself — the role and a SHA-256 of the token (not the
+  URL: one server has many spellings) — never by what the server says. Every answer is recorded
   (its own id, round, value) *before* it is sent, its outcome after; no record is
   overwritten. A later call — after an app restart, a crash, a lost connection, a retry
   loop — resends exactly the recorded answer if its outcome is unknown (no new randomness;
@@ -37,7 +36,9 @@ token is bound to one session and one subject or agent):
   ``flock`` on ``PATH.lock`` from reading the memo to recording the outcome (network send
   included: a call waits for another's), so objects, threads and processes sharing one
   file answer one at a time. **With a memo, no second randomized answer leaves the device
-  for a token, whatever the server answers**, except with ``answer_again=True``. Limits:
+  for a token, whatever the server answers**, except with ``answer_again=True``, nor for a
+  token issued in its place (same session and subject or agent: the memo resends or counts
+  the answers recorded under the earlier token — one revoked or expired in flight). Limits:
   the guarantee lasts as long as the file (keep it with the app's data, not in a cache the
   system may clear; a deleted file lets the device answer again); without :mod:`fcntl`
   (Windows) there is no lock across processes, so two processes must not share one file.
@@ -79,27 +80,18 @@ import math
 import os
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from privcal.client.memo import Memo, token_key
-from privcal.errors import InvalidInput, PlanRejected, PrivcalError
+from privcal.client.transport import ServiceError, check_options, request
+from privcal.errors import InvalidInput, PlanRejected
 
 __all__ = ["Agent", "Reporter", "ServiceError"]
 
 _RETRY_REASONS = ("closed round", "round full", "round not open")
 _STORED = ("accepted", "duplicate")
 _WHO = {"subject": "device's subject", "agent": "agent"}  # whose cap a refusal names
-
-
-class ServiceError(PrivcalError):
-    """The service answered with a problem document (``status``, ``type``, ``detail``)."""
-
-    def __init__(self, status: int, problem: dict[str, Any]) -> None:
-        super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}")
-        self.status = status
-        self.problem = problem
 
 
 class _Base:
@@ -117,7 +109,9 @@ class _Base:
                                "'privcal[client]' (from a clone: pip install '.[client]')"
                                ) from None
 
-        if max_epsilon is not None and not (0 < float(max_epsilon) < math.inf):
+        timeout, retries = check_options(timeout, retries)
+        if max_epsilon is not None and (isinstance(max_epsilon, bool) or not isinstance(
+                max_epsilon, int | float) or not 0 < max_epsilon < math.inf):
             raise InvalidInput(f"max_epsilon must be a positive number, not {max_epsilon!r}")
         self._url = url.rstrip("/")
         self._own = client is None
@@ -142,30 +136,7 @@ class _Base:
         self.close()
 
     def _request(self, method: str, path: str, **kw: Any) -> Any:
-        import httpx
-
-        delay = 0.05
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._http.request(method, path, headers=self._auth, **kw)
-            except httpx.TransportError:
-                if attempt == self.retries:
-                    raise
-                time.sleep(delay)
-                delay *= 2
-                continue
-            if r.status_code == 503 and attempt < self.retries:
-                time.sleep(delay)
-                delay *= 2
-                continue
-            if r.status_code >= 400:
-                try:
-                    prob = r.json()
-                except ValueError:
-                    prob = {"detail": r.text}
-                raise ServiceError(r.status_code, prob)
-            return r
-        raise AssertionError("unreachable")  # pragma: no cover
+        return request(self._http, method, path, self._auth, self.retries, **kw)
 
     def _whoami(self) -> dict[str, Any]:
         """``GET /v1/whoami``, read afresh; the session it is bound to is remembered."""

@@ -75,6 +75,14 @@ def write_atomic(path: Path, text: str) -> None:
             os.close(dfd)
 
 
+def _role_of(key: str) -> Any:
+    """The role of a memo key (:func:`token_key`), or None for a key it did not make."""
+    try:
+        return json.loads(key)[0]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+
+
 def _describe(binding: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v!r}" for k, v in sorted(binding.items()))
 
@@ -119,9 +127,23 @@ class Memo:
     def reports(self, key: str, binding: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """The records of ``key`` (the file's, and this object's where the file has none),
         after checking that ``binding`` (whoami's session and subject or agent) is the one
-        recorded: else :class:`PlanRejected`, nothing sent."""
+        recorded: else :class:`PlanRejected`, nothing sent.
+
+        With them, those of every *other* token of the same role bound to the same session
+        and subject or agent (red team 11): a token that expired or was revoked while its
+        answer was in flight leaves that answer ``pending`` — the server saw it and stored
+        nothing — and the token an admin issues in its place must resend it, not draw a
+        second independent answer of the same subject. This token's records come first."""
+        tokens = self._read()
         out: dict[str, dict[str, Any]] = {}
-        for entry in (self._read().get(key), self._mem.get(key)):
+        mine: dict[str, dict[str, Any]] = {}
+        role = _role_of(key)
+        for other, entry in [*tokens.items(), *self._mem.items()]:
+            if other != key and isinstance(entry, dict) and _role_of(other) == role \
+                    and {k: v for k, v in entry.items() if k != "reports"} == binding:
+                for rid, rec in dict(entry.get("reports") or {}).items():
+                    out.setdefault(rid, dict(rec))
+        for entry in (tokens.get(key), self._mem.get(key)):
             if not entry:
                 continue
             bound = {k: v for k, v in entry.items() if k != "reports"}
@@ -131,8 +153,8 @@ class Memo:
                     f"{_describe(bound)}; now: {_describe(binding)}): nothing was drawn or "
                     "sent (a token is bound to one session and one subject or agent)")
             for rid, rec in dict(entry.get("reports") or {}).items():
-                out.setdefault(rid, dict(rec))
-        return out
+                mine.setdefault(rid, dict(rec))
+        return {**out, **mine}
 
     def put(self, key: str, binding: dict[str, Any], rid: str, rec: dict[str, Any]) -> None:
         """Record ``rec`` under ``rid`` (in memory, then in the file: an error if it cannot
