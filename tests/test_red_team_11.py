@@ -111,3 +111,97 @@ def test_client_options_in_range_are_taken() -> None:
     rep = Reporter("http://127.0.0.1:9", "pc_x_y", retries=0, timeout=1, max_epsilon=2)
     assert rep.retries == 0 and rep.max_epsilon == 2.0
     rep.close()
+
+
+# ------------------------------------------------------ timestamps of the audit report
+def test_audit_report_times_are_utc_on_both_backends_whatever_the_session_zone(
+        ledger: Any, ledger_url: str) -> None:
+    """``audit report --json``'s charge and release times (and ``spend-history``'s) were
+    naive on SQLite and in the reading session's zone on PostgreSQL (red team 11): now UTC
+    with its offset, the same instant whoever reads."""
+    from datetime import UTC, datetime, timedelta
+    from urllib.parse import quote
+
+    from privcal.accountant import Accountant
+    from privcal.accountant.report import audit_report
+    from privcal.costs import ZCDP
+    from privcal.storage import Ledger
+
+    acct = Accountant(ledger)
+    acct.create_dataset("d", rho=1, allow_nonprivate=True)
+    acct.charge("d", ZCDP(rho=0.1), purpose="p")
+    acct.calibrate("split", dataset="d", scores=np.arange(20) / 20, alpha=0.1)
+    urls = [ledger_url]
+    if ledger_url.startswith("postgresql"):  # a reader whose session zone is not UTC
+        urls.append(ledger_url + quote(" -ctimezone=Asia/Kolkata"))
+    seen = []
+    for url in urls:
+        rep = audit_report(Accountant(Ledger(url)), "d")[0]
+        (t,) = rep.timeline
+        (r,) = rep.releases
+        for at in (t.at, r.at):
+            assert at.utcoffset() == timedelta(0), at
+            assert abs(datetime.now(UTC) - at) < timedelta(minutes=5)
+        assert rep.model_dump(mode="json")["timeline"][0]["at"].endswith("Z")
+        seen.append((t.at, r.at))
+    assert len(set(seen)) == 1
+
+
+# ------------------------------------------------------------ token lifetimes (library)
+@pytest.mark.parametrize("life", [
+    "huge", "max", 3600, "1h", 0, -1, "zero", "negative", "eleven years"])
+def test_a_token_lifetime_the_library_refuses_in_one_line_writing_nothing(
+        ledger: Any, life: Any) -> None:
+    """``create_token``/``create_device_tokens`` took any timedelta > 0: ten to the eighth
+    days overflowed (OverflowError), 3600 or "1h" was an AttributeError, and a token
+    expiring in year 9999's last hours broke every read of the tokens on PostgreSQL east of
+    UTC (red team 11). The CLI's and the service's 10 years is the library's rule now."""
+    from datetime import timedelta
+
+    from privcal.accountant import Accountant
+    from privcal.accountant.sessions.opening import open_session
+    from privcal.storage.token_bulk import create_device_tokens
+    from privcal.storage.tokens import MAX_LIFETIME, create_token, list_tokens
+
+    life = {"huge": timedelta(days=10**8), "max": timedelta.max, "zero": timedelta(0),
+            "negative": timedelta(seconds=-1),
+            "eleven years": MAX_LIFETIME + timedelta(seconds=1)}.get(life, life)
+    acct = Accountant(ledger)
+    acct.create_dataset("d", rho=1, subject_epsilon=10)
+    sid = open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1, rounds=1,
+                       group_size=4).id
+    before = len(list_tokens(ledger))
+    with pytest.raises(InvalidInput, match="lifetime") as err:
+        create_token(ledger, "analyst", datasets=["d"], expires_in=life)
+    assert "\n" not in str(err.value)
+    with pytest.raises(InvalidInput, match="lifetime"):
+        create_device_tokens(ledger, sid, ["a", "b"], expires_in=life)
+    assert len(list_tokens(ledger)) == before
+    # the longest is taken
+    assert create_token(ledger, "analyst", datasets=["d"], expires_in=MAX_LIFETIME).info
+
+
+def test_sqlite_stores_a_reports_arrival_time_in_the_columns_own_format(tmp_path: Any
+                                                                         ) -> None:
+    """``session_reports.received_at`` was bound as ``isoformat`` text ("…+00:00") on
+    SQLite, a second format beside SQLAlchemy's naive one in the same ledger (red team 11)."""
+    import re
+
+    from sqlalchemy import text
+
+    from privcal.accountant import Accountant
+    from privcal.accountant import sessions as S
+    from privcal.storage import Ledger
+
+    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
+    acct.create_dataset("d", epsilon=10, subject_epsilon=10)
+    sid = S.open_session(acct, "ldp-score", dataset="d", alpha=0.1, epsilon=1, rounds=2,
+                         group_size=3).id
+    S.submit_reports(acct, sid, ["a", "b"], [1, 0], [0, 0])  # the text path
+    S.submit_reports(acct, sid, np.array(["c"]), np.array([1]), [0])
+    with acct.ledger.read() as s:
+        got = s.execute(text("SELECT received_at FROM session_reports")).scalars().all()
+        made = s.execute(text("SELECT created_at FROM collection_sessions")).scalar_one()
+    naive = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}$")
+    assert naive.match(made) and len(got) == 3
+    assert all(naive.match(t) for t in got), got

@@ -322,7 +322,7 @@ def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) 
     ANALYZEd: the plain `session_id = … AND subject = ANY(…)` form read every stored report
     of the session (and every spend row of the dataset) per batch, so a session's batches
     slowed down as it grew (bench/RESULTS.md, "Device reports at a session's size")."""
-    from privcal.storage import session_store, subject_spend, tokens
+    from privcal.storage import service_reads, session_store, subject_spend
 
     stored = _raw([f"r{i}" for i in range(5000)])
     ledger.write(lambda s: ledger.insert_batch_reports(s, 7, 0, stored,
@@ -332,7 +332,7 @@ def test_batch_probes_look_up_each_id_by_primary_key_on_postgresql(ledger: Any) 
     ids = PS.fixed_lines(ask.shape[0], [PS.hex_matrix(ask), b"\n"])[:-1].decode("ascii")
     params = {"sid": 7, "d": 3, "ids": ids, "e": 1, "cap": 100}
     stmts = [session_store._PROBE_REPORTED_PG + session_store._PROBE_SPENT_PG,
-             subject_spend._RAISE_PG, tokens._STORED_PG]
+             subject_spend._RAISE_PG, service_reads._STORED_PG]
 
     def explain(s: Any) -> list[Any]:
         with s.connection().connection.driver_connection.cursor() as cur:

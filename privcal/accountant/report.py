@@ -12,7 +12,6 @@ it before the last charge: :func:`audit_report`).
 
 from __future__ import annotations
 
-from datetime import datetime
 from decimal import Decimal, localcontext
 from typing import Any
 
@@ -22,6 +21,7 @@ from privcal.accountant import privacy as acc
 from privcal.accountant.datasets import largest_subject_spend
 from privcal.accountant.policy import charge_cost, guarantee_report, policy_of, renyi_orders_of
 from privcal.costs import LocalDP, fixed_context
+from privcal.storage.records import UTCDateTime
 
 #: the context of the replay's running Σε0 (exact for any amounts the ledger holds)
 _EXACT = fixed_context(80)  # every field given: nothing from decimal.DefaultContext
@@ -33,7 +33,7 @@ class TimelineEntry(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     charge: int
-    at: datetime
+    at: UTCDateTime
     purpose: str | None
     requester: str | None
     cost: str
@@ -49,7 +49,7 @@ class ReleaseLine(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     release: int
-    at: datetime
+    at: UTCDateTime
     method: str
     #: the release's miscoverage level, or its levels in order for a several-level release
     alpha: float | list[float] | None

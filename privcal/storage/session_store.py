@@ -126,6 +126,12 @@ def _conn(tx: Session | Connection) -> Connection:
     return tx.connection() if isinstance(tx, Session) else tx
 
 
+def _sqlite_time(t: Any) -> str:
+    """An aware UTC time as SQLAlchemy stores a ``DateTime`` on SQLite: naive, microseconds
+    (red team 11: ``isoformat`` added "+00:00", a second format in one column)."""
+    return t.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+
+
 class SessionStore:
     """The collection-session operations of a :class:`~privcal.storage.ledger.Ledger`.
 
@@ -275,7 +281,7 @@ class SessionStore:
                 cp.write(block)
             return
         self._sql(conn, _INSERT_REPORTS_SQLITE, {
-            "sid": session_id, "r": round_, "t": t.isoformat(sep=" "), "b": batch,
+            "sid": session_id, "r": round_, "t": _sqlite_time(t), "b": batch,
             "rows": json.dumps([[a, b] for a, b in zip(subjects, values, strict=True)])})
 
     def probe_batch(self, tx: Session | Connection, session_id: int, raw: np.ndarray,
@@ -336,7 +342,7 @@ class SessionStore:
                 cp.write(block)
             return
         self._sql(conn, _INSERT_BITS_SQLITE, {
-            "n": n, "sid": session_id, "r": round_, "t": t.isoformat(sep=" "), "b": batch,
+            "n": n, "sid": session_id, "r": round_, "t": _sqlite_time(t), "b": batch,
             "ids": hex_matrix(raw).tobytes(), "vals": vals.tobytes(), "w": vals.shape[1]})
 
     @staticmethod

@@ -17,7 +17,13 @@ from privcal.errors import InvalidInput
 from privcal.storage.audit import now
 from privcal.storage.sessions import check_session_open
 from privcal.storage.token_secrets import new_secret
-from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text, check_session_id
+from privcal.storage.tokens import (
+    TOKEN_PREFIX,
+    ApiToken,
+    _text,
+    check_lifetime,
+    check_session_id,
+)
 
 __all__ = ["create_device_tokens"]
 
@@ -33,8 +39,7 @@ def create_device_tokens(ledger: Any, session: int, subjects: Sequence[str], *,
     subs = [_text(str(x), "subject", ident=True) for x in subjects]
     if len(set(subs)) != len(subs):
         raise InvalidInput("subjects must be distinct (one device token per subject)")
-    if expires_in is not None and expires_in.total_seconds() <= 0:
-        raise InvalidInput("expiry must be in the future")
+    check_lifetime(expires_in)
     t0 = now()
     expires_at = t0 + expires_in if expires_in is not None else None
     rows: list[dict[str, Any]] = []

@@ -42,7 +42,6 @@ from privcal.storage.audit import now
 from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
 from privcal.storage.releases import MAX_STORED_ID
-from privcal.storage.service_reads import _STORED_PG as _STORED_PG  # re-exported
 from privcal.storage.service_reads import (
     AuditEntryDoc,
     audit_entries,
@@ -52,11 +51,11 @@ from privcal.storage.service_reads import (
 from privcal.storage.sessions import check_session_open
 from privcal.storage.token_secrets import DUMMY_HASH, TOKEN_ID, is_token_id, new_secret, usable
 
-__all__ = ["ROLES", "SESSION_MAX", "ApiToken", "AuditEntryDoc", "IdemOutcome",
+__all__ = ["MAX_LIFETIME", "ROLES", "SESSION_MAX", "ApiToken", "AuditEntryDoc", "IdemOutcome",
            "IdempotencyRecord", "NewToken", "TokenInfo", "audit_entries", "authenticate",
-           "check_session_id", "create_token", "finish_idempotent", "forget_idempotent",
-           "list_tokens", "presented_token", "reserve_idempotent", "revoke_token",
-           "stored_report", "stored_reports", "token_texts", "verify_presented"]
+           "check_lifetime", "check_session_id", "create_token", "finish_idempotent",
+           "forget_idempotent", "list_tokens", "presented_token", "reserve_idempotent",
+           "revoke_token", "stored_report", "stored_reports", "token_texts", "verify_presented"]
 
 Role = Literal["admin", "analyst", "auditor", "device", "agent", "ingestor"]
 ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ingestor")
@@ -204,6 +203,18 @@ def check_session_id(session: Any) -> int:
     return session
 
 
+#: the longest lifetime of a token: 10 years (a date near year 9999 overflows; red team 5, 11)
+MAX_LIFETIME = timedelta(days=10 * 366)
+
+
+def check_lifetime(expires_in: Any) -> None:
+    """A token's ``expires_in``: None (never) or a timedelta in (0, :data:`MAX_LIFETIME`]."""
+    if expires_in is not None and not (isinstance(expires_in, timedelta)
+                                       and timedelta(0) < expires_in <= MAX_LIFETIME):
+        raise InvalidInput("a token's lifetime must be a timedelta in (0, 10 years] or None "
+                           f"(never expires), not {expires_in!r}")
+
+
 def create_token(
     ledger: Any, role: str, *, name: str | None = None, datasets: Sequence[str] = (),
     session: int | None = None, subject: str | None = None, agent: str | None = None,
@@ -222,8 +233,7 @@ def create_token(
     if session is not None:
         check_session_id(session)
     check_bindings(role, datasets=datasets, session=session, subject=subject, agent=agent)
-    if expires_in is not None and expires_in.total_seconds() <= 0:
-        raise InvalidInput("expiry must be in the future")
+    check_lifetime(expires_in)
     tid, secret, digest = new_secret()
     t0 = now()
 
@@ -246,7 +256,7 @@ def create_token(
 
 
 def list_tokens(ledger: Any) -> list[TokenInfo]:
-    """Every token, oldest first (no secrets: only their hashes are stored)."""
+    """Every token, by creation time as the clock said (then id; no secrets: only hashes)."""
     with ledger.read() as s:
         return [_info(t) for t in s.scalars(select(ApiToken).order_by(ApiToken.created_at,
                                                                         ApiToken.id))]
