@@ -205,3 +205,38 @@ def test_sqlite_stores_a_reports_arrival_time_in_the_columns_own_format(tmp_path
     naive = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}$")
     assert naive.match(made) and len(got) == 3
     assert all(naive.match(t) for t in got), got
+
+
+# --------------------------------------------------------------- advise near the crossover
+def test_advise_says_when_ldp_label_may_still_give_smaller_sets() -> None:
+    """Penso et al.'s Table 1 size (n = 10 832, ε = 4): advise recommended ldp-score from
+    k = 17 on by the proven slacks, while ldp-label gave 6–7 % smaller sets up to k ≈ 30 —
+    ldp-score's release stops anywhere in a band of width Δ_S above its target (red team 11).
+    The recommendation is the slacks' (as the paper's guideline); a note says so near it."""
+    from privcal.calibrators.advisor import advise
+
+    def near(k: int) -> bool:
+        return any(n.startswith("near the crossover") for n in
+                   advise(10832, k, 4.0, 0.1).notes)
+
+    a = advise(10832, 24, 4.0, 0.1)
+    assert a.recommended == "ldp-score" and a.score.slack < a.label.slack <= 1.5 * a.score.slack
+    assert near(18) and near(24) and near(32)
+    assert not near(10) and not near(48)  # ldp-label's slack smaller; ldp-score's clearly
+
+
+def test_advise_pcoqs_takes_the_searchs_resolution() -> None:
+    """P-COQS's τ grows with its N = ⌈log2(range/tol)⌉ steps; the default tol 1e-10 (the
+    paper's) takes 34. advise had no tol: n_min 399 at ρ = 0.1, where 2^-12 needs 209."""
+    from privcal.calibrators.advisor_central import advise_central
+
+    fine = advise_central("pcoqs", 0.1, rho=0.1)
+    coarse = advise_central("pcoqs", 0.1, rho=0.1, tol=2.0**-12)
+    assert (fine.details["N"], fine.details["tau"], fine.min_n) == (34, 39, 399)
+    assert coarse.details["N"] == 12 and coarse.details["tol"] == 2.0**-12
+    assert coarse.details["tau"] < fine.details["tau"] and coarse.min_n == 209
+    assert "coarser tol" in fine.notes[0]
+    with pytest.raises(InvalidInput, match="tol applies to pcoqs"):
+        advise_central("exponq", 0.1, epsilon=1.0, tol=0.01)
+    with pytest.raises(InvalidInput, match="tol"):
+        advise_central("pcoqs", 0.1, rho=0.1, tol=0.0)

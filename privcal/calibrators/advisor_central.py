@@ -140,6 +140,7 @@ def advise_central(
     nominal: bool = False,
     lower: float = 0.0,
     upper: float = 1.0,
+    tol: float | None = None,
 ) -> CentralAdvice:
     """The smallest n for a finite P-COQS (given ρ) or ExponQ (given ε) threshold, and, for a
     given n, whether it is reached and the public target (rank r' and τ, or q̃)."""
@@ -150,7 +151,8 @@ def advise_central(
             if rho is None:
                 raise InvalidInput("advise --method pcoqs needs --rho")
             pp = PCOQSParams(alpha=alpha, rho=rho, failure_probability=failure_probability,
-                             nominal=nominal, lower=lower, upper=upper)  # fmt: skip
+                             nominal=nominal, lower=lower, upper=upper,
+                             **({} if tol is None else {"tol": tol}))  # fmt: skip
             n_min = min_n_pcoqs(pp)
             n_steps, tau, _ = PCOQS()._plan(pp, n or n_min)
             details: dict[str, float | int | str | None] = {"N": n_steps, "tau": tau}
@@ -158,8 +160,14 @@ def advise_central(
                 details["target_rank"] = _pcoqs_rank(pp, n)
             ok = None if n is None else _pcoqs_rank(pp, n) <= n
             note = ("finite when the target rank ⌈(1−α)(n+1)⌉ + τ is ≤ n and a noisy count "
-                    "reaches it; τ from the exact discrete-Gaussian tail")  # fmt: skip
+                    "reaches it; τ from the exact discrete-Gaussian tail. τ grows with the "
+                    f"search's N = {n_steps} steps (from tol = {pp.tol:g}, the threshold's "
+                    "resolution): a coarser tol (e.g. 2^-12 of the range) lowers τ and n_min "
+                    "(calibrate pcoqs --tol)")  # fmt: skip
+            details["tol"] = pp.tol
         elif method == "exponq":
+            if tol is not None:
+                raise InvalidInput("tol applies to pcoqs (its search's resolution), not exponq")
             if epsilon is None:
                 raise InvalidInput("advise --method exponq needs --epsilon")
             if isinstance(epsilon, int | float) and not isinstance(epsilon, bool) \

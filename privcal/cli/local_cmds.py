@@ -56,6 +56,9 @@ def _fmt(x: float | int | None, spec: str = ".4g") -> str:
     default=None,
     help="LDP-CP-S rounds T (default: the T minimising Δ_S(T) + 2^-T for this n and α).",
 )
+@click.option("--tol", type=Number(), default=None,
+              help="pcoqs: the search's resolution (default 1e-10): a coarser one needs fewer "
+              "noisy steps, so a smaller τ and n_min.")
 @json_option
 def advise_cmd(
     method: str,
@@ -69,6 +72,7 @@ def advise_cmd(
     delta: float | None,
     slack: float | None,
     rounds: int | None,
+    tol: float | None,
     as_json: bool,
 ) -> None:
     """Compare LDP-CP-L (Δ_L) and LDP-CP-S (Δ_S) for N subjects, K classes and ε; or, with
@@ -84,8 +88,10 @@ def advise_cmd(
     for name, v in need:
         if v is None:  # a usage error (exit 2), as for any missing required option
             raise click.UsageError(f"advise --method {method} needs {name}")
+    if tol is not None and method != "pcoqs":
+        raise click.UsageError("--tol applies to advise --method pcoqs")
     if method != "local":
-        _advise_central(method, n, epsilon, rho, alpha, nominal, fp, as_json)
+        _advise_central(method, n, epsilon, rho, alpha, nominal, fp, as_json, tol)
         return
     delta = fp if fp is not None else 0.001
     adv = advise(n, k, epsilon, alpha, delta, slack=slack, rounds=rounds)  # type: ignore[arg-type]
@@ -107,6 +113,9 @@ def advise_cmd(
         click.echo(table(rows))
         click.echo("")
         click.echo(f"smaller slack (proven bounds): {adv.recommended}")
+        for note in adv.notes:
+            if note.startswith("near the crossover"):
+                click.echo(note)
         click.echo(
             f"LDP-CP-S wins for k ≥ {_fmt(adv.crossover_k, 'd')} (proven Δ_L), "
             f"k ≥ {_fmt(adv.crossover_k_paper, 'd')} (paper's Δ, Δ_paper = "
@@ -121,12 +130,12 @@ def advise_cmd(
 
 def _advise_central(
     method: str, n: int | None, epsilon: float | None, rho: float | None, alpha: float,
-    nominal: bool, fp: float | None, as_json: bool,
+    nominal: bool, fp: float | None, as_json: bool, tol: float | None = None,
 ) -> None:  # fmt: skip
     from privcal.calibrators.advisor_central import advise_central
 
     adv = advise_central(method, alpha, n=n, rho=rho, epsilon=epsilon, nominal=nominal,
-                         failure_probability=fp if fp is not None else 0.05)  # fmt: skip
+                         failure_probability=fp if fp is not None else 0.05, tol=tol)  # fmt: skip
 
     def human() -> None:
         budget = f"ρ = {rho:g}" if method == "pcoqs" else f"ε = {epsilon:g}"

@@ -61,12 +61,14 @@ class AdviseBody(BaseModel):
     slack: float | None = Field(default=None, gt=0,
                                 description="a slack Δ to reach: the smallest ε and n per method")
     rounds: int | None = Field(default=None, ge=1, le=10_000, description="LDP-CP-S rounds T")
+    tol: float | None = Field(default=None, gt=0,
+                              description="pcoqs: the search's resolution (default 1e-10)")
 
 
 #: per ``advise`` method: the fields it needs, and those it takes (the CLI's options)
 _ADVISE_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "local": (("n", "k", "epsilon"), ("failure_probability", "slack", "rounds")),
-    "pcoqs": (("rho",), ("n", "nominal", "failure_probability")),
+    "pcoqs": (("rho",), ("n", "nominal", "failure_probability", "tol")),
     "exponq": (("epsilon",), ("n",)),
 }
 
@@ -119,7 +121,8 @@ def advise(body: AdviseBody) -> dict[str, Any]:
 
         return _computed(lambda: advise_central(
             body.method, body.alpha, n=body.n, rho=body.rho, epsilon=body.epsilon,
-            nominal=body.nominal, failure_probability=fp if fp is not None else 0.05))
+            nominal=body.nominal, failure_probability=fp if fp is not None else 0.05,
+            tol=body.tol))
     from privcal.calibrators.advisor import advise as run
 
     return _computed(lambda: run(body.n, body.k, body.epsilon, body.alpha,

@@ -119,3 +119,19 @@ def test_an_agent_token_revoked_in_flight_its_replacement_resends_the_same_messa
     out = Agent(live.url, new, memo=memo, client=_client(live, sent)).send(scores)
     assert out["status"] == "accepted" and len(draws) == 1
     assert [s["value"] for s in sent] == [sent[0]["value"]] * 2
+
+
+def test_advise_tol_over_http_is_the_clis(live: Live) -> None:
+    from tests.service.test_plan_routes import _cli_json, _same
+
+    with live.client("analyst") as c:
+        r = c.post("/v1/advise", json={"method": "pcoqs", "alpha": 0.1, "rho": 0.1,
+                                       "tol": 2.0**-12})
+        assert r.status_code == 200, r.text
+        assert r.json()["min_n"] == 209
+        _same(r.json(), _cli_json(live, "advise", "--method", "pcoqs", "--alpha", "0.1",
+                                  "--rho", "0.1", "--tol", "0.000244140625"))
+        for body in ({"method": "exponq", "alpha": 0.1, "epsilon": 1.0, "tol": 0.01},
+                     {"n": 100, "k": 3, "epsilon": 1.0, "alpha": 0.1, "tol": 0.01}):
+            r = c.post("/v1/advise", json=body)
+            assert r.status_code == 422 and "tol" in r.text, r.text
