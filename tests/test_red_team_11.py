@@ -240,3 +240,50 @@ def test_advise_pcoqs_takes_the_searchs_resolution() -> None:
         advise_central("exponq", 0.1, epsilon=1.0, tol=0.01)
     with pytest.raises(InvalidInput, match="tol"):
         advise_central("pcoqs", 0.1, rho=0.1, tol=0.0)
+
+
+# ------------------------------------------- a running request's key and two hosts' clocks
+def _shift_clock(monkeypatch: pytest.MonkeyPatch, offset: Any) -> None:
+    """privcal's wall clock (``privcal.storage.audit.now``) moved by ``offset``: a host
+    whose clock is ahead, an NTP step."""
+    import datetime as real
+
+    import privcal.storage.audit as audit
+
+    class Shifted(real.datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return real.datetime.now(tz) + offset
+
+    monkeypatch.setattr(audit, "datetime", Shifted)
+
+
+def test_a_host_whose_clock_is_ahead_does_not_take_over_a_running_request(
+        ledger: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pending Idempotency-Key record was taken over when the retrying process's wall
+    clock, minus the ``created_at`` the running process's clock wrote, passed five minutes:
+    a retry reaching a second host 6 min ahead ran a non-private calibration a second time
+    (two releases for one key; red team 11). On PostgreSQL — the ledger several hosts share —
+    the record's times are the database server's; SQLite has one host, one clock."""
+    from datetime import timedelta
+
+    from sqlalchemy import text
+
+    from privcal.storage import tokens
+    from privcal.storage.reservation_leases import touch_pending
+
+    assert tokens.reserve_idempotent(ledger, "p", "k", "POST /x", "f").state == "new"
+    _shift_clock(monkeypatch, timedelta(minutes=6))
+    got = tokens.reserve_idempotent(ledger, "p", "k", "POST /x", "f").state
+    touch_pending(ledger, [("p", "k")])  # the running request's lease, from the host ahead
+    with ledger.read() as s:
+        stamp = s.execute(text("SELECT created_at FROM idempotency_records")).scalar_one()
+    if ledger.backend == "postgresql":
+        assert got == "pending"
+        from datetime import UTC, datetime
+        assert abs(datetime.now(UTC) - stamp) < timedelta(minutes=1)  # the server's clock
+    else:
+        assert got == "new"  # one host: its clock stepped, the record looked stale
+    # a request that did die is still taken over once its five minutes are up
+    monkeypatch.setattr(tokens, "PENDING_TTL", timedelta(0))
+    assert tokens.reserve_idempotent(ledger, "p", "k", "POST /x", "f").state == "new"

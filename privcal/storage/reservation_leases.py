@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
 from privcal.storage.audit import now
@@ -24,7 +24,10 @@ def touch_pending(ledger: Any, keys: Sequence[tuple[str, str]]) -> None:
     key) pairs) to now, in one transaction; finished or forgotten ones are left alone."""
     if not keys:
         return
-    t = now()
+    # PostgreSQL: the server's clock, as reserve_idempotent reads it — never a comparison of
+    # two hosts' wall clocks (red team 11: a retry on a host 6 min ahead took a running
+    # request over); SQLite: this host's, the only one
+    t = func.now() if ledger.backend == "postgresql" else now()
 
     def tx(s: Session) -> None:
         for principal, key in keys:

@@ -16,14 +16,8 @@ from sqlalchemy.orm import Session
 from privcal.errors import InvalidInput
 from privcal.storage.audit import now
 from privcal.storage.sessions import check_session_open
-from privcal.storage.token_secrets import new_secret
-from privcal.storage.tokens import (
-    TOKEN_PREFIX,
-    ApiToken,
-    _text,
-    check_lifetime,
-    check_session_id,
-)
+from privcal.storage.token_secrets import check_lifetime, new_secret
+from privcal.storage.tokens import TOKEN_PREFIX, ApiToken, _text, check_session_id
 
 __all__ = ["create_device_tokens"]
 

@@ -1,8 +1,9 @@
 """What a service token's secret is and when a presented one opens a stored token: the one
 rule that every token check applies (:func:`privcal.storage.tokens.authenticate` and
 ``verify_presented`` for the routes, :func:`privcal.storage.token_checks.check_presented`
-for the report writer), and how a new secret is made (``create_token``, and
-:func:`privcal.storage.token_bulk.create_device_tokens`). No database here.
+for the report writer), how a new secret is made (``create_token``, and
+:func:`privcal.storage.token_bulk.create_device_tokens`) and how long a token may live
+(:func:`check_lifetime`, the library's, CLI's and service's one rule). No database here.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ import hashlib
 import hmac
 import re
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-__all__ = ["DUMMY_HASH", "TOKEN_ID", "active", "is_token_id", "new_secret", "usable"]
+from privcal.errors import InvalidInput
+
+__all__ = ["DUMMY_HASH", "MAX_LIFETIME", "TOKEN_ID", "active", "check_lifetime", "is_token_id",
+           "new_secret", "usable"]
 
 #: compared against a presented secret whose token id is unknown, so that the time taken
 #: does not say whether the id exists
@@ -56,3 +61,15 @@ def active(revoked_at: datetime | None, expires_at: datetime | None, at: datetim
     if expires_at is not None and expires_at.tzinfo is None:  # SQLite gives naive UTC
         expires_at = expires_at.replace(tzinfo=UTC)
     return expires_at is None or expires_at > at
+
+
+#: the longest lifetime of a token: 10 years (a date near year 9999 overflows; red team 5, 11)
+MAX_LIFETIME = timedelta(days=10 * 366)
+
+
+def check_lifetime(expires_in: Any) -> None:
+    """A token's ``expires_in``: None (never) or a timedelta in (0, :data:`MAX_LIFETIME`]."""
+    if expires_in is not None and not (isinstance(expires_in, timedelta)
+                                       and timedelta(0) < expires_in <= MAX_LIFETIME):
+        raise InvalidInput("a token's lifetime must be a timedelta in (0, 10 years] or None "
+                           f"(never expires), not {expires_in!r}")

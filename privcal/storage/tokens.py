@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
+from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -49,7 +49,15 @@ from privcal.storage.service_reads import (
     stored_reports,
 )
 from privcal.storage.sessions import check_session_open
-from privcal.storage.token_secrets import DUMMY_HASH, TOKEN_ID, is_token_id, new_secret, usable
+from privcal.storage.token_secrets import (
+    DUMMY_HASH,
+    MAX_LIFETIME,
+    TOKEN_ID,
+    check_lifetime,
+    is_token_id,
+    new_secret,
+    usable,
+)
 
 __all__ = ["MAX_LIFETIME", "ROLES", "SESSION_MAX", "ApiToken", "AuditEntryDoc", "IdemOutcome",
            "IdempotencyRecord", "NewToken", "TokenInfo", "audit_entries", "authenticate",
@@ -203,18 +211,6 @@ def check_session_id(session: Any) -> int:
     return session
 
 
-#: the longest lifetime of a token: 10 years (a date near year 9999 overflows; red team 5, 11)
-MAX_LIFETIME = timedelta(days=10 * 366)
-
-
-def check_lifetime(expires_in: Any) -> None:
-    """A token's ``expires_in``: None (never) or a timedelta in (0, :data:`MAX_LIFETIME`]."""
-    if expires_in is not None and not (isinstance(expires_in, timedelta)
-                                       and timedelta(0) < expires_in <= MAX_LIFETIME):
-        raise InvalidInput("a token's lifetime must be a timedelta in (0, 10 years] or None "
-                           f"(never expires), not {expires_in!r}")
-
-
 def create_token(
     ledger: Any, role: str, *, name: str | None = None, datasets: Sequence[str] = (),
     session: int | None = None, subject: str | None = None, agent: str | None = None,
@@ -343,11 +339,14 @@ def reserve_idempotent(ledger: Any, principal: str, key: str, route: str,
     if not isinstance(key, str) or not 1 <= len(key) <= 200 or not key.isprintable():
         raise InvalidInput("Idempotency-Key must be 1 to 200 printable characters")
 
+    pg = ledger.backend == "postgresql"
+
     def tx(s: Session) -> IdemOutcome:
         row = s.get(IdempotencyRecord, (principal, key))
-        if row is None:
+        if row is None:  # PostgreSQL: the server's clock, which every host shares (red team 11)
             s.add(IdempotencyRecord(principal=principal, key=key, route=route,
-                                    fingerprint=fingerprint, state="pending", created_at=now()))
+                                    fingerprint=fingerprint, state="pending",
+                                    created_at=func.now() if pg else now()))
             s.flush()
             return IdemOutcome(state="new")
         if row.route != route or not hmac.compare_digest(row.fingerprint, fingerprint):
@@ -360,8 +359,9 @@ def reserve_idempotent(ledger: Any, principal: str, key: str, route: str,
                                response=json.loads(row.response or "null"))
         created = row.created_at if row.created_at.tzinfo else row.created_at.replace(
             tzinfo=now().tzinfo)
-        if now() - created > PENDING_TTL:  # its request died: take it over
-            row.created_at = now()
+        at = s.scalar(select(func.now())) if pg else now()
+        if at - created > PENDING_TTL:  # its request died: take it over
+            row.created_at = at
             return IdemOutcome(state="new")
         return IdemOutcome(state="pending")
 
