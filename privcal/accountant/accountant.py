@@ -99,13 +99,7 @@ from typing import Any
 
 import numpy as np
 
-from privcal.accountant import (
-    calibration_run,
-    charges,
-    datasets,
-    releases,
-    subject_charges,
-)
+from privcal.accountant import calibration_run, charges, datasets, releases, subject_charges
 from privcal.accountant.calibration_request import INPUTS
 from privcal.accountant.decimal_context import library_context_methods
 from privcal.accountant.normalize import AMOUNT_PLACES, CentralCost
@@ -152,6 +146,16 @@ class Accountant:
 
     def __init__(self, ledger: Ledger | str | None = None) -> None:
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+
+    def close(self) -> None:
+        """Close the ledger's connections (:meth:`Ledger.close`): ``with Accountant(…) as a``."""
+        self.ledger.close()
+
+    def __enter__(self) -> Accountant:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ledger.close()
 
     # ------------------------------------------------------------ datasets
     def create_dataset(

@@ -43,30 +43,47 @@ CentralCost = PureDP | ZCDP | ApproxDP
 AnyCost = PureDP | ZCDP | ApproxDP | LocalDP
 
 
+def _shown(value: object, text: bool = False) -> str:
+    """``value`` for an error message, bounded: a container by its type and length only (a
+    list of subject ids given where a number belongs was echoed in full: red team 11), any
+    other value's repr (``text``: str) cut at 40 characters."""
+    if not isinstance(value, str | bytes):
+        try:
+            n = len(value)  # type: ignore[arg-type]
+        except Exception:  # a scalar (a 0-d array too: len() raises)
+            pass
+        else:
+            return f"a {type(value).__name__} of {n} items"
+    r = str(value) if text else repr(value)
+    return r if len(r) <= 40 else r[:40] + "…"
+
+
 def parse_amount(
     value: object, what: str, *, allow_zero: bool = False, below_one: bool = False
 ) -> Decimal:
     """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
     if isinstance(value, bool):
-        raise InvalidInput(f"{what} must be a number, got {value!r}")
+        raise InvalidInput(f"{what} must be a number, got {_shown(value)}")
     if isinstance(value, str) and not plain_number_text(value):
         # Decimal("1_0") is 10 and Decimal("１") 1: a typo or a fullwidth digit, not a number
-        raise InvalidInput(f"{what} must be a number, got {value!r}")
+        raise InvalidInput(f"{what} must be a number, got {_shown(value)}")
     try:
         d = (Decimal(repr(float(value))) if isinstance(value, float) or _np_float(value)
              else Decimal(str(value).strip()))
     except (InvalidOperation, ValueError) as exc:
-        raise InvalidInput(f"{what} must be a number, got {value!r}") from exc
+        raise InvalidInput(f"{what} must be a number, got {_shown(value)}") from exc
     if not d.is_finite():
-        raise InvalidInput(f"{what} must be finite, got {value!r}")
+        raise InvalidInput(f"{what} must be finite, got {_shown(value)}")
     if d < 0 or (d == 0 and not allow_zero):
-        raise InvalidInput(f"{what} must be {'≥' if allow_zero else '>'} 0, got {value}")
+        raise InvalidInput(f"{what} must be {'≥' if allow_zero else '>'} 0, "
+                           f"got {_shown(value, True)}")
     if below_one and d >= 1:
-        raise InvalidInput(f"{what} must be < 1, got {value}")
+        raise InvalidInput(f"{what} must be < 1, got {_shown(value, True)}")
     if d >= Decimal("1e15"):
-        raise InvalidInput(f"{what} is too large ({value})")
+        raise InvalidInput(f"{what} is too large ({_shown(value, True)})")
     if d != d.quantize(_QUANTUM, rounding=ROUND_CEILING, context=_AMOUNTS):
-        raise InvalidInput(f"{what} has more than {AMOUNT_PLACES} decimal places ({value})")
+        raise InvalidInput(f"{what} has more than {AMOUNT_PLACES} decimal places "
+                           f"({_shown(value, True)})")
     return d
 
 
@@ -84,7 +101,7 @@ def _up(d: Decimal, what: str, *, zero_ok: bool = False) -> Decimal:
     cost built without them (pydantic's ``model_construct``) reaches here as it is: a
     negative amount would have been charged as a refund of the budget."""
     if type(d) is not Decimal:
-        raise InvalidInput(f"{what} must be a Decimal, got {d!r} (a cost built without "
+        raise InvalidInput(f"{what} must be a Decimal, got {_shown(d)} (a cost built without "
                            "validation?)")
     # by the exponent, not abs(d): abs() of 1e999999999 overflows the decimal context
     if not d.is_finite() or (d != 0 and d.adjusted() >= _MAX_AMOUNT.adjusted()):
@@ -117,7 +134,7 @@ def normalize_cost(cost: AnyCost) -> AnyCost:
         return ApproxDP(eps=_up(cost.eps, "ε", zero_ok=True), delta=delta)
     if isinstance(cost, LocalDP):
         return LocalDP(eps0=_up(cost.eps0, "ε0"))
-    raise InvalidInput(f"not a privacy cost: {cost!r}")
+    raise InvalidInput(f"not a privacy cost: {_shown(cost)}")
 
 
 def cost_json(cost: AnyCost) -> dict[str, Any]:

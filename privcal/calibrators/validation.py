@@ -25,6 +25,7 @@ __all__ = [
     "check_targets",
     "id_strings",
     "prob_sum_tolerance",
+    "unmasked",
 ]
 
 #: rows of a probability matrix must sum to 1 within this absolute tolerance, plus
@@ -44,7 +45,22 @@ def prob_sum_tolerance(k: int) -> float:
     return PROB_SUM_TOL + k * PROB_ROUNDING
 
 
+def unmasked(a: object, what: str) -> object:
+    """``a``, or the data of a NumPy masked array with no masked entry; InvalidInput if any
+    entry is masked. A mask marks entries missing, and ``np.asarray`` silently drops it:
+    the hidden values under it were calibrated on as data (red team 11)."""
+    if not isinstance(a, np.ma.MaskedArray):
+        return a
+    masked = int(np.ma.count_masked(a))
+    if masked:
+        raise InvalidInput(f"{what}: {masked} of {a.size} entries are masked (missing); a "
+                           "masked array's hidden values are not data: drop or fill them first "
+                           "(.compressed(), .filled(...))")
+    return np.ma.getdata(a)
+
+
 def _numeric(a: object, what: str) -> np.ndarray:
+    a = unmasked(a, what)
     try:
         arr = np.asarray(a)
     except Exception as exc:  # ragged lists and the like
@@ -182,6 +198,7 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     Unicode NFC — refused, never stripped or normalised. Returns a
     1-D array of ``str`` (dtype ``U``).
     """
+    values = unmasked(values, what)
     try:
         # a Python sequence is read item by item: numpy's fixed-width strings would drop a
         # trailing NUL and spell True as "True"

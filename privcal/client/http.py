@@ -77,6 +77,7 @@ and puts its message, computed locally from its scores (recorded in the memo the
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import secrets
 import threading
@@ -109,6 +110,9 @@ class _Base:
                                "'privcal[client]' (from a clone: pip install '.[client]')"
                                ) from None
 
+        if client is not None and not isinstance(client, httpx.Client):
+            raise InvalidInput("client must be a synchronous httpx.Client; from async code run "
+                               "report() in a thread: await asyncio.to_thread(rep.report, score)")
         timeout, retries = check_options(timeout, retries)
         if max_epsilon is not None and (isinstance(max_epsilon, bool) or not isinstance(
                 max_epsilon, int | float) or not 0 < max_epsilon < math.inf):
@@ -265,11 +269,17 @@ class Reporter(_Base):
         ``duplicate``), round, randomized bit and report id. Raises :class:`PlanRejected`
         if the server refused it or already holds this subject's report, if the session's
         ε is over ``max_epsilon``, or if the server's answer about the token changed."""
+        if not callable(value) and (isinstance(value, bool) or not isinstance(
+                value, numbers.Real) or value != value):  # before anything is asked or drawn
+            raise InvalidInput("report() takes a score (a real number, not NaN or a bool) or a "
+                               f"function of the query returning true/false, got {value!r:.40}")
         with self._lock, self._memo.locked():
             return self._report(value, report_id, answer_again, rng)
 
     def _report(self, value: Any, report_id: str | None, answer_again: bool, rng: Any
                 ) -> dict[str, Any]:
+        import numpy as np
+
         from privcal.client import binary_rr
 
         who, bind, recs = self._begin()
@@ -293,10 +303,14 @@ class Reporter(_Base):
             self._check_epsilon(eps, st.get("id"))
             rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st,
                                                 answer_again)
-            truth = value(float(q)) if callable(value) else float(value) <= float(q)
-            if not isinstance(truth, bool | int) or truth not in (0, 1, True, False):
-                raise InvalidInput("the value function must return true/false")
-            bit = int(binary_rr(bool(truth), eps, rng))
+            truth = value(float(q)) if callable(value) else bool(value <= float(q))
+            if isinstance(truth, np.bool_) or (  # NumPy's bool: score <= q of a NumPy score
+                    isinstance(truth, numbers.Integral) and truth in (0, 1)):
+                truth = bool(truth)
+            if not isinstance(truth, bool):  # NaN, None, 0.5, ...: nothing drawn or sent
+                raise InvalidInput("the value function must return true/false (or 0/1), got "
+                                   f"{truth!r:.40}")
+            bit = int(binary_rr(truth, eps, rng))
             rid = report_id or secrets.token_hex(16)
             rec = {"report_id": rid, "round": rnd, "rounds": rounds, "value": bit,
                    "status": "pending", "reason": None}
@@ -337,8 +351,10 @@ class Agent(_Base):
         import numpy as np
 
         from privcal.calibrators.fedplan import Fed2Plan, FedPlan
+        from privcal.calibrators.validation import unmasked
         from privcal.client import fedcp2_qq_message, fedcp_qq_message
 
+        scores = unmasked(scores, "scores")  # masked = missing: refused before anything is asked
         who, bind, recs = self._begin()
         done = self._replay(bind, recs, answer_again)
         if done is not None:

@@ -29,6 +29,7 @@ and a write that still meets a dead connection is retried by
 from __future__ import annotations
 
 import os
+import re
 import select
 import sqlite3
 import threading
@@ -91,8 +92,9 @@ def parse_url(url: str) -> URL:
     """Parse and normalise a ledger URL; LedgerError if it is malformed or of an unknown backend."""
     try:
         u = make_url(url)
-    except (ArgumentError, ValueError) as exc:
-        raise LedgerError(f"malformed ledger URL {url!r}: expected e.g. "
+    except (ArgumentError, ValueError) as exc:  # its password never echoed (red team 11)
+        shown = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+        raise LedgerError(f"malformed ledger URL {shown!r}: expected e.g. "
                           "sqlite:///path/ledger.sqlite "
                           "or postgresql+psycopg://user@host/db") from exc
     backend = u.get_backend_name()
@@ -147,7 +149,9 @@ def _sqlite_engine(u: URL) -> Engine:
         # one shared connection, else every checkout would see a new empty database
         kwargs.update(poolclass=_SerialStaticPool)
         kwargs["connect_args"]["check_same_thread"] = False
-    engine = create_engine(u, **kwargs)
+    # hidden parameters: no statement's values (the ledger secret's INSERT, pseudonyms, ids)
+    # in SQLAlchemy's log or its errors, whatever logging the application turns on
+    engine = create_engine(u, hide_parameters=True, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -181,7 +185,7 @@ def _sqlite_engine(u: URL) -> Engine:
 
 
 def _pg_engine(u: URL, **pool: Any) -> Engine:
-    engine = create_engine(u, pool_recycle=RECYCLE_S, **pool)
+    engine = create_engine(u, pool_recycle=RECYCLE_S, hide_parameters=True, **pool)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,7 +58,7 @@ from privcal.storage.datasets import DatasetStore
 from privcal.storage.engine import make_engine, parse_url, resolve_url
 from privcal.storage.held_connections import HeldConnections
 from privcal.storage.key_locks import BUSY, KeyLocks
-from privcal.storage.models import AuditEntry, LedgerSecret
+from privcal.storage.models import AuditEntry, LedgerSecret, read_ledger_secret
 from privcal.storage.optimistic import OptimisticCharges
 from privcal.storage.records import AuditHeadInfo
 from privcal.storage.releases import ReleaseStore
@@ -69,6 +70,9 @@ from privcal.storage.transactions import MAX_ATTEMPTS, LedgerTransactions
 from privcal.storage.verify import LedgerVerifier
 
 __all__ = ["MAX_ATTEMPTS", "Ledger"]
+
+#: every Ledger of this process, for the fork hook below (weak: a dropped one is forgotten)
+_OPEN: weakref.WeakSet[Ledger] = weakref.WeakSet()
 
 
 class Ledger(
@@ -106,6 +110,9 @@ class Ledger(
         self._hot: HotSQL | None = None
         self._subject_key: bytes | None = None
         self._held, self._held_pid = [], os.getpid()
+        #: why this ledger may no longer be used (an in-memory one closed, or copied by fork)
+        self._gone: str | None = None
+        _OPEN.add(self)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -122,10 +129,39 @@ class Ledger(
         return f"Ledger({self.url!r})"
 
     def close(self) -> None:
-        """Release pooled connections (and those the hot path keeps: held_connections.py)."""
+        """Release pooled connections (and those the hot path keeps: held_connections.py).
+        A file or PostgreSQL ledger reopens on its next use; an in-memory one is gone."""
         self.close_held()
         self.close_key_locks()
         self.engine.dispose()
+        if self._memory():
+            self._gone = "this in-memory ledger (sqlite://) was closed: its data are gone"
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _memory(self) -> bool:
+        return self._backend == "sqlite" and self._url.database in (None, "", ":memory:")
+
+    def _after_fork(self) -> None:
+        """In a forked child (os.register_at_fork, below): the pooled connections are the
+        parent's — sharing one socket mixed the two processes' replies, and a charge read
+        another's row (red team 11: totals below the logged charges, an overspend). They are
+        dropped without being closed (SQLAlchemy's pool-and-fork recipe); a lock another
+        thread held at the fork is never released here. An in-memory ledger in the child
+        is a copy of the parent's budget: refused."""
+        self._lock = threading.Lock()
+        self.engine.dispose(close=False)
+        locks, self._lock_engine = self._lock_engine, None
+        if locks is not None:
+            locks.dispose(close=False)
+        if self._memory():
+            self._gone = ("an in-memory ledger (sqlite://) cannot be used in a forked process: "
+                          "it would be a copy of the parent's, its budget spent twice — use a "
+                          "file or PostgreSQL ledger")
 
     def _unreachable(self, exc: BaseException) -> LedgerError:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
@@ -135,6 +171,8 @@ class Ledger(
     def _checkout(self) -> Connection:
         """A connection from the pool (LedgerError if the database cannot be reached, or if
         every connection of the pool stayed in use for its whole timeout)."""
+        if self._gone is not None:
+            raise LedgerError(self._gone)
         try:
             return self.engine.connect()
         except DBAPIError as exc:
@@ -163,8 +201,7 @@ class Ledger(
         if self._subject_key is not None:
             return self._subject_key
         with self.read() as s:
-            row = s.get(LedgerSecret, 1)
-            secret = row.secret if row is not None else None
+            secret = read_ledger_secret(s)
         if secret is None:
             def tx(s: Session) -> str:
                 got = s.get(LedgerSecret, 1)
@@ -205,3 +242,12 @@ class Ledger(
         key = private_key if hasattr(private_key, "sign") else \
             signing.load_private_key(private_key)
         return signing.sign_head(self.head(), key)
+
+
+def _after_fork_in_child() -> None:
+    for led in list(_OPEN):
+        led._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -58,6 +58,7 @@ __all__ = [
     "exact_numeric",
     "exact_text",
     "exact_value",
+    "read_ledger_secret",
     "spend_units",
     "units_eps",
 ]
@@ -241,12 +242,28 @@ class SubjectBaseline(Base):
 
 
 class LedgerSecret(Base):
-    """The per-ledger HMAC key of subject pseudonyms (one row, id = 1; hex). Never logged."""
+    """The per-ledger HMAC key of subject pseudonyms (one row, id = 1; hex). Never logged:
+    read with :func:`read_ledger_secret`, written with the engines' hidden parameters."""
 
     __tablename__ = "ledger_secret"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     secret: Mapped[str] = mapped_column(String(64))
+
+
+def read_ledger_secret(conn: Any) -> str | None:
+    """The ledger's secret (hex), or None, read on the driver's own cursor of ``conn`` (a
+    SQLAlchemy connection or ORM session): SQLAlchemy logs the rows it fetches when an
+    application sets ``sqlalchemy.engine`` to DEBUG, and the secret is what lets a reader
+    of the ledger test a guessed subject id (red team 11)."""
+    raw = (conn.connection() if hasattr(conn, "get_bind") else conn).connection.driver_connection
+    cur = raw.cursor()
+    try:
+        cur.execute("SELECT secret FROM ledger_secret WHERE id = 1")
+        row = cur.fetchone()
+    finally:
+        cur.close()
+    return None if row is None else str(row[0])
 
 
 class SubjectSpend(Base):

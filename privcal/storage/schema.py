@@ -22,6 +22,10 @@ __all__ = ["MIGRATIONS_DIR", "LedgerSchema"]
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 #: key of the PostgreSQL advisory lock held during schema upgrades ("privcal" in ASCII)
 _UPGRADE_LOCK_KEY = 0x70726976_63616C
+#: Alembic's ``context`` and ``op`` are one per process: two threads migrating two ledgers
+#: at once swapped them (red team 11: KeyError 'config', one thread's migration on another's
+#: connection, an in-memory ledger left without its schema). One migration at a time.
+_ALEMBIC = threading.RLock()
 
 
 _REVISION_LINE = re.compile(
@@ -129,6 +133,10 @@ class LedgerSchema:
         """
         from alembic import command
 
+        with _ALEMBIC:
+            return self._upgrade(command, revision)
+
+    def _upgrade(self, command: Any, revision: str) -> str:
         cur = self.current()
         if cur is not None and cur not in _scan()[0]:
             raise SchemaOutOfDate(_foreign(self.url, cur))
@@ -158,7 +166,7 @@ class LedgerSchema:
         """Migrate down (for tests and operators; never called by privcal itself)."""
         from alembic import command
 
-        with self._connect(write=True) as conn:
+        with _ALEMBIC, self._connect(write=True) as conn:
             command.downgrade(self._alembic_config(conn), revision)
             if conn.in_transaction():
                 conn.commit()
@@ -221,7 +229,7 @@ class LedgerSchema:
         SQLite ledger; refuse every other ledger whose schema is not current (exit 5)."""
         if self._schema_ok:
             return
-        with self._lock:
+        with _ALEMBIC, self._lock:  # one ledger's first use at a time in this process
             if self._schema_ok:
                 return
             if self.is_default and self.current() != self.head_revision():

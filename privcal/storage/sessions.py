@@ -48,7 +48,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from privcal.errors import AuditFailed, InvalidInput, NotFound
 from privcal.storage.audit import jsonable
-from privcal.storage.models import Base, LedgerSecret, ReleaseRow
+from privcal.storage.models import Base, ReleaseRow, read_ledger_secret
 from privcal.storage.pseudonyms import reports_digest_matches, state_digest_matches
 
 __all__ = [
@@ -267,8 +267,8 @@ def check_sessions(s: Session, sessions: dict[int, CollectionSession],
     _check_releases(sessions, tally, releases if releases is not None else {
         r.id: r for r in s.scalars(select(ReleaseRow))})
     _check_batch_rows(s, tally)
-    secret = s.get(LedgerSecret, 1)
-    key = bytes.fromhex(secret.secret) if secret is not None else None
+    secret = read_ledger_secret(s)
+    key = bytes.fromhex(secret) if secret is not None else None
     for sid, row in sorted(sessions.items()):
         last = tally.state.get(sid)
         if last is None:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -138,7 +138,7 @@ class NewToken(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     id: str
-    token: str
+    token: str = Field(repr=False)  # repr/str hide the secret (red team 11: logged objects)
     info: TokenInfo
 
 

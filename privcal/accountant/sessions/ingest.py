@@ -37,7 +37,7 @@ from privcal.accountant.sessions.state import (
 )
 from privcal.accountant.sessions.status import session_status
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
-from privcal.calibrators.validation import id_strings
+from privcal.calibrators.validation import id_strings, unmasked
 from privcal.errors import InvalidInput
 from privcal.storage.audit import canonical, charge_doc, now
 from privcal.storage.models import Dataset, cap_units, spend_units
@@ -104,8 +104,8 @@ def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: 
         ok, stored = P.parse_bits(values)
         bad = R.MALFORMED_BIT
     else:
-        ok, stored = P.parse_messages(row.method, np.asarray(values, dtype=object).ravel(),
-                                      plan)
+        ok, stored = P.parse_messages(  # masked = missing: refused, not read (red team 11)
+            row.method, np.asarray(unmasked(values, "values"), dtype=object).ravel(), plan)
         bad = R.OFF_GRID if row.method == "fedcp2-qq" else R.MALFORMED_VALUE
     why[bad] += int((~ok).sum())
     valid = ok.copy()

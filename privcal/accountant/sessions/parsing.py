@@ -15,6 +15,7 @@ import numpy as np
 
 from privcal.accountant.sessions import records as R
 from privcal.calibrators.federated_agent import check_message
+from privcal.calibrators.validation import unmasked
 from privcal.errors import InvalidInput, PlanRejected
 from privcal.storage.audit import threshold_str
 
@@ -44,7 +45,7 @@ def _bit(v: Any) -> int:
 def parse_bits(values: Any) -> tuple[np.ndarray, np.ndarray]:
     """ldp-score reports: (ok mask, stored value of each row as ``S1``: ``b"0"``/``b"1"``,
     ``b"0"`` where not ok). ``values`` is 1-D: a NumPy array or an object array."""
-    arr = np.asarray(values)
+    arr = np.asarray(unmasked(values, "values"))  # a masked entry is missing, not a bit
     if arr.dtype.kind in _NUMERIC:  # what np.asarray(values, dtype=object) would hold: ints,
         # bools and floats, each a bit iff it equals 0 or 1 (NaN does not)
         one = arr == 1
@@ -92,6 +93,7 @@ def round_codes(rounds: Any, n: int, current: int) -> np.ndarray | None:
     Raises InvalidInput if there are not ``n`` rounds."""
     if rounds is None:
         return None
+    rounds = unmasked(rounds, "rounds")
     numeric = isinstance(rounds, np.ndarray) and rounds.dtype.kind in "iuf"
     r = rounds.ravel() if numeric else np.asarray(rounds, dtype=object).ravel()
     if r.shape[0] != n:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from privcal.storage.models import read_ledger_secret
 from privcal.storage.request_fingerprints import KEYED, keyed_fingerprint
 
 revision: str = "0008"
@@ -40,7 +41,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     conn = op.get_bind()
-    secret = conn.execute(sa.text("SELECT secret FROM ledger_secret WHERE id = 1")).scalar()
+    secret = read_ledger_secret(conn)  # on the driver: never in SQLAlchemy's row log
     rows = [r for r in conn.execute(sa.text(
         "SELECT principal, key, fingerprint FROM idempotency_records")).all()
         if not r[2].startswith(KEYED)]  # keyed by an earlier upgrade (then a downgrade)

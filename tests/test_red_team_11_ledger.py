@@ -1,0 +1,185 @@
+"""Red team 11 (embed): a ledger inside someone's program — forked, threaded, logged, closed.
+
+- A PostgreSQL ledger used before ``fork`` (gunicorn ``--preload``, ``multiprocessing``):
+  parent and children shared pooled connections, their replies mixed, and a charge could
+  read another process's row — a dataset's total ended below its logged charges (an
+  overspend ``audit verify`` blamed on an edited row). A forked child now drops the
+  parent's connections (SQLAlchemy's recipe, in ``os.register_at_fork``).
+- An in-memory ledger (``sqlite://``) used across ``fork``: each child a copy of the budget
+  (4 children released ρ = 3.6 against a cap of 1). Refused in the child, one line.
+- The ledger secret (what tests a guessed subject id) was in SQLAlchemy's log when an
+  application turned SQL logging on: INFO (the INSERT's parameters), DEBUG (the row read).
+- A malformed ledger URL was echoed with its password.
+- Several threads opening new ledgers at once swapped Alembic's process-wide context.
+- An in-memory ledger used after ``close()``: a multi-line SQLAlchemy error (its data are
+  gone); ``Ledger`` and ``Accountant`` were not context managers.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from privcal.accountant import Accountant
+from privcal.costs import ZCDP
+from privcal.errors import LedgerError
+from privcal.storage import Ledger
+
+
+def _child_charges(acct: Any, q: Any, n: int) -> None:
+    try:
+        for _ in range(n):
+            acct.charge("d", ZCDP(rho="0.001"))
+        q.put(("ok", str(acct.budget("d").spent["rho"])))
+    except BaseException as exc:
+        q.put(("error", repr(exc)[:300]))
+
+
+def test_forked_children_charge_a_ledger_the_parent_used_without_mixing_connections(
+        accountant: Any) -> None:
+    """No ``dispose`` before the fork (the suite's own fork tests do one): 3 children of a
+    parent that has charged and holds pooled connections, each charging 15 times while the
+    parent charges too. Every charge is counted once; the totals are the logged charges'."""
+    acct = accountant
+    acct.create_dataset("d", rho=1)
+    for _ in range(3):
+        acct.charge("d", ZCDP(rho="0.001"))
+    acct.budget("d")
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child_charges, args=(acct, q, 15)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for _ in range(10):
+        acct.charge("d", ZCDP(rho="0.001"))
+    got = [q.get(timeout=180) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert all(status == "ok" for status, _ in got), got
+    assert acct.budget("d").spent["rho"] == Decimal("0.058")  # 3 + 45 + 10 charges
+    rep = acct.verify()
+    assert rep.charges == 58
+
+
+def _child_memory(acct: Any, q: Any) -> None:
+    try:
+        acct.charge("d", ZCDP(rho="0.9"))
+        q.put("charged")
+    except LedgerError as exc:
+        q.put(f"LedgerError: {exc}")
+    except BaseException as exc:
+        q.put(f"other: {exc!r}"[:300])
+
+
+def test_an_in_memory_ledger_is_refused_in_a_forked_child() -> None:
+    acct = Accountant("sqlite://")
+    acct.create_dataset("d", rho=1)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_memory, args=(acct, q))
+    p.start()
+    out = q.get(timeout=120)
+    p.join(60)
+    assert out.startswith("LedgerError: an in-memory ledger (sqlite://) cannot be used in a "
+                          "forked process"), out
+    assert "\n" not in out
+    assert acct.budget("d").spent["rho"] == 0  # the parent's own is untouched and usable
+    acct.charge("d", ZCDP(rho="0.5"))
+
+
+def test_the_ledger_secret_is_never_in_sqlalchemys_log(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy.engine")
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    acct = Accountant(url)  # a new file: migrated, its secret made (INSERT)
+    acct.create_dataset("d", epsilon=10, subject_epsilon=10)
+    acct.charge_subjects("d", 1.0, ["alice", "bob"])
+    acct.ledger.close()
+    again = Accountant(url)  # another process's first read of the secret (SELECT)
+    again.charge_subjects("d", 1.0, ["carol"])
+    secret = again.ledger.subject_key().hex()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "ledger_secret" in logged  # the statements were logged …
+    assert secret not in logged  # … never the secret
+    again.ledger.close()
+
+
+def test_a_malformed_urls_password_is_not_echoed() -> None:
+    with pytest.raises(LedgerError) as err:
+        Ledger("postgresql+psycopg://svc:S3cretPW@db.internal:54x2/privcal")
+    assert "S3cretPW" not in str(err.value) and "svc:***@db.internal" in str(err.value)
+
+
+def test_threads_opening_new_ledgers_at_once(tmp_path: Path) -> None:
+    """8 threads, each a new ledger (one file shared by all, or each its own in memory),
+    first used at the same moment: Alembic's context is one per process."""
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    errors: list[str] = []
+    start = threading.Barrier(16)
+
+    def work(u: str) -> None:
+        try:
+            start.wait()
+            a = Accountant(u)
+            a.datasets()
+            if u == "sqlite://":
+                a.create_dataset("d", rho=1)
+                a.charge("d", ZCDP(rho="0.5"))
+        except BaseException as exc:
+            errors.append(repr(exc)[:200])
+
+    threads = [threading.Thread(target=work, args=(u,))
+               for u in [url] * 8 + ["sqlite://"] * 8]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    Accountant(url).create_dataset("later", rho=1)  # the file is not left locked
+
+
+def test_an_in_memory_ledger_used_after_close_is_one_line_and_context_managers() -> None:
+    with Accountant("sqlite://") as acct:
+        acct.create_dataset("d", rho=1)
+        led = acct.ledger
+    with pytest.raises(LedgerError, match="was closed: its data are gone") as err:
+        acct.budget("d")
+    assert "\n" not in str(err.value)
+    with Ledger("sqlite://") as led2:
+        assert led2.head().seq == 0
+    assert led._gone is not None and led2._gone is not None
+
+
+def test_a_file_ledger_reopens_after_close(tmp_path: Path) -> None:
+    with Accountant(f"sqlite:///{tmp_path / 'l.sqlite'}") as acct:
+        acct.create_dataset("d", rho=1)
+    assert acct.budget("d").spent["rho"] == 0  # a file ledger is still there
+
+
+def test_calibration_works_in_a_forked_child_of_a_file_ledger(tmp_path: Path) -> None:
+    acct = Accountant(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    acct.create_dataset("d", rho=1, allow_nonprivate=True)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child() -> None:
+        try:
+            rel = acct.calibrate("split", dataset="d", scores=np.arange(50) / 50, alpha=0.1)
+            q.put(("ok", rel.id))
+        except BaseException as exc:
+            q.put(("error", repr(exc)[:200]))
+
+    p = ctx.Process(target=child)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(60)
+    assert got[0] == "ok", got
+    assert [r.id for r in acct.releases("d")] == [got[1]]
