@@ -10,6 +10,7 @@ run's own noise event E₋. Levels 1.1.0 recorded each run's own upper bound and
 from __future__ import annotations
 
 import random
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -287,3 +288,60 @@ def test_a_host_whose_clock_is_ahead_does_not_take_over_a_running_request(
     # a request that did die is still taken over once its five minutes are up
     monkeypatch.setattr(tokens, "PENDING_TTL", timedelta(0))
     assert tokens.reserve_idempotent(ledger, "p", "k", "POST /x", "f").state == "new"
+
+
+# ------------------------------------------------- review of the fixes (r11rev, helper 116)
+def test_the_memo_shares_answers_between_tokens_of_one_server_only(tmp_path: Any) -> None:
+    """A memo shared by two studies (two servers, each with a session 1 and a subject
+    "alice"): a token of B was handed A's records — A's pending bit sent to B, or B told
+    "accepted" without sending (r11rev). Records are shared only under the same server."""
+    from privcal.client.memo import Memo, token_key
+
+    path = tmp_path / "memo.json"
+    bind = {"session": 1, "subject": "alice"}
+    rec = {"report_id": "r1", "round": 0, "rounds": 1, "value": 1, "status": "pending",
+           "reason": None}
+    Memo(path, server="https://a.example").put(token_key("device", "tA"), bind, "r1", rec)
+    assert Memo(path, server="https://b.example").reports(token_key("device", "tB"), bind) == {}
+    same = Memo(path, server="https://a.example").reports(token_key("device", "tA2"), bind)
+    assert same == {"r1": rec}
+    # another role, another binding, or no server known: nothing shared
+    assert Memo(path, server="https://a.example").reports(token_key("agent", "tA3"), bind) == {}
+    assert Memo(path, server="https://a.example").reports(
+        token_key("device", "tA4"), {"session": 1, "subject": "bob"}) == {}
+    assert Memo(path).reports(token_key("device", "tA5"), bind) == {}
+    # the token's own records still check the binding (the server's answer changed)
+    from privcal.errors import PlanRejected
+
+    with pytest.raises(PlanRejected, match="changed"):
+        Memo(path, server="https://a.example").reports(
+            token_key("device", "tA"), {"session": 2, "subject": "alice"})
+
+
+@pytest.mark.parametrize("kw", [
+    {"retries": np.int64(2)}, {"timeout": np.float32(5)}, {"timeout": Decimal("5")},
+    {"max_epsilon": np.float64(2)}, {"max_epsilon": Decimal("2")},
+])
+def test_client_options_as_numpy_numbers_or_decimals_are_taken(kw: dict[str, Any]) -> None:
+    from privcal.client import Reporter
+
+    Reporter("http://127.0.0.1:9", "pc_x_y", **kw).close()
+
+
+def test_client_options_refuse_a_numpy_bool_and_a_signalling_nan() -> None:
+    from privcal.client import Reporter
+
+    for kw in ({"max_epsilon": np.bool_(True)}, {"timeout": Decimal("sNaN")},
+               {"max_epsilon": Decimal("NaN")}):
+        with pytest.raises(InvalidInput):
+            Reporter("http://127.0.0.1:9", "pc_x_y", **kw)
+
+
+@pytest.mark.parametrize("name", ["binary_rr_many", "krr_many"])
+def test_the_device_randomizers_refuse_masked_entries(name: str) -> None:
+    import privcal.client as client
+
+    data = np.ma.masked_array([0, 1, 1, 0], mask=[False, True, False, False])
+    args = (data, 2.0) if name == "binary_rr_many" else (data, 3, 2.0)
+    with pytest.raises(InvalidInput, match="1 of 4 entries are masked"):
+        getattr(client, name)(*args, np.random.default_rng(0))

@@ -105,6 +105,7 @@ def test_the_ledger_secret_is_never_in_sqlalchemys_log(tmp_path: Path,
     acct.ledger.close()
     again = Accountant(url)  # another process's first read of the secret (SELECT)
     again.charge_subjects("d", 1.0, ["carol"])
+    again.verify()  # verify reads it too (r11rev: verify_subjects did, through the ORM)
     secret = again.ledger.subject_key().hex()
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "ledger_secret" in logged  # the statements were logged …
@@ -115,7 +116,7 @@ def test_the_ledger_secret_is_never_in_sqlalchemys_log(tmp_path: Path,
 def test_a_malformed_urls_password_is_not_echoed() -> None:
     with pytest.raises(LedgerError) as err:
         Ledger("postgresql+psycopg://svc:S3cretPW@db.internal:54x2/privcal")
-    assert "S3cretPW" not in str(err.value) and "svc:***@db.internal" in str(err.value)
+    assert "S3cretPW" not in str(err.value) and "psycopg://***@db.internal" in str(err.value)
 
 
 def test_threads_opening_new_ledgers_at_once(tmp_path: Path) -> None:
@@ -183,3 +184,98 @@ def test_calibration_works_in_a_forked_child_of_a_file_ledger(tmp_path: Path) ->
     p.join(60)
     assert got[0] == "ok", got
     assert [r.id for r in acct.releases("d")] == [got[1]]
+
+
+# ------------------------------------------------- review of the fixes (r11rev, helper 116)
+def _child_key_lock(led: Any, q: Any) -> None:
+    try:
+        with led.key_lock("d", "job-1"):
+            q.put("taken")
+    except BaseException as exc:
+        q.put(f"error: {exc!r}"[:200])
+
+
+def test_a_forked_child_takes_a_key_lock_a_parents_thread_held_at_the_fork(
+        ledger: Any) -> None:
+    """The in-process lock of a key a parent's thread held at the fork stayed locked in the
+    child for ever (no thread there to release it): its retry of the key never returned.
+    Now the child waits only for the parent's run itself (the file or advisory lock)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ledger.key_lock("d", "job-1"):
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(30)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_key_lock, args=(ledger, q))
+    p.start()
+    release.set()  # the parent's run ends: the child's waits end with it
+    t.join(30)
+    assert q.get(timeout=60) == "taken"
+    p.join(30)
+
+
+def _child_new_ledger(path: str, q: Any) -> None:
+    try:
+        Accountant(f"sqlite:///{path}").create_dataset("d", rho=1)
+        q.put("ok")
+    except BaseException as exc:
+        q.put(f"error: {exc!r}"[:200])
+
+
+def test_a_fork_while_a_thread_migrates_does_not_stall_the_childs_migrations(
+        tmp_path: Path) -> None:
+    from privcal.storage import schema
+
+    held, release = threading.Event(), threading.Event()
+
+    def migrating() -> None:  # a thread of the parent inside Alembic at the fork
+        with schema._ALEMBIC:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=migrating)
+    t.start()
+    assert held.wait(30)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_new_ledger, args=(str(tmp_path / "child.sqlite"), q))
+    p.start()
+    try:
+        assert q.get(timeout=60) == "ok"
+    finally:
+        release.set()
+        t.join(30)
+        p.join(30)
+
+
+def test_a_ledger_that_needs_no_migration_is_not_held_up_by_anothers(tmp_path: Path) -> None:
+    """The Alembic lock was held around every ledger's first use: one database that did not
+    answer held up every other ledger's first use in the process."""
+    from privcal.storage import schema
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    Accountant(url).create_dataset("d", rho=1)  # made and migrated
+    done: list[Any] = []
+    with schema._ALEMBIC:  # another thread stuck inside a migration
+        t = threading.Thread(target=lambda: done.append(Accountant(url).datasets()))
+        t.start()
+        t.join(30)
+    assert done and [d.name for d in done[0]] == ["d"]
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://svc:pa/ss@db.internal:54x2/privcal",
+    "postgresql+psycopg://svc:p@ss@db.internal:54x2/privcal",
+    "postgresql+psycopg://svc:S3cret@db.internal:54x2/privcal",
+])
+def test_a_malformed_urls_password_is_masked_whatever_it_holds(url: str) -> None:
+    with pytest.raises(LedgerError) as err:
+        Ledger(url)
+    assert "pa/ss" not in str(err.value) and "ss@" not in str(err.value)
+    assert "S3cret" not in str(err.value) and "://***@db.internal" in str(err.value)

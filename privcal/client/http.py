@@ -76,7 +76,6 @@ and puts its message, computed locally from its scores (recorded in the memo the
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import secrets
@@ -85,7 +84,13 @@ from collections.abc import Callable
 from typing import Any
 
 from privcal.client.memo import Memo, token_key
-from privcal.client.transport import ServiceError, check_options, request
+from privcal.client.transport import (
+    ServiceError,
+    check_options,
+    is_number,
+    positive_finite,
+    request,
+)
 from privcal.errors import InvalidInput, PlanRejected
 
 __all__ = ["Agent", "Reporter", "ServiceError"]
@@ -114,8 +119,8 @@ class _Base:
             raise InvalidInput("client must be a synchronous httpx.Client; from async code run "
                                "report() in a thread: await asyncio.to_thread(rep.report, score)")
         timeout, retries = check_options(timeout, retries)
-        if max_epsilon is not None and (isinstance(max_epsilon, bool) or not isinstance(
-                max_epsilon, int | float) or not 0 < max_epsilon < math.inf):
+        if max_epsilon is not None and (not is_number(max_epsilon)
+                                        or not positive_finite(max_epsilon)):
             raise InvalidInput(f"max_epsilon must be a positive number, not {max_epsilon!r}")
         self._url = url.rstrip("/")
         self._own = client is None
@@ -125,7 +130,7 @@ class _Base:
         self.retries = retries
         self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
         self._session: int | None = None
-        self._memo = Memo(memo)
+        self._memo = Memo(memo, server=self._url)
         self._key = token_key(self._role, token)
         self._lock = threading.Lock()
 

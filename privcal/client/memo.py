@@ -12,7 +12,7 @@ keeping its round, so that no record is ever overwritten.
 
 The file (JSON, version 2)::
 
-    {"version": 2, "tokens": {KEY: {"session": 3, "subject": "alice",
+    {"version": 2, "tokens": {KEY: {"session": 3, "subject": "alice", "server": URL,
                                     "reports": {ID: {"report_id": ID, "round": 0,
                                                      "rounds": 5, "value": 1,
                                                      "status": "accepted", "reason": null}}}}}
@@ -83,6 +83,11 @@ def _role_of(key: str) -> Any:
         return None
 
 
+def _bound(entry: dict[str, Any]) -> dict[str, Any]:
+    """What whoami said about an entry's token (its session and subject or agent)."""
+    return {k: v for k, v in entry.items() if k not in ("reports", "server")}
+
+
 def _describe(binding: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v!r}" for k, v in sorted(binding.items()))
 
@@ -91,8 +96,12 @@ class Memo:
     """A client's sent answers: ``{key: {binding…, "reports": {id: record}}}``, in memory and,
     if ``path``, in a JSON file read afresh on each use (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, server: str | None = None
+                 ) -> None:
         self.path = None if path is None else Path(path)
+        #: the server's URL as this client spells it: an entry records it, and only entries
+        #: of the same spelling share records across tokens (:meth:`reports`)
+        self.server = server
         self._mem: dict[str, dict[str, Any]] = {}
 
     @contextlib.contextmanager
@@ -130,23 +139,26 @@ class Memo:
         recorded: else :class:`PlanRejected`, nothing sent.
 
         With them, those of every *other* token of the same role bound to the same session
-        and subject or agent (red team 11): a token that expired or was revoked while its
-        answer was in flight leaves that answer ``pending`` — the server saw it and stored
-        nothing — and the token an admin issues in its place must resend it, not draw a
-        second independent answer of the same subject. This token's records come first."""
+        and subject or agent *of the same server* (the URL as this client spells it: two
+        servers may both have a session 1 and a subject "alice") (red team 11): a token
+        that expired or was revoked while its answer was in flight leaves that answer
+        ``pending`` — the server saw it and stored nothing — and the token an admin issues
+        in its place must resend it, not draw a second independent answer of the same
+        subject. This token's records come first."""
         tokens = self._read()
         out: dict[str, dict[str, Any]] = {}
         mine: dict[str, dict[str, Any]] = {}
         role = _role_of(key)
         for other, entry in [*tokens.items(), *self._mem.items()]:
             if other != key and isinstance(entry, dict) and _role_of(other) == role \
-                    and {k: v for k, v in entry.items() if k != "reports"} == binding:
+                    and self.server is not None and entry.get("server") == self.server \
+                    and _bound(entry) == binding:
                 for rid, rec in dict(entry.get("reports") or {}).items():
                     out.setdefault(rid, dict(rec))
         for entry in (tokens.get(key), self._mem.get(key)):
             if not entry:
                 continue
-            bound = {k: v for k, v in entry.items() if k != "reports"}
+            bound = _bound(entry)
             if bound and bound != binding:
                 raise PlanRejected(
                     f"the server's answer about this token changed (recorded: "
@@ -159,12 +171,13 @@ class Memo:
     def put(self, key: str, binding: dict[str, Any], rid: str, rec: dict[str, Any]) -> None:
         """Record ``rec`` under ``rid`` (in memory, then in the file: an error if it cannot
         be written)."""
-        mem = self._mem.setdefault(key, {**binding, "reports": {}})
+        head = {**binding, **({} if self.server is None else {"server": self.server})}
+        mem = self._mem.setdefault(key, {**head, "reports": {}})
         mem["reports"][rid] = dict(rec)
         if self.path is None:
             return
         tokens = self._read()
-        entry = tokens.setdefault(key, {**binding, "reports": {}})
+        entry = tokens.setdefault(key, {**head, "reports": {}})
         entry.setdefault("reports", {})[rid] = dict(rec)
         write_atomic(self.path, json.dumps({"version": MEMO_VERSION, "tokens": tokens},
                                            indent=1, sort_keys=True))

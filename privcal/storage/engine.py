@@ -93,7 +93,7 @@ def parse_url(url: str) -> URL:
     try:
         u = make_url(url)
     except (ArgumentError, ValueError) as exc:  # its password never echoed (red team 11)
-        shown = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+        shown = re.sub(r"^([^:/]*://).*@", r"\1***@", url)  # all before the last "@"
         raise LedgerError(f"malformed ledger URL {shown!r}: expected e.g. "
                           "sqlite:///path/ledger.sqlite "
                           "or postgresql+psycopg://user@host/db") from exc

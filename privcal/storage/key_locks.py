@@ -54,6 +54,14 @@ _KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
 
 
+def after_fork_in_child() -> None:
+    """A forked child's key locks are all free: a thread of the parent that held one (a keyed
+    run in progress) is not in the child, which would wait for it forever (red team 11)."""
+    global _KEY_LOCKS_GUARD
+    _KEY_LOCKS.clear()
+    _KEY_LOCKS_GUARD = threading.Lock()
+
+
 class KeyLocks:
     """The idempotency-key locks of a :class:`~privcal.storage.ledger.Ledger`."""
 

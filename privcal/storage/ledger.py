@@ -51,7 +51,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from privcal.errors import LedgerError
-from privcal.storage import audit, pseudonyms
+from privcal.storage import audit, key_locks, pseudonyms, schema
 from privcal.storage.audit_queue import AuditSequencer
 from privcal.storage.charges import ChargeStore
 from privcal.storage.datasets import DatasetStore
@@ -245,6 +245,8 @@ class Ledger(
 
 
 def _after_fork_in_child() -> None:
+    key_locks.after_fork_in_child()
+    schema.after_fork_in_child()
     for led in list(_OPEN):
         led._after_fork()
 

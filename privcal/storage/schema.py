@@ -24,8 +24,16 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _UPGRADE_LOCK_KEY = 0x70726976_63616C
 #: Alembic's ``context`` and ``op`` are one per process: two threads migrating two ledgers
 #: at once swapped them (red team 11: KeyError 'config', one thread's migration on another's
-#: connection, an in-memory ledger left without its schema). One migration at a time.
+#: connection, an in-memory ledger left without its schema). One migration at a time; only
+#: Alembic's own calls hold it (a ledger that does not answer holds up no other's first use).
 _ALEMBIC = threading.RLock()
+
+
+def after_fork_in_child() -> None:
+    """A forked child's Alembic lock is free: a thread of the parent that held it is not in
+    the child (:mod:`privcal.storage.ledger`'s fork hook)."""
+    global _ALEMBIC
+    _ALEMBIC = threading.RLock()
 
 
 _REVISION_LINE = re.compile(
@@ -229,7 +237,7 @@ class LedgerSchema:
         SQLite ledger; refuse every other ledger whose schema is not current (exit 5)."""
         if self._schema_ok:
             return
-        with _ALEMBIC, self._lock:  # one ledger's first use at a time in this process
+        with self._lock:
             if self._schema_ok:
                 return
             if self.is_default and self.current() != self.head_revision():

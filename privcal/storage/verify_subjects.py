@@ -23,8 +23,8 @@ from privcal.storage.models import (
     Charge,
     ChargeMembers,
     Dataset,
-    LedgerSecret,
     SubjectBaseline,
+    read_ledger_secret,
     spend_units,
 )
 
@@ -78,8 +78,8 @@ def check_subject_spends(s: Session, datasets: dict[int, Dataset],
     it. Any difference from ``subject_spend`` — a renamed subject, moved, added or
     deleted units — fails naming the dataset and the pseudonym.
     """
-    secret = s.get(LedgerSecret, 1)
-    kid = pseudonyms.key_id(bytes.fromhex(secret.secret)) if secret is not None else None
+    secret = read_ledger_secret(s)  # on the driver: never in SQLAlchemy's row log
+    kid = pseudonyms.key_id(bytes.fromhex(secret)) if secret is not None else None
     keys: dict[int, list[np.ndarray]] = defaultdict(list)  # dataset → S32 pseudonyms
     weights: dict[int, list[np.ndarray]] = defaultdict(list)  # … and their units
     baseline: dict[int, list[tuple[str, int]]] = defaultdict(list)

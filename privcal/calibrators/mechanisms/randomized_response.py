@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from privcal.calibrators.base import default_rng
+from privcal.calibrators.validation import unmasked
 from privcal.errors import InvalidInput
 
 __all__ = [
@@ -107,7 +108,7 @@ def krr(label: int, k: int, eps: float, rng: random.Random | None = None) -> int
 def krr_many(labels: np.ndarray, k: int, eps: float, rng: np.random.Generator) -> np.ndarray:
     """Vectorised :func:`krr`: an independent k-RR report for each label (int64 array)."""
     k = _check_k(k)
-    y = np.asarray(labels)
+    y = np.asarray(unmasked(labels, "labels"))  # a masked entry is missing, not a label
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise InvalidInput(f"labels must be a 1-D integer array, got {y.dtype} {y.shape}")
     y = y.astype(np.int64, copy=False)
@@ -133,7 +134,7 @@ def binary_rr(bit: bool, eps: float, rng: random.Random | None = None) -> bool:
 
 def binary_rr_many(bits: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
     """Vectorised :func:`binary_rr` (boolean array in, boolean array out)."""
-    b = np.asarray(bits)
+    b = np.asarray(unmasked(bits, "bits"))  # a masked entry is missing, not a bit
     if b.ndim != 1:
         raise InvalidInput(f"bits must be a 1-D array, got shape {b.shape}")
     if b.dtype != np.bool_:
