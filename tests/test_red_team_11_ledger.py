@@ -200,24 +200,34 @@ def test_a_forked_child_takes_a_key_lock_a_parents_thread_held_at_the_fork(
     """The in-process lock of a key a parent's thread held at the fork stayed locked in the
     child for ever (no thread there to release it): its retry of the key never returned.
     Now the child waits only for the parent's run itself (the file or advisory lock)."""
+    assert _fork_while_held(lambda: ledger.key_lock("d", "job-1"), _child_key_lock,
+                            (ledger,)) == "taken"
+
+
+def _fork_while_held(hold: Any, target: Any, args: tuple[Any, ...]) -> Any:
+    """A thread of the parent inside ``hold()`` (a context manager) at the fork; the child
+    runs ``target(*args, queue)``; the parent's thread leaves once the child started. The
+    child's message (a 60 s timeout: it used to wait for ever)."""
     held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        with ledger.key_lock("d", "job-1"):
+    def holding() -> None:
+        with hold():
             held.set()
             release.wait(30)
 
-    t = threading.Thread(target=hold)
+    t = threading.Thread(target=holding)
     t.start()
     assert held.wait(30)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    p = ctx.Process(target=_child_key_lock, args=(ledger, q))
+    p = ctx.Process(target=target, args=(*args, q))
     p.start()
-    release.set()  # the parent's run ends: the child's waits end with it
-    t.join(30)
-    assert q.get(timeout=60) == "taken"
-    p.join(30)
+    release.set()  # the parent's holder ends (its run, its migration): the child's copy of
+    t.join(30)  # an in-process lock stays as the fork left it, the parent's own is free
+    try:
+        return q.get(timeout=60)
+    finally:
+        p.join(30)
 
 
 def _child_new_ledger(path: str, q: Any) -> None:
@@ -232,26 +242,9 @@ def test_a_fork_while_a_thread_migrates_does_not_stall_the_childs_migrations(
         tmp_path: Path) -> None:
     from privcal.storage import schema
 
-    held, release = threading.Event(), threading.Event()
-
-    def migrating() -> None:  # a thread of the parent inside Alembic at the fork
-        with schema._ALEMBIC:
-            held.set()
-            release.wait(30)
-
-    t = threading.Thread(target=migrating)
-    t.start()
-    assert held.wait(30)
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child_new_ledger, args=(str(tmp_path / "child.sqlite"), q))
-    p.start()
-    try:
-        assert q.get(timeout=60) == "ok"
-    finally:
-        release.set()
-        t.join(30)
-        p.join(30)
+    # a thread of the parent inside Alembic at the fork
+    assert _fork_while_held(lambda: schema._ALEMBIC, _child_new_ledger,
+                            (str(tmp_path / "child.sqlite"),)) == "ok"
 
 
 def test_a_ledger_that_needs_no_migration_is_not_held_up_by_anothers(tmp_path: Path) -> None:

@@ -49,15 +49,24 @@ def _client(lv: Live, sent: list[dict[str, Any]], revoke: str | None = None) -> 
     return httpx.Client(base_url=lv.url, timeout=60, event_hooks={"request": [hook]})
 
 
+def _revoked_in_flight(live: Live, tmp_path: Path, subject: str
+                       ) -> tuple[int, Path, list[dict[str, Any]]]:
+    """An ldp-score session whose ``subject``'s device token is revoked as its report
+    leaves (401: the server received the bit, stored nothing): (session, memo, PUT bodies)."""
+    sid = open_ldp(live, group_size=4, rounds=1)
+    memo, sent = tmp_path / "memo.json", []
+    old = live.token("device", session=sid, subject=subject)
+    with pytest.raises(client_mod.ServiceError) as err:
+        Reporter(live.url, old, memo=memo, client=_client(live, sent, revoke=old)).report(0.3)
+    assert err.value.status == 401
+    return sid, memo, sent
+
+
 def test_a_device_token_revoked_in_flight_its_replacement_resends_the_same_bit(
         live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     draws = _counting(monkeypatch, "binary_rr")
-    sid = open_ldp(live, group_size=4, rounds=1)
-    memo, sent = tmp_path / "memo.json", []
-    old = live.token("device", session=sid, subject="phone-17")
-    with pytest.raises(client_mod.ServiceError) as err:
-        Reporter(live.url, old, memo=memo, client=_client(live, sent, revoke=old)).report(0.3)
-    assert err.value.status == 401 and len(sent) == 1 and len(draws) == 1
+    sid, memo, sent = _revoked_in_flight(live, tmp_path, "phone-17")
+    assert len(sent) == 1 and len(draws) == 1
     new = live.token("device", session=sid, subject="phone-17")
     out = Reporter(live.url, new, memo=memo, client=_client(live, sent)).report(0.3)
     assert out["status"] == "accepted"
@@ -94,11 +103,7 @@ def test_a_device_refused_under_an_earlier_token_is_not_asked_again(
 def test_another_subjects_token_in_the_same_memo_draws_its_own(
         live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     draws = _counting(monkeypatch, "binary_rr")
-    sid = open_ldp(live, group_size=4, rounds=1)
-    memo, sent = tmp_path / "memo.json", []
-    old = live.token("device", session=sid, subject="phone-19")
-    with pytest.raises(client_mod.ServiceError):
-        Reporter(live.url, old, memo=memo, client=_client(live, sent, revoke=old)).report(0.3)
+    sid, memo, sent = _revoked_in_flight(live, tmp_path, "phone-19")
     other = live.token("device", session=sid, subject="phone-20")
     assert Reporter(live.url, other, memo=memo, client=_client(live, sent)).report(0.3)[
         "status"] == "accepted"
