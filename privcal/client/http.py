@@ -84,13 +84,7 @@ from collections.abc import Callable
 from typing import Any
 
 from privcal.client.memo import Memo, token_key
-from privcal.client.transport import (
-    ServiceError,
-    check_options,
-    is_number,
-    positive_finite,
-    request,
-)
+from privcal.client.transport import ServiceError, check_options, positive_number, request
 from privcal.errors import InvalidInput, PlanRejected
 
 __all__ = ["Agent", "Reporter", "ServiceError"]
@@ -119,8 +113,7 @@ class _Base:
             raise InvalidInput("client must be a synchronous httpx.Client; from async code run "
                                "report() in a thread: await asyncio.to_thread(rep.report, score)")
         timeout, retries = check_options(timeout, retries)
-        if max_epsilon is not None and (not is_number(max_epsilon)
-                                        or not positive_finite(max_epsilon)):
+        if max_epsilon is not None and not positive_number(max_epsilon):
             raise InvalidInput(f"max_epsilon must be a positive number, not {max_epsilon!r}")
         self._url = url.rstrip("/")
         self._own = client is None

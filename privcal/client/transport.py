@@ -12,7 +12,7 @@ from typing import Any
 
 from privcal.errors import InvalidInput, PrivcalError
 
-__all__ = ["ServiceError", "check_options", "is_number", "positive_finite", "request"]
+__all__ = ["ServiceError", "check_options", "positive_number", "request"]
 
 
 class ServiceError(PrivcalError):
@@ -27,32 +27,23 @@ class ServiceError(PrivcalError):
 def check_options(timeout: Any, retries: Any) -> tuple[float, int]:
     """``timeout`` (seconds, a finite number > 0) and ``retries`` (an integer ≥ 0), or a
     one-line :class:`InvalidInput` when the client is made — not at its first call."""
-    if not is_number(timeout) or not positive_finite(timeout):
+    if not positive_number(timeout):
         raise InvalidInput(f"timeout must be a positive number of seconds, not {timeout!r}")
     if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
         raise InvalidInput(f"retries must be a whole number ≥ 0, not {retries!r}")
     return float(timeout), int(retries)
 
 
-def is_number(x: Any) -> bool:
-    """A real number as a caller may hold one (int, float, NumPy's, Decimal), not a bool."""
-    return not isinstance(x, bool | np_bool()) and isinstance(x, numbers.Real | Decimal)
-
-
-def positive_finite(x: Any) -> bool:
-    """``x`` (a number) is finite and > 0 (a Decimal sNaN, which float() refuses, is not)."""
+def positive_number(x: Any) -> bool:
+    """``x`` is a finite number > 0 as a caller may hold one — an int, a float, NumPy's (its
+    bool is not a ``numbers.Real``), a Decimal (its sNaN, which float() refuses, is not) —
+    and not a bool."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real | Decimal):
+        return False
     try:
         return 0 < float(x) < math.inf
     except (TypeError, ValueError, OverflowError):
         return False
-
-
-def np_bool() -> type:
-    """NumPy's bool type if NumPy is loaded (the client does not import it for this)."""
-    import sys
-
-    np = sys.modules.get("numpy")
-    return np.bool_ if np is not None else bool
 
 
 def request(http: Any, method: str, path: str, headers: dict[str, str], retries: int,
