@@ -112,11 +112,12 @@ class KeyLocks:
                         pool_timeout=KEY_LOCK_WAIT_S)
         return engine
 
-    def close_key_locks(self) -> None:
-        """Close the advisory locks' pool (:meth:`~privcal.storage.ledger.Ledger.close`)."""
+    def close_key_locks(self, *, close: bool = True) -> None:
+        """Close the advisory locks' pool (:meth:`~privcal.storage.ledger.Ledger.close`), or,
+        ``close=False`` in a forked child, drop the parent's connections without closing them."""
         engine, self._lock_engine = self._lock_engine, None
         if engine is not None:
-            engine.dispose()
+            engine.dispose(close=close)
 
     @contextmanager
     def _pg_key_lock(self, lock_id: int) -> Iterator[None]:

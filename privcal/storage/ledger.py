@@ -134,7 +134,7 @@ class Ledger(
         self.close_held()
         self.close_key_locks()
         self.engine.dispose()
-        if self._memory():
+        if self._in_memory():
             self._gone = "this in-memory ledger (sqlite://) was closed: its data are gone"
 
     def __enter__(self) -> Ledger:
@@ -142,9 +142,6 @@ class Ledger(
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _memory(self) -> bool:
-        return self._backend == "sqlite" and self._url.database in (None, "", ":memory:")
 
     def _after_fork(self) -> None:
         """In a forked child (os.register_at_fork, below): the pooled connections are the
@@ -155,10 +152,8 @@ class Ledger(
         is a copy of the parent's budget: refused."""
         self._lock = threading.Lock()
         self.engine.dispose(close=False)
-        locks, self._lock_engine = self._lock_engine, None
-        if locks is not None:
-            locks.dispose(close=False)
-        if self._memory():
+        self.close_key_locks(close=False)
+        if self._in_memory():
             self._gone = ("an in-memory ledger (sqlite://) cannot be used in a forked process: "
                           "it would be a copy of the parent's, its budget spent twice — use a "
                           "file or PostgreSQL ledger")

@@ -180,9 +180,13 @@ class LedgerSchema:
                 conn.commit()
         self._schema_ok = False
 
+    def _in_memory(self) -> bool:
+        """An in-memory SQLite ledger (``sqlite://``)."""
+        return self.backend == "sqlite" and self._url.database in (None, "", ":memory:")
+
     def _sqlite_file(self) -> Path | None:
         """The SQLite file of this ledger (None in memory or on PostgreSQL)."""
-        if self.backend != "sqlite" or self._url.database in (None, "", ":memory:"):
+        if self.backend != "sqlite" or self._in_memory():
             return None
         return Path(self._url.database)
 
