@@ -21,7 +21,8 @@ _DURATION = re.compile(r"^([0-9]+)([smhdw])$")  # \d is any Unicode digit: not "
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-#: the longest --expires: 10 years, as the service's POST /v1/tokens (expires_in)
+#: the longest --expires: 10 years, privcal.storage.token_secrets.MAX_LIFETIME (not imported:
+#: it would load the ledger's stack for `privcal --help`)
 _MAX_EXPIRES = 10 * 366 * 86400
 
 

@@ -22,7 +22,7 @@ from privcal.service.common import (
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
 from privcal.storage.releases import MAX_STORED_ID
-from privcal.storage.token_secrets import is_token_id
+from privcal.storage.token_secrets import MAX_LIFETIME, is_token_id
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -112,7 +112,7 @@ class TokenCreate(BaseModel):
     session: int | None = Field(default=None, ge=1, le=MAX_STORED_ID)
     subject: str | None = Field(default=None, min_length=1, max_length=200)
     agent: str | None = Field(default=None, min_length=1, max_length=200)
-    expires_in: int | None = Field(default=None, ge=1, le=10 * 366 * 86400)
+    expires_in: int | None = Field(default=None, ge=1, le=int(MAX_LIFETIME.total_seconds()))
 
 
 @router.post("/v1/tokens", status_code=201, **allow("admin"))
