@@ -269,7 +269,7 @@ class Advice(BaseModel):
     score: MethodAdvice
     recommended: Literal["ldp-label", "ldp-score"] = Field(
         description="the method with the smaller proven slack (its target is nearer 1−α; "
-        "near crossover_k see notes: ldp-score's release stops in a band above its target)")
+        "near crossover_k see notes: an ldp-score session stops in a band above its target)")
     recommended_paper: Literal["ldp-label", "ldp-score"] = Field(
         description="the same comparison with the paper's Δ_paper for LDP-CP-L"
     )
@@ -371,10 +371,12 @@ def advise(
             "guarantee; bench/RESULTS.md: k = 100, n = 5 000, ε = 2: 100 → 29.7 labels)."
         )
     if d_s < sl.delta_L <= 1.5 * d_s:  # red team 11: the band's mean excess is w/2 = Δ_S/2
-        notes.append(f"near the crossover: ldp-score stops anywhere in a band of width Δ_S "
-                     f"above its target (on average {1.5 * d_s:.4g} above 1−α, against "
-                     f"ldp-label's Δ_L = {sl.delta_L:.4g}), so ldp-label may give smaller sets "
-                     "here: compare both with calibrate --simulate on held-out scores.")
+        notes.append(f"near the crossover: an ldp-score collection session stops anywhere in "
+                     f"a band of width Δ_S above its target (on average {1.5 * d_s:.4g} above "
+                     f"1−α, against ldp-label's Δ_L = {sl.delta_L:.4g}), so ldp-label may give "
+                     "smaller sets here (calibrate --simulate runs every round, band 0, and "
+                     "has no such excess): compare both with calibrate --simulate on held-out "
+                     "scores.")
     if slack is not None:
         notes.append("ldp-score's min ε / min n keep T fixed at the rounds shown.")
     return Advice(

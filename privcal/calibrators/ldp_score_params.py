@@ -42,9 +42,13 @@ class LDPScoreParams(CalibratorParams):
         description="target 1−α, for coverage ≥ G ≈ 1−α−Δ_S instead of ≥ 1−α (the default "
         "targets 1−α+Δ_S); either with probability ≥ 1−δ (--failure-probability)")
     band: float | None = Field(
-        default=None, ge=0, allow_inf_nan=False,
+        default=0.0, ge=0, allow_inf_nan=False,
         description="stop band w: a round whose private estimate Z lies in [target, "
-        "target + w] stops the search and releases its query; default Δ_S")
+        "target + w] stops the search and releases its query. Default 0: every round runs "
+        "and the last threshold an estimate backed is released (never larger than with a "
+        "band, same guarantee; simulated users are all charged up front, so an early stop "
+        "saves nothing); None (JSON null): Δ_S, the paper's band, a collection session's "
+        "default (its groups not yet asked are never charged)")
     bound: Bound = Field(
         default="exact",
         description="pass cut-off: 'exact' binomial tail (default) or 'hoeffding' (the "
