@@ -1,5 +1,6 @@
 """Red team 11 (embed): a ledger inside someone's program — forked, threaded, logged, closed.
 
+- Pickled (a ``spawn`` pool): a bare AttributeError; now one TypeError naming what to do.
 - A PostgreSQL ledger used before ``fork`` (gunicorn ``--preload``, ``multiprocessing``):
   parent and children shared pooled connections, their replies mixed, and a charge could
   read another process's row — a dataset's total ended below its logged charges (an
@@ -272,3 +273,23 @@ def test_a_malformed_urls_password_is_masked_whatever_it_holds(url: str) -> None
         Ledger(url)
     assert "pa/ss" not in str(err.value) and "ss@" not in str(err.value)
     assert "S3cret" not in str(err.value) and "://***@db.internal" in str(err.value)
+
+
+def _nothing(_: Any) -> int:
+    return 1
+
+
+def test_pickling_a_ledger_or_accountant_is_one_line_naming_what_to_do(tmp_path: Path) -> None:
+    """A ``spawn`` pool given an Accountant raised a bare AttributeError ("Can't pickle local
+    object 'create_engine.<locals>.connect'"); now one TypeError saying to pass the URL."""
+    import pickle
+
+    acct = Accountant(f"sqlite:///{tmp_path / 'p.db'}")
+    for obj in (acct, acct.ledger):
+        with pytest.raises(TypeError, match=r"^a privcal Ledger or Accountant holds database "
+                                            r"connections .* open Accountant\(url\)"):
+            pickle.dumps(obj)
+    with mp.get_context("spawn").Pool(1) as pool, pytest.raises(TypeError, match="URL"):
+        pool.apply(_nothing, (acct,))
+    acct.create_dataset("d", rho=1)  # still usable
+    acct.ledger.close()

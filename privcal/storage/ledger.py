@@ -128,6 +128,14 @@ class Ledger(
     def __repr__(self) -> str:
         return f"Ledger({self.url!r})"
 
+    def __reduce__(self) -> Any:
+        """Refused with one line: a ledger holds database connections, locks and, in memory,
+        the data itself, none of which another process can share (red team 11: pickling an
+        Accountant for a ``spawn`` pool raised a bare AttributeError about a local object)."""
+        raise TypeError("a privcal Ledger or Accountant holds database connections and cannot "
+                        "be pickled or sent to another process: pass the ledger's URL and open "
+                        "Accountant(url) in that process")
+
     def close(self) -> None:
         """Release pooled connections (and those the hot path keeps: held_connections.py).
         A file or PostgreSQL ledger reopens on its next use; an in-memory one is gone."""
