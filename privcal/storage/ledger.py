@@ -168,6 +168,12 @@ class Ledger(
 
     def _unreachable(self, exc: BaseException) -> LedgerError:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
+        if getattr(getattr(exc, "orig", None), "sqlstate", None) == "57014":  # red team 12
+            return LedgerError(f"the ledger at {self.url} cancelled a statement ({first}): a "
+                               "statement_timeout on the server, role, database or URL is "
+                               "shorter than this call's work; its transaction was rolled back",
+                               public="the ledger cancelled the request's statement (a server "
+                               "timeout); nothing was written")
         return LedgerError(f"cannot reach the ledger at {self.url}: {first}",
                            public="the ledger cannot be reached now; retry later")
 

@@ -356,9 +356,9 @@ class HotStatements:
         connection that cannot be is invalidated, never pooled."""
         if self.backend != "postgresql":  # type: ignore[attr-defined]
             return
-        conn.info.pop(BEGIN_WITH_NEXT, None)
-        if conn.invalidated:
-            return
+        if conn.invalidated:  # first: ``info`` of a connection SQLAlchemy holds a transaction
+            return  # on raised PendingRollbackError over the retryable error (red team 12);
+        conn.info.pop(BEGIN_WITH_NEXT, None)  # an invalidated one's ``info`` is new anyway
         dc = conn.connection.driver_connection
         try:
             if dc.pgconn.transaction_status != _PG_IDLE:  # type: ignore[union-attr]
@@ -388,4 +388,5 @@ class HotStatements:
         if dead:
             conn.invalidate(exc)
         return DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,  # type: ignore[arg-type]
+                                   hide_parameters=True,  # as the engines (red team 12)
                                    connection_invalidated=dead, dialect=dialect)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import LedgerError
 from privcal.storage.models import SubjectSpend
+from privcal.storage.pg_copy import copy_in
 from privcal.storage.pseudonyms import BATCH_IDS_PG, fixed_lines, hex_matrix
 
 __all__ = ["SubjectSpendStore"]
@@ -62,16 +63,13 @@ def _copy_text(conn: Connection, copy_sql: str, values: list[str]) -> None:
     value holds one the block is the values joined by newlines (one C-level join instead
     of a Python call per row), else every row is escaped by psycopg's ``write_row``.
     """
-    raw = conn.connection.driver_connection
     block = "\n".join(values)
     plain = (block.count("\n") == len(values) - 1
              and not any(c in block for c in ("\t", "\r", "\\")))
-    with raw.cursor() as cur, cur.copy(copy_sql) as cp:
-        if plain:
-            cp.write(block + "\n")
-        else:
-            for v in values:
-                cp.write_row((v,))
+    if plain:
+        copy_in(conn, copy_sql, block + "\n")
+    else:
+        copy_in(conn, copy_sql, rows=((v,) for v in values))
 
 
 class SubjectSpendStore:
@@ -85,6 +83,9 @@ class SubjectSpendStore:
 
         @staticmethod
         def _driver(conn: Connection) -> Any: ...
+
+        @staticmethod
+        def _db_error(conn: Connection, exc: BaseException, sql: str, params: Any) -> Any: ...
 
     def bulk_charge_subjects(self, tx: Session | Connection, dataset_id: int, uniq: np.ndarray,
                              e_units: int, cap_units: int) -> list[str]:
@@ -161,8 +162,11 @@ class SubjectSpendStore:
             if self.backend == "postgresql":
                 params["ids"] = fixed_lines(existing.shape[0],
                                             [hexes, b"\n"])[:-1].decode("ascii")
-                with self._driver(conn).cursor() as cur:
-                    done = cur.execute(_RAISE_PG, params, prepare=False).rowcount
+                try:  # on the driver (prepare=False): its errors as the hot path's
+                    with self._driver(conn).cursor() as cur:
+                        done = cur.execute(_RAISE_PG, params, prepare=False).rowcount
+                except conn.dialect.loaded_dbapi.Error as exc:
+                    raise self._db_error(conn, exc, _RAISE_PG, params) from exc
             else:
                 params.update(ids=hexes.tobytes(), n=int(existing.shape[0]))
                 done = self._sql(conn, _RAISE_SQLITE, params).rowcount
@@ -176,9 +180,8 @@ class SubjectSpendStore:
         if self.backend == "postgresql":
             block = fixed_lines(new.shape[0], [f"{int(dataset_id)}\t".encode(), hexes,
                                                f"\t{int(e_units)}\n".encode()])
-            with self._driver(conn).cursor() as cur, cur.copy(
-                    "COPY subject_spend (dataset_id, subject, spent_units) FROM STDIN") as cp:
-                cp.write(block)
+            copy_in(conn, "COPY subject_spend (dataset_id, subject, spent_units) FROM STDIN",
+                    block)
             return
         self._sql(conn, _INSERT_NEW_SQLITE, {"d": dataset_id, "e": e_units,
                                              "ids": hexes.tobytes(), "n": int(new.shape[0])})

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from privcal.errors import LedgerError
 from privcal.storage import audit
 from privcal.storage.audit_queue import _no_head
+from privcal.storage.engine import BUSY_TIMEOUT_MS
 from privcal.storage.statements import HEAD_INFO
 
 __all__ = ["MAX_ATTEMPTS", "LedgerTransactions"]
@@ -53,6 +54,14 @@ def _is_transient(exc: BaseException) -> bool:
         # serialization_failure, deadlock_detected, lock_not_available
         return sqlstate in ("40001", "40P01", "55P03")
     return False
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """A statement the server cancelled (SQLSTATE 57014: a ``statement_timeout`` set on the
+    server, role, database or URL, or a cancel request): the transaction was rolled back.
+    Not retried (the same work would meet the same timeout); a one-line LedgerError
+    (:meth:`~privcal.storage.ledger.Ledger._unreachable`), not a traceback (red team 12)."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "57014"
 
 
 def _dropped(exc: BaseException) -> bool:
@@ -190,6 +199,10 @@ class LedgerTransactions:
                core: bool = False) -> T:
         self.ensure_schema()
         delay = 0.01
+        # SQLite's busy handler waits up to BUSY_TIMEOUT_MS in each attempt: retries end once
+        # that much has passed in all (a writer holding the lock for good made a write wait
+        # 12 × 30 s before its error: red team 12); they are for brief contention
+        give_up = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         for attempt in range(1, attempts + 1):
             try:
                 if core:
@@ -202,7 +215,8 @@ class LedgerTransactions:
                 # a pooled connection the server closed (no pre-ping: see engine.py) is
                 # invalidated by SQLAlchemy; nothing was committed, so run again on a fresh one
                 dead = _dropped(exc)
-                if attempt < attempts and (_is_transient(exc) or dead):
+                spent = self.backend == "sqlite" and time.monotonic() >= give_up
+                if attempt < attempts and ((_is_transient(exc) and not spent) or dead):
                     if not dead:
                         time.sleep(delay * (1 + random.random()))
                         delay = min(delay * 2, 1.0)
@@ -218,9 +232,10 @@ class LedgerTransactions:
                                       ) from exc
                 if _is_transient(exc):
                     raise LedgerError(
-                        f"the ledger stayed locked after {attempts} attempts; try again"
+                        f"the ledger stayed locked after {attempt} attempt"
+                        f"{'s' if attempt > 1 else ''}; try again"
                     ) from exc
-                if dead or "connect" in str(exc).lower():
+                if dead or _cancelled(exc) or "connect" in str(exc).lower():
                     raise self._unreachable(exc) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -262,6 +277,8 @@ class LedgerTransactions:
                     with session.begin():
                         yield session
             except DBAPIError as exc:
+                if _cancelled(exc):
+                    raise self._unreachable(exc) from exc
                 if not _dropped(exc):
                     raise
                 raise LedgerError(
