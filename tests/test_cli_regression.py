@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from privcal.calibrators.scores import score_interval
 from tests.cli_env import CliEnv
 
 
@@ -50,7 +51,8 @@ def test_absolute_calibrate_predict_evaluate(env: CliEnv) -> None:
     t = rel["threshold"]
     f = np.load(env.f("ft.npy"))
     out = env.json("predict", "--release", str(rel["id"]), "--preds", env.f("ft.npy"))
-    np.testing.assert_array_equal(np.array(out["intervals"]), np.column_stack([f - t, f + t]))
+    low, high = score_interval(f, f, t)  # the ends, a few ulps outward (red team 12)
+    np.testing.assert_array_equal(np.array(out["intervals"]), np.column_stack([low, high]))
     assert out["infinite_count"] == 0
     for suffix in (".npy", ".npz", ".csv", ".parquet", ".json"):
         path = env.f("iv" + suffix)
@@ -68,11 +70,11 @@ def test_absolute_calibrate_predict_evaluate(env: CliEnv) -> None:
                    else __import__("pyarrow.csv").csv.read_csv(path))
             assert tab.column_names == ["lower", "upper"]
             got = np.column_stack([tab["lower"].to_numpy(), tab["upper"].to_numpy()])
-        np.testing.assert_allclose(got, np.column_stack([f - t, f + t]), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got, np.column_stack([low, high]), rtol=0, atol=1e-12)
     ev = env.json("evaluate", "--release", str(rel["id"]), "--preds", env.f("ft.npy"),
                   "--targets", env.f("yt.npy"))
     yt = np.load(env.f("yt.npy"))
-    assert ev["coverage"] == ((f - t <= yt) & (yt <= f + t)).mean()
+    assert ev["coverage"] == ((low <= yt) & (yt <= high)).mean()
     assert ev["mean_length"] == pytest.approx(2 * t) and ev["infinite_count"] == 0
     human = env.run("evaluate", "--release", str(rel["id"]), "--preds", env.f("ft.npy"),
                     "--targets", env.f("yt.npy")).stdout

@@ -14,6 +14,7 @@ import pytest
 
 import privcal
 from privcal import Accountant, InvalidInput, Release
+from privcal.calibrators.scores import score_interval
 from privcal.estimators import PrivateConformalClassifier, PrivateConformalRegressor
 
 
@@ -129,11 +130,12 @@ def test_regressor_intervals_match_the_release(accountant: Accountant, score: st
     t = rel.threshold
     if score == "absolute":
         np.testing.assert_array_equal(y_pred, X[2000:])
-        np.testing.assert_array_equal(iv[:, :, 0], np.column_stack([X[2000:] - t, X[2000:] + t]))
+        np.testing.assert_array_equal(iv[:, :, 0],
+                                      np.column_stack(score_interval(X[2000:], X[2000:], t)))
     else:
         lo, hi = est[0].predict(X[2000:]), est[1].predict(X[2000:])
         np.testing.assert_array_equal(y_pred, (lo + hi) / 2)
-        np.testing.assert_array_equal(iv[:, :, 0], np.column_stack([lo - t, hi + t]))
+        np.testing.assert_array_equal(iv[:, :, 0], np.column_stack(score_interval(lo, hi, t)))
 
 
 def test_regressor_refuses_a_classification_score() -> None:

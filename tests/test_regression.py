@@ -17,7 +17,7 @@ import pytest
 from privcal import Accountant, InvalidInput, Release
 from privcal.calibrators.intervals import evaluate_intervals
 from privcal.calibrators.score_range import OUTSIDE_RANGE, parse_score_range
-from privcal.calibrators.scores import label_scores, regression_scores
+from privcal.calibrators.scores import label_scores, regression_scores, score_interval
 
 
 def _data(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,9 +85,10 @@ def test_absolute_release_gives_intervals_and_records_its_range(
     t = rel.threshold
     assert math.isfinite(t)
     iv = rel.predict_interval(f[2000:])
-    np.testing.assert_array_equal(iv, np.column_stack([f[2000:] - t, f[2000:] + t]))
+    low, high = score_interval(f[2000:], f[2000:], t)
+    np.testing.assert_array_equal(iv, np.column_stack([low, high]))
     ev = rel.evaluate_interval(y[2000:], f[2000:])
-    inside = (f[2000:] - t <= y[2000:]) & (y[2000:] <= f[2000:] + t)
+    inside = (low <= y[2000:]) & (y[2000:] <= high)
     assert ev.n == 1000 and ev.coverage == inside.mean()
     assert ev.mean_length == pytest.approx(2 * t) and ev.infinite_count == 0
     assert ev.guaranteed_lower == rel.coverage.lower
@@ -104,7 +105,7 @@ def test_cqr_release_and_the_method_default_range_is_recorded(accountant: Accoun
     assert (rec["lower"], rec["upper"], rec["source"]) == (0.0, 1.0, "method default")
     iv = rel.predict_interval(lower_preds=lo[:5], upper_preds=hi[:5])
     t = rel.threshold
-    np.testing.assert_array_equal(iv, np.column_stack([lo[:5] - t, hi[:5] + t]))
+    np.testing.assert_array_equal(iv, np.column_stack(score_interval(lo[:5], hi[:5], t)))
     np.testing.assert_array_equal(iv, rel.predict_interval(np.column_stack([lo[:5], hi[:5]])))
     with pytest.raises(InvalidInput, match="calibrated on score 'cqr', not 'absolute'"):
         rel.predict_interval(f, score_name="absolute")
@@ -150,7 +151,9 @@ def test_a_classification_release_gives_no_intervals(accountant: Accountant) -> 
     with pytest.raises(InvalidInput, match="precomputed scores"):
         scored.predict_interval(np.zeros(3))
     iv = scored.predict_interval(np.zeros(3), score_name="absolute")
-    assert iv.tolist() == [[-scored.threshold, scored.threshold]] * 3
+    lo_hi = score_interval(np.zeros(3), np.zeros(3), scored.threshold)
+    assert iv.tolist() == np.column_stack(lo_hi).tolist()
+    assert iv[0, 0] <= -scored.threshold and iv[0, 1] >= scored.threshold
 
 
 @pytest.mark.parametrize(("kwargs", "msg"), [
@@ -235,8 +238,8 @@ def test_a_session_release_gives_intervals_for_the_score_its_clients_used(
     with pytest.raises(InvalidInput, match="precomputed scores"):
         rel.predict_interval(f[:3])
     iv = rel.predict_interval(f[:3], score_name="absolute")
-    np.testing.assert_array_equal(iv, np.column_stack([f[:3] - rel.threshold,
-                                                       f[:3] + rel.threshold]))
+    np.testing.assert_array_equal(iv, np.column_stack(score_interval(f[:3], f[:3],
+                                                                     rel.threshold)))
 
 
 def test_saved_release_loads_in_a_fresh_process_with_identical_intervals(
@@ -294,7 +297,7 @@ def test_levels_and_mondrian_group_releases_give_each_rows_interval(
                                alpha=[0.1, 0.2])
     t = {a: r["threshold"] for r in rel.thresholds() for a in [r["alpha"]]}
     iv = rel.predict_interval(f[:5], alpha=0.2)
-    np.testing.assert_array_equal(iv, np.column_stack([f[:5] - t[0.2], f[:5] + t[0.2]]))
+    np.testing.assert_array_equal(iv, np.column_stack(score_interval(f[:5], f[:5], t[0.2])))
     with pytest.raises(InvalidInput, match="choose one"):
         rel.predict_interval(f[:5])
     assert rel.evaluate_interval(y, f, alpha=0.1).guaranteed_lower == 0.9
@@ -304,7 +307,7 @@ def test_levels_and_mondrian_group_releases_give_each_rows_interval(
     assert tg["low"] < tg["high"]  # the noise grows with x
     iv = mon.predict_interval(f[:6], groups=g[:6])
     want = np.array([tg[k] for k in g[:6]])
-    np.testing.assert_array_equal(iv, np.column_stack([f[:6] - want, f[:6] + want]))
+    np.testing.assert_array_equal(iv, np.column_stack(score_interval(f[:6], f[:6], want)))
     with pytest.raises(InvalidInput, match="give the group of every row"):
         mon.predict_interval(f[:6])
     with pytest.raises(InvalidInput, match="no Mondrian groups"):

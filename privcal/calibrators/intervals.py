@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from privcal.calibrators.scores import SCORES, regression_bounds
+from privcal.calibrators.scores import SCORES, regression_bounds, score_interval
 from privcal.calibrators.validation import check_lengths, check_targets
 from privcal.errors import InvalidInput
 
@@ -120,8 +120,7 @@ def release_intervals(
     if np.isnan(t).any():
         raise InvalidInput(f"release {release.id} records a NaN threshold")
     infinite = t == math.inf
-    with np.errstate(invalid="ignore"):
-        out = np.column_stack([lo - t, hi + t])
+    out = np.column_stack(score_interval(lo, hi, t))  # every y whose float score is ≤ t
     out[infinite] = (-math.inf, math.inf)
     return out
 

@@ -20,6 +20,7 @@ import numpy as np
 from privcal.calibrators.scores import (
     all_class_scores,
     regression_bounds,
+    score_interval,
     score_options,
     score_spec,
 )
@@ -124,6 +125,8 @@ def regression_interval(
     """The interval {y : S(x, y) ≤ t} for a regression score, as (lower, upper) arrays.
 
     ``absolute``: [f − t, f + t]; ``cqr``: [f_lo − t, f_hi + t] (Romano et al. 2019, eq. (7)),
+    each end a few units in the last place outward (``score_interval``: the rounded ends
+    could exclude a y whose float score is t),
     the band given as ``preds`` (n, 2) or ``lower_preds``/``upper_preds``
     (:func:`~privcal.calibrators.scores.regression_bounds`). +inf gives (−inf, +inf).
     For cqr with a negative t the interval can be empty (lower > upper); it is returned as is.
@@ -136,7 +139,7 @@ def regression_interval(
                                upper_preds=upper_preds)
     if t == math.inf:
         return np.full(lo.shape, -math.inf), np.full(hi.shape, math.inf)
-    return lo - t, hi + t
+    return score_interval(lo, hi, t)  # every y whose float score is ≤ t (red team 12)
 
 
 def sets_for(

@@ -52,6 +52,7 @@ __all__ = [
     "label_scores",
     "regression_bounds",
     "regression_scores",
+    "score_interval",
     "score_options",
     "score_spec",
 ]
@@ -305,3 +306,22 @@ def regression_scores(
     if name == "absolute":
         return np.abs(y - lo)
     return np.maximum(lo - y, y - hi)
+
+
+def score_interval(lo: np.ndarray, hi: np.ndarray, t: Any) -> tuple[np.ndarray, np.ndarray]:
+    """[L, U] holding every y whose regression score, as :func:`regression_scores` computes
+    it in floating point, is ≤ ``t`` (finite): ``absolute`` (lo = hi = f) and ``cqr``.
+
+    ``lo − t`` and ``hi + t`` round to nearest and could cut off a target whose score is the
+    threshold itself (red team 12: f = 6.1, y = 0.9, t = |y − f| = 5.199999999999999, and
+    f − t = 0.9000000000000004 > y; with tied scores at the threshold the whole tie fell
+    out, coverage 0.50 under a recorded ≥ 0.9). Each end moves outward by 8s, s the unit in
+    the last place of max(|its prediction|, |t|): fl(lo − t) is within s of lo − t and the
+    subtraction of 8s rounds by at most 2s more, so L ≤ lo − t − 5s ≤ lo − t − ulp(t), and
+    any y below L has lo − y > t + ulp(t), which rounds above t (likewise U). A superset of
+    the score-level set, longer by ~10⁻¹⁵ relatively.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        u_lo = 8 * np.spacing(np.maximum(np.abs(lo), np.abs(t)))
+        u_hi = 8 * np.spacing(np.maximum(np.abs(hi), np.abs(t)))
+        return (lo - t) - u_lo, (hi + t) + u_hi

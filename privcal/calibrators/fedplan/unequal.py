@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.calibrators.base import conformal_rank
-from privcal.calibrators.fedplan.coverage import FEAS_TOL, GL_NODES, TAIL, gauss_legendre
+from privcal.calibrators.fedplan.coverage import FEAS_TOL, TAIL, gauss_legendre
 from privcal.calibrators.fedplan.limits import MAX_AGENTS, MAX_LOCAL_N, check_alpha, check_int
 from privcal.errors import InfeasiblePlan, InvalidInput
 
@@ -67,10 +67,10 @@ def coverage_M_unequal(ls: Sequence[int], sizes: Sequence[int], k: int) -> float
     with equality for continuous scores and ≥ in general (eq. (12)). With all
     n_j = n and ℓ_j = ℓ, W is Bin(m, I_t(ℓ, n−ℓ+1)) and this is eq. (5).
 
-    Quadrature: Gauss–Legendre (256 nodes) on a window of U_(k) found by
-    evaluating both tails of W on a grid over the agents' windows, then on a
-    finer grid inside the cells where the tails cross 1e−17 (the exact quantile
-    formula of the equal case has no Poisson-binomial analogue).
+    Quadrature: on a window [a, b] of U_(k) (both tails of W ≤ 1e−17 at a grid
+    point), Gauss–Legendre pieces cut at every agent's message window and
+    halved until each agrees with its halves (:func:`_integral`; the exact
+    quantile formula of the equal case has no Poisson-binomial analogue).
     """
     ls_a, ns_a = _check_unequal(ls, sizes)
     m = ns_a.size
@@ -91,7 +91,7 @@ def _check_unequal(ls: Sequence[int], sizes: Sequence[int]) -> tuple[np.ndarray,
     return np.array(lv, dtype=np.int64), np.array(ns, dtype=np.int64)
 
 
-def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray, nodes: int = GL_NODES) -> np.ndarray:
+def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray) -> np.ndarray:
     from scipy.special import betaincinv  # here: privcal.client loads no SciPy
 
     finite = ls <= ns
@@ -100,23 +100,65 @@ def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray, nodes: int = GL_N
     todo = ks <= n_fin  # with k > #finite messages the k-th smallest is +∞: M = 1
     if not todo.any():
         return out
-    lf, nf = ls[finite].astype(np.float64), ns[finite].astype(np.float64)
+    pairs = np.unique(np.stack([ls[finite], ns[finite]], axis=1), axis=0).astype(np.float64)
+    lf, nf = pairs[:, 0], pairs[:, 1]
     tail = TAIL / max(n_fin, 1)
-    lo = float(np.min(betaincinv(lf, nf - lf + 1, tail)))
-    hi = float(np.max(1.0 - betaincinv(nf - lf + 1, lf, tail)))
-    x, w = gauss_legendre(nodes)
+    # each distinct agent's message window: where its c.d.f. p_j rises from TAIL to 1 − TAIL
+    w_lo = betaincinv(lf, nf - lf + 1, tail)
+    w_hi = 1.0 - betaincinv(nf - lf + 1, lf, tail)
+    lo, hi = float(np.min(w_lo)), float(np.max(w_hi))
     coarse = np.linspace(lo, hi, 257)
     below_c, above_c = _tails(coarse, ls, ns)
     for i in np.nonzero(todo)[0]:
         k = int(ks[i])
         a, b = _window(coarse, below_c[:, k - 1], above_c[:, k - 1])
-        fine = np.linspace(a, b, 129)
-        below_f, above_f = _tails(fine, ls, ns)
-        a, b = _window(fine, below_f[:, k - 1], above_f[:, k - 1])
-        t = (a + b) / 2 + (b - a) / 2 * x
-        below_t, _ = _tails(t, ls, ns)
-        out[i] = a + (b - a) / 2 * float(below_t[:, k - 1] @ w)
+        # a window wider than [a, b]/8 spans many nodes and the halving finds it; a narrower
+        # one could fall between them, so [a, b] is cut at its ends
+        narrow = (w_hi - w_lo) < (b - a) / 8
+        out[i] = a + _integral(ls, ns, k, a, b, np.concatenate([w_lo[narrow], w_hi[narrow]]))
     return out
+
+
+#: Gauss–Legendre nodes of each piece of :func:`_integral`, its tolerance (absolute, over the
+#: whole window) and its most pieces
+PIECE_NODES, PIECE_TOL, MAX_PIECES = 128, 1e-14, 4096
+
+
+def _integral(ls: np.ndarray, ns: np.ndarray, k: int, a: float, b: float,
+              breaks: np.ndarray) -> float:
+    """∫_a^b P(W(t) ≤ k−1) dt, piecewise and adaptive (red team 12).
+
+    One Gauss–Legendre rule on [a, b] missed the step a large agent's message makes: a
+    message of n_j = 10⁷ scores rises from 0 to 1 within ~10⁻³ of t, between the nodes of a
+    rule spread over a window that small agents' messages make nearly [0, 1]; M was off by
+    up to 10⁻³, either way, and a plan recorded coverage ≥ 1−α it did not have. Here [a, b]
+    is cut at the ends of every agent's message window narrower than an eighth of it (inside
+    a piece each such p_j is flat or smooth at the piece's scale), and a piece whose rule
+    disagrees with the sum over its halves by more than its share of :data:`PIECE_TOL` is
+    halved, until all agree; a window that needs more than :data:`MAX_PIECES` pieces is
+    refused (InfeasiblePlan) rather than given a coverage no one has checked.
+    """
+    x, w = gauss_legendre(PIECE_NODES)
+    edges = np.unique(np.concatenate([[a, b], breaks[(breaks > a) & (breaks < b)]]))
+    pieces = np.stack([edges[:-1], edges[1:]], axis=1)
+    total = 0.0
+    while pieces.size:
+        if pieces.shape[0] > MAX_PIECES:
+            raise InfeasiblePlan("the coverage of this FedCP-QQ plan for unequal sizes could "
+                                 f"not be computed to {PIECE_TOL:g}: no plan is given")
+        mid = pieces.mean(axis=1)
+        spans = np.stack([pieces, np.stack([pieces[:, 0], mid], 1),
+                          np.stack([mid, pieces[:, 1]], 1)])  # (3, pieces, 2)
+        half = (spans[..., 1] - spans[..., 0]) / 2
+        t = (spans[..., 0] + half)[..., None] + half[..., None] * x  # (3, pieces, nodes)
+        below, _ = _tails(t.ravel(), ls, ns)
+        g = below[:, k - 1].reshape(t.shape)
+        est = half * (g @ w)  # (3, pieces)
+        halves = est[1] + est[2]
+        ok = np.abs(est[0] - halves) <= PIECE_TOL * (pieces[:, 1] - pieces[:, 0]) / (b - a)
+        total += float(halves[ok].sum())
+        pieces = np.concatenate([spans[1][~ok], spans[2][~ok]])
+    return total
 
 
 def _window(t: np.ndarray, below: np.ndarray, above: np.ndarray) -> tuple[float, float]:
