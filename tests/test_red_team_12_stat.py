@@ -13,6 +13,8 @@ coverage guarantees that did not hold.
   t = 5.199999999999999, f − t = 0.9000000000000004): with tied scores at the threshold
   the tie fell out, coverage 0.50 under a recorded ≥ 0.9. The ends now move a few units in
   the last place outward, so the interval holds every y whose float score is ≤ t.
+- Beside F2: ``evaluate`` called that release's 0.497 against a marginal ≥ 0.9 "no evidence
+  against it"; it now gives Markov's bound on how likely a release that low is.
 """
 
 from __future__ import annotations
@@ -145,3 +147,18 @@ def test_split_with_a_tied_target_covers_what_it_records(accountant: Accountant)
     iv = rel.predict_interval(preds=np.full(20_000, 6.1))
     covered = float(((iv[:, 0] <= y_test) & (y_test <= iv[:, 1])).mean())
     assert covered == 1.0 >= rel.coverage.lower
+
+
+def test_a_far_shortfall_under_a_marginal_guarantee_is_not_called_no_evidence() -> None:
+    """The review's evaluation (coverage 0.497 on 20 000 points against a marginal ≥ 0.9)
+    printed "no evidence against it". One release cannot refute a marginal bound outright,
+    but it is evidence: a release that low has probability ≤ (1 − 0.9)/(1 − u) ≈ 0.20."""
+    from privcal.calibrators.intervals import evaluate_intervals
+    from privcal.cli.render import guarantee_verdict
+
+    y = np.r_[np.zeros(9940), np.ones(10060)]
+    iv = np.column_stack([np.full(20_000, -0.5), np.full(20_000, 0.5)])  # covers the zeros
+    ev = evaluate_intervals(iv, y, 0.9, marginal=True)
+    verdict = guarantee_verdict(ev)
+    assert ev.coverage == 0.497 and "no evidence" not in verdict
+    assert "probability at most 0.2 under it" in verdict and "weak evidence" in verdict

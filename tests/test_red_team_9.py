@@ -183,7 +183,9 @@ def test_a_marginal_guarantee_is_not_called_contradicted_by_one_release() -> Non
     assert ev.marginal and is_marginal(rel.coverage)
     assert not ev.meets_guarantee and not ev.consistent_with_guarantee
     verdict = guarantee_verdict(ev)
-    assert "inconsistent" not in verdict and "no evidence against it" in verdict
+    assert "inconsistent" not in verdict and "evidence against it" in verdict
+    odds = (1 - ev.guaranteed_lower) / (1 - ev.coverage_upper_95)  # Markov (red team 12)
+    assert f"probability at most {min(1.0, odds):.2g} under it" in verdict
     assert "marginal" in ev.note
     ldp = acct.calibrate("ldp-label", dataset="d", probs=test[:2000], labels=y[:2000],
                          subjects=np.arange(2000), alpha=0.1, epsilon=2,
@@ -212,4 +214,5 @@ def test_an_interval_evaluation_knows_its_guarantee_is_marginal() -> None:
     tp = g.normal(size=5000)
     ev = rel.evaluate_interval(tp + g.normal(size=5000), tp)  # wider residuals than seen
     assert ev.marginal and is_marginal(rel.coverage) and not ev.consistent_with_guarantee
-    assert "no evidence against it" in guarantee_verdict(ev)
+    assert "evidence against it" in guarantee_verdict(ev)
+    assert "Markov's inequality" in guarantee_verdict(ev)

@@ -74,7 +74,8 @@ def evaluation_note(marginal: bool) -> str:
         note += ("; the guarantee is marginal (an average over calibration sets and test "
                  "points), so one release's own coverage may be below it — for split at "
                  "rank r of n it is Beta(r, n+1−r) distributed — and 'not consistent' is "
-                 "then no evidence against the guarantee")
+                 "then weak evidence at most: under the guarantee a release's coverage is "
+                 "≤ u with probability ≤ (1 − lower)/(1 − u) (Markov's inequality)")
     return note
 
 
