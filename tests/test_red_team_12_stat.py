@@ -131,6 +131,8 @@ def test_every_float_score_at_most_t_is_inside_on_a_decimal_grid() -> None:
     low, high = score_interval(f, f, t)
     assert not ((y < low) | (y > high)).any()
     assert np.all(high - low <= 2 * t + 64 * np.spacing(np.maximum(np.abs(f), t)))
+    empty = score_interval(np.array([1.0]), np.array([2.0]), -np.inf)  # no NaN from the ulp
+    assert (empty[0][0], empty[1][0]) == (np.inf, -np.inf)
 
 
 def test_split_with_a_tied_target_covers_what_it_records(accountant: Accountant) -> None:

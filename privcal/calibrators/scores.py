@@ -322,6 +322,7 @@ def score_interval(lo: np.ndarray, hi: np.ndarray, t: Any) -> tuple[np.ndarray, 
     the score-level set, longer by ~10⁻¹⁵ relatively.
     """
     with np.errstate(invalid="ignore", over="ignore"):
-        u_lo = 8 * np.spacing(np.maximum(np.abs(lo), np.abs(t)))
-        u_hi = 8 * np.spacing(np.maximum(np.abs(hi), np.abs(t)))
+        # an infinite t (−∞: the empty interval) has no unit in the last place: no move
+        u_lo = np.nan_to_num(8 * np.spacing(np.maximum(np.abs(lo), np.abs(t))), nan=0.0)
+        u_hi = np.nan_to_num(8 * np.spacing(np.maximum(np.abs(hi), np.abs(t))), nan=0.0)
         return (lo - t) - u_lo, (hi + t) + u_hi
