@@ -13,6 +13,8 @@ charged twice); these are the errors around it.
   (or, at the schema check, "cannot reach the ledger"); now one line saying what happened.
 - F4: a SQLite ledger whose write lock another process held made a write wait 12 × the busy
   timeout (≈ 6.3 minutes) before its error; now one busy timeout in all.
+- F6: SQLite's read-only URI (``file:…?mode=ro&uri=true``) was refused as a missing
+  directory: an auditor with read access only could not verify.
 """
 
 from __future__ import annotations
@@ -199,3 +201,22 @@ def test_a_sqlite_write_lock_held_elsewhere_fails_after_one_busy_timeout(
     time.sleep(0.1)
     holder.close()
     acct.ledger.close()
+
+
+@pytest.mark.parametrize("mode", ["mode=ro", "immutable=1"])
+def test_an_auditor_opens_a_sqlite_ledger_read_only(tmp_path: Any, mode: str) -> None:
+    """F6: SQLite's read-only URI was refused ("cannot create the ledger file:…: no such
+    directory"), so an auditor with read access only could not run ``audit verify``."""
+    path = tmp_path / "l.sqlite"
+    acct = Accountant(f"sqlite:///{path}")
+    acct.create_dataset("d", rho=1)
+    acct.charge("d", ZCDP(rho="0.1"))
+    acct.ledger.close()
+    ro = Accountant(f"sqlite:///file:{path}?{mode}&uri=true")
+    assert ro.verify().entries == 2 and ro.budget("d").charges == 1
+    if mode == "mode=ro":
+        with pytest.raises(LedgerError, match="cannot be written now") as err:
+            ro.charge("d", ZCDP(rho="0.1"))
+        assert "\n" not in str(err.value)
+    ro.ledger.close()
+    assert Accountant(f"sqlite:///{path}").budget("d").charges == 1

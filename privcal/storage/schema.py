@@ -226,7 +226,8 @@ class LedgerSchema:
         if self.backend != "sqlite":
             return False
         path = self._sqlite_file()
-        if path is not None and (not path.exists() or path.stat().st_size == 0):
+        uri = path is not None and (str(path).startswith("file:") or self._url.query.get("uri"))
+        if path is not None and not uri and (not path.exists() or path.stat().st_size == 0):
             if not path.parent.is_dir():
                 raise LedgerError(f"cannot create the ledger {path}: no such directory "
                                   f"{path.parent}")
