@@ -15,6 +15,7 @@ charged twice); these are the errors around it.
   timeout (≈ 6.3 minutes) before its error; now one busy timeout in all.
 - F6: SQLite's read-only URI (``file:…?mode=ro&uri=true``) was refused as a missing
   directory: an auditor with read access only could not verify.
+- F7: a key pair that could not be written whole (a full disk) left its private half.
 """
 
 from __future__ import annotations
@@ -220,3 +221,40 @@ def test_an_auditor_opens_a_sqlite_ledger_read_only(tmp_path: Any, mode: str) ->
         assert "\n" not in str(err.value)
     ro.ledger.close()
     assert Accountant(f"sqlite:///{path}").budget("d").charges == 1
+
+
+def test_a_key_pair_that_cannot_be_written_whole_leaves_no_file(tmp_path: Any,
+                                                                monkeypatch: Any) -> None:
+    """F7: ``audit keygen`` on a full disk left a private key and an empty ``.pub``; every
+    retry then refused ("already exists") while ``--sign`` still used the orphan key."""
+    import builtins
+
+    from privcal.errors import InvalidInput
+    from privcal.storage.signing import generate_keypair
+
+    real_open = builtins.open
+
+    class Full:  # the file is made; its write finds the disk full
+        def __init__(self, fh: Any) -> None:
+            self.fh = fh
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.fh.close()
+
+        def write(self, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+    def full_disk(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        fh = real_open(file, mode, *args, **kwargs)
+        return Full(fh) if str(file).endswith(".pub") and "x" in mode else fh
+
+    monkeypatch.setattr(builtins, "open", full_disk)
+    with pytest.raises(InvalidInput, match="no key was kept"):
+        generate_keypair(tmp_path / "k.key")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(builtins, "open", real_open)
+    priv, pub, _ = generate_keypair(tmp_path / "k.key")  # the retry makes the pair
+    assert priv.exists() and pub.read_bytes().startswith(b"-----BEGIN PUBLIC KEY")

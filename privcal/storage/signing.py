@@ -101,14 +101,19 @@ def generate_keypair(private_path: str | os.PathLike[str],
                             serialization.NoEncryption())
     pub_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+    made: list[Path] = []
     try:
         fd = os.open(priv_p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        made.append(priv_p)
         with os.fdopen(fd, "wb") as fh:
             fh.write(pem)
         with open(pub_p, "xb") as fh:
+            made.append(pub_p)
             fh.write(pub_pem)
     except OSError as exc:
-        raise InvalidInput(f"cannot write the key pair: {exc}") from exc
+        for p in made:  # a full disk left a private key and an empty .pub, which every retry
+            p.unlink(missing_ok=True)  # refused to overwrite (red team 12): none is kept
+        raise InvalidInput(f"cannot write the key pair: {exc}; no key was kept") from exc
     return priv_p, pub_p, _key_id(key.public_key())
 
 
