@@ -49,6 +49,18 @@ def test_two_agents_of_sizes_one_and_n_match_their_closed_forms(n: int) -> None:
                                                                     abs=1e-13)
 
 
+@pytest.mark.parametrize(("sizes", "alpha"), [((2, 10**8), 0.05), ((10**8,), 0.05)])
+def test_a_lone_finite_message_of_a_huge_agent_is_planned_exactly(sizes: tuple[int, ...],
+                                                                 alpha: float) -> None:
+    """r12rev: at α = 0.05 an agent of 2 scores sends +∞, so M is E[the 10⁸-score agent's
+    message] = ℓ/(n + 1); betainc's own jitter there made every piece fail 10⁻¹⁴ and the plan
+    was refused after a minute (the old rule gave it in 0.3 s)."""
+    plan = plan_fedcp_qq_unequal(list(sizes), alpha)
+    n = 10**8
+    ell = -(-(n + 1) * 95 // 100)
+    assert plan.k == 1 and plan.M == pytest.approx(float(Fraction(ell, n + 1)), abs=1e-13)
+
+
 def _reference_M(groups: list[tuple[int, int, int]], k: int) -> float:
     """M_k = ∫₀¹ P(W(t) ≤ k − 1) dt by scipy's adaptive quad, W the sum over groups (count,
     ℓ, n) of Binomial(count, I_t(ℓ, n − ℓ + 1)) — an integrand and integrator of its own."""

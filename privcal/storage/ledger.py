@@ -169,11 +169,14 @@ class Ledger(
     def _unreachable(self, exc: BaseException) -> LedgerError:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
         if getattr(getattr(exc, "orig", None), "sqlstate", None) == "57014":  # red team 12
+            step = ("this transaction was rolled back (an earlier step of the call that "
+                    "committed, such as a calibration's charge, stands: retry with the same "
+                    "idempotency key to complete it)")
             return LedgerError(f"the ledger at {self.url} cancelled a statement ({first}): a "
                                "statement_timeout on the server, role, database or URL is "
-                               "shorter than this call's work; its transaction was rolled back",
-                               public="the ledger cancelled the request's statement (a server "
-                               "timeout); nothing was written")
+                               f"shorter than this call's work; {step}",
+                               public="the ledger cancelled a statement of the request (a "
+                               f"server timeout); {step}")
         return LedgerError(f"cannot reach the ledger at {self.url}: {first}",
                            public="the ledger cannot be reached now; retry later")
 

@@ -19,27 +19,61 @@ from privcal.errors import InfeasiblePlan, InvalidInput
 
 
 def _pb_pmf(p: np.ndarray) -> np.ndarray:
-    """Poisson-binomial pmf of Σ_j Bernoulli(p_j) along the last axis: (..., m) → (..., m+1)."""
+    """Poisson-binomial pmf of Σ_j Bernoulli(p_j) along the last axis: (..., m) → (..., m+1).
+
+    A Bernoulli(0) leaves the pmf as it is and a Bernoulli(1) shifts it by one, exactly:
+    each row folds in only its agents with 0 < p_j < 1, in order, and is shifted by its
+    count of p_j = 1 at the end — the same numbers as folding in every agent, at a cost
+    that follows the agents whose message can still fall either side of t (most of a large
+    agent's are 0 or 1: :func:`_message_cdf`)."""
     m = p.shape[-1]
-    pmf = np.zeros((*p.shape[:-1], m + 1))
-    pmf[..., 0] = 1.0
+    flat = p.reshape(-1, m)
+    pmf = np.zeros((flat.shape[0], m + 1))
+    pmf[:, 0] = 1.0
+    frac = (flat > 0) & (flat < 1)
+    top = 0  # every row's pmf is 0 above column top
     for j in range(m):
-        pj = p[..., j : j + 1]
+        rows = np.nonzero(frac[:, j])[0]
+        if rows.size == 0:
+            continue
+        pj = flat[rows, j : j + 1]
+        sub = pmf[rows, : top + 2]
         # convex combinations only: stable, every entry stays in [0, 1]
-        pmf[..., 1 : j + 2] = pmf[..., 1 : j + 2] * (1 - pj) + pmf[..., 0 : j + 1] * pj
-        pmf[..., 0:1] *= 1 - pj
-    return pmf
+        sub[:, 1:] = sub[:, 1:] * (1 - pj) + sub[:, :-1] * pj
+        sub[:, 0] *= 1 - pj[:, 0]
+        pmf[rows, : top + 2] = sub
+        top += 1
+    ones = (flat == 1.0).sum(axis=1)
+    if ones.any():
+        col = np.arange(m + 1) - ones[:, None]
+        pmf = np.where(col >= 0, np.take_along_axis(pmf, np.maximum(col, 0), axis=1), 0.0)
+    return pmf.reshape(*p.shape[:-1], m + 1)
 
 
 def _message_cdf(t: np.ndarray, ls: np.ndarray, ns: np.ndarray) -> np.ndarray:
-    """P(message_j ≤ t) = I_t(ℓ_j, n_j−ℓ_j+1); 0 when ℓ_j > n_j (that agent sends +∞)."""
-    from scipy.special import betainc  # here: privcal.client loads no SciPy
+    """P(message_j ≤ t) = I_t(ℓ_j, n_j−ℓ_j+1); 0 when ℓ_j > n_j (that agent sends +∞).
+
+    Computed once per distinct (ℓ_j, n_j), and only inside its window: below the
+    TAIL/m-quantile of the message it is taken as 0, above the (1 − TAIL/m)-quantile as 1
+    (W's pmf then moves by at most TAIL: the integral by ≤ 10⁻¹⁷). A large agent's window is
+    narrow, so most (t, agent) pairs need no incomplete beta (red team 12's review: the
+    piecewise integral of :func:`_integral` evaluates many more t)."""
+    from scipy.special import betainc, betaincinv  # here: privcal.client loads no SciPy
 
     finite = ls <= ns
     p = np.zeros((*t.shape, ls.size))
     if finite.any():
-        lf, nf = ls[finite].astype(np.float64), ns[finite].astype(np.float64)
-        p[..., finite] = betainc(lf, nf - lf + 1, t[..., None])
+        pairs, inv = np.unique(np.stack([ls[finite], ns[finite]], axis=1), axis=0,
+                               return_inverse=True)
+        lf, nf = pairs[:, 0].astype(np.float64), pairs[:, 1].astype(np.float64)
+        tail = TAIL / ls.size
+        w_lo = betaincinv(lf, nf - lf + 1, tail)
+        w_hi = 1.0 - betaincinv(nf - lf + 1, lf, tail)
+        tt = t.reshape(-1, 1)
+        q = (tt > w_hi).astype(np.float64)  # (points, distinct agents)
+        r, c = np.nonzero((tt >= w_lo) & (tt <= w_hi))
+        q[r, c] = betainc(lf[c], nf[c] - lf[c] + 1, tt[r, 0])
+        p[..., finite] = q[:, inv.reshape(-1)].reshape(*t.shape, -1)
     return p
 
 
@@ -109,24 +143,30 @@ def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray) -> np.ndarray:
     lo, hi = float(np.min(w_lo)), float(np.max(w_hi))
     coarse = np.linspace(lo, hi, 257)
     below_c, above_c = _tails(coarse, ls, ns)
-    for i in np.nonzero(todo)[0]:
-        k = int(ks[i])
-        a, b = _window(coarse, below_c[:, k - 1], above_c[:, k - 1])
-        # a window wider than [a, b]/8 spans many nodes and the halving finds it; a narrower
-        # one could fall between them, so [a, b] is cut at its ends
-        narrow = (w_hi - w_lo) < (b - a) / 8
-        out[i] = a + _integral(ls, ns, k, a, b, np.concatenate([w_lo[narrow], w_hi[narrow]]))
+    kk = ks[todo].astype(np.int64)
+    spans = np.array([_window(coarse, below_c[:, k - 1], above_c[:, k - 1]) for k in kk])
+    a, b = float(spans[:, 0].min()), float(spans[:, 1].max())  # every k's window, at once
+    # a window wider than [a, b]/8 spans many nodes and the halving finds it; a narrower one
+    # could fall between them, so [a, b] is cut at its ends
+    narrow = (w_hi - w_lo) < (b - a) / 8
+    out[todo] = a + _integral(ls, ns, kk, a, b, np.concatenate([w_lo[narrow], w_hi[narrow]]))
     return out
 
 
 #: Gauss–Legendre nodes of each piece of :func:`_integral`, its tolerance (absolute, over the
 #: whole window) and its most pieces
-PIECE_NODES, PIECE_TOL, MAX_PIECES = 128, 1e-14, 4096
+PIECE_NODES, PIECE_TOL, MAX_PIECES = 64, 1e-14, 4096
+#: the integrand's own noise per unit of t: scipy's incomplete beta at (ℓ, n − ℓ + 1) ≈
+#: (9.5·10⁷, 5·10⁶) jitters by ~10⁻¹² relatively, which no halving removes (r12rev: a plan
+#: for sizes (2, 10⁸) halved past MAX_PIECES and was refused); a piece agreeing with its
+#: halves to NOISE × its width is accepted — at most 2·10⁻¹³ over [a, b] ⊂ [0, 1], within
+#: FEAS_TOL, which every recorded bound gives away
+NOISE = 2e-13
 
 
-def _integral(ls: np.ndarray, ns: np.ndarray, k: int, a: float, b: float,
-              breaks: np.ndarray) -> float:
-    """∫_a^b P(W(t) ≤ k−1) dt, piecewise and adaptive (red team 12).
+def _integral(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray, a: float, b: float,
+              breaks: np.ndarray) -> np.ndarray:
+    """∫_a^b P(W(t) ≤ k−1) dt for each k of ``ks``, piecewise and adaptive (red team 12).
 
     One Gauss–Legendre rule on [a, b] missed the step a large agent's message makes: a
     message of n_j = 10⁷ scores rises from 0 to 1 within ~10⁻³ of t, between the nodes of a
@@ -134,14 +174,16 @@ def _integral(ls: np.ndarray, ns: np.ndarray, k: int, a: float, b: float,
     up to 10⁻³, either way, and a plan recorded coverage ≥ 1−α it did not have. Here [a, b]
     is cut at the ends of every agent's message window narrower than an eighth of it (inside
     a piece each such p_j is flat or smooth at the piece's scale), and a piece whose rule
-    disagrees with the sum over its halves by more than its share of :data:`PIECE_TOL` is
-    halved, until all agree; a window that needs more than :data:`MAX_PIECES` pieces is
-    refused (InfeasiblePlan) rather than given a coverage no one has checked.
+    disagrees with the sum over its halves by more than its share of :data:`PIECE_TOL` (or
+    than the integrand's own :data:`NOISE`) is halved, until all agree; a window that needs
+    more than :data:`MAX_PIECES` pieces is refused (InfeasiblePlan) rather than given a
+    coverage no one has checked. Every k is
+    integrated on the same nodes (one pmf gives them all), a piece halved until all agree.
     """
     x, w = gauss_legendre(PIECE_NODES)
     edges = np.unique(np.concatenate([[a, b], breaks[(breaks > a) & (breaks < b)]]))
     pieces = np.stack([edges[:-1], edges[1:]], axis=1)
-    total = 0.0
+    total = np.zeros(ks.size)
     while pieces.size:
         if pieces.shape[0] > MAX_PIECES:
             raise InfeasiblePlan("the coverage of this FedCP-QQ plan for unequal sizes could "
@@ -152,21 +194,25 @@ def _integral(ls: np.ndarray, ns: np.ndarray, k: int, a: float, b: float,
         half = (spans[..., 1] - spans[..., 0]) / 2
         t = (spans[..., 0] + half)[..., None] + half[..., None] * x  # (3, pieces, nodes)
         below, _ = _tails(t.ravel(), ls, ns)
-        g = below[:, k - 1].reshape(t.shape)
-        est = half * (g @ w)  # (3, pieces)
+        g = below[:, ks - 1].reshape(*t.shape, ks.size)  # (3, pieces, nodes, ks)
+        est = half[..., None] * np.einsum("spnk,n->spk", g, w)  # (3, pieces, ks)
         halves = est[1] + est[2]
-        ok = np.abs(est[0] - halves) <= PIECE_TOL * (pieces[:, 1] - pieces[:, 0]) / (b - a)
-        total += float(halves[ok].sum())
+        width = pieces[:, 1] - pieces[:, 0]
+        share = np.maximum(PIECE_TOL / (b - a), NOISE) * width
+        ok = (np.abs(est[0] - halves) <= share[:, None]).all(axis=1)
+        total += halves[ok].sum(axis=0)
         pieces = np.concatenate([spans[1][~ok], spans[2][~ok]])
     return total
 
 
 def _window(t: np.ndarray, below: np.ndarray, above: np.ndarray) -> tuple[float, float]:
-    """[a, b] ⊂ grid t with P(U_(k) < a) ≤ 1e−17 and P(U_(k) > b) ≤ 1e−17 (up to grid points)."""
+    """[a, b] ⊂ grid t with P(U_(k) < a) and P(U_(k) > b) ≤ 4·10⁻¹⁷ (up to grid points)."""
     # P(U_(k) ≤ t) = P(W(t) ≥ k) = ``above``; P(U_(k) > t) = ``below``
-    ok_lo = np.nonzero(above <= TAIL)[0]
+    # 4·TAIL: the grid's ends are quantiles at TAIL/m, which betainc may round just above
+    # (r12rev: then no point qualified and [a, b] fell back to [0, b])
+    ok_lo = np.nonzero(above <= 4 * TAIL)[0]
     a = float(t[ok_lo[-1]]) if ok_lo.size else float(t[0])
-    ok_hi = np.nonzero(below <= TAIL)[0]
+    ok_hi = np.nonzero(below <= 4 * TAIL)[0]
     b = float(t[ok_hi[0]]) if ok_hi.size else float(t[-1])
     if ok_lo.size == 0:
         a = 0.0  # the grid did not reach the lower tail: integrate from 0
@@ -229,17 +275,40 @@ def _plan_unequal_cached(ns: tuple[int, ...], ls: tuple[int, ...], alpha: float)
     tgt = 1.0 - alpha - FEAS_TOL
     cache: dict[int, float] = {}
 
-    def M(k: int) -> float:
-        if k not in cache:
-            cache[k] = float(_unequal_M(ls_a, ns_a, np.array([k]))[0])
-        return cache[k]
+    def M(*ks: int) -> float:
+        """M_k (of the first k), computing every k not yet known in one integral."""
+        todo = sorted({k for k in ks if k not in cache})
+        if todo:
+            cache.update(zip(todo, _unequal_M(ls_a, ns_a, np.array(todo)).tolist(),
+                             strict=True))
+        return cache[ks[0]]
 
-    if M(m) < tgt:
+    # the crossing guessed from a coarse trapezoid (never trusted: M is computed around it)
+    guess = int(np.searchsorted(_rough_M(ls_a, ns_a), tgt)) + 1
+    # the plan's k is the least with M_k ≥ tgt (M grows with k; M_0 = 0 < tgt). Keep M_lo <
+    # tgt ≤ M_hi (hi = m until checked); each step computes a pair (g − 1, g) in one
+    # integral and moves g along its secant, then (after six steps) bisection finishes
+    lo, hi, g = 0, m, min(max(guess, 1), m)
+    for _ in range(6):
+        if hi - lo <= 1:
+            break
+        M(g, max(g - 1, 1))
+        below = 0.0 if g == 1 else M(g - 1)
+        slope = max(M(g) - below, 1e-12)
+        if M(g) >= tgt and below < tgt:
+            lo, hi = g - 1, g
+            break
+        if M(g) >= tgt:  # so is M_{g−1}: k ≤ g − 1
+            hi = g - 1
+            est = g - 1 - (below - tgt) / slope
+        else:
+            lo = g
+            est = g + (tgt - M(g)) / slope
+        g = min(max(int(np.ceil(est)), lo + 1), hi)
+    if hi == m and M(m) < tgt:
         raise InfeasiblePlan(
             f"no FedCP-QQ plan reaches coverage {1 - alpha:g} with local sizes {list(ns)} "
-            f"and ℓ_j = ⌈(1−α)(n_j+1)⌉: even the largest message covers only {M(m):.6g}"
-        )
-    lo, hi = 0, m  # M(hi) ≥ tgt; lo = 0 or M(lo) < tgt
+            f"and ℓ_j = ⌈(1−α)(n_j+1)⌉: even the largest message covers only {M(m):.6g}")
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if M(mid) >= tgt:
@@ -247,3 +316,20 @@ def _plan_unequal_cached(ns: tuple[int, ...], ls: tuple[int, ...], alpha: float)
         else:
             lo = mid
     return FedPlanUnequal(sizes=ns, ls=ls, k=hi, M=M(hi), alpha=alpha)
+
+
+def _rough_M(ls: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """M_k for every k by the trapezoid rule on 257 points over the agents' windows: a guess
+    of where the plan's k is (it can miss a large agent's step: red team 12), no more."""
+    from scipy.special import betaincinv  # here: privcal.client loads no SciPy
+
+    finite = ls <= ns
+    if not finite.any():
+        return np.ones(ls.size)
+    lf, nf = ls[finite].astype(np.float64), ns[finite].astype(np.float64)
+    lo = float(np.min(betaincinv(lf, nf - lf + 1, TAIL)))
+    hi = float(np.max(1.0 - betaincinv(nf - lf + 1, lf, TAIL)))
+    grid = np.linspace(lo, hi, 257)
+    below, _ = _tails(grid, ls, ns)
+    inner = ((below[1:] + below[:-1]) / 2 * np.diff(grid)[:, None]).sum(axis=0)
+    return lo + inner
