@@ -261,3 +261,19 @@ def test_a_key_pair_that_cannot_be_written_whole_leaves_no_file(tmp_path: Any,
     monkeypatch.setattr(builtins, "open", real_open)
     priv, pub, _ = generate_keypair(tmp_path / "k.key")  # the retry makes the pair
     assert priv.exists() and pub.read_bytes().startswith(b"-----BEGIN PUBLIC KEY")
+
+
+@_pg
+def test_a_statement_timeout_in_a_read_on_the_driver_is_one_line(ledger: Any,
+                                                                 ledger_url: str) -> None:
+    """r12rev F3: a read that runs its statement on the driver's own cursor (the service's
+    stored-reports lookup) let psycopg's QueryCanceled through ``read()``: a 500."""
+    slow = Ledger(_with_statement_timeout(ledger_url, 100))
+    with pytest.raises(LedgerError, match="cancelled a statement") as err:
+        with slow.read() as s:
+            with s.connection().connection.driver_connection.cursor() as cur:
+                cur.execute("SELECT pg_sleep(2)")
+    assert "\n" not in str(err.value)
+    with slow.read() as s:  # the connection is still good for the next read
+        assert s.connection().exec_driver_sql("SELECT 1").scalar() == 1
+    slow.close()

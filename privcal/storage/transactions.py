@@ -131,7 +131,8 @@ class LedgerTransactions:
     """Transactions of a :class:`~privcal.storage.ledger.Ledger` (see the module docstring)."""
 
     # set by Ledger.__init__; ``backend``, ``url``, ``_connect``, ``_unreachable``, ``hot_sql``,
-    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit``, ``_end``, ``_hot_take``, ``_hot_give``
+    # ``_sql``, ``_sql_many``, ``_begin``, ``_commit``, ``_end``, ``_db_error``, ``_hot_take``,
+    # ``_hot_give``
     # and ``ensure_schema`` are the Ledger's
     _url: URL
 
@@ -273,9 +274,13 @@ class LedgerTransactions:
                 # see a charge row committed after it read the log
                 conn.execution_options(isolation_level="REPEATABLE READ")
             try:
-                with Session(bind=conn, expire_on_commit=False) as session:
-                    with session.begin():
-                        yield session
+                try:
+                    with Session(bind=conn, expire_on_commit=False) as session:
+                        with session.begin():
+                            yield session
+                except conn.dialect.loaded_dbapi.Error as raw:  # a statement the body ran on
+                    # the driver's own cursor (r12rev: a statement_timeout there was a 500)
+                    raise self._db_error(conn, raw, "(a read on the driver)", ()) from raw
             except DBAPIError as exc:
                 if _cancelled(exc):
                     raise self._unreachable(exc) from exc
