@@ -177,8 +177,8 @@ def _integral(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray, a: float, b: float
     disagrees with the sum over its halves by more than its share of :data:`PIECE_TOL` (or
     than the integrand's own :data:`NOISE`) is halved, until all agree; a window that needs
     more than :data:`MAX_PIECES` pieces is refused (InfeasiblePlan) rather than given a
-    coverage no one has checked. Every k is
-    integrated on the same nodes (one pmf gives them all), a piece halved until all agree.
+    coverage no one has checked. Every k is integrated on the same nodes (one pmf gives them
+    all), a piece halved until all agree.
     """
     x, w = gauss_legendre(PIECE_NODES)
     edges = np.unique(np.concatenate([[a, b], breaks[(breaks > a) & (breaks < b)]]))
