@@ -12,7 +12,8 @@ charged twice); these are the errors around it.
 - F3: a ``statement_timeout`` set on the server, role, database or URL gave a raw traceback
   (or, at the schema check, "cannot reach the ledger"); now one line saying what happened
   (and, r12rev, not "nothing was written": a calibration's charge commits before its
-  release, whose transaction the timeout may be the one to cancel).
+  release, whose transaction the timeout may be the one to cancel); also in a read whose
+  statement runs on the driver's own cursor (r12rev F3: the service's stored reports).
 - F4: a SQLite ledger whose write lock another process held made a write wait 12 × the busy
   timeout (≈ 6.3 minutes) before its error; now one busy timeout in all.
 - F6: SQLite's read-only URI (``file:…?mode=ro&uri=true``) was refused as a missing
