@@ -278,3 +278,22 @@ def test_a_statement_timeout_in_a_read_on_the_driver_is_one_line(ledger: Any,
     with slow.read() as s:  # the connection is still good for the next read
         assert s.connection().exec_driver_sql("SELECT 1").scalar() == 1
     slow.close()
+
+
+@_pg
+def test_a_copy_first_in_a_write_runs_inside_its_transaction(ledger: Any) -> None:
+    """r12rev's note: the COPY helper did not send a write's deferred ``BEGIN`` (the driver
+    connection is in autocommit mode until a statement carries it), so a COPY first in a
+    write would commit on its own; every current COPY happens to follow such a statement."""
+    from privcal.storage.pg_copy import copy_in
+
+    def write(conn: Any) -> None:
+        copy_in(conn, "COPY ledger_meta_probe (v) FROM STDIN", "1\n")
+        raise RuntimeError("roll it back")
+
+    with ledger.engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE ledger_meta_probe (v int)")
+    with pytest.raises(RuntimeError, match="roll it back"):
+        ledger.write_core(write)
+    with ledger.engine.connect() as c:
+        assert c.exec_driver_sql("SELECT count(*) FROM ledger_meta_probe").scalar() == 0

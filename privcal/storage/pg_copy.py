@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from privcal.storage.engine import begin_pending
 from privcal.storage.statements import HotStatements
 
 __all__ = ["copy_in"]
@@ -26,9 +27,13 @@ __all__ = ["copy_in"]
 def copy_in(conn: Connection, sql: str, block: str | bytes | None = None,
             rows: Iterable[tuple[Any, ...]] | None = None) -> None:
     """Run ``sql`` (a ``COPY … FROM STDIN``) on ``conn``'s driver connection, sending
-    ``block`` (pre-formatted COPY text) or else ``rows`` (escaped by psycopg, row by row)."""
+    ``block`` (pre-formatted COPY text) or else ``rows`` (escaped by psycopg, row by row),
+    inside the write's transaction: a ``BEGIN`` still deferred is sent first (as
+    :meth:`~privcal.storage.statements.HotStatements._driver` does; a COPY first in a
+    write would otherwise run in autocommit mode)."""
     raw = conn.connection.driver_connection
     try:
+        begin_pending(conn)
         with raw.cursor() as cur, cur.copy(sql) as cp:  # type: ignore[union-attr]
             if block is not None:
                 cp.write(block)
