@@ -58,23 +58,50 @@ def _message_cdf(t: np.ndarray, ls: np.ndarray, ns: np.ndarray) -> np.ndarray:
     (W's pmf then moves by at most TAIL: the integral by ≤ 10⁻¹⁷). A large agent's window is
     narrow, so most (t, agent) pairs need no incomplete beta (red team 12's review: the
     piecewise integral of :func:`_integral` evaluates many more t)."""
-    from scipy.special import betainc, betaincinv  # here: privcal.client loads no SciPy
+    from scipy.special import betainc  # here: privcal.client loads no SciPy
 
     finite = ls <= ns
     p = np.zeros((*t.shape, ls.size))
     if finite.any():
-        pairs, inv = np.unique(np.stack([ls[finite], ns[finite]], axis=1), axis=0,
-                               return_inverse=True)
-        lf, nf = pairs[:, 0].astype(np.float64), pairs[:, 1].astype(np.float64)
-        tail = TAIL / ls.size
-        w_lo = betaincinv(lf, nf - lf + 1, tail)
-        w_hi = 1.0 - betaincinv(nf - lf + 1, lf, tail)
+        lf, nf, inv, w_lo, w_hi = _windows(ls, ns, TAIL / ls.size)
         tt = t.reshape(-1, 1)
         q = (tt > w_hi).astype(np.float64)  # (points, distinct agents)
         r, c = np.nonzero((tt >= w_lo) & (tt <= w_hi))
         q[r, c] = betainc(lf[c], nf[c] - lf[c] + 1, tt[r, 0])
-        p[..., finite] = q[:, inv.reshape(-1)].reshape(*t.shape, -1)
+        p[..., finite] = q[:, inv].reshape(*t.shape, -1)
     return p
+
+
+def _windows(ls: np.ndarray, ns: np.ndarray, tail: float
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (ℓ_j, n_j) of the agents that send a finite message (as floats), each such
+    agent's index among them, and each one's message window: where its c.d.f. rises from
+    ``tail`` to 1 − ``tail`` (the upper end as 1 − the mirror law's lower quantile: 1 − 1e−17
+    is 1.0 in floating point)."""
+    from scipy.special import betaincinv  # here: privcal.client loads no SciPy
+
+    finite = ls <= ns
+    pairs, inv = np.unique(np.stack([ls[finite], ns[finite]], axis=1), axis=0,
+                           return_inverse=True)
+    lf, nf = pairs[:, 0].astype(np.float64), pairs[:, 1].astype(np.float64)
+    return (lf, nf, inv.reshape(-1), betaincinv(lf, nf - lf + 1, tail),
+            1.0 - betaincinv(nf - lf + 1, lf, tail))
+
+
+#: what :func:`_coarse` computes once for a plan: the grid, W's two tails on it (one column
+#: per k) and the distinct agents' message windows (lower and upper ends)
+Coarse = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _coarse(ls: np.ndarray, ns: np.ndarray) -> Coarse:
+    """W's tails on 257 points over every finite message's window (tail 10⁻¹⁷/#finite): where
+    each k's window of U_(k) is found (:func:`_window`) and the plan's k guessed
+    (:func:`_rough_M`); a plan computes it once for all its k."""
+    n_fin = int((ls <= ns).sum())
+    _, _, _, w_lo, w_hi = _windows(ls, ns, TAIL / max(n_fin, 1))
+    grid = np.linspace(float(np.min(w_lo)), float(np.max(w_hi)), 257)
+    below, above = _tails(grid, ls, ns)
+    return grid, below, above, w_lo, w_hi
 
 
 def _tails(t: np.ndarray, ls: np.ndarray, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -125,26 +152,16 @@ def _check_unequal(ls: Sequence[int], sizes: Sequence[int]) -> tuple[np.ndarray,
     return np.array(lv, dtype=np.int64), np.array(ns, dtype=np.int64)
 
 
-def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    from scipy.special import betaincinv  # here: privcal.client loads no SciPy
-
-    finite = ls <= ns
+def _unequal_M(ls: np.ndarray, ns: np.ndarray, ks: np.ndarray,
+               coarse: Coarse | None = None) -> np.ndarray:
+    """M_k for each k of ``ks`` (``coarse``: :func:`_coarse` of these agents, if known)."""
     out = np.ones(ks.size)
-    n_fin = int(finite.sum())
-    todo = ks <= n_fin  # with k > #finite messages the k-th smallest is +∞: M = 1
+    todo = ks <= int((ls <= ns).sum())  # k > #finite messages: the k-th is +∞, M = 1
     if not todo.any():
         return out
-    pairs = np.unique(np.stack([ls[finite], ns[finite]], axis=1), axis=0).astype(np.float64)
-    lf, nf = pairs[:, 0], pairs[:, 1]
-    tail = TAIL / max(n_fin, 1)
-    # each distinct agent's message window: where its c.d.f. p_j rises from TAIL to 1 − TAIL
-    w_lo = betaincinv(lf, nf - lf + 1, tail)
-    w_hi = 1.0 - betaincinv(nf - lf + 1, lf, tail)
-    lo, hi = float(np.min(w_lo)), float(np.max(w_hi))
-    coarse = np.linspace(lo, hi, 257)
-    below_c, above_c = _tails(coarse, ls, ns)
+    grid, below_c, above_c, w_lo, w_hi = coarse if coarse is not None else _coarse(ls, ns)
     kk = ks[todo].astype(np.int64)
-    spans = np.array([_window(coarse, below_c[:, k - 1], above_c[:, k - 1]) for k in kk])
+    spans = np.array([_window(grid, below_c[:, k - 1], above_c[:, k - 1]) for k in kk])
     a, b = float(spans[:, 0].min()), float(spans[:, 1].max())  # every k's window, at once
     # a window wider than [a, b]/8 spans many nodes and the halving finds it; a narrower one
     # could fall between them, so [a, b] is cut at its ends
@@ -273,18 +290,19 @@ def _plan_unequal_cached(ns: tuple[int, ...], ls: tuple[int, ...], alpha: float)
     ls_a, ns_a = np.array(ls), np.array(ns)
     m = len(ns)
     tgt = 1.0 - alpha - FEAS_TOL
+    coarse = _coarse(ls_a, ns_a) if (ls_a <= ns_a).any() else None  # once, for every k
     cache: dict[int, float] = {}
 
     def M(*ks: int) -> float:
         """M_k (of the first k), computing every k not yet known in one integral."""
         todo = sorted({k for k in ks if k not in cache})
         if todo:
-            cache.update(zip(todo, _unequal_M(ls_a, ns_a, np.array(todo)).tolist(),
+            cache.update(zip(todo, _unequal_M(ls_a, ns_a, np.array(todo), coarse).tolist(),
                              strict=True))
         return cache[ks[0]]
 
     # the crossing guessed from a coarse trapezoid (never trusted: M is computed around it)
-    guess = int(np.searchsorted(_rough_M(ls_a, ns_a), tgt)) + 1
+    guess = int(np.searchsorted(_rough_M(coarse, m), tgt)) + 1
     # the plan's k is the least with M_k ≥ tgt (M grows with k; M_0 = 0 < tgt). Keep M_lo <
     # tgt ≤ M_hi (hi = m until checked); each step computes a pair (g − 1, g) in one
     # integral and moves g along its secant, then (after six steps) bisection finishes
@@ -318,18 +336,11 @@ def _plan_unequal_cached(ns: tuple[int, ...], ls: tuple[int, ...], alpha: float)
     return FedPlanUnequal(sizes=ns, ls=ls, k=hi, M=M(hi), alpha=alpha)
 
 
-def _rough_M(ls: np.ndarray, ns: np.ndarray) -> np.ndarray:
-    """M_k for every k by the trapezoid rule on 257 points over the agents' windows: a guess
-    of where the plan's k is (it can miss a large agent's step: red team 12), no more."""
-    from scipy.special import betaincinv  # here: privcal.client loads no SciPy
-
-    finite = ls <= ns
-    if not finite.any():
-        return np.ones(ls.size)
-    lf, nf = ls[finite].astype(np.float64), ns[finite].astype(np.float64)
-    lo = float(np.min(betaincinv(lf, nf - lf + 1, TAIL)))
-    hi = float(np.max(1.0 - betaincinv(nf - lf + 1, lf, TAIL)))
-    grid = np.linspace(lo, hi, 257)
-    below, _ = _tails(grid, ls, ns)
+def _rough_M(coarse: Coarse | None, m: int) -> np.ndarray:
+    """M_k for every k by the trapezoid rule on the coarse grid (:func:`_coarse`): a guess of
+    where the plan's k is (it can miss a large agent's step: red team 12), no more."""
+    if coarse is None:  # no finite message: every M_k is 1
+        return np.ones(m)
+    grid, below = coarse[0], coarse[1]
     inner = ((below[1:] + below[:-1]) / 2 * np.diff(grid)[:, None]).sum(axis=0)
-    return lo + inner
+    return grid[0] + inner
