@@ -155,7 +155,7 @@ class Accountant:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.ledger.close()
+        self.close()
 
     # ------------------------------------------------------------ datasets
     def create_dataset(

@@ -66,7 +66,7 @@ from privcal.storage.schema import LedgerSchema
 from privcal.storage.session_store import SessionStore
 from privcal.storage.statements import HotSQL, HotStatements
 from privcal.storage.subject_spend import SubjectSpendStore
-from privcal.storage.transactions import MAX_ATTEMPTS, LedgerTransactions
+from privcal.storage.transactions import MAX_ATTEMPTS, LedgerTransactions, statement_cancelled
 from privcal.storage.verify import LedgerVerifier
 
 __all__ = ["MAX_ATTEMPTS", "Ledger"]
@@ -168,7 +168,7 @@ class Ledger(
 
     def _unreachable(self, exc: BaseException) -> LedgerError:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else ""
-        if getattr(getattr(exc, "orig", None), "sqlstate", None) == "57014":  # red team 12
+        if statement_cancelled(exc):  # red team 12
             step = ("this transaction was rolled back (an earlier step of the call that "
                     "committed, such as a calibration's charge, stands: retry with the same "
                     "idempotency key to complete it)")

@@ -184,6 +184,12 @@ class LedgerSchema:
         """An in-memory SQLite ledger (``sqlite://``)."""
         return self.backend == "sqlite" and self._url.database in (None, "", ":memory:")
 
+    def _sqlite_uri(self) -> bool:
+        """A SQLite ledger named by SQLite's URI (``file:…``, ``uri=true``: read-only or
+        immutable opens): no path of it is made, tested or chmodded here."""
+        return self.backend == "sqlite" and (str(self._url.database or "").startswith("file:")
+                                             or bool(self._url.query.get("uri")))
+
     def _sqlite_file(self) -> Path | None:
         """The SQLite file of this ledger (None in memory or on PostgreSQL)."""
         if self.backend != "sqlite" or self._in_memory():
@@ -199,7 +205,7 @@ class LedgerSchema:
         in it is left as its owner set it. Called before anything connects (``current``,
         ``ensure_schema``, ``upgrade``); a symbolic link's target is the file made."""
         path = self._sqlite_file()
-        if path is None or str(path).startswith("file:") or self._url.query.get("uri"):
+        if path is None or self._sqlite_uri():
             return
         try:
             target = path.resolve()
@@ -226,8 +232,8 @@ class LedgerSchema:
         if self.backend != "sqlite":
             return False
         path = self._sqlite_file()
-        uri = path is not None and (str(path).startswith("file:") or self._url.query.get("uri"))
-        if path is not None and not uri and (not path.exists() or path.stat().st_size == 0):
+        if path is not None and not self._sqlite_uri() and (
+                not path.exists() or path.stat().st_size == 0):
             if not path.parent.is_dir():
                 raise LedgerError(f"cannot create the ledger {path}: no such directory "
                                   f"{path.parent}")

@@ -34,7 +34,7 @@ from privcal.storage.audit_queue import _no_head
 from privcal.storage.engine import BUSY_TIMEOUT_MS
 from privcal.storage.statements import HEAD_INFO
 
-__all__ = ["MAX_ATTEMPTS", "LedgerTransactions"]
+__all__ = ["MAX_ATTEMPTS", "LedgerTransactions", "statement_cancelled"]
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
-def _cancelled(exc: BaseException) -> bool:
+def statement_cancelled(exc: BaseException) -> bool:
     """A statement the server cancelled (SQLSTATE 57014: a ``statement_timeout`` set on the
     server, role, database or URL, or a cancel request): the transaction was rolled back.
     Not retried (the same work would meet the same timeout); a one-line LedgerError
@@ -236,7 +236,7 @@ class LedgerTransactions:
                         f"the ledger stayed locked after {attempt} attempt"
                         f"{'s' if attempt > 1 else ''}; try again"
                     ) from exc
-                if dead or _cancelled(exc) or "connect" in str(exc).lower():
+                if dead or statement_cancelled(exc) or "connect" in str(exc).lower():
                     raise self._unreachable(exc) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -282,7 +282,7 @@ class LedgerTransactions:
                     # the driver's own cursor (r12rev: a statement_timeout there was a 500)
                     raise self._db_error(conn, raw, "(a read on the driver)", ()) from raw
             except DBAPIError as exc:
-                if _cancelled(exc):
+                if statement_cancelled(exc):
                     raise self._unreachable(exc) from exc
                 if not _dropped(exc):
                     raise
