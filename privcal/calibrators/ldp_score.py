@@ -166,8 +166,8 @@ class LDPScore:
     users' own scores; ``calibrate`` runs it with simulated clients (:func:`simulate`)."""
 
     name: ClassVar[str] = "ldp-score"
-    #: 4: ``band`` defaults to 0 (every simulated round runs; red team 11: 4–18 % smaller
-    #: sets at Table 1's settings, same guarantee), no longer to Δ_S; 3: the recorded
+    #: 4: ``band`` defaults to 0 (every simulated round runs; 3–12 % smaller sets at Table
+    #: 1's size, bench/ldp_score_band.py; same guarantee), no longer to Δ_S; 3: the recorded
     #: guarantee states that every device follows the protocol (red team 6; same formula
     #: as 2); 2: exact binomial cut-off (issue 13); 1: Hoeffding
     version: ClassVar[str] = "4"
