@@ -112,3 +112,47 @@ def test_releases_record_their_band_and_older_ones_still_verify(accountant: Any)
     rep = acct.verify()
     assert rep.guarantees_recomputed == 3, rep
     assert old.calibrator_version == "3"
+
+
+def test_the_papers_band_has_a_word_the_cli_can_type(
+        accountant: Any, ledger_url: str, tmp_path: Any) -> None:
+    """``--band paper`` (and ``band="paper"``) is ``band=None``, Δ_S: the CLI can now replay a
+    keyed run begun under version 3, whose request digest holds the band as null (r12rev F4,
+    left in the eighteenth landing: the CLI had no spelling of that band)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+
+    assert LDPScoreParams(alpha=0.1, epsilon=2, band="paper") == LDPScoreParams(
+        alpha=0.1, epsilon=2, band=None)
+    acct = accountant
+    acct.create_dataset("z", rho=10, subject_epsilon=100)
+    s = np.random.default_rng(3).beta(2, 5, 3000)
+    ids = [f"u{i}" for i in range(3000)]
+    # a keyed run with the paper's band, as version 3 requested it by default
+    first = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
+                           band=None, rng=random.Random(0), subjects=ids,
+                           idempotency_key="k3")
+    np.save(tmp_path / "s.npy", s)
+    (tmp_path / "ids.csv").write_text("subject\n" + "\n".join(ids) + "\n")
+    base = ["--db-url", ledger_url, "calibrate", "ldp-score", "--dataset", "z",
+            "--scores", str(tmp_path / "s.npy"), "--subjects", str(tmp_path / "ids.csv"),
+            "--alpha", "0.1", "--epsilon", "2", "--simulate", "--idempotency-key", "k3",
+            "--json"]
+    run = CliRunner()
+    spent = acct.budget("z").model_dump(mode="json")
+    # without the word, the retry is another request (the default band is 0 since version 4)
+    other = run.invoke(main, base)
+    assert other.exit_code == 1 and "idempotency key 'k3'" in other.output, other.output
+    replay = run.invoke(main, [*base, "--band", "paper"])
+    assert replay.exit_code == 0, replay.output
+    rel = json.loads(replay.stdout)["release"]
+    assert rel["id"] == first.id and rel["params"]["band"] is None
+    # a word that is neither: a usage error, nothing charged or recorded
+    bad = run.invoke(main, [*base[:-3], "--band", "papr"])
+    assert bad.exit_code == 2
+    assert "'papr' is neither a plain number nor 'paper'" in bad.output
+    assert acct.budget("z").model_dump(mode="json") == spent
+    assert [r.id for r in acct.releases("z")] == [first.id]

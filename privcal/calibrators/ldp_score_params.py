@@ -8,16 +8,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from privcal.calibrators.base import CalibratorParams, LocalFailureProbability
 from privcal.calibrators.ldp_score_bounds import Bound
 
-__all__ = ["LDPScoreParams", "Search"]
+__all__ = ["PAPER_BAND", "LDPScoreParams", "Search"]
 
 #: the query rule of the search (see
 #: :meth:`~privcal.calibrators.ldp_score_protocol.LdpScoreProtocol.current_query`)
 Search = Literal["interpolate", "bisect"]
+
+#: ``band``'s word for None — Δ_S, Penso et al.'s band — where null cannot be typed
+#: (``calibrate ldp-score --band paper``; also accepted in Python and JSON)
+PAPER_BAND = "paper"
 
 
 class LDPScoreParams(CalibratorParams):
@@ -47,8 +51,9 @@ class LDPScoreParams(CalibratorParams):
         "target + w] stops the search and releases its query. Default 0: every round runs "
         "and the last threshold an estimate backed is released (never larger than with a "
         "band, same guarantee; simulated users are all charged up front, so an early stop "
-        "saves nothing); None (JSON null): Δ_S, the paper's band, a collection session's "
-        "default (its groups not yet asked are never charged)")
+        "saves nothing); 'paper' (None, JSON null): Δ_S, the paper's band, a collection "
+        "session's default (its groups not yet asked are never charged)",
+        json_schema_extra={"cli_word": PAPER_BAND})
     bound: Bound = Field(
         default="exact",
         description="pass cut-off: 'exact' binomial tail (default) or 'hoeffding' (the "
@@ -60,6 +65,11 @@ class LDPScoreParams(CalibratorParams):
         "'interpolate' between the rounds' DP estimates (fewer rounds when the scores' "
         "quantile is near an end of the range); the guarantee is the same for both",
     )
+
+    @field_validator("band", mode="before")
+    @classmethod
+    def _paper_band(cls, v: object) -> object:
+        return None if v == PAPER_BAND else v
 
     @property
     def delta(self) -> float:

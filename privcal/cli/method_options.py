@@ -15,7 +15,7 @@ from typing import Any, Literal
 import click
 
 from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
-from privcal.cli.number_types import Integer, Number, plain
+from privcal.cli.number_types import Integer, Number, NumberOrWord, plain
 from privcal.errors import InvalidInput, plain_number_text
 
 __all__ = [
@@ -143,8 +143,11 @@ def param_options(params_model: type) -> list[click.Option]:
             opts.append(click.Option([flag, name], type=Levels(), required=required,
                                      help=help_text + ALPHA_HELP, **given))
             continue
-        opts.append(click.Option([flag, name], type=_click_type(field.annotation),
-                                 required=required, help=help_text, **given))
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        kind = (NumberOrWord(str(extra["cli_word"])) if "cli_word" in extra
+                else _click_type(field.annotation))
+        opts.append(click.Option([flag, name], type=kind, required=required, help=help_text,
+                                 **given))
     return opts
 
 

@@ -16,7 +16,7 @@ import click
 from privcal.cli.app import AmountType
 from privcal.errors import check_number_text
 
-__all__ = ["FloatRange", "IntList", "IntRange", "Integer", "Number", "plain"]
+__all__ = ["FloatRange", "IntList", "IntRange", "Integer", "Number", "NumberOrWord", "plain"]
 
 
 def plain(value: Any, param: Any, ctx: Any, kind: click.ParamType) -> None:
@@ -39,6 +39,23 @@ class Number(AmountType):
             return value
         plain(value, param, ctx, self)
         return float(super().convert(value, param, ctx))
+
+
+class NumberOrWord(Number):
+    """A :class:`Number`, or one word the parameter takes for its null (``--band paper``),
+    passed on as that word for the parameter model to read."""
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+        self.name = f"FLOAT|{word}"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value == self.word:
+            return value
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is neither a plain number nor {self.word!r}", param, ctx)
 
 
 class Integer(click.types.IntParamType):
