@@ -40,7 +40,7 @@ def test_downgrade_drops_and_upgrade_backfills_the_table(ledger_url: str) -> Non
     assert _links(ledger) == want
     ledger.downgrade("0008")
     assert "release_charges" not in inspect(ledger.engine).get_table_names()
-    assert ledger.upgrade() == ledger.head_revision() == "0009"
+    assert ledger.upgrade() == ledger.head_revision()  # (0010 after it)
     assert _links(ledger) == want
     assert acct.verify().guarantees_recomputed == 3
     ledger.close()
@@ -57,7 +57,7 @@ def test_a_charge_named_by_two_releases_keeps_its_first_and_verify_reports_it(
     with ledger.engine.begin() as conn:
         conn.execute(text("UPDATE releases SET charge_ids = :ids WHERE id = :r"),
                      {"ids": json.dumps(ids), "r": second.id})
-    assert ledger.upgrade() == "0009"  # no crash
+    assert ledger.upgrade() == ledger.head_revision()  # no crash (0010 after it)
     links = dict(_links(ledger))
     assert links[first.charge_ids[0]] == first.id and links[second.charge_ids[0]] == second.id
     with pytest.raises(AuditFailed):

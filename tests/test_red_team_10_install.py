@@ -5,7 +5,8 @@
   ``ledger_secret`` and tested a guessed subject id. A new ledger file is created 0600 and
   the default directory 0700; a ledger with data keeps the mode its owner gave it.
 - F3: ``calibrate split --help`` said a retry under the same key "records the run once";
-  for a non-private method it records a second release (README says so).
+  for a non-private method it recorded a second release. Since migration 0010 the key of a
+  non-private run is bound too (``release_keys``), and the help says so for every method.
 - F6: ``privcal serve --json`` wrote nothing on stdout, against "every command takes --json".
 - F7: the CLI never closed the ledger it opened (on PostgreSQL every command left its pooled
   connections to be collected, with a ResourceWarning each).
@@ -100,10 +101,9 @@ def test_idempotency_key_help_says_what_it_does(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/l.sqlite"
     split = CliRunner().invoke(main, ["--db-url", url, "calibrate", "split", "--help"])
     pcoqs = CliRunner().invoke(main, ["--db-url", url, "calibrate", "pcoqs", "--help"])
-    flat = " ".join(split.output.split())
-    assert "records the run once" not in flat
-    assert "Binds nothing for a non-private method" in flat
-    assert "records the run once" in " ".join(pcoqs.output.split())
+    for out in (split.output, pcoqs.output):
+        assert ("records the run once (another request under the key is refused)"
+                in " ".join(out.split()))
 
 
 # ------------------------------------------------------------------------------ F6

@@ -73,7 +73,8 @@ A crash between 3 and 5 leaves a charge without a release, never the reverse. Re
   (HMAC with the ledger secret, never a plain hash of ids). The same key with the
   same request replays the original result; any difference is
   :class:`~privcal.errors.InvalidInput` naming the key. Charges made before
-  migration 0005 have no digest: their key is compared on kind and cost only.
+  migration 0005 have no digest: their key is compared on kind and cost only. A
+  non-private run charges nothing: its key and digest go to ``release_keys`` (0010).
 - ``run`` checks everything that needs only the parameters and the public shape
   (``calibrator.guarantee``, e.g. an infeasible plan) before the charge, and — for
   local-DP methods — again inside the charge transaction for the subjects actually

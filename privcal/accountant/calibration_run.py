@@ -39,11 +39,11 @@ from privcal.accountant import privacy as acc
 from privcal.accountant.calibration_request import check_rng
 from privcal.accountant.charges import charge
 from privcal.accountant.datasets import get_dataset
-from privcal.accountant.normalize import CentralCost, cost_json, normalize_cost
+from privcal.accountant.normalize import CentralCost, cost_json, normalize_cost, request_digest
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import exact, policy_of, spent_of
 from privcal.accountant.release_privacy import privacy_record
-from privcal.accountant.releases import record_release, release_for_charge
+from privcal.accountant.releases import nonprivate_replay, record_release, release_for_charge
 from privcal.accountant.results import ChargeReceipt, DryRun, Release
 from privcal.accountant.run_inputs import check_data, params_of, rows_of, shape_of
 from privcal.accountant.subject_charges import charge_subjects
@@ -162,6 +162,7 @@ def _run(
     charge_ids: list[int] = []
     shuffled: dict[str, Any] = {}
     central_receipt: ChargeReceipt | None = None
+    release_key: tuple[str, str] | None = None
     dropped: dict[str, int] | None = None
     purpose = f"release: {calibrator.name}"
     if cost is None:
@@ -172,6 +173,12 @@ def _run(
                 "(create it with --allow-nonprivate)",
                 scope=f"dataset {dataset!r}", asked="non-private", remaining="",
             )
+        if idempotency_key is not None:  # no charge carries the key: release_keys does
+            digest = request_digest({**request, "dataset": dataset, "cost": None})
+            done = nonprivate_replay(ledger, dataset, idempotency_key, digest)
+            if done is not None:
+                return done
+            release_key = (idempotency_key, digest)
     elif isinstance(cost, LocalDP):
         # a federated agent holds many rows but is one subject, charged once
         per_agent = calibrator.privacy_model == "federated"
@@ -256,7 +263,7 @@ def _run(
         },
         distribution=registered.distribution,
         distribution_version=registered.distribution_version,
-        requester=requester, charge_ids=charge_ids, _as_computed=True,
+        requester=requester, charge_ids=charge_ids, _as_computed=True, _key=release_key,
     )
 
 

@@ -32,7 +32,8 @@ from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
 from privcal.storage.verify_releases import reports_used, shortfall
 
-__all__ = ["get_release", "list_releases", "record_release", "release_for_charge"]
+__all__ = ["get_release", "list_releases", "nonprivate_replay", "record_release",
+           "release_for_charge"]
 
 
 def list_releases(ledger: Ledger, dataset: str | None = None) -> list[Release]:
@@ -52,6 +53,40 @@ def release_for_charge(ledger: Ledger, charge_id: int) -> Release | None:
     return get_release(ledger, rid) if rid is not None else None
 
 
+def nonprivate_replay(ledger: Ledger, dataset: str, key: str, digest: str) -> Release | None:
+    """The release a non-private calibration of ``dataset`` made under idempotency ``key``
+    for the request whose digest is ``digest`` (a retry: the same release); None if the key
+    is unused there; InvalidInput if it was used for another request — another non-private
+    calibration, or a charge of the dataset (charged requests bind their key in their
+    charge). Migration 0010: before it, such a key bound nothing."""
+    with ledger.read() as s:
+        ds = ledger.get_dataset(s, dataset)
+        rid = _bound_release(ledger, s, ds.id, key, digest)
+        old = ledger.charge_by_key(s.connection(), ds.id, key) if rid is None else None
+    if old is not None:
+        from privcal.accountant.charges import check_replay
+
+        check_replay(old, key, digest, scope="dataset", same_cost=False)
+    return get_release(ledger, rid) if rid is not None else None
+
+
+def _bound_release(ledger: Ledger, s: Any, dataset_id: int, key: str,
+                   digest: str) -> int | None:
+    """The id of the release bound to ``key`` (``release_keys``) if it was made for the
+    request of digest ``digest``; None if none is; InvalidInput naming it if it was made
+    for another request."""
+    had = ledger.release_by_key(s, dataset_id, key)
+    if had is None:
+        return None
+    if had[0] != digest:
+        raise InvalidInput(
+            f"idempotency key {key!r} was already used for a different request (release "
+            f"{had[1]}, a non-private calibration); a key binds the whole request — kind, "
+            "dataset, method, every parameter, the cost and the data's public shape: use a "
+            "new key")
+    return had[1]
+
+
 def record_release(
     ledger: Ledger,
     dataset: str,
@@ -69,12 +104,16 @@ def record_release(
     requester: str | None = None,
     charge_ids: Sequence[int] = (),
     _as_computed: bool = False,
+    _key: tuple[str, str] | None = None,
 ) -> Release:
     """:meth:`privcal.accountant.Accountant.record_release` (see the module docstring).
 
     ``_as_computed`` (not public): the caller computed coverage and privacy with the
     installed calibrator it names (``Accountant.run``), so they are not recomputed; tests
-    also use it to write an older version's release as it was written then."""
+    also use it to write an older version's release as it was written then. ``_key`` (not
+    public): (idempotency key, request digest) of a non-private run, bound to the release in
+    its transaction (:func:`nonprivate_replay`); a release already bound to the key for the
+    same request (a concurrent retry) is returned instead of a second."""
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         raise InvalidInput(f"threshold must be a number, got {threshold!r}")
     thr = threshold_str(float(threshold)) if not math.isnan(threshold) else None
@@ -112,8 +151,12 @@ def record_release(
                                f"states: {bad[0]}")
         cal = registry.get(rel.method).calibrator
 
-    def tx(s: Any) -> Release:
+    def tx(s: Any) -> Release | int:
         ds = ledger.lock_dataset(s, dataset)
+        if _key is not None:
+            rid = _bound_release(ledger, s, ds.id, *_key)
+            if rid is not None:
+                return rid  # read after this transaction
         paid = ledger.charges_paid(s, ids)
         for cid in ids:
             if cid not in paid or paid[cid].dataset_id != ds.id:
@@ -135,11 +178,12 @@ def record_release(
         if why is not None:
             raise InvalidInput(f"the release {why}: charge its cost first (Accountant.charge "
                                "or charge_subjects) and pass those charge_ids")
-        row = ledger.insert_release(s, ds.id, row_data, ids)
+        row = ledger.insert_release(s, ds.id, row_data, ids, _key)
         ledger.append_audit(s, "release", release_doc(row, ds.name))
         return Release.model_validate(ledger.release_record(row, ds.name).model_dump())
 
-    return ledger.write(tx)
+    done = ledger.write(tx)
+    return get_release(ledger, done) if isinstance(done, int) else done
 
 
 #: the most rows (or subjects) a recorded shape may name: more than any calibration runs

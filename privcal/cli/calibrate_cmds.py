@@ -240,9 +240,8 @@ def _make_calibrate_command(name: str) -> click.Command:
         click.Option(["--requester"], help="Who asks (recorded in the release)."),
         click.Option(
             ["--idempotency-key"],
-            help="Retrying with the same key records the run once." if _has_cost(cal, model)
-            else "Binds nothing for a non-private method (nothing is charged): a retry "
-            "records a second release.",
+            help="Retrying with the same key records the run once (another request under "
+            "the key is refused).",
         ),
         click.Option(
             ["--dry-run"],

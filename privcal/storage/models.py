@@ -316,6 +316,20 @@ class ReleaseCharge(Base):
     release_id: Mapped[int] = mapped_column(Integer, index=True)
 
 
+class ReleaseKey(Base):
+    """The idempotency key of a non-private calibration (migration 0010), written with its
+    release: a key binds a charged request through its charge, and a non-private one, which
+    charges nothing, through this row (the request's digest and the release it made)."""
+
+    __tablename__ = "release_keys"
+
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), primary_key=True,
+                                            autoincrement=False)
+    idempotency_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    request_digest: Mapped[str] = mapped_column(String(64))
+    release_id: Mapped[int] = mapped_column(Integer)
+
+
 class AuditEntry(Base):
     """One entry of the hash-chained log (see :mod:`privcal.storage.audit`)."""
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_row_id, check_text
 from privcal.storage.audit import now
-from privcal.storage.models import Charge, Dataset, ReleaseCharge, ReleaseRow
+from privcal.storage.models import Charge, Dataset, ReleaseCharge, ReleaseKey, ReleaseRow
 from privcal.storage.records import ReleaseRecord, parse_threshold
 from privcal.storage.sessions import CollectionSession
 from privcal.storage.verify_releases import PaidBy, paid_by
@@ -43,9 +43,12 @@ class ReleaseStore:
 
     @staticmethod
     def insert_release(s: Session, dataset_id: int, values: dict[str, Any],
-                       charge_ids: Sequence[int]) -> ReleaseRow:
+                       charge_ids: Sequence[int],
+                       key: tuple[str, str] | None = None) -> ReleaseRow:
         """Insert a release row of ``dataset_id`` (``values``: its stored fields), tied to
-        ``charge_ids`` (the first is its ``charge_id``); flushed so that it has its id."""
+        ``charge_ids`` (the first is its ``charge_id``); flushed so that it has its id.
+        ``key``: (idempotency key, request digest) of a non-private calibration, bound to
+        the release in ``release_keys`` (0010; its primary key refuses a second)."""
         ids = list(charge_ids)
         row = ReleaseRow(dataset_id=dataset_id, created_at=now(),
                          charge_id=ids[0] if ids else None, charge_ids=ids, **values)
@@ -53,8 +56,19 @@ class ReleaseStore:
         s.flush()
         # which release each charge paid for: the primary key refuses a second (0009)
         s.add_all([ReleaseCharge(charge_id=i, release_id=row.id) for i in ids])
+        if key is not None:
+            s.add(ReleaseKey(dataset_id=dataset_id, idempotency_key=key[0],
+                             request_digest=key[1], release_id=row.id))
         s.flush()
         return row
+
+    @staticmethod
+    def release_by_key(s: Session, dataset_id: int, key: str) -> tuple[str, int] | None:
+        """(request digest, release id) of the non-private calibration of ``dataset_id``
+        made under idempotency key ``key``, if any (``release_keys``)."""
+        row = s.execute(select(ReleaseKey.request_digest, ReleaseKey.release_id).where(
+            ReleaseKey.dataset_id == dataset_id, ReleaseKey.idempotency_key == key)).first()
+        return (str(row[0]), int(row[1])) if row is not None else None
 
     @staticmethod
     def release_id_for_charge(s: Session, charge_id: int) -> int | None:

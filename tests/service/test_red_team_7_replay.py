@@ -142,3 +142,27 @@ def test_an_open_retried_after_a_crash_answers_the_session_it_opened(
         r = c.post("/v1/datasets/d/sessions", json=body, headers={"Idempotency-Key": "o1"})
         assert r.status_code == 201 and r.json()["id"] == 2, r.text
     _verified(live)
+
+
+def test_a_non_private_calibration_retried_after_a_crash_is_not_calibrated_again(
+        live: Live, crashed: list[str]) -> None:
+    """r12crash F5 (red team 12): a non-private calibration charges nothing, so no charge
+    carried its key and only the service's own record bound it — a server that died between
+    the release and that record let the retry calibrate again, a second release. Since
+    migration 0010 the library binds the key in the release's transaction (``release_keys``)."""
+    body = {"method": "split", "params": {"alpha": 0.1},
+            "scores": [i / 100 for i in range(101)]}
+    path = "/v1/datasets/d/calibrations"
+    _post_and_die(live, live.tokens["analyst"], path, body, "np1")
+    assert crashed == ["np1"]
+    first = live.accountant.releases("d")
+    assert len(first) == 1
+    with live.client("analyst") as c:
+        r = c.post(path, json=body, headers={"Idempotency-Key": "np1"})
+        assert r.status_code in (200, 201), r.text
+        assert r.json()["id"] == first[0].id
+        again = c.post(path, json=body, headers={"Idempotency-Key": "np1"})
+        assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+        assert again.json()["id"] == first[0].id
+    assert [x.id for x in live.accountant.releases("d")] == [first[0].id]
+    _verified(live)
