@@ -282,13 +282,20 @@ def _nothing(_: Any) -> int:
 def test_pickling_a_ledger_or_accountant_is_one_line_naming_what_to_do(tmp_path: Path) -> None:
     """A ``spawn`` pool given an Accountant raised a bare AttributeError ("Can't pickle local
     object 'create_engine.<locals>.connect'"); now one TypeError saying to pass the URL."""
+    import copy
     import pickle
 
     acct = Accountant(f"sqlite:///{tmp_path / 'p.db'}")
-    for obj in (acct, acct.ledger):
-        with pytest.raises(TypeError, match=r"^a privcal Ledger or Accountant holds database "
-                                            r"connections .* open Accountant\(url\)"):
-            pickle.dumps(obj)
+    # a copy of a ledger would share its connections and locks (a shallow copy of an
+    # Accountant shares its ledger, as Accountant(ledger) twice does: allowed)
+    for obj, ways in ((acct, (pickle.dumps, copy.deepcopy)),
+                      (acct.ledger, (pickle.dumps, copy.copy, copy.deepcopy))):
+        for refuse in ways:
+            with pytest.raises(TypeError, match=r"^a privcal Ledger or Accountant holds "
+                                                r"database connections and cannot be pickled, "
+                                                r"copied .* open Accountant\(url\)"):
+                refuse(obj)
+    assert copy.copy(acct).ledger is acct.ledger
     with mp.get_context("spawn").Pool(1) as pool, pytest.raises(TypeError, match="URL"):
         pool.apply(_nothing, (acct,))
     acct.create_dataset("d", rho=1)  # still usable

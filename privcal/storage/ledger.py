@@ -133,8 +133,8 @@ class Ledger(
         the data itself, none of which another process can share (red team 11: pickling an
         Accountant for a ``spawn`` pool raised a bare AttributeError about a local object)."""
         raise TypeError("a privcal Ledger or Accountant holds database connections and cannot "
-                        "be pickled or sent to another process: pass the ledger's URL and open "
-                        "Accountant(url) in that process")
+                        "be pickled, copied or sent to another process: pass the ledger's URL "
+                        "and open Accountant(url) where another is needed")
 
     def close(self) -> None:
         """Release pooled connections (and those the hot path keeps: held_connections.py).
