@@ -227,6 +227,36 @@ def test_an_auditor_opens_a_sqlite_ledger_read_only(tmp_path: Any, mode: str) ->
     assert Accountant(f"sqlite:///{path}").budget("d").charges == 1
 
 
+def test_a_keyed_run_on_a_sqlite_ledger_named_by_its_uri_locks_its_file(tmp_path: Any) -> None:
+    """Left by the eighteenth landing, now fixed: the key locks took the URI's text for a
+    path (``<cwd>/file:/…/l.sqlite.keylocks``), so every keyed charge or calibration on a
+    ledger opened as ``file:…?uri=true`` was a FileNotFoundError traceback. The URI locks
+    its file's real path — the one a plain URL locks — and a read-only one, which refuses
+    the write, makes no lock file but still replays a key it holds."""
+    import numpy as np
+
+    path = tmp_path / "l.sqlite"
+    Accountant(f"sqlite:///{path}").create_dataset("d", rho=10)
+    uri = Accountant(f"sqlite:///file:{path}?uri=true")
+    first = uri.charge("d", ZCDP(rho="0.1"), idempotency_key="k")
+    s = np.random.default_rng(0).random(300)
+    rel = uri.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, rho=0.1, idempotency_key="c")
+    uri.ledger.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".keylocks")) == [
+        "l.sqlite.keylocks"]
+    plain = Accountant(f"sqlite:///{path}")  # the same key, through the plain URL: replayed
+    assert plain.charge("d", ZCDP(rho="0.1"), idempotency_key="k").charge_id == first.charge_id
+    plain.ledger.close()
+    (tmp_path / "l.sqlite.keylocks").unlink()
+    ro = Accountant(f"sqlite:///file:{path}?mode=ro&uri=true")
+    assert ro.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, rho=0.1,
+                        idempotency_key="c").id == rel.id
+    with pytest.raises(LedgerError, match="cannot be written now"):
+        ro.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, rho=0.1, idempotency_key="c2")
+    ro.ledger.close()
+    assert not (tmp_path / "l.sqlite.keylocks").exists()
+
+
 def test_a_key_pair_that_cannot_be_written_whole_leaves_no_file(tmp_path: Any,
                                                                 monkeypatch: Any) -> None:
     """F7: ``audit keygen`` on a full disk left a private key and an empty ``.pub``; every

@@ -14,7 +14,9 @@ dies with its holder, so a crashed run's retry takes it and re-runs once.
 - SQLite: a lock within the process, plus (file databases, POSIX) an ``fcntl`` byte-range
   lock on ``<database>.keylocks`` beside the file (its real path: a symlink to it, or
   another spelling of its path, takes the same locks), which the OS releases when the
-  process dies.
+  process dies. A ledger named by SQLite's URI (``file:/path?uri=true``) locks its file's
+  path; a read-only or immutable one (``mode=ro``, ``immutable=1``), which refuses every
+  write, takes no lock file (a read-only directory has no room for one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import URL
@@ -62,6 +65,23 @@ def after_fork_in_child() -> None:
     _KEY_LOCKS_GUARD = threading.Lock()
 
 
+def _lock_path(url: URL) -> str | None:
+    """The real path of the SQLite file ``url`` names, whose ``.keylocks`` file holds its
+    keys' locks — the same file reached through a symlink, another relative spelling or
+    SQLite's URI (``file:/path?uri=true``) takes the same locks; None in memory, and for a
+    read-only or immutable URI (every write is refused: no lock file is made)."""
+    path = url.database
+    if path is not None and path.startswith("file:"):
+        query = {**url.query, **dict(p.split("=", 1) for p in (urlsplit(path).query or "")
+                                     .split("&") if "=" in p)}
+        if query.get("mode") in ("ro", "memory") or query.get("immutable") not in (None, "0"):
+            return None
+        path = unquote(urlsplit(path).path)
+    if path in (None, "", ":memory:"):
+        return None
+    return os.path.realpath(path)
+
+
 class KeyLocks:
     """The idempotency-key locks of a :class:`~privcal.storage.ledger.Ledger`."""
 
@@ -77,11 +97,8 @@ class KeyLocks:
         digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
             "utf-8", "surrogatepass")).digest()
         lock_id = int.from_bytes(digest[:8], "big", signed=True)
-        path = self._url.database
-        # a SQLite file by its real path: the same file reached through a symlink or another
-        # relative spelling takes the same locks (in this process, and its lock file)
-        file = (os.path.realpath(path) if self.backend != "postgresql"  # type: ignore[attr-defined]
-                and path not in (None, "", ":memory:") else None)
+        file = (_lock_path(self._url) if self.backend != "postgresql"  # type: ignore[attr-defined]
+                else None)
         with _KEY_LOCKS_GUARD:
             local = _KEY_LOCKS.setdefault((file or self.url, lock_id), threading.Lock())  # type: ignore[attr-defined]
         with local:
