@@ -51,7 +51,8 @@ from privcal.errors import InvalidInput
 N = 200
 #: every table a run may write: a refused run must leave each exactly as it was
 TABLES = ("datasets", "charges", "charge_members", "subject_spend", "subject_baseline",
-          "releases", "release_charges", "audit_log", "audit_head", "audit_queue")
+          "releases", "release_charges", "release_keys", "audit_log", "audit_head",
+          "audit_queue")
 MAX_SAFE = 2**53 - 1
 
 _rng = np.random.default_rng(10)
