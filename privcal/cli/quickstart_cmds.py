@@ -9,6 +9,7 @@ summarising the run instead of the narration.
 from __future__ import annotations
 
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,16 @@ def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
             f" (guaranteed ≥ {ev.guaranteed_lower:.3f}), mean set size {ev.mean_set_size:.2f},"
             f" singletons {ev.singleton_fraction:.2f}"
         )
+    d, evs = r2.coverage.details, summary["evaluations"]
+    if (evs["exponq"].mean_set_size > evs["pcoqs"].mean_set_size
+            and isinstance(d.get("q_tilde"), float) and isinstance(d.get("sensitivity"), float)):
+        _say(textwrap.fill(
+            f"ExponQ's sets are the larger: to keep ≥ 90% under ε = {d['epsilon']:g} on "
+            f"n = {d['n']} rows it aims at the q̃ = {d['q_tilde']:.3f} quantile, where its "
+            f"exponential mechanism's score has sensitivity 1/(1 − q̃) = {d['sensitivity']:.1f}, "
+            "so the threshold it draws is noisy; more rows or a larger ε narrow both "
+            "(`privcal advise --method exponq` gives the n it needs to be finite).",
+            width=88, initial_indent="    ", subsequent_indent="    "))
 
     _step(
         8,
