@@ -69,7 +69,7 @@ class LDPScoreParams(CalibratorParams):
     @field_validator("band", mode="before")
     @classmethod
     def _paper_band(cls, v: object) -> object:
-        return None if v == PAPER_BAND else v
+        return None if isinstance(v, str) and v == PAPER_BAND else v
 
     @property
     def delta(self) -> float:
