@@ -120,3 +120,56 @@ def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Pat
     with pytest.raises(AuditFailed, match="subject row"):
         acct.verify()
     ledger.close()
+
+
+def test_a_rewritten_baseline_with_negative_units_fails_verify(ledger_url: str,
+                                                               tmp_path: Path) -> None:
+    """Red team 13 (F1's second rule): a subject's baseline is what she spent before 0005,
+    never below 0. A database administrator who rewrites the log from the migration entry on
+    (a new baseline digest, every later hash recomputed: without ``--expect-head`` or a
+    signed head a rewrite is not detected, README's table) moved alice's 0.5 and 0.25 more
+    to bob, keeping every sum, so alice could be charged 0.75 beyond her cap of 1; verify
+    passed. A negative baseline now fails."""
+    from privcal.storage import audit, pseudonyms
+    from privcal.storage.models import spend_units
+
+    tree = _landed_tree(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", OLD_SCRIPT, ledger_url], env=env, cwd=tree,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    acct = Accountant(ledger)
+    acct.verify()
+    a, b = ledger.pseudonyms(["alice", "bob"]).tolist()
+    u = spend_units(Decimal("0.75"))
+    with ledger.engine.begin() as conn:
+        d = conn.execute(text("SELECT id FROM datasets WHERE name = 'd'")).scalar_one()
+        for subj, delta in ((a, -u), (b, u)):
+            for table in ("subject_baseline", "subject_spend"):
+                conn.execute(text(f"UPDATE {table} SET spent_units = spent_units + :u "
+                                  "WHERE dataset_id = :d AND subject = :s"),
+                             {"u": delta, "d": d, "s": subj})
+        rows = [(s, int(n)) for s, n in conn.execute(text(
+            "SELECT subject, spent_units FROM subject_baseline WHERE dataset_id = :d"),
+            {"d": d})]
+        entries = conn.execute(text("SELECT seq, kind, payload, prev_hash FROM audit_log "
+                                    "ORDER BY seq")).all()
+        prev = None
+        for seq, kind, payload, old_prev in entries:
+            if kind == "migration":
+                doc = json.loads(payload)["data"]
+                doc["subject_spend"][str(d)]["digest"] = pseudonyms.spend_digest(rows)
+                payload = audit.entry_payload(seq, kind, doc)
+            prev = old_prev if prev is None else prev
+            h = audit.chain_hash(prev, payload)
+            conn.execute(text("UPDATE audit_log SET payload = :p, prev_hash = :v, "
+                              "entry_hash = :h WHERE seq = :s"),
+                         {"p": payload, "v": prev, "h": h, "s": seq})
+            prev = h
+        conn.execute(text("UPDATE audit_head SET entry_hash = :h"), {"h": prev})
+    assert acct.subject_spend("d", "alice") == Decimal("-0.25")
+    with pytest.raises(AuditFailed, match=r"baseline of dataset \d+ holds negative units"):
+        acct.verify()
+    ledger.close()

@@ -163,9 +163,22 @@ def _check_session(kind: str, t: _Tally, seq: int, data: dict[str, Any]) -> None
 
 
 def _check_migration(t: _Tally, seq: int, data: dict[str, Any]) -> None:
-    """The one ``migration`` entry (an upgrade from schema ≤ 0004): sessions and spends."""
+    """The one ``migration`` entry (an upgrade from schema ≤ 0004): sessions and spends.
+
+    The upgrade to 0005 writes it before any entry that only 0005 and later write — a
+    local-DP charge naming its members, a session batch with its number — and a downgrade
+    below 0005 is refused once such an entry exists; so one after them was appended by
+    hand. Its baseline would re-commit per-subject spends (red team 13, F1: units moved
+    from a subject at her cap to another, and the first charged again, verified ok)."""
     if t.migration is not None:
         raise AuditFailed(f"audit entry {seq}: a second migration entry")
+    since = [t.logged["charge"][cid] for cid in t.logged["charge"]
+             if getattr(t.rows["charge"][cid], "members_digest", None) is not None]
+    since += [bseq for bseq, _row in t.sessions.batch_rows.values()]
+    if since:
+        raise AuditFailed(f"audit entry {seq}: a migration entry after entry {min(since)}, "
+                          "which only privcal 0005 or later writes (the upgrade writes it "
+                          "before any such entry): entry appended")
     t.migration = (seq, data)
     _sessions.check_migration(seq, data, t.coll, t.sessions)
 

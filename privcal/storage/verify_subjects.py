@@ -86,6 +86,9 @@ def check_subject_spends(s: Session, datasets: dict[int, Dataset],
     for d, subj, units in s.execute(select(SubjectBaseline.dataset_id,
                                            SubjectBaseline.subject,
                                            SubjectBaseline.spent_units)):
+        if int(units) < 0:  # what a subject spent before 0005: never below 0 (red team 13)
+            raise AuditFailed(f"the per-subject baseline of dataset {d} holds negative "
+                              "units (rows edited)")
         baseline[d].append((subj, int(units)))
     for d, rows in baseline.items():
         keys[d].append(_s32([r[0] for r in rows]))
