@@ -183,12 +183,12 @@ def test_an_edited_dataset_policy_fails_verify(accountant: Any, column: str) -> 
                                           "the log recorded"):
         accountant.verify()
 
-
 _RELEASE_EDITS = {
     "diagnostics": ["UPDATE releases SET diagnostics = '{}'"],
     "requester": ["UPDATE releases SET requester = 'someone else'"],
     "created_at": ["UPDATE releases SET created_at = '2001-01-01 00:00:00'"],
     "distribution_version": ["UPDATE releases SET distribution_version = '0.0.1'"],
+    "shape": ["""UPDATE releases SET shape = '{"n": 499}'"""],
     # a later, genuine charge claimed as paying for the release too, consistently everywhere
     "charge_ids": ["UPDATE releases SET charge_ids = '[1, 2]'",
                    "INSERT INTO release_charges (charge_id, release_id) VALUES (2, 1)"],
@@ -197,8 +197,8 @@ _RELEASE_EDITS = {
 
 @pytest.mark.parametrize("column", sorted(_RELEASE_EDITS))
 def test_an_edited_release_fails_verify(accountant: Any, column: str) -> None:
-    """Mutants A12, A13, A15, A16, A18 (audit.py: a field left out of ``release_doc``, which
-    both writes and verifies the entry): a DBA edits the diagnostics, requester, time,
+    """Mutants A12–A16, A18 (audit.py: a field left out of ``release_doc``, which both
+    writes and verifies the entry): a DBA edits the diagnostics, shape, requester, time,
     distribution version of a release, or adds another charge to those that paid for it
     (a ``release_charges`` row too). README: "edits … a row … up to the head — detected"."""
     import numpy as np
@@ -302,3 +302,66 @@ def test_an_edited_session_fails_verify(accountant: Any, edit: str) -> None:
     _sql(acct.ledger, edit)
     with pytest.raises(AuditFailed, match=rf"session {info.id} differs from what the log"):
         acct.verify()
+
+
+def _landed_ledger(ledger_url: str, tmp_path: Path) -> Any:
+    """An Accountant on a ledger written by the landed privcal (schema 0004: a local-DP charge
+    of alice, bob and 000007, a session) and upgraded: one migration entry, a baseline."""
+    import os
+    import subprocess
+    import sys
+
+    from privcal.accountant import Accountant
+    from privcal.storage import Ledger
+    from tests.test_migration_0005 import OLD_SCRIPT, _landed_tree
+
+    tree = _landed_tree(tmp_path)
+    done = subprocess.run([sys.executable, "-c", OLD_SCRIPT, ledger_url], cwd=tree,
+                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    led = Ledger(ledger_url)
+    led.upgrade()
+    acct = Accountant(led)
+    acct.verify()
+    return acct
+
+
+def test_moved_baseline_units_fail_verify(ledger_url: str, tmp_path: Path) -> None:
+    """Mutant U02 (verify_subjects.py: the baseline not compared with the digest the migration
+    entry committed): a DBA moves one unit of alice's pre-0005 spend to bob in both
+    ``subject_baseline`` and ``subject_spend`` (every per-subject sum then adds up)."""
+    acct = _landed_ledger(ledger_url, tmp_path)
+    a, b = acct.ledger.pseudonyms(["alice", "bob"]).tolist()
+    with acct.ledger.engine.begin() as conn:
+        for table in ("subject_baseline", "subject_spend"):
+            for subj, delta in ((a, -1), (b, 1)):
+                conn.execute(text(f"UPDATE {table} SET spent_units = spent_units + :u "
+                                  "WHERE subject = :s"), {"u": delta, "s": subj})
+    with pytest.raises(AuditFailed, match=r"per-subject baseline of dataset 1 differs"):
+        acct.verify()
+    acct.close()
+
+
+def test_a_second_migration_entry_fails_verify(ledger_url: str, tmp_path: Path) -> None:
+    """Mutant V12 (verify.py: a second ``migration`` entry accepted, the last one winning): a
+    ledger upgraded from the landed schema 0004 has its one migration entry; a DBA appends
+    a copy of it (valid chain), which could commit another baseline. Real code: "a second
+    migration entry"."""
+    acct = _landed_ledger(ledger_url, tmp_path)
+    led = acct.ledger
+    with led.engine.begin() as conn:
+        payload = conn.execute(text("SELECT payload FROM audit_log WHERE kind = 'migration'")
+                               ).scalar_one()
+        seq, prev = conn.execute(text("SELECT seq, entry_hash FROM audit_head")).one()
+        doc = json.loads(payload)
+        forged = audit.entry_payload(seq + 1, "migration", doc["data"])
+        h = audit.chain_hash(prev, forged)
+        conn.execute(text("INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+                          "VALUES (:s, 'migration', :p, :v, :h)"),
+                     {"s": seq + 1, "p": forged, "v": prev, "h": h})
+        conn.execute(text("UPDATE audit_head SET seq = :s, entry_hash = :h"),
+                     {"s": seq + 1, "h": h})
+    with pytest.raises(AuditFailed, match=rf"audit entry {seq + 1}: a second migration entry"):
+        acct.verify()
+    led.close()
