@@ -40,3 +40,20 @@ def test_a_token_lifetime_must_be_positive(ledger_url: str) -> None:
     acct = _ledger(ledger_url)
     with pytest.raises(InvalidInput):
         create_token(acct.ledger, "auditor", expires_in=timedelta(0))
+
+
+def test_no_device_token_for_a_federated_session(ledger_url: str) -> None:
+    """Mutant B2 (``_check_session_binding``'s device-for-federated refusal dropped)
+    survived: nothing mints one. A device's report PUT is not checked against the session's
+    method by the report writer, so such a token's bit 0/1 — both points of a [0, 1] grid —
+    would land in the federated session as an agent's message."""
+    from privcal.accountant.sessions import open_session
+    from privcal.service.bound_tokens import create_bound_token
+
+    acct = _ledger(ledger_url)
+    acct.create_dataset("d", rho="1", subject_epsilon="10")
+    fid = open_session(acct, "fedcp2-qq", dataset="d", alpha=0.2, epsilon=2.0, agents=3,
+                       local_n=200, bins=20, smax=1.0, requester="analyst:ann").id
+    with pytest.raises(InvalidInput, match="federated"):
+        create_bound_token(acct, "device", name=None, datasets=[], session=fid,
+                           subject="s1", agent=None, expires_in=None)
