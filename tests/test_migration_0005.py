@@ -65,6 +65,22 @@ def _landed_tree(tmp_path: Path) -> Path:
     return out
 
 
+def landed_ledger(ledger_url: str, tmp_path: Path) -> Accountant:
+    """An Accountant on a ledger the landed privcal wrote (:data:`OLD_SCRIPT`: schema 0004, a
+    local-DP charge of alice, bob and 000007, a session), upgraded to the head and verified:
+    one migration entry, a per-subject baseline."""
+    tree = _landed_tree(tmp_path)
+    done = subprocess.run([sys.executable, "-c", OLD_SCRIPT, ledger_url], cwd=tree,
+                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    acct = Accountant(ledger)
+    acct.verify()
+    return acct
+
+
 def test_upgrade_from_the_landed_schema_with_data(ledger_url: str, tmp_path: Path) -> None:
     tree = _landed_tree(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -132,16 +148,10 @@ def test_a_rewritten_baseline_with_negative_units_fails_verify(ledger_url: str,
     passed. A negative baseline now fails."""
     from privcal.storage import audit, pseudonyms
     from privcal.storage.models import spend_units
+    from tests.test_red_team_8_accounting import _rechain
 
-    tree = _landed_tree(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, "-c", OLD_SCRIPT, ledger_url], env=env, cwd=tree,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    ledger = Ledger(ledger_url)
-    ledger.upgrade()
-    acct = Accountant(ledger)
-    acct.verify()
+    acct = landed_ledger(ledger_url, tmp_path)
+    ledger = acct.ledger
     a, b = ledger.pseudonyms(["alice", "bob"]).tolist()
     u = spend_units(Decimal("0.75"))
     with ledger.engine.begin() as conn:
@@ -154,21 +164,11 @@ def test_a_rewritten_baseline_with_negative_units_fails_verify(ledger_url: str,
         rows = [(s, int(n)) for s, n in conn.execute(text(
             "SELECT subject, spent_units FROM subject_baseline WHERE dataset_id = :d"),
             {"d": d})]
-        entries = conn.execute(text("SELECT seq, kind, payload, prev_hash FROM audit_log "
-                                    "ORDER BY seq")).all()
-        prev = None
-        for seq, kind, payload, old_prev in entries:
-            if kind == "migration":
-                doc = json.loads(payload)["data"]
-                doc["subject_spend"][str(d)]["digest"] = pseudonyms.spend_digest(rows)
-                payload = audit.entry_payload(seq, kind, doc)
-            prev = old_prev if prev is None else prev
-            h = audit.chain_hash(prev, payload)
-            conn.execute(text("UPDATE audit_log SET payload = :p, prev_hash = :v, "
-                              "entry_hash = :h WHERE seq = :s"),
-                         {"p": payload, "v": prev, "h": h, "s": seq})
-            prev = h
-        conn.execute(text("UPDATE audit_head SET entry_hash = :h"), {"h": prev})
+        seq, payload = conn.execute(text(
+            "SELECT seq, payload FROM audit_log WHERE kind = 'migration'")).one()
+    doc = json.loads(payload)["data"]
+    doc["subject_spend"][str(d)]["digest"] = pseudonyms.spend_digest(rows)
+    _rechain(ledger, {seq: audit.entry_payload(seq, "migration", doc)})
     assert acct.subject_spend("d", "alice") == Decimal("-0.25")
     with pytest.raises(AuditFailed, match=r"baseline of dataset \d+ holds negative units"):
         acct.verify()

@@ -18,30 +18,13 @@ from sqlalchemy import text
 from privcal.costs import ZCDP
 from privcal.errors import AuditFailed
 from privcal.storage import audit, signing
+from tests.test_migration_0005 import landed_ledger
+from tests.test_red_team_8_accounting import _rechain
 
 
 def _sql(led: Any, stmt: str, **params: Any) -> None:
     with led.engine.begin() as conn:
         conn.execute(text(stmt), params)
-
-
-def _rechain(led: Any, payloads: dict[int, str]) -> None:
-    """Rewrite the log as a careful attacker would: the given payloads (by seq), every hash
-    recomputed from genesis, the head row moved along."""
-    with led.engine.connect() as conn:
-        rows = [tuple(r) for r in conn.execute(text(
-            "SELECT seq, kind, payload FROM audit_log ORDER BY seq"))]
-    prev = audit.GENESIS
-    with led.engine.begin() as conn:
-        for seq, _kind, payload in rows:
-            payload = payloads.get(seq, payload)
-            h = audit.chain_hash(prev, payload)
-            conn.execute(text("UPDATE audit_log SET payload = :p, prev_hash = :v, "
-                              "entry_hash = :h WHERE seq = :s"),
-                         {"p": payload, "v": prev, "h": h, "s": seq})
-            prev = h
-        conn.execute(text("UPDATE audit_head SET seq = :s, entry_hash = :h WHERE id = 1"),
-                     {"s": rows[-1][0], "h": prev})
 
 
 def test_a_rewritten_log_fails_a_signed_head_of_the_same_length(accountant: Any,
@@ -106,17 +89,11 @@ def test_a_forged_migration_entry_cannot_move_per_subject_units(accountant: Any)
             conn.execute(text("UPDATE subject_spend SET spent_units = spent_units + :u "
                               "WHERE dataset_id = :d AND subject = :s"),
                          {"u": units, "d": ds, "s": s})
-        seq, prev = conn.execute(text("SELECT seq, entry_hash FROM audit_head")).one()
-        payload = audit.entry_payload(seq + 1, "migration", {
-            "revision": "0005", "subject_key": pseudonyms.key_id(key), "sessions": {},
-            "subject_spend": {str(ds): {"subjects": 2,
-                                        "digest": pseudonyms.spend_digest(baseline)}}})
-        h = audit.chain_hash(prev, payload)
-        conn.execute(text("INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
-                          "VALUES (:s, 'migration', :p, :v, :h)"),
-                     {"s": seq + 1, "p": payload, "v": prev, "h": h})
-        conn.execute(text("UPDATE audit_head SET seq = :s, entry_hash = :h"),
-                     {"s": seq + 1, "h": h})
+        seq = conn.execute(text("SELECT seq FROM audit_head")).scalar_one()
+    _rechain(led, {}, append=("migration", audit.entry_payload(seq + 1, "migration", {
+        "revision": "0005", "subject_key": pseudonyms.key_id(key), "sessions": {},
+        "subject_spend": {str(ds): {"subjects": 2,
+                                    "digest": pseudonyms.spend_digest(baseline)}}})))
     assert acct.subject_spend("d", "alice") == Decimal("0.5")  # alice could spend 0.5 again
     with pytest.raises(AuditFailed, match=r"audit entry 4: a migration entry after entry 2, "
                                           r"which only privcal 0005 or later writes"):
@@ -304,34 +281,11 @@ def test_an_edited_session_fails_verify(accountant: Any, edit: str) -> None:
         acct.verify()
 
 
-def _landed_ledger(ledger_url: str, tmp_path: Path) -> Any:
-    """An Accountant on a ledger written by the landed privcal (schema 0004: a local-DP charge
-    of alice, bob and 000007, a session) and upgraded: one migration entry, a baseline."""
-    import os
-    import subprocess
-    import sys
-
-    from privcal.accountant import Accountant
-    from privcal.storage import Ledger
-    from tests.test_migration_0005 import OLD_SCRIPT, _landed_tree
-
-    tree = _landed_tree(tmp_path)
-    done = subprocess.run([sys.executable, "-c", OLD_SCRIPT, ledger_url], cwd=tree,
-                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    led = Ledger(ledger_url)
-    led.upgrade()
-    acct = Accountant(led)
-    acct.verify()
-    return acct
-
-
 def test_moved_baseline_units_fail_verify(ledger_url: str, tmp_path: Path) -> None:
     """Mutant U02 (verify_subjects.py: the baseline not compared with the digest the migration
     entry committed): a DBA moves one unit of alice's pre-0005 spend to bob in both
     ``subject_baseline`` and ``subject_spend`` (every per-subject sum then adds up)."""
-    acct = _landed_ledger(ledger_url, tmp_path)
+    acct = landed_ledger(ledger_url, tmp_path)
     a, b = acct.ledger.pseudonyms(["alice", "bob"]).tolist()
     with acct.ledger.engine.begin() as conn:
         for table in ("subject_baseline", "subject_spend"):
@@ -348,20 +302,14 @@ def test_a_second_migration_entry_fails_verify(ledger_url: str, tmp_path: Path) 
     ledger upgraded from the landed schema 0004 has its one migration entry; a DBA appends
     a copy of it (valid chain), which could commit another baseline. Real code: "a second
     migration entry"."""
-    acct = _landed_ledger(ledger_url, tmp_path)
+    acct = landed_ledger(ledger_url, tmp_path)
     led = acct.ledger
-    with led.engine.begin() as conn:
+    with led.engine.connect() as conn:
         payload = conn.execute(text("SELECT payload FROM audit_log WHERE kind = 'migration'")
                                ).scalar_one()
-        seq, prev = conn.execute(text("SELECT seq, entry_hash FROM audit_head")).one()
-        doc = json.loads(payload)
-        forged = audit.entry_payload(seq + 1, "migration", doc["data"])
-        h = audit.chain_hash(prev, forged)
-        conn.execute(text("INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
-                          "VALUES (:s, 'migration', :p, :v, :h)"),
-                     {"s": seq + 1, "p": forged, "v": prev, "h": h})
-        conn.execute(text("UPDATE audit_head SET seq = :s, entry_hash = :h"),
-                     {"s": seq + 1, "h": h})
+        seq = conn.execute(text("SELECT seq FROM audit_head")).scalar_one()
+    _rechain(led, {}, append=("migration", audit.entry_payload(
+        seq + 1, "migration", json.loads(payload)["data"])))
     with pytest.raises(AuditFailed, match=rf"audit entry {seq + 1}: a second migration entry"):
         acct.verify()
     led.close()
