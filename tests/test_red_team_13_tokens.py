@@ -57,3 +57,23 @@ def test_no_device_token_for_a_federated_session(ledger_url: str) -> None:
     with pytest.raises(InvalidInput, match="federated"):
         create_bound_token(acct, "device", name=None, datasets=[], session=fid,
                            subject="s1", agent=None, expires_in=None)
+
+
+def test_no_agent_token_for_an_ldp_score_session(ledger_url: str) -> None:
+    """B2's siblings (red team 13 left them unrun): an agent token binds an agent of a
+    federated session; for an ldp-score session, shuffled or not, none is made — its
+    messages would otherwise reach the session as reports of a subject named by the agent."""
+    from privcal.accountant.sessions import open_session
+    from privcal.service.bound_tokens import create_bound_token
+
+    acct = _ledger(ledger_url)
+    acct.create_dataset("d", approx_epsilon=20, approx_delta=1e-5, subject_epsilon=20)
+    plain = open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0, rounds=2,
+                         group_size=3, requester="analyst:ann").id
+    shuffled = open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0, rounds=2,
+                            group_size=3, shuffled=True, requester="analyst:ann",
+                            idempotency_key="open-shuffled").id
+    for sid in (plain, shuffled):
+        with pytest.raises(InvalidInput, match="agent tokens are for federated sessions"):
+            create_bound_token(acct, "agent", name=None, datasets=[], session=sid,
+                               subject=None, agent="a1", expires_in=None)
