@@ -139,8 +139,9 @@ class SessionStore:
     Every operation runs in the caller's ORM session ``s`` (one ledger transaction).
     """
 
-    # ``backend``, ``lock_dataset``, ``hot_sql``, ``_sql``, ``_driver`` and ``_db_error`` are
-    # the Ledger's (the last four: storage/statements.py)
+    # ``backend``, ``lock_dataset``, ``hot_sql``, ``_sql`` and ``_driver`` are the Ledger's
+    # (the last three: storage/statements.py); a driver error raised by a statement run on
+    # ``_driver``'s cursor is translated by the write or read around it (transactions.py)
     backend: str
 
     if TYPE_CHECKING:
@@ -152,10 +153,6 @@ class SessionStore:
 
         @staticmethod
         def _driver(conn: Connection) -> Any: ...
-
-        @staticmethod
-        def _db_error(conn: Connection, exc: BaseException, sql: str,
-                      params: Any) -> Exception: ...
 
     # ------------------------------------------------------------ session rows
     def session_row(self, s: Session, session_id: int, *, lock: bool = False
@@ -242,11 +239,8 @@ class SessionStore:
         """PostgreSQL: the rows of ``sql`` run by the driver with ``prepare=False`` — planned
         with the parameters' values every time (see :meth:`probe_batch`); the set of one
         ``column`` of them if given."""
-        try:
-            with self._driver(conn).cursor() as cur:
-                rows = cur.execute(sql, params, prepare=False).fetchall()
-        except conn.dialect.loaded_dbapi.Error as exc:
-            raise self._db_error(conn, exc, sql, params) from exc
+        with self._driver(conn).cursor() as cur:
+            rows = cur.execute(sql, params, prepare=False).fetchall()
         return rows if column is None else {r[column] for r in rows}
 
     def reported_subjects(self, s: Session | Connection, session_id: int, subjects: Sequence[str]

@@ -84,9 +84,6 @@ class SubjectSpendStore:
         @staticmethod
         def _driver(conn: Connection) -> Any: ...
 
-        @staticmethod
-        def _db_error(conn: Connection, exc: BaseException, sql: str, params: Any) -> Any: ...
-
     def bulk_charge_subjects(self, tx: Session | Connection, dataset_id: int, uniq: np.ndarray,
                              e_units: int, cap_units: int) -> list[str]:
         """Charge ``e_units`` to each (distinct) subject that has room under ``cap_units``;
@@ -162,11 +159,8 @@ class SubjectSpendStore:
             if self.backend == "postgresql":
                 params["ids"] = fixed_lines(existing.shape[0],
                                             [hexes, b"\n"])[:-1].decode("ascii")
-                try:  # on the driver (prepare=False): its errors as the hot path's
-                    with self._driver(conn).cursor() as cur:
-                        done = cur.execute(_RAISE_PG, params, prepare=False).rowcount
-                except conn.dialect.loaded_dbapi.Error as exc:
-                    raise self._db_error(conn, exc, _RAISE_PG, params) from exc
+                with self._driver(conn).cursor() as cur:
+                    done = cur.execute(_RAISE_PG, params, prepare=False).rowcount
             else:
                 params.update(ids=hexes.tobytes(), n=int(existing.shape[0]))
                 done = self._sql(conn, _RAISE_SQLITE, params).rowcount

@@ -149,9 +149,12 @@ class LedgerTransactions:
         def run(conn: Connection) -> T:
             with Session(bind=conn, expire_on_commit=False) as session:
                 session.begin()  # closing the session on an exception rolls it back
-                result = fn(session)
-                session.flush()
-                self._append_pending(conn)
+                try:
+                    result = fn(session)
+                    session.flush()
+                    self._append_pending(conn)
+                except conn.dialect.loaded_dbapi.Error as raw:
+                    raise self._driver_error(conn, raw) from raw
                 try:
                     _commit_once(session.commit)
                 except LedgerError:
@@ -174,14 +177,27 @@ class LedgerTransactions:
         def run(conn: Connection) -> T:
             self._begin(conn)
             try:
-                result = fn(conn)
-                self._append_pending(conn)
+                try:
+                    result = fn(conn)
+                    self._append_pending(conn)
+                except conn.dialect.loaded_dbapi.Error as raw:
+                    raise self._driver_error(conn, raw) from raw
                 _commit_once(lambda: self._commit(conn))
             finally:
                 self._end(conn)
             return result
 
         return self._retry(run, attempts, core=True)
+
+    def _driver_error(self, conn: Connection, raw: BaseException) -> DBAPIError:
+        """A driver error raised by a statement a write's or read's body ran on the driver's
+        own cursor (a ``COPY``, a ``prepare=False`` query: :mod:`privcal.storage.pg_copy`,
+        :mod:`privcal.storage.subject_spend`, :mod:`privcal.storage.session_store`), as
+        SQLAlchemy raises its own (:meth:`~privcal.storage.statements.HotStatements._db_error`:
+        the connection invalidated if it is gone) — before the write's cleanup touches the
+        connection — so a write is retried or refused in one line like any other (red team
+        12: a bare ``psycopg`` error, or ``PendingRollbackError`` from the cleanup, escaped)."""
+        return self._db_error(conn, raw, "(a statement on the driver)", ())  # type: ignore[attr-defined, no-any-return]
 
     @contextmanager
     def orm_in_core(self, conn: Connection) -> Iterator[Session]:
@@ -278,9 +294,8 @@ class LedgerTransactions:
                     with Session(bind=conn, expire_on_commit=False) as session:
                         with session.begin():
                             yield session
-                except conn.dialect.loaded_dbapi.Error as raw:  # a statement the body ran on
-                    # the driver's own cursor (r12rev: a statement_timeout there was a 500)
-                    raise self._db_error(conn, raw, "(a read on the driver)", ()) from raw
+                except conn.dialect.loaded_dbapi.Error as raw:  # r12rev: a statement_timeout
+                    raise self._driver_error(conn, raw) from raw  # there was a 500
             except DBAPIError as exc:
                 if statement_cancelled(exc):
                     raise self._unreachable(exc) from exc
