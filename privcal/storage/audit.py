@@ -49,7 +49,6 @@ __all__ = [
     "canonical",
     "chain_hash",
     "charge_doc",
-    "charge_prefix",
     "dataset_doc",
     "entry_payload",
     "entry_prefix",
@@ -322,46 +321,6 @@ def charge_doc(c: Charge, dataset_name: str) -> dict[str, Any]:
     if c.members_digest is not None:
         doc["members_digest"] = _scalar(c.members_digest)
     return doc
-
-
-#: a charge document's keys in RFC 8785 order, each with its row attribute (``dataset``: the
-#: dataset's name; ``request_digest`` and ``members_digest`` only when set: :func:`charge_doc`)
-_CHARGE_KEYS = tuple(sorted(
-    ("charge_id", "dataset_id", "dataset", "scope", "notion", "epsilon", "delta", "rho",
-     "eps0", "subjects_accepted", "subjects_rejected", "purpose", "requester",
-     "idempotency_key", "created_at", "request_digest", "members_digest")))
-_CHARGE_ATTRS = tuple((f'"{k}":', "id" if k == "charge_id" else k) for k in _CHARGE_KEYS)
-_OPTIONAL = frozenset(("request_digest", "members_digest"))
-
-
-def charge_prefix(c: Any, dataset_name: str) -> str:
-    """``entry_prefix("charge", charge_doc(c, dataset_name))``, written straight from the
-    row (issue 11: no document dict, no key sort); any value :func:`_flat_prefix` would not
-    write (a lone surrogate, an unsafe integer, another type) takes that path instead.
-    ``audit verify`` recomputes every entry from :func:`charge_doc` with ``rfc8785``."""
-    parts = []
-    for key, attr in _CHARGE_ATTRS:
-        if attr == "dataset":
-            v: Any = dataset_name
-        elif attr == "created_at":
-            v = iso(c.created_at)
-        else:
-            v = getattr(c, attr)
-            if v is None:
-                if attr not in _OPTIONAL:
-                    parts.append(key + "null")
-                continue
-        t = type(v)
-        if t is str and v.isascii():
-            text: str | None = _encode_str(v)
-        elif t is Decimal:
-            text = f'"{dec(v)}"'  # digits, ".", "-", "e": nothing to escape
-        else:
-            text = _flat_text(v)
-            if text is None:
-                return entry_prefix("charge", charge_doc(c, dataset_name))
-        parts.append(key + text)
-    return f'{{"data":{{{",".join(parts)}}},"kind":"charge","seq":'
 
 
 def _scalar(v: Any) -> Any:

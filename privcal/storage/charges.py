@@ -13,7 +13,6 @@ sessions). No policy here: the caller has checked the budget.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_text
 from privcal.storage import pseudonyms
-from privcal.storage.audit import charge_prefix
 from privcal.storage.audit_queue import CHARGE_ID_HEAD
+from privcal.storage.charge_entry import charge_prefix
 from privcal.storage.models import Charge, ChargeMembers, Dataset
 from privcal.storage.statements import HEAD_INFO
 
@@ -112,7 +111,7 @@ class ChargeStore:
         (:mod:`privcal.storage.optimistic`).
         """
         if self.backend == "postgresql" and not self.has_pending_audit(conn):  # type: ignore[attr-defined]
-            prefix = charge_prefix(SimpleNamespace(id=0, **values), dataset)
+            prefix = charge_prefix(0, values, dataset)
             if not prefix.startswith(_ID_ZERO):  # pragma: no cover - RFC 8785 key order
                 raise AssertionError("a charge entry does not begin with its charge_id")
             q = self.hot_sql
@@ -125,7 +124,7 @@ class ChargeStore:
             return int(cid)
         cid = self.insert_charge(conn, values, spent)
         self.append_prefix(conn, "charge",  # type: ignore[attr-defined]
-                           charge_prefix(SimpleNamespace(id=cid, **values), dataset))
+                           charge_prefix(cid, values, dataset))
         return cid
 
     def members_of(self, tx: Session | Connection, charge_id: int) -> np.ndarray:

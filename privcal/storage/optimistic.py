@@ -78,11 +78,10 @@ path's charge violates the key's unique constraint and rolls back).
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
 
-from privcal.storage.audit import charge_prefix
 from privcal.storage.backend_fence import IDENT_SQL, end_backend
+from privcal.storage.charge_entry import charge_prefix
 from privcal.storage.charges import _ID_ZERO
 from privcal.storage.optimistic_sql import cas_charge_sql, cas_message, policy_columns, prepared
 from privcal.storage.statements import SPENT_COLUMNS
@@ -191,7 +190,7 @@ class OptimisticCharges:
         prepares, executes = cas
         drain = self._drain_mode
         sql = cas_message(executes, drain)
-        prefix = charge_prefix(SimpleNamespace(id=0, **values), snap.name)
+        prefix = charge_prefix(0, values, snap.name)
         if not prefix.startswith(_ID_ZERO):  # pragma: no cover - RFC 8785 key order
             raise AssertionError("a charge entry does not begin with its charge_id")
         ds = snap._asdict()

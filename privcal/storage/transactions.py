@@ -96,7 +96,7 @@ def _unwritable(exc: BaseException) -> str | None:
     return None
 
 
-def _commit_once(commit: Callable[[], None]) -> None:
+def _commit_once(commit: Callable[..., None], *args: Any) -> None:
     """Run ``commit``; a connection that dies during it raises a LedgerError, never retried.
 
     The server may have committed before the connection died, so the outcome is unknown,
@@ -104,7 +104,7 @@ def _commit_once(commit: Callable[[], None]) -> None:
     was two charges (ρ charged twice) when the connection was lost as COMMIT returned.
     """
     try:
-        commit()
+        commit(*args)
     except DBAPIError as exc:
         if _dropped(exc):
             raise LedgerError(
@@ -173,21 +173,7 @@ class LedgerTransactions:
         path's statements run; a Core statement ``fn`` executes joins it. Anything ``fn``
         raises rolls it back (:meth:`~privcal.storage.statements.HotStatements._end` on
         PostgreSQL, the pool's reset on return on SQLite)."""
-
-        def run(conn: Connection) -> T:
-            self._begin(conn)
-            try:
-                try:
-                    result = fn(conn)
-                    self._append_pending(conn)
-                except conn.dialect.loaded_dbapi.Error as raw:
-                    raise self._driver_error(conn, raw) from raw
-                _commit_once(lambda: self._commit(conn))
-            finally:
-                self._end(conn)
-            return result
-
-        return self._retry(run, attempts, core=True)
+        return self._retry(fn, attempts, core=True)  # one attempt: _run_core
 
     def _driver_error(self, conn: Connection, raw: BaseException) -> DBAPIError:
         """A driver error raised by a statement a write's or read's body ran on the driver's
@@ -225,7 +211,7 @@ class LedgerTransactions:
                 if core:
                     # write_core begins IMMEDIATE itself, on a connection kept from its last
                     # write if there is a clean one (storage/held_connections.py)
-                    return self._run_held(run)
+                    return self._run_core(run)
                 with self._connect(write=True) as conn:
                     return _run_with_pending(run, conn)
             except (OperationalError, DBAPIError) as exc:
@@ -257,18 +243,32 @@ class LedgerTransactions:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _run_held(self, run: Callable[[Connection], T]) -> T:
-        """:func:`_run_with_pending` on a connection of the hot path's free list
-        (:meth:`~privcal.storage.held_connections.HeldConnections._hot_connect`, without
-        its generator: issue 11)."""
+    def _run_core(self, fn: Callable[[Connection], T]) -> T:
+        """One attempt of :meth:`write_core`, on a connection of the hot path's free list
+        (:meth:`~privcal.storage.held_connections.HeldConnections._hot_take`, without its
+        generator: issue 11) with the write's audit queue in ``conn.info``
+        (:func:`_run_with_pending`'s, in one frame here: the charge's hot path)."""
         conn, held = self._hot_take()
+        info = conn.info
+        info[_PENDING] = []
         ok = False
         try:
-            result = _run_with_pending(run, conn)
+            self._begin(conn)
+            try:
+                try:
+                    result = fn(conn)
+                    self._append_pending(conn)
+                except conn.dialect.loaded_dbapi.Error as raw:
+                    raise self._driver_error(conn, raw) from raw
+                _commit_once(self._commit, conn)
+            finally:
+                self._end(conn)
             ok = True
+            return result
         finally:
+            info.pop(_PENDING, None)
+            info.pop(HEAD_INFO, None)
             self._hot_give(conn, held, ok)
-        return result
 
     @contextmanager
     def read(self) -> Iterator[Session]:
