@@ -28,7 +28,7 @@ from decimal import (
 )
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from privcal.errors import InvalidInput, plain_number_text
 
@@ -91,6 +91,15 @@ def plain(d: Decimal) -> str:
 _EPS = Field(validation_alias=AliasChoices("eps", "epsilon"))
 
 
+def _one_line(model: str, exc: ValidationError) -> InvalidInput:
+    """The first problem of a cost's validation as a one-line InvalidInput (a ValueError, as
+    pydantic's ValidationError is): ``ZCDP rho: ρ must be > 0, got -1``."""
+    err = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    return InvalidInput(f"{model} {where}: {msg}" if where else f"{model}: {msg}")
+
+
 class _Cost(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -106,7 +115,10 @@ class _Cost(BaseModel):
             if name in data or (name == "eps" and "epsilon" in data):
                 raise TypeError(f"{type(self).__name__}: {name} given twice")
             data[name] = value
-        super().__init__(**data)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:  # pydantic's text spans four lines: the first problem
+            raise _one_line(type(self).__name__, exc) from None
 
     def _same_kind(self, other: object) -> bool:
         if not isinstance(other, _Cost):

@@ -61,3 +61,22 @@ def test_conversions() -> None:
     for bad in (0, 1, -1, "x"):
         with pytest.raises(InvalidInput, match="δ"):
             ZCDP(0.1).to_approx(bad)
+
+
+@pytest.mark.parametrize(("make", "want"), [
+    (lambda: PureDP(eps=None), "PureDP eps: not a number: None"),
+    (lambda: ZCDP(rho=-1), "ZCDP rho: ρ must be > 0, got -1"),
+    (lambda: ApproxDP(1, 2), "ApproxDP delta: δ must be in [0, 1), got 2"),
+    (lambda: ZCDP("abc"), "ZCDP rho: not a number: 'abc'"),
+    (lambda: PureDP(), "PureDP eps: Field required"),
+    (lambda: ZCDP(rho=1, foo=2), "ZCDP foo: Extra inputs are not permitted"),
+    (lambda: LocalDP(float("nan")), "LocalDP eps0: must be finite, got 'nan'"),
+])
+def test_a_bad_amount_is_one_line_naming_the_cost_and_field(make: object, want: str) -> None:
+    """A cost built with a bad amount raises InvalidInput (a ValueError, as pydantic's
+    ValidationError is) with one line naming the cost and the field — not pydantic's
+    four-line text with its URL (the quality bar: one clear line on the API too)."""
+    with pytest.raises(InvalidInput) as err:
+        make()  # type: ignore[operator]
+    assert str(err.value) == want
+    assert isinstance(err.value, ValueError)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from pydantic import ValidationError
 
 from privcal.cli.app import (
     AMOUNT,
@@ -56,17 +55,14 @@ def _cost(epsilon: Any, rho: Any, approx_epsilon: Any,
     if sum(given) != 1:
         raise InvalidInput("give exactly one of --epsilon, --rho, or --approx-epsilon with "
                            "--approx-delta")
-    try:
-        if epsilon is not None:
-            return PureDP(eps=epsilon)
-        if rho is not None:
-            return ZCDP(rho=rho)
-        if approx_epsilon is None or approx_delta is None:
-            raise InvalidInput("an (ε, δ) charge needs both --approx-epsilon and --approx-delta")
-        return ApproxDP(eps=approx_epsilon, delta=approx_delta)
-    except ValidationError as exc:
-        raise InvalidInput(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, ")) \
-            from exc
+    # a cost refuses a bad amount with a one-line InvalidInput naming it (privcal.costs)
+    if epsilon is not None:
+        return PureDP(eps=epsilon)
+    if rho is not None:
+        return ZCDP(rho=rho)
+    if approx_epsilon is None or approx_delta is None:
+        raise InvalidInput("an (ε, δ) charge needs both --approx-epsilon and --approx-delta")
+    return ApproxDP(eps=approx_epsilon, delta=approx_delta)
 
 
 _budget_options = [

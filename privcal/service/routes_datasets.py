@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from privcal.errors import InvalidInput
@@ -57,8 +57,8 @@ class Cost(BaseModel):
                 if self.delta is None:
                     return PureDP(eps=self.epsilon)
                 return ApproxDP(eps=self.epsilon, delta=self.delta)
-        except ValidationError as exc:
-            raise InvalidInput(f"cost: {exc.errors()[0]['msg']}") from None
+        except InvalidInput as exc:  # the cost's own one line (privcal.costs)
+            raise InvalidInput(f"cost: {exc}") from None
         raise InvalidInput('cost must be {"rho": …}, {"epsilon": …} or {"epsilon": …, '
                            '"delta": …} (decimal strings)')
 

@@ -69,6 +69,9 @@ def test_bad_charges_are_422_and_change_nothing(live: Live, body: dict[str, Any]
         p = _problem(c.post("/v1/datasets/d/charges", json=body, headers=_k()), 422,
                      "invalid-input")
     assert "mallory" not in str(p) and "NaN" not in str(p.get("errors", ""))
+    assert "\n" not in p["detail"] and "Value error" not in p["detail"]  # one clear line
+    if body == {"cost": {"rho": "-1"}}:
+        assert p["detail"] == "cost: ZCDP rho: ρ must be > 0, got -1"
     assert _head(live) == head
 
 
