@@ -55,6 +55,7 @@ from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
 from privcal.calibrators.federated_agent import (
     HONEST_AGENTS,
     aggregate,
+    answered_clause,
     bin_grid,
     fedcp2_qq_message,
 )
@@ -156,13 +157,16 @@ class FedCP2QQ:
     """FedCP²-QQ: agents answer an ε-DP quantile on public bins, the server keeps the k_γ-th."""
 
     name: ClassVar[str] = "fedcp2-qq"
-    #: 1.2.0: an agent's ε is worded as what it is, record-level DP of its message, not
-    #: "local DP at agent level" (red team 7; same formula); 1.1.0: the recorded guarantee
-    #: states that every agent follows the protocol (red team 6; same formula as 1.0.0)
-    version: ClassVar[str] = "1.2.0"
+    #: 1.3.0: a release for the agents that answered (``level`` pinned) states that they
+    #: were not chosen by their data (red team 14; same formula); 1.2.0: an agent's ε is
+    #: worded as what it is, record-level DP of its message, not "local DP at agent level"
+    #: (red team 7; same formula); 1.1.0: the recorded guarantee states that every agent
+    #: follows the protocol (red team 6; same formula as 1.0.0)
+    version: ClassVar[str] = "1.3.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {}}
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {},
+                                                              "1.2.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -203,6 +207,7 @@ class FedCP2QQ:
         p = plan_for(params, shape)
         alpha = params.alpha
         old = version in ("1.0.0", "1.1.0")  # worded an agent's ε "local DP" (red team 7)
+        answered = answered_clause(params.level is not None, version, "1.3.0")
         lower, said = 1 - alpha, f"{1 - alpha:.6g}"
         if version != "1.0.0":
             proven = Fraction(p.proof_bound) - Fraction(FEAS_TOL)
@@ -215,12 +220,13 @@ class FedCP2QQ:
             failure_probability=0.0,
             over=(
                 "calibration scores of all agents, the agents' mechanism randomness and the "
-                f"test point (marginal; i.i.d. scores), {HONEST_AGENTS}"
+                f"test point (marginal; i.i.d. scores), {HONEST_AGENTS}{answered}"
             ),
             rank=p.k_gamma,
             statement=(
                 f"P(Y ∈ C(X)) ≥ {said} over all agents' data, their DP noise and the "
-                f"test point, {HONEST_AGENTS}; each agent's message is {p.epsilon:g}-DP w.r.t. "
+                f"test point, {HONEST_AGENTS}{answered}; each agent's message is "
+                f"{p.epsilon:g}-DP w.r.t. "
                 + ("its own scores" if old else "any one of its own scores (record-level)")
             ),
             details={

@@ -44,7 +44,12 @@ from privcal.calibrators.base import (
     PrivacyModel,
 )
 from privcal.calibrators.bound_floats import float_at_least, float_at_most, text_at_most
-from privcal.calibrators.federated_agent import HONEST_AGENTS, aggregate, fedcp_qq_message
+from privcal.calibrators.federated_agent import (
+    HONEST_AGENTS,
+    aggregate,
+    answered_clause,
+    fedcp_qq_message,
+)
 from privcal.calibrators.fedplan import (
     FEAS_TOL,
     FedPlan,
@@ -132,12 +137,13 @@ class FedCPQQ:
     """FedCP-QQ: each agent sends its ℓ-th smallest score, the server keeps the k-th smallest."""
 
     name: ClassVar[str] = "fedcp-qq"
-    #: 1.1.0: the recorded guarantee states that every agent follows the protocol (red
-    #: team 6; same formula as 1.0.0)
-    version: ClassVar[str] = "1.1.0"
+    #: 1.2.0: a release for the agents that answered (``agent_order`` pinned) states that
+    #: they were not chosen by their data (red team 14; same formula); 1.1.0: the recorded
+    #: guarantee states that every agent follows the protocol (red team 6; same formula)
+    version: ClassVar[str] = "1.2.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}}
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     Params: ClassVar[type[CalibratorParams]] = FedCPQQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
@@ -197,6 +203,7 @@ class FedCPQQ:
                 ls=",".join(map(str, plan.ls)),
                 plan="ℓ_j = ⌈(1−α)(n_j+1)⌉, smallest k (App. A.1)",
             )
+        answered = answered_clause(params.agent_order is not None, version, "1.2.0")
         return CoverageGuarantee(
             target=1 - alpha,
             lower=lower,
@@ -204,13 +211,13 @@ class FedCPQQ:
             failure_probability=0.0,
             over=(
                 "calibration scores of all agents and the test point (marginal; i.i.d. "
-                f"scores), {HONEST_AGENTS}"
+                f"scores), {HONEST_AGENTS}{answered}"
             ),
             rank=plan.k,
             statement=(
                 f"P(Y ∈ C(X)) ≥ {said} over all agents' calibration data and the test "
-                f"point, {HONEST_AGENTS}; exactly M = {plan.M:.10f} when the scores are "
-                "continuous"
+                f"point, {HONEST_AGENTS}{answered}; exactly M = {plan.M:.10f} when the "
+                "scores are continuous"
             ),
             details=details,
         )

@@ -38,8 +38,10 @@ from privcal.calibrators.mechanisms.exponential import exponential_quantile, gri
 from privcal.errors import InvalidInput, PlanRejected
 
 __all__ = [
+    "ANSWERED_AT_RANDOM",
     "HONEST_AGENTS",
     "aggregate",
+    "answered_clause",
     "bin_grid",
     "check_message",
     "fedcp2_qq_message",
@@ -52,6 +54,21 @@ AnyPlan = FedPlan | FedPlanUnequal | Fed2Plan
 #: docstring), stated in the recorded guarantees (red team 6)
 HONEST_AGENTS = ("every agent following the protocol (its message computed from its own "
                  "data as specified)")
+
+#: what a release for only the agents that answered (a session closed with agents missing:
+#: the answer level pinned, the server side replanned for the shape's m agents) also assumes,
+#: stated in its recorded guarantee (red team 14: the 16 of 20 agents with the largest
+#: messages missing, every agent honest, gave 0.836 coverage against a recorded 0.9)
+ANSWERED_AT_RANDOM = ("the agents that answered not chosen by their data (which agents answer, "
+                      "or drop out, does not depend on their scores; a dropout that does can "
+                      "lower the coverage)")
+
+
+def answered_clause(pinned: bool, version: str, since: str) -> str:
+    """``"; " + ANSWERED_AT_RANDOM`` for a release whose answer level is ``pinned``, from
+    calibrator version ``since`` on (older releases recorded no such clause), else ``""``."""
+    newer = tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
+    return f"; {ANSWERED_AT_RANDOM}" if pinned and newer else ""
 
 
 def _local_scores(scores: object) -> np.ndarray:

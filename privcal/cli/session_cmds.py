@@ -212,7 +212,9 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
 @session.command("close")
 @click.argument("session_id", type=Integer())
 @click.option("--allow-missing", is_flag=True,
-              help="Federated: release with a plan recomputed for the agents that answered.")
+              help="Federated: release with a plan recomputed for the agents that answered "
+                   "(valid if which agents answered does not depend on their data; the "
+                   "recorded guarantee says so).")
 @click.option("--abandon", is_flag=True,
               help="Close without a release (charges already made stay spent).")
 @click.option("--requester", default=None,
