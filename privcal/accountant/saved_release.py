@@ -10,20 +10,24 @@ A loaded release is a copy, and nothing is charged by using it. It is not checke
 the ledger it came from: a file edited by hand consistently (another threshold, another
 order of the class names) loads as that edited release. What :func:`load_release` checks
 is the file's internal consistency (:func:`consistency_problems`): no NaN threshold, the
-class names distinct and one per probability column, the coverage guarantee the one the
-installed calibrator computes for the recorded parameters and data shape (as ``privcal
-audit verify`` recomputes it), and a several-level or Mondrian release's stored thresholds
-one per level and group as its wrapper records them. To check a copy against the ledger,
-compare it with the ledger's record of the same id: ``acct.release(saved.id) == saved`` in
-Python (the record ``privcal release show ID --json`` and ``GET /v1/releases/{id}`` print),
-and ``privcal audit verify`` for the ledger's records themselves.
+class names distinct and one per probability column, the coverage guarantee and the
+privacy record the ones the installed calibrator computes for the recorded parameters and
+data shape (as ``privcal audit verify`` recomputes them; the privacy record at the
+reporting δ it states, a release's only input from its dataset), and a several-level or
+Mondrian release's stored thresholds one per level and group as its wrapper records them.
+To check a copy against the ledger, compare it with the ledger's record of the same id:
+``acct.release(saved.id) == saved`` in Python (the record ``privcal release show ID
+--json`` and ``GET /v1/releases/{id}`` print), and ``privcal audit verify`` for the
+ledger's records themselves.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -96,11 +100,11 @@ def consistency_problems(rel: Any) -> list[str]:
     """Why release ``rel`` (a :class:`~privcal.accountant.Release` read from a file) is not
     one privcal could have recorded, as far as can be told without its ledger: a NaN
     threshold; class names that are not distinct strings, one per probability column (the
-    shape's k); a coverage guarantee other than the one the installed calibrator computes
-    for its parameters and shape (numbers and, for the installed version, sentences); a
-    wrapper's stored thresholds not one per level and group (its ``check_record``). A
-    method not installed here, or a calibrator version it does not know, leaves the
-    guarantee unchecked."""
+    shape's k); a coverage guarantee or a privacy record other than the one the installed
+    calibrator computes for its parameters and shape (numbers and, for the installed
+    version, sentences: :func:`_privacy_problems`); a wrapper's stored thresholds not one
+    per level and group (its ``check_record``). A method not installed here, or a
+    calibrator version it does not know, leaves the guarantees unchecked."""
     from privcal.accountant.record_compare import coverage_as_recorded, plain, same
     from privcal.calibrators import registry
     from privcal.errors import PrivcalError
@@ -148,4 +152,37 @@ def consistency_problems(rel: Any) -> list[str]:
         except (PrivcalError, AttributeError, KeyError, TypeError, ValueError):
             out.append("diagnostics: not the per-level or per-group thresholds its method "
                        "records")
-    return out
+    return out + _privacy_problems(cal, rel)
+
+
+def _privacy_problems(cal: Any, rel: Any) -> list[str]:
+    """The privacy record against the one the installed code derives from the recorded
+    parameters and shape (cost, ε, δ, rule, statement; a shuffled record's amplification),
+    as ``audit verify`` recomputes it, at the reporting δ the record itself states — a
+    release's only input from its dataset (red team 14: a copy whose ε was cut from 2.14 to
+    0.1, or whose cost contradicted its ρ, loaded)."""
+    from privcal.accountant.record_compare import plain
+    from privcal.accountant.verification import privacy_problems, recompute
+    from privcal.errors import PrivcalError
+
+    recorded = plain(rel.privacy or {})
+    amp = ((recorded.get("extra") or {}).get("amplification") or {}) \
+        if isinstance(recorded.get("extra"), dict) else {}
+    stated = amp.get("delta") if isinstance(amp, dict) else None
+    if stated is None and recorded.get("model") == "central":
+        stated = recorded.get("delta")
+    try:
+        delta = Decimal(str(stated)) if stated is not None else Decimal("1e-6")
+    except ArithmeticError:
+        return [f"privacy: its δ {stated!r:.60} is not a number"]
+    # the dataset's notion matters only to a shuffled release's central charge (approx caps)
+    ds = SimpleNamespace(reporting_delta=delta,
+                         notion="approx" if "central_cost" in recorded else None)
+    try:
+        _, _, recomputed = recompute(rel, ds)
+    except (PrivcalError, ValidationError, ArithmeticError, ValueError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return [f"its privacy record cannot be recomputed from its parameters and shape: "
+                f"{text}"]
+    problems, _ = privacy_problems(cal, rel, recorded, recomputed)
+    return problems

@@ -142,6 +142,18 @@ def _legacy_texts(cal: Any, rel: Any, recorded: dict[str, Any],
     return older or pre_14_7, older or pre_14_7 or nonprivate_old or is_legacy_local(recorded)
 
 
+def privacy_problems(cal: Any, rel: Any, recorded: dict[str, Any],
+                     recomputed: dict[str, Any]) -> tuple[list[str], int]:
+    """(problems, sentences not compared) of release ``rel``'s privacy record ``recorded``
+    against ``recomputed`` (:func:`recompute`'s): its numbers and rule compared, its
+    sentences too unless they may be an older wording (:func:`_legacy_texts`). The rule of
+    ``audit verify`` and of a saved release's load check."""
+    problems = _diff("privacy", recorded, recomputed)
+    _, legacy = _legacy_texts(cal, rel, recorded, recomputed)
+    text_problems, skipped = _texts("privacy", recorded, recomputed, legacy)
+    return problems + text_problems, skipped
+
+
 def _made_by(rel: Any, reg: registry.Registered) -> bool:
     """Whether release ``rel`` was recorded by the calibrator registered as its method. Also
     the two forms a calibrator object passed by a caller was recorded under before
@@ -264,13 +276,11 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
             problems += cal.check_record(params, DataShape.model_validate(rel.shape),
                                          rel.threshold, rel.diagnostics or {})
         recorded_priv = plain(rel.privacy)
-        problems += _diff("privacy", recorded_priv, new_priv)
-        legacy_cov, legacy_priv = _legacy_texts(cal, rel, recorded_priv, new_priv)
-        for what, rec, new, old in (("coverage", recorded_cov, coverage, legacy_cov),
-                                    ("privacy", recorded_priv, new_priv, legacy_priv)):
-            text_problems, n = _texts(what, rec, new, old)
-            problems += text_problems
-            skipped += n
+        legacy_cov, _ = _legacy_texts(cal, rel, recorded_priv, new_priv)
+        text_problems, n = _texts("coverage", recorded_cov, coverage, legacy_cov)
+        priv_problems, m = privacy_problems(cal, rel, recorded_priv, new_priv)
+        problems += text_problems + priv_problems
+        skipped += n + m
         if charges is None:
             charges = accountant.ledger.release_charges(rel.charge_ids)
         if sessions is None:
