@@ -119,11 +119,17 @@ def test_fedcp2_session_from_cli(ledger: Any, tmp_path: Path) -> None:
     rng = random.Random(5)
     msgs = {f"h{j}": fedcp2_qq_message(np.array([rng.random() for _ in range(200)]), plan, rng)
             for j in range(6)}
-    b1 = _write(tmp_path / "b1.csv", ["agent", "value"],
+    head = ledger.head()
+    b0 = _write(tmp_path / "b0.csv", ["agent", "value"],
                 [["h0", msgs["h0"]], ["h1", 0.123456789], ["h2", msgs["h2"]], ["h0", msgs["h0"]]])
+    bad = _cli(url, "session", "submit", sid, "--reports", b0)  # a file with an off-grid row
+    assert bad.exit_code == 1 and "report 2 of the batch" in bad.output  # refused whole
+    assert "value off the published grid" in bad.output and ledger.head() == head
+    b1 = _write(tmp_path / "b1.csv", ["agent", "value"],
+                [["h0", msgs["h0"]], ["h2", msgs["h2"]], ["h0", msgs["h0"]]])
     out = _json(url, "session", "submit", sid, "--reports", b1)
     assert out["accepted"] == 2
-    assert out["reasons"] == {"duplicate subject in batch": 1, "value off the published grid": 1}
+    assert out["reasons"] == {"duplicate subject in batch": 1}
     # closing with agents missing is refused without the flag, and changes nothing
     head = ledger.head()
     res = _cli(url, "session", "close", sid)
@@ -199,3 +205,33 @@ def test_cli_bad_batch_file_is_one_line_error(ledger: Any, tmp_path: Path) -> No
                "--epsilon", "1", "--rounds", "2", "--group-size", "5")
     assert res.exit_code == 1 and "unknown dataset" in res.output
     assert ledger.head() == head
+
+
+@pytest.mark.parametrize(("rows", "reason"), [
+    ([["u0", 1, 0], ["u1", 2, 0], ["u2", 0, 0], ["u3", "x", 0]], "malformed bit, and 1 more"),
+    ([["u0", 1, 0], ["u1", 0, "r"], ["u2", 0, 0]], "malformed round"),
+])
+def test_cli_batch_with_a_malformed_row_is_refused_whole(ledger: Any, tmp_path: Path,
+                                                         rows: list[list[Any]],
+                                                         reason: str) -> None:
+    """Red team 14: one malformed bit in a file charged the other rows and exited 0. The
+    CLI's file is refused whole (exit 1, one line naming the first bad report, nothing
+    written or charged); the library's default still counts a device's bad report per row."""
+    from privcal.accountant import sessions as S
+
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    acct = Accountant(ledger)
+    acct.create_dataset("d", epsilon=1, subject_epsilon=2)
+    sid = str(_json(url, "session", "open", "ldp-score", "--dataset", "d", "--alpha", "0.1",
+                    "--epsilon", "1", "--rounds", "2", "--group-size", "50")["id"])
+    head = ledger.head()
+    res = _cli(url, "session", "submit", sid, "--reports",
+               _write(tmp_path / "b.csv", ["subject", "bit", "round"], rows))
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert res.output.startswith("error: report 2 of the batch (in file order) has a ")
+    assert reason in res.output and "nothing was written" in res.output
+    assert ledger.head() == head and acct.subject_spend("d", "u0") == 0
+    assert _json(url, "session", "status", sid)["received"] == 0
+    ok = S.submit_reports(acct, int(sid), [r[0] for r in rows], [r[1] for r in rows],
+                          [r[2] for r in rows])
+    assert ok.accepted == 2 and ok.rejected == len(rows) - 2

@@ -156,7 +156,10 @@ def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 @click.argument("session_id", type=Integer())
 @click.option("--reports", required=True,
               type=click.Path(dir_okay=False),
-              help="Batch file: subject,bit,round (ldp-score) or agent,value (federated).")
+              help="Batch file: subject,bit,round (ldp-score) or agent,value (federated). A "
+                   "malformed value or round in any row refuses the whole file (exit 1, "
+                   "nothing written); a subject already reported, over its cap or repeated "
+                   "is counted per row.")
 @click.option("--idempotency-key",
               help="Retrying the same batch with the same key records it once; another batch "
                    "with that key is an error.")
@@ -172,7 +175,7 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
     ids, values, rounds = _read_batch(reports, method)
     with progress.task(f"ingesting {len(ids)} reports", None, size=len(ids)):
         res = submit_reports(acct, session_id, ids, values, rounds,
-                             idempotency_key=idempotency_key)
+                             idempotency_key=idempotency_key, strict=True)
     why = ", ".join(f"{k}: {v}" for k, v in res.reasons.items()) or "none"
     if res.accepted == 0 and not res.replayed:
         raise NothingAccepted(

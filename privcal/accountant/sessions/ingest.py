@@ -87,9 +87,21 @@ class _Spent:
         return has, np.where(has, self.units[at], 0)
 
 
+def _refuse_malformed(rows: np.ndarray, reason: str) -> None:
+    """InvalidInput naming the first of ``rows`` (a mask of malformed rows), if any: a
+    strict batch (:func:`submit_reports`) is refused whole, nothing written."""
+    if rows.any():
+        first, count = int(np.flatnonzero(rows)[0]) + 1, int(rows.sum())
+        raise InvalidInput(
+            f"report {first} of the batch (in file order) has a {reason}"
+            + (f", and {count - 1} more" if count > 1 else "")
+            + ": the whole batch is refused and nothing was written (fix or drop those rows)")
+
+
 def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: int,
                 praw: np.ndarray, values: Any, rounds: Any, dataset_id: int | None,
-                why: Counter[str]) -> tuple[np.ndarray, np.ndarray | list[str], _Spent]:
+                why: Counter[str], strict: bool = False
+                ) -> tuple[np.ndarray, np.ndarray | list[str], _Spent]:
     """The rows that may be accepted, in file order; every row's stored value (``S1`` bits,
     or the federated value strings); and the spend rows of the batch's subjects on
     ``dataset_id`` (when the session charges them).
@@ -107,9 +119,13 @@ def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: 
         ok, stored = P.parse_messages(  # masked = missing: refused, not read (red team 11)
             row.method, np.asarray(unmasked(values, "values"), dtype=object).ravel(), plan)
         bad = R.OFF_GRID if row.method == "fedcp2-qq" else R.MALFORMED_VALUE
+    if strict:
+        _refuse_malformed(~ok, bad)
     why[bad] += int((~ok).sum())
     valid = ok.copy()
     codes = P.round_codes(rounds, n, current)
+    if codes is not None and strict:
+        _refuse_malformed(codes == P.ROUND_REASONS.index(R.MALFORMED_ROUND), R.MALFORMED_ROUND)
     if codes is not None:
         late = ok & (codes != P.ROUND_OK)
         for code, count in zip(*np.unique(codes[late], return_counts=True), strict=True):
@@ -172,6 +188,7 @@ def submit_reports(
     rounds: Sequence[Any] | np.ndarray | None = None,
     *,
     idempotency_key: str | None = None,
+    strict: bool = False,
 ) -> SubmitResult:
     """Ingest one batch of reports (subject id + bit, or agent id + message) in one
     transaction; see :mod:`privcal.accountant.sessions` for the filters, charging and
@@ -186,7 +203,11 @@ def submit_reports(
     guarantee it does not have. Federated sessions have one round and need none.
     ``idempotency_key`` (unique per session) binds the batch — a keyed digest of its
     subject ids, values and rounds: the same key and batch return the recorded result
-    (``replayed=True``), a different batch is an error naming the key.
+    (``replayed=True``), a different batch is an error naming the key. ``strict`` (the CLI's
+    file): a malformed value or round in any row refuses the whole batch (InvalidInput naming
+    the first, nothing written) instead of being counted per row as a device's report is;
+    the per-subject reasons (already reported, duplicate, over its cap, another round) stay
+    counted per row.
     """
     # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
     sids = id_strings(subjects, "subject ids")
@@ -231,7 +252,7 @@ def submit_reports(
         eps0 = row.state.get("eps0")
         charged = eps0 is not None
         cand, stored, spent = _candidates(ledger, conn, row, plan, current, praw, vals, rounds,
-                                          ds.id if charged else None, why)
+                                          ds.id if charged else None, why, strict)
         if fed:
             need = plan.m - int(row.state.get("total", 0))  # type: ignore[union-attr]
         else:
