@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,10 @@ def test_quickstart_real_executable_leaves_no_trace(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     _check_output(proc.stdout)
     assert "ledger.sqlite" in proc.stdout  # it says where the throw-away ledger is
+    # the ledger is gone: the next steps name the user's own (red team 14: its hint was
+    # `budget show` of the removed demo dataset)
+    nxt = [ln for ln in proc.stdout.splitlines() if ln.startswith("Next:")]
+    assert len(nxt) == 1 and "dataset create" in nxt[0] and "budget show" not in nxt[0]
     assert list(home.iterdir()) == []  # the default ledger was not created
     assert list(scratch.iterdir()) == []  # the throw-away ledger was removed
 
@@ -64,6 +69,15 @@ def test_quickstart_keep_leaves_a_verifiable_ledger(tmp_path: Path) -> None:
     assert len(kept) == 1
     url = kept[0].removeprefix("ledger kept at ").strip()
     try:
+        # the next steps it prints run on the kept ledger as written
+        nxt = [ln for ln in res.stdout.splitlines() if ln.startswith("Next:")]
+        assert len(nxt) == 1
+        for cmd in nxt[0].split("`")[1::2]:
+            args = shlex.split(cmd)
+            assert args[0] == "privcal"
+            if "--help" not in args:
+                ran = runner.invoke(main, args[1:])
+                assert ran.exit_code == 0, (cmd, ran.output)
         ver = runner.invoke(main, ["--db-url", url, "audit", "verify", "--json"])
         assert ver.exit_code == 0, ver.stderr
         doc = json.loads(ver.stdout)

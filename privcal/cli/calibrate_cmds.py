@@ -29,7 +29,7 @@ from privcal.cli.app import (
     table,
 )
 from privcal.cli.group_options import group_args, group_options
-from privcal.cli.inputs import class_names, load_labels
+from privcal.cli.inputs import check_id_count, class_names, load_labels
 from privcal.cli.method_options import (
     apply_deprecated,
     deprecated_aliases,
@@ -111,6 +111,8 @@ def _make_calibrate_command(name: str) -> click.Command:
         }
         arrays["classes"] = class_names(kw.get("classes"), kw.get("probs"), columns,
                                      label_column, arrays["labels"], shape_only)
+        check_id_count(kw.get("subjects"), arrays["subjects"], arrays, "subject ids")
+        check_id_count(kw.get("agent_of"), arrays["agents"], arrays, "agent ids")
         acct = settings.accountant()
         request = CalibrationRequest.of(
             name, params,

@@ -61,3 +61,26 @@ def class_names(spec: str | None, probs: str | None, columns: str | None,
     classes, _ = header_classes(names, given, None if shape_only else labels,
                                 f"--probs {probs}")
     return classes
+
+
+def check_id_count(spec: str | None, ids: Any, arrays: dict[str, Any], what: str) -> None:
+    """A one-column CSV of ids (``--subjects``, ``--agent-of``) one id short of the data's
+    rows: its first line was read as the column's name (a CSV's first line is its header),
+    which the later count check ("got 1999") did not say (red team 14)."""
+    import numpy as np
+
+    from privcal.data.files import column_names
+
+    if spec is None or ids is None or not spec.lower().endswith(".csv"):
+        return
+    rows = [int(np.shape(a)[0]) for k, a in arrays.items()
+            if k not in ("subjects", "agents", "classes") and a is not None and np.ndim(a) >= 1]
+    if not rows or int(np.shape(ids)[0]) != rows[0] - 1:
+        return
+    names = column_names(spec)
+    if len(names) == 1:
+        n = rows[0]
+        raise InvalidInput(
+            f"{spec}: got {n - 1} {what} instead of {n} (a 1-D array of {n} ids, one per row); "
+            f"if the file has no header line, its first line {names[0]!r:.60} was read as the "
+            f"column's name (a CSV's first line is its header): add one, e.g. 'subject'")

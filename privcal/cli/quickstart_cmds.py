@@ -192,17 +192,20 @@ def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
     summary["verify"] = report
     summary["head"] = str(ledger.head())
 
-    _say(
-        "\nNext: `privcal calibrate pcoqs --help`, `privcal budget show --dataset NAME`, "
-        "`privcal audit verify`."
-    )
     ledger.close()
     if keep:
         _say(f"ledger kept at {url}")
+        _say(f"\nNext: `privcal --db-url {url} budget show --dataset digits-demo`, "
+             f"`privcal --db-url {url} audit verify`, `privcal calibrate pcoqs --help`.")
     else:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
         _say(f"the throw-away ledger {url} was removed (--keep keeps it)")
+        # the demo's ledger is gone: point at the user's own (red team 14: the hint named
+        # `budget show` of a dataset that no longer existed)
+        _say("\nNext: `privcal dataset create --dataset NAME --rho 1`, then "
+             "`privcal calibrate pcoqs --help` (or `privcal quickstart --keep` to explore "
+             "this demo's ledger).")
     if as_json:
         emit(summary, as_json=True)

@@ -1,0 +1,38 @@
+"""Red team 14 (README walk-through), the CLI's messages: a one-column CSV of subject (or
+agent) ids without a header line lost its first id to the header, and the count check said
+only "got 1999"; the error now says which line was read as the column's name, before anything
+is charged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from privcal.accountant import Accountant
+from privcal.cli import main
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_headerless_subject_ids_say_their_first_line_was_the_header(
+        ledger: Any, tmp_path: Path, dry_run: bool) -> None:
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    Accountant(ledger).create_dataset("u", rho=1, subject_epsilon=5)
+    np.save(tmp_path / "s.npy", np.random.default_rng(0).random(200))
+    ids = tmp_path / "ids.csv"
+    ids.write_text("".join(f"user-{i}\n" for i in range(200)))
+    head = ledger.head()
+    args = ["--db-url", url, "calibrate", "ldp-score", "--simulate", "--dataset", "u",
+            "--alpha", "0.1", "--epsilon", "2", "--scores", str(tmp_path / "s.npy"),
+            "--subjects", str(ids), *(["--dry-run"] if dry_run else [])]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert ("got 199 subject ids instead of 200 (a 1-D array of 200 ids, one per row); if "
+            "the file has no header line, its first line 'user-0' was read as the column's "
+            "name") in res.output
+    assert ledger.head() == head and Accountant(ledger).subject_spend("u", "user-1") == 0
+    ids.write_text("subject\n" + "".join(f"user-{i}\n" for i in range(200)))  # with a header
+    assert CliRunner().invoke(main, args).exit_code == 0
