@@ -340,3 +340,9 @@ def check_number_text(text: str, what: str) -> None:
     if not plain_number_text(text):
         raise ValueError(f"{what} must be a plain number (ASCII digits, no '_'), "
                          f"got {text!r}")
+
+
+def with_article(word: str) -> str:
+    """``word`` after its indefinite article: "a device", "an auditor" (messages naming a
+    role: "a auditor token" read wrong, red team 14)."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

@@ -36,3 +36,26 @@ def test_headerless_subject_ids_say_their_first_line_was_the_header(
     assert ledger.head() == head and Accountant(ledger).subject_spend("u", "user-1") == 0
     ids.write_text("subject\n" + "".join(f"user-{i}\n" for i in range(200)))  # with a header
     assert CliRunner().invoke(main, args).exit_code == 0
+
+
+def test_api_parameter_messages_name_the_mistake(accountant: Any) -> None:
+    """Red team 14: ``epsilon=`` given to pcoqs said "invalid rho: Field required" (the
+    unknown parameter is named first now); a validator's message kept pydantic's "Value
+    error, " prefix; a missing score named CLI flags only."""
+    from privcal.errors import InvalidInput, with_article
+
+    accountant.create_dataset("d", rho=1)
+    s = np.random.default_rng(0).random(100)
+    head = accountant.ledger.head()
+    with pytest.raises(InvalidInput, match=r"^pcoqs takes no parameter 'epsilon'$"):
+        accountant.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, epsilon=0.1)
+    with pytest.raises(InvalidInput) as e:
+        accountant.calibrate("exponq", dataset="d", scores=s, alpha=0.6, epsilon=1)
+    assert str(e.value).startswith("exponq: invalid parameters: exponq needs α ≤ 1/2")
+    probs = np.full((100, 3), 1 / 3)
+    with pytest.raises(InvalidInput, match=r"score= in Python, --score on the CLI"):
+        accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=np.zeros(100, int),
+                             alpha=0.1, rho=0.1)
+    assert accountant.ledger.head() == head
+    assert [with_article(w) for w in ("auditor", "device", "Admin")] == [
+        "an auditor", "a device", "an Admin"]

@@ -170,7 +170,8 @@ def label_score_options(score: str | None, options: dict[str, Any] | None,
     from privcal.calibrators.scores import SCORES, score_options
 
     if score is None:
-        raise InvalidInput("with --probs and --labels, name a score: --score lac|aps|raps")
+        raise InvalidInput("with probs and labels, name a score: lac, aps or raps (score= in "
+                           "Python, --score on the CLI, \"score\" in a service request)")
     if score not in SCORES:
         raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
     opts = dict(options or {})

@@ -76,9 +76,12 @@ def validate_params(calibrator: Calibrator, values: dict[str, Any]) -> Calibrato
     try:
         return calibrator.Params.model_validate(values)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors(include_url=False)
+        # an unknown parameter first: `epsilon=` given to pcoqs said "invalid rho: Field
+        # required" (red team 14); a validator's message without pydantic's "Value error, "
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         where = ".".join(str(p) for p in err["loc"]) or "parameters"
-        msg = err["msg"]
+        msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"{calibrator.name} takes no parameter {where!r}"
             raise InvalidInput(msg) from None

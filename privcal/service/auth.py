@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from privcal.errors import with_article
 from privcal.service.problems import Problem, forbidden, not_found, unauthenticated
 from privcal.storage.token_checks import DeviceGrant
 from privcal.storage.tokens import TokenInfo
@@ -109,7 +110,7 @@ def device_problem(info: TokenInfo | DeviceGrant | None, session_id: int | None)
     if info is None:
         return unauthenticated()
     if info.role != "device":
-        return forbidden(f"a {info.role} token may not call this route")
+        return forbidden(f"{with_article(info.role)} token may not call this route")
     if session_id is not None and info.session != session_id:
         return not_found(f"unknown session {session_id}")
     return None
@@ -154,7 +155,7 @@ def allow(*roles: str, responses: dict[int | str, dict[str, Any]] | None = None
             request.state.p = p
             return p
         if p.role not in allowed:
-            raise forbidden(f"a {p.role} token may not call this route")
+            raise forbidden(f"{with_article(p.role)} token may not call this route")
         request.state.p = p
         return p
 

@@ -37,7 +37,7 @@ from fastapi import APIRouter, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Scope
 
-from privcal.errors import AuditFailed, PrivcalError
+from privcal.errors import AuditFailed, PrivcalError, with_article
 from privcal.service.json_body import JsonRoute
 from privcal.storage.token_secrets import TOKEN_ID
 
@@ -172,7 +172,7 @@ def _guard(request: Request) -> Response | None:
         return RedirectResponse("/ui/login", status_code=303, headers=_HEADERS)
     if tok.role not in UI_ROLES:
         return _page("login.html", status=403,
-                     error=f"a {tok.role} token cannot open the auditor's view")
+                     error=f"{with_article(tok.role)} token cannot open the auditor's view")
     return None
 
 
@@ -214,7 +214,7 @@ def login(request: Request, token: str = Form(max_length=200)) -> Response:
         return _page("login.html", status=401, error="invalid, expired or revoked token")
     if tok.role not in UI_ROLES:
         return _page("login.html", status=403,
-                     error=f"a {tok.role} token cannot open the auditor's view")
+                     error=f"{with_article(tok.role)} token cannot open the auditor's view")
     resp = RedirectResponse("/ui/", status_code=303, headers=_HEADERS)
     resp.set_cookie(COOKIE, issue_credential(_key(request.app), tok.id), httponly=True,
                     samesite="strict", path="/ui", secure=request.url.scheme == "https")

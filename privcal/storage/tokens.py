@@ -199,7 +199,7 @@ def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
     if given - need:
         raise InvalidInput(f"a {role} token takes no {', '.join(sorted(given - need))}")
     if need - given:
-        raise InvalidInput(f"a {role} token needs {', '.join(sorted(need - given))}")
+        raise InvalidInput(f"{role} tokens need {', '.join(sorted(need - given))}")
 
 
 def check_session_id(session: Any) -> int:

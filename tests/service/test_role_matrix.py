@@ -153,7 +153,7 @@ def _ui_cookie(lv: Live, tok: str) -> str:
 def test_every_route_every_principal(live: Live) -> None:  # SQLite and PostgreSQL
     ctx = _setup(live)
     toks = ctx["toks"]
-    seen = 0
+    seen = worded = 0
     for route in live.app.routes:
         if not isinstance(route, APIRoute):
             for m in getattr(route, "methods", set()) or set():
@@ -180,5 +180,12 @@ def test_every_route_every_principal(live: Live) -> None:  # SQLite and PostgreS
                 if r.status_code == 401 and not route.path.startswith("/ui"):
                     assert r.headers["www-authenticate"].startswith("Bearer")
                     assert r.headers["content-type"] == "application/problem+json"
+                if r.status_code == 403 and not route.path.startswith("/ui"):
+                    detail = r.json()["detail"]  # "an auditor token", "a device token"
+                    if "may not call this route" in detail:
+                        assert detail.startswith(("an admin", "an agent", "an analyst",
+                                                  "an auditor", "an ingestor", "a device")), \
+                            detail
+                        worded += 1
                 seen += 1
-    assert seen > 200
+    assert seen > 200 and worded > 50
