@@ -59,3 +59,17 @@ def test_api_parameter_messages_name_the_mistake(accountant: Any) -> None:
     assert accountant.ledger.head() == head
     assert [with_article(w) for w in ("auditor", "device", "Admin")] == [
         "an auditor", "a device", "an Admin"]
+
+
+def test_a_postgresql_url_without_its_driver_says_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team 14: without the postgres extra, a PostgreSQL URL said only "No module named
+    'psycopg'" (``privcal serve`` names its extra; the ledger now does too)."""
+    import sys
+
+    from privcal.errors import LedgerError
+    from privcal.storage.engine import make_engine
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if it were not installed
+    with pytest.raises(LedgerError, match=r"pip install 'privcal\[postgres\]'\)$"):
+        make_engine("postgresql+psycopg://postgres@127.0.0.1:5432/nowhere")

@@ -282,4 +282,7 @@ def make_engine(url: str | URL, **pool: Any) -> Engine:
         return _pg_engine(u, **pool)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         where = u.render_as_string(hide_password=True)
-        raise LedgerError(f"cannot open ledger {where}: {exc}") from exc
+        hint = ""
+        if isinstance(exc, ImportError) and getattr(exc, "name", None) == "psycopg":
+            hint = " (install PostgreSQL support: pip install 'privcal[postgres]')"
+        raise LedgerError(f"cannot open ledger {where}: {exc}{hint}") from exc

@@ -40,7 +40,8 @@ def test_charge_idempotency_and_refusal(live: Live) -> None:
         head = _head(live)
         r2 = c.post("/v1/datasets/d/charges", json=body, headers={"Idempotency-Key": "a"})
         assert r2.status_code == 200 and r2.headers["idempotent-replayed"] == "true"
-        assert r2.json() == r1.json()
+        assert r1.json()["replayed"] is False  # the body says what the header says
+        assert r2.json() == {**r1.json(), "replayed": True}
         _problem(c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.1"}},
                         headers={"Idempotency-Key": "a"}), 409, "idempotency-key-reused")
         assert _head(live) == head  # neither the replay nor the reuse wrote anything
