@@ -74,3 +74,22 @@ def test_every_genuine_release_loads_with_its_privacy_record(accountant: Any) ->
     shuffled["privacy"]["extra"]["amplification"]["eps"] = 0.01
     with pytest.raises(InvalidInput, match=r"privacy\."):
         Release.load(json.dumps(shuffled))
+
+
+@pytest.mark.parametrize("edit", [{"calibrator_version": "2.4.0"}, {"method": "exponq"}])
+def test_an_unknown_version_of_an_installed_method_is_not_loaded_unchecked(
+        accountant: Any, edit: dict[str, Any]) -> None:
+    """A coverage of 0.99 in place of 0.9 was refused alone but loaded once the version
+    label (or the method's name) was changed too: the check returned early for a version
+    the installed code does not know. Now such a file is refused in one line; another
+    package's method of that name is still loaded as its own (not checked here)."""
+    rel = _pcoqs(accountant)
+    doc = json.loads(rel.model_dump_json())
+    doc["coverage"]["lower"] = 0.99
+    doc["coverage"]["statement"] = "P(Y ∈ C(X)) ≥ 0.99"
+    with pytest.raises(InvalidInput, match=r"not a consistent saved release: .*version .* is "
+                                           r"not one this privcal knows") as e:
+        Release.load(json.dumps({**doc, **edit}))
+    assert "\n" not in str(e.value)
+    other = Release.load(json.dumps({**doc, "distribution": "someone-else"}))
+    assert other.coverage.lower == 0.99  # README: another package's guarantee is its own

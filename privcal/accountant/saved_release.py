@@ -103,8 +103,9 @@ def consistency_problems(rel: Any) -> list[str]:
     shape's k); a coverage guarantee or a privacy record other than the one the installed
     calibrator computes for its parameters and shape (numbers and, for the installed
     version, sentences: :func:`_privacy_problems`); a wrapper's stored thresholds not one
-    per level and group (its ``check_record``). A method not installed here, or a
-    calibrator version it does not know, leaves the guarantees unchecked."""
+    per level and group (its ``check_record``); a version of an installed method that the
+    installed code does not know. A method not installed here, or another package's method
+    of that name, leaves the guarantees unchecked."""
     from privcal.accountant.record_compare import coverage_as_recorded, plain, same
     from privcal.calibrators import registry
     from privcal.errors import PrivcalError
@@ -129,9 +130,14 @@ def consistency_problems(rel: Any) -> list[str]:
         return out  # a method not installed here: its guarantee cannot be recomputed
     cal = reg.calibrator
     legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
-    if rel.distribution != reg.distribution or (rel.calibrator_version != cal.version
-                                                and legacy is None):
-        return out  # another package's method, or a version the installed code does not know
+    if rel.distribution != reg.distribution:
+        return out  # another package's method of that name: its guarantee is its own
+    if rel.calibrator_version != cal.version and legacy is None:
+        # the installed method, at a version it does not know (a newer privcal's, or an
+        # edited label: red team 14 — 'coverage ≥ 0.99' loaded once the version was changed)
+        return [*out, f"{rel.method} version {rel.calibrator_version!r:.40} is not one this "
+                      f"privcal knows (installed {cal.version}): its guarantees cannot be "
+                      "recomputed; load it with the privcal that made it"]
     try:
         params, shape, new = coverage_as_recorded(cal, rel)
     except (PrivcalError, ValidationError) as exc:
