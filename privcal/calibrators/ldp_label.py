@@ -20,8 +20,10 @@ Review (issue 14.8)
   features are sent in the clear (``privacy["neighbouring"]``, ``local_statement``).
 - **Sensitivity**: not applicable (local randomizer): k-RR keeps the label
   w.p. e^ε/(e^ε+k−1), a likelihood ratio ≤ e^ε.
-- **Sampler**: the client's k-RR is exact (integer ``randrange``) from the OS
-  CSPRNG; the aggregator here adds no noise.
+- **Sampler**: the client's k-RR flips iff a 53-bit uniform from the OS CSPRNG is
+  below the flip probability p (:mod:`~privcal.calibrators.mechanisms.randomized_response`):
+  the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ p, which only adds privacy (the likelihood
+  ratio stays ≤ e^ε); the aggregator here adds no noise.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
   users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
   ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven one-sided DKW–Massart + McDiarmid
