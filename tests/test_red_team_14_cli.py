@@ -73,3 +73,37 @@ def test_a_postgresql_url_without_its_driver_says_what_to_install(
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if it were not installed
     with pytest.raises(LedgerError, match=r"pip install 'privcal\[postgres\]'\)$"):
         make_engine("postgresql+psycopg://postgres@127.0.0.1:5432/nowhere")
+
+
+@pytest.mark.parametrize("bad", ["7.0", "1.2345678901234568e+18", "1.23457E+18"])
+def test_an_id_written_as_a_float_in_a_file_is_refused(ledger: Any, tmp_path: Path,
+                                                       bad: str) -> None:
+    """Red team 14: pandas writes an integer id column with a missing value as floats, and
+    "7.0" was read as text — another person than "7", with a per-subject budget of its own.
+    Such an id in a file is refused (nothing charged); hexadecimal and dotted ids load."""
+    from privcal.data.files import load_array
+    from privcal.errors import InvalidInput
+
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    acct = Accountant(ledger)
+    acct.create_dataset("u", rho=1, subject_epsilon=5)
+    np.save(tmp_path / "s.npy", np.random.default_rng(0).random(50))
+    ids = tmp_path / "ids.csv"
+    ids.write_text("subject\n" + "".join(f"{i}\n" for i in range(49)) + f"{bad}\n")
+    head = ledger.head()
+    res = CliRunner().invoke(main, [
+        "--db-url", url, "calibrate", "ldp-score", "--simulate", "--dataset", "u", "--alpha",
+        "0.1", "--epsilon", "2", "--scores", str(tmp_path / "s.npy"), "--subjects", str(ids)])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert f"row 49 is {bad!r}, an integer written as a float" in res.output
+    assert ledger.head() == head and acct.subject_spend("u", "1") == 0
+    ok = tmp_path / "ok.csv"
+    ok.write_text("subject\n00e5\n1234e5678\n3.10\nv1.0\n7.5\n")
+    assert load_array(str(ok), "subjects", ids=True).tolist() == [
+        "00e5", "1234e5678", "3.10", "v1.0", "7.5"]
+    reports = tmp_path / "r.csv"
+    reports.write_text(f"subject,bit,round\n7,1,0\n{bad},0,0\n")
+    from privcal.data.files import load_reports
+
+    with pytest.raises(InvalidInput, match="an integer written as a float"):
+        load_reports(str(reports), "subject", "bit")

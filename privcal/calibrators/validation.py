@@ -9,6 +9,7 @@ clear error and changes nothing").
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 
 import numpy as np
@@ -251,6 +252,28 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
                 raise InvalidInput(f"{what}: row {i} {problem}")
     _check_spelling(items, what)
     return out
+
+
+#: an id that is a number as programs write floats: integer-valued with a fraction of zeros
+#: ("7.0") or in exponent notation with its sign ("1.2345678901234568e+18", Excel's
+#: "1.23457E+18"); a hexadecimal id ("00e5") has no sign and is not one
+_FLOAT_SPELLING = re.compile(r"[+-]?(?:\d+\.0+|\d(?:\.\d+)?[eE][+-]\d+)")
+
+
+def check_not_float_spelled(ids: np.ndarray, what: str) -> None:
+    """Refuse ids read from a table file (:mod:`privcal.data.files`) that spell a number as
+    a float: ``"7.0"``, ``"1.2345678901234568e+18"`` — what pandas writes for an integer
+    column with a missing value. Such an id is another id than ``"7"`` (one person with two
+    per-subject budgets: red team 14), and a 64-bit id that went through a float is already
+    rounded; refused as float arrays are (:func:`id_strings`), never rewritten."""
+    for i, v in enumerate(ids.tolist()):
+        c = v[:1]
+        if ((c.isdigit() or c in ("+", "-")) and ("." in v or "+" in v or "-" in v)
+                and _FLOAT_SPELLING.fullmatch(v) is not None):
+            raise InvalidInput(
+                f"{what}: row {i} is {v!r:.40}, an integer written as a float (as pandas "
+                "writes an integer column with a missing value); it would be another person "
+                "than the integer: write the ids as text or integers")
 
 
 def _check_spelling(items: list[str], what: str) -> None:

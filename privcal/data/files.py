@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from privcal.calibrators.validation import id_strings
+from privcal.calibrators.validation import check_not_float_spelled, id_strings
 from privcal.errors import InvalidInput
 
 SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
@@ -311,7 +311,9 @@ def load_array(
     if not ids:
         return tab[name]
     _check_parquet_ids(path, name, what)
-    return id_strings(tab[name], f"{path}: {what}")
+    out = id_strings(tab[name], f"{path}: {what}")
+    check_not_float_spelled(out, f"{path}: {what}")
+    return out
 
 
 def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) -> list[str] | None:
@@ -362,4 +364,6 @@ def load_reports(
             f"(has: {cols})"
         )
     _check_parquet_ids(path, id_column, "id")
-    return id_strings(tab[id_column], f"{path}: {id_column}"), tab[value_column], tab.get("round")
+    ids = id_strings(tab[id_column], f"{path}: {id_column}")
+    check_not_float_spelled(ids, f"{path}: {id_column}")
+    return ids, tab[value_column], tab.get("round")

@@ -111,7 +111,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     it). The same key with another fingerprint is 409 ``idempotency-key-reused``; a retry
     while the first is still running is 409 ``idempotency-in-progress``. A replay answers
     200 (and ``Idempotent-Replayed: true``) with the original document, whose ``replayed``
-    (a charge's receipt) then says true. Without a key:
+    (a charge's receipt, a batch's result) then says true. Without a key:
     422 ``idempotency-key-required`` if ``required`` (a request that charges), else ``fn``
     runs unrecorded.
     """
@@ -137,9 +137,9 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     refuse_reused_or_running(out)
     if out.state == "replay":
         body = out.response
-        if isinstance(body, dict) and body.get("replayed") is False:  # a charge's receipt:
-            body = {**body, "replayed": True}  # as the header says (red team 14), and as
-            # the library's receipt of a replayed key does
+        if isinstance(body, dict) and body.get("replayed") is False:  # a charge's receipt,
+            body = {**body, "replayed": True}  # a batch's result: as the header says (red
+            # team 14), and as the library's answer to a replayed key does
         return JSONResponse(body, status_code=200, headers={"Idempotent-Replayed": "true"})
     try:
         with running(ledger, p.id, key):  # its record touched while it runs: never taken over
