@@ -137,3 +137,27 @@ def test_the_replan_needs_the_assumption_it_states() -> None:
         ts[:] = [np.mean(ts), 5 * np.std(ts, ddof=1) / math.sqrt(len(ts))]
     assert at_random[0] >= 0.9 - at_random[1]  # ≈ M = 0.9026 for the replan
     assert by_data[0] < 0.9 - by_data[1]  # ≈ 0.835: the recorded "≥ 0.9" would be false
+
+
+def test_the_evaluate_verdict_counts_a_guarantee_given_an_event(accountant: Any) -> None:
+    """Red team 14's note: `privcal evaluate`'s verdict for a marginal release below its
+    bound used Markov's inequality with the bound alone; P-COQS's holds given an event of
+    probability ≥ 1−β, so its releases' mean coverage is only ≥ (1−β)·lower, and the
+    verdict's probability is (1 − (1−β)·lower)/(1 − u)."""
+    from privcal.calibrators.evaluation import evaluate_sets, is_marginal
+    from privcal.cli.render import failure_of, guarantee_verdict
+
+    accountant.create_dataset("d", rho=1)
+    rel = accountant.calibrate("pcoqs", dataset="d", alpha=0.1, rho=0.1,
+                               scores=np.random.default_rng(0).random(2000))
+    beta = failure_of(rel)
+    assert beta == rel.coverage.failure_probability == 0.05 and is_marginal(rel.coverage)
+    sets = np.zeros((1000, 2), dtype=bool)
+    sets[:700, 0] = True  # 70 % covered against a recorded 0.9
+    ev = evaluate_sets(sets, np.zeros(1000, int), rel.coverage.lower, marginal=True)
+    u = ev.coverage_upper_95
+    odds = (1 - (1 - beta) * rel.coverage.lower) / (1 - u)
+    verdict = guarantee_verdict(ev, beta)
+    assert f"probability at most {odds:.2g} under it" in verdict
+    assert f"given an event of probability ≥ {1 - beta:.4g}" in verdict
+    assert f"{(1 - rel.coverage.lower) / (1 - u):.2g}" != f"{odds:.2g}"  # it changed

@@ -22,8 +22,18 @@ def fmt_threshold(t: float, regression: bool = False) -> str:
 _RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
 
 
-def guarantee_verdict(ev: Any) -> str:
-    """How an evaluation's coverage (sets or intervals) compares with the release's guarantee."""
+def failure_of(rel: Any) -> float:
+    """The failure probability β of a release's recorded coverage guarantee (0 if none)."""
+    cov = rel.coverage
+    fp = cov.get("failure_probability") if isinstance(cov, dict) else getattr(
+        cov, "failure_probability", None)
+    return float(fp) if isinstance(fp, int | float) and 0 <= fp <= 1 else 0.0
+
+
+def guarantee_verdict(ev: Any, failure: float = 0.0) -> str:
+    """How an evaluation's coverage (sets or intervals) compares with the release's guarantee;
+    ``failure``: the guarantee's ``failure_probability`` β (P-COQS's holds given an event of
+    probability ≥ 1−β, so its releases' mean coverage is at least (1−β)·lower)."""
     if ev.meets_guarantee:
         verdict = "meets"
     elif ev.consistent_with_guarantee:
@@ -31,14 +41,18 @@ def guarantee_verdict(ev: Any) -> str:
     elif getattr(ev, "marginal", False):  # one release below a marginal bound
         # mean coverage ≥ L bounds how often one release is this low: P(C ≤ u) ≤ (1−L)/(1−u)
         # (Markov's inequality on the miss rate 1 − C); r12stat: "no evidence" at 0.497 < 0.9
-        u, low = ev.coverage_upper_95, ev.guaranteed_lower
+        # given an event of probability ≥ 1−β (P-COQS's E) the mean is ≥ (1−β)·lower: red
+        # team 14 — the bound used lower alone
+        u, low = ev.coverage_upper_95, (1 - min(max(failure, 0.0), 1.0)) * ev.guaranteed_lower
         odds = 1.0 if u >= 1 else min(1.0, (1 - low) / (1 - u))
         weight = "weak evidence against it" if odds < 1 else "no evidence against it"
+        given = (f"; it holds given an event of probability ≥ {1 - failure:.4g}, so the "
+                 f"mean coverage is ≥ {low:.4g}" if failure > 0 else "")
         return (f"below on this test set (95% upper bound {u:.4f}); the recorded guarantee "
-                "is marginal — over calibration sets and test points — and one release may "
-                f"fall below it, one this low with probability at most {odds:.2g} under it "
-                f"(Markov's inequality on the miss rate, (1 − {low:.4g})/(1 − {u:.4g})): "
-                f"{weight}")
+                f"is marginal — over calibration sets and test points{given} — and one "
+                f"release may fall below it, one this low with probability at most {odds:.2g} "
+                f"under it (Markov's inequality on the miss rate, (1 − {low:.4g})/"
+                f"(1 − {u:.4g})): {weight}")
     else:
         verdict = "BELOW and inconsistent with"
     return f"{verdict} the recorded guarantee"
