@@ -75,7 +75,8 @@ def test_a_postgresql_url_without_its_driver_says_what_to_install(
         make_engine("postgresql+psycopg://postgres@127.0.0.1:5432/nowhere")
 
 
-@pytest.mark.parametrize("bad", ["7.0", "1.2345678901234568e+18", "1.23457E+18"])
+@pytest.mark.parametrize("bad", ["7.0", "7.", "1.2345678901234568e+18", "1.23457E+18",
+                                 "1.2345678901234568E18", "1.0E7", "7.0e0", "1e+18"])
 def test_an_id_written_as_a_float_in_a_file_is_refused(ledger: Any, tmp_path: Path,
                                                        bad: str) -> None:
     """Red team 14: pandas writes an integer id column with a missing value as floats, and
@@ -98,9 +99,13 @@ def test_an_id_written_as_a_float_in_a_file_is_refused(ledger: Any, tmp_path: Pa
     assert f"row 49 is {bad!r}, an integer written as a float" in res.output
     assert ledger.head() == head and acct.subject_spend("u", "1") == 0
     ok = tmp_path / "ok.csv"
-    ok.write_text("subject\n00e5\n1234e5678\n3.10\nv1.0\n7.5\n")
+    ok.write_text("subject\n00e5\n1234e5678\n1e18\n3.10\nv1.0\n1.2.3\n7.5\n+4915112345678\n")
     assert load_array(str(ok), "subjects", ids=True).tolist() == [
-        "00e5", "1234e5678", "3.10", "v1.0", "7.5"]
+        "00e5", "1234e5678", "1e18", "3.10", "v1.0", "1.2.3", "7.5", "+4915112345678"]
+    # a group's label is no person: "5.0" (pandas' np.floor(age / 10)) stays a group
+    groups = tmp_path / "g.csv"
+    groups.write_text(f"age_bin\n5.0\n{bad}\n")
+    assert load_array(str(groups), "groups", ids=True).tolist() == ["5.0", bad]
     reports = tmp_path / "r.csv"
     reports.write_text(f"subject,bit,round\n7,1,0\n{bad},0,0\n")
     from privcal.data.files import load_reports

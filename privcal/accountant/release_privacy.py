@@ -13,7 +13,6 @@ from typing import Any
 
 from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import AnyCost, cost_json, json_safe
-from privcal.accountant.results import DatasetInfo
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 
 __all__ = ["GENERIC_LOCAL", "LEGACY_LOCAL_RULE", "LOCAL_RULE", "is_legacy_local", "privacy_record"]
@@ -55,13 +54,16 @@ def is_legacy_local(recorded: Any) -> bool:
             and recorded.get("rule") == LEGACY_LOCAL_RULE)
 
 
-def privacy_record(cost: AnyCost | None, ds: DatasetInfo, extra: dict[str, Any] | None,
+def privacy_record(cost: AnyCost | None, ds: Any, extra: dict[str, Any] | None,
                    calibrator: Any = None, *, legacy_wording: bool = False,
                    legacy_local: bool = False) -> dict[str, Any]:
     """The privacy record of a release; a non-private calibrator may say what it reveals
     (its ``privacy_statement``, e.g. FedCP-QQ's one order statistic per agent), a local-DP
     one what its ε0 protects (its ``local_statement``, a format string of ``eps``; else the
-    generic "ε0-local DP for each participating subject").
+    generic "ε0-local DP for each participating subject"). ``ds``: the dataset — a
+    :class:`~privcal.accountant.results.DatasetInfo`, or anything with its
+    ``reporting_delta`` (a saved release's load check states one; typed ``Any`` so that
+    this module does not import the results module, which loads saved releases).
 
     A shuffled release's record names whom its amplified (ε, δ) protects against
     (``amplified_for``, :data:`AMPLIFIED_FOR`), and its statement what the amplification

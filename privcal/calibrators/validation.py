@@ -255,9 +255,10 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
 
 
 #: an id that is a number as programs write floats: integer-valued with a fraction of zeros
-#: ("7.0") or in exponent notation with its sign ("1.2345678901234568e+18", Excel's
-#: "1.23457E+18"); a hexadecimal id ("00e5") has no sign and is not one
-_FLOAT_SPELLING = re.compile(r"[+-]?(?:\d+\.0+|\d(?:\.\d+)?[eE][+-]\d+)")
+#: ("7.0", "7.") or in exponent notation with a fraction ("1.2345678901234568e+18", Excel's
+#: "1.23457E+18", Java's and Spark's "1.0E7") or a sign ("1e+18"); a hexadecimal id ("00e5",
+#: "1e18") has neither and is not one
+_FLOAT_SPELLING = re.compile(r"[+-]?(?:\d+\.0*|\d\.\d+[eE][+-]?\d+|\d[eE][+-]\d+)")
 
 
 def check_not_float_spelled(ids: np.ndarray, what: str) -> None:
@@ -269,7 +270,7 @@ def check_not_float_spelled(ids: np.ndarray, what: str) -> None:
     for i, v in enumerate(ids.tolist()):
         c = v[:1]
         if ((c.isdigit() or c in ("+", "-")) and ("." in v or "+" in v or "-" in v)
-                and _FLOAT_SPELLING.fullmatch(v) is not None):
+                and _FLOAT_SPELLING.fullmatch(v) is not None):  # (every float spelling has one)
             raise InvalidInput(
                 f"{what}: row {i} is {v!r:.40}, an integer written as a float (as pandas "
                 "writes an integer column with a missing value); it would be another person "

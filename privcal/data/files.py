@@ -258,6 +258,11 @@ def _matrix(tab: dict[str, np.ndarray], cols: list[str], path: Path, what: str) 
     return np.column_stack([np.asarray(tab[c], dtype=np.float64) for c in cols])
 
 
+#: the id arrays that name people (each with a per-subject budget): their ids may not be
+#: integers spelled as floats (:func:`~privcal.calibrators.validation.check_not_float_spelled`)
+_PEOPLE = frozenset({"subjects", "agents"})
+
+
 def load_array(
     spec: str,
     what: str,
@@ -312,7 +317,8 @@ def load_array(
         return tab[name]
     _check_parquet_ids(path, name, what)
     out = id_strings(tab[name], f"{path}: {what}")
-    check_not_float_spelled(out, f"{path}: {what}")
+    if what in _PEOPLE:  # a group's label is no person: "5.0" stays a group (red team 14)
+        check_not_float_spelled(out, f"{path}: {what}")
     return out
 
 

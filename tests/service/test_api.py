@@ -248,7 +248,7 @@ def test_device_token_refused_for_shuffled_and_ingestor_posts(live: Live) -> Non
         assert out["reasons"] == {"duplicate subject in batch": 1, "malformed bit": 1}
         again = c.post(f"/v1/sessions/{sid}/batches", json={"reports": rows}, headers={
             "Idempotency-Key": "b1"})
-        assert again.status_code == 200 and again.json() == out
+        assert again.status_code == 200 and again.json() == {**out, "replayed": True}
         _problem(c.post(f"/v1/sessions/{sid}/batches", json={"reports": rows[:1]},
                         headers={"Idempotency-Key": "b1"}), 409, "idempotency-key-reused")
         _problem(c.post(f"/v1/sessions/{sid + 1}/batches", json={"reports": rows},

@@ -46,7 +46,7 @@ def test_token_cli_shows_once_stores_hash_and_revokes(ledger: Any, ledger_url: s
     assert _run(ledger_url, "token", "revoke", doc["id"]).exit_code == 0
     assert authenticate(ledger, tok) is None
     bad = _run(ledger_url, "token", "create", "--role", "device", "--session", "1")
-    assert bad.exit_code == 1 and "needs subject" in bad.output
+    assert bad.exit_code == 1 and "device tokens need subject" in bad.output
     bad = _run(ledger_url, "token", "create", "--role", "analyst", "--dataset", "nope")
     assert bad.exit_code == 1 and "unknown dataset" in bad.output
     bad = _run(ledger_url, "token", "create", "--role", "admin", "--expires", "soon")
