@@ -60,20 +60,57 @@ def test_a_saved_release_whose_privacy_record_contradicts_its_parameters_is_refu
 
 def test_every_genuine_release_loads_with_its_privacy_record(accountant: Any) -> None:
     """Local (ldp-score, ldp-label), shuffled on an (ε, δ) cap (its amplification and
-    central charge), federated (fedcp-qq non-private, fedcp2-qq), and releases of the
-    calibrator versions before red team 6 in their wording: each loads as it is."""
+    central charge), federated (fedcp-qq non-private, fedcp2-qq) and central releases each
+    load as they are. A file in the wording of the calibrator versions before red team 6
+    (the honest-participants clause absent), which this privcal does not reproduce, is
+    refused in one line: a file has no ledger vouching for its sentences (the ledger's own
+    record of it still verifies, counted as not compared)."""
     rels = _releases(accountant)
     rels["pcoqs"] = _pcoqs(accountant)
-    old = {name: accountant.release(_as_old(accountant, rel, "ldp-score"
-                                            if name == "shuffled" else name))
-           for name, rel in rels.items() if name != "pcoqs"}
-    for name, rel in [*rels.items(), *((f"old {n}", r) for n, r in old.items())]:
+    for name, rel in rels.items():
         assert Release.load(rel.model_dump_json()) == rel, name
-    # the shuffled record's amplified ε is derived from its parameters too
+    for name, rel in rels.items():
+        if name == "pcoqs":
+            continue
+        old = accountant.release(_as_old(accountant, rel, "ldp-score"
+                                         if name == "shuffled" else name))
+        with pytest.raises(InvalidInput, match=r"not a consistent saved release: coverage\.over"
+                           r": recorded [^\n]*$"):
+            Release.load(old.model_dump_json())
+    # the shuffled record's amplified ε is derived from its parameters too, and its central
+    # charge cannot be dropped from a copy (a shuffled run exists only on an (ε, δ) cap)
     shuffled = json.loads(rels["shuffled"].model_dump_json())
-    shuffled["privacy"]["extra"]["amplification"]["eps"] = 0.01
-    with pytest.raises(InvalidInput, match=r"privacy\."):
-        Release.load(json.dumps(shuffled))
+    assert "central_cost" in shuffled["privacy"]
+    for edit in ("eps", "central_cost"):
+        doc = copy.deepcopy(shuffled)
+        if edit == "eps":
+            doc["privacy"]["extra"]["amplification"]["eps"] = 0.01
+        else:
+            del doc["privacy"]["central_cost"]
+        with pytest.raises(InvalidInput, match=r"privacy\."):
+            Release.load(json.dumps(doc))
+
+
+def test_a_relabelled_copy_does_not_escape_the_check(accountant: Any) -> None:
+    """Red team 14 (diffrev): the sentences of a copy relabelled as a calibrator version
+    still known (the previous one), or stripped of its ``neighbouring`` (as if written before
+    it existed), or naming another distribution for a built-in method, were not compared —
+    any statement loaded. Now each is refused."""
+    rel = _pcoqs(accountant)
+    doc = json.loads(rel.model_dump_json())
+    false = {"statement": "0.0001-DP (edited)"}
+    cases = {
+        "an older version's label": {**doc, "calibrator_version": "2.2.0",
+                                     "coverage": {**doc["coverage"], "statement": "P ≥ 0.999"}},
+        "no neighbouring": {**doc, "privacy": {k: v for k, v in {**doc["privacy"], **false}
+                                               .items() if k != "neighbouring"}},
+        "another distribution": {**doc, "distribution": "someone-else",
+                                 "coverage": {**doc["coverage"], "lower": 0.999}},
+    }
+    for what, edited in cases.items():
+        with pytest.raises(InvalidInput, match="not a consistent saved release") as e:
+            Release.load(json.dumps(edited))
+        assert "\n" not in str(e.value), what
 
 
 @pytest.mark.parametrize("edit", [{"calibrator_version": "2.4.0"}, {"method": "exponq"}])
@@ -81,8 +118,8 @@ def test_an_unknown_version_of_an_installed_method_is_not_loaded_unchecked(
         accountant: Any, edit: dict[str, Any]) -> None:
     """A coverage of 0.99 in place of 0.9 was refused alone but loaded once the version
     label (or the method's name) was changed too: the check returned early for a version
-    the installed code does not know. Now such a file is refused in one line; another
-    package's method of that name is still loaded as its own (not checked here)."""
+    the installed code does not know. Now such a file is refused in one line (a plugin's
+    method at a version its installed release does not declare still loads unchecked)."""
     rel = _pcoqs(accountant)
     doc = json.loads(rel.model_dump_json())
     doc["coverage"]["lower"] = 0.99
@@ -91,5 +128,3 @@ def test_an_unknown_version_of_an_installed_method_is_not_loaded_unchecked(
                                            r"not one this privcal knows") as e:
         Release.load(json.dumps({**doc, **edit}))
     assert "\n" not in str(e.value)
-    other = Release.load(json.dumps({**doc, "distribution": "someone-else"}))
-    assert other.coverage.lower == 0.99  # README: another package's guarantee is its own

@@ -143,13 +143,16 @@ def _legacy_texts(cal: Any, rel: Any, recorded: dict[str, Any],
 
 
 def privacy_problems(cal: Any, rel: Any, recorded: dict[str, Any],
-                     recomputed: dict[str, Any]) -> tuple[list[str], int]:
+                     recomputed: dict[str, Any], *, lenient: bool = True
+                     ) -> tuple[list[str], int]:
     """(problems, sentences not compared) of release ``rel``'s privacy record ``recorded``
     against ``recomputed`` (:func:`recompute`'s): its numbers and rule compared, its
-    sentences too unless they may be an older wording (:func:`_legacy_texts`). The rule of
+    sentences too unless they may be an older wording (:func:`_legacy_texts`) and
+    ``lenient`` (a ledger's own records; a saved file is checked without it). The rule of
     ``audit verify`` and of a saved release's load check."""
     problems = _diff("privacy", recorded, recomputed)
     _, legacy = _legacy_texts(cal, rel, recorded, recomputed)
+    legacy = legacy and lenient
     text_problems, skipped = _texts("privacy", recorded, recomputed, legacy)
     return problems + text_problems, skipped
 
