@@ -208,8 +208,13 @@ def test_cli_bad_batch_file_is_one_line_error(ledger: Any, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("rows", "reason"), [
-    ([["u0", 1, 0], ["u1", 2, 0], ["u2", 0, 0], ["u3", "x", 0]], "malformed bit, and 1 more"),
+    ([["u0", 1, 0], ["u1", 2, 0], ["u2", 0, 0], ["u3", "x", 0]],
+     "malformed bit, and 1 more row too"),
     ([["u0", 1, 0], ["u1", 0, "r"], ["u2", 0, 0]], "malformed round"),
+    # the first bad row, whether its value or its round is (red team 14: a later bad bit
+    # was named before an earlier bad round)
+    ([["u0", 1, 0], ["u1", 0, "r"], ["u2", 0, 0], ["u3", 2, 0]],
+     "malformed round, and 1 more row too"),
 ])
 def test_cli_batch_with_a_malformed_row_is_refused_whole(ledger: Any, tmp_path: Path,
                                                          rows: list[list[Any]],
@@ -234,4 +239,4 @@ def test_cli_batch_with_a_malformed_row_is_refused_whole(ledger: Any, tmp_path: 
     assert _json(url, "session", "status", sid)["received"] == 0
     ok = S.submit_reports(acct, int(sid), [r[0] for r in rows], [r[1] for r in rows],
                           [r[2] for r in rows])
-    assert ok.accepted == 2 and ok.rejected == len(rows) - 2
+    assert ok.accepted == 2 and ok.rejected == len(rows) - 2  # per row, as a device's

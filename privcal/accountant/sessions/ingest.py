@@ -87,14 +87,18 @@ class _Spent:
         return has, np.where(has, self.units[at], 0)
 
 
-def _refuse_malformed(rows: np.ndarray, reason: str) -> None:
-    """InvalidInput naming the first of ``rows`` (a mask of malformed rows), if any: a
-    strict batch (:func:`submit_reports`) is refused whole, nothing written."""
-    if rows.any():
-        first, count = int(np.flatnonzero(rows)[0]) + 1, int(rows.sum())
+def _refuse_malformed(values: np.ndarray, value_reason: str, rounds: np.ndarray) -> None:
+    """InvalidInput naming the first malformed row of a strict batch (:func:`submit_reports`)
+    — ``values`` and ``rounds`` mask the rows whose value or round is malformed — if any:
+    the batch is refused whole, nothing written."""
+    either = values | rounds
+    if either.any():
+        first = int(np.flatnonzero(either)[0])
+        reason = value_reason if values[first] else R.MALFORMED_ROUND
+        count = int(either.sum())
         raise InvalidInput(
-            f"report {first} of the batch (in file order) has a {reason}"
-            + (f", and {count - 1} more" if count > 1 else "")
+            f"report {first + 1} of the batch (in file order) has a {reason}"
+            + (f", and {count - 1} more row{'s' if count > 2 else ''} too" if count > 1 else "")
             + ": the whole batch is refused and nothing was written (fix or drop those rows)")
 
 
@@ -119,13 +123,12 @@ def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: 
         ok, stored = P.parse_messages(  # masked = missing: refused, not read (red team 11)
             row.method, np.asarray(unmasked(values, "values"), dtype=object).ravel(), plan)
         bad = R.OFF_GRID if row.method == "fedcp2-qq" else R.MALFORMED_VALUE
-    if strict:
-        _refuse_malformed(~ok, bad)
     why[bad] += int((~ok).sum())
     valid = ok.copy()
     codes = P.round_codes(rounds, n, current)
-    if codes is not None and strict:
-        _refuse_malformed(codes == P.ROUND_REASONS.index(R.MALFORMED_ROUND), R.MALFORMED_ROUND)
+    if strict:
+        _refuse_malformed(~ok, bad, np.zeros(n, dtype=bool) if codes is None
+                          else codes == P.ROUND_REASONS.index(R.MALFORMED_ROUND))
     if codes is not None:
         late = ok & (codes != P.ROUND_OK)
         for code, count in zip(*np.unique(codes[late], return_counts=True), strict=True):
