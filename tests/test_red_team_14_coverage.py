@@ -161,3 +161,30 @@ def test_the_evaluate_verdict_counts_a_guarantee_given_an_event(accountant: Any)
     assert f"probability at most {odds:.2g} under it" in verdict
     assert f"given an event of probability ≥ {1 - beta:.4g}" in verdict
     assert f"{(1 - rel.coverage.lower) / (1 - u):.2g}" != f"{odds:.2g}"  # it changed
+
+
+def test_the_samplers_flip_with_at_least_the_exact_probability() -> None:
+    """Red team 14 (diffrev): the flip probability computed in doubles fell below the exact
+    (k−1)/(e^ε+k−1) for ~4 % of ε, and a sampler flipping iff a 53-bit uniform u < p then
+    realised ε up to 8e-16 above ε0. The samplers use it raised by 4 ulps: the realised
+    probability ⌈p·2⁵³⌉/2⁵³ is at least the exact one (60-digit reference) on a grid of ε
+    and k — so each report's likelihood ratio is at most e^ε exactly."""
+    from decimal import Decimal, localcontext
+    from fractions import Fraction
+
+    from privcal.calibrators.mechanisms import randomized_response as rr
+
+    short = 0
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for k in (2, 5, 100):
+            for i in range(1, 2001):
+                eps = i / 100
+                exact = Fraction(Decimal(k - 1) / (Decimal(eps).exp() + (k - 1)))
+                computed = (rr.binary_rr_flip_probability(eps) if k == 2
+                            else rr.krr_flip_probability(k, eps))
+                short += Fraction(computed) < exact  # the computed value alone falls short
+                p = rr._at_least(computed)
+                realised = Fraction(math.ceil(Fraction(p) * 2**53), 2**53)
+                assert realised >= exact, (k, eps)
+    assert short > 0  # the grid holds the cases the raise is for

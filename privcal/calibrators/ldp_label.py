@@ -22,9 +22,9 @@ Review (issue 14.8)
   w.p. e^ε/(e^ε+k−1), a likelihood ratio ≤ e^ε.
 - **Sampler**: the client's k-RR flips iff a 53-bit uniform from the OS CSPRNG is
   below the flip probability p (:mod:`~privcal.calibrators.mechanisms.randomized_response`):
-  the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ the computed p, itself a double within a few
-  ulps of the exact one, so the realised ε exceeds ε0 by at most ~1e-15 (red team 14
-  measured 8.1e-16 over ε = 0.001…20); the aggregator here adds no noise.
+  p is the computed one raised by 4 ulps (it may lie up to that far below the exact
+  one), and the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ that, so at least the exact flip
+  probability: the likelihood ratio stays ≤ e^ε exactly; the aggregator here adds no noise.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
   users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
   ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven one-sided DKW–Massart + McDiarmid

@@ -38,10 +38,11 @@ Review (issue 14.8)
   response keeps the bit w.p. e^ε/(e^ε+1), a likelihood ratio ≤ e^ε.
 - **Sampler**: the client's bit flips iff a 53-bit uniform from the OS CSPRNG is
   below the flip probability p (:mod:`~privcal.calibrators.mechanisms.randomized_response`):
-  the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ the computed p, itself a double within a few
-  ulps of the exact one, so the realised ε exceeds ε0 by at most ~1e-15 (red team 14
-  measured 8.1e-16 over ε = 0.001…20); the simulated users of :func:`simulate` draw from a seeded
-  generator and are a simulation of the clients, not a privacy mechanism.
+  p is the computed one raised by 4 ulps (it may lie up to that far below the exact
+  one), and the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ that, so at least the exact flip
+  probability: the likelihood ratio stays ≤ e^ε exactly; the simulated users of
+  :func:`simulate` draw from a seeded generator and are a simulation of the clients, not
+  a privacy mechanism.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
   users' responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_S) or ≥ G (``nominal``:
   G = 1−α−Δ_S for "hoeffding", :func:`~privcal.calibrators.ldp_score_bounds.nominal_level`
