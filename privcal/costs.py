@@ -96,7 +96,8 @@ def _one_line(model: str, exc: ValidationError) -> InvalidInput:
     pydantic's ValidationError is): ``ZCDP rho: ρ must be > 0, got -1``."""
     err = exc.errors(include_url=False)[0]
     where = ".".join(str(p) for p in err.get("loc", ()))
-    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    # (a value's repr may span lines: a 2-D array given as an amount)
+    msg = " ".join(str(err.get("msg", "")).removeprefix("Value error, ").split())
     return InvalidInput(f"{model} {where}: {msg}" if where else f"{model}: {msg}")
 
 

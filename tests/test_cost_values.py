@@ -71,6 +71,8 @@ def test_conversions() -> None:
     (lambda: PureDP(), "PureDP eps: Field required"),
     (lambda: ZCDP(rho=1, foo=2), "ZCDP foo: Extra inputs are not permitted"),
     (lambda: LocalDP(float("nan")), "LocalDP eps0: must be finite, got 'nan'"),
+    (lambda: ZCDP(rho=__import__("numpy").array([[1, 2], [3, 4]])),  # a repr over two lines
+     "ZCDP rho: not a number: array([[1, 2], [3, 4]])"),
 ])
 def test_a_bad_amount_is_one_line_naming_the_cost_and_field(make: object, want: str) -> None:
     """A cost built with a bad amount raises InvalidInput (a ValueError, as pydantic's
