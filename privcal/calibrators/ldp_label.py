@@ -20,11 +20,9 @@ Review (issue 14.8)
   features are sent in the clear (``privacy["neighbouring"]``, ``local_statement``).
 - **Sensitivity**: not applicable (local randomizer): k-RR keeps the label
   w.p. e^ε/(e^ε+k−1), a likelihood ratio ≤ e^ε.
-- **Sampler**: the client's k-RR flips iff a 53-bit uniform from the OS CSPRNG is
-  below the flip probability p (:mod:`~privcal.calibrators.mechanisms.randomized_response`):
-  p is the computed one raised by 4 ulps (it may lie up to that far below the exact
-  one), and the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ that, so at least the exact flip
-  probability: the likelihood ratio stays ≤ e^ε exactly; the aggregator here adds no noise.
+- **Sampler**: the client's k-RR flips iff a 53-bit uniform from the OS CSPRNG is below
+  the computed flip probability raised by 4 ulps (``randomized_response``): at least the
+  exact probability, so the likelihood ratio is ≤ e^ε exactly; no noise in the aggregator.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
   users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
   ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven one-sided DKW–Massart + McDiarmid
