@@ -145,13 +145,13 @@ def test_the_evaluate_verdict_counts_a_guarantee_given_an_event(accountant: Any)
     probability ≥ 1−β, so its releases' mean coverage is only ≥ (1−β)·lower, and the
     verdict's probability is (1 − (1−β)·lower)/(1 − u)."""
     from privcal.calibrators.evaluation import evaluate_sets, is_marginal
-    from privcal.cli.render import failure_of, guarantee_verdict
+    from privcal.cli.render import guarantee_verdict
 
     accountant.create_dataset("d", rho=1)
     rel = accountant.calibrate("pcoqs", dataset="d", alpha=0.1, rho=0.1,
                                scores=np.random.default_rng(0).random(2000))
-    beta = failure_of(rel)
-    assert beta == rel.coverage.failure_probability == 0.05 and is_marginal(rel.coverage)
+    beta = rel.coverage.failure_probability
+    assert beta == 0.05 and is_marginal(rel.coverage)
     sets = np.zeros((1000, 2), dtype=bool)
     sets[:700, 0] = True  # 70 % covered against a recorded 0.9
     ev = evaluate_sets(sets, np.zeros(1000, int), rel.coverage.lower, marginal=True)

@@ -17,7 +17,7 @@ import click
 import numpy as np
 
 from privcal.cli.app import OUT_SUFFIXES, check_out, emit, info, to_jsonable
-from privcal.cli.render import failure_of, guarantee_verdict
+from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
 
@@ -112,6 +112,7 @@ def emit_evaluation(rel: Any, ev: Any, as_json: bool) -> None:
         else:
             click.echo(f"  mean length         {ev.mean_length:.6g}")
         click.echo(f"  median length       {ev.median_length:.6g}")
-        click.echo(f"  guarantee           {guarantee_verdict(ev, failure_of(rel))}")
+        verdict = guarantee_verdict(ev, rel.coverage.failure_probability)
+        click.echo(f"  guarantee           {verdict}")
 
     emit(ev, as_json=as_json, human=human)

@@ -31,7 +31,7 @@ from privcal.cli.group_options import (
 )
 from privcal.cli.inputs import load_labels
 from privcal.cli.number_types import Integer
-from privcal.cli.render import failure_of, guarantee_verdict
+from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array, prob_column_names
 from privcal.errors import InvalidInput
 
@@ -275,7 +275,8 @@ def evaluate(
         )
         click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
         click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
-        click.echo(f"  guarantee           {guarantee_verdict(ev, failure_of(rel))}")
+        verdict = guarantee_verdict(ev, rel.coverage.failure_probability)
+        click.echo(f"  guarantee           {verdict}")
         echo_groups(ev)
 
     emit(ev, as_json=as_json, human=human)

@@ -22,14 +22,6 @@ def fmt_threshold(t: float, regression: bool = False) -> str:
 _RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
 
 
-def failure_of(rel: Any) -> float:
-    """The failure probability β of a release's recorded coverage guarantee (0 if none)."""
-    cov = rel.coverage
-    fp = cov.get("failure_probability") if isinstance(cov, dict) else getattr(
-        cov, "failure_probability", None)
-    return float(fp) if isinstance(fp, int | float) and 0 <= fp <= 1 else 0.0
-
-
 def guarantee_verdict(ev: Any, failure: float = 0.0) -> str:
     """How an evaluation's coverage (sets or intervals) compares with the release's guarantee;
     ``failure``: the guarantee's ``failure_probability`` β (P-COQS's holds given an event of
@@ -43,7 +35,7 @@ def guarantee_verdict(ev: Any, failure: float = 0.0) -> str:
         # (Markov's inequality on the miss rate 1 − C); r12stat: "no evidence" at 0.497 < 0.9
         # given an event of probability ≥ 1−β (P-COQS's E) the mean is ≥ (1−β)·lower: red
         # team 14 — the bound used lower alone
-        u, low = ev.coverage_upper_95, (1 - min(max(failure, 0.0), 1.0)) * ev.guaranteed_lower
+        u, low = ev.coverage_upper_95, (1 - failure) * ev.guaranteed_lower
         odds = 1.0 if u >= 1 else min(1.0, (1 - low) / (1 - u))
         weight = "weak evidence against it" if odds < 1 else "no evidence against it"
         given = (f"; it holds given an event of probability ≥ {1 - failure:.4g}, so the "
