@@ -177,7 +177,7 @@ def test_fedcp2_close_allow_missing(ledger: Any, tmp_path: Path) -> None:
             for j in range(4)]
     assert _json(url, "session", "submit", sid, "--reports",
                  _write(tmp_path / "b.csv", ["agent", "value"], rows))["accepted"] == 4
-    st = _json(url, "session", "close", sid, "--allow-missing")
+    st = _json(url, "session", "close", sid, "--allow-missing", "--missing", "replan")
     assert st["status"] == "released"
     rel = acct.release(st["release_id"])
     # 4 answering agents at q=0.91: replanned k = 4, the level pinned in the release's params

@@ -4,8 +4,10 @@ agents that answered. That replan is valid only if *which* agents answered does 
 on their data: with the 16 of 20 agents holding the largest messages missing, every agent
 honest, the coverage of such a release averaged 0.836 against a recorded "≥ 0.9". privcal
 cannot check why an agent is missing, so the recorded guarantee of a replanned release now
-states the assumption (FedCP-QQ 1.2.0, FedCP²-QQ 1.3.0); releases of the earlier versions
-still verify as they were worded, and a new one without the clause does not verify.
+states the assumption (FedCP-QQ 1.2.0, FedCP²-QQ 1.3.0; the replan is ``missing="replan"``
+since the default counts each missing message as +∞, tests/test_sessions_missing.py);
+releases of the earlier versions still verify as they were worded, and a new one without
+the clause does not verify.
 """
 
 from __future__ import annotations
@@ -52,14 +54,15 @@ def _session(acct: Any, method: str, answered: int) -> Any:
     msgs = [message() for _ in range(answered)]
     ids = [f"{method}-{answered}-{j}" for j in range(answered)]
     assert S.submit_reports(acct, info.id, ids, msgs).accepted == answered
-    closed = (S.close_session(acct, info.id, allow_missing=True) if answered < 5
+    closed = (S.close_session(acct, info.id, allow_missing=True, missing="replan")
+              if answered < 5
               else S.session_status(acct, info.id))
     assert closed.status == "released" and closed.release_id is not None
     return acct.release(closed.release_id)
 
 
 @pytest.mark.parametrize(("method", "version", "before"),
-                         [("fedcp-qq", "1.2.0", "1.1.0"), ("fedcp2-qq", "1.3.0", "1.2.0")])
+                         [("fedcp-qq", "1.3.0", "1.1.0"), ("fedcp2-qq", "1.4.0", "1.2.0")])
 def test_a_release_for_the_agents_that_answered_states_they_were_not_chosen_by_their_data(
         accountant: Any, method: str, version: str, before: str) -> None:
     acct = accountant

@@ -219,7 +219,7 @@ def test_allow_missing_refuses_when_no_replan_is_feasible(accountant: Any) -> No
     before = _snapshot(acct)
     # 1 of 5 at q=0.91: no γ keeps ℓ_γ + ℓ_cor ≤ ⌊200·0.91⌋ for a single agent
     with pytest.raises(InfeasiblePlan, match="stays open"):
-        S.close_session(acct, info.id, allow_missing=True)
+        S.close_session(acct, info.id, allow_missing=True, missing="replan")
     with pytest.raises(PlanRejected, match="--allow-missing"):
         S.close_session(acct, info.id)
     assert _snapshot(acct) == before

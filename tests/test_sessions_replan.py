@@ -48,7 +48,7 @@ def test_fedcp2_qq_three_of_five_releases_the_replanned_guarantee(accountant: An
     with pytest.raises(PlanRejected, match="--allow-missing"):
         S.close_session(acct, info.id)
 
-    closed = S.close_session(acct, info.id, allow_missing=True)
+    closed = S.close_session(acct, info.id, allow_missing=True, missing="replan")
     assert closed.status == "released" and closed.release_id is not None
     rel = acct.release(closed.release_id)
     assert rel.params["level"] == plan.q == 0.91
@@ -82,9 +82,9 @@ def test_fedcp2_qq_refused_close_can_be_retried_after_more_agents(accountant: An
     msgs = [fedcp2_qq_message(_scores(rng, 200), plan, rng) for _ in range(2)]
     S.submit_reports(acct, info.id, ["a"], msgs[:1])
     with pytest.raises(InfeasiblePlan, match="1 of 5 agents"):
-        S.close_session(acct, info.id, allow_missing=True)
+        S.close_session(acct, info.id, allow_missing=True, missing="replan")
     S.submit_reports(acct, info.id, ["b"], msgs[1:])
-    closed = S.close_session(acct, info.id, allow_missing=True)
+    closed = S.close_session(acct, info.id, allow_missing=True, missing="replan")
     rel = acct.release(closed.release_id)  # type: ignore[arg-type]
     sub = replan_fedcp2_qq_subset(plan, 2)
     assert rel.coverage.rank == sub.k_gamma and rel.coverage.details["gamma"] == sub.gamma
@@ -102,7 +102,7 @@ def test_fedcp_qq_three_of_five_releases_the_replanned_guarantee(accountant: Any
     rng = random.Random(2)
     msgs = [fedcp_qq_message(_scores(rng, 200), plan) for _ in range(3)]
     S.submit_reports(acct, info.id, ["x", "y", "z"], msgs)
-    closed = S.close_session(acct, info.id, allow_missing=True)
+    closed = S.close_session(acct, info.id, allow_missing=True, missing="replan")
     rel = acct.release(closed.release_id)  # type: ignore[arg-type]
     assert rel.params["agent_order"] == 183
     shape = DataShape(n=600, group_sizes=(200,) * 3)
@@ -127,6 +127,6 @@ def test_fedcp_qq_infeasible_replan_is_refused(accountant: Any) -> None:
     head = acct.ledger.head()
     # one agent's 18th smallest of 20 covers 18/21 < 0.9
     with pytest.raises(InfeasiblePlan, match=r"1 of 50 agents.*stays open"):
-        S.close_session(acct, info.id, allow_missing=True)
+        S.close_session(acct, info.id, allow_missing=True, missing="replan")
     assert acct.ledger.head() == head
     assert S.session_status(acct, info.id).status == "open"

@@ -54,10 +54,13 @@ from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.fedcp_qq import group_by_agent, sizes_of
 from privcal.calibrators.federated_agent import (
     HONEST_AGENTS,
+    agents_planned_field,
     aggregate,
     answered_clause,
     bin_grid,
     fedcp2_qq_message,
+    missing_clause,
+    planned_agents,
 )
 from privcal.calibrators.fedplan import (
     FEAS_TOL,
@@ -108,6 +111,14 @@ class FedCP2QQParams(CalibratorParams):
             "server side is then replanned for the agents in the shape, with ℓ_γ+ℓ_cor ≤ ⌊n·q⌋)"
         ),
     )
+    agents_planned: int | None = agents_planned_field()
+
+    @model_validator(mode="after")
+    def _one_way(self) -> FedCP2QQParams:
+        if self.level is not None and self.agents_planned is not None:
+            raise ValueError("give level (a replan for the agents that answered) or "
+                             "agents_planned (the missing agents counted as +inf), not both")
+        return self
 
 
 def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
@@ -117,9 +128,12 @@ def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
     agents answered at that level q before it was known how many would), the plan
     keeps q and re-chooses γ, ℓ_γ, k_γ, ℓ_cor for the shape's m agents — the same
     computation as :func:`~privcal.calibrators.fedplan.replan_fedcp2_qq_subset`,
-    so the recorded guarantee can be recomputed from the stored parameters.
+    so the recorded guarantee can be recomputed from the stored parameters. With
+    ``params.agents_planned`` set (closed with agents missing, each counted as +∞), the
+    plan is the one for that many agents: the published one.
     """
     sizes = sizes_of(shape)
+    m = planned_agents(params.agents_planned, sizes)
     if len(set(sizes)) != 1:
         raise InvalidInput(
             f"fedcp2-qq needs every agent to hold the same number of scores, got sizes "
@@ -138,7 +152,7 @@ def plan_for(params: FedCP2QQParams, shape: DataShape) -> Fed2Plan:
         )
     else:
         plan = plan_fedcp2_qq(
-            len(sizes),
+            m,
             sizes[0],
             params.alpha,
             params.epsilon,
@@ -157,16 +171,19 @@ class FedCP2QQ:
     """FedCP²-QQ: agents answer an ε-DP quantile on public bins, the server keeps the k_γ-th."""
 
     name: ClassVar[str] = "fedcp2-qq"
-    #: 1.3.0: a release for the agents that answered (``level`` pinned) states that they
+    #: 1.4.0: a release for the agents that answered can instead count each missing agent's
+    #: message as +∞ under the published plan (``agents_planned``: no assumption on the
+    #: dropout; same formula otherwise); 1.3.0: a release for the agents that answered
+    #: (``level`` pinned) states that they
     #: were not chosen by their data (red team 14; same formula); 1.2.0: an agent's ε is
     #: worded as what it is, record-level DP of its message, not "local DP at agent level"
     #: (red team 7; same formula); 1.1.0: the recorded guarantee states that every agent
     #: follows the protocol (red team 6; same formula as 1.0.0)
-    version: ClassVar[str] = "1.3.0"
+    version: ClassVar[str] = "1.4.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {},
-                                                              "1.2.0": {}}
+                                                              "1.2.0": {}, "1.3.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -208,6 +225,8 @@ class FedCP2QQ:
         alpha = params.alpha
         old = version in ("1.0.0", "1.1.0")  # worded an agent's ε "local DP" (red team 7)
         answered = answered_clause(params.level is not None, version, "1.3.0")
+        if params.agents_planned is not None:
+            answered = missing_clause(len(shape.group_sizes or ()), p.m)
         lower, said = 1 - alpha, f"{1 - alpha:.6g}"
         if version != "1.0.0":
             proven = Fraction(p.proof_bound) - Fraction(FEAS_TOL)
@@ -262,6 +281,12 @@ class FedCP2QQ:
                     if params.level is not None
                     else {}
                 ),
+                **(
+                    {"answered": len(shape.group_sizes or ()),
+                     "missing": "each missing agent's message counted as +inf"}
+                    if params.agents_planned is not None
+                    else {}
+                ),
             },
         )
 
@@ -278,7 +303,7 @@ class FedCP2QQ:
         shape = DataShape(n=sum(g.size for g in groups), group_sizes=tuple(g.size for g in groups))
         plan = plan_for(params, shape)
         messages = [fedcp2_qq_message(g, plan, rng) for g in groups]
-        threshold = aggregate(messages, plan)
+        threshold = aggregate(messages, plan, missing_as_inf=params.agents_planned is not None)
         return CalibrationResult(
             threshold=threshold,
             diagnostics={

@@ -33,7 +33,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -46,9 +46,12 @@ from privcal.calibrators.base import (
 from privcal.calibrators.bound_floats import float_at_least, float_at_most, text_at_most
 from privcal.calibrators.federated_agent import (
     HONEST_AGENTS,
+    agents_planned_field,
     aggregate,
     answered_clause,
     fedcp_qq_message,
+    missing_clause,
+    planned_agents,
 )
 from privcal.calibrators.fedplan import (
     FEAS_TOL,
@@ -77,6 +80,14 @@ class FedCPQQParams(CalibratorParams):
             "each agent sent (the server order k is then replanned for the agents in the shape)"
         ),
     )
+    agents_planned: int | None = agents_planned_field()
+
+    @model_validator(mode="after")
+    def _one_way(self) -> FedCPQQParams:
+        if self.agent_order is not None and self.agents_planned is not None:
+            raise ValueError("give agent_order (a replan for the agents that answered) or "
+                             "agents_planned (the missing agents counted as +inf), not both")
+        return self
 
 
 def sizes_of(shape: DataShape) -> tuple[int, ...]:
@@ -118,9 +129,14 @@ def plan_for(params: FedCPQQParams, shape: DataShape) -> FedPlan | FedPlanUnequa
     With ``params.agent_order`` set (a collection session closed with agents missing: the
     agents already sent their ℓ-th smallest score), ℓ is kept and k is the smallest server
     order with M_{ℓ,k} ≥ 1−α for the shape's m agents — the same computation as
-    :func:`~privcal.calibrators.fedplan.replan_fedcp_qq_subset`.
+    :func:`~privcal.calibrators.fedplan.replan_fedcp_qq_subset`. With
+    ``params.agents_planned`` set (closed with agents missing, each counted as +∞), the
+    plan is the one for that many agents of the shape's n scores: the published one.
     """
     sizes = sizes_of(shape)
+    if params.agents_planned is not None:
+        return plan_fedcp_qq(planned_agents(params.agents_planned, sizes), sizes[0],
+                             params.alpha)
     if params.agent_order is not None:
         if len(set(sizes)) != 1:
             raise InvalidInput(
@@ -137,13 +153,17 @@ class FedCPQQ:
     """FedCP-QQ: each agent sends its ℓ-th smallest score, the server keeps the k-th smallest."""
 
     name: ClassVar[str] = "fedcp-qq"
-    #: 1.2.0: a release for the agents that answered (``agent_order`` pinned) states that
-    #: they were not chosen by their data (red team 14; same formula); 1.1.0: the recorded
+    #: 1.3.0: a release for the agents that answered can instead count each missing agent's
+    #: message as +∞ under the published plan (``agents_planned``: no assumption on the
+    #: dropout; same formula otherwise); 1.2.0: a release for the agents that answered
+    #: (``agent_order`` pinned) states that they were not chosen by their data (red team
+    #: 14; same formula); 1.1.0: the recorded
     #: guarantee states that every agent follows the protocol (red team 6; same formula)
-    version: ClassVar[str] = "1.2.0"
+    version: ClassVar[str] = "1.3.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {}}
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {},
+                                                              "1.2.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     Params: ClassVar[type[CalibratorParams]] = FedCPQQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
@@ -197,6 +217,9 @@ class FedCPQQ:
             )
         elif isinstance(plan, FedPlan):
             details.update(n=plan.n, l=plan.l, plan="optimal (ℓ*, k*), Alg. 1 eq. (6)")
+            if params.agents_planned is not None:
+                details.update(answered=len(shape.group_sizes or ()),
+                               missing="each missing agent's message counted as +inf")
         else:
             details.update(
                 sizes=",".join(map(str, plan.sizes)),
@@ -204,6 +227,8 @@ class FedCPQQ:
                 plan="ℓ_j = ⌈(1−α)(n_j+1)⌉, smallest k (App. A.1)",
             )
         answered = answered_clause(params.agent_order is not None, version, "1.2.0")
+        if params.agents_planned is not None:
+            answered = missing_clause(len(shape.group_sizes or ()), plan.m)
         return CoverageGuarantee(
             target=1 - alpha,
             lower=lower,
@@ -235,7 +260,7 @@ class FedCPQQ:
         shape = DataShape(n=sum(g.size for g in groups), group_sizes=tuple(g.size for g in groups))
         plan = plan_for(params, shape)
         messages = [fedcp_qq_message(g, plan) for g in groups]
-        threshold = aggregate(messages, plan)
+        threshold = aggregate(messages, plan, missing_as_inf=params.agents_planned is not None)
         diag: dict[str, object] = {"m": plan.m, "k": plan.k, "M": plan.M}
         if isinstance(plan, FedPlan):
             diag.update(n=plan.n, l=plan.l)

@@ -23,14 +23,23 @@ no public score range to refuse values outside of), a FedCP²-QQ message any gri
 point, and the server's k-th smallest follows any k messages — with k = 1, which
 the plan often picks, one agent alone sets the threshold. The recorded guarantees
 therefore state the assumption (:data:`HONEST_AGENTS`).
+
+**Agents missing (no assumption)**. A session closed with agents missing counts each missing
+message as +∞ under the published plan (``aggregate(..., missing_as_inf=True)``): replacing
+a message by +∞ can only raise the k-th smallest, so on every draw the threshold is ≥ the
+one all m agents would have given, and Thm 3.2 / Thm 4.1 hold whatever the dropout
+(:func:`missing_clause`). The replan for the agents that answered needs the dropout to be
+independent of the data, and states so (:data:`ANSWERED_AT_RANDOM`).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from privcal.calibrators.base import default_rng
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, FedPlanUnequal
@@ -40,12 +49,15 @@ from privcal.errors import InvalidInput, PlanRejected
 __all__ = [
     "ANSWERED_AT_RANDOM",
     "HONEST_AGENTS",
+    "agents_planned_field",
     "aggregate",
     "answered_clause",
     "bin_grid",
     "check_message",
     "fedcp2_qq_message",
     "fedcp_qq_message",
+    "missing_clause",
+    "planned_agents",
 ]
 
 AnyPlan = FedPlan | FedPlanUnequal | Fed2Plan
@@ -69,6 +81,37 @@ def answered_clause(pinned: bool, version: str, since: str) -> str:
     calibrator version ``since`` on (older releases recorded no such clause), else ``""``."""
     newer = tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
     return f"; {ANSWERED_AT_RANDOM}" if pinned and newer else ""
+
+
+def missing_clause(answered: int, planned: int) -> str:
+    """What a release for only the ``answered`` of ``planned`` agents states when each
+    missing agent's message is counted as +∞ under the published plan: the k-th smallest
+    can then only rise, so the plan's guarantee holds whatever the reason an agent is
+    missing — no assumption on the dropout (red team 14's replan needed one)."""
+    return (f"; {answered} of the {planned} planned agents answered, each missing agent's "
+            "message counted as +∞ (valid whatever the reason an agent is missing)")
+
+
+def agents_planned_field() -> Any:
+    """The ``agents_planned`` parameter of FedCP-QQ and FedCP²-QQ."""
+    return Field(default=None, ge=1, description=(
+        "normally set by a collection session closed with agents missing: the plan is for "
+        "this many agents, the shape holds those that answered, and each missing agent's "
+        "message counts as +inf (the published plan's guarantee, whatever the dropout)"))
+
+
+def planned_agents(planned: int | None, sizes: tuple[int, ...]) -> int:
+    """The m to plan for: the shape's agents, or ``planned`` when the shape holds only the
+    agents that answered (:func:`missing_clause`); they must then hold the same n."""
+    if planned is None:
+        return len(sizes)
+    if planned < len(sizes):
+        raise InvalidInput(f"agents_planned = {planned} is fewer than the {len(sizes)} agents "
+                           "that answered")
+    if len(set(sizes)) != 1:
+        raise InvalidInput(f"agents_planned needs every agent to hold the same number of "
+                           f"scores, got sizes {sorted(set(sizes))}")
+    return planned
 
 
 def _local_scores(scores: object) -> np.ndarray:
@@ -171,14 +214,19 @@ def check_message(value: float, plan: AnyPlan) -> float:
     raise InvalidInput(f"not a federated plan: {type(plan).__name__}")
 
 
-def aggregate(messages: np.ndarray | list[float], plan: AnyPlan) -> float:
+def aggregate(messages: np.ndarray | list[float], plan: AnyPlan, *,
+              missing_as_inf: bool = False) -> float:
     """The server's threshold: the k-th smallest of the m messages (Alg. 1 / Alg. 3).
 
     Every message goes through :func:`check_message` first. For FedCP²-QQ an
     aggregate on the top grid point is released as +∞ (module docstring).
+    ``missing_as_inf``: fewer than m messages (at least one) are the agents that answered,
+    each missing one counted as +∞ (:func:`missing_clause`).
     """
     msgs = [check_message(v, plan) for v in np.asarray(messages, dtype=object).ravel()]
     m = plan.m
+    if missing_as_inf and 1 <= len(msgs) < m:
+        msgs += [math.inf] * (m - len(msgs))
     if len(msgs) != m:
         raise PlanRejected(f"the plan is for {m} agents, got {len(msgs)} messages")
     k = plan.k

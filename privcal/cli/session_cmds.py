@@ -215,9 +215,13 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
 @session.command("close")
 @click.argument("session_id", type=Integer())
 @click.option("--allow-missing", is_flag=True,
-              help="Federated: release with a plan recomputed for the agents that answered "
-                   "(valid if which agents answered does not depend on their data; the "
-                   "recorded guarantee says so).")
+              help="Federated: release for the agents that answered (see --missing).")
+@click.option("--missing", type=click.Choice(["infinite", "replan"]), default=None,
+              help="With --allow-missing: 'infinite' (default) counts each missing agent's "
+                   "message as +inf under the published plan, valid whatever the dropout; "
+                   "'replan' recomputes the server side for the agents that answered, often "
+                   "smaller but valid only if which agents answered does not depend on their "
+                   "data (the recorded guarantee says so).")
 @click.option("--abandon", is_flag=True,
               help="Close without a release (charges already made stay spent).")
 @click.option("--requester", default=None,
@@ -229,11 +233,15 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
                    "an error.")
 @json_option
 @pass_settings
-def close_cmd(settings: Any, session_id: int, allow_missing: bool, abandon: bool,
-              requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
+def close_cmd(settings: Any, session_id: int, allow_missing: bool, missing: str | None,
+              abandon: bool, requester: str | None, idempotency_key: str | None,
+              as_json: bool) -> None:
     """Close a session: federated with agents missing (--allow-missing), or abandon it."""
     from privcal.accountant.sessions import close_session
 
+    if missing is not None and not allow_missing:
+        raise click.UsageError("--missing goes with --allow-missing")
     res = close_session(settings.accountant(), session_id, allow_missing=allow_missing,
-                        abandon=abandon, requester=requester, idempotency_key=idempotency_key)
+                        missing=missing or "infinite", abandon=abandon, requester=requester,
+                        idempotency_key=idempotency_key)  # type: ignore[arg-type]
     emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))

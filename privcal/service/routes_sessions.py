@@ -8,7 +8,7 @@ import re
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import JSONResponse
 
 from privcal.service.auth import Principal, allow, principal
@@ -93,7 +93,16 @@ class CloseBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     allow_missing: bool = False
+    #: with ``allow_missing``: each missing agent's message counted as +inf under the
+    #: published plan (default), or the server side replanned for the agents that answered
+    missing: Literal["infinite", "replan"] = "infinite"
     abandon: bool = False
+
+    @model_validator(mode="after")
+    def _missing_with_allow(self) -> CloseBody:
+        if "missing" in self.model_fields_set and not self.allow_missing:
+            raise ValueError("missing goes with allow_missing")
+        return self
 
 
 def _acct(request: Request) -> Any:
@@ -287,8 +296,10 @@ def session_close(request: Request, body: CloseBody, sid: int = SessionId,
 
     def run() -> tuple[int, Any]:
         return 200, close_session(_acct(request), sid, allow_missing=body.allow_missing,
-                                  abandon=body.abandon, requester=p.requester,
+                                  missing=body.missing, abandon=body.abandon, requester=p.requester,
                                   idempotency_key=_lib_key(p, idempotency_key or ""))
 
-    return idempotent(request, idempotency_key, {"sid": sid, **body.model_dump()}, run)
+    # (a close before ``missing`` existed digested no such key: the default adds none)
+    given = body.model_dump(exclude=set() if body.missing != "infinite" else {"missing"})
+    return idempotent(request, idempotency_key, {"sid": sid, **given}, run)
 

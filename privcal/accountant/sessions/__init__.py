@@ -49,12 +49,17 @@ full; write the release when it finishes. If no row is accepted nothing is writt
   queries are already outputs, so the central charge precedes any data.
 - Closing an unfinished session without a release (``abandon``) keeps every charge:
   privacy spent on accepted reports is never refunded.
-- ``--allow-missing`` (federated) releases with the plan recomputed for the agents that
-  answered: their messages are fixed (FedCP²-QQ: level q; FedCP-QQ: order ℓ) and only
-  the server side is re-chosen (``replan_*_subset``). The release's params pin that agent
-  side (``level`` / ``agent_order``), from which the calibrator's ``guarantee`` derives
-  the same replanned plan, so ``audit verify`` reproduces it. When no valid replan
-  exists it refuses, writes nothing and the session stays open (see
+- ``--allow-missing`` (federated) releases for the agents that answered under the
+  published plan, each missing agent's message counted as +∞ (``agents_planned`` = m in
+  the release's params: the k-th smallest can only rise, so the plan's guarantee holds
+  whatever the dropout). With ``--missing replan`` it releases with the plan recomputed
+  for the agents that answered (valid only for a dropout independent of the data, which
+  the recorded guarantee states): their messages are fixed (FedCP²-QQ: level q;
+  FedCP-QQ: order ℓ) and only the server side is re-chosen (``replan_*_subset``). The
+  release's params pin that agent side (``level`` / ``agent_order``), from which the
+  calibrator's ``guarantee`` derives the same replanned plan, so ``audit verify``
+  reproduces it. When no valid replan exists it refuses, writes nothing and the session
+  stays open (see
   :func:`~privcal.accountant.sessions.release.subset_plan`).
 """
 

@@ -6,7 +6,7 @@ of the batch (or close) that finishes the session.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from privcal.accountant.accountant import Accountant
 from privcal.accountant.normalize import json_safe
@@ -33,8 +33,12 @@ if TYPE_CHECKING:
     from privcal.storage.models import Dataset, ReleaseRow
     from privcal.storage.sessions import CollectionSession
 
-__all__ = ["fed_release_args", "ldp_release_args", "release_in_tx", "subset_extra",
-           "subset_plan"]
+__all__ = ["MISSING", "Missing", "fed_release_args", "ldp_release_args", "release_in_tx",
+           "subset_extra", "subset_plan"]
+
+#: how a federated session closed with agents missing releases (:func:`subset_plan`)
+Missing = Literal["infinite", "replan"]
+MISSING: tuple[Missing, ...] = ("infinite", "replan")
 
 
 def release_in_tx(
@@ -105,12 +109,16 @@ def ldp_release_args(proto: LdpScoreProtocol) -> dict[str, Any]:
 
 
 def fed_release_args(acct: Accountant, s: Session, row: CollectionSession,
-                     plan: Fed2Plan | FedPlan, replanned: bool = False,
+                     plan: Fed2Plan | FedPlan, missing: Missing | None = None,
                      params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The release of a federated session: the agents' stored messages aggregated by
-    ``plan`` (the published one, or the replan for the agents that answered)."""
+    ``plan`` — the published one (every agent answered, or ``missing="infinite"``: each
+    missing agent's message counted as +∞), or the replan for the agents that answered
+    (``missing="replan"``)."""
     msgs = [float(v) for v in acct.ledger.report_values(s, row.id)]
-    thr = aggregate(msgs, plan)
+    padded = missing == "infinite"
+    thr = aggregate(msgs, plan, missing_as_inf=padded)
+    answered = len(msgs) if padded else plan.m
     diag: dict[str, Any] = {"m": plan.m, "n": plan.n, "k": plan.k,
                             "messages": sorted(msgs) if isinstance(plan, Fed2Plan) else None}
     if isinstance(plan, Fed2Plan):
@@ -119,26 +127,37 @@ def fed_release_args(acct: Accountant, s: Session, row: CollectionSession,
     else:
         diag.pop("messages")
         diag.update(l=plan.l)
-    if replanned:
+    if missing == "replan":
         diag["replanned"] = {"m_planned": int(row.state["plan"]["m"]), "m_answered": plan.m}
+    elif padded:
+        diag["missing"] = {"m_planned": plan.m, "m_answered": answered, "counted_as": "+inf"}
     return {"threshold": thr, "params": row.params if params is None else params,
-            "shape": DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m),
+            "shape": DataShape(n=answered * plan.n, group_sizes=(plan.n,) * answered),
             "diagnostics": diag}
 
 
-def subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan,
-                m2: int) -> tuple[Fed2Plan | FedPlan, dict[str, Any]]:
-    """The plan for the ``m2`` agents that answered, and the release params that pin it.
+def subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan, m2: int,
+                missing: Missing = "infinite") -> tuple[Fed2Plan | FedPlan, dict[str, Any]]:
+    """The plan that releases for the ``m2`` agents that answered, and the release params
+    that pin it.
 
-    The agents' answers are fixed (level q, or order ℓ), so only the server side is
-    re-chosen (``replan_*_subset``). The params get ``level`` = q (fedcp2-qq) or
-    ``agent_order`` = ℓ (fedcp-qq); with them the calibrator's ``plan``/``guarantee``
-    derive this same plan from (params, shape), which is what ``audit verify`` recomputes.
-    Raises :class:`InfeasiblePlan` when no server side reaches 1−α for these agents.
+    ``missing="infinite"`` (the default): the published plan, each missing agent's message
+    counted as +∞ (``agents_planned`` = m in the params): the k-th smallest can only rise,
+    so the published guarantee holds whatever the reason an agent is missing.
+    ``"replan"``: the agents' answers are fixed (level q, or order ℓ), so only the server
+    side is re-chosen (``replan_*_subset``) for the m2 agents — valid only if which agents
+    answered does not depend on their data, which the recorded guarantee then states. The
+    params get ``level`` = q (fedcp2-qq) or ``agent_order`` = ℓ (fedcp-qq). Either way the
+    calibrator's ``plan``/``guarantee`` derive this same plan from (params, shape), which
+    is what ``audit verify`` recomputes. Raises :class:`InfeasiblePlan` when no server side
+    reaches 1−α for these agents (a replan only).
     """
     try:
-        if isinstance(plan, Fed2Plan):
-            sub: Fed2Plan | FedPlan = replan_fedcp2_qq_subset(plan, m2)
+        if missing == "infinite":
+            sub: Fed2Plan | FedPlan = plan
+            params = {**row.params, "agents_planned": plan.m}
+        elif isinstance(plan, Fed2Plan):
+            sub = replan_fedcp2_qq_subset(plan, m2)
             params = {**row.params, "level": plan.q}
         else:
             sub = replan_fedcp_qq_subset(plan, m2)
@@ -159,9 +178,10 @@ def subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan,
     return sub, json_safe(p.model_dump(mode="python"))
 
 
-def subset_extra(row: CollectionSession, plan: Fed2Plan | FedPlan, ds: Dataset,
+def subset_extra(row: CollectionSession, m2: int, n: int, ds: Dataset,
                  params: dict[str, Any]) -> dict[str, Any] | None:
-    """The shuffled record for the agents that answered (the shuffle hid m' senders, not m)."""
+    """The shuffled record for the ``m2`` agents that answered, of ``n`` scores each (the
+    shuffle hid m2 senders, not m)."""
     if not row.shuffled:
         return None
     if row.state.get("central_cost") is not None:
@@ -172,5 +192,5 @@ def subset_extra(row: CollectionSession, plan: Fed2Plan | FedPlan, ds: Dataset,
 
     cal = registry.get(row.method).calibrator
     p = cal.Params.model_validate(params)
-    shape = DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m)
+    shape = DataShape(n=m2 * n, group_sizes=(n,) * m2)
     return json_safe(shuffled_guarantee(row.method, p, shape, ds.reporting_delta)[1])
