@@ -84,8 +84,18 @@ def test_a_release_with_agents_missing_keeps_the_published_plan(accountant: Any,
     clause = missing_clause(3, 5)
     for text in (rel.coverage.over, rel.coverage.statement):
         assert clause.lstrip("; ") in text and ANSWERED_AT_RANDOM not in text
-    assert rel.coverage.statement == full.statement.replace(
-        "as specified);", f"as specified){clause};", 1)
+    if method == "fedcp-qq":
+        # the plan's "exactly M" and upper bound are for all 5 messages: a missing one counted
+        # as +∞ only raises the threshold, so the release records no upper bound (red team 15)
+        exactly = f"; exactly M = {plan.M:.10f} when the scores are continuous"
+        assert full.upper is not None and full.statement.endswith(exactly)
+        assert rel.coverage.upper is None and "upper_requires" not in rel.coverage.details
+        assert rel.coverage.statement == full.statement.replace(
+            "as specified)" + exactly, f"as specified){clause}", 1)
+    else:
+        assert full.upper is rel.coverage.upper is None
+        assert rel.coverage.statement == full.statement.replace(
+            "as specified);", f"as specified){clause};", 1)
     assert rel.diagnostics["missing"] == {"m_planned": 5, "m_answered": 3, "counted_as": "+inf"}
     assert "replanned" not in rel.diagnostics
 
@@ -180,15 +190,62 @@ def test_a_keyed_close_replays_and_refuses_the_other_way_under_its_key(accountan
     acct = accountant
     acct.create_dataset("h", epsilon=1, allow_nonprivate=True)
     sid, _, _ = _answered(acct, "fedcp-qq", 5, 200, 3)
+    head = acct.ledger.head()
+    with pytest.raises(InvalidInput, match="missing goes with allow_missing"):
+        S.close_session(acct, sid, abandon=True, missing="replan")
+    with pytest.raises(InvalidInput, match="missing must be one of infinite, replan"):
+        S.close_session(acct, sid, allow_missing=True, missing="zero")  # type: ignore[arg-type]
+    assert acct.ledger.head() == head and S.session_status(acct, sid).status == "open"
     first = S.close_session(acct, sid, allow_missing=True, idempotency_key="k")
     again = S.close_session(acct, sid, allow_missing=True, idempotency_key="k")
     assert again.release_id == first.release_id
     head = acct.ledger.head()
     with pytest.raises(InvalidInput, match="other options"):
         S.close_session(acct, sid, allow_missing=True, missing="replan", idempotency_key="k")
-    with pytest.raises(InvalidInput, match="missing must be one of infinite, replan"):
-        S.close_session(acct, sid, allow_missing=True, missing="zero")  # type: ignore[arg-type]
     assert acct.ledger.head() == head
+
+
+def test_a_keyed_close_from_before_missing_existed_replays_as_the_replan_it_was(
+        accountant: Any) -> None:
+    """Before ``missing``, a close with agents missing replanned, and its request digest had
+    no ``missing`` key. A retry under its key after the upgrade must not return that
+    replanned release for a default (+∞) close (red team 15): a replan's digest is still
+    the old form, and the default's is another."""
+    from privcal.accountant.normalize import request_digest
+    from privcal.accountant.sessions.closing import CLOSE_DIGEST
+    from privcal.accountant.sessions.state import session_key
+
+    acct = accountant
+    acct.create_dataset("h", epsilon=1, allow_nonprivate=True)
+    sid, _, _ = _answered(acct, "fedcp-qq", 5, 200, 3)
+    closed = S.close_session(acct, sid, allow_missing=True, missing="replan",
+                             idempotency_key="old")
+    with acct.ledger.read() as s:
+        from privcal.storage.sessions import CollectionSession
+
+        state = s.get(CollectionSession, sid).state
+    assert state[CLOSE_DIGEST] == request_digest({  # the digest of a close before `missing`
+        "kind": "session_close", "session_id": str(session_key(sid)), "allow_missing": True,
+        "abandon": False})
+    again = S.close_session(acct, sid, allow_missing=True, missing="replan",
+                            idempotency_key="old")
+    assert again.release_id == closed.release_id
+    with pytest.raises(InvalidInput, match="other options"):
+        S.close_session(acct, sid, allow_missing=True, idempotency_key="old")
+
+
+def test_a_release_of_a_version_before_agents_planned_is_refused(accountant: Any) -> None:
+    """A copy relabelled as a version that had no ``agents_planned`` loaded (red team 15)."""
+    import json
+
+    acct = accountant
+    acct.create_dataset("h", epsilon=1, allow_nonprivate=True)
+    sid, _, _ = _answered(acct, "fedcp-qq", 5, 200, 3)
+    rel = acct.release(S.close_session(acct, sid, allow_missing=True).release_id)
+    doc = json.loads(rel.model_dump_json())
+    for old in ("1.2.0", "1.1.0"):
+        with pytest.raises(InvalidInput, match=f"fedcp-qq {old} has no parameter agents_pl"):
+            Release.load(json.dumps({**doc, "calibrator_version": old}))
 
 
 def test_the_cli_closes_with_missing_agents_as_infinity(ledger: Any) -> None:

@@ -59,6 +59,7 @@ from privcal.calibrators.federated_agent import (
     answered_clause,
     bin_grid,
     fedcp2_qq_message,
+    missing_agents,
     missing_clause,
     planned_agents,
 )
@@ -221,11 +222,13 @@ class FedCP2QQ:
         the recorded lower bound is then that bound minus FEAS_TOL, never above the proof
         (red team 6: m = 1, n = 99, ε = 50, α = 0.1009081735615545 recorded
         0.8990918264384455 against a proof bound of 0.899091826437946); 1.0.0 recorded 1−α."""
+        missing = missing_agents(params.agents_planned, shape.group_sizes, version, "1.4.0",
+                                 self.name)
         p = plan_for(params, shape)
         alpha = params.alpha
         old = version in ("1.0.0", "1.1.0")  # worded an agent's ε "local DP" (red team 7)
         answered = answered_clause(params.level is not None, version, "1.3.0")
-        if params.agents_planned is not None:
+        if missing:
             answered = missing_clause(len(shape.group_sizes or ()), p.m)
         lower, said = 1 - alpha, f"{1 - alpha:.6g}"
         if version != "1.0.0":
@@ -284,7 +287,7 @@ class FedCP2QQ:
                 **(
                     {"answered": len(shape.group_sizes or ()),
                      "missing": "each missing agent's message counted as +inf"}
-                    if params.agents_planned is not None
+                    if missing
                     else {}
                 ),
             },

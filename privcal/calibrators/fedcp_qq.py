@@ -50,6 +50,7 @@ from privcal.calibrators.federated_agent import (
     aggregate,
     answered_clause,
     fedcp_qq_message,
+    missing_agents,
     missing_clause,
     planned_agents,
 )
@@ -193,6 +194,8 @@ class FedCPQQ:
         M − FEAS_TOL, never 1−α above the plan's exact coverage, and the upper bound
         M + FEAS_TOL (red team 6: m = 1, n = 9, α = 0.6999999999995 recorded 0.3000000000005
         for an exact coverage of 3/10); 1.0.0 recorded 1−α and M."""
+        missing = missing_agents(params.agents_planned, shape.group_sizes, version, "1.3.0",
+                                 self.name)
         plan = plan_for(params, shape)
         alpha = params.alpha
         lower, upper, said = 1 - alpha, plan.M, f"{1 - alpha:.6g}"
@@ -209,6 +212,10 @@ class FedCPQQ:
             "privacy": PRIVACY_NONE,
             "upper_requires": "continuous scores (Thm 3.2 is then an equality)",
         }
+        exactly = f"; exactly M = {plan.M:.10f} when the scores are continuous"
+        if missing:  # a missing message counted as +∞ only raises the threshold: no equality
+            upper, exactly = None, ""
+            del details["upper_requires"]
         if isinstance(plan, FedPlan) and params.agent_order is not None:
             details.update(
                 n=plan.n,
@@ -217,7 +224,7 @@ class FedCPQQ:
             )
         elif isinstance(plan, FedPlan):
             details.update(n=plan.n, l=plan.l, plan="optimal (ℓ*, k*), Alg. 1 eq. (6)")
-            if params.agents_planned is not None:
+            if missing:
                 details.update(answered=len(shape.group_sizes or ()),
                                missing="each missing agent's message counted as +inf")
         else:
@@ -227,7 +234,7 @@ class FedCPQQ:
                 plan="ℓ_j = ⌈(1−α)(n_j+1)⌉, smallest k (App. A.1)",
             )
         answered = answered_clause(params.agent_order is not None, version, "1.2.0")
-        if params.agents_planned is not None:
+        if missing:
             answered = missing_clause(len(shape.group_sizes or ()), plan.m)
         return CoverageGuarantee(
             target=1 - alpha,
@@ -241,8 +248,7 @@ class FedCPQQ:
             rank=plan.k,
             statement=(
                 f"P(Y ∈ C(X)) ≥ {said} over all agents' calibration data and the test "
-                f"point, {HONEST_AGENTS}{answered}; exactly M = {plan.M:.10f} when the "
-                "scores are continuous"
+                f"point, {HONEST_AGENTS}{answered}{exactly}"
             ),
             details=details,
         )

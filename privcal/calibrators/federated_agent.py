@@ -56,6 +56,7 @@ __all__ = [
     "check_message",
     "fedcp2_qq_message",
     "fedcp_qq_message",
+    "missing_agents",
     "missing_clause",
     "planned_agents",
 ]
@@ -76,18 +77,37 @@ ANSWERED_AT_RANDOM = ("the agents that answered not chosen by their data (which 
                       "lower the coverage)")
 
 
+def _at_least(version: str, since: str) -> bool:
+    return tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
+
+
 def answered_clause(pinned: bool, version: str, since: str) -> str:
     """``"; " + ANSWERED_AT_RANDOM`` for a release whose answer level is ``pinned``, from
     calibrator version ``since`` on (older releases recorded no such clause), else ``""``."""
-    newer = tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
-    return f"; {ANSWERED_AT_RANDOM}" if pinned and newer else ""
+    return f"; {ANSWERED_AT_RANDOM}" if pinned and _at_least(version, since) else ""
+
+
+def missing_agents(planned: int | None, sizes: tuple[int, ...] | None, version: str,
+                   since: str, name: str) -> int:
+    """How many of the ``planned`` agents a release of calibrator ``version`` lacks (0 if
+    not ``planned``); ``agents_planned`` exists from version ``since`` on: a release of an
+    older version that has it is refused (red team 15: a relabelled copy loaded)."""
+    if planned is None:
+        return 0
+    if not _at_least(version, since):
+        raise InvalidInput(f"{name} {version} has no parameter agents_planned (it exists from "
+                           f"{since} on)")
+    return planned - len(sizes or ())
 
 
 def missing_clause(answered: int, planned: int) -> str:
     """What a release for only the ``answered`` of ``planned`` agents states when each
     missing agent's message is counted as +∞ under the published plan: the k-th smallest
     can then only rise, so the plan's guarantee holds whatever the reason an agent is
-    missing — no assumption on the dropout (red team 14's replan needed one)."""
+    missing — no assumption on the dropout (red team 14's replan needed one). Nothing when
+    none is missing."""
+    if answered >= planned:
+        return ""
     return (f"; {answered} of the {planned} planned agents answered, each missing agent's "
             "message counted as +∞ (valid whatever the reason an agent is missing)")
 

@@ -55,7 +55,7 @@ def calibrate(name: str, request: Request,
     p.check_dataset(name)
     body = inp.body
     arrays = load_arrays(inp, shape_only=dry_run)
-    _check_fed_work(body.method, arrays.get("agents"))
+    _check_fed_work(body.method, arrays.get("agents"), body.params.get("agents_planned"))
     req = body.request(arrays)
     if dry_run:
         rep = calibration.dry_run(_acct(request), req, dataset=name)
@@ -77,16 +77,20 @@ def calibrate(name: str, request: Request,
     return resp
 
 
-def _check_fed_work(method: str, agents: Any) -> None:
+def _check_fed_work(method: str, agents: Any, planned: Any) -> None:
     """A federated calibration plans as a session does: at most what
-    :mod:`privcal.service.fed_limits` allows a request (422, nothing planned or charged)."""
+    :mod:`privcal.service.fed_limits` allows a request (422, nothing planned or charged) —
+    for its agents, or for the ``agents_planned`` it asks the plan to be for (red team 15:
+    one agent with agents_planned = 10 000 planned for minutes)."""
     if method not in ("fedcp-qq", "fedcp2-qq"):
         return
     a = np.asarray(agents) if agents is not None else None
     if a is None or a.ndim != 1 or a.size == 0:
         return  # the library's one-line error for missing or malformed agent ids
     _, sizes = np.unique(a.astype(str), return_counts=True)
-    check_fed_work(None, [int(c) for c in sizes], method == "fedcp2-qq")
+    # (a planned count that is not an int is the library's one-line error)
+    m = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+    check_fed_work(m, [int(c) for c in sizes], method == "fedcp2-qq")
 
 
 __all__ = ["router"]

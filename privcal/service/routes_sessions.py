@@ -291,6 +291,7 @@ def session_close(request: Request, body: CloseBody, sid: int = SessionId,
     principal): a retry that finds the service's own record lost to a crash after the close
     committed answers the closed session (200), not 409 "already closed"."""
     from privcal.accountant.sessions import close_session
+    from privcal.accountant.sessions.closing import missing_key
 
     _visible(request, p, sid)
 
@@ -299,7 +300,8 @@ def session_close(request: Request, body: CloseBody, sid: int = SessionId,
                                   missing=body.missing, abandon=body.abandon, requester=p.requester,
                                   idempotency_key=_lib_key(p, idempotency_key or ""))
 
-    # (a close before ``missing`` existed digested no such key: the default adds none)
-    given = body.model_dump(exclude=set() if body.missing != "infinite" else {"missing"})
+    # (the service's digest of a close from before ``missing``: no such key, see missing_key)
+    given = {**body.model_dump(exclude={"missing"}),
+             **missing_key(body.allow_missing, body.missing)}
     return idempotent(request, idempotency_key, {"sid": sid, **given}, run)
 

@@ -57,3 +57,18 @@ def test_close_can_still_replan(live: Live) -> None:
         rel = c.get(f"/v1/releases/{rid}").json()
     assert rel["diagnostics"]["replanned"] == {"m_planned": 3, "m_answered": 2}
     assert "not chosen by their data" in rel["coverage"]["statement"]
+
+
+def test_a_calibration_cannot_plan_for_more_agents_than_a_request_may(live: Live) -> None:
+    """The service's planning limit counted agents from the agent ids only: one agent with
+    ``agents_planned`` = 10 000 planned for seconds to minutes (red team 15)."""
+    before = ledger_snapshot(live)
+    with live.client("analyst") as c:
+        for method, extra, limit in (("fedcp-qq", {}, 1000), ("fedcp2-qq", {"epsilon": 1}, 50)):
+            r = c.post("/v1/datasets/d/calibrations", json={
+                "method": method, "params": {"alpha": 0.1, "agents_planned": 10_000, **extra},
+                "scores": [i / 20 for i in range(20)], "agents": ["a"] * 20},
+                headers={"Idempotency-Key": f"big-{method}"})
+            assert r.status_code == 422, r.text
+            assert f"for at most {limit} agents, got 10000" in r.json()["detail"]
+    assert ledger_snapshot(live) == before

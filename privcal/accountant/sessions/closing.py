@@ -29,7 +29,7 @@ from privcal.storage.pseudonyms import keyed_state_digest
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-__all__ = ["close_session"]
+__all__ = ["close_session", "missing_key"]
 
 #: where a keyed close records its key and request digest: the session's state (the
 #: ``session_close`` entry's state digest commits to them, and a retry reads them there)
@@ -77,13 +77,14 @@ def close_session(accountant: Accountant, session_id: int, *, allow_missing: boo
         raise InvalidInput("give either allow_missing or abandon, not both")
     if missing not in MISSING:
         raise InvalidInput(f"missing must be one of {', '.join(MISSING)}, got {missing!r:.60}")
+    if missing != "infinite" and not allow_missing:
+        raise InvalidInput("missing goes with allow_missing")
     requester = optional_text(requester, "requester")
     key = idempotency_key_text(idempotency_key)
     digest = None if key is None else request_digest({
         "kind": "session_close", "session_id": str(session_key(session_id)),
         "allow_missing": bool(allow_missing), "abandon": bool(abandon),
-        # (a close before ``missing`` existed digested no such key: the default adds none)
-        **({"missing": missing} if missing != "infinite" else {})})
+        **missing_key(allow_missing, missing)})
     ledger = accountant.ledger
 
     def tx(s: Session) -> SessionInfo:
@@ -132,6 +133,13 @@ def close_session(accountant: Accountant, session_id: int, *, allow_missing: boo
 
     skey = ledger.subject_key()  # before the write transaction (its first read may write)
     return ledger.write(tx)
+
+
+def missing_key(allow_missing: bool, missing: Missing) -> dict[str, str]:
+    """What ``missing`` adds to a close's request digest: a key only for the one close that
+    did not exist before it (a close before ``missing`` existed digested no such key, and
+    with agents missing it replanned: a retry of it under its key is a replan, red team 15)."""
+    return {"missing": missing} if allow_missing and missing == "infinite" else {}
 
 
 def _keyed(key: str | None, digest: str | None) -> dict[str, Any]:
