@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from privcal.errors import InvalidInput, plain_number_text
+from privcal.errors import InvalidInput, first_error, plain_number_text
 
 __all__ = ["ZCDP", "ApproxDP", "Cost", "LocalDP", "PureDP", "fixed_context", "parse_cost"]
 
@@ -94,10 +94,7 @@ _EPS = Field(validation_alias=AliasChoices("eps", "epsilon"))
 def _one_line(model: str, exc: ValidationError) -> InvalidInput:
     """The first problem of a cost's validation as a one-line InvalidInput (a ValueError, as
     pydantic's ValidationError is): ``ZCDP rho: ρ must be > 0, got -1``."""
-    err = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    # (a value's repr may span lines: a 2-D array given as an amount)
-    msg = " ".join(str(err.get("msg", "")).removeprefix("Value error, ").split())
+    where, msg, _ = first_error(exc)
     return InvalidInput(f"{model} {where}: {msg}" if where else f"{model}: {msg}")
 
 

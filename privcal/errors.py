@@ -18,7 +18,7 @@ import unicodedata
 from bisect import bisect_right
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 
 class PrivcalError(Exception):
@@ -96,6 +96,30 @@ class PlanRejected(InvalidInput):
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+class FirstError(NamedTuple):
+    """The first problem of a pydantic ``ValidationError`` (:func:`first_error`)."""
+
+    #: the dotted location of the bad value ("" for the model itself)
+    where: str
+    #: pydantic's message on one line, without the "Value error, " of a validator's ValueError
+    message: str
+    #: pydantic's error type ("extra_forbidden" for an unknown field)
+    kind: str
+
+
+def first_error(exc: Any) -> FirstError:
+    """The problem of a pydantic ``ValidationError`` a one-line error names: an unknown field
+    first (it is why the others went unmatched: ``epsilon=`` given to P-COQS), else the first.
+    Every layer's one-line message about a model's input is built from it (red teams 5, 11
+    and 14: pydantic's text spans lines, and a validator's message starts "Value error, ")."""
+    errors = exc.errors(include_url=False)
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    # (a value's repr may span lines: a 2-D array given as an amount)
+    message = " ".join(str(err.get("msg", "")).removeprefix("Value error, ").split())
+    return FirstError(".".join(str(p) for p in err.get("loc", ())), message,
+                      str(err.get("type", "")))
 
 
 def numeric_edge(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:

@@ -51,7 +51,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, default_rng
 from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
-from privcal.errors import BudgetRefused, InvalidInput, numeric_edge
+from privcal.errors import BudgetRefused, InvalidInput, first_error, numeric_edge
 from privcal.storage import Ledger
 
 __all__ = ["check_data", "dry_run", "params_of", "public", "rows_of", "run", "shape_of"]
@@ -71,10 +71,9 @@ def public(what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            where = ".".join(str(x) for x in (exc.title, *err.get("loc", ())))
-            msg = str(err.get("msg", "")).removeprefix("Value error, ")
-            raise InvalidInput(f"{what}: {where} {msg}") from None
+            where, msg, _ = first_error(exc)
+            raise InvalidInput(f"{what}: {'.'.join(filter(None, (exc.title, where)))} {msg}"
+                               ) from None
 
     return numeric_edge(what)(one_line)
 

@@ -48,7 +48,8 @@ from privcal.calibrators.validation import (
     group_sizes,
     id_strings,
 )
-from privcal.errors import InvalidInput
+from privcal.calibrators.wrapped import validation_message
+from privcal.errors import InvalidInput, first_error
 
 __all__ = ["Prepared", "check_score_request", "prepare", "prepare_shape", "validate_params"]
 
@@ -76,16 +77,9 @@ def validate_params(calibrator: Calibrator, values: dict[str, Any]) -> Calibrato
     try:
         return calibrator.Params.model_validate(values)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
         # an unknown parameter first: `epsilon=` given to pcoqs said "invalid rho: Field
-        # required" (red team 14); a validator's message without pydantic's "Value error, "
-        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        where = ".".join(str(p) for p in err["loc"]) or "parameters"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"{calibrator.name} takes no parameter {where!r}"
-            raise InvalidInput(msg) from None
-        raise InvalidInput(f"{calibrator.name}: invalid {where}: {msg}") from None
+        # required" (red team 14)
+        raise InvalidInput(validation_message(exc, calibrator.name)) from None
 
 
 def _ids(a: Any, what: str, n: int) -> np.ndarray:
@@ -386,4 +380,4 @@ def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
     try:
         return DataShape(n=n, k=k, group_sizes=sizes)
     except ValidationError as exc:
-        raise InvalidInput(f"unusable input shape: {exc.errors()[0].get('msg')}") from None
+        raise InvalidInput(f"unusable input shape: {first_error(exc).message}") from None

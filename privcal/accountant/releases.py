@@ -27,7 +27,7 @@ from privcal.accountant.results import Release
 from privcal.accountant.verification import sentence_problems
 from privcal.calibrators import registry
 from privcal.calibrators.base import CoverageGuarantee
-from privcal.errors import InvalidInput, check_row_id
+from privcal.errors import InvalidInput, check_row_id, first_error
 from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
 from privcal.storage.verify_releases import reports_used, shortfall
@@ -209,6 +209,5 @@ def _check_shape(shape: Any) -> None:
     try:
         DataShape.model_validate(shape)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        where = ".".join(str(p) for p in e["loc"]) or "shape"
-        raise InvalidInput(f"shape is not a data shape: {where}: {e['msg']}") from None
+        where, msg, _ = first_error(exc)
+        raise InvalidInput(f"shape is not a data shape: {where or 'shape'}: {msg}") from None

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, check_inputs
 from privcal.calibrators.validation import group_sizes, id_strings
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, first_error
 
 __all__ = ["check_data", "params_of", "rows_of", "shape_of"]
 
@@ -39,9 +39,8 @@ def shape_of(data: CalibrationInput, n: int | None = None, k: int | None = None)
     try:
         return DataShape(n=data.n if n is None else n, k=k, group_sizes=groups)
     except ValidationError as exc:  # one line: the first error (k = 1 column, n = 0, …)
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        raise InvalidInput(f"unusable calibration data: {where} {err.get('msg')}") from None
+        where, msg, _ = first_error(exc)
+        raise InvalidInput(f"unusable calibration data: {where} {msg}") from None
     except ValueError as exc:
         raise InvalidInput(f"unusable calibration data: {exc}") from exc
 
@@ -76,10 +75,9 @@ def params_of(calibrator: Calibrator, params: Any) -> Any:
         try:
             return calibrator.Params.model_validate(params)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first.get("loc", ()))
+            where, msg, _ = first_error(exc)
             what = f"parameter {where}" if where else "parameters"
-            raise InvalidInput(f"invalid {calibrator.name} {what}: {first.get('msg')}") from exc
+            raise InvalidInput(f"invalid {calibrator.name} {what}: {msg}") from exc
     raise InvalidInput(f"params must be a {calibrator.Params.__name__} or a dict")
 
 

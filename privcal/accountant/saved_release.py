@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, first_error
 
 __all__ = ["consistency_problems", "load_release"]
 
@@ -68,9 +68,9 @@ def load_release(cls: type[M], source: str | bytes | os.PathLike[str]) -> M:
     try:
         rel = cls.model_validate_json(text)
     except ValidationError as exc:
-        err: dict[str, Any] = dict(exc.errors()[0])
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "document"
-        raise InvalidInput(f"{where} is not a saved release ({loc}: {err.get('msg')})") from None
+        loc, msg, _ = first_error(exc)
+        raise InvalidInput(f"{where} is not a saved release ({loc or 'document'}: {msg})"
+                           ) from None
     problems = consistency_problems(rel)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

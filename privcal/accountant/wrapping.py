@@ -21,8 +21,7 @@ from privcal.calibrators.base import Calibrator, CalibratorParams
 from privcal.calibrators.levels import Levels, parse_alphas
 from privcal.calibrators.mondrian import Mondrian
 from privcal.calibrators.validation import check_labels, id_strings
-from privcal.calibrators.wrapped import plain_message
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, first_error
 
 __all__ = ["MONDRIAN_BY", "Wrapping", "group_column", "wrapping"]
 
@@ -90,8 +89,7 @@ def _validate(cal: Calibrator, values: dict[str, Any]) -> CalibratorParams:
     try:
         return cal.Params.model_validate(values)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InvalidInput(f"{cal.name}: {plain_message(err['msg'])}") from None
+        raise InvalidInput(f"{cal.name}: {first_error(exc).message}") from None
 
 
 def wrap(cal: Calibrator, params: CalibratorParams, how: Wrapping, *, n: int, k: int | None,

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.calibrators.exponq import MAX_BINS, MIN_BINS, ExponQ, ExponQParams
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
-from privcal.errors import InvalidInput, numeric_edge
+from privcal.errors import InvalidInput, first_error, numeric_edge
 
 __all__ = ["CentralAdvice", "advise_central", "min_n_exponq", "min_n_pcoqs"]
 
@@ -190,9 +190,8 @@ def advise_central(
     except ValueError as exc:  # pydantic.ValidationError
         if isinstance(exc, InvalidInput):
             raise
-        err = exc.errors()[0] if hasattr(exc, "errors") else {"loc": (), "msg": str(exc)}
-        where = ".".join(str(p) for p in err.get("loc", ())) or "parameters"
-        raise InvalidInput(f"{method}: invalid {where}: {err.get('msg', '')}") from None
+        where, msg, _ = first_error(exc) if hasattr(exc, "errors") else ("", str(exc), "")
+        raise InvalidInput(f"{method}: invalid {where or 'parameters'}: {msg}") from None
     return CentralAdvice(
         method=method,  # type: ignore[arg-type]
         alpha=alpha,

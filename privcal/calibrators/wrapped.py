@@ -19,7 +19,7 @@ from pydantic import ConfigDict, ValidationError
 
 from privcal.calibrators.base import Calibrator, CalibratorParams, CoverageGuarantee
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
-from privcal.errors import InvalidInput
+from privcal.errors import InvalidInput, first_error
 
 #: the privacy models a wrapper accepts inside it (see the module docstring)
 WRAPPABLE = frozenset({"none", "central-zcdp", "central-pure"})
@@ -40,17 +40,12 @@ def check_wrappable(inner: Calibrator, wrapper: str) -> None:
 
 
 def validation_message(exc: ValidationError, model: str) -> str:
-    """One line naming the first bad parameter of an inner model."""
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "parameters"
-    if err["type"] == "extra_forbidden":
+    """One line naming the bad parameter of ``model`` (a method's name): an unknown one
+    first (:func:`~privcal.errors.first_error`)."""
+    where, msg, kind = first_error(exc)
+    if kind == "extra_forbidden":
         return f"{model} takes no parameter {where!r}"
-    return f"{model}: invalid {where}: {plain_message(err['msg'])}"
-
-
-def plain_message(msg: str) -> str:
-    """A pydantic message without the "Value error, " prefix of a validator's ValueError."""
-    return msg.removeprefix("Value error, ")
+    return f"{model}: invalid {where or 'parameters'}: {msg}"
 
 
 class WrappedParams(CalibratorParams):

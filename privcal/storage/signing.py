@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from privcal.errors import AuditFailed, InvalidInput
+from privcal.errors import AuditFailed, InvalidInput, first_error
 from privcal.storage.audit import canonical
 from privcal.storage.records import AuditHeadInfo
 
@@ -174,7 +174,7 @@ def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | Sign
         return SignedHead.model_validate_json(_read(path_or_doc, "signed head"))
     except ValidationError as exc:
         raise InvalidInput(f"{path_or_doc} is not a privcal signed head: "
-                           f"{exc.errors()[0].get('msg')}") from exc
+                           f"{first_error(exc).message}") from exc
 
 
 def verify_signed_head(signed: SignedHead, public_key: Any) -> None:
