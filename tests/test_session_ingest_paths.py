@@ -118,7 +118,7 @@ def _old_bits(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
     return ok, out
 
 
-def _old_rounds(rounds: Any, n: int, current: int) -> list[str | None]:
+def _old_rounds(rounds: Any, n: int, current: int, count: int) -> list[str | None]:
     if rounds is None:
         return [None] * n
     r = np.asarray(rounds, dtype=object).ravel()
@@ -133,6 +133,9 @@ def _old_rounds(rounds: Any, n: int, current: int) -> list[str | None]:
             if not x.is_integer():
                 raise ValueError
         except (TypeError, ValueError):
+            out.append(R.MALFORMED_ROUND)
+            continue
+        if not 0 <= int(x) < count:  # no round of the session (red team 14, diffrev F4)
             out.append(R.MALFORMED_ROUND)
             continue
         out.append(None if int(x) == current else R.CLOSED_ROUND if int(x) < current
@@ -185,34 +188,43 @@ def test_round_codes_equal_the_row_by_row_reasons(seed: int) -> None:
          if not isinstance(MIXED[i], int) or abs(MIXED[i]) < 10**20],
         ["2", " 3 ", "2.0", "x", None, True, 2, 2.0, np.int64(2), np.bool_(True)],
     ]
-    for current in (0, 1, 2):
+    for current, count in ((0, 1), (0, 3), (1, 3), (2, 3), (2, 6)):
         for rounds in cases:
             n = len(rounds)
-            want = _old_rounds(rounds, n, current)
-            codes = P.round_codes(rounds, n, current)
+            want = _old_rounds(rounds, n, current, count)
+            codes = P.round_codes(rounds, n, current, count)
             assert codes is not None
             assert [P.ROUND_REASONS[int(c)] for c in codes] == want
-    assert P.round_codes(None, 5, 0) is None
+    assert P.round_codes(None, 5, 0, 1) is None
     for rounds in (np.arange(3), [1, 2, 3]):
         with pytest.raises(InvalidInput, match="rounds has 3 rows, the batch has 4"):
-            P.round_codes(rounds, 4, 0)
+            P.round_codes(rounds, 4, 0, 3)
 
 
 def test_a_round_beyond_the_float_range_is_judged_not_crashed_on(accountant: Any) -> None:
-    """An integer round too large for a float (10⁴⁰⁰, from a JSON body or a CSV) is a round
-    not yet open, a hugely negative one a closed round: judged exactly, no OverflowError."""
+    """An integer round too large for a float (10⁴⁰⁰, from a JSON body or a CSV), or hugely
+    negative, is judged exactly, no OverflowError: no round of the session, so malformed
+    (red team 14, diffrev F4: −1 was a "closed round", 10²⁰ a "round not open", and a
+    strict batch holding one was not refused); the session's own rounds are as before."""
     from privcal.accountant import sessions as S
 
-    codes = P.round_codes([10**400, -(10**400), 1, 2**53 + 1, "1e999"], 5, 1)
+    codes = P.round_codes([10**400, -(10**400), 1, 2**53 + 1, "1e999", -1, 0, 4, 5], 9, 1, 5)
     assert codes is not None
     assert [P.ROUND_REASONS[int(c)] for c in codes] == [
-        R.FUTURE_ROUND, R.CLOSED_ROUND, None, R.FUTURE_ROUND, R.MALFORMED_ROUND]
+        R.MALFORMED_ROUND, R.MALFORMED_ROUND, None, R.MALFORMED_ROUND, R.MALFORMED_ROUND,
+        R.MALFORMED_ROUND, R.CLOSED_ROUND, R.FUTURE_ROUND, R.MALFORMED_ROUND]
     accountant.create_dataset("d", epsilon=1, subject_epsilon=10)
     info = S.open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=2,
                           rounds=2, group_size=40, lower=0, upper=1)
-    r = S.submit_reports(accountant, info.id, ["a", "b"], [1, 0], [10**400, 0])
-    assert (r.accepted, r.rejected) == (1, 1)
-    assert r.reasons[R.FUTURE_ROUND] == 1
+    r = S.submit_reports(accountant, info.id, ["a", "b", "c", "d"], [1, 0, 1, 0],
+                         [10**400, 0, -1, 2])
+    assert (r.accepted, r.rejected) == (1, 3)
+    assert r.reasons == {R.MALFORMED_ROUND: 3}
+    head = accountant.ledger.head()
+    with pytest.raises(InvalidInput, match=r"report 1 of the batch .* malformed round, and 1 "):
+        S.submit_reports(accountant, info.id, ["e", "f", "g"], [1, 0, 1], [10**20, 0, -1],
+                         strict=True)
+    assert accountant.ledger.head() == head
 
 
 def test_a_batch_gives_the_same_counts_as_array_or_list(accountant: Any) -> None:

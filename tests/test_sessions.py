@@ -79,7 +79,7 @@ def test_entirely_rejected_batch_changes_nothing(accountant: Any) -> None:
                          rounds=[1, 0, 1, 1, 5])
     assert r.accepted == 0 and r.rejected == 5 and r.charge_id is None
     assert r.reasons == {"subject already reported in this session": 1, "closed round": 1,
-                         "malformed bit": 2, "round not open": 1}
+                         "malformed bit": 2, "malformed round": 1}  # 5 is no round of 3
     assert _snapshot(acct) == before
     # the same subjects with good rows are then accepted: nothing was reserved by the rejection
     r = S.submit_reports(acct, info.id, ["d", "e", "f"], [1, 0, 1], rounds=[1, 1, 1])

@@ -102,13 +102,14 @@ def _refuse_malformed(values: np.ndarray, value_reason: str, rounds: np.ndarray)
             + ": the whole batch is refused and nothing was written (fix or drop those rows)")
 
 
-def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: int,
-                praw: np.ndarray, values: Any, rounds: Any, dataset_id: int | None,
-                why: Counter[str], strict: bool = False
+def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any,
+                current: tuple[int, int], praw: np.ndarray, values: Any, rounds: Any,
+                dataset_id: int | None, why: Counter[str], strict: bool = False
                 ) -> tuple[np.ndarray, np.ndarray | list[str], _Spent]:
     """The rows that may be accepted, in file order; every row's stored value (``S1`` bits,
     or the federated value strings); and the spend rows of the batch's subjects on
-    ``dataset_id`` (when the session charges them).
+    ``dataset_id`` (when the session charges them). ``current``: (the open round, the
+    session's number of rounds).
 
     Filters, each row counted once in ``why`` under its first problem: malformed value,
     wrong round, subject already reported in this session, duplicate within the batch (the
@@ -125,7 +126,7 @@ def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any, current: 
         bad = R.OFF_GRID if row.method == "fedcp2-qq" else R.MALFORMED_VALUE
     why[bad] += int((~ok).sum())
     valid = ok.copy()
-    codes = P.round_codes(rounds, n, current)
+    codes = P.round_codes(rounds, n, *current)
     if strict:
         _refuse_malformed(~ok, bad, np.zeros(n, dtype=bool) if codes is None
                           else codes == P.ROUND_REASONS.index(R.MALFORMED_ROUND))
@@ -254,8 +255,9 @@ def submit_reports(
         current = 0 if fed else proto.round  # type: ignore[union-attr]
         eps0 = row.state.get("eps0")
         charged = eps0 is not None
-        cand, stored, spent = _candidates(ledger, conn, row, plan, current, praw, vals, rounds,
-                                          ds.id if charged else None, why, strict)
+        count = 1 if fed else proto.rounds  # type: ignore[union-attr]
+        cand, stored, spent = _candidates(ledger, conn, row, plan, (current, count), praw, vals,
+                                          rounds, ds.id if charged else None, why, strict)
         if fed:
             need = plan.m - int(row.state.get("total", 0))  # type: ignore[union-attr]
         else:

@@ -70,26 +70,30 @@ def parse_messages(method: str, values: np.ndarray, plan: Any) -> tuple[np.ndarr
     return ok, out
 
 
-def _round_code(v: Any, current: int) -> int:
+def _round_code(v: Any, current: int, count: int) -> int:
     """:func:`round_codes` of one row."""
-    if isinstance(v, int) and not isinstance(v, bool):  # exact, however large (no float)
-        return 0 if v == current else 2 if v < current else 3
-    try:
-        if isinstance(v, bool):
-            raise ValueError
-        x = float(v)
-        if not x.is_integer():
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
+    if isinstance(v, bool):
         return 1
-    return 0 if int(x) == current else 2 if int(x) < current else 3
+    if not isinstance(v, int):  # exact, however large (no float)
+        try:
+            x = float(v)
+            if not x.is_integer():
+                return 1
+        except (TypeError, ValueError, OverflowError):
+            return 1
+        v = int(x)
+    if not 0 <= v < count:
+        return 1
+    return 0 if v == current else 2 if v < current else 3
 
 
-def round_codes(rounds: Any, n: int, current: int) -> np.ndarray | None:
+def round_codes(rounds: Any, n: int, current: int, count: int) -> np.ndarray | None:
     """Per row, an index into :data:`ROUND_REASONS`: 0 if its ``round`` is the current one,
-    else malformed / closed / not yet open. None if the batch gives no rounds (all current:
-    only a federated session's, which has one round; an ldp-score batch without rounds is
-    refused before this, by :func:`~privcal.accountant.sessions.submit_reports`).
+    else malformed / closed / not yet open. A round that is no round of the session's
+    ``count`` (−1, 10²⁰) is malformed, not "closed" or "not open" (red team 14, diffrev F4).
+    None if the batch gives no rounds (all current: only a federated session's, which has
+    one round; an ldp-score batch without rounds is refused before this, by
+    :func:`~privcal.accountant.sessions.submit_reports`).
     Raises InvalidInput if there are not ``n`` rounds."""
     if rounds is None:
         return None
@@ -99,12 +103,12 @@ def round_codes(rounds: Any, n: int, current: int) -> np.ndarray | None:
     if r.shape[0] != n:
         raise InvalidInput(f"rounds has {r.shape[0]} rows, the batch has {n}")
     if not numeric:
-        return np.fromiter((_round_code(v, current) for v in r.tolist()), dtype=np.int8,
-                           count=n)
+        return np.fromiter((_round_code(v, current, count) for v in r.tolist()),
+                           dtype=np.int8, count=n)
     if r.dtype.kind == "f":
         whole = np.isfinite(r) & (r == np.floor(np.where(np.isfinite(r), r, 0)))
     else:
         whole = np.ones(n, dtype=bool)
     codes = np.where(r == current, 0, np.where(r < current, 2, 3)).astype(np.int8)
-    codes[~whole] = 1
+    codes[~whole | (r < 0) | (r >= count)] = 1
     return codes
