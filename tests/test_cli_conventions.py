@@ -263,3 +263,16 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     # small work: no bar even on a terminal
     small = _tty(cal, {**env, "PRIVCAL_PROGRESS_MIN": "100000"})
     assert small.returncode == 0 and "calibrating" not in small.stdout
+
+
+def test_version_is_one_json_document_under_json() -> None:
+    """``--version --json`` printed text (red team 14): it is a JSON document, whichever of
+    the two comes first; without ``--json`` the text is click's."""
+    from privcal import __version__
+
+    for args in (("--version", "--json"), ("--json", "--version")):
+        res = run(*args)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout) == {"name": "privcal", "version": __version__}
+    res = run("--version")
+    assert res.exit_code == 0 and res.stdout == f"privcal, version {__version__}\n"

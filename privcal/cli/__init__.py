@@ -8,6 +8,7 @@ from privcal.cli import (  # noqa: F401  (imported for their commands)
     amplify_cmds,  # amplify
     audit_cmds,  # audit verify/report/head/keygen
     calibrate_cmds,  # methods, calibrate
+    completion_cmds,  # completion
     db_cmds,  # db upgrade/current/check
     fed_cmds,  # fed plan
     ledger_cmds,  # dataset, budget, charge, release

@@ -178,6 +178,16 @@ def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
     return settings.as_json
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``, as one JSON document under ``--json`` (before or after it: the root
+    context learned ``--json`` from the whole command line) — it printed text (red team 14)."""
+    if not value or ctx.resilient_parsing:
+        return
+    emit({"name": "privcal", "version": __version__},
+         as_json=ctx.ensure_object(Settings).as_json, human=f"privcal, version {__version__}")
+    ctx.exit()
+
+
 def _db_url_value(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value:
         ctx.ensure_object(Settings).db_url = value
@@ -365,7 +375,8 @@ def info(message: str) -> None:
 @click.option("--db-url", envvar="PRIVCAL_DATABASE_URL", default=None, help=_DB_URL_HELP,
               shell_complete=_complete_url)
 @click.option("--json", "as_json", is_flag=True, callback=_json_flag, help=_JSON_HELP)
-@click.version_option(__version__, prog_name="privcal")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and exit (--json: {\"name\", \"version\"}).")
 @click.pass_context
 def main(ctx: click.Context, db_url: str | None, as_json: bool) -> None:
     """privcal: differentially private conformal calibration with a privacy-budget ledger.
@@ -378,22 +389,3 @@ def main(ctx: click.Context, db_url: str | None, as_json: bool) -> None:
     settings.db_url = db_url
     # library warnings (e.g. a plugin trying to shadow a built-in) as one line on stderr
     warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
-
-
-@main.command("completion")
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-@pass_settings
-def completion(settings: Settings, shell: str) -> None:
-    """Print the shell completion script for SHELL (``--json``: ``{"shell", "script"}``).
-
-    \b
-    bash:  eval "$(privcal completion bash)"   (e.g. in ~/.bashrc)
-    zsh:   eval "$(privcal completion zsh)"    (e.g. in ~/.zshrc)
-    fish:  privcal completion fish > ~/.config/fish/completions/privcal.fish
-    """
-    from click.shell_completion import get_completion_class
-
-    cls = get_completion_class(shell)
-    assert cls is not None  # the Choice admits only shells click supports
-    script = cls(main, {}, "privcal", "_PRIVCAL_COMPLETE").source()
-    emit({"shell": shell, "script": script}, as_json=settings.as_json, human=script)
