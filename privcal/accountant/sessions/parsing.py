@@ -74,7 +74,7 @@ def _round_code(v: Any, current: int, count: int) -> int:
     """:func:`round_codes` of one row."""
     if isinstance(v, bool):
         return 1
-    if not isinstance(v, int):  # exact, however large (no float)
+    if not isinstance(v, int):  # (an int is judged exactly, however large: no float)
         try:
             x = float(v)
             if not x.is_integer():
