@@ -114,7 +114,12 @@ def first_error(exc: Any) -> FirstError:
     first (it is why the others went unmatched: ``epsilon=`` given to P-COQS), else the first.
     Every layer's one-line message about a model's input is built from it (red teams 5, 11
     and 14: pydantic's text spans lines, and a validator's message starts "Value error, ")."""
-    errors = exc.errors(include_url=False)
+    return first_of(exc.errors(include_url=False))
+
+
+def first_of(errors: Any) -> FirstError:
+    """:func:`first_error` of a list of pydantic error dicts (FastAPI's
+    ``RequestValidationError.errors()``)."""
     err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     # (a value's repr may span lines: a 2-D array given as an amount)
     message = " ".join(str(err.get("msg", "")).removeprefix("Value error, ").split())

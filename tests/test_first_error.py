@@ -58,3 +58,44 @@ def test_every_layer_uses_it() -> None:
     cal = registry.get("pcoqs").calibrator
     with pytest.raises(InvalidInput, match=r"^pcoqs takes no parameter 'epsilon'$"):
         validate_params(cal, {"alpha": 0.1, "epsilon": 1})
+
+
+def test_the_layers_red_team_15_found_outside_it(accountant: object, tmp_path: object) -> None:
+    """Left outside the rule: a recorded coverage with an unknown key (pydantic's multi-line
+    error), an ldp-score protocol's range ("Value error, "), a signed head's field (not
+    named), a FedCP release with agents_planned and a version that is no dotted number (a
+    bare ValueError)."""
+    from pathlib import Path
+
+    from privcal.accountant import sessions as S
+    from privcal.accountant.releases import record_release
+    from privcal.storage.signing import read_signed_head
+
+    acct = accountant
+    acct.create_dataset("d", epsilon=1, allow_nonprivate=True)  # type: ignore[attr-defined]
+    common = {"method": "split", "calibrator_version": "1", "threshold": 0.5,
+              "params": {"alpha": 0.1}, "shape": {"n": 10}, "privacy": {}, "diagnostics": {},
+              "charge_ids": []}
+    with pytest.raises(InvalidInput) as info:
+        record_release(acct.ledger, "d", _as_computed=True,  # type: ignore[attr-defined]
+                       coverage={"target": 0.9, "zz": 1}, **common)
+    assert "\n" not in str(info.value) and "coverage is not a coverage guarantee: zz" in str(
+        info.value)
+    with pytest.raises(InvalidInput) as info:
+        S.open_session(acct, "ldp-score", dataset="d", alpha=0.1, epsilon=1, rounds=2,
+                       group_size=5, lower=1, upper=0)
+    assert "Value error" not in str(info.value) and "lower < upper" in str(info.value)
+    bad = Path(str(tmp_path)) / "head.json"
+    bad.write_text('{"seq": "x", "zz": 1}')
+    with pytest.raises(InvalidInput, match=r"is not a privcal signed head: zz: Extra inputs"):
+        read_signed_head(str(bad))
+    from privcal.calibrators.base import DataShape
+    from privcal.calibrators.fedcp_qq import FedCPQQ, FedCPQQParams
+
+    shape = DataShape(n=600, group_sizes=(200, 200, 200))
+    cov = FedCPQQ().guarantee(FedCPQQParams(alpha=0.1, agents_planned=5), shape)
+    fed = {**common, "method": "fedcp-qq", "calibrator_version": "x.y",
+           "params": {"alpha": 0.1, "agents_planned": 5},
+           "shape": shape.model_dump(), "coverage": cov.model_dump(mode="json")}
+    with pytest.raises(InvalidInput, match=r"fedcp-qq x\.y has no parameter agents_planned"):
+        record_release(acct.ledger, "d", **fed)  # type: ignore[attr-defined]

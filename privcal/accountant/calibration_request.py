@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from privcal.calibrators.base import Calibrator
-from privcal.errors import InvalidInput, numeric_edge
+from privcal.errors import InvalidInput, first_error, numeric_edge
 
 __all__ = ["ARRAYS", "INPUTS", "MAX_K_REG", "CalibrationRequest", "as_invalid_input",
            "check_rng", "label_score_options", "method_score_options", "precomputed_score"]
@@ -150,11 +150,11 @@ def as_invalid_input(exc: ValidationError) -> InvalidInput:
     inner = (err.get("ctx") or {}).get("error")
     if isinstance(inner, InvalidInput):
         return inner
-    where = ".".join(str(p) for p in err.get("loc", ())) or "request"
-    if err["type"] == "extra_forbidden":
+    where, msg, kind = first_error(exc)
+    if kind == "extra_forbidden":
         return InvalidInput(f"unknown calibration input {where!r} (known: "
                             f"{', '.join(('params', *INPUTS))})")
-    return InvalidInput(f"{where}: {err['msg']}")
+    return InvalidInput(f"{where or 'request'}: {msg}")
 
 
 #: the largest raps ``k_reg``: its penalty is computed in int64 (any k_reg ≥ k adds none)

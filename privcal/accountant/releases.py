@@ -119,8 +119,7 @@ def record_release(
     thr = threshold_str(float(threshold)) if not math.isnan(threshold) else None
     if thr is None:
         raise InvalidInput("threshold is NaN")
-    cov = coverage if isinstance(coverage, CoverageGuarantee) else \
-        CoverageGuarantee.model_validate(coverage)
+    cov = coverage if isinstance(coverage, CoverageGuarantee) else _coverage(coverage)
     if isinstance(charge_ids, str | bytes):
         raise InvalidInput("charge_ids must be a sequence of charge ids")
     ids = [check_row_id(i, "charge") for i in charge_ids]
@@ -188,6 +187,19 @@ def record_release(
 
 #: the most rows (or subjects) a recorded shape may name: more than any calibration runs
 _MAX_N = 10**9
+
+
+def _coverage(coverage: Any) -> CoverageGuarantee:
+    """``coverage`` as a CoverageGuarantee, or a one-line InvalidInput (red team 15: an
+    unknown key gave pydantic's multi-line error)."""
+    from pydantic import ValidationError
+
+    try:
+        return CoverageGuarantee.model_validate(coverage)
+    except ValidationError as exc:
+        where, msg, _ = first_error(exc)
+        raise InvalidInput(f"coverage is not a coverage guarantee: {where or 'coverage'}: "
+                           f"{msg}") from None
 
 
 def _check_shape(shape: Any) -> None:

@@ -78,7 +78,12 @@ ANSWERED_AT_RANDOM = ("the agents that answered not chosen by their data (which 
 
 
 def _at_least(version: str, since: str) -> bool:
-    return tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
+    """``version`` ≥ ``since``; a version that is not dotted integers is not (red team 15:
+    "x.y" gave a bare ValueError)."""
+    try:
+        return tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
+    except ValueError:
+        return False
 
 
 def answered_clause(pinned: bool, version: str, since: str) -> str:

@@ -28,7 +28,7 @@ from privcal.calibrators.ldp_score_bounds import (
     score_slack,
 )
 from privcal.calibrators.ldp_score_params import LDPScoreParams, Search
-from privcal.errors import InvalidInput, PlanRejected
+from privcal.errors import InvalidInput, PlanRejected, first_error
 
 __all__ = ["LdpScoreProtocol", "RoundRecord"]
 
@@ -302,9 +302,7 @@ class LdpScoreProtocol(BaseModel):
 
 
 def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        e = errors()[0]
-        loc = ".".join(str(p) for p in e.get("loc", ())) or "value"
-        return f"{loc}: {e.get('msg', '')}"
+    if callable(getattr(exc, "errors", None)):
+        where, msg, _ = first_error(exc)
+        return f"{where or 'value'}: {msg}"
     return str(exc)

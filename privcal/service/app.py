@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from privcal import __version__
-from privcal.errors import PrivcalError
+from privcal.errors import PrivcalError, first_of
 from privcal.service.device_reports import REPORT_BODY_LIMIT, REPORT_ROUTE, try_lean
 from privcal.service.json_body import invalid_json_detail, sent_as_bytes
 from privcal.service.problems import (
@@ -320,9 +320,8 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
             return problem_response(unsupported_media_type("application/json"))
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
                    "type": e.get("type", "")} for e in raw]  # never the input
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        where = ".".join(str(x) for x in first["loc"])
-        detail = invalid_json_detail(raw) or f"{where}: {first['msg']}"
+        where, msg, _ = first_of(errors) if errors else ("", "invalid request", "")
+        detail = invalid_json_detail(raw) or f"{where}: {msg}"
         return problem_response(ProblemError(422, "invalid-input", "Invalid input", detail,
                                              errors=errors))
 

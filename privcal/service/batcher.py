@@ -391,7 +391,10 @@ class ReportBatcher:
                 continue
             if it.round is not None and it.round != res.batch_round and \
                     res.session.method == "ldp-score":
-                reason = "closed round" if it.round < res.batch_round else "round not open"
+                # a round that is no round of the session is malformed, as in a batch
+                reason = ("malformed round" if not 0 <= it.round < res.session.rounds
+                          else "closed round" if it.round < res.batch_round
+                          else "round not open")
             elif len(other) == 1:
                 reason = next(iter(other))
             else:

@@ -88,9 +88,18 @@ def _check_fed_work(method: str, agents: Any, planned: Any) -> None:
     if a is None or a.ndim != 1 or a.size == 0:
         return  # the library's one-line error for missing or malformed agent ids
     _, sizes = np.unique(a.astype(str), return_counts=True)
-    # (a planned count that is not an int is the library's one-line error)
-    m = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
-    check_fed_work(m, [int(c) for c in sizes], method == "fedcp2-qq")
+    check_fed_work(_planned(planned), [int(c) for c in sizes], method == "fedcp2-qq")
+
+
+def _planned(value: Any) -> int | None:
+    """``agents_planned`` as the library reads it (lax: 1e4, "10000"; red team 15), or None
+    for a value it refuses (its own one-line error)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(int).validate_python(value) if value is not None else None
+    except ValidationError:
+        return None
 
 
 __all__ = ["router"]

@@ -174,7 +174,7 @@ def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | Sign
         return SignedHead.model_validate_json(_read(path_or_doc, "signed head"))
     except ValidationError as exc:
         raise InvalidInput(f"{path_or_doc} is not a privcal signed head: "
-                           f"{first_error(exc).message}") from exc
+                           f"{': '.join(filter(None, first_error(exc)[:2]))}") from exc
 
 
 def verify_signed_head(signed: SignedHead, public_key: Any) -> None:

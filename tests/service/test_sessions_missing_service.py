@@ -4,7 +4,7 @@ message counts as +∞ under the published plan (tests/test_sessions_missing.py)
 
 from __future__ import annotations
 
-from tests.service.conftest import Live, answer_fed, ledger_snapshot, open_fed
+from tests.service.conftest import Live, answer_fed, ledger_snapshot, open_fed, open_ldp
 
 P = "urn:privcal:problem:"
 
@@ -21,6 +21,7 @@ def test_close_counts_the_missing_agents_as_infinity(live: Live) -> None:
             assert r.status_code == 422, r.text
             body = r.json()
             assert body["type"] == P + "invalid-input" and "\n" not in body["detail"]
+            assert "Value error" not in body["detail"], body["detail"]
             assert says in body["detail"], body["detail"]
         assert ledger_snapshot(live) == before  # nothing written, the key not kept
         r = c.post(f"/v1/sessions/{sid}/close", json={"allow_missing": True},
@@ -65,10 +66,27 @@ def test_a_calibration_cannot_plan_for_more_agents_than_a_request_may(live: Live
     before = ledger_snapshot(live)
     with live.client("analyst") as c:
         for method, extra, limit in (("fedcp-qq", {}, 1000), ("fedcp2-qq", {"epsilon": 1}, 50)):
-            r = c.post("/v1/datasets/d/calibrations", json={
-                "method": method, "params": {"alpha": 0.1, "agents_planned": 10_000, **extra},
-                "scores": [i / 20 for i in range(20)], "agents": ["a"] * 20},
-                headers={"Idempotency-Key": f"big-{method}"})
-            assert r.status_code == 422, r.text
-            assert f"for at most {limit} agents, got 10000" in r.json()["detail"]
+            # the library reads the count laxly: 10000.0 and "10000" are 10 000 agents too
+            for i, planned in enumerate((10_000, 10_000.0, "10000")):
+                r = c.post("/v1/datasets/d/calibrations", json={
+                    "method": method, "params": {"alpha": 0.1, "agents_planned": planned,
+                                                 **extra},
+                    "scores": [i / 20 for i in range(20)], "agents": ["a"] * 20},
+                    headers={"Idempotency-Key": f"big-{method}-{i}"})
+                assert r.status_code == 422, r.text
+                assert f"for at most {limit} agents, got 10000" in r.json()["detail"]
     assert ledger_snapshot(live) == before
+
+
+def test_a_device_report_for_no_round_of_the_session_is_a_malformed_round(live: Live) -> None:
+    """A batch said "malformed round" for a round the session does not have, the device
+    route still "round not open" (red team 15)."""
+    sid = open_ldp(live, group_size=2, rounds=2)
+    dev = live.token("device", session=sid, subject="s-1")
+    with live.client(token=dev) as c:
+        for rnd, reason in ((2, "malformed round"), (10**6, "malformed round"),
+                            (1, "round not open")):
+            r = c.put(f"/v1/sessions/{sid}/reports/r{rnd}", json={"round": rnd, "value": 1})
+            assert r.status_code == 409 and r.json()["reason"] == reason, (rnd, r.text)
+        assert c.put(f"/v1/sessions/{sid}/reports/ok", json={"round": 0, "value": 1}
+                     ).status_code == 201

@@ -28,7 +28,8 @@ full; write the release when it finishes. If no row is accepted nothing is writt
 **Decisions**
 
 - Row filters apply in this order: malformed value, wrong round (``closed round`` for
-  an earlier round, ``round not open`` for a later one), subject already reported in
+  an earlier round, ``round not open`` for a later one, ``malformed round`` for one that
+  is no round of the session), subject already reported in
   this session, duplicate within the batch (the first valid occurrence is kept),
   subject budget exhausted, then ``round full`` (when a batch has more usable rows than
   the round needs, the rows kept are a uniformly random subset, drawn from the operating
