@@ -91,7 +91,7 @@ def test_releases_record_their_band_and_older_ones_still_verify(accountant: Any)
     s = np.random.default_rng(2).beta(2, 5, 3000)
     new = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
                          rng=random.Random(0), subjects=[f"u{i}" for i in range(3000)])
-    assert new.calibrator_version == "4" and new.params["band"] == 0.0
+    assert new.calibrator_version == "5" and new.params["band"] == 0.0
     assert new.coverage.details["band"] == 0.0 and new.diagnostics["band"] == 0.0
     paper = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
                            band=None, rng=random.Random(0),

@@ -21,6 +21,7 @@ from privcal.accountant import sessions as S
 from privcal.accountant.releases import record_release
 from privcal.calibrators.federated_agent import fedcp2_qq_message, fedcp_qq_message
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan
+from privcal.calibrators.participation import UNSELECTED_LABELS, UNSELECTED_SCORES
 from privcal.costs import LocalDP, parse_cost
 from privcal.errors import AuditFailed
 
@@ -32,7 +33,7 @@ AGENTS = "every agent following the protocol (its message computed from its own 
 SHUFFLE = ("provided the round's other reports are their subjects' randomizer outputs, unknown "
            "to the adversary (no colluding or Byzantine participants)")
 #: the installed versions, and the ones before the assumption was stated
-NEW = {"ldp-score": "4", "ldp-label": "3", "fedcp-qq": "1.3.0", "fedcp2-qq": "1.4.0"}
+NEW = {"ldp-score": "5", "ldp-label": "4", "fedcp-qq": "1.3.0", "fedcp2-qq": "1.4.0"}
 OLD = {"ldp-score": "2", "ldp-label": "2", "fedcp-qq": "1.0.0", "fedcp2-qq": "1.0.0"}
 PHRASE = {"ldp-score": DEVICES, "ldp-label": USERS, "fedcp-qq": AGENTS, "fedcp2-qq": AGENTS}
 
@@ -117,6 +118,9 @@ def _as_old(acct: Any, rel: Any, name: str, *, lower: float | None = None) -> in
     cov = dict(_cov(rel))
     for key in ("over", "statement"):
         assert f", {PHRASE[name]}" in cov[key]
+        # (and red team 15's clause on which reports arrive, which came later still)
+        for later in (UNSELECTED_SCORES, UNSELECTED_LABELS):
+            cov[key] = cov[key].replace(f"; {later}", "")
         cov[key] = cov[key].replace(f", {PHRASE[name]}", "")
     if lower is not None:
         cov["lower"] = lower

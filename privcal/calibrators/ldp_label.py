@@ -23,17 +23,15 @@ Review (issue 14.8)
 - **Sampler**: the client's k-RR flips iff a 53-bit uniform from the OS CSPRNG is below
   the computed flip probability raised by 4 ulps (``randomized_response``): at least the
   exact probability, so the likelihood ratio is ≤ e^ε exactly; no noise in the aggregator.
-- **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
-  users' randomized responses, P(Y ∈ C(X)) ≥ 1−α (default target 1−α+Δ_L) or
-  ≥ 1−α−Δ_L (``nominal``); Δ_L is the proven one-sided DKW–Massart + McDiarmid
-  slack (:func:`label_slack`; the two-sided version-1 slack with
-  ``bound="two-sided"``). Assumptions: (i) i.i.d. (x, y) (the user's data); (ii) k
-  equals the probabilities' columns (checked; by default k is read from them); (iii) no
-  score range: the threshold is a candidate score, or +∞ when F̂ᶜ does not stay above
-  the target; (iv) every user follows the protocol: each label is the user's own k-RR
-  output with this ε on its true label (no Byzantine participants). (iv) is the users'
-  side and cannot be checked from the data: privcal **cannot enforce it, so the recorded
-  guarantee states it** (``over`` and ``statement``, calibrator version 3).
+- **Coverage claim**: with probability ≥ 1−δ over the calibration data and the users'
+  responses, P(Y ∈ C(X)) ≥ 1−α (target 1−α+Δ_L) or ≥ 1−α−Δ_L (``nominal``); Δ_L: the
+  proven one-sided DKW–Massart + McDiarmid slack (:func:`label_slack`; version 1's
+  two-sided one with ``bound="two-sided"``). Assumptions: (i) i.i.d. (x, y); (ii) k is
+  the probabilities' columns (checked); (iii) no score range (a candidate score, or +∞);
+  (iv) every user follows the protocol (its own k-RR output on its true label) and (v)
+  which users' reports are kept does not depend on their data. privcal **cannot enforce
+  (iv) or (v), so the recorded guarantee states them** (``over``, ``statement``; versions
+  3 and 4: :mod:`~privcal.calibrators.participation`).
 """
 
 from __future__ import annotations
@@ -56,6 +54,7 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.mechanisms.randomized_response import krr_beta
+from privcal.calibrators.participation import UNSELECTED_LABELS, selection_clause
 from privcal.calibrators.validation import check_labels, check_lengths, check_probs
 from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
@@ -146,18 +145,9 @@ def label_slack(
         # δ ≤ ~1e-308: c/δ overflows, Δ_L = +inf, and no coverage can be stated or reached
         raise InvalidInput(f"failure probability δ = {delta!r} is too small: the slack Δ_L is "
                            "not finite (ln(2/δ) or ln(4/δ) overflows a float); use δ ≥ 1e-300")
-    return LabelSlack(
-        n=n,
-        k=k,
-        epsilon=epsilon,
-        delta=delta,
-        beta=beta,
-        t_n=t_n,
-        t_r=t_r,
-        delta_L=delta_l,
-        h=h,
-        delta_paper=math.sqrt(math.log(4 / delta) / (2 * n * h * h)),
-    )
+    return LabelSlack(n=n, k=k, epsilon=epsilon, delta=delta, beta=beta, t_n=t_n, t_r=t_r,
+                      delta_L=delta_l, h=h,
+                      delta_paper=math.sqrt(math.log(4 / delta) / (2 * n * h * h)))
 
 
 def noise_aware_threshold(
@@ -279,13 +269,15 @@ class LDPLabel:
     from k-RR labels. Privacy: label-only ε-LDP (features are sent in the clear)."""
 
     name: ClassVar[str] = "ldp-label"
-    #: 3: the recorded guarantee states that every user follows the protocol (red team 6;
-    #: same formula as 2); 2: one-sided Massart + McDiarmid slack (issue 13); 1: two-sided
-    version: ClassVar[str] = "3"
+    #: 4: it also states that which reports are kept is not chosen by their data (red team
+    #: 15); 3: that every user follows the protocol (red team 6; same formula as 2); 2:
+    #: one-sided Massart + McDiarmid slack (issue 13); 1: two-sided
+    version: ClassVar[str] = "4"
     #: parameters a release of an older version was made with (``privcal audit verify``
     #: recomputes it by its own formula; its older sentences are counted, not compared):
-    #: version 1 had no ``bound`` and was two-sided, version 2 is version 3's formula
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"}, "2": {}}
+    #: version 1 had no ``bound`` and was two-sided, versions 2 and 3 are version 4's formula
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1": {"bound": "two-sided"}, "2": {},
+                                                              "3": {}}
     privacy_model: ClassVar[str] = "local"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -312,6 +304,12 @@ class LDPLabel:
 
     def guarantee(self, params: LDPLabelParams, shape: DataShape) -> CoverageGuarantee:
         """Coverage ≥ 1−α (default) or ≥ 1−α−Δ_L (nominal) with probability ≥ 1−δ."""
+        return self.guarantee_as(self.version, params, shape)
+
+    def guarantee_as(self, version: str, params: LDPLabelParams,
+                     shape: DataShape) -> CoverageGuarantee:
+        """:meth:`guarantee` as ``version`` worded it (before 4, no selection clause)."""
+        users = HONEST_USERS + selection_clause(UNSELECTED_LABELS, version, 4)
         k = self._k(params, shape)
         delta = params.failure_probability
         sl = label_slack(shape.n, k, params.epsilon, delta, params.bound)
@@ -326,12 +324,12 @@ class LDPLabel:
             target=1 - params.alpha,
             lower=lower,
             failure_probability=delta,
-            over=f"the calibration data and the users' randomized responses, {HONEST_USERS}",
+            over=f"the calibration data and the users' randomized responses, {users}",
             statement=(
                 f"With probability ≥ {text_at_most(1 - delta, 1 - Fraction(repr(delta)))} over "
                 "the calibration data and the users' randomized responses, "
                 f"P(Y ∈ C(X) | calibration) ≥ {text_at_most(lower, exact)} "
-                f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}), {HONEST_USERS}; privacy: "
+                f"(LDP-CP-L, {mode}, Δ_L = {sl.delta_L:.6g}), {users}; privacy: "
                 f"{PRIVACY_NOTE}."
             ),
             details={

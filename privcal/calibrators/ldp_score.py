@@ -82,6 +82,7 @@ from privcal.calibrators.ldp_score_bounds import best_rounds, rr_range
 from privcal.calibrators.ldp_score_params import LDPScoreParams
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.mechanisms.randomized_response import binary_rr_many
+from privcal.calibrators.participation import UNSELECTED_SCORES, selection_clause
 from privcal.calibrators.validation import check_scores
 from privcal.costs import LocalDP
 from privcal.errors import InfeasiblePlan, InvalidInput
@@ -173,13 +174,16 @@ class LDPScore:
     #: 1's size, bench/ldp_score_band.py; same guarantee), no longer to Δ_S; 3: the recorded
     #: guarantee states that every device follows the protocol (red team 6; same formula
     #: as 2); 2: exact binomial cut-off (issue 13); 1: Hoeffding
-    version: ClassVar[str] = "4"
+    #: 5: the recorded guarantee states that which reports arrive is not chosen by their
+    #: data (red team 15; version 4's formula)
+    version: ClassVar[str] = "5"
     #: parameters a release of an older version was made with (``privcal audit verify``
     #: recomputes it by its own formula; its older sentences are counted, not compared):
     #: version 1 had no ``bound`` and used Hoeffding, versions 2 and 3 are version 4's
     #: formula; before 4 an unset ``band`` was Δ_S (releases record it, as null)
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {
-        "1": {"bound": "hoeffding", "band": None}, "2": {"band": None}, "3": {"band": None}}
+        "1": {"bound": "hoeffding", "band": None}, "2": {"band": None}, "3": {"band": None},
+        "4": {}}
     privacy_model: ClassVar[str] = "local"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -202,6 +206,13 @@ class LDPScore:
         bound is never above its exact value (1−α as typed; 1−α−Δ_S; G as recorded), nor
         is any number of the statement (red team 6: δ = 1e-7 was
         stated "with probability ≥ 1")."""
+        return self.guarantee_as(self.version, params, shape)
+
+    def guarantee_as(self, version: str, params: LDPScoreParams,
+                     shape: DataShape) -> CoverageGuarantee:
+        """:meth:`guarantee` as calibrator ``version`` worded it (before 5, without
+        :data:`~privcal.calibrators.participation.UNSELECTED_SCORES`)."""
+        unselected = selection_clause(UNSELECTED_SCORES, version, 5)
         proto = open_protocol(params, shape.n)
         lower = proto.guarantee_lower()
         exact = (1 - Fraction(repr(params.alpha)) if not params.nominal
@@ -214,13 +225,15 @@ class LDPScore:
             target=1 - params.alpha,
             lower=lower,
             failure_probability=params.delta,
-            over=f"the calibration data and the users' randomized responses, {HONEST_DEVICES}",
+            over=("the calibration data and the users' randomized responses, "
+                  f"{HONEST_DEVICES}{unselected}"),
             statement=(
                 f"With probability ≥ {sure} over the calibration data and the users' "
                 "randomized responses, "
                 f"P(Y ∈ C(X) | calibration) ≥ {text_at_most(lower, exact)} "
                 f"(LDP-CP-S, {mode}, Δ_S = {proto.slack:.6g}, T = {proto.rounds}, "
-                f"n' = {proto.group_size}, {params.bound} bound), {HONEST_DEVICES}; privacy: "
+                f"n' = {proto.group_size}, {params.bound} bound), {HONEST_DEVICES}{unselected}; "
+                "privacy: "
                 "ε-LDP for features and label."
             ),
             details={

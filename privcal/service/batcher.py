@@ -389,15 +389,12 @@ class ReportBatcher:
         for it in todo:
             if it.done:
                 continue
-            if it.round is not None and it.round != res.batch_round and \
-                    res.session.method == "ldp-score":
-                # a round that is no round of the session is malformed, as in a batch
-                reason = ("malformed round" if not 0 <= it.round < res.session.rounds
-                          else "closed round" if it.round < res.batch_round
-                          else "round not open")
-            elif len(other) == 1:
-                reason = next(iter(other))
+            r = it.round
+            if r is not None and r != res.batch_round and res.session.method == "ldp-score":
+                reason = ("malformed round" if not 0 <= r < res.session.rounds  # as in a batch
+                          else "closed round" if r < res.batch_round else "round not open")
             else:
-                reason = "; ".join(sorted(other)) or "rejected"
+                reason = next(iter(other)) if len(other) == 1 else "; ".join(sorted(other)) \
+                    or "rejected"
             it.answer(Outcome("rejected", reason, res.session))
 
