@@ -113,6 +113,13 @@ class _Cost(BaseModel):
             if name in data or (name == "eps" and "epsilon" in data):
                 raise TypeError(f"{type(self).__name__}: {name} given twice")
             data[name] = value
+        for field in type(self).model_fields.values():  # eps=1, epsilon=2: not "extra"
+            alias = field.validation_alias
+            given = [n for n in (alias.choices if isinstance(alias, AliasChoices) else ())
+                     if isinstance(n, str) and n in data]
+            if len(given) > 1:
+                raise InvalidInput(f"{type(self).__name__}: {' and '.join(given)} name the "
+                                   "same amount; give one")
         try:
             super().__init__(**data)
         except ValidationError as exc:  # pydantic's text spans four lines: the first problem

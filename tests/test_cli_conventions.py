@@ -276,3 +276,38 @@ def test_version_is_one_json_document_under_json() -> None:
         assert json.loads(res.stdout) == {"name": "privcal", "version": __version__}
     res = run("--version")
     assert res.exit_code == 0 and res.stdout == f"privcal, version {__version__}\n"
+
+
+def test_root_usage_errors_are_json_documents_whatever_the_order(url: str) -> None:
+    """``privcal --json --bogus`` printed text only: click's parser consumes the argument
+    list as it goes, so ``--json`` was no longer in it when the error was caught."""
+    for args in (("--json", "--bogus"), ("--bogus", "--json"), ("--json", "--db-url")):
+        err = _error_doc(run(*args), 2)
+        assert err["type"] in {"NoSuchOption", "BadOptionUsage"}, args
+        assert "--bogus" in err["message"] or "--db-url" in err["message"], args
+
+
+def test_a_group_without_its_command_is_one_line_under_json() -> None:
+    """``privcal --json budget`` put the whole help page in the error's message (stderr
+    still shows the page, for a person)."""
+    for args, names in ((("--json", "budget"), "show"), (("dataset", "--json"), "create")):
+        res = run(*args)
+        assert res.exit_code == 2, res.output
+        err = json.loads(res.stdout)["error"]
+        assert err["type"] in {"NoArgsIsHelpError", "UsageError"} and err["exit_code"] == 2
+        assert err["message"].startswith("Missing command: one of ") and names in err["message"]
+        assert "\n" not in err["message"]
+    assert json.loads(run("--json", "budget").stdout)["error"]["message"] == \
+        "Missing command: one of show."
+    res = run("budget")  # without --json: click's help page, nothing as JSON
+    assert res.exit_code == 2 and "Commands:" in res.output and not res.stdout.startswith("{")
+
+
+def test_json_and_db_url_between_a_group_and_its_command(url: str) -> None:
+    """``privcal budget --json show d`` was a usage error (no such option)."""
+    assert run("dataset", "create", "d", "--rho", "1", "--db-url", url).exit_code == 0
+    res = run("dataset", "--db-url", url, "--json", "list")
+    assert res.exit_code == 0, res.output
+    assert [d["name"] for d in json.loads(res.stdout)] == ["d"]
+    res = run("budget", "--json", "show", "d", "--db-url", url)
+    assert res.exit_code == 0 and json.loads(res.stdout)["dataset"] == "d"

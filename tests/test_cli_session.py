@@ -210,11 +210,12 @@ def test_cli_bad_batch_file_is_one_line_error(ledger: Any, tmp_path: Path) -> No
 @pytest.mark.parametrize(("rows", "reason"), [
     ([["u0", 1, 0], ["u1", 2, 0], ["u2", 0, 0], ["u3", "x", 0]],
      "malformed bit, and 1 more row too"),
-    ([["u0", 1, 0], ["u1", 0, "r"], ["u2", 0, 0]], "malformed round"),
+    ([["u0", 1, 0], ["u1", 0, "r"], ["u2", 0, 0]],
+     "malformed round (the session's rounds are 0 to 1; round 0 is open)"),
     # the first bad row, whether its value or its round is (red team 14: a later bad bit
     # was named before an earlier bad round)
     ([["u0", 1, 0], ["u1", 0, "r"], ["u2", 0, 0], ["u3", 2, 0]],
-     "malformed round, and 1 more row too"),
+     "malformed round (the session's rounds are 0 to 1; round 0 is open), and 1 more row"),
 ])
 def test_cli_batch_with_a_malformed_row_is_refused_whole(ledger: Any, tmp_path: Path,
                                                          rows: list[list[Any]],

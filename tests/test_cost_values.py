@@ -82,3 +82,17 @@ def test_a_bad_amount_is_one_line_naming_the_cost_and_field(make: object, want: 
         make()  # type: ignore[operator]
     assert str(err.value) == want
     assert isinstance(err.value, ValueError)
+
+
+def test_an_amount_given_under_both_its_names_is_refused_by_name() -> None:
+    """``PureDP(eps=1, epsilon=2)`` said "epsilon: Extra inputs are not permitted" (helper
+    126): both names are the cost's, and which one wins must not be guessed."""
+    for make, want in ((lambda: PureDP(eps=1, epsilon=2), "PureDP: eps and epsilon"),
+                       (lambda: LocalDP(eps0=1, epsilon=2), "LocalDP: eps0 and epsilon"),
+                       (lambda: ApproxDP(eps=1, epsilon=1, delta="1e-6"),
+                        "ApproxDP: eps and epsilon")):
+        with pytest.raises(InvalidInput, match=f"^{want} name the same amount; give one$"):
+            make()
+    with pytest.raises(ValueError, match="eps and epsilon name the same amount"):
+        parse_cost({"kind": "pure", "eps": "1", "epsilon": "1"})
+    assert PureDP(epsilon=2) == PureDP(eps=2) == PureDP(2)

@@ -221,7 +221,8 @@ def test_a_round_beyond_the_float_range_is_judged_not_crashed_on(accountant: Any
     assert (r.accepted, r.rejected) == (1, 3)
     assert r.reasons == {R.MALFORMED_ROUND: 3}
     head = accountant.ledger.head()
-    with pytest.raises(InvalidInput, match=r"report 1 of the batch .* malformed round, and 1 "):
+    with pytest.raises(InvalidInput, match=r"report 1 of the batch .* malformed round \(the "
+                       r"session's rounds are 0 to 1; round 0 is open\), and 1 "):
         S.submit_reports(accountant, info.id, ["e", "f", "g"], [1, 0, 1], [10**20, 0, -1],
                          strict=True)
     assert accountant.ledger.head() == head

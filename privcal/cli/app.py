@@ -39,7 +39,14 @@ def wants_json(args: Sequence[str]) -> bool:
 
 def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
     """The one JSON document a failure writes to stdout under ``--json``."""
-    if isinstance(exc, click.ClickException):
+    if isinstance(exc, click.UsageError) and exc.ctx is not None \
+            and isinstance(exc.ctx.command, click.Group) \
+            and (isinstance(exc, click.exceptions.NoArgsIsHelpError)
+                 or exc.message == "Missing command."):
+        # one line naming the commands, not the help page
+        names = exc.ctx.command.list_commands(exc.ctx)
+        message = f"Missing command: one of {', '.join(names)}."
+    elif isinstance(exc, click.ClickException):
         message = exc.format_message()
     else:
         message = str(exc)
@@ -75,12 +82,14 @@ class PrivcalGroup(click.Group):
 
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: Any) -> click.Context:
+        # read before parsing: click's parser consumes ``args`` as it goes
+        as_json = parent is None and wants_json(args)
         if parent is None:  # the root: learn --json from the whole command line first
-            extra.setdefault("obj", Settings(as_json=wants_json(args)))
+            extra.setdefault("obj", Settings(as_json=as_json))
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.ClickException as exc:
-            if parent is None and wants_json(args):
+            if as_json:
                 _write_error_document(exc, exc.exit_code)
             raise
 
@@ -202,9 +211,9 @@ json_option = click.option("--json", "as_json", is_flag=True, callback=_json_fla
 
 
 def add_common_options(cmd: click.Command) -> click.Command:
-    """Give ``cmd`` (and, for a group, nothing: its leaves get them when resolved) the
-    ``--json`` and ``--db-url`` options, so they work after the command name too."""
-    if isinstance(cmd, click.Group) or getattr(cmd, "_privcal_common", False):
+    """Give ``cmd`` — a command or a group (``privcal budget --json show``) — the ``--json``
+    and ``--db-url`` options, so they work after the command name too."""
+    if getattr(cmd, "_privcal_common", False):
         return cmd
     names = {o for p in cmd.params for o in getattr(p, "opts", [])}
     if "--json" not in names:

@@ -87,14 +87,19 @@ class _Spent:
         return has, np.where(has, self.units[at], 0)
 
 
-def _refuse_malformed(values: np.ndarray, value_reason: str, rounds: np.ndarray) -> None:
+def _refuse_malformed(values: np.ndarray, value_reason: str, rounds: np.ndarray,
+                      current: tuple[int, int]) -> None:
     """InvalidInput naming the first malformed row of a strict batch (:func:`submit_reports`)
     — ``values`` and ``rounds`` mask the rows whose value or round is malformed — if any:
-    the batch is refused whole, nothing written."""
+    the batch is refused whole, nothing written. A malformed round's message names the
+    session's rounds (``current``: the open round, the number of rounds)."""
     either = values | rounds
     if either.any():
         first = int(np.flatnonzero(either)[0])
-        reason = value_reason if values[first] else R.MALFORMED_ROUND
+        open_round, n_rounds = current
+        reason = value_reason if values[first] else (
+            f"{R.MALFORMED_ROUND} (the session's rounds are 0 to {n_rounds - 1}; "
+            f"round {open_round} is open)")
         count = int(either.sum())
         raise InvalidInput(
             f"report {first + 1} of the batch (in file order) has a {reason}"
@@ -129,7 +134,7 @@ def _candidates(ledger: Ledger, conn: Connection, row: Any, plan: Any,
     codes = P.round_codes(rounds, n, *current)
     if strict:
         _refuse_malformed(~ok, bad, np.zeros(n, dtype=bool) if codes is None
-                          else codes == P.ROUND_REASONS.index(R.MALFORMED_ROUND))
+                          else codes == P.ROUND_REASONS.index(R.MALFORMED_ROUND), current)
     if codes is not None:
         late = ok & (codes != P.ROUND_OK)
         for code, count in zip(*np.unique(codes[late], return_counts=True), strict=True):
