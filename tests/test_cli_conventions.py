@@ -311,3 +311,22 @@ def test_json_and_db_url_between_a_group_and_its_command(url: str) -> None:
     assert [d["name"] for d in json.loads(res.stdout)] == ["d"]
     res = run("budget", "--json", "show", "d", "--db-url", url)
     assert res.exit_code == 0 and json.loads(res.stdout)["dataset"] == "d"
+
+
+def test_two_different_db_urls_are_a_usage_error(tmp_path: Path) -> None:
+    """``--db-url A … --db-url B`` used the last one, silently: a charge could land in a
+    ledger the user did not mean. Two different ledgers are refused, nothing is created;
+    the same URL twice is fine."""
+    a, b = f"sqlite:///{tmp_path}/a.sqlite", f"sqlite:///{tmp_path}/b.sqlite"
+    for args in (("--db-url", a, "dataset", "create", "d", "--rho", "1", "--db-url", b),
+                 ("dataset", f"--db-url={a}", "create", "d", "--rho", "1", "--db-url", b),
+                 ("--json", "--db-url", a, "--db-url", b, "dataset", "list")):
+        res = run(*args)
+        assert res.exit_code == 2, (args, res.output)
+        assert "--db-url is given more than once, with different ledgers" in res.output
+        if "--json" in args:
+            assert json.loads(res.stdout)["error"]["type"] == "UsageError"
+    assert not list(tmp_path.glob("*.sqlite"))
+    res = run("--db-url", a, "dataset", "create", "d", "--rho", "1", "--db-url", a)
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in tmp_path.glob("*.sqlite")] == ["a.sqlite"]

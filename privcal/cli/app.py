@@ -10,13 +10,10 @@
 from __future__ import annotations
 
 import difflib
-import io
 import json
-import math
-import shutil
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,12 @@ from typing import Any
 import click
 
 from privcal import __version__
+from privcal.cli.output import cell, emit, info, json_default, table, to_jsonable
 from privcal.errors import BudgetRefused, InvalidInput, PrivcalError, check_number_text
+
+__all__ = ["AMOUNT", "FILE", "OUT_SUFFIXES", "AmountType", "Settings", "cell", "check_out",
+           "dataset_option", "emit", "info", "json_option", "main", "pass_settings", "table",
+           "to_jsonable"]
 
 
 def wants_json(args: Sequence[str]) -> bool:
@@ -35,6 +37,19 @@ def wants_json(args: Sequence[str]) -> bool:
         if a == "--json":
             return True
     return False
+
+
+def db_url_values(args: Sequence[str]) -> list[str]:
+    """Every ``--db-url`` value on the command line (before a ``--``), wherever it stands."""
+    out = []
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a.startswith("--db-url="):
+            out.append(a.partition("=")[2])
+        elif a == "--db-url" and i + 1 < len(args):
+            out.append(args[i + 1])
+    return out
 
 
 def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
@@ -62,7 +77,7 @@ def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
 
 def _write_error_document(exc: BaseException, exit_code: int) -> None:
     doc = to_jsonable(error_document(exc, exit_code))
-    sys.stdout.write(json.dumps(doc, default=_default, indent=2) + "\n")
+    sys.stdout.write(json.dumps(doc, default=json_default, indent=2) + "\n")
     sys.stdout.flush()
 
 
@@ -87,6 +102,9 @@ class PrivcalGroup(click.Group):
         if parent is None:  # the root: learn --json from the whole command line first
             extra.setdefault("obj", Settings(as_json=as_json))
         try:
+            if parent is None and len(set(db_url_values(args))) > 1:  # not "the last wins"
+                raise click.UsageError("--db-url is given more than once, with different "
+                                       "ledgers: give it once")
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.ClickException as exc:
             if as_json:
@@ -282,102 +300,6 @@ def dataset_option(required: bool = True, help: str = "The dataset (by name).") 
     """``--dataset NAME``: how every command names a dataset (completes from the ledger)."""
     return click.option("--dataset", "dataset", required=required, help=help,
                         shell_complete=complete_dataset)
-
-
-def _default(o: Any) -> Any:
-    if isinstance(o, Decimal):
-        return str(o)
-    if hasattr(o, "model_dump"):
-        return o.model_dump(mode="json")
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-def to_jsonable(data: Any) -> Any:
-    """Floats that are ±inf/NaN become "Infinity"/"-Infinity"/"NaN" strings (valid JSON)."""
-    if isinstance(data, float):
-        if math.isinf(data):
-            return "Infinity" if data > 0 else "-Infinity"
-        if math.isnan(data):
-            return "NaN"
-        return data
-    if isinstance(data, dict):
-        return {str(k): to_jsonable(v) for k, v in data.items()}
-    if isinstance(data, list | tuple):
-        return [to_jsonable(v) for v in data]
-    if hasattr(data, "model_dump"):
-        return to_jsonable(data.model_dump(mode="json"))
-    return data
-
-
-def emit(data: Any, *, as_json: bool, human: Callable[[], None] | str | None = None) -> None:
-    """Print ``data`` as one JSON document (``--json``) or call ``human`` to print for people."""
-    if as_json:
-        sys.stdout.write(json.dumps(to_jsonable(data), default=_default, indent=2) + "\n")
-    elif callable(human):
-        human()
-    elif human is not None:
-        click.echo(human)
-    else:
-        click.echo(json.dumps(to_jsonable(data), default=_default, indent=2))
-
-
-def _width() -> int:
-    """The terminal's width; not a terminal (a pipe, a file): no wrapping."""
-    if sys.stdout.isatty():
-        return max(40, shutil.get_terminal_size().columns)
-    return 100_000
-
-
-def table(rows: list[dict[str, Any]], columns: list[str] | None = None,
-          title: str | None = None) -> str:
-    """An aligned text table for people (rich): columns wrapped to the terminal's width."""
-    if not rows:
-        return "(none)"
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    cols = columns or list(rows[0])
-    t = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
-    for c in cols:
-        t.add_column(str(c), overflow="fold")
-    for r in rows:
-        t.add_row(*(cell(r.get(c, "")) for c in cols))
-    buf = io.StringIO()
-    Console(file=buf, width=_width(), color_system=None, highlight=False,
-            emoji=False, markup=False, soft_wrap=False).print(t)
-    return "\n".join(line.rstrip() for line in buf.getvalue().strip("\n").splitlines())
-
-
-def cell(value: Any) -> str:
-    """A value as people read it: no Python reprs (``None`` → ``-``, dicts as k=v, decimals
-    plain, floats in 10 significant digits, ``inf`` as ``+inf``)."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, Decimal):
-        from privcal.costs import plain
-
-        return plain(value)
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "+inf" if value > 0 else "-inf"
-        return f"{value:.10g}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={cell(v)}" for k, v in value.items()) or "-"
-    if isinstance(value, list | tuple):
-        return ", ".join(cell(v) for v in value) or "-"
-    if hasattr(value, "isoformat"):
-        return value.isoformat(sep=" ", timespec="seconds")
-    return str(value)
-
-
-def info(message: str) -> None:
-    """A message for people, on stderr (never pollutes ``--json`` output)."""
-    click.echo(message, err=True)
 
 
 @click.group(cls=PrivcalGroup, context_settings={"help_option_names": ["-h", "--help"]})
