@@ -330,3 +330,16 @@ def test_two_different_db_urls_are_a_usage_error(tmp_path: Path) -> None:
     res = run("--db-url", a, "dataset", "create", "d", "--rho", "1", "--db-url", a)
     assert res.exit_code == 0, res.output
     assert [p.name for p in tmp_path.glob("*.sqlite")] == ["a.sqlite"]
+
+
+def test_a_usage_error_listing_choices_is_one_line_under_json() -> None:
+    """click puts each choice of a missing option on a line of its own; the JSON document's
+    message is one line."""
+    for args, want in ((("--json", "token", "create"), "Missing option '--role'. Choose from: "
+                        "admin, analyst, auditor, device, agent, ingestor"),
+                       (("session", "open", "--json"), "Missing argument "
+                        "'{ldp-score|fedcp2-qq|fedcp-qq}'. Choose from: ldp-score, fedcp2-qq, "
+                        "fedcp-qq")):
+        res = run(*args)
+        assert res.exit_code == 2, res.output
+        assert json.loads(res.stdout)["error"]["message"] == want

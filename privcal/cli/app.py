@@ -61,8 +61,8 @@ def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
         # one line naming the commands, not the help page
         names = exc.ctx.command.list_commands(exc.ctx)
         message = f"Missing command: one of {', '.join(names)}."
-    elif isinstance(exc, click.ClickException):
-        message = exc.format_message()
+    elif isinstance(exc, click.ClickException):  # click lists choices on lines of their own
+        message = " ".join(exc.format_message().split())
     else:
         message = str(exc)
     err: dict[str, Any] = {"type": type(exc).__name__, "message": message,
