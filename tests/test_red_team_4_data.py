@@ -97,7 +97,12 @@ def test_other_first_rows_are_read_as_before(tmp_path: Path) -> None:
     assert read("score\n0\n1\n") == [0, 1]  # a named header stays a header
     assert read("1\n2\n3\n") == [1, 2, 3]  # headerless numbers stay data
     assert read("0.0\n1\n") == [0.0, 1.0]  # "0.0" is not pandas' header
-    assert read("1,0\n0.5,0.5\n", matrix=True) == [[1, 0], [0.5, 0.5]]  # not 0,1 in order
+    # 1,0 is a reordered frame's header (red team 16: six sets for five rows), refused;
+    # other number rows stay data
+    with pytest.raises(InvalidInput, match=PANDAS):
+        read("1,0\n0.5,0.5\n", matrix=True)
+    assert read("0.9,0.1\n0.5,0.5\n", matrix=True) == [[0.9, 0.1], [0.5, 0.5]]
+    assert read("1,1\n0.5,0.5\n", matrix=True) == [[1, 1], [0.5, 0.5]]
     assert read("0,0\n1,1\n", matrix=True) == [[0, 0], [1, 1]]
     assert read("00\n1\n") == [0, 1]
     assert read("7\n8\n", ids=True) == ["7", "8"]

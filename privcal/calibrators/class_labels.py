@@ -168,7 +168,10 @@ def column_classes(names: list[str], classes: Any, labels: Any,
       (:func:`names_are_numbers`, e.g. sklearn's header ``1,2,3``): the labels are matched
       to the names as text (:func:`label_names`), never taken as column indices.
     - Otherwise (integer labels, names that are not numbers or are 0 … k-1) the labels stay
-      column indices, and the classes are recorded only when given.
+      column indices — and the names are still the classes, recorded: a later table with
+      the same names in another order is matched by name, not read by position (red team
+      16: names dropped here, then columns ``p1,p0,p3,p2`` gave 0.28 coverage against a
+      recorded 0.9).
     """
     k = len(names)
     shown = ", ".join(names[:10]) + (", …" if k > 10 else "")
@@ -183,10 +186,7 @@ def column_classes(names: list[str], classes: Any, labels: Any,
                 f"{where}: {what}: the columns are named ({shown}) and the classes must name "
                 "exactly those columns, in any order (or leave the classes out: the column "
                 "names are the classes)")
-    if labels is None:
-        return (list(names) if classes is not None else None), labels
-    if is_text_labels(labels):
-        return list(names), labels
-    if names_are_numbers(names) and np.asarray(labels).dtype.kind in "iufO":
+    if labels is not None and not is_text_labels(labels) and names_are_numbers(names) \
+            and np.asarray(labels).dtype.kind in "iufO":
         return list(names), label_names(labels)
-    return (list(names) if classes is not None else None), labels
+    return list(names), labels

@@ -9,7 +9,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from scipy.stats import beta as beta_dist
 
-from privcal.calibrators.class_labels import encode_labels, is_text_labels
+from privcal.calibrators.class_labels import (
+    encode_labels,
+    is_text_labels,
+    label_names,
+    names_are_numbers,
+)
 from privcal.calibrators.validation import check_labels, check_lengths
 from privcal.errors import InvalidInput
 
@@ -126,6 +131,11 @@ def evaluate_sets(
     empirical coverage is at least ``lower``. Class-name labels need the release's
     ``classes``.
     """
+    if classes and not is_text_labels(labels) and names_are_numbers(classes) \
+            and np.asarray(labels).dtype.kind in "iuf":
+        # names 1,2,3: a label 1 is the class named 1, as at calibration (column_classes),
+        # not column 1 (red team 16: 0.295 reported for a true 0.905)
+        labels = label_names(labels)
     if is_text_labels(labels):
         if not classes:
             raise InvalidInput("these labels are class names, but the release records none; "

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from privcal.calibrators.class_labels import column_mismatch
+from privcal.calibrators.class_labels import column_mismatch, names_are_numbers
 from privcal.calibrators.prediction_sets import (
     lac_cut,
     prediction_sets,
@@ -233,13 +233,19 @@ def _details(release: Any) -> dict[str, Any]:
 
 
 def frame_names(probs: Any) -> list[str] | None:
-    """The column names of a pandas DataFrame whose columns are all strings; None for an
-    array or a frame with pandas' default 0 … k-1 columns (applied by position). Any other
-    frame (columns partly named, or numbered otherwise) is refused: taken by position, a
-    ``dog`` column would be read as ``cat``'s. Calibration reads a frame's names by the
-    same rule (:func:`~privcal.calibrators.class_labels.column_classes`)."""
-    cols = getattr(probs, "columns", None)
-    if cols is None or not hasattr(probs, "iloc"):
+    """The column names of a table whose columns are all strings — a pandas DataFrame, a
+    pyarrow Table or RecordBatch, a polars DataFrame (red team 16: a pyarrow Table's names
+    were dropped, its columns read by position); None for an array or a frame with pandas'
+    default 0 … k-1 columns (applied by position). Any other frame (columns partly named,
+    or numbered otherwise) is refused: taken by position, a ``dog`` column would be read as
+    ``cat``'s. Calibration reads a frame's names by the same rule
+    (:func:`~privcal.calibrators.class_labels.column_classes`)."""
+    if isinstance(probs, np.ndarray) or isinstance(probs, list | tuple):
+        return None
+    cols = getattr(probs, "column_names", None)  # pyarrow
+    if cols is None:
+        cols = getattr(probs, "columns", None)  # pandas, polars
+    if cols is None or isinstance(cols, str) or not hasattr(cols, "__iter__"):
         return None
     names = list(cols)
     if all(isinstance(c, str) for c in names):
@@ -264,8 +270,15 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
     from privcal.calibrators.prediction_sets import release_classes
 
     classes = release_classes(release)
-    if names is None and classes is not None:
-        names = frame_names(probs)
+    if names is None:
+        names = frame_names(probs)  # a frame numbered 2,0,1 is refused, names or none
+    if names is not None and classes is None and names_are_numbers(names):
+        # a header 2,0,1 (to_csv of a reordered frame): by position a column would be read
+        # as another's (red team 16: 0.30 coverage against a recorded 0.9)
+        raise InvalidInput(
+            f"{where}: its columns are numbered {', '.join(names[:6])}, not 0 … k-1 in order, "
+            f"and release {release.id} records no class names to match them to: give the "
+            "columns in the order of the calibration, without a header, or as an array")
     if classes is None or names is None:
         return probs
     missing, extra = column_mismatch(names, classes, where)
@@ -282,7 +295,7 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
     order = [names.index(c) for c in classes]
     if hasattr(probs, "iloc"):
         return probs.iloc[:, order]
-    return np.asarray(probs)[:, order]
+    return np.asarray(probs)[:, order]  # a pyarrow Table or polars frame: n×k
 
 
 def release_sets(

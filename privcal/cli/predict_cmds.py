@@ -53,13 +53,11 @@ def _load_probs(rel: Any, probs: str, columns: str | None,
                 exclude: tuple[str, ...] = ()) -> np.ndarray:
     """The --probs matrix, its columns in the release's class order: a table with a header
     is matched by column name when the release records class names (a missing or extra
-    class is an error); a headerless CSV or an array is taken by position."""
+    class is an error; a header of column numbers other than 0 … k-1 in order, without
+    names to match, is refused); a headerless CSV or an array is taken by position."""
     from privcal.calibrators.group_sets import align_columns
-    from privcal.calibrators.prediction_sets import release_classes
 
     p = load_array(probs, "probs", matrix=True, columns=columns, exclude=exclude)
-    if release_classes(rel) is None:  # no names to match: by position, as recorded
-        return p
     names = prob_column_names(probs, columns, exclude)
     return np.asarray(align_columns(rel, p, names, where=f"--probs {probs}"))
 

@@ -1,0 +1,177 @@
+"""Red team 16 (predict): prediction inputs whose columns were read by position when privcal
+had the names to match them — sets far below the recorded coverage, with no error.
+
+- F1: named columns (a DataFrame's, a CSV header's) with integer labels recorded no class
+  names, so a later table with the same names in another order was read by position
+  (0.28 coverage in Python, 0.31 on the CLI, against a recorded 0.9). The names are now
+  recorded whenever the columns carry them.
+- F2: a frame numbered 2,0,1 — refused at calibration — was read by position at predict
+  (0.30); so was a CSV header ``,2,0,1`` on the CLI. Both are refused now.
+- F3: a CSV header of column numbers other than 0,1,…,k-1 in order was read as a data row:
+  ``1,0`` (a binary model's reordered frame) sums to 1 and became a probability row (six
+  sets for five rows); ``1`` over a float column became a prediction of 1.0 (20 001
+  intervals for 20 000 rows, 0.30). Both are refused as headers now.
+- F4: a pyarrow Table's names were ignored (0.29 at predict; at calibration the sorted text
+  labels became the classes).
+- F7: integer labels for number-named classes (``1,2,3``) were read by ``evaluate`` as column
+  indices (0.295 reported for a true 0.905); they are names, as at calibration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from privcal import Accountant, Ledger
+from privcal.errors import InvalidInput
+from tests.cli_env import CliEnv
+
+
+def _data(seed: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    gen = np.random.default_rng(seed)
+    p = gen.dirichlet(np.ones(k) * 0.5, size=n)
+    u = gen.random(n)[:, None]
+    y = (u > np.cumsum(p, axis=1)).sum(axis=1)  # y ~ p: the model is calibrated
+    return p, np.minimum(y, k - 1)
+
+
+@pytest.fixture
+def acct() -> Any:
+    a = Accountant(Ledger("sqlite://"))
+    a.create_dataset("d", rho=10, allow_nonprivate=True)
+    yield a
+    a.ledger.close()
+
+
+COLS = ["cat", "dog", "bird", "fish"]
+
+
+def test_named_columns_with_integer_labels_are_matched_by_name_later(acct: Any) -> None:
+    p, y = _data(0, 2000, 4)
+    rel = acct.calibrate("split", dataset="d", probs=pd.DataFrame(p, columns=COLS), labels=y,
+                         score="lac", alpha=0.1)
+    assert rel.classes == COLS  # before: None, the names dropped
+    pt, yt = _data(1, 20000, 4)
+    good = rel.evaluate(pd.DataFrame(pt, columns=COLS), yt).coverage
+    perm = ["dog", "cat", "fish", "bird"]
+    moved = rel.evaluate(pd.DataFrame(pt, columns=COLS)[perm], yt).coverage
+    assert moved == good and good >= 0.88  # before: 0.28 for the reordered frame
+    np.testing.assert_array_equal(rel.predict_set(pd.DataFrame(pt, columns=COLS)[perm]),
+                                  rel.predict_set(pt))
+    # an array, or a frame with pandas' default columns, is taken by position as before
+    assert rel.evaluate(pt, yt).coverage == good
+
+
+def test_a_frame_numbered_out_of_order_is_refused_at_predict_too(acct: Any) -> None:
+    p, y = _data(2, 1000, 3)
+    rel = acct.calibrate("split", dataset="d", probs=p, labels=y, score="lac", alpha=0.1)
+    assert rel.classes is None
+    pt, yt = _data(3, 500, 3)
+    frame = pd.DataFrame(pt)[[2, 0, 1]]
+    with pytest.raises(InvalidInput, match="neither all class names nor pandas' default"):
+        rel.evaluate(frame, yt)  # before: 0.30, read by position
+    with pytest.raises(InvalidInput, match="neither all class names nor pandas' default"):
+        rel.predict_set(frame)
+    assert rel.evaluate(pd.DataFrame(pt), yt).coverage == rel.evaluate(pt, yt).coverage
+
+
+def test_a_pyarrow_tables_names_are_read(acct: Any) -> None:
+    p, y = _data(4, 2000, 3)
+    names = COLS[:3]
+    table = pa.table({c: p[:, j] for j, c in enumerate(names)})
+    rel = acct.calibrate("split", dataset="d", probs=table,
+                         labels=np.array(names, dtype=object)[y], score="lac", alpha=0.1)
+    assert rel.classes == names  # before: the sorted labels bird, cat, dog
+    pt, yt = _data(5, 20000, 3)
+    moved = pa.table({c: pt[:, names.index(c)] for c in ["bird", "cat", "dog"]})
+    cov = rel.evaluate(moved, yt).coverage
+    assert cov == rel.evaluate(pt, yt).coverage and cov >= 0.88  # before: 0.29
+    with pytest.raises(InvalidInput, match="has no column for the class 'dog'"):
+        rel.predict_set(pa.table({"cat": pt[:, 0], "bird": pt[:, 2], "cow": pt[:, 1]}))
+
+
+def test_integer_labels_of_number_named_classes_are_names_at_evaluate(acct: Any) -> None:
+    p, y = _data(6, 2000, 3)
+    cols = ["1", "2", "3"]
+    rel = acct.calibrate("split", dataset="d", probs=pd.DataFrame(p, columns=cols),
+                         labels=y + 1, score="lac", alpha=0.1)
+    assert rel.classes == cols
+    pt, yt = _data(7, 20000, 3)
+    as_text = rel.evaluate(pt, (yt + 1).astype(str)).coverage
+    assert rel.evaluate(pt, yt + 1).coverage == as_text >= 0.88
+    m = yt < 2  # only the classes named 1 and 2: before, read as columns 1 and 2 (0.295)
+    assert rel.evaluate(pt[m], yt[m] + 1).coverage == rel.evaluate(
+        pt[m], (yt[m] + 1).astype(str)).coverage
+    with pytest.raises(InvalidInput, match="row 0 is '0', not one of the classes"):
+        rel.evaluate(pt, np.where(np.arange(yt.size) == 0, 0, yt + 1))
+
+
+def test_cli_header_names_recorded_and_headers_of_numbers_refused(tmp_path: Path) -> None:
+    env = CliEnv(f"sqlite:///{tmp_path}/l.sqlite", tmp_path)
+    env.json("dataset", "create", "d", "--rho", "5", "--allow-nonprivate")
+    names = ["p0", "p1", "p2", "p3"]
+    p, y = _data(8, 3000, 4)
+    cal = pd.DataFrame(p, columns=names).assign(label=y)
+    cal.to_csv(tmp_path / "cal.csv", index=False)
+    pt, yt = _data(9, 20000, 4)
+    test = pd.DataFrame(pt, columns=names).assign(label=yt)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    test[["p1", "p0", "p3", "p2", "label"]].to_csv(tmp_path / "moved.csv", index=False)
+    out = env.json("calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--score", "lac",
+                   "--probs", env.f("cal.csv"), "--columns", "p0:p3", "--label-column", "label")
+    rid = str(out["release"]["id"])
+    assert out["release"]["diagnostics"]["classes"] == names  # before: none recorded
+    a = env.json("evaluate", "--release", rid, "--probs", env.f("test.csv"),
+                 "--label-column", "label")["coverage"]
+    b = env.json("evaluate", "--release", rid, "--probs", env.f("moved.csv"),
+                 "--label-column", "label")["coverage"]
+    assert a == b >= 0.88  # before: 0.31 for the reordered file
+
+    # a release without names: a header 2,0,1 (behind pandas' index column) is refused
+    np.save(tmp_path / "p.npy", p[:, :3] / p[:, :3].sum(axis=1, keepdims=True))
+    np.save(tmp_path / "y.npy", np.minimum(y, 2))
+    rid = str(env.json("calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--score",
+                       "lac", "--probs", env.f("p.npy"), "--labels",
+                       env.f("y.npy"))["release"]["id"])
+    pd.DataFrame(pt[:5, :3])[[2, 0, 1]].to_csv(tmp_path / "idx.csv")  # header ",2,0,1"
+    res = env.run("predict", "--release", rid, "--probs", env.f("idx.csv"))
+    assert res.exit_code == 1 and res.stdout == ""
+    assert "its columns are numbered 2, 0, 1, not 0 … k-1 in order" in res.stderr
+
+
+@pytest.mark.parametrize(("content", "shown"), [
+    ("1,0\n0.3,0.7\n0.6,0.4\n", "1,0"),  # to_csv of a binary frame's columns [1, 0]
+    ("2,0,1\n0.2,0.3,0.5\n", "2,0,1"),
+    ("1\n0.53\n-1.25\n", "1"),  # to_csv of a float Series named 1: a phantom prediction
+])
+def test_a_header_of_column_numbers_is_not_read_as_data(tmp_path: Path, content: str,
+                                                        shown: str) -> None:
+    from privcal.data.files import load_array
+
+    f = tmp_path / "x.csv"
+    f.write_text(content)
+    with pytest.raises(InvalidInput, match=f"its first row '{shown}' is what pandas writes"):
+        load_array(str(f), "probs", matrix=content.count(",") > 0)
+
+
+@pytest.mark.parametrize(("content", "want"), [
+    ("1\n2\n3\n", [1, 2, 3]),  # integers: any may come first
+    ("12\nA17\n", None),  # ids, read as text elsewhere: not a number after the first
+    ("0.9,0.1\n0.5,0.5\n", [[0.9, 0.1], [0.5, 0.5]]),
+    ("1,1\n0.5,0.5\n", [[1, 1], [0.5, 0.5]]),  # not each column number once
+])
+def test_other_number_first_rows_stay_data(tmp_path: Path, content: str, want: Any) -> None:
+    from privcal.data.files import load_array
+
+    f = tmp_path / "x.csv"
+    f.write_text(content)
+    if want is None:
+        assert load_array(str(f), "ids", text=True).tolist() == ["12", "A17"]
+    else:
+        got = load_array(str(f), "x", matrix=isinstance(want[0], list))
+        assert np.asarray(got).tolist() == want
