@@ -264,14 +264,14 @@ class Accountant:
             request=request,
         )
 
-    # ------------------------------------------------------------ releases
     def releases(self, dataset: str | None = None) -> list[Release]:
         """Every release (optionally of one dataset), coverage typed."""
         return releases.list_releases(self.ledger, dataset)
 
-    def release(self, release_id: int) -> Release:
-        """One release by id."""
-        return releases.get_release(self.ledger, release_id)
+    def release(self, release_id: int, *, checked: bool = True) -> Release:
+        """One release by id; ``checked`` (default): refused (AuditFailed) unless its row is
+        what its audit entry recorded (a threshold edited in the database: red team 16)."""
+        return releases.get_release(self.ledger, release_id, checked=checked)
 
     def record_release(
         self,

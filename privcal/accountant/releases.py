@@ -41,9 +41,10 @@ def list_releases(ledger: Ledger, dataset: str | None = None) -> list[Release]:
     return [Release.model_validate(r.model_dump()) for r in ledger.releases(dataset)]
 
 
-def get_release(ledger: Ledger, release_id: int) -> Release:
-    """One release by id."""
-    return Release.model_validate(ledger.release(release_id).model_dump())
+def get_release(ledger: Ledger, release_id: int, *, checked: bool = False) -> Release:
+    """One release by id; ``checked``: refused (AuditFailed) unless its row is what its audit
+    entry recorded (a release loaded to predict with: red team 16, F5)."""
+    return Release.model_validate(ledger.release(release_id, checked=checked).model_dump())
 
 
 def release_for_charge(ledger: Ledger, charge_id: int) -> Release | None:

@@ -170,7 +170,7 @@ def predict(
     from privcal.calibrators.prediction_sets import release_classes, set_labels
 
     regression = _regression_given(preds, lower_preds, upper_preds, probs)
-    rel = settings.ledger().release(release_id)
+    rel = settings.ledger().release(release_id, checked=True)  # as its audit entry recorded
     if regression:
         from privcal.calibrators.intervals import release_intervals
         from privcal.cli.interval_output import emit_intervals, load_regression_inputs

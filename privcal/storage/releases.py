@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import NotFound, check_row_id, check_text
 from privcal.storage.audit import now
+from privcal.storage.logged_rows import check_release_logged
 from privcal.storage.models import Charge, Dataset, ReleaseCharge, ReleaseKey, ReleaseRow
 from privcal.storage.records import ReleaseRecord, parse_threshold
 from privcal.storage.sessions import CollectionSession
@@ -168,9 +169,11 @@ class ReleaseStore:
             rows = s.execute(stmt.order_by(ReleaseRow.id)).all()
             return [self.release_record(r, n) for r, n in rows]
 
-    def release(self, release_id: int) -> ReleaseRecord:
+    def release(self, release_id: int, *, checked: bool = False) -> ReleaseRecord:
         """One release by id (NotFound if there is none, or if the id is outside
-        1 … :data:`MAX_STORED_ID`: :func:`stored_id`)."""
+        1 … :data:`MAX_STORED_ID`: :func:`stored_id`). ``checked``: the row must be what its
+        audit entry recorded (:func:`~privcal.storage.logged_rows.check_release_logged`,
+        AuditFailed otherwise): a release about to be used for prediction (red team 16)."""
         release_id = stored_id(release_id, "release")
         with self.read() as s:
             row = s.execute(
@@ -180,4 +183,6 @@ class ReleaseStore:
             ).first()
             if row is None:
                 raise NotFound(f"unknown release {release_id}")
+            if checked:
+                check_release_logged(s, row[0], row[1])
             return self.release_record(row[0], row[1])

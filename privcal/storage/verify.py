@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from privcal.errors import AuditFailed, InvalidInput, LedgerError
 from privcal.storage import audit
 from privcal.storage import sessions as _sessions
+from privcal.storage.logged_rows import ROW_KINDS, check_logged_row
 from privcal.storage.models import (
     AuditEntry,
     AuditHead,
@@ -104,32 +105,11 @@ def _check_queue(s: Session, backend: str, last: int,
     return rows
 
 
-@dataclass(frozen=True)
-class _RowKind:
-    """How an entry that records one ledger row (a dataset, a charge, a release) is checked:
-    the row it names must exist and be exactly what the entry recorded, once."""
-
-    id_key: str  # the entry's key naming the row
-    doc: Callable[[Any, str], dict[str, Any]]  # the row's audit document (row, dataset name)
-    deleted: str  # appended to "… is missing from the ledger"
-    edited: str  # appended to "… differs from what the log recorded"
-    named: bool = False  # the row is a dataset: its own name, also in the messages
-
-
-_ROW_KINDS: dict[str, _RowKind] = {
-    "dataset": _RowKind("dataset_id", lambda row, _name: audit.dataset_doc(row), "",
-                        " (row edited)", named=True),
-    "charge": _RowKind("charge_id", audit.charge_doc, " (row deleted)", " (row edited)"),
-    "release": _RowKind("release_id", audit.release_doc, " (row deleted)",
-                        " (threshold or another field edited)"),
-}
-
-
 @dataclass
 class _Tally:
     """What one pass over the log (chained entries, then queued ones) has seen so far."""
 
-    rows: Mapping[str, Mapping[int, Any]]  # kind → id → row, for the :data:`_ROW_KINDS`
+    rows: Mapping[str, Mapping[int, Any]]  # kind → id → row, for the ROW_KINDS
     names: dict[int, str]  # dataset id → name
     coll: dict[int, _sessions.CollectionSession]  # collection sessions by id
     sessions: _sessions.SessionTally = field(default_factory=_sessions.SessionTally)
@@ -139,7 +119,7 @@ class _Tally:
 
 
 def _check_row(kind: str) -> Callable[[_Tally, int, dict[str, Any]], None]:
-    spec = _ROW_KINDS[kind]
+    spec = ROW_KINDS[kind]
 
     def check(t: _Tally, seq: int, data: dict[str, Any]) -> None:
         rid = data.get(spec.id_key)
@@ -148,10 +128,7 @@ def _check_row(kind: str) -> Callable[[_Tally, int, dict[str, Any]], None]:
             raise AuditFailed(f"audit entry {seq}: {kind} {rid} is missing from the ledger"
                               + spec.deleted)
         name = row.name if spec.named else t.names.get(row.dataset_id, "?")
-        what = f"{kind} {rid}" + (f" ({name!r})" if spec.named else "")
-        if spec.doc(row, name) != data:
-            raise AuditFailed(f"audit entry {seq}: {what} differs from what the log recorded"
-                              + spec.edited)
+        check_logged_row(kind, f"audit entry {seq}", rid, row, name, data)
         if rid in t.logged[kind]:
             raise AuditFailed(f"audit entry {seq}: {kind} {rid} is logged twice")
         t.logged[kind][rid] = seq
@@ -186,7 +163,7 @@ def _check_migration(t: _Tally, seq: int, data: dict[str, Any]) -> None:
 #: one verifier per audit entry kind: ``check(tally, seq, data)`` raises AuditFailed naming the
 #: entry if the rows it records differ from it. A kind without an entry here fails verification.
 ENTRY_CHECKS: dict[str, Callable[[_Tally, int, dict[str, Any]], None]] = {
-    **{kind: _check_row(kind) for kind in _ROW_KINDS},
+    **{kind: _check_row(kind) for kind in ROW_KINDS},
     **{kind: partial(_check_session, kind) for kind in sorted(_sessions.SESSION_KINDS)},
     "migration": _check_migration,
 }
