@@ -13,8 +13,10 @@ is the file's internal consistency (:func:`consistency_problems`): no NaN thresh
 class names distinct and one per probability column, the coverage guarantee and the
 privacy record the ones the installed calibrator computes for the recorded parameters and
 data shape (as ``privcal audit verify`` recomputes them; the privacy record at the
-reporting δ it states, a release's only input from its dataset), and a several-level or
-Mondrian release's stored thresholds one per level and group as its wrapper records them.
+reporting δ it states, a release's only input from its dataset), a several-level or
+Mondrian release's stored thresholds one per level and group as its wrapper records them,
+and a threshold its own diagnostics give (P-COQS, ExponQ, FedCP²-QQ, each run of a wrapper
+of them: :mod:`privcal.calibrators.threshold_records`; red team 16, F6).
 To check a copy against the ledger, compare it with the ledger's record of the same id:
 ``acct.release(saved.id) == saved`` in Python (the record ``privcal release show ID
 --json`` and ``GET /v1/releases/{id}`` print), and ``privcal audit verify`` for the
@@ -108,6 +110,7 @@ def consistency_problems(rel: Any) -> list[str]:
     of that name, leaves the guarantees unchecked."""
     from privcal.accountant.record_compare import coverage_as_recorded, plain, same
     from privcal.calibrators import registry
+    from privcal.calibrators.threshold_records import threshold_problems
     from privcal.errors import PrivcalError
 
     out: list[str] = []
@@ -167,6 +170,11 @@ def consistency_problems(rel: Any) -> list[str]:
         except (PrivcalError, AttributeError, KeyError, TypeError, ValueError):
             out.append("diagnostics: not the per-level or per-group thresholds its method "
                        "records")
+    try:  # a threshold its own diagnostics contradict (red team 16: P-COQS, ExponQ edited)
+        out += threshold_problems(cal, params, shape, rel.threshold, rel.diagnostics or {})
+    except (PrivcalError, ValidationError, AttributeError, KeyError, TypeError, ValueError,
+            ArithmeticError):
+        out.append("threshold: its diagnostics are not what its method records")
     return out + _privacy_problems(cal, rel)
 
 
