@@ -120,20 +120,9 @@ from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import InvalidInput
 from privcal.storage import Ledger
 
-__all__ = [
-    "AMOUNT_PLACES",
-    "CALIBRATE_OPTIONS",
-    "Accountant",
-    "BudgetReport",
-    "ChargeReceipt",
-    "DatasetInfo",
-    "DryRun",
-    "GuaranteeReport",
-    "Release",
-    "SpentReport",
-    "SubjectChargeResult",
-    "SubjectSummary",
-]
+__all__ = ["AMOUNT_PLACES", "CALIBRATE_OPTIONS", "Accountant", "BudgetReport", "ChargeReceipt",
+           "DatasetInfo", "DryRun", "GuaranteeReport", "Release", "SpentReport",
+           "SubjectChargeResult", "SubjectSummary"]
 
 #: keyword arguments of :meth:`Accountant.calibrate` that are data or options, not parameters:
 #: the inputs of a :class:`~privcal.accountant.calibration_request.CalibrationRequest`, and
@@ -261,16 +250,15 @@ class Accountant:
         return subject_charges.charge_subjects(
             self.ledger, dataset, eps0, subject_ids, central_cost=central_cost, purpose=purpose,
             requester=requester, idempotency_key=idempotency_key, refuse_if_none=refuse_if_none,
-            request=request,
-        )
+            request=request)
 
     def releases(self, dataset: str | None = None) -> list[Release]:
         """Every release (optionally of one dataset), coverage typed."""
         return releases.list_releases(self.ledger, dataset)
 
     def release(self, release_id: int, *, checked: bool = True) -> Release:
-        """One release by id; ``checked`` (default): refused (AuditFailed) unless its row is
-        what its audit entry recorded (a threshold edited in the database: red team 16)."""
+        """One release by id; ``checked``: refused (AuditFailed) unless its row is what its
+        audit entry recorded (red team 16: a threshold edited in the database)."""
         return releases.get_release(self.ledger, release_id, checked=checked)
 
     def record_release(
@@ -331,17 +319,19 @@ class Accountant:
         distribution name and version recorded with the release. ``central_cost`` (local-DP
         methods only, e.g. the amplified (ε, δ) of a shuffled run) is charged to the dataset
         in the same transaction as the subjects; ``extra_diagnostics`` are public facts
-        (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` (local DP,
-        reports sent through a shuffler) maps the shape of the rows actually accepted to the
-        amplified (ε, δ) and its record: it is evaluated inside the charge transaction, once
-        refused subjects are known, because fewer shuffled reports amplify less. ``classes``
-        is the number of classes k of the probabilities that precomputed scores came from:
-        it is recorded in the release's shape, and ``predict_set`` refuses another k.
+        (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` and
+        ``privacy_extra`` are privcal's own (:meth:`calibrate`, ``shuffled=True``): a
+        caller's are refused, uncharged (red team 16: a made-up amplification was recorded).
+        ``classes``: the k of the probabilities precomputed scores came from (recorded in
+        the shape; ``predict_set`` refuses another k).
 
         With an ``idempotency_key`` the key binds the whole request (method, params, cost,
         public shape, subjects) and the run holds the key's lock (:meth:`Ledger.key_lock`)
         from charge to release: a concurrent retry waits and returns the one release.
         """
+        if privacy_extra is not None or shuffle is not None:
+            raise InvalidInput("privacy_extra and shuffle are privcal's: a shuffled run is "
+                               "calibrate(..., shuffled=True)")
         return calibration_run.run(
             self.ledger, calibrator, params, data, dataset=dataset, requester=requester,
             idempotency_key=idempotency_key, rng=rng, registered=registered,

@@ -58,6 +58,7 @@ from privcal.calibrators.federated_agent import (
     aggregate,
     answered_clause,
     bin_grid,
+    epsilon_text,
     fedcp2_qq_message,
     missing_agents,
     missing_clause,
@@ -172,6 +173,8 @@ class FedCP2QQ:
     """FedCP²-QQ: agents answer an ε-DP quantile on public bins, the server keeps the k_γ-th."""
 
     name: ClassVar[str] = "fedcp2-qq"
+    #: 1.5.0: the sentences state an agent's ε exactly, as charged (they said it in six
+    #: significant digits, to nearest: "10.2345" for 10.2345449; red team 16; same formula);
     #: 1.4.0: a release for the agents that answered can instead count each missing agent's
     #: message as +∞ under the published plan (``agents_planned``: no assumption on the
     #: dropout; same formula otherwise); 1.3.0: a release for the agents that answered
@@ -180,11 +183,11 @@ class FedCP2QQ:
     #: worded as what it is, record-level DP of its message, not "local DP at agent level"
     #: (red team 7; same formula); 1.1.0: the recorded guarantee states that every agent
     #: follows the protocol (red team 6; same formula as 1.0.0)
-    version: ClassVar[str] = "1.4.0"
+    version: ClassVar[str] = "1.5.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
-    legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {},
-                                                              "1.2.0": {}, "1.3.0": {}}
+    legacy_params: ClassVar[dict[str, dict[str, object]]] = {
+        "1.0.0": {}, "1.1.0": {}, "1.2.0": {}, "1.3.0": {}, "1.4.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -227,6 +230,7 @@ class FedCP2QQ:
         p = plan_for(params, shape)
         alpha = params.alpha
         old = version in ("1.0.0", "1.1.0")  # worded an agent's ε "local DP" (red team 7)
+        eps = epsilon_text(p.epsilon, version, "1.5.0")  # exact from 1.5.0 (red team 16)
         answered = answered_clause(params.level is not None, version, "1.3.0")
         if missing:
             answered = missing_clause(len(shape.group_sizes or ()), p.m)
@@ -248,7 +252,7 @@ class FedCP2QQ:
             statement=(
                 f"P(Y ∈ C(X)) ≥ {said} over all agents' data, their DP noise and the "
                 f"test point, {HONEST_AGENTS}{answered}; each agent's message is "
-                f"{p.epsilon:g}-DP w.r.t. "
+                f"{eps}-DP w.r.t. "
                 + ("its own scores" if old else "any one of its own scores (record-level)")
             ),
             details={
@@ -269,8 +273,8 @@ class FedCP2QQ:
                 "M_gamma": p.M_gamma,
                 "proof_bound": p.proof_bound,
                 "privacy": (
-                    f"each agent {p.epsilon:g}-DP w.r.t. its own scores (local DP at agent level)"
-                    if old else f"each agent's message {p.epsilon:g}-DP w.r.t. any one of its "
+                    f"each agent {eps}-DP w.r.t. its own scores (local DP at agent level)"
+                    if old else f"each agent's message {eps}-DP w.r.t. any one of its "
                     "own scores (record-level DP; not local DP of its whole data)"
                 ),
                 "top_bin": "an aggregate on the top grid point S_max is released as +inf",

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import random
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ __all__ = [
     "answered_clause",
     "bin_grid",
     "check_message",
+    "epsilon_text",
     "fedcp2_qq_message",
     "fedcp_qq_message",
     "missing_agents",
@@ -84,6 +86,17 @@ def _at_least(version: str, since: str) -> bool:
         return tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
     except ValueError:
         return False
+
+
+def epsilon_text(eps: float, version: str, since: str) -> str:
+    """An agent's ε as a release's sentences state it: exactly (its shortest decimal, as the
+    privacy record and the charge have it) from calibrator ``version`` ``since`` on; before,
+    as recorded then (six significant digits, to nearest — 10.2345449 said "10.2345", below
+    what was charged: red team 16)."""
+    if not _at_least(version, since):
+        return f"{eps:g}"
+    text = format(Decimal(repr(float(eps))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def answered_clause(pinned: bool, version: str, since: str) -> str:

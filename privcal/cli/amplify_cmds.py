@@ -13,8 +13,10 @@ from privcal.cli.app import emit, json_option, main, table
 from privcal.cli.number_types import Integer, Number
 
 
-def _fmt(x: float | None, spec: str = ".6g") -> str:
-    return "—" if x is None else format(x, spec)
+def _fmt(x: float | None) -> str:
+    """A privacy figure exactly (its shortest round-trip decimal): rounded to six digits,
+    to nearest, a δ(ε) above δ printed as "≤ δ" (red team 16)."""
+    return "—" if x is None else repr(float(x))
 
 
 @main.command("amplify")
@@ -40,7 +42,7 @@ def amplify_cmd(eps0: float, n: int, delta: float, randomizer: str, k: int | Non
             {
                 "bound": row.name,
                 "ε": _fmt(row.eps),
-                "δ(ε) re-checked": _fmt(row.delta_at_eps, ".5g"),
+                "δ(ε) re-checked": _fmt(row.delta_at_eps),
                 "certified": "yes" if row.certified else "no",
                 "note": row.reason or row.reference,
             }
@@ -49,12 +51,12 @@ def amplify_cmd(eps0: float, n: int, delta: float, randomizer: str, k: int | Non
         click.echo(table(rows))
         click.echo("")
         what = f"k-RR, k = {result.k}" if randomizer == "krr" else randomizer
-        click.echo(f"{n} shuffled reports, ε0 = {eps0:g} ({what}), δ = {delta:g}")
+        click.echo(f"{n} shuffled reports, ε0 = {_fmt(eps0)} ({what}), δ = {_fmt(delta)}")
         if result.amplified:
-            click.echo(f"chosen: {result.bound}: (ε = {result.eps:.6g}, δ = {delta:g})-DP, "
-                       f"certified (δ(ε) = {result.delta_at_eps:.5g} ≤ δ)")
+            click.echo(f"chosen: {result.bound}: (ε = {_fmt(result.eps)}, δ = {_fmt(delta)})-DP"
+                       f", certified (δ(ε) = {_fmt(result.delta_at_eps)} ≤ δ)")
         else:
-            click.echo(f"chosen: {result.bound}: ε = ε0 = {eps0:g} (pure, δ = 0)")
+            click.echo(f"chosen: {result.bound}: ε = ε0 = {_fmt(eps0)} (pure, δ = 0)")
         click.echo(f"ε0/√n = {result.heuristic_eps0_over_sqrt_n:.4g}: {result.heuristic_label}")
 
     emit(result, as_json=as_json, human=human)

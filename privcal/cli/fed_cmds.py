@@ -103,7 +103,7 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
         ]
         note = (
             f"FedCP²-QQ: guarantee coverage ≥ {1 - plan.alpha:g} (Thm 4.1); each agent "
-            f"{plan.epsilon:g}-DP w.r.t. its own scores."
+            f"{plan.epsilon!r}-DP w.r.t. its own scores."  # exact, never rounded down
         )
     return table(rows) + "\n" + note
 

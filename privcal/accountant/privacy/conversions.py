@@ -104,15 +104,18 @@ def cks20_error_bound(a: float, rho: float, delta: float) -> float:
     at most an ulp of its result, so the error is a small multiple of 1.1e−16 times the sum
     of the terms' sizes — with two terms that do not scale with them: 1/a rounded moves
     ln(1−1/a) by ~1.1e−16/(a−1) (a near 1, i.e. large ρ), and δ rounded (a subnormal δ keeps
-    few bits) moves ln(1/δ) by ≤ ulp(δ)/δ, divided by a−1. Near the bound's zero crossing
-    (ρ ≈ eδ²/2) the terms cancel, so an allowance relative to the result alone would not
-    do (red team 6: a value computed ≤ 0 there was reported 0 for a true ε > 0).
+    few bits) moves ln(1/δ) by ≤ ulp(δ)/δ, divided by a−1; ρ rounded likewise moves aρ by
+    up to a·ulp(ρ) — both at full weight, not inside the relative slack (red team 16: a
+    subnormal ρ's a·ulp(ρ), scaled by the slack, left ε 1.6e-6 relative below the truth).
+    Near the bound's zero crossing (ρ ≈ eδ²/2) the terms cancel, so an allowance relative
+    to the result alone would not do (red team 6: a value computed ≤ 0 there was reported 0
+    for a true ε > 0).
     """
     am1 = a - 1.0
     lid = -math.log(delta)
-    size = (a * rho + a * math.ulp(rho) + abs(math.log1p(-1.0 / a))
+    size = (a * rho + abs(math.log1p(-1.0 / a))
             + (lid + abs(math.log(a)) + 1.0) / am1)
-    return _CKS20_SLACK * size + (math.ulp(delta) / delta) / am1
+    return _CKS20_SLACK * size + a * math.ulp(rho) + (math.ulp(delta) / delta) / am1
 
 
 def cks20_order(rho: float, delta: float) -> float:
