@@ -194,3 +194,36 @@ def test_swapped_quantile_predictions_are_warned_about(acct: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rel.predict_interval(lower_preds=x - 0.3, upper_preds=crossed)
+
+
+def test_evaluate_tells_a_split_releases_catastrophic_shortfall_from_chance() -> None:
+    """F10: 0.31 coverage against a split release's 0.9 at n = 3000 was "probability at most
+    0.21 under it (Markov's inequality): weak evidence"; a split release's coverage is
+    Beta(r, n+1−r), under which it is ~0 — strong evidence (check the inputs)."""
+    from types import SimpleNamespace
+
+    from scipy.stats import beta
+
+    from privcal.cli.render import guarantee_verdict
+
+    def ev(u: float, lower: float) -> Any:
+        return SimpleNamespace(meets_guarantee=False, consistent_with_guarantee=False,
+                               marginal=True, coverage_upper_95=u, guaranteed_lower=lower)
+
+    split = SimpleNamespace(method="split", coverage=SimpleNamespace(rank=2701),
+                            shape={"n": 3000})
+    text = guarantee_verdict(ev(0.3148, 2701 / 3001), 0.0, split)
+    assert "Beta(2701, 300)" in text and "probability at most 0 " in text
+    assert text.endswith("strong evidence against it: check the inputs (column order, "
+                         "score, the data's distribution)")
+    # a mild shortfall at a small n: the Beta tail, smaller than Markov's, and weak
+    small = SimpleNamespace(method="split", coverage=SimpleNamespace(rank=91),
+                            shape={"n": 100})
+    text = guarantee_verdict(ev(0.88, 91 / 101), 0.0, small)
+    want = beta.cdf(0.88, 91, 10)
+    assert 0.01 < want < (1 - 91 / 101) / (1 - 0.88)
+    assert f"probability at most {want:.2g} " in text and text.endswith("weak evidence against it")
+    # another method keeps Markov's inequality
+    other = SimpleNamespace(method="exponq", coverage=SimpleNamespace(rank=None),
+                            shape={"n": 3000})
+    assert "Markov's inequality" in guarantee_verdict(ev(0.3148, 0.9), 0.0, other)

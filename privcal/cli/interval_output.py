@@ -112,7 +112,7 @@ def emit_evaluation(rel: Any, ev: Any, as_json: bool) -> None:
         else:
             click.echo(f"  mean length         {ev.mean_length:.6g}")
         click.echo(f"  median length       {ev.median_length:.6g}")
-        verdict = guarantee_verdict(ev, rel.coverage.failure_probability)
+        verdict = guarantee_verdict(ev, rel.coverage.failure_probability, rel)
         click.echo(f"  guarantee           {verdict}")
 
     emit(ev, as_json=as_json, human=human)

@@ -273,7 +273,7 @@ def evaluate(
         )
         click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
         click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
-        verdict = guarantee_verdict(ev, rel.coverage.failure_probability)
+        verdict = guarantee_verdict(ev, rel.coverage.failure_probability, rel)
         click.echo(f"  guarantee           {verdict}")
         echo_groups(ev)
 
