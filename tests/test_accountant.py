@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
+from privcal.accountant import calibration_run
 from privcal.accountant import privacy as acc
 from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
@@ -296,17 +297,22 @@ def test_run_local_dp_with_central_cost(accountant: Any, fake_calibrator: Any) -
     accountant.create_dataset("d", approx_epsilon=1, approx_delta=1e-6, subject_epsilon=4)
     cal = fake_calibrator(LocalDP(eps0=2))
     data = CalibrationInput(scores=np.arange(6.0), subjects=np.arange(6))
-    rel = accountant.run(cal, {"alpha": 0.5}, data, dataset="d",
-                         central_cost=ApproxDP(eps=0.25, delta=1e-7),
-                         extra_diagnostics={"score": "lac"})
+    with pytest.raises(InvalidInput, match="central_cost are privcal's"):  # red team 16
+        accountant.run(cal, {"alpha": 0.5}, data, dataset="d",
+                       central_cost=ApproxDP(eps=0.25, delta=1e-7))
+    assert accountant.budget("d").spent == {"epsilon": 0, "delta": 0}
+    # privcal's own run (a shuffled calibrate's) charges it with the subjects
+    rel = calibration_run.run(accountant.ledger, cal, {"alpha": 0.5}, data, dataset="d",
+                              central_cost=ApproxDP(eps=0.25, delta=1e-7),
+                              extra_diagnostics={"score": "lac"})
     assert len(rel.charge_ids) == 2 and rel.charge_id == rel.charge_ids[0]
     assert rel.privacy["central_cost"] == {"kind": "approx", "eps": "0.25", "delta": "0.0000001"}
     assert rel.diagnostics["score"] == "lac" and rel.diagnostics["n"] == 6
     assert accountant.budget("d").spent == {"epsilon": Decimal("0.25"),
                                              "delta": Decimal("0.0000001")}
     with pytest.raises(InvalidInput, match="only to local-DP"):
-        accountant.run(fake_calibrator(ZCDP(rho=0.1)), {"alpha": 0.5}, data, dataset="d",
-                       central_cost=ApproxDP(eps=0.25, delta=1e-7))
+        calibration_run.run(accountant.ledger, fake_calibrator(ZCDP(rho=0.1)), {"alpha": 0.5},
+                            data, dataset="d", central_cost=ApproxDP(eps=0.25, delta=1e-7))
     assert accountant.ledger.verify().releases == 1
 
 

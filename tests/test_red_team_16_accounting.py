@@ -42,10 +42,10 @@ def test_run_refuses_a_callers_privacy_claims_before_charging(accountant: Any) -
             "amplification": {"amplified": True, "eps": "0.0001", "delta": "1e-30",
                               "bound": "stronger-clone", "heuristic_eps0_over_sqrt_n": 0.1}}
     head = acct.ledger.head()
-    with pytest.raises(InvalidInput, match="privacy_extra and shuffle are privcal's"):
+    with pytest.raises(InvalidInput, match="privacy_extra, shuffle and central_cost are"):
         acct.run(prep.calibrator, prep.params, prep.data, dataset="d", privacy_extra=fake,
                  registered=prep.registered)
-    with pytest.raises(InvalidInput, match="privacy_extra and shuffle are privcal's"):
+    with pytest.raises(InvalidInput, match="privacy_extra, shuffle and central_cost are"):
         acct.run(prep.calibrator, prep.params, prep.data, dataset="d",
                  registered=prep.registered,
                  shuffle=lambda shape: (None, {"amplification": {"amplified": True}}))

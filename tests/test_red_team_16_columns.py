@@ -9,8 +9,9 @@ had the names to match them — sets far below the recorded coverage, with no er
   (0.30); so was a CSV header ``,2,0,1`` on the CLI. Both are refused now.
 - F3: a CSV header of column numbers other than 0,1,…,k-1 in order was read as a data row:
   ``1,0`` (a binary model's reordered frame) sums to 1 and became a probability row (six
-  sets for five rows); ``1`` over a float column became a prediction of 1.0 (20 001
-  intervals for 20 000 rows, 0.30). Both are refused as headers now.
+  sets for five rows): refused as a header now. A one-column header ``1`` over floats (a
+  phantom prediction of 1.0) cannot be told from data (``12`` then ``13.5`` is R's): it is
+  still read as a row, and the README says to name such columns.
 - F4: a pyarrow Table's names were ignored (0.29 at predict; at calibration the sorted text
   labels became the classes).
 - F7: integer labels for number-named classes (``1,2,3``) were read by ``evaluate`` as column
@@ -148,7 +149,6 @@ def test_cli_header_names_recorded_and_headers_of_numbers_refused(tmp_path: Path
 @pytest.mark.parametrize(("content", "shown"), [
     ("1,0\n0.3,0.7\n0.6,0.4\n", "1,0"),  # to_csv of a binary frame's columns [1, 0]
     ("2,0,1\n0.2,0.3,0.5\n", "2,0,1"),
-    ("1\n0.53\n-1.25\n", "1"),  # to_csv of a float Series named 1: a phantom prediction
 ])
 def test_a_header_of_column_numbers_is_not_read_as_data(tmp_path: Path, content: str,
                                                         shown: str) -> None:
@@ -162,7 +162,9 @@ def test_a_header_of_column_numbers_is_not_read_as_data(tmp_path: Path, content:
 
 @pytest.mark.parametrize(("content", "want"), [
     ("1\n2\n3\n", [1, 2, 3]),  # integers: any may come first
-    ("12\nA17\n", None),  # ids, read as text elsewhere: not a number after the first
+    ("12\n13.5\n", [12, 13.5]),  # R's or %g's predictions (review R5: refused for a while)
+    ("1\n0.53\n", [1, 0.53]),  # a header "1" is data too: it cannot be told (README)
+    ("12\nA17\n", None),  # ids, read as text
     ("0.9,0.1\n0.5,0.5\n", [[0.9, 0.1], [0.5, 0.5]]),
     ("1,1\n0.5,0.5\n", [[1, 1], [0.5, 0.5]]),  # not each column number once
 ])

@@ -150,3 +150,22 @@ def test_wrapped_runs_are_checked(accountant: Any, scores: np.ndarray) -> None:
         groups = doc["diagnostics"]["groups"]
         groups[0]["threshold"] = 0.01
     _refused(mo, group, f"group {mo.diagnostics['groups'][0]['group']}: threshold 0.01")
+
+
+def test_a_search_narrower_than_a_float_step_still_loads(accountant: Any) -> None:
+    """Review R1: past ~2.3e5 at the default tol the search's interval collapses to a point
+    ([x, x]: mid rounds to an end), which is no dyadic cell; such releases were refused as
+    edited. The check follows the search in floats; an edited threshold is still refused."""
+    acct = accountant
+    acct.create_dataset("d", rho=1)
+    g = np.random.default_rng(0)
+    f = g.uniform(1e6, 9e6, 3000)
+    y = f + g.normal(0, 5e6, 3000)
+    rel = acct.calibrate("pcoqs", dataset="d", preds=f, targets=y, score="absolute", alpha=0.1,
+                         rho=0.2, score_range=(0, 20_000_000), rng=random.Random(0))
+    left, right = rel.diagnostics["interval"]
+    assert left == right == rel.threshold  # collapsed
+    assert Release.load(rel.model_dump_json()) == rel
+    _refused(rel, _set("threshold", rel.threshold + 1), "threshold")
+    _refused(rel, lambda d: d["diagnostics"].__setitem__("interval", [left - 1, right]),
+             "diagnostics.interval")

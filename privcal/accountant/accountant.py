@@ -316,12 +316,11 @@ class Accountant:
         4. ``calibrate``; 5. append the release and its audit entry and commit. A crash
         between 3 and 5 leaves a charge without a release, never the reverse.
         ``registered`` (a :class:`privcal.calibrators.registry.Registered`) supplies the
-        distribution name and version recorded with the release. ``central_cost`` (local-DP
-        methods only, e.g. the amplified (ε, δ) of a shuffled run) is charged to the dataset
-        in the same transaction as the subjects; ``extra_diagnostics`` are public facts
-        (e.g. the score name) stored with the calibrator's diagnostics. ``shuffle`` and
-        ``privacy_extra`` are privcal's own (:meth:`calibrate`, ``shuffled=True``): a
-        caller's are refused, uncharged (red team 16: a made-up amplification was recorded).
+        distribution name and version recorded with the release. ``extra_diagnostics`` are
+        public facts (e.g. the score name) stored with the calibrator's diagnostics.
+        ``shuffle``, ``privacy_extra`` and ``central_cost`` (a shuffled run's amplified cost)
+        are privcal's own (:meth:`calibrate`, ``shuffled=True``): a caller's are refused,
+        uncharged (red team 16: a made-up amplification was recorded as the guarantee).
         ``classes``: the k of the probabilities precomputed scores came from (recorded in
         the shape; ``predict_set`` refuses another k).
 
@@ -329,9 +328,9 @@ class Accountant:
         public shape, subjects) and the run holds the key's lock (:meth:`Ledger.key_lock`)
         from charge to release: a concurrent retry waits and returns the one release.
         """
-        if privacy_extra is not None or shuffle is not None:
-            raise InvalidInput("privacy_extra and shuffle are privcal's: a shuffled run is "
-                               "calibrate(..., shuffled=True)")
+        if privacy_extra is not None or shuffle is not None or central_cost is not None:
+            raise InvalidInput("privacy_extra, shuffle and central_cost are privcal's: a "
+                               "shuffled run is calibrate(..., shuffled=True)")
         return calibration_run.run(
             self.ledger, calibrator, params, data, dataset=dataset, requester=requester,
             idempotency_key=idempotency_key, rng=rng, registered=registered,

@@ -69,24 +69,41 @@ def pcoqs(cal: Any, params: Any, shape: Any, threshold: float,
             _num(v) is not None and math.isfinite(_num(v)) for v in iv)):  # type: ignore[arg-type]
         return [f"diagnostics.interval: {iv!r:.80} is not the search's final [left, right]"]
     left, right = float(iv[0]), float(iv[1])
-    lo, hi = float(params.lower), float(params.upper)
-    for _ in range(n_steps):  # the grid cell whose right end is ``right``
-        mid = (lo + hi) / 2
-        if right <= mid:
-            hi = mid
-        else:
-            lo = mid
-    if (lo, hi) != (left, right):
+    if not _reachable(float(params.lower), float(params.upper), n_steps, left, right):
         return [f"diagnostics.interval: {iv!r:.80} is not a cell of the search's grid on "
                 f"[{params.lower}, {params.upper}] ({n_steps} steps)"]
-    backed = diag.get("backed", right < float(params.upper))
-    if backed is not (right < float(params.upper)):
+    upper = float(params.upper)
+    backed = diag.get("backed", right < upper)
+    if not isinstance(backed, bool) or (not backed and right != upper) or (
+            backed and right > upper):
         return [f"diagnostics.backed: {backed!r:.20} contradicts diagnostics.interval {iv!r:.80}"]
     want = right if backed else math.inf
     if threshold != want:
         return [f"threshold {threshold} is not the one diagnostics.interval {iv!r:.80} "
                 f"records ({want}: its right end" + ("" if backed else ", unbacked: +inf") + ")"]
     return []
+
+
+def _reachable(lower: float, upper: float, n_steps: int, left: float, right: float) -> bool:
+    """Whether P-COQS's search (``mid = (left + right) / 2``, then ``left = mid`` or ``right
+    = mid``, ``n_steps`` times, in floats) can end at [left, right]. Once the interval is
+    narrower than a float step, mid rounds to an end and the interval stops shrinking or
+    collapses to a point, so the end is not always a dyadic cell (rev R1: thresholds above
+    ~2.3e5 at the default tol were refused): every state that can still reach the end is
+    followed (left only grows, right only shrinks), at most two of them."""
+    states = {(lower, upper)}
+    for _ in range(n_steps):
+        step = set()
+        for lo, hi in states:
+            mid = (lo + hi) / 2
+            if mid >= right:
+                step.add((lo, mid))
+            if mid <= left:
+                step.add((mid, hi))
+        if not step or len(step) > 8:
+            return False
+        states = step
+    return (left, right) in states
 
 
 def exponq(cal: Any, params: Any, shape: Any, threshold: float,

@@ -17,11 +17,12 @@ Selecting data inside a file:
 - a single-array file, or a table whose columns are all wanted, needs no name.
 
 A CSV file whose first row holds any non-numeric cell has a header; otherwise its
-columns are named ``c0``, ``c1``, …. A first row that spells column numbers — ``0``;
+columns are named ``c0``, ``c1``, …. A first row that spells column numbers — ``0``, or
 0, 1, …, k-1 in any order and any plain decimal spelling (``0,1``, ``1,0``, ``2,0,1``,
-``0.0,1.0``, ``00,01``); one bare integer followed by a non-integer number (``1`` then
-``0.53``) — is pandas' header for unnamed or number-labelled columns, or data, and is
-refused: name the columns, or remove that row. Blank or whitespace-only lines before the
+``0.0,1.0``, ``00,01``) — is pandas' header for unnamed or number-labelled columns, or
+data, and is refused: name the columns, or remove that row. Any other header of numbers
+(a column named ``1``, quantile levels ``0.05,0.95``) cannot be told from data: it is read
+as a row — give files with named columns. Blank or whitespace-only lines before the
 first row are skipped; a first row that spans several lines (a quoted line break) is
 refused.
 """
@@ -63,24 +64,18 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def _index_spelling(cells: list[str], after: list[str] | None = None) -> bool:
+def _index_spelling(cells: list[str]) -> bool:
     """Whether ``cells`` spell column numbers: the header pandas writes for unnamed columns,
     or for columns labelled by integer or float class labels (sklearn's ``classes_ =
     [0., 1.]`` gives ``0.0,1.0``). Two or more cells: 0, 1, …, k-1 in any order (``0,1``,
     ``1,0`` — to_csv of a reordered frame, a binary row summing to 1 that shifted every set
     by a row: red team 16 — ``2,0,1``, ``0.0,1.0``, ``00,01``), in a plain decimal spelling
-    — exponent spellings (``np.savetxt``'s ``0.000e+00``) are data. One cell: ``0``, or a
-    bare integer followed by a number that is not one (``to_csv`` of a float column named
-    ``1``: a phantom prediction of 1.0 shifted every interval by a row) — a score or label
-    file may well start with ``0.0``, a file of integers or of ids with any of them.
-    ``after``: the next row's cells, if any."""
+    — exponent spellings (``np.savetxt``'s ``0.000e+00``) are data. One cell counts only as
+    ``0``: a column of scores, predictions or labels may start with any other number (a
+    header ``1`` over floats is read as data: name the column)."""
     cells = [c.strip() for c in cells]
     if len(cells) == 1:
-        if cells == ["0"]:
-            return True
-        nxt = after[0].strip() if after is not None and len(after) == 1 else ""
-        return bool(re.fullmatch(r"[0-9]+", cells[0]) and _is_number(nxt)
-                    and not re.fullmatch(r"[+-]?[0-9]+", nxt))
+        return cells == ["0"]
     if not all(re.fullmatch(r"[0-9]+(?:\.[0-9]*)?", c) for c in cells):
         return False
     return sorted(float(c) for c in cells) == [float(i) for i in range(len(cells))]
@@ -107,9 +102,7 @@ def _first_row_at(path: Path) -> tuple[list[str], int, int] | None:
                     raise InvalidInput(
                         f"{path}: its first row spans lines {before + 1}-{reader.line_num} "
                         "(a quoted line break): put the header or first row on one line")
-                through = reader.line_num  # before the next row is read
-                after = next((r for r in reader if r and any(c.strip() for c in r)), None)
-                if _index_spelling(row, after):
+                if _index_spelling(row):
                     shown = ",".join(row) if len(row) <= 4 else f"{row[0]},{row[1]},…,{row[-1]}"
                     raise InvalidInput(
                         f"{path}: its first row {shown!r} is what pandas writes as a header "
@@ -117,7 +110,7 @@ def _first_row_at(path: Path) -> tuple[list[str], int, int] | None:
                         "names (e.g. to_csv of a named Series/DataFrame, header 'score', "
                         "'p0,p1'; a headerless file whose first row is data: add such a "
                         "header) or remove that row")
-                return row, before, through
+                return row, before, reader.line_num
             before = reader.line_num
     return None
 
