@@ -1,10 +1,11 @@
 """Red team 16 (predict): prediction inputs whose columns were read by position when privcal
 had the names to match them — sets far below the recorded coverage, with no error.
 
-- F1: named columns (a DataFrame's, a CSV header's) with integer labels recorded no class
-  names, so a later table with the same names in another order was read by position
-  (0.28 coverage in Python, 0.31 on the CLI, against a recorded 0.9). The names are now
-  recorded whenever the columns carry them.
+- F1: named columns (a DataFrame's, a CSV header's) with integer labels recorded no names,
+  so a later table with the same names in another order was read by position (0.28
+  coverage in Python, 0.31 on the CLI, against a recorded 0.9). The names are now recorded
+  as the release's ``columns`` (not its classes: the sets stay column indices, and a model
+  whose ``classes_`` are 0 … k-1 still matches it — review R3).
 - F2: a frame numbered 2,0,1 — refused at calibration — was read by position at predict
   (0.30); so was a CSV header ``,2,0,1`` on the CLI. Both are refused now.
 - F3: a CSV header of column numbers other than 0,1,…,k-1 in order was read as a data row:
@@ -15,7 +16,9 @@ had the names to match them — sets far below the recorded coverage, with no er
 - F4: a pyarrow Table's names were ignored (0.29 at predict; at calibration the sorted text
   labels became the classes).
 - F7: integer labels for number-named classes (``1,2,3``) were read by ``evaluate`` as column
-  indices (0.295 reported for a true 0.905); they are names, as at calibration.
+  indices (0.295 reported for a true 0.905); they are names when the calibration read them
+  as names (``diagnostics.label_names``), indices when it did not (``--classes 1,2,3`` with
+  index labels: review R2).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def test_named_columns_with_integer_labels_are_matched_by_name_later(acct: Any) 
     p, y = _data(0, 2000, 4)
     rel = acct.calibrate("split", dataset="d", probs=pd.DataFrame(p, columns=COLS), labels=y,
                          score="lac", alpha=0.1)
-    assert rel.classes == COLS  # before: None, the names dropped
+    assert rel.classes is None and rel.diagnostics["columns"] == COLS  # before: dropped
     pt, yt = _data(1, 20000, 4)
     good = rel.evaluate(pd.DataFrame(pt, columns=COLS), yt).coverage
     perm = ["dog", "cat", "fish", "bird"]
@@ -102,7 +105,7 @@ def test_integer_labels_of_number_named_classes_are_names_at_evaluate(acct: Any)
     cols = ["1", "2", "3"]
     rel = acct.calibrate("split", dataset="d", probs=pd.DataFrame(p, columns=cols),
                          labels=y + 1, score="lac", alpha=0.1)
-    assert rel.classes == cols
+    assert rel.classes == cols and rel.diagnostics["label_names"] is True
     pt, yt = _data(7, 20000, 3)
     as_text = rel.evaluate(pt, (yt + 1).astype(str)).coverage
     assert rel.evaluate(pt, yt + 1).coverage == as_text >= 0.88
@@ -127,7 +130,8 @@ def test_cli_header_names_recorded_and_headers_of_numbers_refused(tmp_path: Path
     out = env.json("calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--score", "lac",
                    "--probs", env.f("cal.csv"), "--columns", "p0:p3", "--label-column", "label")
     rid = str(out["release"]["id"])
-    assert out["release"]["diagnostics"]["classes"] == names  # before: none recorded
+    assert out["release"]["diagnostics"]["columns"] == names  # before: none recorded
+    assert "classes" not in out["release"]["diagnostics"]
     a = env.json("evaluate", "--release", rid, "--probs", env.f("test.csv"),
                  "--label-column", "label")["coverage"]
     b = env.json("evaluate", "--release", rid, "--probs", env.f("moved.csv"),
@@ -229,3 +233,68 @@ def test_evaluate_tells_a_split_releases_catastrophic_shortfall_from_chance() ->
     other = SimpleNamespace(method="exponq", coverage=SimpleNamespace(rank=None),
                             shape={"n": 3000})
     assert "Markov's inequality" in guarantee_verdict(ev(0.3148, 0.9), 0.0, other)
+
+
+def test_index_labels_of_classes_given_by_name_stay_indices_at_evaluate(acct: Any) -> None:
+    """Review R2: with ``classes=["1","2","3"]`` given for an array and index labels 0..2
+    (indices, as the README says), evaluate read integer labels as names: 0.30 reported on
+    the rows labelled 1 and 2 for a true 0.90, all labels refused."""
+    p, y = _data(12, 2000, 3)
+    rel = acct.calibrate("split", dataset="d", probs=p, labels=y, classes=["1", "2", "3"],
+                         score="lac", alpha=0.1)
+    assert rel.classes == ["1", "2", "3"] and "label_names" not in rel.diagnostics
+    pt, yt = _data(13, 20000, 3)
+    truth = float(rel.predict_set(pt)[np.arange(yt.size), yt].mean())
+    assert rel.evaluate(pt, yt).coverage == truth >= 0.88
+    m = yt > 0
+    assert rel.evaluate(pt[m], yt[m]).coverage == float(
+        rel.predict_set(pt[m])[np.arange(int(m.sum())), yt[m]].mean())
+    assert rel.evaluate(pt, np.array(["1", "2", "3"], dtype=object)[yt]).coverage == truth
+
+
+def test_a_model_whose_classes_are_the_indices_matches_a_release_of_named_columns(
+        acct: Any) -> None:
+    """Review R3: a release calibrated on columns p0, p1, p2 with index labels recorded the
+    names as its classes for a while, so ``from_release`` refused the very model (classes_
+    0, 1, 2) that made the columns, and sets printed p1 instead of 1."""
+    from privcal.estimators import PrivateConformalClassifier
+    from tests.test_estimators import SoftmaxModel
+
+    x = np.random.default_rng(14).normal(size=2000)
+    model = SoftmaxModel([0, 1, 2])
+    probs = model.predict_proba(x)
+    y = (np.random.default_rng(15).random(2000)[:, None] > np.cumsum(probs, axis=1)).sum(1)
+    rel = acct.calibrate("split", dataset="d", probs=pd.DataFrame(probs, columns=["p0", "p1",
+                                                                                   "p2"]),
+                         labels=np.minimum(y, 2), score="lac", alpha=0.1)
+    clf = PrivateConformalClassifier.from_release(model, rel)
+    np.testing.assert_array_equal(clf.predict_set(x[:50])[1][:, :, 0],  # MAPIE: n × k × levels
+                                  rel.predict_set(probs[:50]))
+    assert all(isinstance(c, int) for s in rel.predict_labels(probs[:50]) for c in s)
+
+
+def test_a_saved_release_with_bad_column_names_is_refused(acct: Any) -> None:
+    """The recorded column names decide how predict reads a table: a saved file whose names
+    are not one per column, distinct text — or that names both columns and classes — is
+    refused on load."""
+    import json
+
+    from privcal import Release
+
+    p, y = _data(16, 500, 4)
+    rel = acct.calibrate("split", dataset="d", probs=pd.DataFrame(p, columns=COLS), labels=y,
+                         score="lac", alpha=0.1)
+    assert Release.load(rel.model_dump_json()) == rel
+    for names, match in ((COLS[:3], "diagnostics.columns names 3 columns, but the release "
+                                    "was calibrated on k = 4"),
+                         (["cat", "cat", "dog", "fish"], "diagnostics.columns names a column "
+                                                         "twice"),
+                         ([1, 2, 3, 4], "diagnostics.columns is not a list of column names")):
+        doc = json.loads(rel.model_dump_json())
+        doc["diagnostics"]["columns"] = names
+        with pytest.raises(InvalidInput, match=match):
+            Release.load(json.dumps(doc))
+    doc = json.loads(rel.model_dump_json())
+    doc["diagnostics"]["classes"] = COLS
+    with pytest.raises(InvalidInput, match=r"diagnostics\.columns and diagnostics\.classes"):
+        Release.load(json.dumps(doc))

@@ -90,6 +90,10 @@ def calibrate(
             **({"score": prep.score} if prep.score else {}),
             # public metadata: the class names in probability-column order
             **({"classes": prep.classes} if prep.classes is not None else {}),
+            # the columns' own names, to match a later table by (red team 16), and whether
+            # integer labels are class names (a header 1,2,3), for evaluate
+            **({"columns": prep.columns} if prep.columns is not None else {}),
+            **({"label_names": True} if prep.label_names else {}),
             # the public score range the method was told, where it came from, and what
             # happens to scores outside it (never clipped)
             **({"score_range": prep.score_range} if prep.score_range is not None else {}),

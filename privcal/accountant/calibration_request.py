@@ -63,6 +63,10 @@ class CalibrationRequest(BaseModel):
     probs: Any = Field(default=None, description="n×k probabilities")
     labels: Any = Field(default=None, description="labels: class indices, or class names")
     classes: Any = Field(default=None, description="class names of the probability columns")
+    column_names: Any = Field(
+        default=None, description="the probability columns' own names (a table's header), "
+        "when they are not the classes: recorded so that predict matches a later table's "
+        "columns by name, never by position")
     agents: Any = Field(default=None, description="the agent of every score (federated)")
     subjects: Any = Field(default=None, description="the subject of every row (local DP)")
     preds: Any = Field(default=None, description="regression predictions f(x) (score absolute)")

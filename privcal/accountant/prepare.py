@@ -66,6 +66,10 @@ class Prepared:
     classes: list[str] | None = None
     #: the public score range the method was told, and its source (methods with a range only)
     score_range: dict[str, Any] | None = None
+    #: the probability columns' own names when they are not the classes (red team 16), and
+    #: whether the labels were read as class names (integer labels then too, at evaluate)
+    columns: list[str] | None = None
+    label_names: bool = False
 
     @property
     def calibrator(self) -> Calibrator:
@@ -155,11 +159,19 @@ def prepare(
     score_record: dict[str, Any] | None = None
     names: list[str] | None = None
     classes = req.classes
-    if (columns := frame_names(probs)) is not None:
+    columns = req.column_names
+    if columns is not None and probs is None:
+        raise InvalidInput("column_names names the probability columns: give probs")
+    if (framed := frame_names(probs)) is not None:
         # a DataFrame's column names are the classes, as at predict time (align_columns)
+        if columns is not None and list(columns) != framed:
+            raise InvalidInput("column_names: the table's own column names are "
+                               f"{', '.join(framed[:6])}: give one or the other")
+        columns = framed
         classes, labels = column_classes(columns, classes, labels)
         probs = np.asarray(probs)
-    if classes is not None or is_text_labels(labels):
+    label_names = is_text_labels(labels)  # names (integer labels then too, at evaluate)
+    if classes is not None or label_names:
         if probs is None or labels is None:
             raise InvalidInput("class names label probability columns: give --probs and --labels")
         pshape = np.shape(probs)
@@ -257,7 +269,10 @@ def prepare(
         if index is not None:
             shape = DataShape(n=n, k=k, group_sizes=tuple(
                 int(c) for c in np.bincount(index, minlength=len(group_names or ()))))
-    return Prepared(reg, p, data, shape, score_record, names, ranged)
+    if columns is not None:  # names to match a later table by (not the classes: recorded)
+        columns = check_classes(columns, np.shape(probs)[1], "column_names")
+    return Prepared(reg, p, data, shape, score_record, names, ranged,
+                    columns if names is None else None, bool(label_names and names))
 
 
 def check_score_request(cal: Calibrator, req: CalibrationRequest, k: int | None) -> None:

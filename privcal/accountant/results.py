@@ -348,11 +348,17 @@ class Release(ReleaseRecord):
         for a Mondrian release also ``by_group``, each group against its own bound).
 
         ``labels`` are column indices, or class names when the release records them."""
-        from privcal.calibrators.evaluation import evaluate_sets, is_marginal
+        from privcal.calibrators.evaluation import (
+            evaluate_sets,
+            is_marginal,
+            labels_as_calibrated,
+        )
         from privcal.calibrators.group_sets import evaluate_wrapped, is_wrapped
 
         sets = self.predict_set(probs, score_name=score_name, rng=rng, alpha=alpha,
                                 groups=groups)
+        labels = labels_as_calibrated(labels, self.classes,
+                                      (self.diagnostics or {}).get("label_names") is True)
         if is_wrapped(self.method):
             return evaluate_wrapped(self, sets, labels, alpha=alpha, groups=groups,
                                     classes=self.classes)

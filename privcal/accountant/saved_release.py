@@ -117,16 +117,22 @@ def consistency_problems(rel: Any) -> list[str]:
     if math.isnan(rel.threshold):
         out.append("threshold is NaN")
     out += _nan_thresholds(rel.diagnostics or {})
-    classes = (rel.diagnostics or {}).get("classes")
     k = (rel.shape or {}).get("k")
-    if classes is not None:
-        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-            out.append("diagnostics.classes is not a list of class names")
-        elif len(set(classes)) != len(classes):
-            out.append("diagnostics.classes names a class twice")
-        elif isinstance(k, int) and len(classes) != k:
-            out.append(f"diagnostics.classes names {len(classes)} classes, but the release "
-                       f"was calibrated on k = {k} probability columns")
+    for key in ("classes", "columns"):  # the names predict matches a table's columns to
+        names = (rel.diagnostics or {}).get(key)
+        if names is None:
+            continue
+        what = "class" if key == "classes" else "column"
+        if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
+            out.append(f"diagnostics.{key} is not a list of {what} names")
+        elif len(set(names)) != len(names):
+            out.append(f"diagnostics.{key} names a {what} twice")
+        elif isinstance(k, int) and len(names) != k:
+            out.append(f"diagnostics.{key} names {len(names)} {key}, but the release was "
+                       f"calibrated on k = {k} probability columns")
+    if (rel.diagnostics or {}).get("columns") is not None and \
+            (rel.diagnostics or {}).get("classes") is not None:
+        out.append("diagnostics.columns and diagnostics.classes: one names the columns")
     try:
         reg = registry.get(rel.method)
     except PrivcalError:

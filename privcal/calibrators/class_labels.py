@@ -39,26 +39,28 @@ def is_text_labels(labels: Any) -> bool:
     return arr.dtype.kind == "O" and arr.ndim == 1 and any(isinstance(v, str) for v in arr)
 
 
-def check_classes(classes: Any, k: int | None) -> list[str]:
+def check_classes(classes: Any, k: int | None, field: str = "classes") -> list[str]:
     """``k`` distinct, non-empty class names, in probability-column order, each storable text
     (:func:`~privcal.errors.check_text`: valid Unicode, no NUL, at most
-    :data:`MAX_CLASS_NAME` characters)."""
+    :data:`MAX_CLASS_NAME` characters); ``field`` names the input in the messages
+    (``column_names``: the columns' own names)."""
     if isinstance(classes, str) or not hasattr(classes, "__iter__"):
-        raise InvalidInput("classes must be a list of class names, in probability-column order")
+        raise InvalidInput(f"{field} must be a list of names, in probability-column order")
     names = list(classes)
     if not all(isinstance(c, str) and c.strip() for c in names):
-        raise InvalidInput("classes must be non-empty strings (the class names)")
+        raise InvalidInput(f"{field} must be non-empty strings (the names)")
     for j, c in enumerate(names):
         # stored in the release as text (canonical JSON, every backend): a lone surrogate
         # (a non-UTF-8 byte in argv), a NUL or an overlong name is refused here, before
         # anything is charged (red team 5: charged, then a traceback in the release's JSON)
-        check_text(c, f"classes: the name of column {j}", limit=MAX_CLASS_NAME)
+        check_text(c, f"{field}: the name of column {j}", limit=MAX_CLASS_NAME)
     if len(set(names)) != len(names):
         dup = next(c for c in names if names.count(c) > 1)
-        raise InvalidInput(f"classes: {dup!r} is named twice")
+        raise InvalidInput(f"{field}: {dup!r} is named twice")
     if k is not None and len(names) != k:
-        raise InvalidInput(f"{len(names)} class names given, but the probabilities have "
-                           f"{k} columns")
+        raise InvalidInput(f"{len(names)} {'class ' if field == 'classes' else ''}names "
+                           f"given{'' if field == 'classes' else ' in ' + field}, but the "
+                           f"probabilities have {k} columns")
     return names
 
 
@@ -168,10 +170,9 @@ def column_classes(names: list[str], classes: Any, labels: Any,
       (:func:`names_are_numbers`, e.g. sklearn's header ``1,2,3``): the labels are matched
       to the names as text (:func:`label_names`), never taken as column indices.
     - Otherwise (integer labels, names that are not numbers or are 0 … k-1) the labels stay
-      column indices — and the names are still the classes, recorded: a later table with
-      the same names in another order is matched by name, not read by position (red team
-      16: names dropped here, then columns ``p1,p0,p3,p2`` gave 0.28 coverage against a
-      recorded 0.9).
+      column indices, and the classes are recorded only when given; the caller records the
+      names as the release's ``columns`` (red team 16: they were dropped, then columns
+      ``p1,p0,p3,p2`` were read by position, 0.28 coverage against a recorded 0.9).
     """
     k = len(names)
     shown = ", ".join(names[:10]) + (", …" if k > 10 else "")
@@ -186,7 +187,10 @@ def column_classes(names: list[str], classes: Any, labels: Any,
                 f"{where}: {what}: the columns are named ({shown}) and the classes must name "
                 "exactly those columns, in any order (or leave the classes out: the column "
                 "names are the classes)")
-    if labels is not None and not is_text_labels(labels) and names_are_numbers(names) \
-            and np.asarray(labels).dtype.kind in "iufO":
+    if labels is None:
+        return (list(names) if classes is not None else None), labels
+    if is_text_labels(labels):
+        return list(names), labels
+    if names_are_numbers(names) and np.asarray(labels).dtype.kind in "iufO":
         return list(names), label_names(labels)
-    return list(names), labels
+    return (list(names) if classes is not None else None), labels

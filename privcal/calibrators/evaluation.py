@@ -12,13 +12,14 @@ from scipy.stats import beta as beta_dist
 from privcal.calibrators.class_labels import (
     encode_labels,
     is_text_labels,
-    label_names,
     names_are_numbers,
 )
+from privcal.calibrators.class_labels import label_names as _label_names
 from privcal.calibrators.validation import check_labels, check_lengths
 from privcal.errors import InvalidInput
 
-__all__ = ["Evaluation", "GroupCoverage", "evaluate_sets", "evaluation_note", "is_marginal"]
+__all__ = ["Evaluation", "GroupCoverage", "evaluate_sets", "evaluation_note", "is_marginal",
+           "labels_as_calibrated"]
 
 
 class GroupCoverage(BaseModel):
@@ -120,6 +121,18 @@ def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tup
     return out
 
 
+def labels_as_calibrated(labels: Any, classes: list[str] | None, label_names: bool) -> Any:
+    """Held-out labels read as the calibration read its labels. ``label_names``: they were
+    class names (``diagnostics.label_names``) — then integer labels of number-named classes
+    (a header ``1,2,3``) are names too: a label 1 is the class named 1, not column 1 (red
+    team 16: 0.295 reported for a true 0.905); else integer labels are column indices, as
+    calibrated (``--classes 1,2,3`` with index labels: review R2)."""
+    if label_names and classes and not is_text_labels(labels) \
+            and names_are_numbers(classes) and np.asarray(labels).dtype.kind in "iuf":
+        return _label_names(labels)
+    return labels
+
+
 def evaluate_sets(
     sets: np.ndarray, labels: Any, lower: float, *, classes: list[str] | None = None,
     marginal: bool = False,
@@ -129,13 +142,9 @@ def evaluate_sets(
     ``consistent_with_guarantee`` asks whether the test sample could come from a
     coverage ≥ lower: the one-sided 95% Clopper–Pearson upper bound of the
     empirical coverage is at least ``lower``. Class-name labels need the release's
-    ``classes``.
+    ``classes`` (:func:`labels_as_calibrated` first, for integer labels of number-named
+    classes).
     """
-    if classes and not is_text_labels(labels) and names_are_numbers(classes) \
-            and np.asarray(labels).dtype.kind in "iuf":
-        # names 1,2,3: a label 1 is the class named 1, as at calibration (column_classes),
-        # not column 1 (red team 16: 0.295 reported for a true 0.905)
-        labels = label_names(labels)
     if is_text_labels(labels):
         if not classes:
             raise InvalidInput("these labels are class names, but the release records none; "

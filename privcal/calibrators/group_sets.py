@@ -259,17 +259,23 @@ def frame_names(probs: Any) -> list[str] | None:
 
 def align_columns(release: Any, probs: Any, names: list[str] | None = None,
                   where: str = "probs") -> Any:
-    """``probs`` with its columns in the order of the release's class names.
+    """``probs`` with its columns in the order of the release's class names — or of its
+    ``columns``, the names its probability columns had when they were not the classes
+    (integer labels with a header ``p0,…,p9``: red team 16, read by position before).
 
-    When the release records class names and the probability columns are named — ``names``
-    (e.g. a CSV/parquet header), or a pandas DataFrame's string columns — the columns are
-    selected by name: every recorded class must be a column and every column a recorded
-    class, else one-line :class:`InvalidInput`. Otherwise (no recorded names, or columns
-    without names: an array, a headerless CSV) the columns are taken by position.
+    When the release records such names and the probability columns are named — ``names``
+    (e.g. a CSV/parquet header), or a table's string columns — the columns are selected by
+    name: every recorded name must be a column and every column a recorded name, else
+    one-line :class:`InvalidInput`. Otherwise (no recorded names, or columns without names:
+    an array, a headerless CSV) the columns are taken by position.
     """
     from privcal.calibrators.prediction_sets import release_classes
 
     classes = release_classes(release)
+    recorded = (release.diagnostics or {}).get("columns") if classes is None else None
+    kind = "classes"
+    if isinstance(recorded, list) and all(isinstance(c, str) for c in recorded):
+        classes, kind = list(recorded), "column names"
     if names is None:
         names = frame_names(probs)  # a frame numbered 2,0,1 is refused, names or none
     if names is not None and classes is None and names_are_numbers(names):
@@ -284,9 +290,11 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
     missing, extra = column_mismatch(names, classes, where)
     if missing or extra:
         what = (f"has no column for the class {missing[0]!r}" if missing
-                else f"has a column {extra[0]!r} that is not a class")
+                else f"has a column {extra[0]!r} that is not a class") if kind == "classes" \
+            else (f"has no column {missing[0]!r}" if missing
+                  else f"has a column {extra[0]!r} the calibration's table did not have")
         raise InvalidInput(
-            f"{where} {what}: release {release.id} records the classes "
+            f"{where} {what}: release {release.id} records the {kind} "
             f"{', '.join(classes)} and its columns are matched by name "
             f"(got: {', '.join(names)}); name the columns by class, or give them without "
             "names (an array, a CSV without a header) to take them by position")

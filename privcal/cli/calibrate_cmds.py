@@ -39,6 +39,7 @@ from privcal.cli.method_options import (
 )
 from privcal.cli.render import render_dry_run, render_release
 from privcal.data.files import load_array
+from privcal.data.label_columns import header_names
 from privcal.errors import InvalidInput
 
 
@@ -111,6 +112,10 @@ def _make_calibrate_command(name: str) -> click.Command:
         }
         arrays["classes"] = class_names(kw.get("classes"), kw.get("probs"), columns,
                                      label_column, arrays["labels"], shape_only)
+        # a header that does not name the classes is recorded as the columns' names, so
+        # that predict matches a later table by name (red team 16: read by position)
+        arrays["column_names"] = None if arrays["classes"] is not None else header_names(
+            kw.get("probs"), columns, label_column)
         check_id_count(kw.get("subjects"), arrays["subjects"], arrays, "subject ids")
         check_id_count(kw.get("agent_of"), arrays["agents"], arrays, "agent ids")
         acct = settings.accountant()

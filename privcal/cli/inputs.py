@@ -74,7 +74,8 @@ def check_id_count(spec: str | None, ids: Any, arrays: dict[str, Any], what: str
     if spec is None or ids is None or not spec.lower().endswith(".csv"):
         return
     rows = [int(np.shape(a)[0]) for k, a in arrays.items()
-            if k not in ("subjects", "agents", "classes") and a is not None and np.ndim(a) >= 1]
+            if k not in ("subjects", "agents", "classes", "column_names") and a is not None
+            and np.ndim(a) >= 1]
     if not rows or int(np.shape(ids)[0]) != rows[0] - 1:
         return
     names = column_names(spec)

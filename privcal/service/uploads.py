@@ -277,6 +277,8 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
     # `classes` must name the same columns (their order is recorded), name labels match it
     out["classes"], labels = header_classes(
         names, out["classes"], None if shape_only else out["labels"], f"probs {specs.get('probs')}")
+    if out["classes"] is None and names is not None:  # matched by name at predict (red team 16)
+        out["column_names"] = names
     if not shape_only:
         out["labels"] = labels
     return out
