@@ -116,10 +116,11 @@ def consistency_problems(rel: Any) -> list[str]:
     out: list[str] = []
     if math.isnan(rel.threshold):
         out.append("threshold is NaN")
-    out += _nan_thresholds(rel.diagnostics or {})
+    diag = rel.diagnostics or {}
+    out += _nan_thresholds(diag)
     k = (rel.shape or {}).get("k")
     for key in ("classes", "columns"):  # the names predict matches a table's columns to
-        names = (rel.diagnostics or {}).get(key)
+        names = diag.get(key)
         if names is None:
             continue
         what = "class" if key == "classes" else "column"
@@ -130,8 +131,7 @@ def consistency_problems(rel: Any) -> list[str]:
         elif isinstance(k, int) and len(names) != k:
             out.append(f"diagnostics.{key} names {len(names)} {key}, but the release was "
                        f"calibrated on k = {k} probability columns")
-    if (rel.diagnostics or {}).get("columns") is not None and \
-            (rel.diagnostics or {}).get("classes") is not None:
+    if diag.get("columns") is not None and diag.get("classes") is not None:
         out.append("diagnostics.columns and diagnostics.classes: one names the columns")
     try:
         reg = registry.get(rel.method)
@@ -172,12 +172,12 @@ def consistency_problems(rel: Any) -> list[str]:
                        f"{recomputed.get(key)!r:.120}")
     if hasattr(cal, "check_record"):  # a levels/Mondrian wrapper: its stored thresholds
         try:
-            out += cal.check_record(params, shape, rel.threshold, rel.diagnostics or {})
+            out += cal.check_record(params, shape, rel.threshold, diag)
         except (PrivcalError, AttributeError, KeyError, TypeError, ValueError):
             out.append("diagnostics: not the per-level or per-group thresholds its method "
                        "records")
     try:  # a threshold its own diagnostics contradict (red team 16: P-COQS, ExponQ edited)
-        out += threshold_problems(cal, params, shape, rel.threshold, rel.diagnostics or {})
+        out += threshold_problems(cal, params, shape, rel.threshold, diag)
     except (PrivcalError, ValidationError, AttributeError, KeyError, TypeError, ValueError,
             ArithmeticError):
         out.append("threshold: its diagnostics are not what its method records")

@@ -12,9 +12,9 @@ from scipy.stats import beta as beta_dist
 from privcal.calibrators.class_labels import (
     encode_labels,
     is_text_labels,
+    label_names,
     names_are_numbers,
 )
-from privcal.calibrators.class_labels import label_names as _label_names
 from privcal.calibrators.validation import check_labels, check_lengths
 from privcal.errors import InvalidInput
 
@@ -121,15 +121,15 @@ def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tup
     return out
 
 
-def labels_as_calibrated(labels: Any, classes: list[str] | None, label_names: bool) -> Any:
-    """Held-out labels read as the calibration read its labels. ``label_names``: they were
+def labels_as_calibrated(labels: Any, classes: list[str] | None, as_names: bool) -> Any:
+    """Held-out labels read as the calibration read its labels. ``as_names``: they were
     class names (``diagnostics.label_names``) — then integer labels of number-named classes
     (a header ``1,2,3``) are names too: a label 1 is the class named 1, not column 1 (red
     team 16: 0.295 reported for a true 0.905); else integer labels are column indices, as
     calibrated (``--classes 1,2,3`` with index labels: review R2)."""
-    if label_names and classes and not is_text_labels(labels) \
+    if as_names and classes and not is_text_labels(labels) \
             and names_are_numbers(classes) and np.asarray(labels).dtype.kind in "iuf":
-        return _label_names(labels)
+        return label_names(labels)
     return labels
 
 

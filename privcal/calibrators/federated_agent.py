@@ -45,6 +45,7 @@ from pydantic import Field
 from privcal.calibrators.base import default_rng
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, FedPlanUnequal
 from privcal.calibrators.mechanisms.exponential import exponential_quantile, grid
+from privcal.calibrators.versions import at_least, clause_since
 from privcal.errors import InvalidInput, PlanRejected
 
 __all__ = [
@@ -79,21 +80,12 @@ ANSWERED_AT_RANDOM = ("the agents that answered not chosen by their data (which 
                       "lower the coverage)")
 
 
-def _at_least(version: str, since: str) -> bool:
-    """``version`` ≥ ``since``; a version that is not dotted integers is not (red team 15:
-    "x.y" gave a bare ValueError)."""
-    try:
-        return tuple(map(int, version.split("."))) >= tuple(map(int, since.split(".")))
-    except ValueError:
-        return False
-
-
 def epsilon_text(eps: float, version: str, since: str) -> str:
     """An agent's ε as a release's sentences state it: exactly (its shortest decimal, as the
     privacy record and the charge have it) from calibrator ``version`` ``since`` on; before,
     as recorded then (six significant digits, to nearest — 10.2345449 said "10.2345", below
     what was charged: red team 16)."""
-    if not _at_least(version, since):
+    if not at_least(version, since):
         return f"{eps:g}"
     text = format(Decimal(repr(float(eps))), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
@@ -102,7 +94,7 @@ def epsilon_text(eps: float, version: str, since: str) -> str:
 def answered_clause(pinned: bool, version: str, since: str) -> str:
     """``"; " + ANSWERED_AT_RANDOM`` for a release whose answer level is ``pinned``, from
     calibrator version ``since`` on (older releases recorded no such clause), else ``""``."""
-    return f"; {ANSWERED_AT_RANDOM}" if pinned and _at_least(version, since) else ""
+    return clause_since(ANSWERED_AT_RANDOM, version, since) if pinned else ""
 
 
 def missing_agents(planned: int | None, sizes: tuple[int, ...] | None, version: str,
@@ -112,7 +104,7 @@ def missing_agents(planned: int | None, sizes: tuple[int, ...] | None, version: 
     older version that has it is refused (red team 15: a relabelled copy loaded)."""
     if planned is None:
         return 0
-    if not _at_least(version, since):
+    if not at_least(version, since):
         raise InvalidInput(f"{name} {version} has no parameter agents_planned (it exists from "
                            f"{since} on)")
     return planned - len(sizes or ())

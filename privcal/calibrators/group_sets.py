@@ -240,7 +240,7 @@ def frame_names(probs: Any) -> list[str] | None:
     or numbered otherwise) is refused: taken by position, a ``dog`` column would be read as
     ``cat``'s. Calibration reads a frame's names by the same rule
     (:func:`~privcal.calibrators.class_labels.column_classes`)."""
-    if isinstance(probs, np.ndarray) or isinstance(probs, list | tuple):
+    if isinstance(probs, np.ndarray | list | tuple):
         return None
     cols = getattr(probs, "column_names", None)  # pyarrow
     if cols is None:
@@ -289,10 +289,12 @@ def align_columns(release: Any, probs: Any, names: list[str] | None = None,
         return probs
     missing, extra = column_mismatch(names, classes, where)
     if missing or extra:
-        what = (f"has no column for the class {missing[0]!r}" if missing
-                else f"has a column {extra[0]!r} that is not a class") if kind == "classes" \
-            else (f"has no column {missing[0]!r}" if missing
-                  else f"has a column {extra[0]!r} the calibration's table did not have")
+        if kind == "classes":
+            what = (f"has no column for the class {missing[0]!r}" if missing
+                    else f"has a column {extra[0]!r} that is not a class")
+        else:
+            what = (f"has no column {missing[0]!r}" if missing
+                    else f"has a column {extra[0]!r} the calibration's table did not have")
         raise InvalidInput(
             f"{where} {what}: release {release.id} records the {kind} "
             f"{', '.join(classes)} and its columns are matched by name "

@@ -54,8 +54,9 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.mechanisms.randomized_response import krr_beta
-from privcal.calibrators.participation import UNSELECTED_LABELS, selection_clause
+from privcal.calibrators.participation import UNSELECTED_LABELS
 from privcal.calibrators.validation import check_labels, check_lengths, check_probs
+from privcal.calibrators.versions import clause_since
 from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
 
@@ -309,7 +310,7 @@ class LDPLabel:
     def guarantee_as(self, version: str, params: LDPLabelParams,
                      shape: DataShape) -> CoverageGuarantee:
         """:meth:`guarantee` as ``version`` worded it (before 4, no selection clause)."""
-        users = HONEST_USERS + selection_clause(UNSELECTED_LABELS, version, 4)
+        users = HONEST_USERS + clause_since(UNSELECTED_LABELS, version, "4")
         k = self._k(params, shape)
         delta = params.failure_probability
         sl = label_slack(shape.n, k, params.epsilon, delta, params.bound)

@@ -82,8 +82,9 @@ from privcal.calibrators.ldp_score_bounds import best_rounds, rr_range
 from privcal.calibrators.ldp_score_params import LDPScoreParams
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.mechanisms.randomized_response import binary_rr_many
-from privcal.calibrators.participation import UNSELECTED_SCORES, selection_clause
+from privcal.calibrators.participation import UNSELECTED_SCORES
 from privcal.calibrators.validation import check_scores
+from privcal.calibrators.versions import clause_since
 from privcal.costs import LocalDP
 from privcal.errors import InfeasiblePlan, InvalidInput
 
@@ -212,7 +213,7 @@ class LDPScore:
                      shape: DataShape) -> CoverageGuarantee:
         """:meth:`guarantee` as calibrator ``version`` worded it (before 5, without
         :data:`~privcal.calibrators.participation.UNSELECTED_SCORES`)."""
-        unselected = selection_clause(UNSELECTED_SCORES, version, 5)
+        unselected = clause_since(UNSELECTED_SCORES, version, "5")
         proto = open_protocol(params, shape.n)
         lower = proto.guarantee_lower()
         exact = (1 - Fraction(repr(params.alpha)) if not params.nominal

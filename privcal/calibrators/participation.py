@@ -7,13 +7,14 @@ share of the 0-reports, a collector of LDP-CP-L dropping the rows whose label th
 finds implausible (a common label-cleaning step) — each gave coverage near 0.80 against a
 recorded 0.9 (and 0.004 for users answering only when their score is below the query).
 privcal cannot see why a report is missing, so from LDP-CP-S version 5 and LDP-CP-L
-version 4 on the recorded guarantee states it (``over`` and ``statement``); the simulated
-users of ``--simulate`` are drawn by privcal and do satisfy it.
+version 4 on the recorded guarantee states it (``over`` and ``statement``, with
+:func:`~privcal.calibrators.versions.clause_since`); the simulated users of ``--simulate``
+are drawn by privcal and do satisfy it.
 """
 
 from __future__ import annotations
 
-__all__ = ["UNSELECTED_LABELS", "UNSELECTED_SCORES", "selection_clause"]
+__all__ = ["UNSELECTED_LABELS", "UNSELECTED_SCORES"]
 
 #: LDP-CP-S: who answers, in which round, and which reports a forwarder passes on
 UNSELECTED_SCORES = ("which users report, in which round, and which reports are forwarded "
@@ -23,8 +24,3 @@ UNSELECTED_SCORES = ("which users report, in which round, and which reports are 
 UNSELECTED_LABELS = ("which users' reports are collected and kept not chosen by their data (a "
                      "selection by features or labels can lower the coverage)")
 
-
-def selection_clause(text: str, version: str, since: int) -> str:
-    """``"; " + text`` for a release of calibrator ``version`` ≥ ``since`` (older releases
-    recorded no such clause), else ``""``."""
-    return f"; {text}" if version.isdigit() and int(version) >= since else ""

@@ -14,8 +14,8 @@ from privcal.cli.number_types import Integer, Number
 
 
 def _fmt(x: float | None) -> str:
-    """A privacy figure exactly (its shortest round-trip decimal): rounded to six digits,
-    to nearest, a δ(ε) above δ printed as "≤ δ" (red team 16)."""
+    """A privacy figure exactly, as its shortest round-trip decimal (red team 16: rounded to
+    six digits, to nearest, a δ(ε) just above δ was printed as "≤ δ")."""
     return "—" if x is None else repr(float(x))
 
 
