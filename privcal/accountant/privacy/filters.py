@@ -167,6 +167,12 @@ def renyi_filter_term(rho: float, delta_each: float, orders: tuple[Decimal, ...]
     """min_{a∈A} f_a(ρ, δ') in floating point (closed form, no optimiser): see the module docstring.
 
     ``delta_each`` is δ' = D/(2|A|). The caller rounds the result up (:func:`renyi_filter_epsilon`).
+
+    Each order is used at its float value, so the grid the filter runs on is float(A): fixed,
+    finite and the same for every charge and for ``audit verify``, which is all the proof
+    (module docstring) asks of it. It differs from the recorded decimal grid only below the
+    last bit, i.e. by ~1e−16/(a − 1) relative — visible (above the rounding allowance) only
+    for an order within ~1e−4 of 1, where f_a exceeds 10⁴ (red team 16, acct I-1).
     """
     if not (rho > 0 and math.isfinite(rho)):
         raise InvalidInput(f"ρ must be a positive finite number, got {rho}")
