@@ -194,9 +194,16 @@ def test_dry_run_writes_nothing(env: Env) -> None:
     assert doc["allowed"] is True
     assert doc["cost"] == {"kind": "zcdp", "rho": "0.3"}
     assert doc["remaining_before"] == {"rho": "1"} and doc["remaining_after"] == {"rho": "0.7"}
-    too_much = env.json("calibrate", "pcoqs", "--dataset", "closed", "--alpha", "0.1",
-                        "--rho", "3", "--scores", env.f("s.npy"), "--dry-run")  # fmt: skip
+    # refused: the same document, and exit 3 as the run would (red team 17: a script gating
+    # on `--dry-run && …` ran the real call); the people's form says NO and exits 3 too
+    res = env.run("calibrate", "pcoqs", "--dataset", "closed", "--alpha", "0.1",
+                  "--rho", "3", "--scores", env.f("s.npy"), "--dry-run", "--json")  # fmt: skip
+    assert res.exit_code == 3, res.stderr
+    too_much = json.loads(res.stdout)
     assert too_much["allowed"] is False and too_much["remaining_after"] is None
+    res = env.run("calibrate", "pcoqs", "--dataset", "closed", "--alpha", "0.1",
+                  "--rho", "3", "--scores", env.f("s.npy"), "--dry-run")  # fmt: skip
+    assert res.exit_code == 3 and "allowed     NO" in res.stdout, res.stdout
     assert env.state() == before
 
 

@@ -109,6 +109,31 @@ def test_default_rng_is_the_csprng() -> None:
     assert binary_rr(True, 1.0) in (True, False)
 
 
+def test_many_forms_default_to_a_generator_seeded_from_the_os(monkeypatch) -> None:
+    # red team 17: krr_many(labels, k, eps) with no generator raised AttributeError; now a
+    # fresh Generator seeded with 128 bits of the OS CSPRNG (base.numpy_rng(default_rng()))
+    import privcal.calibrators.mechanisms.randomized_response as rr
+
+    seeds: list[int] = []
+
+    class Recording(random.Random):
+        def getrandbits(self, k: int) -> int:
+            seeds.append(k)
+            return super().getrandbits(k)
+
+    monkeypatch.setattr(rr, "default_rng", lambda: Recording(5))
+    labels = np.arange(4000) % 3
+    out = krr_many(labels, 3, 50.0)  # ε = 50: every label kept
+    assert out.tolist() == labels.tolist()
+    assert binary_rr_many(np.array([True, False]), 50.0).tolist() == [True, False]
+    assert seeds == [128, 128]  # one fresh 128-bit seed per call
+    # and the draws do follow the mechanism (ε = 1, k = 3: keep e/(e+2))
+    monkeypatch.undo()
+    y = np.zeros(200_000, dtype=np.int64)
+    assert_binomial(int((krr_many(y, 3, 1.0) == 0).sum()), y.size,
+                    math.exp(1) / (math.exp(1) + 2))
+
+
 @pytest.mark.parametrize("eps", [0.25, 1.0, 3.0])
 def test_binary_rr_flip_rates(eps: float) -> None:
     gen = np.random.default_rng(int(eps * 100))
@@ -147,6 +172,9 @@ def test_binary_rr_many_accepts_0_1_integers() -> None:
         lambda: binary_rr(2, 1.0),
         lambda: binary_rr_many(np.array([0, 2]), 1.0, np.random.default_rng(0)),
         lambda: binary_rr_many(np.array([0.5]), 1.0, np.random.default_rng(0)),
+        # a seed or a random.Random is not a numpy Generator: one line, not a traceback
+        lambda: krr_many(np.array([0]), 4, 1.0, 42),
+        lambda: binary_rr_many(np.array([True]), 1.0, random.Random(0)),
     ],
 )
 def test_bad_input_is_invalid_input(call) -> None:

@@ -40,7 +40,7 @@ from privcal.cli.method_options import (
 from privcal.cli.render import render_dry_run, render_release
 from privcal.data.files import load_array
 from privcal.data.label_columns import header_names
-from privcal.errors import InvalidInput
+from privcal.errors import BudgetRefused, InvalidInput
 
 
 class CalibrateGroup(PrivcalGroup):
@@ -132,6 +132,8 @@ def _make_calibrate_command(name: str) -> click.Command:
         if kw.get("dry_run"):
             report = dry_run(acct, request, dataset=kw["dataset"])
             emit(report, as_json=as_json, human=lambda: render_dry_run(report))
+            if not report.allowed:  # as the run itself would (red team 17: `--dry-run &&`)
+                raise click.exceptions.Exit(BudgetRefused.exit_code)
             return
         rows = next((int(np.shape(a)[0]) for a in arrays.values()
                      if a is not None and np.ndim(a) >= 1), 0)
@@ -253,7 +255,9 @@ def _make_calibrate_command(name: str) -> click.Command:
         click.Option(
             ["--dry-run"],
             is_flag=True,
-            help="Print the cost and what would remain; read no data, write nothing.",
+            help=("Print the cost and what would remain, exit 3 if the budget would refuse "
+                  "it; reads only the inputs' row counts (and the labels with --mondrian "
+                  "label), writes nothing."),
         ),
     ]
     model_label = PRIVACY_MODEL_LABELS.get(cal.privacy_model, cal.privacy_model)

@@ -102,7 +102,9 @@ def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
         """
         Score: lac = 1 − p_y. The accountant charges ρ = 0.2 BEFORE the data are touched,
         then P-COQS runs 34 noisy counts (exact discrete Gaussian noise) and releases a
-        threshold. Its guarantee: coverage ≥ 90% with probability ≥ 95% over the noise.""",
+        threshold. Its guarantee: given an event E of the noise with P(E) ≥ 95%, coverage
+        ≥ 90% on average over calibration sets and test points (marginal: not a promise
+        about this one release; `evaluate` weighs a held-out shortfall).""",
     )
     r1 = acct.calibrate("pcoqs", rho=0.2, **common)
     _show_release(r1)

@@ -144,7 +144,7 @@ def render_dry_run(report: Any) -> None:
     """Print a dry run for people."""
     cost = dict(report.cost or {"kind": "none (non-private)"})
     central = cost.pop("central_cost", None)  # a shuffled run's charge to the dataset's cap
-    click.echo(f"dry run on dataset {report.dataset!r}: nothing read, nothing written")
+    click.echo(f"dry run on dataset {report.dataset!r}: no score used, nothing written")
     click.echo(f"  cost        {_amounts(cost)}")
     if isinstance(central, dict):
         click.echo(f"  central     {_amounts(central)} (the amplified cost, against the "

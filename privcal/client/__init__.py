@@ -1,8 +1,10 @@
 """What runs on a user's device or a federated agent: randomizers, scores, agent messages.
 
 No database, no ledger: this module imports only numpy/scipy code, so it can ship
-inside an app or a hospital's agent. Every randomizer draws from the operating
-system's CSPRNG unless given an explicit generator (for reproducible tests).
+inside an app or a hospital's agent. The one-report randomizers (``krr``, ``binary_rr``)
+draw from the operating system's CSPRNG unless given an explicit generator (for
+reproducible tests); the vectorised ``krr_many``/``binary_rr_many`` from a NumPy generator
+seeded with 128 bits of it unless given one.
 
 Local DP (Penso et al., seed 004):
 
@@ -49,6 +51,8 @@ _EXPORTS = {
     "Reporter": "privcal.client.http",
     "Agent": "privcal.client.http",
     "ServiceError": "privcal.client.transport",
+    "PlanRejected": "privcal.errors",
+    "InvalidInput": "privcal.errors",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,6 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from privcal.client.http import Agent, Reporter
     from privcal.client.transport import ServiceError
+    from privcal.errors import InvalidInput, PlanRejected
 
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)
@@ -75,6 +80,8 @@ __getattr__ = lazy_getattr(__name__, _EXPORTS)
 __all__ = [
     "SCORES",
     "Agent",
+    "InvalidInput",
+    "PlanRejected",
     "Reporter",
     "ServiceError",
     "all_class_scores",

@@ -9,8 +9,12 @@ needed for the scalar forms).
   e^ε/(e^ε+1) (seed 004, §3.2, Algorithm 3 line 7).
 
 Randomness (SPEC §11): the scalar functions draw from ``base.default_rng()`` (the OS
-CSPRNG) unless a ``random.Random`` is given; the vectorised ``*_many`` functions take an
-explicit ``numpy.random.Generator`` (bulk simulation; build one with ``base.numpy_rng``).
+CSPRNG) unless a ``random.Random`` is given — what a device sending its own report uses. The
+vectorised ``*_many`` functions (bulk simulation, an agent randomizing many rows) draw from a
+``numpy.random.Generator`` — the one given, else a fresh one seeded with 128 bits of the OS
+CSPRNG (``base.numpy_rng(base.default_rng())``, as the library's own bulk sampling does): its
+stream is not itself cryptographic, so a device reporting for itself should use the scalar
+form.
 
 Numerics: the *flip* probabilities (k−1)/(e^ε+k−1) = (k−1)e^{−ε}/(1+(k−1)e^{−ε}) and
 1/(e^ε+1) are computed in the e^{−ε} form, which is accurate to a few ulps for every ε > 0
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from privcal.calibrators.base import default_rng
+from privcal.calibrators.base import default_rng, numpy_rng
 from privcal.calibrators.validation import unmasked
 from privcal.errors import InvalidInput
 
@@ -121,9 +125,23 @@ def krr(label: int, k: int, eps: float, rng: random.Random | None = None) -> int
     return other + 1 if other >= label else other
 
 
-def krr_many(labels: np.ndarray, k: int, eps: float, rng: np.random.Generator) -> np.ndarray:
-    """Vectorised :func:`krr`: an independent k-RR report for each label (int64 array)."""
+def _numpy_rng(rng: Any) -> np.random.Generator:
+    """``rng`` if it is a numpy Generator; a fresh one seeded from the OS CSPRNG if None;
+    else one line (a ``random.Random`` or a seed is not taken for a Generator silently)."""
+    if rng is None:
+        return numpy_rng(default_rng())
+    if not isinstance(rng, np.random.Generator):
+        raise InvalidInput("rng must be a numpy.random.Generator (or None: seeded from the OS "
+                           f"CSPRNG), got {type(rng).__name__}")
+    return rng
+
+
+def krr_many(labels: np.ndarray, k: int, eps: float,
+             rng: np.random.Generator | None = None) -> np.ndarray:
+    """Vectorised :func:`krr`: an independent k-RR report for each label (int64 array).
+    ``rng``: a numpy Generator, else one seeded from the OS CSPRNG (module docstring)."""
     k = _check_k(k)
+    rng = _numpy_rng(rng)
     y = np.asarray(unmasked(labels, "labels"))  # a masked entry is missing, not a label
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise InvalidInput(f"labels must be a 1-D integer array, got {y.dtype} {y.shape}")
@@ -148,8 +166,11 @@ def binary_rr(bit: bool, eps: float, rng: random.Random | None = None) -> bool:
     return (not b) if r.random() < p_flip else b
 
 
-def binary_rr_many(bits: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
-    """Vectorised :func:`binary_rr` (boolean array in, boolean array out)."""
+def binary_rr_many(bits: np.ndarray, eps: float,
+                   rng: np.random.Generator | None = None) -> np.ndarray:
+    """Vectorised :func:`binary_rr` (boolean array in, boolean array out). ``rng``: a numpy
+    Generator, else one seeded from the OS CSPRNG (module docstring)."""
+    rng = _numpy_rng(rng)
     b = np.asarray(unmasked(bits, "bits"))  # a masked entry is missing, not a bit
     if b.ndim != 1:
         raise InvalidInput(f"bits must be a 1-D array, got shape {b.shape}")
