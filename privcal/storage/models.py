@@ -24,6 +24,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     Numeric,
@@ -31,6 +32,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -330,10 +332,20 @@ class ReleaseKey(Base):
     release_id: Mapped[int] = mapped_column(Integer)
 
 
+def _release_id_index(table: str, entry_text: str) -> Index:
+    """Migration 0011's partial index of the release id an entry of kind ``release``
+    records (:mod:`privcal.storage.logged_rows`), in its PostgreSQL spelling: SQLite's,
+    ``json_extract`` under ``json_valid``, is the migration's (SQLAlchemy does not reflect
+    SQLite's expression indexes, so autogenerate compares PostgreSQL's only)."""
+    return Index(f"ix_{table}_release_id", text(f"privcal_release_id({entry_text})"),
+                 postgresql_where=text("kind = 'release'")).ddl_if(dialect="postgresql")
+
+
 class AuditEntry(Base):
     """One entry of the hash-chained log (see :mod:`privcal.storage.audit`)."""
 
     __tablename__ = "audit_log"
+    __table_args__ = (_release_id_index("audit_log", "payload"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     kind: Mapped[str] = mapped_column(String(32))
@@ -362,6 +374,7 @@ class AuditQueue(Base):
     """
 
     __tablename__ = "audit_queue"
+    __table_args__ = (_release_id_index("audit_queue", "prefix || '0}'"),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
                                     primary_key=True, autoincrement=True)

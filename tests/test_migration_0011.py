@@ -1,0 +1,149 @@
+"""Migration 0011 (red team 17, R7): the audit entry of a release about to be used is found
+by an index, not a scan of the log (``kind = 'release' AND payload LIKE …`` read every entry:
+0.45 s with 10⁶ entries on SQLite, on every use of a release).
+
+The plans checked are those of the statements the check itself runs (captured while
+``Accountant.release`` runs), so a query whose expression drifts from the index's fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import event, text
+
+from privcal import Accountant, Ledger
+from privcal.costs import PureDP
+from privcal.errors import AuditFailed, SchemaOutOfDate
+
+S = np.random.default_rng(0).random(300)
+INDEXES = {"ix_audit_log_release_id", "ix_audit_queue_release_id"}
+
+
+def _indexes(ledger: Ledger) -> set[str]:
+    """The names of the indexes of the ledger (SQLAlchemy does not reflect SQLite's
+    expression indexes)."""
+    q = ("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+         if ledger.backend == "postgresql" else
+         "SELECT name FROM sqlite_master WHERE type = 'index'")
+    with ledger.engine.connect() as conn:
+        return set(conn.execute(text(q)).scalars())
+
+
+def _made(ledger: Ledger) -> tuple[Accountant, list[int]]:
+    acct = Accountant(ledger)
+    acct.create_dataset("d", epsilon=100, allow_nonprivate=True)
+    ids = []
+    for i in range(3):
+        acct.charge("d", PureDP(eps=0.1))  # entries of another kind between the releases
+        ids.append(acct.calibrate("split", dataset="d", scores=S[: 100 + i],
+                                  alpha=0.1).id)
+    return acct, ids
+
+
+@contextmanager
+def _entry_queries(ledger: Ledger) -> Iterator[list[tuple[str, Any]]]:
+    """The statements (and parameters) reading audit_log or audit_queue while inside."""
+    seen: list[tuple[str, Any]] = []
+
+    def hook(_conn: Any, _cur: Any, stmt: str, params: Any, *_: Any) -> None:
+        if re.search(r"FROM audit_(log|queue)\b", stmt):
+            seen.append((stmt, params))
+
+    event.listen(ledger.engine, "before_cursor_execute", hook)
+    try:
+        yield seen
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", hook)
+
+
+def _plan(ledger: Ledger, stmt: str, params: Any) -> str:
+    """The plan of one captured statement: SQLite's EXPLAIN QUERY PLAN; PostgreSQL's EXPLAIN
+    of it prepared under a generic plan (what psycopg's server-side preparation may run),
+    with sequential scans priced out so that a usable index is the one chosen."""
+    drv = ledger.engine.raw_connection()
+    try:
+        cur = drv.cursor()
+        if ledger.backend == "sqlite":
+            cur.execute(f"EXPLAIN QUERY PLAN {stmt}", params)
+            return "\n".join(str(r[-1]) for r in cur.fetchall())
+        names = list(params)
+        sql = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", stmt)
+        cur.execute("SET enable_seqscan = off")
+        cur.execute("SET plan_cache_mode = force_generic_plan")
+        cur.execute(f"PREPARE q AS {sql}")
+        cur.execute("EXPLAIN EXECUTE q(" + ", ".join(["NULL"] * len(names)) + ")")
+        return "\n".join(r[0] for r in cur.fetchall())
+    finally:
+        drv.rollback()
+        drv.close()
+
+
+def test_the_check_finds_the_entry_through_the_indexes(ledger: Any) -> None:
+    acct, ids = _made(ledger)
+    with _entry_queries(ledger) as seen:
+        assert acct.release(ids[1]).id == ids[1]
+    plans = [_plan(ledger, stmt, params) for stmt, params in seen]
+    assert len(plans) == 2, seen  # one look-up per table
+    for table, plan in zip(("audit_log", "audit_queue"), plans, strict=True):
+        if ledger.backend == "sqlite":
+            assert f"SEARCH {table} USING INDEX ix_{table}_release_id" in plan, plan
+        else:
+            assert f"Index Scan using ix_{table}_release_id on {table}" in plan, plan
+            assert "Seq Scan" not in plan, plan
+
+
+def test_upgrade_from_0010_adds_the_indexes_and_downgrade_drops_them(
+        ledger_url: str) -> None:
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    assert INDEXES <= _indexes(ledger)
+    acct, ids = _made(ledger)
+    ledger.downgrade("0010")
+    assert not INDEXES & _indexes(ledger)
+    # a ledger at 0010 is refused until upgraded, naming the upgrade
+    with pytest.raises(SchemaOutOfDate, match=r"at revision 0010, this privcal needs "
+                                              r"revision 0011: run `privcal db upgrade`"):
+        Accountant(Ledger(ledger_url)).release(ids[0])
+    assert ledger.upgrade() == ledger.head_revision() == "0011"
+    assert INDEXES <= _indexes(ledger)
+    # the releases made before are found through the new indexes; the log still verifies
+    assert [acct.release(i).id for i in ids] == ids
+    assert acct.verify().releases == 3
+    ledger.close()
+
+
+def test_a_tampered_payload_that_is_not_json_upgrades_and_is_reported(
+        ledger_url: str) -> None:
+    """An entry edited outside privcal into text that is not JSON: the index expression
+    gives it no id (it neither fails the migration nor the edit), the release it recorded is
+    refused as having no entry, and ``audit verify`` reports the entry in one line."""
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    acct, ids = _made(ledger)
+    ledger.downgrade("0010")
+    with ledger.engine.begin() as conn:
+        seq = conn.execute(text(
+            "SELECT seq FROM audit_log WHERE kind = 'release' ORDER BY seq")).scalars().all()[1]
+        conn.execute(text("UPDATE audit_log SET payload = 'not json {' WHERE seq = :s"),
+                     {"s": seq})
+    assert ledger.upgrade() == "0011" and INDEXES <= _indexes(ledger)
+    with ledger.engine.begin() as conn:  # and after the migration, another entry likewise
+        first = conn.execute(text("SELECT min(seq) FROM audit_log WHERE kind = 'release'"))
+        conn.execute(text("UPDATE audit_log SET payload = '{\"data\": [' WHERE seq = :s"),
+                     {"s": first.scalar_one()})
+    for rid in ids[:2]:
+        with pytest.raises(AuditFailed, match=rf"^release {rid} refused: release {rid} has "
+                                              r"no audit entry .*; run `privcal audit verify`$"):
+            acct.release(rid)
+    assert acct.release(ids[2]).id == ids[2]
+    with pytest.raises(AuditFailed) as err:
+        acct.verify()
+    assert "\n" not in str(err.value) and "audit entry" in str(err.value)
+    ledger.close()
+
