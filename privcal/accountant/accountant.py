@@ -256,10 +256,12 @@ class Accountant:
         """Every release (optionally of one dataset), coverage typed."""
         return releases.list_releases(self.ledger, dataset)
 
-    def release(self, release_id: int, *, checked: bool = True) -> Release:
+    def release(self, release_id: int, *, checked: bool = True,
+                visible: Callable[[str], bool] | None = None) -> Release:
         """One release by id; ``checked``: refused (AuditFailed) unless its row is what its
-        audit entry recorded (red team 16: a threshold edited in the database)."""
-        return releases.get_release(self.ledger, release_id, checked=checked)
+        audit entry recorded (red team 16: a threshold edited in the database); ``visible``:
+        NotFound, before the check, unless it accepts the release's dataset name."""
+        return releases.get_release(self.ledger, release_id, checked=checked, visible=visible)
 
     def record_release(
         self,

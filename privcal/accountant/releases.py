@@ -17,7 +17,7 @@ the row and its ``release_charges`` rows and queue its audit entry.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,10 +41,14 @@ def list_releases(ledger: Ledger, dataset: str | None = None) -> list[Release]:
     return [Release.model_validate(r.model_dump()) for r in ledger.releases(dataset)]
 
 
-def get_release(ledger: Ledger, release_id: int, *, checked: bool = False) -> Release:
+def get_release(ledger: Ledger, release_id: int, *, checked: bool = False,
+                visible: Callable[[str], bool] | None = None) -> Release:
     """One release by id; ``checked``: refused (AuditFailed) unless its row is what its audit
-    entry recorded (a release loaded to predict with: red team 16, F5)."""
-    return Release.model_validate(ledger.release(release_id, checked=checked).model_dump())
+    entry recorded (a release loaded to predict with: red team 16, F5); ``visible``: NotFound
+    unless it accepts the release's dataset name, before the check
+    (:meth:`~privcal.storage.releases.ReleaseStore.release`)."""
+    rec = ledger.release(release_id, checked=checked, visible=visible)
+    return Release.model_validate(rec.model_dump())
 
 
 def release_for_charge(ledger: Ledger, charge_id: int) -> Release | None:

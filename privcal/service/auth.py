@@ -78,10 +78,14 @@ class Principal:
     def sees_all_datasets(self) -> bool:
         return self.role in ("admin", "auditor")
 
+    def sees_dataset(self, name: str) -> bool:
+        """Whether this principal may see dataset ``name``."""
+        return self.sees_all_datasets() or name in self.token.datasets
+
     def check_dataset(self, name: str) -> None:
         """404 unless this principal may see dataset ``name`` (it may not exist at all); the
         answer names at most its first 60 characters (:func:`shown_text`)."""
-        if not self.sees_all_datasets() and name not in self.token.datasets:
+        if not self.sees_dataset(name):
             raise not_found(f"unknown dataset {shown_text(name)}")
 
     def check_session(self, session_id: int) -> None:

@@ -12,7 +12,6 @@ from privcal.errors import AuditFailed
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import doc
 from privcal.service.json_body import JsonRoute
-from privcal.service.problems import not_found
 from privcal.storage.releases import MAX_STORED_ID
 
 router = APIRouter(prefix="/v1", route_class=JsonRoute)
@@ -43,12 +42,10 @@ def release_show(request: Request, p: Principal = Depends(principal),
     decimal id, 1 … 2³¹−1: any other spelling (``01``, ``+1``, ``1.0``) or a larger value is
     404 before this runs (:mod:`privcal.service.query_params`; the library's lookup answers
     NotFound for one out of range too)."""
-    rel = _acct(request).release(release_id, checked=False)
-    if not p.sees_all_datasets() and rel.dataset not in p.token.datasets:
-        raise not_found(f"unknown release {release_id}")
-    # served as its audit entry recorded it, or 409 (checked once visible: a 409 would
-    # otherwise say that a release of another dataset exists)
-    return doc(_acct(request).release(release_id))
+    # one read: 404 unless visible to this principal, then served as its audit entry
+    # recorded it, or 409 (checked once visible: a 409 would otherwise say that a release of
+    # another dataset exists)
+    return doc(_acct(request).release(release_id, visible=p.sees_dataset))
 
 
 @router.get("/audit/head", **allow("admin", "auditor"))

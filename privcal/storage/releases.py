@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -169,11 +169,14 @@ class ReleaseStore:
             rows = s.execute(stmt.order_by(ReleaseRow.id)).all()
             return [self.release_record(r, n) for r, n in rows]
 
-    def release(self, release_id: int, *, checked: bool = False) -> ReleaseRecord:
+    def release(self, release_id: int, *, checked: bool = False,
+                visible: Callable[[str], bool] | None = None) -> ReleaseRecord:
         """One release by id (NotFound if there is none, or if the id is outside
         1 … :data:`MAX_STORED_ID`: :func:`stored_id`). ``checked``: the row must be what its
         audit entry recorded (:func:`~privcal.storage.logged_rows.check_release_logged`,
-        AuditFailed otherwise): a release about to be used for prediction (red team 16)."""
+        AuditFailed otherwise): a release about to be used for prediction (red team 16).
+        ``visible``: a test of the release's dataset name; a release it rejects is NotFound
+        like a missing one, before it is checked (a refusal would say that it exists)."""
         release_id = stored_id(release_id, "release")
         with self.read() as s:
             row = s.execute(
@@ -181,7 +184,7 @@ class ReleaseStore:
                 .join(Dataset, Dataset.id == ReleaseRow.dataset_id)
                 .where(ReleaseRow.id == release_id)
             ).first()
-            if row is None:
+            if row is None or (visible is not None and not visible(row[1])):
                 raise NotFound(f"unknown release {release_id}")
             if checked:
                 check_release_logged(s, row[0], row[1])
