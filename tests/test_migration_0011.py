@@ -147,3 +147,47 @@ def test_a_tampered_payload_that_is_not_json_upgrades_and_is_reported(
     assert "\n" not in str(err.value) and "audit entry" in str(err.value)
     ledger.close()
 
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_a_release_whose_entry_is_still_queued_is_found_through_the_queue_index(
+        ledger_url: str) -> None:
+    """PostgreSQL's queue holds an entry's prefix without its seq; its index reads the
+    release id of ``prefix || '0}'``. A release recorded while the sequencer is busy, read
+    through a ledger that may not chain the queue, is found there (and refused once its
+    row is edited, naming the queued entry)."""
+    from urllib.parse import quote
+
+    from privcal.storage.audit_queue import SEQUENCER_LOCK
+
+    ledger = Ledger(ledger_url)
+    ledger.upgrade()
+    acct, _ = _made(ledger)
+    with ledger.engine.connect() as busy:
+        busy.execute(text(f"SELECT pg_advisory_lock({SEQUENCER_LOCK})"))
+        busy.commit()
+        try:
+            queued = acct.calibrate("split", dataset="d", scores=S, alpha=0.2).id
+        finally:
+            busy.execute(text(f"SELECT pg_advisory_unlock({SEQUENCER_LOCK})"))
+            busy.commit()
+    with ledger.engine.connect() as conn:
+        found = conn.execute(text(
+            "SELECT id FROM audit_queue WHERE kind = 'release' "
+            "AND privcal_release_id(prefix || '0}') = :r"), {"r": queued}).scalars().all()
+    assert len(found) == 1
+    ro = Ledger(ledger_url + quote(" -cdefault_transaction_read_only=on"))
+    try:
+        reader = Accountant(ro)
+        assert reader.release(queued).id == queued
+        with ledger.engine.begin() as conn:
+            conn.execute(text("UPDATE releases SET threshold = '0.5' WHERE id = :i"),
+                         {"i": queued})
+        with pytest.raises(AuditFailed, match=rf"^release {queued} refused: queued audit "
+                                              rf"entry \(queue id {found[0]}\): release "
+                                              rf"{queued} differs"):
+            reader.release(queued)
+    finally:
+        ro.close()
+    ledger.close()
