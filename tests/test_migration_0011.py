@@ -191,3 +191,10 @@ def test_a_release_whose_entry_is_still_queued_is_found_through_the_queue_index(
     finally:
         ro.close()
     ledger.close()
+
+
+def test_a_new_sqlite_ledger_has_the_indexes_from_its_first_use(tmp_path: Any) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'new.sqlite'}")
+    Accountant(ledger).create_dataset("d", epsilon=1)  # first use: created and migrated
+    assert INDEXES <= _indexes(ledger)
+    ledger.close()
