@@ -57,7 +57,10 @@ def audit_verify(settings: Settings, expect_head: str | None, signed_head: str |
 @json_option
 @pass_settings
 def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None:
-    """Per dataset: its releases in order and the budget consumed over time."""
+    """Per dataset: its releases in order and the budget consumed over time.
+
+    The rows as stored: run `privcal audit verify` first, which compares every dataset,
+    charge and release row with the log."""
     from privcal.accountant.report import audit_report as build
 
     reports = build(settings.accountant(), dataset)

@@ -233,7 +233,8 @@ def release() -> None:
 @json_option
 @pass_settings
 def release_list(settings: Settings, dataset_name: str | None, as_json: bool) -> None:
-    """List releases."""
+    """List releases, as stored (not compared with the log: `privcal audit verify` does;
+    `release show` compares the one release)."""
     rows = settings.accountant().releases(dataset_name)
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
         {"id": r.id, "dataset": r.dataset, "method": r.method,

@@ -1,0 +1,79 @@
+"""Red team 17 (a newcomer reading the documentation against what privcal does).
+
+- ``evaluate`` weighed a P-COQS release's shortfall by Markov's inequality alone: 0 % coverage
+  on 2 000 held-out points against a recorded 0.9 was "probability at most 0.15 under it …:
+  weak evidence". On the event E of its noise (P(E) ≥ 1−β) a P-COQS threshold has at least
+  r' − τ calibration scores at or below it (seed 003, Thm 2's lower bound; SPEC §4), so one
+  release that low has probability at most β + Beta-cdf(u; r'−τ, n+1−r'+τ) — here ≈ β.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy.stats import beta
+
+from tests.cli_env import CliEnv
+
+
+def _ev(u: float, lower: float) -> Any:
+    return SimpleNamespace(meets_guarantee=False, consistent_with_guarantee=False,
+                           marginal=True, coverage_upper_95=u, guaranteed_lower=lower)
+
+
+def _pcoqs(rank: int, tau: int, n: int, failure: float = 0.05) -> Any:
+    return SimpleNamespace(method="pcoqs", shape={"n": n}, coverage=SimpleNamespace(
+        rank=rank, failure_probability=failure, details={"tau": tau}))
+
+
+def test_a_pcoqs_shortfall_is_weighed_by_its_order_statistic() -> None:
+    from privcal.cli.render import guarantee_verdict
+
+    # far below: β + a Beta tail of ~0, not Markov's (1 − 0.855)/(1 − 0.0015) ≈ 0.145
+    text = guarantee_verdict(_ev(0.0015, 0.9), 0.05, _pcoqs(1818, 17, 2000))
+    assert "probability at most 0.05 " in text and "Beta(1801, 200)" in text
+    assert "weak evidence against it" in text  # β = 0.05 > 0.01: E may have failed
+    # with a small β the same shortfall is strong evidence
+    text = guarantee_verdict(_ev(0.0015, 0.9), 0.001, _pcoqs(1818, 17, 2000, 0.001))
+    assert text.endswith("strong evidence against it: check the inputs (column order, "
+                         "score, the data's distribution)")
+    # a mild shortfall: the tail is used only where it is smaller than Markov's bound
+    u = 0.88
+    want = 0.05 + beta.cdf(u, 1801, 200)
+    markov = (1 - 0.95 * 0.9) / (1 - u)
+    assert want < markov
+    assert f"probability at most {want:.2g} " in guarantee_verdict(
+        _ev(u, 0.9), 0.05, _pcoqs(1818, 17, 2000))
+    # a rank the noise may push below 1 (r' ≤ τ): no order statistic, Markov's inequality
+    assert "Markov's inequality" in guarantee_verdict(_ev(0.5, 0.9), 0.05, _pcoqs(10, 17, 30))
+
+
+def test_evaluate_of_a_broken_pipeline_on_a_pcoqs_release(tmp_path: Path) -> None:
+    """End to end: labels that are every row's least likely class (a broken pipeline)."""
+    env = CliEnv(f"sqlite:///{tmp_path}/l.sqlite", tmp_path)
+    rng = np.random.default_rng(17)
+    n, k = 2000, 4
+    probs = rng.dirichlet(np.ones(k) * 0.5, size=2 * n)
+    labels = np.array([rng.choice(k, p=p) for p in probs])
+    np.save(tmp_path / "p.npy", probs[:n])
+    np.save(tmp_path / "y.npy", labels[:n])
+    np.save(tmp_path / "tp.npy", probs[n:])
+    np.save(tmp_path / "bad.npy", probs[n:].argmin(axis=1))
+    assert env.run("dataset", "create", "--dataset", "d", "--rho", "1").exit_code == 0
+    rel = env.json("calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1", "--rho", "0.5",
+                   "--failure-probability", "0.001", "--probs", env.f("p.npy"),
+                   "--labels", env.f("y.npy"), "--score", "lac")["release"]
+    res = env.run("evaluate", "--release", str(rel["id"]), "--probs", env.f("tp.npy"),
+                  "--labels", env.f("bad.npy"))
+    assert res.exit_code == 0, res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.strip().startswith("guarantee"))
+    assert "P-COQS: outside an event of probability ≤ 0.001" in line, line
+    assert line.endswith("strong evidence against it: check the inputs (column order, score, "
+                         "the data's distribution)"), line
+    odds = float(re.search(r"probability at most (\S+) under it", line).group(1))
+    assert odds == pytest.approx(0.001, rel=1e-6)
