@@ -123,6 +123,12 @@ def first_of(errors: Any) -> FirstError:
     err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     # (a value's repr may span lines: a 2-D array given as an amount)
     message = " ".join(str(err.get("msg", "")).removeprefix("Value error, ").split())
+    kind = str(err.get("type", ""))
+    if "input" in err and kind not in ("missing", "extra_forbidden", "value_error"):
+        # pydantic's own constraint messages omit the value ("Input should be greater than
+        # 0"); privcal's validators name it (red team 17)
+        shown = " ".join(repr(err["input"]).split())
+        message += f", got {shown[:40]}{'…' if len(shown) > 40 else ''}"
     return FirstError(".".join(str(p) for p in err.get("loc", ())), message,
                       str(err.get("type", "")))
 

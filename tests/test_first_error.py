@@ -40,6 +40,18 @@ def test_an_unknown_field_is_named_before_the_missing_one_it_explains() -> None:
     assert first_error(_err()) == ("a", "Field required", "missing")
 
 
+def test_pydantics_own_constraint_messages_name_the_value() -> None:
+    # red team 17: "pcoqs: invalid rho: Input should be greater than 0" did not say what
+    # was given, where privcal's own validators do ("ε must be > 0, got -1")
+    assert first_error(_err(a="x")) == (
+        "a", "Input should be a valid integer, unable to parse string as an integer, got 'x'",
+        "int_parsing")
+    msg = first_error(_err(a="y" * 60))[1]
+    assert msg.endswith(", got '" + "y" * 39 + "…")  # 40 characters of the repr
+    msg = first_error(_err(a=np.zeros((2, 2))))[1]  # a repr over two lines: one line
+    assert "\n" not in msg and msg.endswith("got array([[0., 0.], [0., 0.]])")
+
+
 def test_a_validators_message_is_one_line_without_pydantics_prefix() -> None:
     where, msg, kind = first_error(_err(a=1, b=-1))
     assert (where, msg, kind) == ("b", "b must be ≥ 0, got -1.0", "value_error")

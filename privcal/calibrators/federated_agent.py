@@ -193,7 +193,7 @@ def fedcp2_qq_message(
 ) -> float:
     """An agent's FedCP²-QQ message: the ε-DP exponential-mechanism quantile at level q (Alg. 2).
 
-    Scores are rounded up to the public grid on [0, S_max] (larger ones into
+    Scores are rounded up to the public grid on [a, S_max] (:func:`bin_grid`; larger ones into
     the top bin, module docstring); the output is a grid point sampled with
     P(e_b) ∝ exp(−ε w_b / (2Δ_q)), w_b = max(N_<(e_b)/q, N_>(e_b)/(1−q)),
     Δ_q = max(1/q, 1/(1−q)). It is ε-DP with respect to this agent's scores

@@ -67,8 +67,8 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
 
     def human() -> None:
         for rep in reports:
-            click.secho(f"dataset {rep.dataset}: {rep.policy}, reporting δ={rep.reporting_delta}",
-                        bold=True)
+            click.secho(f"dataset {rep.dataset}: {rep.policy}, "
+                        f"reporting δ={cell(rep.reporting_delta)}", bold=True)
             click.echo(f"  guarantee: {rep.guarantee}")
             click.echo("  releases:")
             click.echo(table([{

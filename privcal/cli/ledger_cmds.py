@@ -109,7 +109,7 @@ def dataset_create(settings: Settings, name: str | None, dataset_opt: str | None
         description=description, renyi_orders=renyi_orders,
     )
     emit(ds, as_json=as_json, human=f"created dataset {ds.name!r}: {ds.policy}, "
-         f"reporting δ={ds.reporting_delta}")
+         f"reporting δ={cell(ds.reporting_delta)}")
 
 
 @dataset.command("list")
