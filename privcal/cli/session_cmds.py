@@ -25,6 +25,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
+from privcal.cli.method_options import parse_score_options
 from privcal.cli.number_types import Integer, Number
 from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
@@ -42,6 +43,7 @@ def _describe(s: Any) -> str:
         {"field": "method", "value": s.method + (" (shuffled)" if s.shuffled else "")},
         {"field": "status", "value": s.status},
         {"field": "reports stored", "value": s.reports_are},
+        {"field": "score", "value": _score_text(s.score)},
     ]
     if s.method == "ldp-score":
         rows += [
@@ -71,6 +73,14 @@ def _describe(s: Any) -> str:
     return table(rows)
 
 
+def _score_text(score: dict[str, Any] | None) -> str:
+    """The score a session's devices compute, as the status shows it."""
+    if score is None:
+        return "not recorded (predict on its release needs --score)"
+    opts = ", ".join(f"{k}={v}" for k, v in (score.get("options") or {}).items())
+    return f"{score.get('name')}" + (f" ({opts})" if opts else "")
+
+
 @session.command("open")
 @click.argument("method", type=click.Choice(["ldp-score", "fedcp2-qq", "fedcp-qq"]))
 @click.option("--dataset", required=True, help="Dataset whose budgets are charged.",
@@ -98,6 +108,11 @@ def _describe(s: Any) -> str:
               help="fedcp2-qq: grid points B.  [default: 100]")
 @click.option("--shuffled", is_flag=True,
               help="Reports go through a trusted shuffler: record the amplified (ε, δ).")
+@click.option("--score", default=None,
+              help="The score the devices/agents compute (lac, aps, raps, absolute, cqr): "
+                   "recorded, and what predict/evaluate use on the release.")
+@click.option("--score-option", "score_option", multiple=True,
+              help="Option KEY=VALUE of --score (repeat), e.g. randomized=false.")
 @click.option("--requester", default=None, help="Who opened the session (recorded).")
 @click.option("--idempotency-key", default=None,
               help="Retrying with the same key returns the session opened (a --shuffled one "
@@ -109,7 +124,8 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
              upper: float | None, score_range: tuple[float, float] | None,
              failure_probability: float | None, delta: float | None, nominal: bool,
              agents: int | None, local_n: int | None, bins: int | None, shuffled: bool,
-             requester: str | None, idempotency_key: str | None, as_json: bool) -> None:
+             score: str | None, score_option: tuple[str, ...], requester: str | None,
+             idempotency_key: str | None, as_json: bool) -> None:
     """Open a session: prints its id and round 0's query (ldp-score) or the plan (federated)."""
     from privcal.accountant.sessions import open_session
 
@@ -132,7 +148,8 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
         settings.accountant(), method, dataset=dataset, alpha=alpha, epsilon=epsilon,
         rounds=rounds, group_size=group_size, nominal=nominal, agents=agents,
         local_n=local_n, bins=bins, shuffled=shuffled, requester=requester,
-        idempotency_key=idempotency_key, **kw)
+        idempotency_key=idempotency_key, score=score,
+        score_options=parse_score_options(score_option) if score_option else None, **kw)
 
     def human() -> None:
         click.echo(f"session {res.id} opened")

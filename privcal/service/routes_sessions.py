@@ -46,6 +46,9 @@ class SessionOpen(BaseModel):
     bins: int = Field(default=100, ge=2, le=1_000_000)
     smax: float | None = None  # deprecated spelling of upper (fedcp2-qq)
     shuffled: bool = False
+    #: the score the devices or agents compute, recorded in the release (red team 16, F9)
+    score: str | None = Field(default=None, max_length=40)
+    score_options: dict[str, bool | int | float | str] | None = None
 
 
 class ReportBody(BaseModel):
@@ -126,7 +129,7 @@ def _visible(request: Request, p: Principal, sid: int) -> Any:
 
 
 PUBLIC_FIELDS = ("id", "method", "status", "shuffled", "params", "round", "rounds", "query",
-                 "interval", "plan", "grid")
+                 "interval", "plan", "grid", "score")
 
 
 @router.post("/datasets/{name}/sessions", status_code=201, **allow("analyst"))

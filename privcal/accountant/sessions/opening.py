@@ -25,7 +25,13 @@ from privcal.accountant.normalize import (
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.sessions.records import METHODS, SessionInfo
-from privcal.accountant.sessions.state import dump_protocol, info_of, number
+from privcal.accountant.sessions.state import (
+    SCORE_KEY,
+    dump_protocol,
+    info_of,
+    number,
+    session_score,
+)
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import bin_grid
@@ -70,6 +76,8 @@ def open_session(
     smax: float | None = None,
     failure_probability: float | None = None,
     shuffled: bool = False,
+    score: str | None = None,
+    score_options: dict[str, Any] | None = None,
     requester: str | None = None,
     idempotency_key: str | None = None,
 ) -> SessionInfo:
@@ -84,6 +92,16 @@ def open_session(
     (``bins`` for ldp-score, ``lower`` for fedcp-qq, ...) is an InvalidInput, not ignored;
     the defaults of those it uses: ``lower`` 0, ``upper`` 1, ``bins`` 100, failure
     probability 0.001. Writes nothing on bad input.
+
+    ``score`` (with its ``score_options``) names the conformity score the devices or agents
+    compute (``lac``, ``aps``, ``raps``, ``absolute``, ``cqr``): it is recorded in the
+    session's ``params`` (``params["score"]``: its name and every option, the defaults filled
+    in; also :attr:`SessionInfo.score`, which devices read with the public state) and in its
+    release's diagnostics, so ``predict``/``evaluate``/``Release.predict_set`` use it and
+    refuse another one (red team 16, F9: a release recording none was read with whatever
+    score the user named, e.g. ``lac`` on ``aps`` scores, and covered less than it says).
+    Without one the session records none and predicting with its release needs ``--score``,
+    as a calibration on precomputed ``--scores`` does.
 
     ``idempotency_key`` binds this open request: a retry with the same key and request
     returns the session it opened (e.g. after a crash before the caller learned the
@@ -110,6 +128,7 @@ def open_session(
         check_shuffle_method(method)
     requester = optional_text(requester, "requester")
     key = idempotency_key_text(idempotency_key)
+    scored = session_score(score, score_options)
     alpha = number(alpha, "α")
     # one value under two names is refused, never one silently dropped (red team 8)
     if failure_probability is not None:  # the one name (issue 15); ``delta`` is the old one
@@ -207,7 +226,8 @@ def open_session(
         if amplified is not None:
             central = normalize_cost(amplified)  # type: ignore[assignment]
             state["central_cost"] = cost_json(central)  # type: ignore[arg-type]
-    params = json_safe(p.model_dump(mode="python"))
+    params = json_safe({**p.model_dump(mode="python"),
+                        **({SCORE_KEY: scored} if scored is not None else {})})
     digest = None
     if key is not None:  # the open request, as a charge's (16.1); a central cost only shuffled
         digest = request_digest({"kind": "session_open", "method": method, "params": params,

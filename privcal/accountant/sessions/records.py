@@ -65,6 +65,10 @@ class SessionInfo(BaseModel):
     central_charge_id: int | None = None
     #: what the stored reports are (FedCP-QQ: raw order statistics — not private)
     reports_are: str = ""
+    #: the score the devices or agents compute (``{"name", "options"}``, as in
+    #: ``params["score"]``), recorded in the release; None when the session was opened
+    #: without one (its release then needs ``--score`` at predict)
+    score: dict[str, Any] | None = None
 
 
 #: what ``session_reports.value`` holds, per method (issue 16 item 6: said in every record)

@@ -12,7 +12,7 @@ from privcal.accountant.accountant import Accountant
 from privcal.accountant.normalize import json_safe
 from privcal.accountant.policy import dataset_info
 from privcal.accountant.release_privacy import privacy_record
-from privcal.accountant.sessions.state import charge_ids
+from privcal.accountant.sessions.state import calibrator_params, charge_ids, score_of
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import aggregate
@@ -80,7 +80,10 @@ def release_in_tx(
         "threshold": threshold_str(float(threshold)), "coverage": json_safe(coverage),
         "privacy": json_safe(privacy),
         "diagnostics": json_safe({**diagnostics, "session_id": row.id,
-                                  **({"opened_by": row.requester} if at_close else {})}),
+                                  **({"opened_by": row.requester} if at_close else {}),
+                                  # the score the session's devices computed (F9): what
+                                  # predict and evaluate use; sessions without one, none
+                                  **({"score": sc} if (sc := score_of(row.params)) else {})}),
         "requester": closed_by if at_close else row.requester,
     }, charge_ids(row))
     acct.ledger.append_audit(s, "release", release_doc(rel, ds.name))
@@ -131,7 +134,8 @@ def fed_release_args(acct: Accountant, s: Session, row: CollectionSession,
         diag["replanned"] = {"m_planned": int(row.state["plan"]["m"]), "m_answered": plan.m}
     elif padded:
         diag["missing"] = {"m_planned": plan.m, "m_answered": answered, "counted_as": "+inf"}
-    return {"threshold": thr, "params": row.params if params is None else params,
+    return {"threshold": thr,
+            "params": calibrator_params(row.params) if params is None else params,
             "shape": DataShape(n=answered * plan.n, group_sizes=(plan.n,) * answered),
             "diagnostics": diag}
 
@@ -155,13 +159,13 @@ def subset_plan(row: CollectionSession, plan: Fed2Plan | FedPlan, m2: int,
     try:
         if missing == "infinite":
             sub: Fed2Plan | FedPlan = plan
-            params = {**row.params, "agents_planned": plan.m}
+            params = {**calibrator_params(row.params), "agents_planned": plan.m}
         elif isinstance(plan, Fed2Plan):
             sub = replan_fedcp2_qq_subset(plan, m2)
-            params = {**row.params, "level": plan.q}
+            params = {**calibrator_params(row.params), "level": plan.q}
         else:
             sub = replan_fedcp_qq_subset(plan, m2)
-            params = {**row.params, "agent_order": plan.l}
+            params = {**calibrator_params(row.params), "agent_order": plan.l}
     except InfeasiblePlan as exc:
         raise InfeasiblePlan(
             f"session {row.id}: {exc}; nothing released and the session stays open (wait for "

@@ -9,6 +9,11 @@ subject is charged), ``privacy_extra`` (the shuffled record); for ldp-score the
 :class:`~privcal.calibrators.ldp_score_protocol.LdpScoreProtocol` (``protocol``) and the current
 round's counts (``round_count``, ``round_ones``); for the federated methods the published
 ``plan``.
+
+``collection_sessions.params`` is the calibrator's parameters, plus ``score`` when the session
+was opened with one (:func:`session_score`: the score the devices or agents compute, its
+name and every option; red team 16, F9). :func:`calibrator_params` is the params without it
+(what the calibrator validates); sessions opened before record none.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ if TYPE_CHECKING:
     from privcal.storage.sessions import CollectionSession
 
 __all__ = [
+    "SCORE_KEY",
+    "calibrator_params",
     "charge_ids",
     "dump_protocol",
     "fed_plan_of",
@@ -39,8 +46,40 @@ __all__ = [
     "number",
     "protocol_of",
     "public_key",
+    "score_of",
     "session_key",
+    "session_score",
 ]
+
+#: the key of a session's ``params`` that records the score its devices or agents compute
+SCORE_KEY = "score"
+
+
+def session_score(score: Any, options: Any) -> dict[str, Any] | None:
+    """The record of the score a session's devices or agents compute: ``{"name", "options"}``
+    with every option (the defaults filled in), as a calibration on precomputed scores records
+    it; None when no score is named. A one-line InvalidInput for a score that is not one of
+    privcal's, options it does not take, or options without a score."""
+    from privcal.accountant.calibration_request import precomputed_score
+    from privcal.calibrators.scores import SCORES
+
+    if score is not None and (not isinstance(score, str) or score not in SCORES):
+        raise InvalidInput(f"unknown score {score!r:.60} (known: {', '.join(SCORES)})")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidInput(f"score options must be a dict of option names to values, got "
+                           f"{type(options).__name__}")
+    return precomputed_score(score, options)
+
+
+def score_of(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The score a session's ``params`` record (None: opened without one, or before F9)."""
+    sc = (params or {}).get(SCORE_KEY)
+    return dict(sc) if isinstance(sc, dict) else None
+
+
+def calibrator_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A session's ``params`` without its score: the calibrator's parameters."""
+    return {k: v for k, v in params.items() if k != SCORE_KEY}
 
 
 def number(value: Any, what: str, *, integer: bool = False) -> Any:
@@ -123,7 +162,7 @@ def info_of(ledger: Ledger, s: Session, row: CollectionSession, ds_name: str) ->
         shuffled=bool(row.shuffled), requester=row.requester, params=row.params,
         created_at=row.created_at, updated_at=row.updated_at, total_reports=total,
         release_id=row.release_id, central_charge_id=st.get("central_charge_id"),
-        reports_are=REPORTS_ARE.get(row.method, ""),
+        reports_are=REPORTS_ARE.get(row.method, ""), score=score_of(row.params),
     )
     if row.release_id is not None:
         thr = ledger.release_threshold(s, row.release_id)
