@@ -20,8 +20,10 @@ so that a server cannot ask for a (nearly) unrandomized one.
 
 Scores: a user or agent with a regressor computes its own scores with
 ``regression_scores("absolute", y, preds=f)`` (or ``"cqr"`` with ``lower_preds``/``upper_preds``),
-and a classifier's with ``label_scores``; the release then gives intervals or sets for the
-score named at ``privcal predict --score`` (a session's release records no score).
+and a classifier's with ``label_scores``, with the score (and options) the session names:
+``Reporter.score()``/``Agent.score()`` (``"score"`` in its public state, set at ``privcal
+session open --score``). Its release records that score, and predict uses it and refuses
+another; a session opened without one records none, and predict then needs ``--score``.
 
 Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``
 (its ℓ-th smallest score) or ``fedcp2_qq_message(scores, plan)`` (an ε-DP bin from the
