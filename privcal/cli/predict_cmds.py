@@ -144,7 +144,8 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
 @click.option("--columns", default=None, help="The probability columns of a --probs table.")
 @click.option("--score", default=None,
               help="Score name, if the release records none (made from --scores without "
-                   "--score): used with its default options.")
+                   "--score, or by a session opened without --score): used with its "
+                   "default options. A recorded score is used; another one is refused.")
 @ALPHA_OPTION
 @GROUPS_OPTION
 @click.option(
@@ -222,7 +223,8 @@ def predict(
               help="The labels' column, of --labels or of the --probs table.")
 @click.option("--score", default=None,
               help="Score name, if the release records none (made from --scores without "
-                   "--score): used with its default options.")
+                   "--score, or by a session opened without --score): used with its "
+                   "default options. A recorded score is used; another one is refused.")
 @ALPHA_OPTION
 @GROUPS_OPTION
 @json_option
