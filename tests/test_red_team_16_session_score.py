@@ -208,3 +208,34 @@ def test_an_idempotent_open_binds_the_score(accountant: Any) -> None:
     assert S.open_session(acct, "fedcp-qq", score="aps", **kw).id == a.id
     with pytest.raises(InvalidInput, match="already used"):
         S.open_session(acct, "fedcp-qq", score="lac", **kw)
+
+
+def test_the_log_records_the_score_and_an_edited_one_is_refused(accountant: Any) -> None:
+    """The ``session_open`` entry records the session's params with its score, the
+    ``release`` entry the release's diagnostics with it; a release row whose score was
+    edited in the database afterwards is not served, and ``audit verify`` fails."""
+    import json
+
+    from sqlalchemy import text
+
+    from privcal.errors import AuditFailed
+    from privcal.storage.service_reads import audit_entries
+
+    acct: Accountant = accountant
+    info, msgs = _fed_session(acct, score="aps")
+    rid = S.submit_reports(acct, info.id, [f"a{j}" for j in range(M)], msgs).session.release_id
+    docs = [json.loads(e.payload) for e in audit_entries(acct.ledger, limit=1000)]
+    opened = [d["data"] for d in docs if d["kind"] == "session_open"]
+    released = [d["data"] for d in docs if d["kind"] == "release"]
+    assert opened[0]["params"]["score"] == APS and released[0]["diagnostics"]["score"] == APS
+    with acct.ledger.engine.begin() as conn:
+        row = conn.execute(text("SELECT diagnostics FROM releases WHERE id = :i"),
+                           {"i": rid}).scalar_one()
+        diag = json.loads(row) if isinstance(row, str) else dict(row)
+        diag["score"] = {"name": "lac", "options": {}}
+        conn.execute(text("UPDATE releases SET diagnostics = :d WHERE id = :i"),
+                     {"d": json.dumps(diag), "i": rid})
+    with pytest.raises(AuditFailed, match=f"release {rid} refused"):
+        acct.release(rid)
+    with pytest.raises(AuditFailed):
+        acct.verify()

@@ -27,7 +27,8 @@ SessionId = Path(ge=1, le=MAX_STORED_ID)
 
 
 class SessionOpen(BaseModel):
-    """``POST /v1/datasets/{name}/sessions``: as ``privcal session open``."""
+    """``POST /v1/datasets/{name}/sessions``: as ``privcal session open`` (``score`` and
+    ``score_options``: ``--score``, ``--score-option``)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
