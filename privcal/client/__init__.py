@@ -21,8 +21,8 @@ so that a server cannot ask for a (nearly) unrandomized one.
 Scores: a user or agent with a regressor computes its own scores with
 ``regression_scores("absolute", y, preds=f)`` (or ``"cqr"`` with ``lower_preds``/``upper_preds``),
 and a classifier's with ``label_scores``, with the score (and options) the session names:
-``Reporter.score()``/``Agent.score()`` (``"score"`` in its public state, set at ``privcal
-session open --score``). Its release records that score, and predict uses it and refuses
+``Reporter.score()``/``Agent.score()`` (``params.score`` in its public state, set at
+``privcal session open --score``). Its release records that score, and predict uses it and refuses
 another; a session opened without one records none, and predict then needs ``--score``.
 
 Federated (Humbert et al., seed 002): an agent sends ``fedcp_qq_message(scores, plan)``

@@ -160,11 +160,12 @@ class _Base:
         return dict(self._request("GET", f"/v1/sessions/{self.session_id()}").json())
 
     def score(self) -> dict[str, Any] | None:
-        """The score this device or agent must compute, as the session records it (``{"name":
-        "aps", "options": {"randomized": True}}``: compute it with ``label_scores(name, probs,
-        labels, **options)`` or ``regression_scores``), or None if the session was opened
-        without one (red team 16, F9)."""
-        sc = self.state().get("score")
+        """The score this device or agent must compute, as the session's public params record
+        it (``params["score"]``, e.g. ``{"name": "aps", "options": {"randomized": True}}``:
+        compute it with ``label_scores(name, probs, labels, **options)`` or
+        ``regression_scores``), or None if the session was opened without one (red team 16,
+        F9)."""
+        sc = (self.state().get("params") or {}).get("score")
         return dict(sc) if isinstance(sc, dict) else None
 
     def _begin(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:

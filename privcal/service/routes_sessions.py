@@ -130,7 +130,7 @@ def _visible(request: Request, p: Principal, sid: int) -> Any:
 
 
 PUBLIC_FIELDS = ("id", "method", "status", "shuffled", "params", "round", "rounds", "query",
-                 "interval", "plan", "grid", "score")
+                 "interval", "plan", "grid")
 
 
 @router.post("/datasets/{name}/sessions", status_code=201, **allow("analyst"))
