@@ -20,6 +20,7 @@ from sqlalchemy import event, text
 from privcal import Accountant, Ledger
 from privcal.costs import PureDP
 from privcal.errors import AuditFailed, SchemaOutOfDate
+from privcal.storage.models import release_id_sql
 
 S = np.random.default_rng(0).random(300)
 INDEXES = {"ix_audit_log_release_id", "ix_audit_queue_release_id"}
@@ -175,7 +176,8 @@ def test_a_release_whose_entry_is_still_queued_is_found_through_the_queue_index(
     with ledger.engine.connect() as conn:
         found = conn.execute(text(
             "SELECT id FROM audit_queue WHERE kind = 'release' "
-            "AND privcal_release_id(prefix || '0}') = :r"), {"r": queued}).scalars().all()
+            f"AND {release_id_sql('postgresql', 'audit_queue')} = :r"),
+            {"r": queued}).scalars().all()
     assert len(found) == 1
     ro = Ledger(ledger_url + quote(" -cdefault_transaction_read_only=on"))
     try:
@@ -190,6 +192,38 @@ def test_a_release_whose_entry_is_still_queued_is_found_through_the_queue_index(
             reader.release(queued)
     finally:
         ro.close()
+    ledger.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_a_parallel_index_build_and_parallel_plans_work(ledger_url: str) -> None:
+    """Review of red team 17, F1: the first version indexed a PL/pgSQL function with an
+    exception handler, declared PARALLEL SAFE; PostgreSQL builds the index of a table over
+    ``min_parallel_table_scan_size`` (8 MB) in parallel workers, which may not open the
+    handler's subtransaction — the upgrade of every real-sized ledger failed, and could not
+    be retried. Here parallelism is forced on a small ledger: the upgrade from 0010, a
+    REINDEX and the check's reads all succeed."""
+    from urllib.parse import quote
+
+    forced = quote(" -cmax_parallel_maintenance_workers=2 -cmin_parallel_table_scan_size=0"
+                   " -cparallel_setup_cost=0 -cparallel_tuple_cost=0"
+                   " -cmin_parallel_index_scan_size=0")
+    ledger = Ledger(ledger_url + forced)
+    ledger.upgrade()
+    acct, ids = _made(ledger)
+    with ledger.engine.begin() as conn:  # enough rows that a parallel build is planned
+        conn.execute(text("INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+                          "SELECT 100000 + g, 'release', payload, prev_hash, entry_hash "
+                          "FROM audit_log, generate_series(1, 2000) g "
+                          "WHERE kind = 'release' AND seq = (SELECT max(seq) FROM audit_log "
+                          "WHERE kind = 'release')"))
+    ledger.downgrade("0010")
+    assert ledger.upgrade() == "0011" and INDEXES <= _indexes(ledger)
+    with ledger.engine.begin() as conn:
+        conn.execute(text("REINDEX INDEX ix_audit_log_release_id"))
+        conn.execute(text("DROP INDEX ix_audit_log_release_id"))  # reads without it: scans
+    assert acct.release(ids[0]).id == ids[0]
     ledger.close()
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from privcal.errors import AuditFailed
 from privcal.storage import audit
-from privcal.storage.models import ReleaseRow
+from privcal.storage.models import ReleaseRow, release_id_sql
 
 __all__ = ["ROW_KINDS", "RowKind", "check_logged_row", "check_release_logged"]
 
@@ -71,28 +71,16 @@ def _data(payload: str, release_id: int) -> dict[str, Any] | None:
     return data
 
 
-#: a queued entry's payload with seq 0 (:func:`privcal.storage.audit.payload_at`), as indexed
-QUEUED_PAYLOAD = "prefix || '0}'"
-
-
-def _id_expr(dialect: str, col: str) -> str:
-    """The release id that the entry text ``col`` records, spelt as migration 0011 indexes it
-    (``ix_audit_log_release_id``, ``ix_audit_queue_release_id``): a planner uses an
-    expression index only for the same expression, and a partial one only under the literal
-    ``kind = 'release'`` (not a bound parameter)."""
-    if dialect == "postgresql":
-        return f"privcal_release_id({col})"
-    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, '$.data.release_id') END"
-
-
 def _queries(dialect: str) -> tuple[Any, Any]:
     """The look-ups of a release's entries in ``audit_log`` and in ``audit_queue``: index
-    probes (migration 0011), then the text test the check always made."""
+    probes (migration 0011: the expression spelt as indexed, :func:`release_id_sql`, and the
+    literal ``kind = 'release'`` — a partial index is not used under a bound parameter),
+    then the text test the check always made."""
     log = text("SELECT seq, payload, prev_hash, entry_hash FROM audit_log "
-               f"WHERE kind = 'release' AND {_id_expr(dialect, 'payload')} = :rid "
+               f"WHERE kind = 'release' AND {release_id_sql(dialect, 'audit_log')} = :rid "
                "AND payload LIKE :pattern ORDER BY seq")
     queue = text("SELECT id, prefix FROM audit_queue "
-                 f"WHERE kind = 'release' AND {_id_expr(dialect, QUEUED_PAYLOAD)} = :rid "
+                 f"WHERE kind = 'release' AND {release_id_sql(dialect, 'audit_queue')} = :rid "
                  "AND prefix LIKE :pattern ORDER BY id")
     return log, queue
 

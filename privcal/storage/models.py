@@ -332,12 +332,26 @@ class ReleaseKey(Base):
     release_id: Mapped[int] = mapped_column(Integer)
 
 
-def _release_id_index(table: str, entry_text: str) -> Index:
-    """Migration 0011's partial index of the release id an entry of kind ``release``
-    records (:mod:`privcal.storage.logged_rows`), in its PostgreSQL spelling: SQLite's,
-    ``json_extract`` under ``json_valid``, is the migration's (SQLAlchemy does not reflect
+def release_id_sql(dialect: str, table: str) -> str:
+    """The release id that an entry of ``table`` (``audit_log``, ``audit_queue``) records, as
+    migration 0011 indexes it (``ix_<table>_release_id``, partial: ``kind = 'release'``) and
+    as :mod:`privcal.storage.logged_rows` must spell it for a planner to use the index.
+    PostgreSQL: the digits after the text's first ``"release_id":`` (built-in and never
+    raising; a queued prefix holds the id too); SQLite: ``json_extract`` under
+    ``json_valid`` (a queued prefix completed with seq 0:
+    :func:`~privcal.storage.audit.payload_at`)."""
+    if dialect == "postgresql":
+        col = "payload" if table == "audit_log" else "prefix"
+        # PostgreSQL's own spelling (pg_get_indexdef), which autogenerate compares
+        return f"(\"substring\"({col}, '\"release_id\":([0-9]{{1,18}})'::text))::bigint"
+    col = "payload" if table == "audit_log" else "prefix || '0}'"
+    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, '$.data.release_id') END"
+
+
+def _release_id_index(table: str) -> Index:
+    """Migration 0011's index in its PostgreSQL spelling (SQLAlchemy does not reflect
     SQLite's expression indexes, so autogenerate compares PostgreSQL's only)."""
-    return Index(f"ix_{table}_release_id", text(f"privcal_release_id({entry_text})"),
+    return Index(f"ix_{table}_release_id", text(release_id_sql("postgresql", table)),
                  postgresql_where=text("kind = 'release'")).ddl_if(dialect="postgresql")
 
 
@@ -345,7 +359,7 @@ class AuditEntry(Base):
     """One entry of the hash-chained log (see :mod:`privcal.storage.audit`)."""
 
     __tablename__ = "audit_log"
-    __table_args__ = (_release_id_index("audit_log", "payload"),)
+    __table_args__ = (_release_id_index("audit_log"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     kind: Mapped[str] = mapped_column(String(32))
@@ -374,7 +388,7 @@ class AuditQueue(Base):
     """
 
     __tablename__ = "audit_queue"
-    __table_args__ = (_release_id_index("audit_queue", "prefix || '0}'"),)
+    __table_args__ = (_release_id_index("audit_queue"),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
                                     primary_key=True, autoincrement=True)

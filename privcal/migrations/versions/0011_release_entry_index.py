@@ -13,16 +13,23 @@ more, so the charge path is unchanged), the ``data.release_id`` its payload reco
   END`` (deterministic functions; the guard keeps an entry whose payload is not JSON —
   written outside privcal — from failing the migration or an UPDATE: it has no id, as the
   check never found one in it);
-* PostgreSQL: ``privcal_release_id(payload)``, an IMMUTABLE PL/pgSQL function created here:
-  ``(doc::json -> 'data' ->> 'release_id')::bigint``, NULL for a text that is not JSON or an
-  id that is not an integer (an index expression must be immutable and must not raise for
-  an existing row; PostgreSQL 15 has no ``IS JSON`` to guard with).
+* PostgreSQL: ``("substring"(payload, '"release_id":([0-9]{1,18})'::text))::bigint``, the digits
+  after the text's first ``"release_id":`` (NULL where there is none) — built-in, immutable,
+  never raising, parallel safe, and needing no function of privcal's: a PL/pgSQL function
+  parsing the JSON with an exception handler (the first version of this migration, never
+  released) broke every parallel index build (``cannot start subtransactions during a
+  parallel operation``: any audit_log over 8 MB), a REINDEX, a restore, and a role without
+  EXECUTE on it (review of red team 17, F1/F2). The first occurrence is the entry's own id:
+  a release document's nested objects (params, coverage, privacy, diagnostics) record no
+  ``release_id``, and text a caller gave (a purpose, a requester) cannot produce one — its
+  quotes are escaped. Where some nested key did, the look-up would miss and the release be
+  refused (fail-closed): the check compares the parsed document with the row either way.
 
 ``audit_queue`` (PostgreSQL's entries waiting for the sequencer; never used on SQLite, which
-gets the same index for one schema) holds a prefix without the seq: its expression reads
-``prefix || '0}'``, the payload with seq 0 (:func:`privcal.storage.audit.payload_at`). The
-queue is usually small, but it grows while the sequencer is behind, and its index costs a
-charge nothing either.
+gets the same index for one schema) holds a prefix without the seq, but with the release id:
+its expression reads ``prefix`` (SQLite: ``prefix || '0}'``, the payload with seq 0,
+:func:`privcal.storage.audit.payload_at`, which JSON parses). The queue is usually small, but
+it grows while the sequencer is behind, and its index costs a charge nothing either.
 
 The queries (privcal/storage/logged_rows.py) must spell the same expressions and the
 literal ``kind = 'release'`` for the planners to use these indexes: tests/
@@ -45,16 +52,8 @@ down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_PG_FUNCTION = """
-CREATE FUNCTION privcal_release_id(doc text) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
-BEGIN
-    RETURN (doc::json -> 'data' ->> 'release_id')::bigint;
-EXCEPTION WHEN others THEN
-    RETURN NULL;
-END
-$$
-"""
+#: the release id of an entry's text on PostgreSQL (the module docstring)
+_PG_ID = "(\"substring\"({col}, '\"release_id\":([0-9]{{1,18}})'::text))::bigint"
 
 
 def _sqlite_id(col: str) -> str:
@@ -64,10 +63,11 @@ def _sqlite_id(col: str) -> str:
 
 def upgrade() -> None:
     pg = op.get_bind().dialect.name == "postgresql"
-    if pg:
-        op.execute(_PG_FUNCTION)
-    for table, col in (("audit_log", "payload"), ("audit_queue", "prefix || '0}'")):
-        expr = f"privcal_release_id({col})" if pg else _sqlite_id(col)
+    for table, col in (("audit_log", "payload"), ("audit_queue", "prefix")):
+        if pg:
+            expr = _PG_ID.format(col=col)
+        else:
+            expr = _sqlite_id(col if table == "audit_log" else "prefix || '0}'")
         op.execute(f"CREATE INDEX ix_{table}_release_id ON {table} (({expr})) "
                    "WHERE kind = 'release'")
 
@@ -75,5 +75,3 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP INDEX ix_audit_queue_release_id")
     op.execute("DROP INDEX ix_audit_log_release_id")
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute("DROP FUNCTION privcal_release_id(text)")
