@@ -14,6 +14,7 @@ codec encodes a lone surrogate, and no SQL integer holds 2⁷⁰).
 from __future__ import annotations
 
 import re
+import reprlib
 import unicodedata
 from bisect import bisect_right
 from collections.abc import Callable
@@ -117,6 +118,12 @@ def first_error(exc: Any) -> FirstError:
     return first_of(exc.errors(include_url=False))
 
 
+#: a short repr of a bad input, whatever its size (:func:`first_of`)
+_SHORT = reprlib.Repr()  # (Python 3.11's takes no keywords)
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxset = 2, 8, 8, 4, 4
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 42
+
+
 def first_of(errors: Any) -> FirstError:
     """:func:`first_error` of a list of pydantic error dicts (FastAPI's
     ``RequestValidationError.errors()``)."""
@@ -126,11 +133,11 @@ def first_of(errors: Any) -> FirstError:
     kind = str(err.get("type", ""))
     if "input" in err and kind not in ("missing", "extra_forbidden", "value_error"):
         # pydantic's own constraint messages omit the value ("Input should be greater than
-        # 0"); privcal's validators name it (red team 17)
-        shown = " ".join(repr(err["input"]).split())
-        message += f", got {shown[:40]}{'…' if len(shown) > 40 else ''}"
-    return FirstError(".".join(str(p) for p in err.get("loc", ())), message,
-                      str(err.get("type", "")))
+        # 0"); privcal's validators name it (red team 17). reprlib bounds the work: a
+        # 3·10⁶-element list is not written out to show 40 characters of it
+        shown = " ".join(_SHORT.repr(err["input"]).split())
+        message += f", got {shown[:60]}{'…' if len(shown) > 60 else ''}"
+    return FirstError(".".join(str(p) for p in err.get("loc", ())), message, kind)
 
 
 def numeric_edge(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:

@@ -46,8 +46,10 @@ def test_pydantics_own_constraint_messages_name_the_value() -> None:
     assert first_error(_err(a="x")) == (
         "a", "Input should be a valid integer, unable to parse string as an integer, got 'x'",
         "int_parsing")
-    msg = first_error(_err(a="y" * 60))[1]
-    assert msg.endswith(", got '" + "y" * 39 + "…")  # 40 characters of the repr
+    msg = first_error(_err(a="y" * 60))[1]  # a long value: abbreviated (reprlib)
+    assert msg.endswith(", got '" + "y" * 18 + "..." + "y" * 19 + "'")
+    msg = first_error(_err(a=list(range(10**6))))[1]  # not written out to be cut
+    assert msg.endswith(", got [0, 1, 2, 3, 4, 5, 6, 7, ...]")
     msg = first_error(_err(a=np.zeros((2, 2))))[1]  # a repr over two lines: one line
     assert "\n" not in msg and msg.endswith("got array([[0., 0.], [0., 0.]])")
 

@@ -127,6 +127,12 @@ def test_many_forms_default_to_a_generator_seeded_from_the_os(monkeypatch) -> No
     assert out.tolist() == labels.tolist()
     assert binary_rr_many(np.array([True, False]), 50.0).tolist() == [True, False]
     assert seeds == [128, 128]  # one fresh 128-bit seed per call
+    # a legacy RandomState is still taken (binary_rr_many duck-typed it before)
+    legacy = np.random.RandomState(0)
+    assert binary_rr_many(np.array([True, False]), 50.0, legacy).tolist() == [True, False]
+    flipped = krr_many(np.zeros(30_000, dtype=np.int64), 3, 0.5, legacy)
+    assert set(np.unique(flipped)) == {0, 1, 2}
+    assert_binomial(int((flipped == 1).sum()), int((flipped != 0).sum()), 0.5)
     # and the draws do follow the mechanism (ε = 1, k = 3: keep e/(e+2))
     monkeypatch.undo()
     y = np.zeros(200_000, dtype=np.int64)

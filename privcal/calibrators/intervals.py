@@ -49,8 +49,9 @@ def release_score_name(release: Any, score_name: str | None = None) -> str:
                            f"not {score_name!r}")
     name = name or score_name
     if name is None:
-        raise InvalidInput(f"release {release.id} was calibrated on precomputed scores; say "
-                           "which score they were (--score absolute|cqr|lac|aps|raps)")
+        raise InvalidInput(f"release {release.id} records no score (calibrated on precomputed "
+                           "scores, or by a session opened without --score): say which score "
+                           "they were (--score absolute|cqr|lac|aps|raps)")
     if name not in SCORES:
         raise InvalidInput(f"unknown score {name!r} (known: {', '.join(SCORES)})")
     return str(name)

@@ -171,7 +171,8 @@ def release_score(score: dict[str, Any] | None,
     name = recorded or score_name
     if name is None:
         raise InvalidInput(
-            "this release was calibrated on precomputed scores; say which score they were (--score)"
+            "this release records no score (calibrated on precomputed scores, or by a session "
+            "opened without --score): say which score they were (--score)"
         )
     return name, dict((score or {}).get("options", {})) if recorded is not None else {}
 

@@ -256,8 +256,9 @@ def _make_calibrate_command(name: str) -> click.Command:
             ["--dry-run"],
             is_flag=True,
             help=("Print the cost and what would remain, exit 3 if the budget would refuse "
-                  "it; reads only the inputs' row counts (and the labels with --mondrian "
-                  "label), writes nothing."),
+                  "it; reads the inputs' row counts and the ids and groups a cost depends on "
+                  "(--subjects, --agent-of, --groups, the labels with --mondrian label), no "
+                  "score or probability; writes nothing."),
         ),
     ]
     model_label = PRIVACY_MODEL_LABELS.get(cal.privacy_model, cal.privacy_model)

@@ -61,7 +61,7 @@ def _rank_tail(rel: Any, u: float) -> tuple[float, str] | None:
         return p, (f"split at rank {rank} of n = {n}: a release's coverage is "
                    f"Beta({rank}, {n + 1 - rank}) distributed, larger with ties")
     return p, (f"P-COQS: outside an event of probability ≤ {failure:.4g}, its threshold has "
-               f"at least {rank} of n = {n} scores below it, so its coverage is at least a "
+               f"at least {rank} of n = {n} scores at or below it, so its coverage is at least a "
                f"Beta({rank}, {n + 1 - rank}) variable")
 
 

@@ -25,13 +25,8 @@ from privcal.accountant.normalize import (
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.sessions.records import METHODS, SessionInfo
-from privcal.accountant.sessions.state import (
-    SCORE_KEY,
-    dump_protocol,
-    info_of,
-    number,
-    session_score,
-)
+from privcal.accountant.sessions.score import SCORE_KEY, session_score
+from privcal.accountant.sessions.state import dump_protocol, info_of, number
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import bin_grid

@@ -12,7 +12,8 @@ from privcal.accountant.accountant import Accountant
 from privcal.accountant.normalize import json_safe
 from privcal.accountant.policy import dataset_info
 from privcal.accountant.release_privacy import privacy_record
-from privcal.accountant.sessions.state import calibrator_params, charge_ids, score_of
+from privcal.accountant.sessions.score import calibrator_params, score_of
+from privcal.accountant.sessions.state import charge_ids
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import aggregate

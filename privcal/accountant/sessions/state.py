@@ -10,10 +10,8 @@ subject is charged), ``privacy_extra`` (the shuffled record); for ldp-score the
 round's counts (``round_count``, ``round_ones``); for the federated methods the published
 ``plan``.
 
-``collection_sessions.params`` is the calibrator's parameters, plus ``score`` when the session
-was opened with one (:func:`session_score`: the score the devices or agents compute, its
-name and every option; red team 16, F9). :func:`calibrator_params` is the params without it
-(what the calibrator validates); sessions opened before record none.
+``collection_sessions.params`` is the calibrator's parameters, plus the score the devices
+compute when the session was opened with one (:mod:`privcal.accountant.sessions.score`).
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privcal.accountant.sessions.records import REPORTS_ARE, SessionInfo
+from privcal.accountant.sessions.score import score_of
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.errors import InvalidInput, check_number_text
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
     from privcal.storage.sessions import CollectionSession
 
 __all__ = [
-    "SCORE_KEY",
-    "calibrator_params",
     "charge_ids",
     "dump_protocol",
     "fed_plan_of",
@@ -46,41 +43,8 @@ __all__ = [
     "number",
     "protocol_of",
     "public_key",
-    "score_of",
     "session_key",
-    "session_score",
 ]
-
-#: the key of a session's ``params`` that records the score its devices or agents compute
-SCORE_KEY = "score"
-
-
-def session_score(score: Any, options: Any) -> dict[str, Any] | None:
-    """The record of the score a session's devices or agents compute: ``{"name", "options"}``
-    with every option (the defaults filled in), as a calibration on precomputed scores records
-    it; None when no score is named. A one-line InvalidInput for a score that is not one of
-    privcal's, options it does not take, or options without a score."""
-    from privcal.accountant.calibration_request import precomputed_score
-    from privcal.calibrators.scores import SCORES
-
-    if score is not None and (not isinstance(score, str) or score not in SCORES):
-        raise InvalidInput(f"unknown score {score!r:.60} (known: {', '.join(SCORES)})")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidInput(f"score options must be a dict of option names to values, got "
-                           f"{type(options).__name__}")
-    return precomputed_score(score, options)
-
-
-def score_of(params: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The score a session's ``params`` record (None: opened without one, or before F9)."""
-    sc = (params or {}).get(SCORE_KEY)
-    return dict(sc) if isinstance(sc, dict) else None
-
-
-def calibrator_params(params: dict[str, Any]) -> dict[str, Any]:
-    """A session's ``params`` without its score: the calibrator's parameters."""
-    return {k: v for k, v in params.items() if k != SCORE_KEY}
-
 
 def number(value: Any, what: str, *, integer: bool = False) -> Any:
     """``value`` as a finite float (or an int if ``integer``), or a one-line InvalidInput."""

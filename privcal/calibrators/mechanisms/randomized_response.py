@@ -125,19 +125,20 @@ def krr(label: int, k: int, eps: float, rng: random.Random | None = None) -> int
     return other + 1 if other >= label else other
 
 
-def _numpy_rng(rng: Any) -> np.random.Generator:
-    """``rng`` if it is a numpy Generator; a fresh one seeded from the OS CSPRNG if None;
-    else one line (a ``random.Random`` or a seed is not taken for a Generator silently)."""
+def _numpy_rng(rng: Any) -> np.random.Generator | np.random.RandomState:
+    """``rng`` if it is a numpy Generator (or a legacy ``RandomState``, which simulation code
+    passed before); a fresh Generator seeded from the OS CSPRNG if None; else one line (a
+    ``random.Random`` or a seed is not taken for a generator silently)."""
     if rng is None:
         return numpy_rng(default_rng())
-    if not isinstance(rng, np.random.Generator):
+    if not isinstance(rng, np.random.Generator | np.random.RandomState):
         raise InvalidInput("rng must be a numpy.random.Generator (or None: seeded from the OS "
                            f"CSPRNG), got {type(rng).__name__}")
     return rng
 
 
 def krr_many(labels: np.ndarray, k: int, eps: float,
-             rng: np.random.Generator | None = None) -> np.ndarray:
+             rng: np.random.Generator | np.random.RandomState | None = None) -> np.ndarray:
     """Vectorised :func:`krr`: an independent k-RR report for each label (int64 array).
     ``rng``: a numpy Generator, else one seeded from the OS CSPRNG (module docstring)."""
     k = _check_k(k)
@@ -151,7 +152,8 @@ def krr_many(labels: np.ndarray, k: int, eps: float,
         raise InvalidInput(f"labels: row {i} is {y[i]}, outside [0, {k})")
     p_flip = _at_least(krr_flip_probability(k, eps))
     flip = rng.random(y.shape[0]) < p_flip
-    other = rng.integers(0, k - 1, size=y.shape[0])
+    other = (rng.integers(0, k - 1, size=y.shape[0]) if isinstance(rng, np.random.Generator)
+             else rng.randint(0, k - 1, size=y.shape[0]).astype(np.int64))
     other += other >= y  # skip the true label: uniform over the k−1 others
     return np.where(flip, other, y)
 
@@ -167,7 +169,8 @@ def binary_rr(bit: bool, eps: float, rng: random.Random | None = None) -> bool:
 
 
 def binary_rr_many(bits: np.ndarray, eps: float,
-                   rng: np.random.Generator | None = None) -> np.ndarray:
+                   rng: np.random.Generator | np.random.RandomState | None = None
+                   ) -> np.ndarray:
     """Vectorised :func:`binary_rr` (boolean array in, boolean array out). ``rng``: a numpy
     Generator, else one seeded from the OS CSPRNG (module docstring)."""
     rng = _numpy_rng(rng)

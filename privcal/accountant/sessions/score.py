@@ -1,0 +1,47 @@
+"""The score a collection session's devices or agents compute (red team 16, F9).
+
+``collection_sessions.params`` is the calibrator's parameters, plus ``score`` when the session
+was opened with one (:func:`session_score`: its name and every option, as a calibration on
+precomputed scores records it). Its release records it in ``diagnostics["score"]``, which
+predict and evaluate use; :func:`calibrator_params` is the params without it (what the
+calibrator validates and the release records as its params). Sessions opened before record
+none, and predicting with their releases needs ``--score``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from privcal.errors import InvalidInput
+
+__all__ = ["SCORE_KEY", "calibrator_params", "score_of", "session_score"]
+
+#: the key of a session's ``params`` that records the score its devices or agents compute
+SCORE_KEY = "score"
+
+
+def session_score(score: Any, options: Any) -> dict[str, Any] | None:
+    """The record of the score a session's devices or agents compute: ``{"name", "options"}``
+    with every option (the defaults filled in), as a calibration on precomputed scores records
+    it; None when no score is named. A one-line InvalidInput for a score that is not one of
+    privcal's, options it does not take, or options without a score."""
+    from privcal.accountant.calibration_request import precomputed_score
+    from privcal.calibrators.scores import SCORES
+
+    if score is not None and (not isinstance(score, str) or score not in SCORES):
+        raise InvalidInput(f"unknown score {score!r:.60} (known: {', '.join(SCORES)})")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidInput(f"score options must be a dict of option names to values, got "
+                           f"{type(options).__name__}")
+    return precomputed_score(score, options)
+
+
+def score_of(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The score a session's ``params`` record (None: opened without one, or before F9)."""
+    sc = (params or {}).get(SCORE_KEY)
+    return dict(sc) if isinstance(sc, dict) else None
+
+
+def calibrator_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A session's ``params`` without its score: the calibrator's parameters."""
+    return {k: v for k, v in params.items() if k != SCORE_KEY}
