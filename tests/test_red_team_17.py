@@ -64,6 +64,7 @@ def test_evaluate_of_a_broken_pipeline_on_a_pcoqs_release(tmp_path: Path) -> Non
     np.save(tmp_path / "y.npy", labels[:n])
     np.save(tmp_path / "tp.npy", probs[n:])
     np.save(tmp_path / "bad.npy", probs[n:].argmin(axis=1))
+    np.save(tmp_path / "ty.npy", labels[n:])
     assert env.run("dataset", "create", "--dataset", "d", "--rho", "1").exit_code == 0
     rel = env.json("calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1", "--rho", "0.5",
                    "--failure-probability", "0.001", "--probs", env.f("p.npy"),
@@ -77,3 +78,12 @@ def test_evaluate_of_a_broken_pipeline_on_a_pcoqs_release(tmp_path: Path) -> Non
                          "the data's distribution)"), line
     odds = float(re.search(r"probability at most (\S+) under it", line).group(1))
     assert odds == pytest.approx(0.001, rel=1e-6)
+    # the same figure in the evaluation's JSON (and Release.evaluate), not only in the text
+    doc = env.json("evaluate", "--release", str(rel["id"]), "--probs", env.f("tp.npy"),
+                   "--labels", env.f("bad.npy"))
+    assert doc["shortfall_probability"] == pytest.approx(0.001, rel=1e-6)
+    assert doc["shortfall_bound"].startswith("P-COQS: outside an event of probability")
+    good = env.json("evaluate", "--release", str(rel["id"]), "--probs", env.f("tp.npy"),
+                    "--labels", env.f("ty.npy"))  # the true labels: no shortfall to weigh
+    assert good["consistent_with_guarantee"] is True
+    assert good["shortfall_probability"] is None and good["shortfall_bound"] is None

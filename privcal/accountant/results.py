@@ -285,11 +285,12 @@ class Release(ReleaseRecord):
         """Coverage and interval length on held-out targets (an ``IntervalEvaluation``)."""
         from privcal.calibrators.evaluation import is_marginal
         from privcal.calibrators.intervals import evaluate_intervals, release_lower
+        from privcal.calibrators.shortfall import with_shortfall
 
         iv = self.predict_interval(preds, lower_preds=lower_preds, upper_preds=upper_preds,
                                    score_name=score_name, alpha=alpha, groups=groups)
-        return evaluate_intervals(iv, targets, release_lower(self, alpha=alpha),
-                                  is_marginal(self.coverage))
+        return with_shortfall(evaluate_intervals(iv, targets, release_lower(self, alpha=alpha),
+                                                 is_marginal(self.coverage)), self)
 
     def predict_set(self, probs: Any, *, score_name: str | None = None,
                     rng: random.Random | None = None, alpha: float | None = None,
@@ -359,8 +360,11 @@ class Release(ReleaseRecord):
                                 groups=groups)
         labels = labels_as_calibrated(labels, self.classes,
                                       (self.diagnostics or {}).get("label_names") is True)
+        from privcal.calibrators.shortfall import with_shortfall
+
         if is_wrapped(self.method):
-            return evaluate_wrapped(self, sets, labels, alpha=alpha, groups=groups,
-                                    classes=self.classes)
-        return evaluate_sets(sets, labels, self.coverage.lower, classes=self.classes,
-                             marginal=is_marginal(self.coverage))
+            return with_shortfall(evaluate_wrapped(self, sets, labels, alpha=alpha,
+                                                   groups=groups, classes=self.classes), self)
+        return with_shortfall(evaluate_sets(sets, labels, self.coverage.lower,
+                                            classes=self.classes,
+                                            marginal=is_marginal(self.coverage)), self)

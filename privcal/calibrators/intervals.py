@@ -172,6 +172,11 @@ class IntervalEvaluation(BaseModel):
     #: the guarantee is marginal: a shortfall of one release is no evidence against it
     #: (:func:`~privcal.calibrators.evaluation.is_marginal`)
     marginal: bool = False
+    #: marginal and not consistent: a bound on the probability that one release's coverage
+    #: is as low as ``coverage_upper_95`` under the guarantee, and how it was derived
+    #: (:mod:`privcal.calibrators.shortfall`); None otherwise
+    shortfall_probability: float | None = None
+    shortfall_bound: str | None = None
 
 
 def evaluate_intervals(intervals: Any, targets: Any, lower: float,

@@ -245,6 +245,7 @@ def evaluate(
             release_intervals,
             release_lower,
         )
+        from privcal.calibrators.shortfall import with_shortfall
         from privcal.cli.interval_output import emit_evaluation, load_regression_inputs
 
         if targets is None:
@@ -253,8 +254,9 @@ def evaluate(
         level = _interval_level(alpha)
         iv = release_intervals(rel, score_name=score, alpha=level, groups=load_groups(groups),
                                **load_regression_inputs(preds, lower_preds, upper_preds))
-        ev = evaluate_intervals(iv, load_array(targets, "targets"),
-                                release_lower(rel, alpha=level), is_marginal(rel.coverage))
+        ev = with_shortfall(evaluate_intervals(iv, load_array(targets, "targets"),
+                                               release_lower(rel, alpha=level),
+                                               is_marginal(rel.coverage)), rel)
         emit_evaluation(rel, ev, as_json)
         return
     if targets is not None:

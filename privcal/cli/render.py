@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from privcal.calibrators.shortfall import shortfall
+
 __all__ = ["fmt_threshold", "render_dry_run", "render_release",
            "render_thresholds", "ties_note"]
 
@@ -22,69 +24,21 @@ def fmt_threshold(t: float, regression: bool = False) -> str:
 _RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
 
 
-def _rank_tail(rel: Any, u: float) -> tuple[float, str] | None:
-    """A bound on P(C ≤ u) for the coverage C of one release whose threshold is at least an
-    order statistic of the calibration scores, at rank r of n, where C is then at least a
-    Beta(r, n+1−r) variable (continuous scores; ties only raise C): far sharper than Markov's
-    inequality (red team 16: 0.31 against 0.9 at n = 3000 was "weak evidence, p ≤ 0.21").
-
-    - a plain split release: its threshold is the rank-r score; P(C ≤ u) = Beta-cdf(u).
-    - P-COQS (red team 17): on the event E of its noise (P(E) ≥ 1−β, the recorded
-      failure probability; E: no noisy count more than τ above its true count) the released
-      threshold is backed by a noisy count ≥ its target rank r', so at least r' − τ scores
-      lie at or below it (seed 003, Thm 2's lower bound; SPEC §4): P(C ≤ u) ≤ β +
-      Beta-cdf(u; r'−τ, n+1−r'+τ).
-
-    None for another release (Markov's inequality stays)."""
-    method = getattr(rel, "method", None) if rel is not None else None
-    if method not in ("split", "pcoqs"):
-        return None
-    cov = rel.coverage
-    rank = getattr(cov, "rank", None)
-    shape = rel.shape if isinstance(rel.shape, dict) else {}
-    n = shape.get("n")
-    if not isinstance(rank, int) or not isinstance(n, int):
-        return None
-    failure = 0.0
-    if method == "pcoqs":
-        details = getattr(cov, "details", None) or {}
-        tau, failure = details.get("tau"), getattr(cov, "failure_probability", None)
-        if not isinstance(tau, int) or not isinstance(failure, float | int):
-            return None
-        rank -= tau
-    if not 1 <= rank <= n:
-        return None
-    from scipy.stats import beta
-
-    p = failure + float(beta.cdf(u, rank, n + 1 - rank))
-    if method == "split":
-        return p, (f"split at rank {rank} of n = {n}: a release's coverage is "
-                   f"Beta({rank}, {n + 1 - rank}) distributed, larger with ties")
-    return p, (f"P-COQS: outside an event of probability ≤ {failure:.4g}, its threshold has "
-               f"at least {rank} of n = {n} scores at or below it, so its coverage is at least a "
-               f"Beta({rank}, {n + 1 - rank}) variable")
-
-
 def guarantee_verdict(ev: Any, failure: float = 0.0, rel: Any = None) -> str:
     """How an evaluation's coverage (sets or intervals) compares with the release's guarantee;
     ``failure``: the guarantee's ``failure_probability`` β (P-COQS's holds given an event of
     probability ≥ 1−β, so its releases' mean coverage is at least (1−β)·lower); ``rel``: the
-    release, whose rank gives a plain split or a P-COQS release's tail (:func:`_rank_tail`)."""
+    release, whose rank gives a plain split or a P-COQS release's tail
+    (:func:`~privcal.calibrators.shortfall.shortfall`)."""
     if ev.meets_guarantee:
         verdict = "meets"
     elif ev.consistent_with_guarantee:
         verdict = f"below, but consistent with (95% upper bound {ev.coverage_upper_95:.4f})"
-    elif getattr(ev, "marginal", False):  # one release below a marginal bound
-        # mean coverage ≥ L bounds how often one release is this low: P(C ≤ u) ≤ (1−L)/(1−u)
-        # (Markov's inequality on the miss rate 1 − C); r12stat: "no evidence" at 0.497 < 0.9
-        # given an event of probability ≥ 1−β (P-COQS's E) the mean is ≥ (1−β)·lower: red
-        # team 14 — the bound used lower alone
+    elif (found := shortfall(ev, failure, rel)) is not None:  # one release, marginal bound
+        # how likely one release this low is under the guarantee (calibrators/shortfall.py:
+        # Markov's inequality, or an order statistic for split and P-COQS)
         u, low = ev.coverage_upper_95, (1 - failure) * ev.guaranteed_lower
-        odds = 1.0 if u >= 1 else min(1.0, (1 - low) / (1 - u))
-        how = (f"Markov's inequality on the miss rate, (1 − {low:.4g})/(1 − {u:.4g})")
-        tail = _rank_tail(rel, u)
-        if tail is not None and tail[0] < odds:
-            odds, how = tail
+        odds, how = found
         weight = ("strong evidence against it: check the inputs (column order, score, "
                   "the data's distribution)" if odds <= 0.01
                   else "weak evidence against it" if odds < 1 else "no evidence against it")
