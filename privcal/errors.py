@@ -134,7 +134,7 @@ def first_of(errors: Any) -> FirstError:
     if "input" in err and kind not in ("missing", "extra_forbidden", "value_error"):
         # pydantic's own constraint messages omit the value ("Input should be greater than
         # 0"); privcal's validators name it (red team 17). reprlib bounds the work: a
-        # 3·10⁶-element list is not written out to show 40 characters of it
+        # 3·10⁶-element list is not written out to show 60 characters of it
         shown = " ".join(_SHORT.repr(err["input"]).split())
         message += f", got {shown[:60]}{'…' if len(shown) > 60 else ''}"
     return FirstError(".".join(str(p) for p in err.get("loc", ())), message, kind)
