@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,36 @@ def test_embedded_default_is_created_and_migrated(tmp_path: Path,
     with led.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+
+
+def test_an_older_embedded_default_is_refused_until_db_upgrade(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team 17 (upg F0): an embedded default of an older privcal was migrated in place by
+    any command (even ``budget show``) — under an older privcal server still running on it,
+    which then wrote releases without the rows the new schema expects, and ``audit verify``
+    failed for good. It is refused (exit 5) like every other ledger until ``privcal db
+    upgrade``, which says what it did."""
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+
+    monkeypatch.setenv("PRIVCAL_HOME", str(tmp_path / "home"))
+    led = Ledger()
+    Accountant(led).create_dataset("d", rho=1)  # a new default: created and migrated
+    led.downgrade("0010")  # as an older privcal left it
+    led.close()
+    res = CliRunner().invoke(main, ["budget", "show", "d"])
+    assert res.exit_code == 5, res.output
+    assert ("at revision 0010, this privcal needs revision 0011: run `privcal db upgrade` "
+            "once every older privcal using it is stopped") in res.stderr
+    again = Ledger()
+    assert again.current() == "0010"  # nothing migrated
+    again.close()
+    res = CliRunner().invoke(main, ["db", "upgrade"])
+    assert res.exit_code == 0 and "migrated from revision 0010 to 0011" in res.stdout
+    res = CliRunner().invoke(main, ["db", "upgrade", "--json"])
+    assert json.loads(res.stdout)["from_revision"] == "0011"
+    assert CliRunner().invoke(main, ["budget", "show", "d"]).exit_code == 0
 
 
 def test_database_url_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+
 from privcal.cli.app import Settings, emit, json_option, main, pass_settings
 
 
@@ -14,11 +16,27 @@ def db() -> None:
 @json_option
 @pass_settings
 def db_upgrade(settings: Settings, as_json: bool) -> None:
-    """Create or migrate the ledger schema to this privcal's revision."""
+    """Create or migrate the ledger schema to this privcal's revision.
+
+    Stop every older privcal using the ledger first (a server, a job): it would go on
+    writing in its own way. A migration may restate a dataset's guarantee, always more
+    conservatively (e.g. 0004: (ε, δ) charges accepted under the old rule): read `privcal
+    budget show` again for each dataset after one ran."""
     ledger = settings.ledger()
+    before = ledger.current()
     rev = ledger.upgrade()
-    emit({"url": ledger.url, "revision": rev}, as_json=as_json,
-         human=f"ledger {ledger.url} at revision {rev}")
+    migrated = before is not None and before != rev
+
+    def human() -> None:
+        if migrated:
+            click.echo(f"ledger {ledger.url} migrated from revision {before} to {rev}; "
+                       "a migration may restate a dataset's guarantee (more conservatively): "
+                       "read `privcal budget show` again for each dataset")
+        else:
+            click.echo(f"ledger {ledger.url} at revision {rev}")
+
+    emit({"url": ledger.url, "revision": rev, "from_revision": before}, as_json=as_json,
+         human=human)
 
 
 @db.command("current")

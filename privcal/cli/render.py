@@ -7,8 +7,6 @@ from typing import Any
 
 import click
 
-from privcal.calibrators.shortfall import shortfall
-
 __all__ = ["fmt_threshold", "render_dry_run", "render_release",
            "render_thresholds", "ties_note"]
 
@@ -30,6 +28,8 @@ def guarantee_verdict(ev: Any, failure: float = 0.0, rel: Any = None) -> str:
     probability ≥ 1−β, so its releases' mean coverage is at least (1−β)·lower); ``rel``: the
     release, whose rank gives a plain split or a P-COQS release's tail
     (:func:`~privcal.calibrators.shortfall.shortfall`)."""
+    from privcal.calibrators.shortfall import shortfall  # not for commands that compute none
+
     if ev.meets_guarantee:
         verdict = "meets"
     elif ev.consistent_with_guarantee:

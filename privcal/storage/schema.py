@@ -128,7 +128,8 @@ class LedgerSchema:
             what = "without a privcal schema" if cur is None else f"at revision {cur}"
             raise SchemaOutOfDate(
                 f"ledger {self.url} is {what}, this privcal needs revision {head}: "
-                "run `privcal db upgrade`"
+                "run `privcal db upgrade`" + ("" if cur is None else
+                                              " once every older privcal using it is stopped")
             )
         return cur
 
@@ -244,16 +245,19 @@ class LedgerSchema:
             return not inspect(conn).get_table_names()
 
     def ensure_schema(self) -> None:
-        """Before any ledger operation: create and migrate the embedded default and any new
-        SQLite ledger; refuse every other ledger whose schema is not current (exit 5)."""
+        """Before any ledger operation: create and migrate a new SQLite ledger (the embedded
+        default's first use included); refuse every other ledger whose schema is not current
+        (exit 5) — the embedded default of an older privcal too: migrating it in place from
+        any command, even ``budget show``, left an older privcal still running on it writing
+        in the old way (red team 17, upg F0: releases without their ``release_charges`` rows,
+        which ``audit verify`` then refuses for good). ``privcal db upgrade`` migrates it,
+        once the processes using it are stopped."""
         if self._schema_ok:
             return
         with self._lock:
             if self._schema_ok:
                 return
-            if self.is_default and self.current() != self.head_revision():
-                self.upgrade()
-            elif self._is_new_sqlite():
+            if self._is_new_sqlite():
                 self.upgrade()
             self.check()
             self._schema_ok = True
