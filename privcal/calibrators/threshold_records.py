@@ -28,6 +28,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from privcal.calibrators.mechanisms.exponential import grid
+
 __all__ = ["CHECKS", "threshold_problems"]
 
 
@@ -123,9 +125,7 @@ def exponq(cal: Any, params: Any, shape: Any, threshold: float,
     if diag.get("top_bin") is not top:
         return [f"diagnostics.top_bin: {diag.get('top_bin')!r:.20} contradicts diagnostics.bin "
                 f"{j} of {m}"]
-    a, b = float(params.lower), float(params.upper)
-    # grid(a, b, m)[j], as privcal.calibrators.mechanisms.exponential.grid computes it
-    want = math.inf if top else a + float(j) * ((b - a) / (m - 1))
+    want = math.inf if top else float(grid(float(params.lower), float(params.upper), m)[j])
     if threshold != want:
         return [f"threshold {threshold} is not grid point {j} of diagnostics.bins = {m} on "
                 f"[{params.lower}, {params.upper}] ({want})"]
