@@ -45,7 +45,7 @@ from sqlalchemy.pool import StaticPool
 from privcal.errors import LedgerError
 
 __all__ = ["BEGIN_WITH_NEXT", "BUSY_TIMEOUT_MS", "begin_pending", "connection_lost",
-           "default_sqlite_path", "make_engine", "parse_url", "resolve_url"]
+           "default_sqlite_path", "make_engine", "parse_url", "resolve_url", "sqlite_file_hint"]
 
 BUSY_TIMEOUT_MS = 30_000
 #: PostgreSQL connections older than this (seconds) are replaced at checkout
@@ -75,6 +75,32 @@ def default_sqlite_path() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("privcal")) / DB_FILENAME
+
+
+def sqlite_file_hint(database: str | None) -> str:
+    """What the file system says of a SQLite ledger file that could not be opened or
+    written (red team 17: a full disk read "cannot reach the ledger: disk I/O error", and a
+    read-only mount "unable to open database file" even for ``budget show``): a
+    parenthesised clause to append to the error, or "" if nothing is known. ``database``:
+    the URL's database part (a path, or ``file:PATH`` with ``uri=true``)."""
+    if not database or database == ":memory:" or database.startswith("file::memory:"):
+        return ""
+    path = Path(database[5:] if database.startswith("file:") else database).absolute()
+    folder = path.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return ""
+    if st.f_flag & os.ST_RDONLY:
+        return (f" (the file system holding {folder} is mounted read-only, and SQLite writes "
+                f"{path.name}-wal and {path.name}-shm beside the ledger: to read it there, use "
+                f"--db-url 'sqlite:///file:{path}?immutable=1&uri=true'; nothing was written)")
+    if not os.access(folder, os.W_OK):
+        return (f" (this user cannot write the directory {folder}, where SQLite keeps "
+                f"{path.name}-wal and {path.name}-shm beside the ledger)")
+    if st.f_bavail * st.f_frsize < 1 << 20:
+        return f" (the disk holding {folder} is full: {st.f_bavail * st.f_frsize} bytes free)"
+    return ""
 
 
 def resolve_url(url: str | None) -> tuple[str, bool]:

@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import Connection
@@ -55,7 +56,7 @@ from privcal.storage import audit, key_locks, pseudonyms, schema
 from privcal.storage.audit_queue import AuditSequencer
 from privcal.storage.charges import ChargeStore
 from privcal.storage.datasets import DatasetStore
-from privcal.storage.engine import make_engine, parse_url, resolve_url
+from privcal.storage.engine import make_engine, parse_url, resolve_url, sqlite_file_hint
 from privcal.storage.held_connections import HeldConnections
 from privcal.storage.key_locks import BUSY, KeyLocks
 from privcal.storage.models import AuditEntry, LedgerSecret, read_ledger_secret
@@ -118,6 +119,8 @@ class Ledger(
     @property
     def url(self) -> str:
         """The URL, password hidden."""
+        if self._backend == "sqlite":  # no password; SQLAlchemy escapes "file:" to "file%3A"
+            return unquote(self._url.render_as_string())
         return self._url.render_as_string(hide_password=True)
 
     @property
@@ -177,8 +180,13 @@ class Ledger(
                                f"shorter than this call's work; {step}",
                                public="the ledger cancelled a statement of the request (a "
                                f"server timeout); {step}")
-        return LedgerError(f"cannot reach the ledger at {self.url}: {first}",
+        return LedgerError(f"cannot reach the ledger at {self.url}: {first}{self.file_hint()}",
                            public="the ledger cannot be reached now; retry later")
+
+    def file_hint(self) -> str:
+        """:func:`~privcal.storage.engine.sqlite_file_hint` of this ledger's file ("" on
+        PostgreSQL)."""
+        return sqlite_file_hint(self._url.database) if self._backend == "sqlite" else ""
 
     def _checkout(self) -> Connection:
         """A connection from the pool (LedgerError if the database cannot be reached, or if

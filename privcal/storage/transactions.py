@@ -230,7 +230,7 @@ class LedgerTransactions:
                 if known is not None:
                     first = (str(getattr(exc, "orig", "")).strip().splitlines() or [""])[0]
                     raise LedgerError(f"the ledger at {self.url} cannot be written now "
-                                      f"({first}); {known}",
+                                      f"({first}){self.file_hint()}; {known}",  # type: ignore[attr-defined]
                                       public=f"the ledger cannot be written now; {known}"
                                       ) from exc
                 if _is_transient(exc):
