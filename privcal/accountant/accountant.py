@@ -373,7 +373,7 @@ class Accountant:
         return calibration_run.dry_run(self.ledger, calibrator, params, shape, dataset)
 
     # ------------------------------------------------------------ audit
-    def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
+    def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
                progress: Any = None) -> Any:
         """Verify the audit log and recompute every release's guarantees with the installed code.

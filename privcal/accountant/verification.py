@@ -57,7 +57,8 @@ class AuditReport(VerifyReport):
     def summary(self) -> str:
         signed = ""
         if self.signed_through is not None:
-            signed = f"; signed by the trusted key through entry {self.signed_through}"
+            signed = (f"; signed by the trusted key through entry {self.signed_through} "
+                      f"(signed {self.signed_at})")
             if self.unsigned_entries:
                 signed += f", {self.unsigned_entries} later entries unsigned"
         queued = ""
@@ -81,10 +82,15 @@ class AuditReport(VerifyReport):
             texts = (f" ({n} guarantee sentence{'' if n == 1 else 's'} not reproduced by the "
                      "installed code (older wording) not compared; their numbers are "
                      "compared)")
+        kept = ""
+        if not self.heads_checked:
+            kept = ("; no kept head was given, so a log whose newest entries were removed, or "
+                    "one rewritten with every hash recomputed, verifies too (keep `privcal "
+                    "audit head` outside the database and pass --expect-head, or sign heads)")
         return (
             f"ok: {self.entries} log entries verify (head {self.head}){signed}{queued}"
             f"{expected}; {self.guarantees_recomputed} release guarantees recomputed and "
-            f"match{texts}"
+            f"match{texts}{kept}"
         )
 
 
@@ -299,7 +305,7 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
                         statements_not_compared=skipped)  # fmt: skip
 
 
-def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> AuditReport:
+def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditReport:
     """Verify the log, then every release's guarantees; raise :class:`AuditFailed` on the first
     release whose recorded guarantee the installed code does not reproduce. ``signed``:
     ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
@@ -320,3 +326,18 @@ def verify(accountant: Any, expect_head: str | None = None, **signed: Any) -> Au
         skipped += res.statements_not_compared
     return AuditReport(**rep.model_dump(), guarantees_recomputed=checked,
                        statements_not_compared=skipped)
+
+
+def sign_head(accountant: Any, private_key: Any, *, previous: Any = None,
+              progress: Any = None) -> Any:
+    """:meth:`privcal.storage.Ledger.sign_head` after :func:`verify` (every release's
+    guarantees recomputed too): the head of the log that verified, signed (``privcal audit
+    head --sign``); AuditFailed, nothing signed, if the log does not verify or does not
+    contain ``previous`` (the last head signed with this key)."""
+    from privcal.storage import signing
+
+    key = private_key if hasattr(private_key, "sign") else \
+        signing.load_private_key(private_key)
+    rep = verify(accountant, signed_head=previous, allow_unsigned_tail=True, progress=progress,
+                 trusted_key=key.public_key() if previous is not None else None)
+    return signing.sign_report_head(rep.head, key)

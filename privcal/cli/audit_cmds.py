@@ -28,23 +28,31 @@ def audit() -> None:
 
 
 @audit.command("verify")
-@click.option("--expect-head", help="SEQ:HASH kept from an earlier `privcal audit head`")
-@click.option("--signed-head", type=click.Path(dir_okay=False),
-              help="a file written by `privcal audit head --sign` (needs --trusted-key)")
+@click.option("--expect-head", multiple=True,
+              help="SEQ:HASH kept from an earlier `privcal audit head` (repeat: every head "
+                   "kept, or received from other auditors, must be in the log)")
+@click.option("--signed-head", type=click.Path(dir_okay=False), multiple=True,
+              help="a file written by `privcal audit head --sign` (needs --trusted-key; "
+                   "repeat: every one must be in the log)")
 @click.option("--trusted-key", type=click.Path(dir_okay=False),
               help="the Ed25519 public key (PEM) the signed head must verify with")
 @click.option("--allow-unsigned-tail", is_flag=True,
               help="accept entries after the signed head (they are counted, not trusted)")
 @json_option
 @pass_settings
-def audit_verify(settings: Settings, expect_head: str | None, signed_head: str | None,
-                 trusted_key: str | None, allow_unsigned_tail: bool, as_json: bool) -> None:
+def audit_verify(settings: Settings, expect_head: tuple[str, ...],
+                 signed_head: tuple[str, ...], trusted_key: str | None,
+                 allow_unsigned_tail: bool, as_json: bool) -> None:
     """Recompute every hash, cross-check every row, and recompute every release's coverage and
     privacy guarantee with the installed calibrators (exit 4 naming the first bad entry).
 
     With --signed-head and --trusted-key, every entry must be covered by a head the key
-    holder signed: an entry appended after it (or forged, chain recomputed) fails."""
-    rep = settings.accountant().verify(expect_head=expect_head, signed_head=signed_head,
+    holder signed: an entry appended after it (or forged, chain recomputed) fails.
+    Without a kept head (--expect-head or --signed-head) a log whose newest entries were
+    removed, or one rewritten with every hash recomputed, verifies too: keep heads outside
+    the database, every one (an older head alone does not see a rollback to it)."""
+    rep = settings.accountant().verify(expect_head=list(expect_head),
+                                       signed_head=list(signed_head),
                                        trusted_key=trusted_key,
                                        allow_unsigned_tail=allow_unsigned_tail,
                                        progress=progress.iterate)
@@ -93,14 +101,24 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
 
 @audit.command("head")
 @click.option("--sign", "keyfile", type=click.Path(dir_okay=False),
-              help="sign the head with this Ed25519 private key (from `privcal audit keygen`) "
-                   "and print the signed head document")
+              help="verify the log (as `audit verify`), then sign its head with this Ed25519 "
+                   "private key (from `privcal audit keygen`) and print the signed head "
+                   "document; nothing is signed if the log does not verify (exit 4)")
+@click.option("--previous", type=click.Path(dir_okay=False),
+              help="with --sign: the last head signed with this key; the log must contain "
+                   "it (a log rewritten or rolled back since is refused, exit 4)")
 @json_option
 @pass_settings
-def audit_head(settings: Settings, keyfile: str | None, as_json: bool) -> None:
+def audit_head(settings: Settings, keyfile: str | None, previous: str | None,
+               as_json: bool) -> None:
     """Print the head SEQ:HASH (keep it outside the database), or a signed head (--sign)."""
+    if previous is not None and keyfile is None:
+        raise click.UsageError("--previous goes with --sign KEYFILE")
     if keyfile is not None:
-        signed = settings.ledger().sign_head(keyfile)
+        from privcal.accountant.verification import sign_head
+
+        signed = sign_head(settings.accountant(), keyfile, previous=previous,
+                           progress=progress.iterate)
         # the document itself is the artifact to keep: printed as JSON either way
         emit(signed, as_json=True)
         return

@@ -3,7 +3,7 @@ third party can recompute the chain offline), verification."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,13 +75,19 @@ class VerifyBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     expect_head: str | None = Field(default=None, max_length=200)
+    #: more kept heads SEQ:HASH: each must be in the log (heads kept on other days, or by
+    #: other auditors). The server verifies itself: an auditor who does not trust the
+    #: operator fetches /v1/audit/entries and checks them with its own code (README)
+    expect_heads: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list,
+                                                                      max_length=1000)
 
 
 @router.post("/audit/verify", **allow("admin", "auditor"))
 def audit_verify(request: Request, body: VerifyBody) -> dict[str, Any]:
     """Recompute the chain and every release's guarantees: ``ok`` and the first failure."""
     try:
-        rep = _acct(request).verify(expect_head=body.expect_head)
+        heads = ([body.expect_head] if body.expect_head is not None else []) + body.expect_heads
+        rep = _acct(request).verify(expect_head=heads)
     except AuditFailed as exc:
         return {"ok": False, "error": str(exc), "head": str(_acct(request).ledger.head())}
     return {"ok": True, "report": doc(rep)}

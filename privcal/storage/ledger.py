@@ -254,14 +254,25 @@ class Ledger(
                 return AuditHeadInfo(seq=0, entry_hash=audit.GENESIS)
             return AuditHeadInfo(seq=last.seq, entry_hash=last.entry_hash)
 
-    def sign_head(self, private_key: Any) -> Any:
-        """The current head signed with an Ed25519 key (a key or its PEM file), a
-        :class:`~privcal.storage.signing.SignedHead`; see :mod:`privcal.storage.signing`."""
+    def sign_head(self, private_key: Any, *, previous: Any = None) -> Any:
+        """The head of a log that verifies, signed with an Ed25519 key (a key or its PEM
+        file): a :class:`~privcal.storage.signing.SignedHead`; see
+        :mod:`privcal.storage.signing`.
+
+        The log is verified first (:meth:`verify`; AuditFailed, nothing signed, if it does
+        not) and the head signed is the one verified: a signature vouches for a log that
+        verified when it was made (red team 18: a rewritten, even a broken, log was signed).
+        ``previous``: the last head signed with this key (file, document or SignedHead):
+        the log must contain it — a log rewritten or rolled back since is refused.
+        :func:`privcal.accountant.verification.sign_head` also recomputes every release's
+        guarantees first (``privcal audit head --sign``)."""
         from privcal.storage import signing
 
         key = private_key if hasattr(private_key, "sign") else \
             signing.load_private_key(private_key)
-        return signing.sign_head(self.head(), key)
+        rep = self.verify(signed_head=previous, allow_unsigned_tail=True,
+                          trusted_key=key.public_key() if previous is not None else None)
+        return signing.sign_report_head(rep.head, key)
 
 
 def _after_fork_in_child() -> None:

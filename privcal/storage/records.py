@@ -80,7 +80,12 @@ class VerifyReport(BaseModel):
     releases: int
     #: with a signed head: the last entry it covers, and how many entries follow it
     signed_through: int | None = None
+    #: when the newest signed head was signed (its own ``time``, as signed)
+    signed_at: str | None = None
     unsigned_entries: int = 0
+    #: how many kept heads (expected and signed) the log was checked against; 0: a log whose
+    #: newest entries were removed, or rewritten with every hash recomputed, verifies too
+    heads_checked: int = 0
     #: entries committed with their rows but not yet chained (PostgreSQL's ``audit_queue``,
     #: left when the sequencer could not run: a read-only connection), checked against
     #: their rows, and when the oldest was committed

@@ -163,6 +163,12 @@ def sign_head(head: AuditHeadInfo, private_key: Any, *, time: datetime | None = 
                       signature=base64.b64encode(sig).decode("ascii"))
 
 
+def sign_report_head(head: str, private_key: Any) -> SignedHead:
+    """:func:`sign_head` of the head ``SEQ:HASH`` a verification reported."""
+    seq, entry_hash = head.split(":", 1)
+    return sign_head(AuditHeadInfo(seq=int(seq), entry_hash=entry_hash), private_key)
+
+
 def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | SignedHead
                      ) -> SignedHead:
     """A signed head from a file, a parsed document, or as is (InvalidInput if malformed)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
 from functools import partial
@@ -177,12 +177,36 @@ def _check_entry(t: _Tally, seq: int, kind: str, data: dict[str, Any]) -> None:
     verifier(t, seq, data)
 
 
+def _several(x: Any) -> list[Any]:
+    """``x`` as a list: None → [], a list or tuple → itself, anything else → [x]."""
+    if x is None:
+        return []
+    return list(x) if isinstance(x, list | tuple) else [x]
+
+
+def _parse_head(expect_head: Any) -> tuple[int, str]:
+    """(seq, hash) of a kept head ``SEQ:HASH`` (InvalidInput if it is not one)."""
+    if not isinstance(expect_head, str):
+        raise InvalidInput("expect_head must be SEQ:HASH text (an integer and 64 hex "
+                           f"digits), got {type(expect_head).__name__}")
+    try:
+        seq_s, hash_s = expect_head.strip().split(":", 1)
+        want = (int(seq_s), hash_s.lower())
+        bytes.fromhex(want[1])
+        if len(want[1]) != 64 or want[0] < 0:
+            raise ValueError
+    except ValueError as exc:
+        raise InvalidInput("--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
+                           f"got {expect_head!r}") from exc
+    return want
+
+
 class LedgerVerifier:
     """The audit verification of a :class:`~privcal.storage.ledger.Ledger`."""
 
     # ``read`` is the Ledger's
 
-    def verify(self, expect_head: str | None = None, *, signed_head: Any = None,
+    def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
                progress: Progress | None = None) -> VerifyReport:
         """Recompute the whole chain and cross-check every row against its entry.
@@ -206,45 +230,44 @@ class LedgerVerifier:
         key holder did not sign: a failure naming the first, unless ``allow_unsigned_tail``
         (then counted in ``unsigned_entries``).
 
+        Several kept heads (a list of ``SEQ:HASH``, a list of signed heads) are each checked:
+        the log must contain every one (heads kept on different days, or received from other
+        auditors: a rollback to an older head, or a fork served to someone else, is detected
+        only by a head that is not in it); the newest signed head decides the unsigned tail.
+        Without any head, a log whose newest entries were removed (with their rows), or one
+        rewritten with every hash recomputed, verifies too (``heads_checked`` is 0).
+
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         """
-        signed = None
-        if signed_head is not None or trusted_key is not None:
+        heads = _several(expect_head)
+        signed_docs = _several(signed_head)
+        signed_all: list[Any] = []
+        if signed_docs or trusted_key is not None:
             from privcal.storage import signing
 
-            if signed_head is None or trusted_key is None:
+            if not signed_docs or trusted_key is None:
                 raise InvalidInput("a signed head is verified with a trusted public key: give "
                                    "both (--signed-head FILE --trusted-key PUBFILE)")
-            signed = signing.read_signed_head(signed_head)
-            signing.verify_signed_head(signed, trusted_key)
-        want: tuple[int, str] | None = None
+            for doc in signed_docs:
+                one = signing.read_signed_head(doc)
+                signing.verify_signed_head(one, trusted_key)
+                signed_all.append(one)
+        # the newest signed head decides which entries are unsigned; every one must be in the log
+        signed = max(signed_all, key=lambda h: h.seq) if signed_all else None
         wants: list[tuple[int, str, str]] = []
-        if expect_head is not None:
-            if not isinstance(expect_head, str):
-                raise InvalidInput("expect_head must be SEQ:HASH text (an integer and 64 hex "
-                                   f"digits), got {type(expect_head).__name__}")
-            try:
-                seq_s, hash_s = expect_head.strip().split(":", 1)
-                want = (int(seq_s), hash_s.lower())
-                bytes.fromhex(want[1])
-                if len(want[1]) != 64 or want[0] < 0:
-                    raise ValueError
-            except ValueError as exc:
-                raise InvalidInput(
-                    "--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
-                    f"got {expect_head!r}"
-                ) from exc
+        for h in heads:
+            wants.append((*_parse_head(h), "expected head"))
+        want = max(wants, key=lambda w: w[0])[:2] if wants else None
         # every committed entry into the chain first; a ledger that may only be read keeps
         # them queued, and they are checked and counted below
         try:
             self.sequence_audit(read_only_ok=True)  # type: ignore[attr-defined]
         except LedgerError:
             pass  # the head row is gone: the checks below say so (and check the queue)
-        if want is not None:
-            wants.append((want[0], want[1], "expected head"))
-        if signed is not None:
-            wants.append((signed.seq, signed.hash.lower(), "signed head"))
+        for one in signed_all:
+            what = "signed head" if len(signed_all) == 1 else f"signed head of {one.time}"
+            wants.append((one.seq, one.hash.lower(), what))
         with self.read() as s:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
@@ -298,8 +321,9 @@ class LedgerVerifier:
             for w_seq, w_hash, w_what in wants:
                 if w_seq > last:
                     raise AuditFailed(f"audit entry {last + 1}: missing; the {w_what} is "
-                                      f"entry {w_seq} but the log ends at {last} "
-                                      "(log truncated)")
+                                      f"entry {w_seq} but the log ends at {last} (entries "
+                                      "removed, or the log rewritten from an earlier entry: "
+                                      "a kept head cannot tell which)")
                 if w_seq == 0 and w_hash != audit.GENESIS:
                     raise AuditFailed(f"audit entry 0: the {w_what}'s hash is not the genesis "
                                       "hash")
@@ -333,6 +357,8 @@ class LedgerVerifier:
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
                                 charges=len(charges), releases=len(releases),
                                 signed_through=signed.seq if signed is not None else None,
+                                signed_at=signed.time if signed is not None else None,
+                                heads_checked=len(wants),
                                 queued=len(queued),
                                 queued_since=queued[0].created_at if queued else None,
                                 unsigned_entries=unsigned,

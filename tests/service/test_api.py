@@ -276,7 +276,15 @@ def test_agents_message_and_release(live: Live) -> None:
         rel = c.get(f"/v1/releases/{s['release_id']}").json()
         assert rel["method"] == "fedcp2-qq"
         v = c.post("/v1/audit/verify", json={"expect_head": _head(live)}).json()
-        assert v["ok"] is True
+        assert v["ok"] is True and v["report"]["heads_checked"] == 1
+        # several kept heads (red team 18): each must be in the log
+        seq, h = _head(live).split(":")
+        v = c.post("/v1/audit/verify", json={"expect_heads": [f"1:{'0' * 64}",
+                                                             f"{seq}:{h}"]}).json()
+        assert v["ok"] is False and "audit entry 1: hash differs" in v["error"]
+        v = c.post("/v1/audit/verify", json={"expect_head": f"{seq}:{h}",
+                                             "expect_heads": [f"{int(seq) + 5}:{h}"]}).json()
+        assert v["ok"] is False and f"audit entry {int(seq) + 1}: missing" in v["error"]
 
 
 @pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
