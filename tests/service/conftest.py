@@ -48,14 +48,19 @@ class Live:
         return str(new.token)
 
 
-def start_server(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
+def start_server(app: Any, http: Any = None) -> tuple[str, uvicorn.Server, threading.Thread]:
+    """``app`` served as ``privcal serve`` serves it: uvicorn with privcal's HTTP/1.1 protocol
+    (``http``: that protocol by default), on a free port of 127.0.0.1."""
+    from privcal.service.http_protocol import BoundedHttpTools
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           lifespan="on", backlog=1024))
+                                           lifespan="on", backlog=1024,
+                                           http=http or BoundedHttpTools))
     th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     th.start()
     deadline = time.monotonic() + 30
@@ -67,7 +72,7 @@ def start_server(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
 
 
 @contextmanager
-def serve(ledger_url: str) -> Iterator[Live]:
+def serve(ledger_url: str, http: Any = None) -> Iterator[Live]:
     """A server on a migrated ledger with datasets ``d`` (ρ ≤ 1, subject ε ≤ 10) and
     ``other``, and a token per role admin, auditor and analyst (granted ``d`` only)."""
     from privcal.accountant import Accountant
@@ -80,7 +85,7 @@ def serve(ledger_url: str) -> Iterator[Live]:
     acct.create_dataset("d", rho="1", subject_epsilon="10", allow_nonprivate=True)
     acct.create_dataset("other", rho="1")
     app = create_app(accountant=acct)
-    url, server, th = start_server(app)
+    url, server, th = start_server(app, http)
     lv = Live(url=url, app=app, accountant=acct, ledger_url=ledger_url)
     try:
         for role in ("admin", "auditor"):

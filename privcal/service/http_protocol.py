@@ -1,0 +1,136 @@
+"""The HTTP/1.1 connection: uvicorn's httptools protocol with a bounded request head.
+
+uvicorn's httptools protocol reads a request line and headers of any size, on the event loop,
+and appends each received piece to the bytes read so far (quadratic): one unauthenticated
+connection sending a 100 MiB header froze every other client for 28 s, and a connection
+that sends part of a head and then nothing was never closed (red team 18, httpsec F1/F2:
+~20 000 such connections exhausted the process's file descriptors). uvicorn has no limit of
+its own for either (its h11 protocol has a size limit but no time limit, and is slower).
+
+:class:`BoundedHttpTools` closes a connection
+
+- that has sent more than :data:`MAX_HEAD_BYTES` without completing a request head (request
+  line and headers), answering 431 (RFC 6585) with a problem document — so a head is read
+  at a cost linear in that limit (a complete head that arrives in one read, at most the
+  transport's read size, is parsed as uvicorn does);
+- that has not completed a request head :data:`HEAD_TIMEOUT_S` seconds after it was opened
+  or after the head's first byte arrived (answering 408 if it sent part of one).
+
+Bodies are bounded by the app (``--max-body``, 413) and idle kept-alive connections by
+uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
+(:func:`connection_limit`). A public deployment still belongs behind a reverse proxy (TLS,
+per-client rate limits: README "Run the service").
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from asyncio import TimerHandle, Transport
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["HEAD_TIMEOUT_S", "MAX_HEAD_BYTES", "BoundedHttpTools", "connection_limit"]
+
+#: bytes read of a request head (request line + headers) that is still incomplete, at most
+#: (nginx's default ``large_client_header_buffers`` is 4 × 8 KiB)
+MAX_HEAD_BYTES = 32 * 1024
+#: seconds a connection may take to send a complete request head
+HEAD_TIMEOUT_S = 20.0
+
+
+def _answer(status: int, reason: str, slug: str, detail: str) -> bytes:
+    body = json.dumps({"type": f"urn:privcal:problem:{slug}", "title": reason,
+                       "status": status, "detail": detail}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/problem+json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+_TOO_LARGE = _answer(431, "Request Header Fields Too Large", "header-too-large",
+                     f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+_TOO_SLOW = _answer(408, "Request Timeout", "head-timeout",
+                    "the request head was not complete in time")
+
+
+class BoundedHttpTools(HttpToolsProtocol):
+    """:class:`~uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` with the request
+    head bounded in size and in time (module docstring)."""
+
+    #: seconds to a complete request head (a subclass may set another)
+    head_timeout: float = HEAD_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # waiting for (the rest of) a request head
+        self._head_bytes = 0  # bytes received while the current head is incomplete
+        self._head_timer: TimerHandle | None = None
+        self._events = 0  # heads and messages completed on this connection
+
+    def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head and self._head_timer is None:
+            self._arm()
+        before = self._events
+        super().data_received(data)
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self._events != before:  # a head or a body ended in this piece: count afresh
+            self._head_bytes = 0
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse(_TOO_LARGE)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._events += 1
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._events += 1
+        self._in_head = True  # the next request's head (its timer starts at its first byte)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self._head_bytes or self.cycle is None:
+            # part of a head, or nothing at all since the connection opened
+            self._refuse(_TOO_SLOW if self._head_bytes else b"")
+        # else: an idle kept-alive connection, uvicorn's timeout_keep_alive closes it
+
+    def _refuse(self, answer: bytes) -> None:
+        self._disarm()
+        if answer:
+            self.transport.write(answer)
+        self.transport.close()
+
+
+def connection_limit() -> int:
+    """Open connections (and tasks) one worker process serves at once before answering 503
+    (uvicorn's ``limit_concurrency``): half the process's file-descriptor limit — the rest is
+    the ledger's connections, files and the listening socket — and at least 64."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 65536
+    return max(64, soft // 2)
