@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Check a privcal audit log without privcal: an auditor's own verifier (README, "Checking the
+log with your own code").
+
+    python verify_log.py --url https://privcal.example --token-file auditor.token \\
+        [--expect-head SEQ:HASH ...] [--signed-head head.json ... --trusted-key audit.key.pub] \\
+        [--save entries.json]
+    python verify_log.py --entries entries.json [...]
+
+It fetches every entry with ``GET /v1/audit/entries`` (an ``auditor`` or ``admin`` token), or
+reads a list of entries saved earlier, and checks, with the standard library only (the
+``cryptography`` package for signed heads):
+
+- every payload is the RFC 8785 text of ``{"seq", "kind", "data"}`` (re-serialised here, byte
+  for byte) and records its own entry's seq and kind;
+- the chain: ``leaf = SHA-256(0x00 ‖ payload)``, ``entry = SHA-256(0x01 ‖ prev ‖ leaf)`` on the
+  raw 32-byte digests, ``prev`` of entry 1 all zeros, entries 1, 2, 3, … without a gap;
+- every kept head (``--expect-head``) and every signed head (``--signed-head``, Ed25519 over the
+  RFC 8785 text of ``{"format", "seq", "hash", "time"}``) is in the log.
+
+Prints the head ``SEQ:HASH`` to keep for next time; exits 0 if everything holds, 4 naming the
+first entry that does not. It does not recompute guarantees or budgets (``privcal audit
+verify`` does, on a copy of the database); it needs no trust in the server that sent the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import sys
+import urllib.request
+from typing import Any
+
+GENESIS = bytes(32)
+
+
+def jcs(value: Any) -> str:
+    """RFC 8785 text of a JSON value without floats (privcal writes every non-integer number
+    as a decimal string): members sorted by the UTF-16 code units of their names, strings
+    escaped as ECMAScript's JSON.stringify does (what ``json.dumps`` writes for one string)."""
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: kv[0].encode("utf-16-be"))
+        return "{" + ",".join(f"{jcs(k)}:{jcs(v)}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(jcs(v) for v in value) + "]"
+    if isinstance(value, float):
+        raise ValueError("a JSON number with a fraction or exponent: not a privcal payload")
+    return json.dumps(value, ensure_ascii=False)
+
+
+def fetch(url: str, token: str, page: int = 1000) -> list[dict[str, Any]]:
+    """Every entry, page by page (``after`` = the last seq received; an empty page ends)."""
+    out: list[dict[str, Any]] = []
+    while True:
+        after = out[-1]["seq"] if out else 0
+        req = urllib.request.Request(f"{url.rstrip('/')}/v1/audit/entries?after={after}"
+                                     f"&limit={page}",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            got = json.load(resp)
+        if not got:
+            return out
+        out.extend(got)
+
+
+class Failed(Exception):
+    """The log does not verify: the message names the first entry that does not."""
+
+
+def check_chain(entries: list[dict[str, Any]]) -> str:
+    """The head ``SEQ:HASH`` of ``entries`` if they form a privcal log; else Failed."""
+    prev = GENESIS
+    for i, e in enumerate(entries, start=1):
+        where = f"entry {e.get('seq')}"
+        if e.get("seq") != i:
+            raise Failed(f"{where}: expected entry {i} (an entry missing, or out of order)")
+        text = e["payload"]
+        doc = json.loads(text)
+        if jcs(doc) != text:
+            raise Failed(f"{where}: the payload is not RFC 8785 text")
+        if doc.get("seq") != i or doc.get("kind") != e.get("kind"):
+            raise Failed(f"{where}: the payload records seq {doc.get('seq')} kind "
+                         f"{doc.get('kind')!r}")
+        if bytes.fromhex(e["prev_hash"]) != prev:
+            raise Failed(f"{where}: prev_hash is not the previous entry's hash")
+        leaf = hashlib.sha256(b"\x00" + text.encode("utf-8")).digest()
+        h = hashlib.sha256(b"\x01" + prev + leaf).digest()
+        if h.hex() != e["entry_hash"]:
+            raise Failed(f"{where}: the hash does not match its payload")
+        prev = h
+    return f"{len(entries)}:{prev.hex()}"
+
+
+def check_head(entries: list[dict[str, Any]], seq: int, hash_hex: str, what: str) -> None:
+    """Failed unless the log holds entry ``seq`` with ``hash_hex`` (0: the empty log)."""
+    if seq > len(entries):
+        raise Failed(f"entry {len(entries) + 1}: missing; the {what} is entry {seq} (entries "
+                     "removed, a rollback, or another history)")
+    have = entries[seq - 1]["entry_hash"] if seq else GENESIS.hex()
+    if have != hash_hex.lower():
+        raise Failed(f"entry {seq}: its hash differs from the {what} (log rewritten, or "
+                     "another history)")
+
+
+def check_signed(doc: dict[str, Any], public_pem: bytes) -> tuple[int, str]:
+    """(seq, hash) of a signed head whose Ed25519 signature holds; else Failed."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    msg = jcs({k: doc[k] for k in ("format", "seq", "hash", "time")}).encode("utf-8")
+    try:
+        load_pem_public_key(public_pem).verify(  # type: ignore[union-attr, call-arg]
+            base64.b64decode(doc["signature"], validate=True), msg)  # type: ignore[arg-type]
+    except (InvalidSignature, ValueError) as exc:
+        raise Failed(f"signed head {doc['seq']}:{doc['hash']} (signed {doc['time']}): the "
+                     "signature does not verify with the trusted key") from exc
+    return int(doc["seq"]), str(doc["hash"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", help="the privcal service")
+    src.add_argument("--entries", help="a JSON list of entries saved earlier (--save)")
+    ap.add_argument("--token-file", help="a file holding an auditor token (with --url)")
+    ap.add_argument("--expect-head", action="append", default=[], help="SEQ:HASH (repeat)")
+    ap.add_argument("--signed-head", action="append", default=[], help="a file (repeat)")
+    ap.add_argument("--trusted-key", help="the signer's public key (PEM)")
+    ap.add_argument("--save", help="write the entries fetched to this file")
+    a = ap.parse_args(argv)
+    if a.url and not a.token_file:
+        ap.error("--url needs --token-file")
+    if a.signed_head and not a.trusted_key:
+        ap.error("--signed-head needs --trusted-key")
+    if a.url:
+        with open(a.token_file, encoding="utf-8") as fh:
+            entries = fetch(a.url, fh.read().strip())
+    else:
+        with open(a.entries, encoding="utf-8") as fh:
+            entries = json.load(fh)
+    if a.save:
+        with open(a.save, "w", encoding="utf-8") as fh:
+            json.dump(entries, fh)
+    try:
+        head = check_chain(entries)
+        for kept in a.expect_head:
+            seq, _, h = kept.strip().partition(":")
+            check_head(entries, int(seq), h, f"kept head {kept}")
+        if a.signed_head:
+            with open(a.trusted_key, "rb") as fh:
+                pem = fh.read()
+            for path in a.signed_head:
+                with open(path, encoding="utf-8") as fh:
+                    seq, h = check_signed(json.load(fh), pem)
+                check_head(entries, seq, h, f"signed head in {path}")
+    except Failed as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 4
+    print(f"ok: {len(entries)} entries chain to the head {head}; keep it outside the "
+          f"database and pass it next time (--expect-head)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""``scripts/verify_log.py``: an auditor's own check of the log, without privcal (red team 18,
+auditor F4/F7) — against a real server, its saved entries, kept and signed heads, and
+tampered copies."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from privcal.accountant.verification import sign_head
+from privcal.costs import ZCDP
+from privcal.storage.signing import generate_keypair
+from tests.service.conftest import Live
+
+pytestmark = pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+
+_SPEC = importlib.util.spec_from_file_location(
+    "verify_log", Path(__file__).parents[2] / "scripts" / "verify_log.py")
+assert _SPEC is not None and _SPEC.loader is not None
+verify_log: Any = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(verify_log)
+
+
+def _activity(live: Live) -> None:
+    acct = live.accountant
+    for i, purpose in enumerate(["plain", "émigré ✓ \u2028 \U0001f600 ！ \\ \" \x7f", "x" * 300]):
+        acct.charge("d", ZCDP(rho=f"0.0{i + 1}"), purpose=purpose)
+    acct.calibrate("split", dataset="d", scores=[i / 100 for i in range(100)], alpha=0.1)
+
+
+def test_the_script_agrees_with_privcal(live: Live, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    _activity(live)
+    tok = tmp_path / "auditor.token"
+    tok.write_text(live.tokens["auditor"])
+    saved = tmp_path / "entries.json"
+    head = str(live.accountant.ledger.head())
+    assert verify_log.main(["--url", live.url, "--token-file", str(tok), "--save", str(saved),
+                            "--expect-head", head]) == 0
+    assert f"head {head}" in capsys.readouterr().out
+    entries = json.loads(saved.read_text())
+    assert len(entries) == int(head.split(":")[0])
+    # pages of two entries give the same log
+    assert verify_log.fetch(live.url, live.tokens["auditor"], page=2) == entries
+    # a head signed by privcal verifies with the script
+    priv, pub, _ = generate_keypair(tmp_path / "k.key", None)
+    signed = tmp_path / "head.json"
+    signed.write_text(sign_head(live.accountant, priv).model_dump_json())
+    assert verify_log.main(["--entries", str(saved), "--signed-head", str(signed),
+                            "--trusted-key", str(pub)]) == 0
+
+
+def test_the_script_catches_what_privcal_catches(live: Live, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    _activity(live)
+    tok = tmp_path / "auditor.token"
+    tok.write_text(live.tokens["auditor"])
+    saved = tmp_path / "entries.json"
+    assert verify_log.main(["--url", live.url, "--token-file", str(tok),
+                            "--save", str(saved)]) == 0
+    entries = json.loads(saved.read_text())
+    head = f"{entries[-1]['seq']}:{entries[-1]['entry_hash']}"
+
+    def verdict(rows: list[dict[str, Any]], *args: str) -> tuple[int, str]:
+        p = tmp_path / "t.json"
+        p.write_text(json.dumps(rows))
+        code = verify_log.main(["--entries", str(p), *args])
+        return code, capsys.readouterr().err
+
+    edited = [dict(e) for e in entries]
+    k = next(i for i, e in enumerate(edited) if '"rho":"0.02"' in e["payload"])
+    edited[k]["payload"] = edited[k]["payload"].replace('"0.02"', '"0.002"')
+    assert verdict(edited) == (4, f"FAILED: entry {k + 1}: the hash does not match its "
+                                  "payload\n")
+    # the newest entry removed: consistent on its own, caught by the kept head
+    assert verdict(entries[:-1])[0] == 0
+    code, err = verdict(entries[:-1], "--expect-head", head)
+    assert code == 4 and f"entry {len(entries)}: missing" in err
+    respaced = [dict(e) for e in entries]
+    respaced[1]["payload"] = respaced[1]["payload"].replace(":", ": ", 1)
+    assert verdict(respaced) == (4, "FAILED: entry 2: the payload is not RFC 8785 text\n")
+    gap = entries[:1] + entries[2:]
+    assert verdict(gap)[0] == 4
