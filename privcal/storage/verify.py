@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from privcal.errors import AuditFailed, InvalidInput, LedgerError
 from privcal.storage import audit
 from privcal.storage import sessions as _sessions
+from privcal.storage.kept_heads import parse_head, several
 from privcal.storage.logged_rows import ROW_KINDS, check_logged_row
 from privcal.storage.models import (
     AuditEntry,
@@ -177,30 +178,6 @@ def _check_entry(t: _Tally, seq: int, kind: str, data: dict[str, Any]) -> None:
     verifier(t, seq, data)
 
 
-def _several(x: Any) -> list[Any]:
-    """``x`` as a list: None → [], a list or tuple → itself, anything else → [x]."""
-    if x is None:
-        return []
-    return list(x) if isinstance(x, list | tuple) else [x]
-
-
-def _parse_head(expect_head: Any) -> tuple[int, str]:
-    """(seq, hash) of a kept head ``SEQ:HASH`` (InvalidInput if it is not one)."""
-    if not isinstance(expect_head, str):
-        raise InvalidInput("expect_head must be SEQ:HASH text (an integer and 64 hex "
-                           f"digits), got {type(expect_head).__name__}")
-    try:
-        seq_s, hash_s = expect_head.strip().split(":", 1)
-        want = (int(seq_s), hash_s.lower())
-        bytes.fromhex(want[1])
-        if len(want[1]) != 64 or want[0] < 0:
-            raise ValueError
-    except ValueError as exc:
-        raise InvalidInput("--expect-head must be SEQ:HASH (an integer and 64 hex digits), "
-                           f"got {expect_head!r}") from exc
-    return want
-
-
 class LedgerVerifier:
     """The audit verification of a :class:`~privcal.storage.ledger.Ledger`."""
 
@@ -240,8 +217,8 @@ class LedgerVerifier:
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         """
-        heads = _several(expect_head)
-        signed_docs = _several(signed_head)
+        heads = several(expect_head)
+        signed_docs = several(signed_head)
         signed_all: list[Any] = []
         if signed_docs or trusted_key is not None:
             from privcal.storage import signing
@@ -257,7 +234,7 @@ class LedgerVerifier:
         signed = max(signed_all, key=lambda h: h.seq) if signed_all else None
         wants: list[tuple[int, str, str]] = []
         for h in heads:
-            wants.append((*_parse_head(h), "expected head"))
+            wants.append((*parse_head(h), "expected head"))
         want = max(wants, key=lambda w: w[0])[:2] if wants else None
         # every committed entry into the chain first; a ledger that may only be read keeps
         # them queued, and they are checked and counted below
