@@ -74,6 +74,9 @@ class _Item:
     round: int | None
     value: Any
     token: tuple[str, str] | None = None  # a device's (token id, digest), checked in bulk
+    #: the id of the token an agent's message was authenticated with on arrival: the writer
+    #: re-checks it is still in force just before the write (revoked while it waited: 401)
+    recheck: str | None = None
     future: Future[Outcome] | None = None  # a thread's waiter (submit)
     afuture: asyncio.Future[Outcome] | None = None  # a request's waiter (submit_async) ...
     loop: asyncio.AbstractEventLoop | None = None  # ... on this event loop
@@ -165,11 +168,13 @@ class ReportBatcher:
         self._thread.join(timeout=10)
 
     def submit(self, session_id: int, subject: str, rnd: int | None, value: Any,
-               timeout: float | None = None) -> Outcome:
-        """Queue one report and wait for its outcome (library errors are re-raised)."""
+               timeout: float | None = None, *, recheck: str | None = None) -> Outcome:
+        """Queue one report and wait for its outcome (library errors are re-raised).
+        ``recheck``: the id of the token the request was authenticated with, refused (401)
+        if it is revoked or expires before the write."""
         if self._stopped:
             raise RuntimeError("the report writer is stopped")
-        item = _Item(session_id, subject, rnd, value, future=Future())
+        item = _Item(session_id, subject, rnd, value, future=Future(), recheck=recheck)
         self._q.put(item)
         assert item.future is not None
         try:
@@ -303,6 +308,7 @@ class ReportBatcher:
         from privcal.service.auth import device_problem
         from privcal.storage.token_checks import check_presented
 
+        items = self._recheck(items)
         deferred = [it for it in items if it.token is not None]
         if not deferred:
             return items
@@ -320,6 +326,27 @@ class ReportBatcher:
                 assert info is not None and info.subject is not None
                 it.subject, it.token = info.subject, None
         return [it for it in items if it.token is None and not it.done]
+
+    def _recheck(self, items: list[_Item]) -> list[_Item]:
+        """``items`` but those whose authenticated token (``recheck``) was revoked or expired
+        since the request arrived, which are answered 401 — as a device's token is."""
+        from privcal.service.auth import unauthenticated
+        from privcal.storage.token_checks import still_active
+
+        ids = [it.recheck for it in items if it.recheck is not None]
+        if not ids:
+            return items
+        try:
+            live = still_active(self.accountant.ledger, ids)
+        except Exception as exc:  # the ledger is unreachable: those waiters get the error
+            for it in items:
+                if it.recheck is not None:
+                    it.fail(exc)
+            return [it for it in items if it.recheck is None]
+        for it in items:
+            if it.recheck is not None and it.recheck not in live:
+                it.fail(unauthenticated())
+        return [it for it in items if not it.done]
 
     def _message_texts(self, sid: int, items: list[_Item]) -> dict[int, str | None]:
         """An agent message (an item without a round) as the library would store it —

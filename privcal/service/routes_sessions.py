@@ -243,7 +243,7 @@ def message_put(request: Request, body: MessageBody, sid: int = SessionId,
     p.check_session(sid)
     agent = p.token.agent
     assert agent is not None
-    out = request.app.state.batcher.submit(sid, agent, None, body.value)
+    out = request.app.state.batcher.submit(sid, agent, None, body.value, recheck=p.token.id)
     return _outcome(out, sid)
 
 

@@ -73,6 +73,23 @@ def check_presented(ledger: Any, presented: Sequence[tuple[str, str]], *,
     return out
 
 
+def still_active(ledger: Any, token_ids: Sequence[str]) -> set[str]:
+    """Which of ``token_ids`` — tokens a request was authenticated with when it arrived —
+    are still in force now (not revoked, not expired): one read, for the report writer to
+    refuse a queued agent message whose token was revoked while it waited (red team 18)."""
+    t = ApiToken.__table__
+    ids = sorted({str(x) for x in token_ids})
+    out: set[str] = set()
+    with ledger.read() as s:
+        at = now()
+        for i in range(0, len(ids), 500):
+            for r in s.execute(select(t.c.id, t.c.revoked_at, t.c.expires_at)
+                               .where(t.c.id.in_(ids[i:i + 500]))):
+                if active(r[1], r[2], at):
+                    out.add(r[0])
+    return out
+
+
 def active_token(ledger: Any, token_id: str) -> TokenInfo | None:
     """The record of token ``token_id`` if it exists and is in force now (not revoked, not
     expired: :func:`~privcal.storage.token_secrets.active`); else None. No secret is
