@@ -251,8 +251,13 @@ _REPORT_PATH = re.compile(r"^/v1/sessions/[^/]+/reports/[^/]+$")
 
 
 def _bearer(scope: Scope) -> str | None:
-    """The bearer token of the ``Authorization`` header, if any."""
-    auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    """The bearer token of the ``Authorization`` header, if there is exactly one such header
+    (red team 18: with two, the last one authenticated, while proxies and loggers read the
+    first — a request naming two callers is unauthenticated)."""
+    found = [v for k, v in scope["headers"] if k == b"authorization"]
+    if len(found) != 1:
+        return None
+    auth = found[0].decode("latin-1")
     scheme, _, presented = auth.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         return None

@@ -52,7 +52,9 @@ def check_fed_work(agents: int | None, sizes: Sequence[int], private: bool) -> N
     max_m, max_n = (FED2_MAX_AGENTS, FED2_MAX_LOCAL_N) if private else (FED_MAX_AGENTS,
                                                                         FED_MAX_LOCAL_N)
     m = max(agents or 0, len(sizes))
-    if not private and len(set(sizes[:FED_MAX_SIZES + 1])) > 1:
+    # every size decides "unequal" (red team 18: 1 000 sizes whose first 101 were equal were
+    # planned as equal ones, 16 s of CPU a request); linear in the body, which is bounded
+    if not private and len(set(sizes)) > 1:
         if len(sizes) > FED_MAX_SIZES:
             raise InvalidInput(f"the service plans FedCP-QQ with unequal local sizes for at "
                                f"most {FED_MAX_SIZES} agents, got {len(sizes)}{_CLI}")

@@ -63,6 +63,11 @@ def loads_strict(raw: str | bytes) -> Any:
     except RecursionError:  # nested past the interpreter's stack: invalid here, not a 500
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
+    except ValueError as exc:  # an integer past Python's 4 300 digits (red team 18: a 400)
+        if isinstance(exc, json.JSONDecodeError):
+            raise
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        raise json.JSONDecodeError("a number with too many digits", text, 0) from None
 
 
 #: every string token of a JSON text (group 2: followed by ':', i.e. an object key)

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -166,7 +167,28 @@ def _who(request: Request) -> Any:
     return request.scope.get("state", {}).get("principal")
 
 
+def cross_site(request: Request) -> bool:
+    """Whether a browser says this request comes from another origin (a form on another
+    page; red team 18: SameSite ignores the port, so a page on another port of this host
+    could make a logged-in auditor's browser post /ui/verify — a full verification — at
+    each load): ``Sec-Fetch-Site`` other than same-origin/none, or an ``Origin`` that is
+    not this server. A client that sends neither (not a browser) carries no ambient cookie
+    for anyone to abuse."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:  # every current browser sends it
+        return site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    # the host only: behind a proxy that terminates TLS the scheme seen here is http
+    return urlsplit(origin).netloc != request.headers.get("host", "")
+
+
 def _guard(request: Request) -> Response | None:
+    if request.method == "POST" and cross_site(request):
+        return _page("login.html", status=403,
+                     error="this form was sent from another site: open the page here and "
+                           "use its button")
     tok = _who(request)
     if tok is None:
         return RedirectResponse("/ui/login", status_code=303, headers=_HEADERS)
@@ -222,8 +244,10 @@ def login(request: Request, token: str = Form(max_length=200)) -> Response:
 
 
 @router.post("/logout", openapi_extra={"x-privcal-roles": ["public"]})
-def logout() -> Response:
-    """Drop the cookie."""
+def logout(request: Request) -> Response:
+    """Drop the cookie (not for a form sent from another site: :func:`cross_site`)."""
+    if cross_site(request):
+        return _page("login.html", status=403, error="this form was sent from another site")
     resp = RedirectResponse("/ui/login", status_code=303, headers=_HEADERS)
     resp.delete_cookie(COOKIE, path="/ui")
     return resp

@@ -117,3 +117,47 @@ def test_a_kept_alive_connection_outlives_the_head_timeout(quick: Live) -> None:
     s.sendall(b"GET /healthz HTTP/1.1\r\n")
     assert _read_all(s).startswith(b"HTTP/1.1 408 ")
     s.close()
+
+
+def test_unequal_sizes_are_judged_on_every_size(live: Live) -> None:
+    """httpsec F6: 1 000 sizes whose first 101 were equal were planned as equal ones."""
+    sizes = [100] * 101 + list(range(1, 900))
+    with live.client("analyst") as c:
+        r = c.post("/v1/fed/plan", json={"local_n": sizes, "alpha": 0.1})
+    assert r.status_code == 422 and "unequal local sizes for at most 100" in r.text, r.text
+
+
+def test_an_integer_past_the_digit_limit_is_invalid_input(live: Live) -> None:
+    """httpsec F8: a 5 000-digit JSON integer was a generic 400."""
+    with live.client("analyst") as c:
+        r = c.post("/v1/fed/plan", content=b'{"local_n": 1' + b"0" * 5000 + b', "alpha": 0.1}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["type"].endswith("invalid-input"), r.text[:300]
+
+
+def test_two_authorization_headers_authenticate_nobody(live: Live) -> None:
+    """httpsec F8: the last of two headers authenticated; proxies read the first."""
+    with live.client() as c:
+        r = c.get("/v1/audit/head", headers=[
+            ("Authorization", f"Bearer {live.tokens['analyst']}"),
+            ("Authorization", f"Bearer {live.tokens['auditor']}")])
+        assert r.status_code == 401
+        ok = c.get("/v1/audit/head",
+                   headers={"Authorization": f"Bearer {live.tokens['auditor']}"})
+        assert ok.status_code == 200
+
+
+def test_the_ui_forms_refuse_another_site(live: Live) -> None:
+    """httpsec F5: a page on another port of this host could post /ui/verify (a full
+    verification) with a logged-in auditor's cookie: SameSite ignores ports."""
+    with live.client(follow_redirects=False) as c:
+        assert c.post("/ui/login", data={"token": live.tokens["auditor"]}).status_code == 303
+        here = live.url.removeprefix("http://")
+        for headers in ({"Sec-Fetch-Site": "same-site"}, {"Sec-Fetch-Site": "cross-site"},
+                        {"Origin": "http://127.0.0.1:1"}, {"Origin": "null"}):
+            r = c.post("/ui/verify", headers=headers)
+            assert r.status_code == 403 and "another site" in r.text, headers
+            assert c.post("/ui/logout", headers=headers).status_code == 403
+        for headers in ({"Sec-Fetch-Site": "same-origin"}, {"Origin": f"http://{here}"}, {}):
+            r = c.post("/ui/verify", headers=headers)
+            assert r.status_code == 200 and "verify-result" in r.text, headers
