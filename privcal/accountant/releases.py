@@ -36,9 +36,10 @@ __all__ = ["get_release", "list_releases", "nonprivate_replay", "record_release"
            "release_for_charge"]
 
 
-def list_releases(ledger: Ledger, dataset: str | None = None) -> list[Release]:
-    """Every release (optionally of one dataset), coverage typed."""
-    return [Release.model_validate(r.model_dump()) for r in ledger.releases(dataset)]
+def list_releases(ledger: Ledger, dataset: str | None = None, **page: Any) -> list[Release]:
+    """Every release (optionally of one dataset), coverage typed; ``page``: ``after``,
+    ``limit`` and ``among`` of :meth:`~privcal.storage.releases.ReleaseStore.releases`."""
+    return [Release.model_validate(r.model_dump()) for r in ledger.releases(dataset, **page)]
 
 
 def get_release(ledger: Ledger, release_id: int, *, checked: bool = False,
