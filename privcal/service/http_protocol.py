@@ -25,7 +25,6 @@ per-client rate limits: README "Run the service").
 from __future__ import annotations
 
 import json
-import resource
 from asyncio import TimerHandle, Transport
 from typing import Any
 
@@ -129,7 +128,12 @@ class BoundedHttpTools(HttpToolsProtocol):
 def connection_limit() -> int:
     """Open connections (and tasks) one worker process serves at once before answering 503
     (uvicorn's ``limit_concurrency``): half the process's file-descriptor limit — the rest is
-    the ledger's connections, files and the listening socket — and at least 64."""
+    the ledger's connections, files and the listening socket — and at least 64 (512 where
+    the limit cannot be read: no ``resource`` module on Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return 512
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = 65536

@@ -32,11 +32,18 @@ def _activity(live: Live) -> None:
     acct.calibrate("split", dataset="d", scores=[i / 100 for i in range(100)], alpha=0.1)
 
 
-def test_the_script_agrees_with_privcal(live: Live, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def token_file(live: Live, tmp_path: Path) -> Path:
+    """Some activity on the live server's ledger, and a file holding an auditor token."""
     _activity(live)
     tok = tmp_path / "auditor.token"
     tok.write_text(live.tokens["auditor"])
+    return tok
+
+
+def test_the_script_agrees_with_privcal(live: Live, tmp_path: Path, token_file: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    tok = token_file
     saved = tmp_path / "entries.json"
     head = str(live.accountant.ledger.head())
     assert verify_log.main(["--url", live.url, "--token-file", str(tok), "--save", str(saved),
@@ -54,13 +61,10 @@ def test_the_script_agrees_with_privcal(live: Live, tmp_path: Path,
                             "--trusted-key", str(pub)]) == 0
 
 
-def test_the_script_catches_what_privcal_catches(live: Live, tmp_path: Path,
+def test_the_script_catches_what_privcal_catches(live: Live, tmp_path: Path, token_file: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    _activity(live)
-    tok = tmp_path / "auditor.token"
-    tok.write_text(live.tokens["auditor"])
     saved = tmp_path / "entries.json"
-    assert verify_log.main(["--url", live.url, "--token-file", str(tok),
+    assert verify_log.main(["--url", live.url, "--token-file", str(token_file),
                             "--save", str(saved)]) == 0
     entries = json.loads(saved.read_text())
     head = f"{entries[-1]['seq']}:{entries[-1]['entry_hash']}"
