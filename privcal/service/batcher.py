@@ -50,6 +50,7 @@ from typing import Any
 
 from privcal.errors import InvalidInput, PrivcalError
 from privcal.service.problems import ProblemError, problem_for, report_writer_busy
+from privcal.service.writer_tokens import check_tokens
 
 __all__ = ["Outcome", "ReportBatcher"]
 
@@ -254,7 +255,7 @@ class ReportBatcher:
         """Check tokens and write one batch per session; the items left for the next batch
         (a second report of a subject already in this one)."""
         carry: list[_Item] = []
-        pending = self._check_tokens(pending)
+        pending = check_tokens(self.accountant.ledger, pending)
         groups: dict[int, list[_Item]] = defaultdict(list)
         seen: set[tuple[int, str | None]] = set()
         with self._claims:  # what is written now is claimed; what a waiter gave up, dropped
@@ -301,52 +302,6 @@ class ReportBatcher:
                     it.fail(exc)
             if not isinstance(exc, PrivcalError):
                 log.exception("report batch for session %s failed", sid)
-
-    def _check_tokens(self, items: list[_Item]) -> list[_Item]:
-        """The items whose device token is valid for their session (their subject set from
-        it); the others are answered with their 401/403/404 problem."""
-        from privcal.service.auth import device_problem
-        from privcal.storage.token_checks import check_presented
-
-        items = self._recheck(items)
-        deferred = [it for it in items if it.token is not None]
-        if not deferred:
-            return items
-        try:
-            infos = check_presented(self.accountant.ledger, [it.token for it in deferred])
-        except Exception as exc:  # the ledger is unreachable: every waiter gets the error
-            for it in deferred:
-                it.fail(exc)
-            return [it for it in items if it.token is None]
-        for it, info in zip(deferred, infos, strict=True):
-            problem = device_problem(info, it.session_id)
-            if problem is not None:
-                it.fail(problem)
-            else:
-                assert info is not None and info.subject is not None
-                it.subject, it.token = info.subject, None
-        return [it for it in items if it.token is None and not it.done]
-
-    def _recheck(self, items: list[_Item]) -> list[_Item]:
-        """``items`` but those whose authenticated token (``recheck``) was revoked or expired
-        since the request arrived, which are answered 401 — as a device's token is."""
-        from privcal.service.auth import unauthenticated
-        from privcal.storage.token_checks import still_active
-
-        ids = [it.recheck for it in items if it.recheck is not None]
-        if not ids:
-            return items
-        try:
-            live = still_active(self.accountant.ledger, ids)
-        except Exception as exc:  # the ledger is unreachable: those waiters get the error
-            for it in items:
-                if it.recheck is not None:
-                    it.fail(exc)
-            return [it for it in items if it.recheck is None]
-        for it in items:
-            if it.recheck is not None and it.recheck not in live:
-                it.fail(unauthenticated())
-        return [it for it in items if not it.done]
 
     def _message_texts(self, sid: int, items: list[_Item]) -> dict[int, str | None]:
         """An agent message (an item without a round) as the library would store it —

@@ -64,7 +64,7 @@ def loads_strict(raw: str | bytes) -> Any:
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
     except ValueError as exc:  # an integer past Python's 4 300 digits (red team 18: a 400)
-        if isinstance(exc, json.JSONDecodeError):
+        if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
             raise
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         raise json.JSONDecodeError("a number with too many digits", text, 0) from None
