@@ -239,24 +239,16 @@ def evaluate(
     Mondrian release, per group against each group's guarantee); for a regression release,
     coverage and interval length (infinite intervals counted)."""
     if _regression_given(preds, lower_preds, upper_preds, probs):
-        from privcal.calibrators.evaluation import is_marginal
-        from privcal.calibrators.intervals import (
-            evaluate_intervals,
-            release_intervals,
-            release_lower,
-        )
-        from privcal.calibrators.shortfall import with_shortfall
         from privcal.cli.interval_output import emit_evaluation, load_regression_inputs
 
         if targets is None:
             raise click.UsageError("give the true targets: --targets FILE")
         rel = settings.accountant().release(release_id)
         level = _interval_level(alpha)
-        iv = release_intervals(rel, score_name=score, alpha=level, groups=load_groups(groups),
-                               **load_regression_inputs(preds, lower_preds, upper_preds))
-        ev = with_shortfall(evaluate_intervals(iv, load_array(targets, "targets"),
-                                               release_lower(rel, alpha=level),
-                                               is_marginal(rel.coverage)), rel)
+        grouped = load_groups(groups)  # the files in the order they were always read
+        inputs = load_regression_inputs(preds, lower_preds, upper_preds)
+        ev = rel.evaluate_interval(load_array(targets, "targets"), score_name=score,
+                                   alpha=level, groups=grouped, **inputs)
         emit_evaluation(rel, ev, as_json)
         return
     if targets is not None:
