@@ -16,6 +16,7 @@ the recorded cost).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -336,8 +337,5 @@ def sign_head(accountant: Any, private_key: Any, *, previous: Any = None,
     contain ``previous`` (the last head signed with this key)."""
     from privcal.storage import signing
 
-    key = private_key if hasattr(private_key, "sign") else \
-        signing.load_private_key(private_key)
-    rep = verify(accountant, signed_head=previous, allow_unsigned_tail=True, progress=progress,
-                 trusted_key=key.public_key() if previous is not None else None)
-    return signing.sign_report_head(rep.head, key)
+    return signing.sign_verified(partial(verify, accountant, progress=progress), private_key,
+                                 previous)

@@ -268,11 +268,7 @@ class Ledger(
         guarantees first (``privcal audit head --sign``)."""
         from privcal.storage import signing
 
-        key = private_key if hasattr(private_key, "sign") else \
-            signing.load_private_key(private_key)
-        rep = self.verify(signed_head=previous, allow_unsigned_tail=True,
-                          trusted_key=key.public_key() if previous is not None else None)
-        return signing.sign_report_head(rep.head, key)
+        return signing.sign_verified(self.verify, private_key, previous)
 
 
 def _after_fork_in_child() -> None:

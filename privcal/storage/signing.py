@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "load_public_key",
     "read_signed_head",
     "sign_head",
+    "sign_verified",
     "verify_signed_head",
 ]
 
@@ -163,10 +165,17 @@ def sign_head(head: AuditHeadInfo, private_key: Any, *, time: datetime | None = 
                       signature=base64.b64encode(sig).decode("ascii"))
 
 
-def sign_report_head(head: str, private_key: Any) -> SignedHead:
-    """:func:`sign_head` of the head ``SEQ:HASH`` a verification reported."""
-    seq, entry_hash = head.split(":", 1)
-    return sign_head(AuditHeadInfo(seq=int(seq), entry_hash=entry_hash), private_key)
+def sign_verified(verify: Callable[..., Any], private_key: Any, previous: Any = None
+                  ) -> SignedHead:
+    """The head a verification reports, signed: ``verify`` (a ``verify`` of the ledger or of
+    the accountant) runs with ``previous`` — the last head signed with this key, which the
+    log must contain — as its signed head, entries after it allowed; its AuditFailed means
+    nothing is signed."""
+    key = private_key if hasattr(private_key, "sign") else load_private_key(private_key)
+    rep = verify(signed_head=previous, allow_unsigned_tail=True,
+                 trusted_key=key.public_key() if previous is not None else None)
+    seq, entry_hash = rep.head.split(":", 1)
+    return sign_head(AuditHeadInfo(seq=int(seq), entry_hash=entry_hash), key)
 
 
 def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | SignedHead
