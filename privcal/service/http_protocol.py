@@ -24,11 +24,12 @@ per-client rate limits: README "Run the service").
 
 from __future__ import annotations
 
-import json
 from asyncio import TimerHandle, Transport
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from privcal.service.problems import ProblemError, problem_response
 
 __all__ = ["HEAD_TIMEOUT_S", "MAX_HEAD_BYTES", "BoundedHttpTools", "connection_limit"]
 
@@ -40,10 +41,12 @@ HEAD_TIMEOUT_S = 20.0
 
 
 def _answer(status: int, reason: str, slug: str, detail: str) -> bytes:
-    body = json.dumps({"type": f"urn:privcal:problem:{slug}", "title": reason,
-                       "status": status, "detail": detail}).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/problem+json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    """The bytes of the service's problem response (:func:`problem_response`), written on the
+    connection before the app has a request to answer; the connection closes after it."""
+    resp = problem_response(ProblemError(status, slug, reason, detail,
+                                         headers={"connection": "close"}))
+    head = b"".join(k + b": " + v + b"\r\n" for k, v in resp.raw_headers)
+    return f"HTTP/1.1 {status} {reason}\r\n".encode() + head + b"\r\n" + bytes(resp.body)
 
 
 _TOO_LARGE = _answer(431, "Request Header Fields Too Large", "header-too-large",
