@@ -6,7 +6,7 @@ check of the token its session credential names (:func:`active_token`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from typing import Any, NamedTuple
 
@@ -56,9 +56,7 @@ def check_presented(ledger: Any, presented: Sequence[tuple[str, str]], *,
             for r in s.execute(text(_CHECK_PG).columns(*cols), {"ids": "\n".join(ids)}):
                 rows[r[0]] = r
         else:
-            for i in range(0, len(ids), 500):
-                for r in s.execute(select(*cols).where(t.c.id.in_(ids[i:i + 500]))):
-                    rows[r[0]] = r
+            rows.update((r[0], r) for r in _rows(s, cols, ids))
         at = now()
     out: list[DeviceGrant | None] = []
     for tid, digest in presented:
@@ -82,12 +80,17 @@ def still_active(ledger: Any, token_ids: Sequence[str]) -> set[str]:
     out: set[str] = set()
     with ledger.read() as s:
         at = now()
-        for i in range(0, len(ids), 500):
-            for r in s.execute(select(t.c.id, t.c.revoked_at, t.c.expires_at)
-                               .where(t.c.id.in_(ids[i:i + 500]))):
-                if active(r[1], r[2], at):
-                    out.add(r[0])
+        for r in _rows(s, (t.c.id, t.c.revoked_at, t.c.expires_at), ids):
+            if active(r[1], r[2], at):
+                out.add(r[0])
     return out
+
+
+def _rows(s: Any, cols: Sequence[Any], ids: Sequence[str]) -> Iterator[Any]:
+    """The ``cols`` of the tokens ``ids`` (the first column the id), 500 ids a query."""
+    t = ApiToken.__table__
+    for i in range(0, len(ids), 500):
+        yield from s.execute(select(*cols).where(t.c.id.in_(ids[i:i + 500])))
 
 
 def active_token(ledger: Any, token_id: str) -> TokenInfo | None:
