@@ -397,6 +397,17 @@ class LedgerMachine(RuleBasedStateMachine):
         assert cid not in self.seen_charge_ids, f"charge id {cid} given twice"
         self.seen_charge_ids.add(cid)
 
+    def _charged(self, m: DS, cid: int | None, cost: tuple[Any, ...] | None = None) -> None:
+        """One accepted charge of ``m`` in the model: its id new (if known), its central cost
+        (kind, ε, ρ, δ) added if given, and one more charge and log entry counted."""
+        if cid is not None:
+            self._new_charge_id(cid)
+        if cost is not None:
+            m.add(*cost)
+        m.charges += 1
+        self.entries += 1
+        self.charges_total += 1
+
     def _amount(self, m: DS, mode: str, target: Fraction, rnd: random.Random) -> Fraction:
         """An amount (before rounding) aimed at ``target`` (what is left, in the cost's unit)."""
         if mode == "exact":
@@ -572,11 +583,7 @@ class LedgerMachine(RuleBasedStateMachine):
             f"{m.cap_delta})")
         event(f"charge: accepted ({m.notion}, {kind}, {mode}, {verdict})")
         assert not rec.replayed
-        self._new_charge_id(rec.charge_id)
-        m.add(kind, c_eps, c_rho, c_delta)
-        m.charges += 1
-        self.entries += 1
-        self.charges_total += 1
+        self._charged(m, rec.charge_id, (kind, c_eps, c_rho, c_delta))
         if key is not None:
             m.keys[key] = KeyUse("charge", (kind, (c_eps, c_rho, c_delta), purpose),
                                  charge_id=rec.charge_id, receipt=rec)
@@ -695,20 +702,13 @@ class LedgerMachine(RuleBasedStateMachine):
         assert res.accepted_mask is not None
         assert list(res.accepted_mask) == accepted, (list(res.accepted_mask), accepted)
         assert res.accepted == sum(accepted)
-        self._new_charge_id(res.charge_id)
+        self._charged(m, res.charge_id)
         for s, ok in zip(subjects, accepted, strict=True):
             if ok:
                 m.subjects[s] = m.subjects.get(s, Fraction(0)) + e
-        m.charges += 1
-        self.entries += 1
-        self.charges_total += 1
         if cc is not None:
             assert res.central is not None
-            self._new_charge_id(res.central.charge_id)
-            m.add(ckind, ce, cr, cd)
-            m.charges += 1
-            self.entries += 1
-            self.charges_total += 1
+            self._charged(m, res.central.charge_id, (ckind, ce, cr, cd))
         if key is not None:
             m.keys[key] = KeyUse("subjects", (dec(e), tuple(subjects), cc),
                                  charge_id=res.charge_id, receipt=res)
@@ -797,10 +797,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert rel.id not in self.seen_release_ids
         self.seen_release_ids.add(rel.id)
         if method != "split":
-            m.add(kind, ce, cr, Fraction(0))
-            m.charges += 1
-            self.entries += 1
-            self.charges_total += 1
+            self._charged(m, None, (kind, ce, cr, Fraction(0)))
         if key is not None:
             keys[key] = KeyUse("calibrate", (method, amount, alpha, data_seed),
                                release_id=rel.id, receipt=rel)
@@ -940,11 +937,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert firsts[0].charge_id == firsts[1].charge_id, firsts  # type: ignore[union-attr]
                 assert sorted(bool(r.replayed) for r in firsts) == [False, True]  # type: ignore[union-attr]
         for cid, op in recorded.items():
-            self._new_charge_id(cid)
-            m.add(*ops[op])
-            m.charges += 1
-            self.entries += 1
-            self.charges_total += 1
+            self._charged(m, cid, ops[op])
             if shared is not None and op in (0, 4):
                 kind, e, r, d = ops[op]
                 rec0 = out[op // 4][0][1]
@@ -1011,11 +1004,9 @@ class LedgerMachine(RuleBasedStateMachine):
         assert res[0].id == res[1].id and res[0] == res[1], res
         event("concurrent calibrate: one release")
         self.seen_release_ids.add(res[0].id)
-        m.add("zcdp", Fraction(0), c, Fraction(0))
-        m.charges += 1
+        self._charged(m, None, ("zcdp", Fraction(0), c, Fraction(0)))
         m.releases += 1
-        self.entries += 2
-        self.charges_total += 1
+        self.entries += 1
         self.releases_total += 1
         m.keys[key] = KeyUse("calibrate", ("pcoqs", rho, 0.1, 1), release_id=res[0].id,
                              receipt=res[0])
@@ -1036,11 +1027,7 @@ class LedgerMachine(RuleBasedStateMachine):
             c = (ONE_Q, Fraction(0)) if kind == "pure" else (Fraction(0), ONE_Q)
             if m.fits(kind, c[0], c[1], Fraction(0)):
                 rec = acct.charge(m.name, _cost(kind, c[0], c[1], Fraction(0)))
-                self._new_charge_id(rec.charge_id)
-                m.add(kind, c[0], c[1], Fraction(0))
-                m.charges += 1
-                self.entries += 1
-                self.charges_total += 1
+                self._charged(m, rec.charge_id, (kind, c[0], c[1], Fraction(0)))
         left = m.remaining_exact()
         assert left is not None
         if kind == "pure" and m.notion == "zcdp":  # ε²/2 ≤ left: the largest 12-place ε
@@ -1058,11 +1045,7 @@ class LedgerMachine(RuleBasedStateMachine):
             c = (exact, Fraction(0)) if kind == "pure" else (Fraction(0), exact)
             assert m.fits(kind, c[0], c[1], Fraction(0))
             rec = a.charge(m.name, _cost(kind, c[0], c[1], Fraction(0)))
-            self._new_charge_id(rec.charge_id)
-            m.add(kind, c[0], c[1], Fraction(0))
-            m.charges += 1
-            self.entries += 1
-            self.charges_total += 1
+            self._charged(m, rec.charge_id, (kind, c[0], c[1], Fraction(0)))
             event("stale view: filled to the cap")
 
     @precondition(lambda self: any(m.subject_cap for m in self.ds.values()))
@@ -1080,11 +1063,8 @@ class LedgerMachine(RuleBasedStateMachine):
         for acct, e0 in ((a, m.subject_cap - ONE_Q), (b, ONE_Q)):
             res = acct.charge_subjects(m.name, _as_form(e0, "str"), [sid])
             assert res.accepted == 1, res
-            self._new_charge_id(res.charge_id)
+            self._charged(m, res.charge_id)
             m.subjects[sid] = m.subjects.get(sid, Fraction(0)) + e0
-            m.charges += 1
-            self.entries += 1
-            self.charges_total += 1
         assert frac(b.subject_spend(m.name, sid)) == m.subject_cap
         before = self._snap()
         with pytest.raises(BudgetRefused):
