@@ -68,7 +68,7 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
         import uvicorn
 
         from privcal.service.app import create_app
-        from privcal.service.http_protocol import BoundedHttpTools, connection_limit
+        from privcal.service.http_protocol import uvicorn_options
     except ImportError as exc:
         raise InvalidInput(f"privcal serve needs the server extra: pip install "
                            f"'privcal[server]' (from a clone: pip install '.[server]') "
@@ -99,9 +99,7 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
     if workers == 1:
         app: Any = create_app(accountant=Accountant(ledger), body_limit=max_body,
                               report_window=report_window)
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                                timeout_keep_alive=30, backlog=2048, http=BoundedHttpTools,
-                                limit_concurrency=connection_limit())
+        config = uvicorn.Config(app, log_level=log_level, **uvicorn_options())
         uvicorn.Server(config).run(sockets=[sock])
         return
     # several processes on one socket: each builds the app from these variables
@@ -113,9 +111,7 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
     os.environ["PRIVCAL_SERVE_BODY_LIMIT"] = str(max_body)
     os.environ["PRIVCAL_SERVE_REPORT_WINDOW"] = str(report_window)
     config = uvicorn.Config("privcal.service.app:app_from_env", factory=True,
-                            log_level=log_level, access_log=False, lifespan="on",
-                            timeout_keep_alive=30, backlog=2048, workers=workers,
-                            http=BoundedHttpTools, limit_concurrency=connection_limit())
+                            log_level=log_level, workers=workers, **uvicorn_options())
     Multiprocess(config, sockets=[sock]).run()
 
 

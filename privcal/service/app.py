@@ -44,6 +44,7 @@ from privcal.service.problems import (
     unauthenticated,
     unsupported_media_type,
 )
+from privcal.service.response_headers import with_standard_headers
 from privcal.service.session_reads import SESSION_ROUTE, try_lean_get
 
 __all__ = ["DEFAULT_BODY_LIMIT", "PrivcalApp", "ServiceMiddleware", "app_from_env", "create_app"]
@@ -70,6 +71,7 @@ class ServiceMiddleware:
         async def send_wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                message["headers"] = with_standard_headers(list(message.get("headers", ())))
             await send(message)
 
         try:

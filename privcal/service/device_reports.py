@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from privcal.errors import PrivcalError
 from privcal.service.problems import ProblemError, problem_for, problem_response
+from privcal.service.response_headers import with_standard_headers
 from privcal.storage.releases import MAX_STORED_ID
 
 __all__ = ["REPORT_BODY_LIMIT", "REPORT_ROUTE", "lean_target", "parse_report", "put_report",
@@ -140,6 +141,7 @@ async def try_lean(scope: Scope, receive: Receive, send: Send, *,
     async def send_noted(message: Message) -> None:
         if message["type"] == "http.response.start":
             status["code"] = message["status"]
+            message["headers"] = with_standard_headers(list(message.get("headers", ())))
         await send(message)
 
     await put_report(scope, send_noted, sid, *parsed)

@@ -30,8 +30,10 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from privcal.service.problems import ProblemError, problem_response
+from privcal.service.response_headers import with_standard_headers
 
-__all__ = ["HEAD_TIMEOUT_S", "MAX_HEAD_BYTES", "BoundedHttpTools", "connection_limit"]
+__all__ = ["HEAD_TIMEOUT_S", "MAX_HEAD_BYTES", "BoundedHttpTools", "connection_limit",
+           "uvicorn_options"]
 
 #: bytes read of a request head (request line + headers) that is still incomplete, at most
 #: (nginx's default ``large_client_header_buffers`` is 4 × 8 KiB)
@@ -45,7 +47,7 @@ def _answer(status: int, reason: str, slug: str, detail: str) -> bytes:
     connection before the app has a request to answer; the connection closes after it."""
     resp = problem_response(ProblemError(status, slug, reason, detail,
                                          headers={"connection": "close"}))
-    head = b"".join(k + b": " + v + b"\r\n" for k, v in resp.raw_headers)
+    head = b"".join(k + b": " + v + b"\r\n" for k, v in with_standard_headers(resp.raw_headers))
     return f"HTTP/1.1 {status} {reason}\r\n".encode() + head + b"\r\n" + bytes(resp.body)
 
 
@@ -141,3 +143,14 @@ def connection_limit() -> int:
     if soft == resource.RLIM_INFINITY:
         soft = 65536
     return max(64, soft // 2)
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """The ``uvicorn.Config`` options of every ``privcal serve`` worker (and of the service
+    tests' server): :class:`BoundedHttpTools`, :func:`connection_limit`, idle kept-alive
+    connections closed after 30 s, no access log of uvicorn's own (the app writes one:
+    :mod:`privcal.service.app`), the app's lifespan run, and no ``Server: uvicorn`` header
+    (:mod:`privcal.service.response_headers`)."""
+    return {"http": BoundedHttpTools, "limit_concurrency": connection_limit(),
+            "timeout_keep_alive": 30, "backlog": 2048, "access_log": False, "lifespan": "on",
+            "server_header": False}

@@ -30,6 +30,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import Scope, Send
 
+from privcal.service.response_headers import STANDARD_HEADERS
 from privcal.storage.releases import MAX_STORED_ID
 
 __all__ = ["SESSION_ROUTE", "PublicStates", "try_lean_get"]
@@ -128,6 +129,6 @@ async def try_lean_get(scope: Scope, send: Send) -> int | None:
     scope.setdefault("state", {})["deferred"] = DeferredPrincipal(presented)  # access log
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode()),
-                            (b"content-type", b"application/json")]})
+                            (b"content-type", b"application/json"), *STANDARD_HEADERS]})
     await send({"type": "http.response.body", "body": body})
     return 200
