@@ -326,7 +326,8 @@ class LedgerVerifier:
                     raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
                                       "outside privcal, or its entry deleted)")
             check_release_charges(releases, charges, tally.logged["release"],
-                                  self.release_charge_links(s), tally.coll)  # type: ignore[attr-defined]
+                                  self.release_charge_links(s), tally.coll,  # type: ignore[attr-defined]
+                                  tally.logged["charge"])
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
             self._check_totals(s, datasets, charges)
             check_subject_spends(s, datasets, charges, tally.logged["charge"],

@@ -166,13 +166,18 @@ def shortfall(privacy: Any, charges: Sequence[Any], reports: int = 0) -> str | N
 
 def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any],
                           seqs: Mapping[int, int], links: Mapping[int, int] | None = None,
-                          sessions: Mapping[int, Any] | None = None) -> None:
+                          sessions: Mapping[int, Any] | None = None,
+                          charge_seqs: Mapping[int, int] | None = None) -> None:
     """Every release row paid for by charges of its own dataset that pay for no other
     release, costing at least its recorded privacy cost (:func:`shortfall`; a local release
     by as many subjects as it used reports: ``sessions``, the collection session rows, give a
     session's release the reports its session accepted); and ``links`` (the rows of
-    ``release_charges``: charge id → release id) exactly the charges the releases name.
-    AuditFailed naming the release's audit entry (``seqs``: release id → seq) otherwise."""
+    ``release_charges``: charge id → release id) exactly the charges the releases name; and
+    (``charge_seqs``: charge id → seq of its audit entry) every charge logged *before* the
+    release it pays for — privcal charges, then releases, so a release whose entry precedes a
+    charge it names was recorded unpaid, with that charge added later (red team 18, auditor
+    F9). AuditFailed naming the release's audit entry (``seqs``: release id → seq)
+    otherwise."""
     totals = {c.release_id: int((c.state or {}).get("total", 0))
               for c in (sessions or {}).values() if c.release_id is not None}
     owner: dict[int, int] = {}
@@ -196,6 +201,10 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
                 raise AuditFailed(f"{where}: charge {cid} already paid for release "
                                   f"{owner[cid]} (a charge pays for one release)")
             owner[cid] = rid
+            logged = None if charge_seqs is None else charge_seqs.get(cid)
+            if logged is not None and rid in seqs and logged > seqs[rid]:
+                raise AuditFailed(f"{where}: charge {cid} is logged after it (audit entry "
+                                  f"{logged}); a release is paid for before it is recorded")
         why = shortfall(r.privacy, [charges[i] for i in ids],
                         reports_used(r.shape, session_total=totals.get(rid)))
         if why is not None:
