@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from privcal.errors import AuditFailed
+from privcal.errors import AuditFailed, InvalidInput
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import doc
 from privcal.service.json_body import JsonRoute
@@ -82,14 +82,29 @@ class VerifyBody(BaseModel):
     #: operator fetches /v1/audit/entries and checks them with its own code (README)
     expect_heads: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list,
                                                                       max_length=1000)
+    #: heads signed with ``privcal audit head --sign`` (each document as that command writes
+    #: it), checked with ``trusted_key`` (the Ed25519 public key's PEM text): as
+    #: ``audit verify --signed-head FILE --trusted-key PUB``
+    signed_heads: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+    trusted_key: str | None = Field(default=None, max_length=1000)
+    #: entries after the newest signed head are counted (``unsigned_entries``), not refused
+    allow_unsigned_tail: bool = False
 
 
 @router.post("/audit/verify", **allow("admin", "auditor"))
 def audit_verify(request: Request, body: VerifyBody) -> dict[str, Any]:
     """Recompute the chain and every release's guarantees: ``ok`` and the first failure."""
+    from privcal.storage.signing import public_key_from_pem, read_signed_head
+
+    heads = ([body.expect_head] if body.expect_head is not None else []) + body.expect_heads
+    if (body.trusted_key is None) != (not body.signed_heads):
+        raise InvalidInput("signed_heads and trusted_key go together: a signed head is "
+                           "checked with the key that signed it")
+    signed = [read_signed_head(d) for d in body.signed_heads]  # 422 before any work if bad
+    key = None if body.trusted_key is None else public_key_from_pem(body.trusted_key.encode())
     try:
-        heads = ([body.expect_head] if body.expect_head is not None else []) + body.expect_heads
-        rep = _acct(request).verify(expect_head=heads)
+        rep = _acct(request).verify(expect_head=heads, signed_head=signed, trusted_key=key,
+                                    allow_unsigned_tail=body.allow_unsigned_tail)
     except AuditFailed as exc:
         return {"ok": False, "error": str(exc), "head": str(_acct(request).ledger.head())}
     return {"ok": True, "report": doc(rep)}

@@ -38,6 +38,7 @@ __all__ = [
     "generate_keypair",
     "load_private_key",
     "load_public_key",
+    "public_key_from_pem",
     "read_signed_head",
     "sign_head",
     "sign_verified",
@@ -142,15 +143,21 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
 
 def load_public_key(path: str | os.PathLike[str]) -> Any:
     """An Ed25519 public key from a PEM file (InvalidInput if it is not one)."""
+    return public_key_from_pem(_read(path, "public key"), str(path))
+
+
+def public_key_from_pem(pem: bytes, source: str = "the trusted key") -> Any:
+    """An Ed25519 public key from its PEM text (SubjectPublicKeyInfo, as
+    :func:`generate_keypair` writes it); InvalidInput naming ``source`` if it is not one."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     try:
-        key = serialization.load_pem_public_key(_read(path, "public key"))
+        key = serialization.load_pem_public_key(pem)
     except (ValueError, TypeError) as exc:
-        raise InvalidInput(f"{path} is not a PEM public key") from exc
+        raise InvalidInput(f"{source} is not a PEM public key") from exc
     if not isinstance(key, Ed25519PublicKey):
-        raise InvalidInput(f"{path} is not an Ed25519 public key")
+        raise InvalidInput(f"{source} is not an Ed25519 public key")
     return key
 
 
@@ -188,7 +195,8 @@ def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | Sign
             return SignedHead.model_validate(path_or_doc)
         return SignedHead.model_validate_json(_read(path_or_doc, "signed head"))
     except ValidationError as exc:
-        raise InvalidInput(f"{path_or_doc} is not a privcal signed head: "
+        what = "the document" if isinstance(path_or_doc, dict) else str(path_or_doc)
+        raise InvalidInput(f"{what} is not a privcal signed head: "
                            f"{': '.join(filter(None, first_error(exc)[:2]))}") from exc
 
 
