@@ -114,11 +114,14 @@ def test_charge_subjects_mask_duplicates_cap_and_central(accountant: Any) -> Non
     assert r1.accepted == 3 and r1.accepted_mask.tolist() == [True, True, True]
     ids = np.array([3, 4, 4, 5, 1])
     r2 = accountant.charge_subjects("d", 0.5, ids, central_cost=ApproxDP(eps=0.1, delta=1e-7))
-    # 3 and 1 have 0.5 left: accepted; the second 4 is a duplicate
-    assert r2.accepted_mask.tolist() == [True, True, False, True, True]
+    # 3 and 1 have 0.5 left: accepted; one of the two rows of 4 (either: chosen at random,
+    # never by position), the other a duplicate
+    m2 = r2.accepted_mask.tolist()
+    assert m2[0] and m2[3] and m2[4] and m2[1] != m2[2]
     assert (r2.rejected_over_cap, r2.rejected_duplicate) == (0, 1)
     r3 = accountant.charge_subjects("d", 0.5, ids)
-    assert r3.accepted_mask.tolist() == [False, True, False, True, False]
+    m3 = r3.accepted_mask.tolist()
+    assert not (m3[0] or m3[4]) and m3[3] and m3[1] != m3[2]
     assert (r3.accepted, r3.rejected_over_cap, r3.rejected_duplicate) == (2, 2, 1)
     assert accountant.subject_spend("d", 3) == Decimal(2)
     assert accountant.subject_spend("d", 4) == Decimal(1)

@@ -24,7 +24,8 @@ def test_fedcp_qq_plan_json() -> None:
 def test_fedcp_qq_plan_human() -> None:
     res = _run("--agents", "5", "--local-n", "10", "--alpha", "0.1")
     assert res.exit_code == 0
-    assert "agent order ℓ" in res.stdout and "0.9256259546" in res.stdout
+    # M = 0.92562595457…, printed rounded down (a coverage bound never states more)
+    assert "agent order ℓ" in res.stdout and "0.9256259545" in res.stdout
 
 
 def test_fedcp2_qq_plan_json() -> None:

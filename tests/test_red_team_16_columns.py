@@ -205,34 +205,38 @@ def test_swapped_quantile_predictions_are_warned_about(acct: Any) -> None:
 def test_evaluate_tells_a_split_releases_catastrophic_shortfall_from_chance() -> None:
     """F10: 0.31 coverage against a split release's 0.9 at n = 3000 was "probability at most
     0.21 under it (Markov's inequality): weak evidence"; a split release's coverage is
-    Beta(r, n+1−r), under which it is ~0 — strong evidence (check the inputs)."""
+    Beta(r, n+1−r), under which such a test result is ~0 — strong evidence (check the
+    inputs). The figure is of the test result (red team 19, F5): the beta-binomial tail of
+    the points covered."""
     from types import SimpleNamespace
 
-    from scipy.stats import beta
+    from scipy.stats import betabinom
 
+    from privcal.calibrators.evaluation import coverage_check
     from privcal.cli.render import guarantee_verdict
 
-    def ev(u: float, lower: float) -> Any:
-        return SimpleNamespace(meets_guarantee=False, consistent_with_guarantee=False,
-                               marginal=True, coverage_upper_95=u, guaranteed_lower=lower)
+    def ev(m: int, covered: int, lower: float) -> Any:
+        return SimpleNamespace(n=m, **coverage_check(covered, m, lower, True))
 
     split = SimpleNamespace(method="split", coverage=SimpleNamespace(rank=2701),
                             shape={"n": 3000})
-    text = guarantee_verdict(ev(0.3148, 2701 / 3001), 0.0, split)
+    text = guarantee_verdict(ev(3000, 900, 2701 / 3001), 0.0, split)
     assert "Beta(2701, 300)" in text and "probability at most 0 " in text
     assert text.endswith("strong evidence against it: check the inputs (column order, "
                          "score, the data's distribution)")
-    # a mild shortfall at a small n: the Beta tail, smaller than Markov's, and weak
+    # a mild shortfall at a small n: the beta-binomial tail, smaller than Markov's, and weak
     small = SimpleNamespace(method="split", coverage=SimpleNamespace(rank=91),
                             shape={"n": 100})
-    text = guarantee_verdict(ev(0.88, 91 / 101), 0.0, small)
-    want = beta.cdf(0.88, 91, 10)
-    assert 0.01 < want < (1 - 91 / 101) / (1 - 0.88)
+    mild = ev(500, 430, 91 / 101)
+    assert not mild.consistent_with_guarantee
+    text = guarantee_verdict(mild, 0.0, small)
+    want = betabinom.cdf(430, 500, 91, 10)
+    assert 0.01 < want < (1 - 91 / 101) / (1 - mild.coverage_upper_95)
     assert f"probability at most {want:.2g} " in text and text.endswith("weak evidence against it")
     # another method keeps Markov's inequality
     other = SimpleNamespace(method="exponq", coverage=SimpleNamespace(rank=None),
                             shape={"n": 3000})
-    assert "Markov's inequality" in guarantee_verdict(ev(0.3148, 0.9), 0.0, other)
+    assert "Markov's inequality" in guarantee_verdict(ev(3000, 900, 0.9), 0.0, other)
 
 
 def test_index_labels_of_classes_given_by_name_stay_indices_at_evaluate(acct: Any) -> None:

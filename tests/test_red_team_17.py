@@ -4,7 +4,8 @@
   on 2 000 held-out points against a recorded 0.9 was "probability at most 0.15 under it …:
   weak evidence". On the event E of its noise (P(E) ≥ 1−β) a P-COQS threshold has at least
   r' − τ calibration scores at or below it (seed 003, Thm 2's lower bound; SPEC §4), so one
-  release that low has probability at most β + Beta-cdf(u; r'−τ, n+1−r'+τ) — here ≈ β.
+  release that low has probability at most β + Beta-cdf(u; r'−τ, n+1−r'+τ), and a test
+  result that low β + the beta-binomial tail (red team 19) — here ≈ β.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy.stats import beta
+from scipy.stats import beta, betabinom
 
 from tests.cli_env import CliEnv
 
 
-def _ev(u: float, lower: float) -> Any:
-    return SimpleNamespace(meets_guarantee=False, consistent_with_guarantee=False,
-                           marginal=True, coverage_upper_95=u, guaranteed_lower=lower)
+def _ev(m: int, covered: int, lower: float) -> Any:
+    """An evaluation of ``covered`` of ``m`` test points against a marginal ``lower``."""
+    from privcal.calibrators.evaluation import coverage_check
+
+    return SimpleNamespace(n=m, **coverage_check(covered, m, lower, True))
 
 
 def _pcoqs(rank: int, tau: int, n: int, failure: float = 0.05) -> Any:
@@ -34,23 +37,26 @@ def _pcoqs(rank: int, tau: int, n: int, failure: float = 0.05) -> Any:
 def test_a_pcoqs_shortfall_is_weighed_by_its_order_statistic() -> None:
     from privcal.cli.render import guarantee_verdict
 
-    # far below: β + a Beta tail of ~0, not Markov's (1 − 0.855)/(1 − 0.0015) ≈ 0.145
-    text = guarantee_verdict(_ev(0.0015, 0.9), 0.05, _pcoqs(1818, 17, 2000))
+    # far below: β + a beta-binomial tail of ~0, not Markov's (1 − 0.855)/(1 − 0.0015) ≈ 0.145
+    text = guarantee_verdict(_ev(2000, 3, 0.9), 0.05, _pcoqs(1818, 17, 2000))
     assert "probability at most 0.05 " in text and "Beta(1801, 200)" in text
     assert "weak evidence against it" in text  # β = 0.05 > 0.01: E may have failed
     # with a small β the same shortfall is strong evidence
-    text = guarantee_verdict(_ev(0.0015, 0.9), 0.001, _pcoqs(1818, 17, 2000, 0.001))
+    text = guarantee_verdict(_ev(2000, 3, 0.9), 0.001, _pcoqs(1818, 17, 2000, 0.001))
     assert text.endswith("strong evidence against it: check the inputs (column order, "
                          "score, the data's distribution)")
-    # a mild shortfall: the tail is used only where it is smaller than Markov's bound
-    u = 0.88
-    want = 0.05 + beta.cdf(u, 1801, 200)
-    markov = (1 - 0.95 * 0.9) / (1 - u)
+    # a mild shortfall: the tail is used only where it is smaller than Markov's bound (at
+    # least (1 − (1−β)·L)/(1 − k/m), whatever v it is taken at)
+    mild = _ev(2000, 1740, 0.9)
+    assert not mild.consistent_with_guarantee
+    want = 0.05 + betabinom.cdf(1740, 2000, 1801, 200)
+    markov = (1 - 0.95 * 0.9) / (1 - 1740 / 2000)
     assert want < markov
     assert f"probability at most {want:.2g} " in guarantee_verdict(
-        _ev(u, 0.9), 0.05, _pcoqs(1818, 17, 2000))
+        mild, 0.05, _pcoqs(1818, 17, 2000))
     # a rank the noise may push below 1 (r' ≤ τ): no order statistic, Markov's inequality
-    assert "Markov's inequality" in guarantee_verdict(_ev(0.5, 0.9), 0.05, _pcoqs(10, 17, 30))
+    assert "Markov's inequality" in guarantee_verdict(_ev(1000, 500, 0.9), 0.05,
+                                                      _pcoqs(10, 17, 30))
 
 
 def test_evaluate_of_a_broken_pipeline_on_a_pcoqs_release(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ one (review r9b). Each test states the attack and what is true now."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -184,8 +185,14 @@ def test_a_marginal_guarantee_is_not_called_contradicted_by_one_release() -> Non
     assert not ev.meets_guarantee and not ev.consistent_with_guarantee
     verdict = guarantee_verdict(ev)
     assert "inconsistent" not in verdict and "evidence against it" in verdict
-    odds = (1 - ev.guaranteed_lower) / (1 - ev.coverage_upper_95)  # Markov (red team 12)
-    assert f"probability at most {min(1.0, odds):.2g} under it" in verdict
+    # Markov (red team 12) on the miss rate at some v < L, plus the binomial tail of the
+    # test points at v (red team 19): at least (1 − L)/(1 − k/m); at most its value at the
+    # 95% upper bound u, where that tail is 0.05
+    low = (1 - ev.guaranteed_lower) / (1 - ev.coverage)
+    high = (1 - ev.guaranteed_lower) / (1 - ev.coverage_upper_95) + 0.05
+    said = float(re.search(r"probability at most (\S+) under it", verdict).group(1))
+    assert "Markov's inequality" in verdict  # no release given: no rank to use
+    assert 0.99 * min(1.0, low) <= said <= 1.01 * min(1.0, high)  # printed to 2 digits
     assert "marginal" in ev.note
     ldp = acct.calibrate("ldp-label", dataset="d", probs=test[:2000], labels=y[:2000],
                          subjects=np.arange(2000), alpha=0.1, epsilon=2,

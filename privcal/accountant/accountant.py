@@ -59,8 +59,9 @@ A crash between 3 and 5 leaves a charge without a release, never the reverse. Re
   digits (e.g. an amplified ε computed in floating point) is rounded *up* to
   12 places before it is charged — charging slightly more is always safe. Caps
   with more than 12 places are rejected.
-- ``charge_subjects``: the first occurrence of a subject in a batch is charged,
-  later occurrences are rejected as duplicates. A batch in which no subject can
+- ``charge_subjects``: a subject listed several times in a batch is charged once,
+  for one of its rows chosen uniformly at random (never by position: a sorted file
+  would choose by the data), the others rejected as duplicates. A batch in which no subject can
   be charged is refused (nothing written) unless ``refuse_if_none=False``.
   Subject ids are stored only as keyed pseudonyms (:mod:`privcal.storage.pseudonyms`);
   the pseudonyms a batch charged are kept (``charge_members``) and committed in

@@ -56,7 +56,7 @@ class ReleaseLine(BaseModel):
     threshold: float
     coverage: str
     #: what the coverage guarantee assumes of the data (the installed method's wording,
-    #: :func:`~privcal.calibrators.assumptions.method_assumption`; None: method unknown here)
+    #: :func:`~privcal.calibrators.assumptions.release_assumption`; None: method unknown here)
     assumes: str | None
     privacy: str
 
@@ -125,7 +125,7 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
             reporting_delta = ds.reporting_delta
             guarantee = guarantee_report(ds).statement
             orders = renyi_orders_of(ds)
-        from privcal.calibrators.assumptions import method_assumption
+        from privcal.calibrators.assumptions import release_assumption
 
         releases = [
             ReleaseLine(
@@ -135,7 +135,7 @@ def audit_report(accountant: Any, dataset: str | None = None) -> list[DatasetRep
                 alpha=r.params.get("alpha"),
                 threshold=r.threshold,
                 coverage=r.coverage.get("statement", ""),
-                assumes=method_assumption(r.method),
+                assumes=release_assumption(r.method, r.diagnostics),
                 privacy=(r.privacy or {}).get("statement", ""),
             )
             for r in accountant.ledger.releases(dataset=name)

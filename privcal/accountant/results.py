@@ -254,11 +254,13 @@ class Release(ReleaseRecord):
         """What the coverage guarantee assumes of the data, which privcal cannot check
         (exchangeable or i.i.d. draws; per group for Mondrian): the installed method's
         wording (:func:`~privcal.calibrators.assumptions.method_assumption`), not stored;
-        None for a method this installation does not know. In every JSON of a release
-        (``--json``, the HTTP API, a saved release; ignored when one is loaded back)."""
-        from privcal.calibrators.assumptions import method_assumption
+        None for a method this installation does not know; a local-DP run that left out
+        users past their cap says so (:func:`~privcal.calibrators.assumptions.
+        release_assumption`). In every JSON of a release (``--json``, the HTTP API, a saved
+        release; ignored when one is loaded back)."""
+        from privcal.calibrators.assumptions import release_assumption
 
-        return method_assumption(self.method)
+        return release_assumption(self.method, self.diagnostics)
 
     @classmethod
     def load(cls, source: Any) -> Release:
@@ -282,15 +284,18 @@ class Release(ReleaseRecord):
     def evaluate_interval(self, targets: Any, preds: Any = None, *, lower_preds: Any = None,
                           upper_preds: Any = None, score_name: str | None = None,
                           alpha: float | None = None, groups: Any = None) -> Any:
-        """Coverage and interval length on held-out targets (an ``IntervalEvaluation``)."""
+        """Coverage and interval length on held-out targets (an ``IntervalEvaluation``; for a
+        Mondrian release also ``by_group``, each group against its own bound)."""
         from privcal.calibrators.evaluation import is_marginal
+        from privcal.calibrators.group_sets import release_groups
         from privcal.calibrators.intervals import evaluate_intervals, release_lower
         from privcal.calibrators.shortfall import with_shortfall
 
         iv = self.predict_interval(preds, lower_preds=lower_preds, upper_preds=upper_preds,
                                    score_name=score_name, alpha=alpha, groups=groups)
+        by = release_groups(self, groups, int(iv.shape[0]), alpha=alpha)
         return with_shortfall(evaluate_intervals(iv, targets, release_lower(self, alpha=alpha),
-                                                 is_marginal(self.coverage)), self)
+                                                 is_marginal(self.coverage), groups=by), self)
 
     def predict_set(self, probs: Any, *, score_name: str | None = None,
                     rng: random.Random | None = None, alpha: float | None = None,

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ASSUMES", "NOT_STATED", "data_assumption", "method_assumption"]
+__all__ = ["ASSUMES", "NOT_STATED", "data_assumption", "method_assumption",
+           "release_assumption"]
 
 #: what a plugin that states no assumption is shown as stating
 NOT_STATED = "not stated by the method (a plugin)"
@@ -73,3 +74,22 @@ def method_assumption(method: str) -> str | None:
     except PrivcalError:
         return None
     return data_assumption(calibrator) or NOT_STATED
+
+
+def release_assumption(method: str, diagnostics: Any = None) -> str | None:
+    """:func:`method_assumption` of a release, with what its own run adds: a local-DP run
+    that left out rows of users past their per-subject cap (``diagnostics["dropped_rows"]
+    ["subject_over_cap"]``) is a guarantee for the users it kept — it holds for the
+    population only if whether a user was past its cap does not depend on its (x, y)
+    (red team 19, coverage F4: a cap spent by an earlier study of the high-risk users left
+    them out, and a release recorded ≥ 0.9 covered 0.65). privcal cannot check that: it is
+    said wherever the assumption is shown."""
+    base = method_assumption(method)
+    dropped = diagnostics.get("dropped_rows") if isinstance(diagnostics, dict) else None
+    over = dropped.get("subject_over_cap") if isinstance(dropped, dict) else None
+    if base is None or not isinstance(over, int) or over <= 0:
+        return base
+    return (f"{base}; and whether a user was past its per-subject cap does not depend on its "
+            f"(x, y): {over} row{'s' if over != 1 else ''} of users whose cap earlier runs "
+            "had spent were left out (after a study of a chosen group of users, the kept "
+            "ones are not a sample of everyone)")

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy.stats import beta as beta_dist
 
 from privcal.calibrators.class_labels import (
     encode_labels,
@@ -23,9 +22,10 @@ __all__ = ["Evaluation", "GroupCoverage", "evaluate_sets", "evaluation_note", "i
 
 
 class GroupCoverage(BaseModel):
-    """Held-out coverage of one Mondrian group (a class, for label groups)."""
+    """Held-out coverage of one Mondrian group (a class, for label groups); its mean set size
+    (prediction sets) or mean interval length (regression: +∞ if one is infinite)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     group: str
     n: int
@@ -37,6 +37,8 @@ class GroupCoverage(BaseModel):
     consistent_with_guarantee: bool | None
     #: the group's guarantee is marginal (``is_marginal``): a shortfall is no evidence against it
     marginal: bool = False
+    #: regression intervals: the group's mean interval length (sets: None)
+    mean_length: float | None = None
 
 
 class Evaluation(BaseModel):
@@ -97,6 +99,8 @@ def coverage_check(covered: int, n: int, lower: float, marginal: bool = False
     intervals alike): ``meets_guarantee``, and ``consistent_with_guarantee`` when the
     one-sided 95% Clopper–Pearson upper bound of the proportion reaches ``lower``;
     ``marginal``: the guarantee's kind (:func:`is_marginal`)."""
+    from scipy.stats import beta as beta_dist  # not at import: the interval model loads this
+
     cov = covered / n
     upper = 1.0 if covered == n else float(beta_dist.ppf(0.95, covered + 1, n - covered))
     return {"coverage": cov, "guaranteed_lower": lower, "meets_guarantee": cov >= lower,
@@ -107,10 +111,19 @@ def coverage_check(covered: int, n: int, lower: float, marginal: bool = False
 
 def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tuple[str, ...],
                    lowers: np.ndarray, marginal: bool = False) -> list[GroupCoverage]:
-    """Coverage per group (``rows[i]``: row i's group index), against each group's lower
-    bound; a group without held-out rows has coverage None."""
-    hits = sets[np.arange(y.shape[0]), y]
-    sizes = sets.sum(axis=1)
+    """Coverage per group of prediction sets (``rows[i]``: row i's group index), against
+    each group's lower bound (:func:`coverage_by_group`)."""
+    return coverage_by_group(sets[np.arange(y.shape[0]), y], rows, names, lowers, marginal,
+                             sizes=sets.sum(axis=1))
+
+
+def coverage_by_group(hits: np.ndarray, rows: np.ndarray, names: tuple[str, ...],
+                      lowers: np.ndarray, marginal: bool = False, *,
+                      sizes: np.ndarray | None = None,
+                      lengths: np.ndarray | None = None) -> list[GroupCoverage]:
+    """Coverage per group (``hits[i]``: row i covered; ``rows[i]``: its group index) against
+    each group's lower bound, with the mean of ``sizes`` (sets) or ``lengths`` (intervals)
+    over its rows; a group without held-out rows has coverage None."""
     out = []
     for j, name in enumerate(names):
         m = rows == j
@@ -120,10 +133,13 @@ def group_coverage(sets: np.ndarray, y: np.ndarray, rows: np.ndarray, names: tup
             out.append(GroupCoverage(group=name, n=0, coverage=None, mean_set_size=None,
                                      guaranteed_lower=low, meets_guarantee=None,
                                      coverage_upper_95=None, consistent_with_guarantee=None,
-                                 marginal=marginal))
+                                     marginal=marginal))
             continue
-        out.append(GroupCoverage(group=name, n=n, mean_set_size=float(sizes[m].mean()),
-                                 **coverage_check(int(hits[m].sum()), n, low, marginal)))
+        out.append(GroupCoverage(
+            group=name, n=n,
+            mean_set_size=None if sizes is None else float(sizes[m].mean()),
+            mean_length=None if lengths is None else float(lengths[m].mean()),
+            **coverage_check(int(hits[m].sum()), n, low, marginal)))
     return out
 
 

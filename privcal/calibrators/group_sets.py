@@ -207,6 +207,21 @@ def evaluate_wrapped(release: Any, sets: np.ndarray, labels: Any, *,
                                                             marginal)})
 
 
+def release_groups(release: Any, groups: Any, n: int, *, alpha: float | None = None
+                   ) -> tuple[np.ndarray, tuple[str, ...], np.ndarray] | None:
+    """A Mondrian release's groups for ``n`` held-out rows: each row's group index (from
+    ``groups``), the group names and each group's lower bound at level ``alpha``; None for a
+    release without column groups (a plain or levels release)."""
+    if not is_wrapped(release.method):
+        return None
+    table = table_of(release.method, release.params, release.diagnostics or {},
+                     _details(release))
+    if table.groups is None or table.group_by == "label":
+        return None
+    return (table.group_rows(groups, n), table.groups,
+            table.lowers[:, table.level(alpha)])
+
+
 def threshold_rows(release: Any) -> list[dict[str, Any]]:
     """Every (group, level) of a release: group, its n, α, threshold, guaranteed lower bound
     (one row for a plain release; group None without groups)."""

@@ -13,6 +13,7 @@ import click
 from privcal.cli import progress
 from privcal.cli.app import emit, json_option, main, table
 from privcal.cli.number_types import Integer, IntList, Number
+from privcal.cli.output import at_least
 from privcal.errors import InvalidInput
 
 if TYPE_CHECKING:  # the planning module pulls in SciPy: imported when a plan is made
@@ -71,11 +72,12 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
             {"quantity": "local size n", "value": plan.n},
             {"quantity": "agent order ℓ", "value": plan.l},
             {"quantity": "server order k", "value": plan.k},
-            {"quantity": "coverage M_{ℓ,k}", "value": f"{plan.M:.10f}"},
+            {"quantity": "coverage M_{ℓ,k}", "value": at_least(plan.M, ".10f")},
         ]
         note = (
             f"FedCP-QQ: each agent sends its ℓ={plan.l}-th smallest score, the server keeps the "
-            f"k={plan.k}-th smallest; coverage ≥ {1 - plan.alpha:g} (= M for continuous scores)."
+            f"k={plan.k}-th smallest; coverage ≥ {at_least(1 - plan.alpha, 'g')} (= M for "
+            "continuous scores)."
         )
     elif isinstance(plan, FedPlanUnequal):
         rows = [
@@ -83,11 +85,11 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
             {"quantity": "local sizes n_j", "value": ",".join(map(str, plan.sizes))},
             {"quantity": "agent orders ℓ_j", "value": ",".join(map(str, plan.ls))},
             {"quantity": "server order k", "value": plan.k},
-            {"quantity": "coverage M", "value": f"{plan.M:.10f}"},
+            {"quantity": "coverage M", "value": at_least(plan.M, ".10f")},
         ]
         note = (
             "FedCP-QQ, unequal sizes: agent j sends its ℓ_j-th smallest score (+inf if ℓ_j > n_j); "
-            f"coverage ≥ {1 - plan.alpha:g} (= M for continuous scores)."
+            f"coverage ≥ {at_least(1 - plan.alpha, 'g')} (= M for continuous scores)."
         )
     else:
         rows = [
@@ -98,11 +100,12 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
             {"quantity": "ℓ_cor", "value": plan.l_cor},
             {"quantity": "k_γ (server order)", "value": plan.k_gamma},
             {"quantity": "agent level q", "value": f"{plan.q:.6g}"},
-            {"quantity": "M_{ℓ_γ+ℓ_cor,k_γ}", "value": f"{plan.M:.10f}"},
+            {"quantity": "M_{ℓ_γ+ℓ_cor,k_γ}", "value": at_least(plan.M, ".10f")},
             {"quantity": "grid", "value": f"{plan.bins} points on [{plan.lower:g}, {plan.smax:g}]"},
         ]
         note = (
-            f"FedCP²-QQ: guarantee coverage ≥ {1 - plan.alpha:g} (Thm 4.1); each agent "
+            f"FedCP²-QQ: guarantee coverage ≥ {at_least(1 - plan.alpha, 'g')} (Thm 4.1); "
+            "each agent "
             f"{plan.epsilon!r}-DP w.r.t. its own scores."  # exact, never rounded down
         )
     return table(rows) + "\n" + note

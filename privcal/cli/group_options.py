@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from privcal.cli.app import FILE
+from privcal.cli.output import at_least
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput, check_number_text
 
@@ -146,9 +147,17 @@ def emit_all_levels(rel: Any, probs: Any, score: str | None, groups: Any, out: s
 
 
 def echo_groups(ev: Any) -> None:
-    """Per-group lines of a Mondrian release's evaluation (nothing for others)."""
+    """Per-group lines of a Mondrian release's evaluation (nothing for others): coverage
+    against the group's own bound, its mean set size or interval length, and whether the
+    group's test rows are below its guarantee."""
     for g in ev.by_group or ():
         cov = "-" if g.coverage is None else f"{g.coverage:.4f}"
-        size = "-" if g.mean_set_size is None else f"{g.mean_set_size:.3f}"
+        if g.mean_length is not None:
+            size = f"mean length {g.mean_length:.6g}"
+        else:
+            size = f"mean set size {'-' if g.mean_set_size is None else f'{g.mean_set_size:.3f}'}"
+        below = ("" if g.consistent_with_guarantee is not False else
+                 f"; BELOW its guarantee (95% upper bound {g.coverage_upper_95:.4f}"
+                 + (", one release may be: see the guarantee line)" if g.marginal else ")"))
         click.echo(f"  group {g.group:<13} n={g.n:<6} coverage {cov} (guaranteed ≥ "
-                   f"{g.guaranteed_lower:.4f}), mean set size {size}")
+                   f"{at_least(g.guaranteed_lower, '.4f')}), {size}{below}")

@@ -17,6 +17,8 @@ import click
 import numpy as np
 
 from privcal.cli.app import OUT_SUFFIXES, check_out, emit, info, to_jsonable
+from privcal.cli.group_options import echo_groups
+from privcal.cli.output import at_least
 from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
@@ -101,9 +103,8 @@ def emit_evaluation(rel: Any, ev: Any, as_json: bool) -> None:
 
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
-        click.echo(
-            f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {ev.guaranteed_lower:.4f})"
-        )
+        lower = at_least(ev.guaranteed_lower, ".4f")
+        click.echo(f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {lower})")
         if ev.infinite_count:
             finite = ("none finite" if ev.mean_finite_length is None
                       else f"mean of the finite ones {ev.mean_finite_length:.6g}")
@@ -112,6 +113,7 @@ def emit_evaluation(rel: Any, ev: Any, as_json: bool) -> None:
         else:
             click.echo(f"  mean length         {ev.mean_length:.6g}")
         click.echo(f"  median length       {ev.median_length:.6g}")
+        echo_groups(ev)
         verdict = guarantee_verdict(ev, rel.coverage.failure_probability, rel)
         click.echo(f"  guarantee           {verdict}")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-__all__ = ["cell", "emit", "info", "json_default", "table", "to_jsonable"]
+__all__ = ["at_least", "cell", "emit", "info", "json_default", "table", "to_jsonable"]
 
 
 def json_default(o: Any) -> Any:
@@ -25,6 +25,28 @@ def json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def at_least(x: float, spec: str) -> str:
+    """A lower bound ``x`` printed with the format ``spec`` (``.4f``, ``.6g``, ``g``…), rounded
+    *down* where rounding to nearest would print more than ``x`` (red team 19: a recorded
+    0.89996 was printed "guaranteed ≥ 0.9000", and 0.99996 "≥ 1.0000", beside a measured
+    1.0000 said to be below it). A printed bound never states more than was proven, as the
+    recorded statements (:mod:`privcal.calibrators.bound_floats`); ``x`` is the number a
+    release records, its shortest ``repr`` read as a decimal (0.3 is 0.3)."""
+    from decimal import ROUND_FLOOR, Context
+    from fractions import Fraction
+
+    text = format(x, spec)
+    if not math.isfinite(x) or Fraction(text) <= Fraction(repr(x)):
+        return text
+    kind = spec[-1]
+    places = int(spec[1:-1]) if spec.startswith(".") else 6
+    if kind == "f":
+        return format(Decimal(repr(x)).quantize(Decimal(1).scaleb(-places),
+                                                rounding=ROUND_FLOOR), f".{places}f")
+    down = Context(prec=places, rounding=ROUND_FLOOR).plus(Decimal(repr(x)))
+    return format(down, "g")
 
 
 def to_jsonable(data: Any) -> Any:

@@ -31,6 +31,7 @@ from privcal.cli.group_options import (
 )
 from privcal.cli.inputs import load_labels
 from privcal.cli.number_types import Integer
+from privcal.cli.output import at_least
 from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array, prob_column_names
 from privcal.errors import InvalidInput
@@ -264,9 +265,8 @@ def evaluate(
 
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
-        click.echo(
-            f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {ev.guaranteed_lower:.4f})"
-        )
+        lower = at_least(ev.guaranteed_lower, ".4f")
+        click.echo(f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {lower})")
         click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
         click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
         verdict = guarantee_verdict(ev, rel.coverage.failure_probability, rel)

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from privcal.cli.app import emit, json_option, main, pass_settings
+from privcal.cli.output import at_least
 from privcal.cli.render import fmt_threshold
 from privcal.errors import BudgetRefused
 
@@ -165,7 +166,8 @@ def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
         summary["evaluations"][rel.method] = ev
         _say(
             f"    → {rel.method:7s} coverage {ev.coverage:.3f}"
-            f" (guaranteed ≥ {ev.guaranteed_lower:.3f}), mean set size {ev.mean_set_size:.2f},"
+            f" (guaranteed ≥ {at_least(ev.guaranteed_lower, '.3f')}),"
+            f" mean set size {ev.mean_set_size:.2f},"
             f" singletons {ev.singleton_fraction:.2f}"
         )
     d, evs = r2.coverage.details, summary["evaluations"]
