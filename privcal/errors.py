@@ -87,6 +87,13 @@ class SchemaOutOfDate(PrivcalError):
     exit_code = 5
 
 
+class Interrupted(PrivcalError):
+    """The command was interrupted (Ctrl-C): what it committed before stays (exit 130, the
+    shell's code for SIGINT)."""
+
+    exit_code = 130
+
+
 class InfeasiblePlan(InvalidInput):
     """No valid protocol plan exists for these parameters (e.g. ε too small for n)."""
 

@@ -30,11 +30,17 @@ def test_new_sqlite_file_by_url_is_created_on_first_use(tmp_path: Path) -> None:
     assert (tmp_path / "new.sqlite").exists()
     led = Ledger(url)
     assert led.current() == led.head_revision()
-    # an empty file (e.g. `touch`) is new too
+    # an empty file (e.g. `touch`) is new too: a writing command makes it a ledger; a
+    # command that only reads makes none (red team 19: a typo'd URL "verified" as empty)
     (tmp_path / "empty.sqlite").touch()
-    r = CliRunner().invoke(main, ["--db-url", f"sqlite:///{tmp_path}/empty.sqlite", "dataset",
-                                  "list", "--json"])
-    assert r.exit_code == 0 and json.loads(r.stdout) == []
+    empty = f"sqlite:///{tmp_path}/empty.sqlite"
+    r = CliRunner().invoke(main, ["--db-url", empty, "dataset", "list", "--json"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["error"]["type"] == "NotFound"
+    assert (tmp_path / "empty.sqlite").stat().st_size == 0
+    r = CliRunner().invoke(main, ["--db-url", empty, "dataset", "create", "e", "--epsilon", "1"])
+    assert r.exit_code == 0, r.stderr
+    r = CliRunner().invoke(main, ["--db-url", empty, "dataset", "list", "--json"])
+    assert r.exit_code == 0 and [d["name"] for d in json.loads(r.stdout)] == ["e"]
 
 
 def test_older_schema_is_refused_and_left_alone(tmp_path: Path) -> None:

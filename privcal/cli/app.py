@@ -22,7 +22,14 @@ import click
 
 from privcal import __version__
 from privcal.cli.output import cell, emit, info, json_default, table, to_jsonable
-from privcal.errors import BudgetRefused, InvalidInput, PrivcalError, check_number_text
+from privcal.errors import (
+    BudgetRefused,
+    Interrupted,
+    InvalidInput,
+    NotFound,
+    PrivcalError,
+    check_number_text,
+)
 
 __all__ = ["AMOUNT", "FILE", "OUT_SUFFIXES", "AmountType", "Settings", "cell", "check_out",
            "dataset_option", "emit", "info", "json_option", "main", "pass_settings", "table",
@@ -138,9 +145,10 @@ class PrivcalGroup(click.Group):
                                          stream=sys.stderr)
             with progress.listening(bar):
                 return super().invoke(ctx)
-        except PrivcalError as exc:
+        except (PrivcalError, KeyboardInterrupt) as caught:
             if not root:
                 raise
+            exc = caught if isinstance(caught, PrivcalError) else Interrupted(_INTERRUPTED)
             if settings is not None and settings.as_json:
                 _write_error_document(exc, exc.exit_code)
             click.echo(f"error: {exc}", err=True)
@@ -151,6 +159,14 @@ class PrivcalGroup(click.Group):
             raise
 
 
+#: what an interrupted command says (red team 19, newcomer F2: Ctrl-C after a charge printed
+#: click's "Aborted!" and exit 1, which the README says means "nothing changed")
+_INTERRUPTED = ("interrupted (Ctrl-C): what was committed before stays — a charge this run "
+                "made is kept even if no release was recorded (`privcal audit report` lists "
+                "it); a run given --idempotency-key reuses its charge when repeated with the "
+                "same key")
+
+
 class Settings:
     """Per-invocation settings shared by subcommands through ``ctx.obj``."""
 
@@ -159,8 +175,13 @@ class Settings:
         self.as_json = as_json
         self._ledger: Any = None
 
-    def ledger(self) -> Any:
-        """The ledger (opened, and created/migrated if it is a new SQLite file, on first use)."""
+    def ledger(self, *, existing: bool = False) -> Any:
+        """The ledger (opened, and created/migrated if it is a new SQLite file, on first use).
+
+        ``existing``: a command that only reads (``audit verify``, ``budget show``,
+        ``serve``, …) creates no ledger: a SQLite file that does not exist, or is empty, is
+        an error naming it (red team 19, newcomer F1: a one-letter typo in ``--db-url``
+        made a new empty ledger, and ``audit verify`` said "ok: 0 log entries verify")."""
         if self._ledger is None:
             from privcal.storage import Ledger
 
@@ -168,12 +189,17 @@ class Settings:
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # its pooled connections closed when the command ends
                 ctx.find_root().call_on_close(self._ledger.close)
+        if existing and (missing := self._ledger.missing_file()) is not None:
+            raise NotFound(f"no ledger at {missing}: this command reads a ledger and makes "
+                           "none (check --db-url or PRIVCAL_DATABASE_URL; `privcal dataset "
+                           "create` or `privcal db upgrade` makes a new one)")
         return self._ledger
 
-    def accountant(self) -> Any:
+    def accountant(self, *, existing: bool = False) -> Any:
+        """An accountant on :meth:`ledger` (``existing``: see there)."""
         from privcal.accountant import Accountant
 
-        return Accountant(self.ledger())
+        return Accountant(self.ledger(existing=existing))
 
 
 pass_settings = click.make_pass_decorator(Settings, ensure=True)

@@ -51,7 +51,7 @@ def audit_verify(settings: Settings, expect_head: tuple[str, ...],
     Without a kept head (--expect-head or --signed-head) a log whose newest entries were
     removed, or one rewritten with every hash recomputed, verifies too: keep heads outside
     the database, every one (an older head alone does not see a rollback to it)."""
-    rep = settings.accountant().verify(expect_head=list(expect_head),
+    rep = settings.accountant(existing=True).verify(expect_head=list(expect_head),
                                        signed_head=list(signed_head),
                                        trusted_key=trusted_key,
                                        allow_unsigned_tail=allow_unsigned_tail,
@@ -71,7 +71,7 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
     charge and release row with the log."""
     from privcal.accountant.report import audit_report as build
 
-    reports = build(settings.accountant(), dataset)
+    reports = build(settings.accountant(existing=True), dataset)
 
     def human() -> None:
         for rep in reports:
@@ -117,12 +117,12 @@ def audit_head(settings: Settings, keyfile: str | None, previous: str | None,
     if keyfile is not None:
         from privcal.accountant.verification import sign_head
 
-        signed = sign_head(settings.accountant(), keyfile, previous=previous,
+        signed = sign_head(settings.accountant(existing=True), keyfile, previous=previous,
                            progress=progress.iterate)
         # the document itself is the artifact to keep: printed as JSON either way
         emit(signed, as_json=True)
         return
-    h = settings.ledger().head()
+    h = settings.ledger(existing=True).head()
     emit({"seq": h.seq, "hash": h.entry_hash, "head": str(h)}, as_json=as_json, human=str(h))
 
 

@@ -13,18 +13,24 @@ def db() -> None:
 
 
 @db.command("upgrade")
+@click.option("--beside-other-tables", is_flag=True,
+              help="create privcal's schema in a database that holds another application's "
+                   "tables (refused without it: its secret and API tokens would sit beside "
+                   "them)")
 @json_option
 @pass_settings
-def db_upgrade(settings: Settings, as_json: bool) -> None:
+def db_upgrade(settings: Settings, beside_other_tables: bool, as_json: bool) -> None:
     """Create or migrate the ledger schema to this privcal's revision.
 
     Stop every older privcal using the ledger first (a server, a job): it would go on
     writing in its own way. A migration may restate a dataset's guarantee, always more
     conservatively (e.g. 0004: (ε, δ) charges accepted under the old rule): read `privcal
-    budget show` again for each dataset after one ran."""
+    budget show` again for each dataset after one ran. A database that holds another
+    application's tables and no privcal schema is refused (a mistyped --db-url), unless
+    --beside-other-tables."""
     ledger = settings.ledger()
     before = ledger.current()
-    rev = ledger.upgrade()
+    rev = ledger.upgrade(beside_other_tables=beside_other_tables)
     migrated = before is not None and before != rev
 
     def human() -> None:

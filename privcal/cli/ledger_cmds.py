@@ -117,7 +117,7 @@ def dataset_create(settings: Settings, name: str | None, dataset_opt: str | None
 @pass_settings
 def dataset_list(settings: Settings, as_json: bool) -> None:
     """List datasets."""
-    rows = settings.accountant().datasets()
+    rows = settings.accountant(existing=True).datasets()
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
         {"name": d.name, "budget": d.policy, "reporting δ": cell(d.reporting_delta),
          "subject ε cap": cell(d.subject_epsilon),
@@ -131,7 +131,7 @@ def dataset_list(settings: Settings, as_json: bool) -> None:
 def dataset_show(settings: Settings, name: str | None, dataset_opt: str | None,
                  as_json: bool) -> None:
     """Show dataset NAME."""
-    ds = settings.accountant().dataset(_dataset_name(name, dataset_opt))
+    ds = settings.accountant(existing=True).dataset(_dataset_name(name, dataset_opt))
     emit(ds, as_json=as_json, human=lambda: click.echo(table([
         {"field": "name", "value": ds.name},
         {"field": "budget", "value": ds.policy},
@@ -160,7 +160,7 @@ def budget_show(settings: Settings, name: str | None, dataset_opt: str | None, s
                 subject_id: str | None, as_json: bool) -> None:
     """Show the budget of dataset NAME: the cap's guarantee and what is spent so far."""
     name = _dataset_name(name, dataset_opt)
-    acct = settings.accountant()
+    acct = settings.accountant(existing=True)
     rep = acct.budget(name)
     out: dict[str, Any] = rep.model_dump(mode="json")
     if subjects:
@@ -235,7 +235,7 @@ def release() -> None:
 def release_list(settings: Settings, dataset_name: str | None, as_json: bool) -> None:
     """List releases, as stored (not compared with the log: `privcal audit verify` does;
     `release show` compares the one release)."""
-    rows = settings.accountant().releases(dataset_name)
+    rows = settings.accountant(existing=True).releases(dataset_name)
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
         {"id": r.id, "dataset": r.dataset, "method": r.method,
          "threshold": cell(r.threshold), "coverage ≥": cell(r.coverage.lower),
@@ -266,7 +266,7 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
     from privcal.cli.render import ties_note
 
-    r = settings.accountant().release(release_id)
+    r = settings.accountant(existing=True).release(release_id)
 
     def human() -> None:
         cov = r.coverage

@@ -172,7 +172,8 @@ def predict(
     from privcal.calibrators.prediction_sets import release_classes, set_labels
 
     regression = _regression_given(preds, lower_preds, upper_preds, probs)
-    rel = settings.ledger().release(release_id, checked=True)  # as its audit entry recorded
+    # as its audit entry recorded it
+    rel = settings.ledger(existing=True).release(release_id, checked=True)
     if regression:
         from privcal.calibrators.intervals import release_intervals
         from privcal.cli.interval_output import emit_intervals, load_regression_inputs
@@ -244,7 +245,7 @@ def evaluate(
 
         if targets is None:
             raise click.UsageError("give the true targets: --targets FILE")
-        rel = settings.accountant().release(release_id)
+        rel = settings.accountant(existing=True).release(release_id)
         level = _interval_level(alpha)
         grouped = load_groups(groups)  # the files in the order they were always read
         inputs = load_regression_inputs(preds, lower_preds, upper_preds)
@@ -257,7 +258,7 @@ def evaluate(
     assert probs is not None
     if labels is None and label_column is None:
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
-    rel = settings.accountant().release(release_id)  # coverage typed (.lower)
+    rel = settings.accountant(existing=True).release(release_id)  # coverage typed (.lower)
     exclude = (label_column,) if label_column else ()
     ev = rel.evaluate(_load_probs(rel, probs, columns, exclude),
                       load_labels(labels, label_column, probs, False, columns), score_name=score,

@@ -75,7 +75,7 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
                            f"({exc})") from None
     import os
 
-    ledger = settings.ledger()
+    ledger = settings.ledger(existing=True)  # a typo in --db-url serves no new empty ledger
     ledger.ensure_schema()  # refuse a stale schema before binding (names `privcal db upgrade`)
     from privcal.accountant import Accountant
 
@@ -230,7 +230,7 @@ def token_list(settings: Any, as_json: bool) -> None:
     """Every token: id, role, bindings, expiry, revocation (never a secret)."""
     from privcal.storage.tokens import list_tokens
 
-    toks = list_tokens(settings.ledger())
+    toks = list_tokens(settings.ledger(existing=True))
     emit(toks, as_json=as_json, human=lambda: click.echo(table([
         {"id": t.id, "role": t.role, "name": t.name, "datasets": ",".join(t.datasets),
          "session": t.session or "", "subject": t.subject or "", "agent": t.agent or "",
@@ -247,5 +247,5 @@ def token_revoke(settings: Any, token_id: str, as_json: bool) -> None:
     """Revoke a token now (every later request with it is 401)."""
     from privcal.storage.tokens import revoke_token
 
-    t = revoke_token(settings.ledger(), token_id)
+    t = revoke_token(settings.ledger(existing=True), token_id)
     emit(t, as_json=as_json, human=f"token {t.id} revoked at {t.revoked_at}")

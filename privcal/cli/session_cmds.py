@@ -225,7 +225,7 @@ def status_cmd(settings: Any, session_id: int, as_json: bool) -> None:
     """Method, status, round, counts, current interval and query, release id."""
     from privcal.accountant.sessions import session_status
 
-    res = session_status(settings.accountant(), session_id)
+    res = session_status(settings.accountant(existing=True), session_id)
     emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))
 
 

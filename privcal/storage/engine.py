@@ -114,6 +114,12 @@ def resolve_url(url: str | None) -> tuple[str, bool]:
     return f"sqlite:///{path}", True
 
 
+#: the query arguments SQLAlchemy's pysqlite driver takes itself; any other is a SQLite URI
+#: argument, read only with ``uri=true`` (else ignored, with a warning)
+_PYSQLITE_ARGS = frozenset({"timeout", "isolation_level", "detect_types", "check_same_thread",
+                            "cached_statements", "uri"})
+
+
 def parse_url(url: str) -> URL:
     """Parse and normalise a ledger URL; LedgerError if it is malformed or of an unknown backend."""
     try:
@@ -132,6 +138,13 @@ def parse_url(url: str) -> URL:
     elif backend == "sqlite":
         if u.drivername != "sqlite" and u.drivername != "sqlite+pysqlite":
             raise LedgerError(f"unsupported SQLite driver {u.drivername!r}: use sqlite:///path")
+        uri_args = sorted(set(u.query) - _PYSQLITE_ARGS)
+        if uri_args and str(u.query.get("uri", "")).lower() not in ("true", "1", "yes", "on"):
+            raise LedgerError(  # red team 19, newcomer F3: ?mode=ro opened it read-write
+                f"the ledger URL's {', '.join(uri_args)}: SQLite URI arguments, which SQLite "
+                "reads only with uri=true: add &uri=true (e.g. sqlite:///file:/path/ledger."
+                "sqlite?mode=ro&uri=true); without it the driver ignores them and opens the "
+                "file read-write")
     else:
         raise LedgerError(
             f"unsupported ledger backend {backend!r} in URL (use sqlite or postgresql)")

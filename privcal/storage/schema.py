@@ -119,11 +119,38 @@ class LedgerSchema:
                 return MigrationContext.configure(conn).get_current_revision()
         return heads[0] if heads else None
 
+    def other_tables(self) -> list[str]:
+        """The tables of a database that has no privcal schema (no ``alembic_version``): an
+        application's, not privcal's; [] for an empty one, or one privcal made."""
+        with self._connect(write=False) as conn:
+            try:
+                names = inspect(conn).get_table_names()
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+        return [] if "alembic_version" in names else sorted(names)
+
+    def _refuse_other_tables(self) -> None:
+        """LedgerError if this database holds another application's tables and no privcal
+        schema (red team 19, newcomer F13: a mistyped --db-url at an application's database
+        was told "run `privcal db upgrade`", which then wrote privcal's tables — the
+        pseudonyms' secret and the API tokens among them — beside the application's)."""
+        others = self.other_tables()
+        if others:
+            shown = ", ".join(others[:5]) + (f", … ({len(others)} in all)"
+                                             if len(others) > 5 else "")
+            raise LedgerError(
+                f"{self.url} holds tables that are not privcal's ({shown}) and no privcal "
+                "schema: not a privcal ledger — check --db-url (privcal keeps a database of "
+                "its own, or a PostgreSQL schema of its own: ?options=-csearch_path=NAME)")
+
     def check(self) -> str:
-        """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``."""
+        """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``
+        (LedgerError for another application's database)."""
         cur, head = self.current(), self.head_revision()
         if cur is not None and cur != head and cur not in _scan()[0]:
             raise SchemaOutOfDate(_foreign(self.url, cur))
+        if cur is None:
+            self._refuse_other_tables()
         if cur != head:
             what = "without a privcal schema" if cur is None else f"at revision {cur}"
             raise SchemaOutOfDate(
@@ -133,22 +160,25 @@ class LedgerSchema:
             )
         return cur
 
-    def upgrade(self, revision: str = "head") -> str:
+    def upgrade(self, revision: str = "head", *, beside_other_tables: bool = False) -> str:
         """Migrate the schema to ``revision`` under a lock; returns the resulting revision.
 
         PostgreSQL: a session-level advisory lock; SQLite: the migration runs inside
         one ``BEGIN IMMEDIATE`` transaction. Concurrent upgraders wait, then find
-        nothing to do.
+        nothing to do. A database holding another application's tables and no privcal
+        schema is refused (LedgerError) unless ``beside_other_tables``.
         """
         from alembic import command
 
         with _ALEMBIC:
-            return self._upgrade(command, revision)
+            return self._upgrade(command, revision, beside_other_tables)
 
-    def _upgrade(self, command: Any, revision: str) -> str:
+    def _upgrade(self, command: Any, revision: str, beside_other_tables: bool) -> str:
         cur = self.current()
         if cur is not None and cur not in _scan()[0]:
             raise SchemaOutOfDate(_foreign(self.url, cur))
+        if cur is None and not beside_other_tables:
+            self._refuse_other_tables()
         if cur is None and self._is_new_sqlite():  # e.g. made by `db current` before this fix
             self._private_new_file(schema_new=True)
         with self._connect(write=True) as conn:
@@ -227,6 +257,17 @@ class LedgerSchema:
         """False only for a SQLite file that does not exist yet (nothing is created)."""
         path = self._sqlite_file()
         return path is None or path.exists()
+
+    def missing_file(self) -> Path | None:
+        """The path of a SQLite ledger file that does not exist or is empty — one that its
+        first use would create (None otherwise; nothing is created, nothing connects)."""
+        path = self._sqlite_file()
+        if path is None or self._sqlite_uri():
+            return None
+        try:
+            return path if not path.exists() or path.stat().st_size == 0 else None
+        except OSError:
+            return None  # cannot be looked at here: the driver's error will say why
 
     def _is_new_sqlite(self) -> bool:
         """A SQLite ledger with nothing in it yet: in memory, a missing file, or an empty one."""

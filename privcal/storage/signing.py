@@ -132,8 +132,9 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    pem = _read(path, "private key")  # a missing file says so (InvalidInput is a ValueError)
     try:
-        key = serialization.load_pem_private_key(_read(path, "private key"), password=None)
+        key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"{path} is not an unencrypted PEM private key") from exc
     if not isinstance(key, Ed25519PrivateKey):

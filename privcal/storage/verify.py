@@ -292,7 +292,7 @@ class LedgerVerifier:
                 for w_seq, w_hash, w_what in wants:
                     if e.seq == w_seq and e.entry_hash != w_hash:
                         raise AuditFailed(f"audit entry {e.seq}: hash differs from the {w_what} "
-                                          "(log rewritten)")
+                                          "(log rewritten, or the head is another ledger's)")
             last = count
             _check_head_row(head_row, last, prev)
             for w_seq, w_hash, w_what in wants:

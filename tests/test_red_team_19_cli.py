@@ -1,0 +1,143 @@
+"""Red team 19 (newcomer): the CLI against a new user's natural mistakes.
+
+- F1: a read-only command (``audit verify``, ``budget show``, ``release list``, ``serve``, …)
+  on a SQLite file that does not exist created a new empty ledger, and ``audit verify``
+  said "ok: 0 log entries verify" (a one-letter typo in an auditor's ``--db-url``). It now
+  names the missing file, creates nothing, exits 1; writing commands still create one.
+- F2: Ctrl-C after a run's charge printed click's "Aborted!" with exit 1, which the README
+  says means "nothing changed", while the charge stayed. It now says what stays, exit 130.
+- F3: ``?mode=ro`` without ``uri=true`` was ignored by the driver (a warning) and the
+  ledger opened read-write: a query SQLite would ignore is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from privcal.cli import main
+
+
+def _run(*args: str) -> object:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize("command", [
+    ["audit", "verify"], ["audit", "report"], ["audit", "head"], ["budget", "show", "d"],
+    ["dataset", "list"], ["dataset", "show", "d"], ["release", "list"], ["release", "show", "1"],
+    ["token", "list"], ["session", "status", "1"],
+])
+def test_a_read_only_command_makes_no_ledger(tmp_path: Path, command: list[str]) -> None:
+    path = tmp_path / "clnic.sqlite"
+    res = _run("--db-url", f"sqlite:///{path}", *command)
+    assert res.exit_code == 1, res.output
+    assert f"error: no ledger at {path}: this command reads a ledger and makes none" in res.output
+    assert not path.exists()
+    doc = json.loads(_run("--json", "--db-url", f"sqlite:///{path}", *command).stdout)
+    assert doc["error"]["type"] == "NotFound" and not path.exists()
+
+
+def test_a_writing_command_still_makes_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    res = _run("--db-url", url, "audit", "verify")
+    assert res.exit_code == 0 and "ok: 1 log entries verify" in res.output, res.output
+
+
+def test_ctrl_c_after_the_charge_says_what_stays(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from privcal.calibrators.exponq import ExponQ
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--epsilon", "1").exit_code == 0
+    np.save(tmp_path / "s.npy", np.linspace(0, 1, 500))
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ExponQ, "calibrate", interrupted)  # Ctrl-C once the charge is in
+    res = _run("--db-url", url, "calibrate", "exponq", "--dataset", "d", "--alpha", "0.1",
+               "--epsilon", "0.5", "--scores", str(tmp_path / "s.npy"),
+               "--score-range", "0,1")
+    assert res.exit_code == 130, res.output
+    assert "Aborted!" not in res.output
+    assert "error: interrupted (Ctrl-C): what was committed before stays" in res.output
+    shown = json.loads(_run("--json", "--db-url", url, "budget", "show", "d").stdout)
+    assert shown["charges"] == 1 and shown["releases"] == 0, shown
+
+
+def test_a_sqlite_query_the_driver_would_ignore_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    res = _run("--db-url", f"{url}?mode=ro", "charge", "d", "--rho", "0.01")
+    assert res.exit_code == 1, res.output
+    assert "mode" in res.output and "uri=true" in res.output
+    shown = json.loads(_run("--json", "--db-url", url, "budget", "show", "d").stdout)
+    assert shown["charges"] == 0
+
+
+def test_another_applications_database_is_not_made_a_ledger(ledger_url: str) -> None:
+    """F13: a database holding an application's tables and no privcal schema was "without a
+    privcal schema … run `privcal db upgrade`" (exit 5), and `db upgrade` then wrote
+    privcal's tables, its secret among them, beside the application's. Now it is named not
+    a ledger (exit 1) and `db upgrade` refuses it unless --beside-other-tables."""
+    from sqlalchemy import create_engine, inspect, text
+
+    from privcal.storage import Ledger
+
+    engine = create_engine(ledger_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE patients (id INTEGER, name TEXT)"))
+    for command in (["audit", "verify"], ["db", "check"], ["db", "upgrade"],
+                    ["dataset", "create", "d", "--rho", "1"]):
+        res = _run("--db-url", ledger_url, *command)
+        assert res.exit_code == 1, (command, res.output)
+        assert "holds tables that are not privcal's (patients) and no privcal schema: not a " \
+               "privcal ledger" in res.output, res.output
+    with engine.connect() as conn:
+        assert inspect(conn).get_table_names() == ["patients"]  # nothing written
+    res = _run("--db-url", ledger_url, "db", "upgrade", "--beside-other-tables")
+    assert res.exit_code == 0, res.output
+    led = Ledger(ledger_url)
+    assert led.check() == led.head_revision() and led.other_tables() == []
+    led.close()
+    engine.dispose()
+
+
+def test_a_head_of_another_ledger_is_not_called_a_rewrite(tmp_path: Path) -> None:
+    """F10: a head kept from another ledger was "hash differs … (log rewritten)" of an
+    intact log; the head itself cannot tell which ledger it is of, so both are said."""
+    urls = [f"sqlite:///{tmp_path / f'{n}.sqlite'}" for n in ("a", "b")]
+    for u, cap in zip(urls, ("1", "2"), strict=True):
+        assert _run("--db-url", u, "dataset", "create", "d", "--rho", cap).exit_code == 0
+    head_a = _run("--db-url", urls[0], "audit", "head").output.strip()
+    res = _run("--db-url", urls[1], "audit", "verify", "--expect-head", head_a)
+    assert res.exit_code == 4, res.output
+    assert "audit entry 1: hash differs from the expected head (log rewritten, or the head " \
+           "is another ledger's)" in res.output
+
+
+def test_a_missing_key_file_is_said_missing(tmp_path: Path) -> None:
+    """F11.2: `audit head --sign` with a key file that does not exist said "is not an
+    unencrypted PEM private key" (the read error was taken for a parse error)."""
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    res = _run("--db-url", url, "audit", "head", "--sign", str(tmp_path / "nokey.key"))
+    assert res.exit_code == 1
+    assert f"cannot read the private key {tmp_path / 'nokey.key'}: No such file" in res.output
+
+
+@pytest.mark.parametrize("method,given,said", [
+    ("pcoqs", "--epsilon", "No such option: --epsilon (pcoqs takes --rho;"),
+    ("exponq", "--rho", "No such option: --rho (exponq takes --epsilon;"),
+    ("split", "--rho", "No such option: --rho (split is not private: it takes neither;"),
+])
+def test_another_methods_privacy_option_names_this_ones(method: str, given: str,
+                                                       said: str) -> None:
+    """F11.1: `calibrate pcoqs --epsilon` was "No such option … Did you mean '--json'?"."""
+    res = _run("calibrate", method, given, "1")
+    assert res.exit_code == 2 and said in res.output and "--json" not in res.output, res.output
