@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import http.client
 import json
 import sys
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -119,6 +121,41 @@ def check_signed(doc: dict[str, Any], public_pem: bytes) -> tuple[int, str]:
     return int(doc["seq"]), str(doc["hash"])
 
 
+class Unusable(Exception):
+    """The entries cannot be had: a file or the server, and why."""
+
+
+def _entries(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """The entries from ``--url`` (with the token in ``--token-file``) or ``--entries``,
+    saved to ``--save`` if given; Unusable naming what failed."""
+    try:
+        if a.url:
+            with open(a.token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+            try:
+                entries = fetch(a.url, token)
+            except urllib.error.HTTPError as exc:
+                why = {401: "the token is not valid (revoked, expired or mistyped)",
+                       403: "this needs an auditor's (or an admin's) token"}.get(exc.code, "")
+                raise Unusable(f"{a.url} answered {exc.code} {exc.reason}"
+                               + (f": {why}" if why else "")) from None
+            except (urllib.error.URLError, http.client.HTTPException, ValueError,
+                    OSError) as exc:
+                reason = getattr(exc, "reason", None) or exc
+                raise Unusable(f"cannot read the log from {a.url}: {reason}") from None
+        else:
+            with open(a.entries, encoding="utf-8") as fh:
+                entries = json.load(fh)
+        if a.save:
+            with open(a.save, "w", encoding="utf-8") as fh:
+                json.dump(entries, fh)
+    except OSError as exc:
+        raise Unusable(f"{exc.filename}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise Unusable(f"{a.entries}: not a JSON list of entries ({exc})") from None
+    return entries
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -134,15 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--url needs --token-file")
     if a.signed_head and not a.trusted_key:
         ap.error("--signed-head needs --trusted-key")
-    if a.url:
-        with open(a.token_file, encoding="utf-8") as fh:
-            entries = fetch(a.url, fh.read().strip())
-    else:
-        with open(a.entries, encoding="utf-8") as fh:
-            entries = json.load(fh)
-    if a.save:
-        with open(a.save, "w", encoding="utf-8") as fh:
-            json.dump(entries, fh)
+    try:
+        entries = _entries(a)
+    except Unusable as exc:  # one line, not a traceback (red team 19, newcomer F5)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         head = check_chain(entries)
         for kept in a.expect_head:

@@ -89,3 +89,25 @@ def test_the_script_catches_what_privcal_catches(live: Live, tmp_path: Path, tok
     assert verdict(respaced) == (4, "FAILED: entry 2: the payload is not RFC 8785 text\n")
     gap = entries[:1] + entries[2:]
     assert verdict(gap)[0] == 4
+
+
+def test_ordinary_mistakes_are_one_line(live: Live, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Red team 19 (newcomer F5): a non-auditor token or a mistyped URL printed a traceback."""
+    analyst = tmp_path / "analyst.token"
+    analyst.write_text(live.tokens["analyst"])
+    bad = tmp_path / "bad.token"
+    bad.write_text(live.tokens["auditor"][:-4] + "AAAA")
+    cases = [(["--url", live.url, "--token-file", str(analyst)],
+              f"error: {live.url} answered 403 Forbidden: this needs an auditor's"),
+             (["--url", live.url, "--token-file", str(bad)],
+              f"error: {live.url} answered 401 Unauthorized: the token is not valid"),
+             (["--url", live.url + "x", "--token-file", str(analyst)],
+              f"error: cannot read the log from {live.url}x: "),
+             (["--url", live.url, "--token-file", str(tmp_path / "none")],
+              f"error: {tmp_path / 'none'}: No such file or directory"),
+             (["--entries", str(analyst)], f"error: {analyst}: not a JSON list of entries")]
+    for argv, said in cases:
+        assert verify_log.main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith(said) and err.count("\n") == 1, (argv, err)
