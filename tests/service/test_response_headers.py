@@ -11,19 +11,19 @@ keeps its own caching.
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
 
 from privcal.service.device_reports import REPORT_BODY_LIMIT
 from privcal.service.http_protocol import MAX_HEAD_BYTES
 from tests.service.conftest import Live, open_ldp
+from tests.service.test_red_team_18_http import _connect, _read_all
 
 pytestmark = pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
 
 
-def _standard(r: httpx.Response) -> None:
+def _standard(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status, (r.status_code, r.text)
     assert r.headers.get("cache-control") == "no-store", (r.status_code, r.headers)
     assert r.headers.get("x-content-type-options") == "nosniff", (r.status_code, r.headers)
     assert "server" not in r.headers, r.headers
@@ -33,40 +33,25 @@ def test_every_kind_of_answer_carries_the_standard_headers(live: Live) -> None:
     sid = open_ldp(live)
     dev = live.token("device", session=sid, subject="s1")
     with live.client("admin") as c:
-        ok = c.get("/v1/datasets")
-        assert ok.status_code == 200
-        _standard(ok)
-        missing = c.get("/v1/datasets/nope")
-        assert missing.status_code == 404
-        _standard(missing)
+        _standard(c.get("/v1/datasets"), 200)
+        _standard(c.get("/v1/datasets/nope"), 404)
     with live.client() as c:
-        anon = c.get("/v1/datasets")
-        assert anon.status_code == 401
-        _standard(anon)
-        health = c.get("/healthz")
-        assert health.status_code == 200
-        _standard(health)
-        ui = c.get("/ui", follow_redirects=False)
-        assert ui.status_code == 303
-        _standard(ui)
+        _standard(c.get("/v1/datasets"), 401)
+        _standard(c.get("/healthz"), 200)
+        _standard(c.get("/ui", follow_redirects=False), 303)
     with live.client(token=dev) as c:
-        read = c.get(f"/v1/sessions/{sid}")  # the session-bound token's lean read
-        assert read.status_code == 200
-        _standard(read)
+        _standard(c.get(f"/v1/sessions/{sid}"), 200)  # the session-bound token's lean read
         put = c.put(f"/v1/sessions/{sid}/reports/a", json={"round": 0, "value": 1})
-        assert put.status_code == 201, put.text  # the lean report path
-        _standard(put)
+        _standard(put, 201)  # the lean report path
         big = c.put(f"/v1/sessions/{sid}/reports/c", content=b" " * (REPORT_BODY_LIMIT + 1),
                     headers={"content-type": "application/json"})
-        assert big.status_code == 413  # the middleware's answer, before any body is read
-        _standard(big)
+        _standard(big, 413)  # the middleware's answer, before any body is read
         again = c.put(f"/v1/sessions/{sid}/reports/b", json={"round": 0, "value": 1})
-        assert again.json()["status"] == "duplicate"  # this device has reported: 200
-        _standard(again)
+        _standard(again, 200)  # this device has reported: duplicate
+        assert again.json()["status"] == "duplicate"
     with live.client(token=live.token("device", session=sid, subject="s2")) as c:
         wrong = c.put(f"/v1/sessions/{sid}/reports/a", json={"round": 1, "value": 1})
-        assert wrong.status_code == 409, wrong.text  # not this device's round: rejected
-        _standard(wrong)
+        _standard(wrong, 409)  # not this device's round: rejected
 
 
 def test_the_stylesheet_keeps_its_own_caching(live: Live) -> None:
@@ -77,15 +62,8 @@ def test_the_stylesheet_keeps_its_own_caching(live: Live) -> None:
 
 
 def test_the_protocols_own_answer_carries_them(live: Live) -> None:
-    host, port = live.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with _connect(live.url) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES))
-        answer = b""
-        try:
-            while chunk := s.recv(65536):
-                answer += chunk
-        except (ConnectionResetError, TimeoutError):
-            pass
-    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        head = _read_all(s).split(b"\r\n\r\n", 1)[0].lower()
     assert head.startswith(b"http/1.1 431")
     assert b"\r\ncache-control: no-store" in head and b"\r\nx-content-type-options: nosniff" in head
