@@ -141,3 +141,23 @@ def test_another_methods_privacy_option_names_this_ones(method: str, given: str,
     """F11.1: `calibrate pcoqs --epsilon` was "No such option … Did you mean '--json'?"."""
     res = _run("calibrate", method, given, "1")
     assert res.exit_code == 2 and said in res.output and "--json" not in res.output, res.output
+
+
+def test_a_dry_run_says_when_the_run_can_only_release_the_trivial_set(tmp_path: Path) -> None:
+    """F4: the dry run said "allowed yes (fits)" for a run whose shape already fixes its
+    threshold at +inf (n = 300 < the 399 P-COQS needs at α = 0.1, ρ = 0.1); the run then
+    charged ρ for the trivial set. It now says so — and not of a run that can do better."""
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    np.save(tmp_path / "s.npy", np.random.default_rng(0).random(300))
+    args = ["--db-url", url, "calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1",
+            "--scores", str(tmp_path / "s.npy"), "--dry-run"]
+    small = _run(*args, "--rho", "0.1")
+    assert small.exit_code == 0, small.output
+    assert "release     +inf only, whatever the data — target rank 310 exceeds n = 300" \
+        in small.output
+    doc = json.loads(_run(*args, "--rho", "0.1", "--json").stdout)
+    assert doc["trivial"] is True and doc["allowed"] is True
+    enough = json.loads(_run(*args, "--rho", "0.5", "--json").stdout)
+    assert enough["trivial"] is False and "target rank 288 of n = 300" in enough["guarantee"]
+    assert "+inf only" not in _run(*args, "--rho", "0.5").output

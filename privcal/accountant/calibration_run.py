@@ -273,15 +273,26 @@ def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShap
     "allowed" for a request the run refuses). ``shuffle``: the shuffled run's amplified
     central cost, as the run computes it, checked against the dataset's cap as its charge
     is, and reported as ``cost["central_cost"]`` (for every row: the run recomputes it for
-    the subjects accepted, fewer if some are at their cap)."""
+    the subjects accepted, fewer if some are at their cap). The guarantee the run would
+    record is reported too, and ``trivial`` when it can only release +∞ — every label, every
+    interval — whatever the data (red team 19, newcomer F4: "allowed yes", then a charge for
+    the trivial set)."""
     p = params_of(calibrator, params)
     cost = public(calibrator.name, calibrator.cost)(p, shape)
-    public(calibrator.name, calibrator.guarantee)(p, shape)
+    g = public(calibrator.name, calibrator.guarantee)(p, shape)
+    out = _priced(ledger, calibrator.name, cost, shape, dataset, shuffle)
+    return out.model_copy(update={"guarantee": g.statement, "trivial": g.lower >= 1.0})
+
+
+def _priced(ledger: Ledger, name: str, cost: Any, shape: DataShape, dataset: str,
+            shuffle: Shuffle | None) -> DryRun:
+    """:func:`dry_run`'s budget: what the run of method ``name`` would charge (``cost``),
+    and what would remain."""
     central = None
     if shuffle is not None:
         if not isinstance(cost, LocalDP):
             raise InvalidInput("a shuffled run applies only to local-DP methods")
-        amplified = public(calibrator.name, shuffle)(shape)[0]
+        amplified = public(name, shuffle)(shape)[0]
         central = normalize_cost(amplified) if amplified is not None else None
     with ledger.read() as s:
         ds = ledger.get_dataset(s, dataset)

@@ -235,6 +235,11 @@ class DryRun(BaseModel):
     reason: str
     remaining_before: dict[str, Decimal]
     remaining_after: dict[str, Decimal] | None
+    #: the coverage guarantee the run would record, from the shape alone
+    guarantee: str | None = None
+    #: the run can only release +∞ (the trivial set or interval), whatever the data: too few
+    #: rows for this level and budget (``privcal advise`` says how many are needed)
+    trivial: bool = False
 
 
 class Release(ReleaseRecord):

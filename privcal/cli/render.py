@@ -144,6 +144,9 @@ def render_dry_run(report: Any) -> None:
         click.echo(f"  central     {_amounts(central)} (the amplified cost, against the "
                    "dataset's cap)")
     click.echo(f"  allowed     {'yes' if report.allowed else 'NO'} ({report.reason})")
+    if report.trivial:
+        click.echo(f"  release     +inf only, whatever the data — {report.guarantee}; "
+                   "`privcal advise` says how many rows a finite threshold needs")
     click.echo(f"  remaining   {_amounts(report.remaining_before)} now")
     if report.remaining_after is not None:
         click.echo(f"              {_amounts(report.remaining_after)} after")
