@@ -161,3 +161,12 @@ def test_a_dry_run_says_when_the_run_can_only_release_the_trivial_set(tmp_path: 
     enough = json.loads(_run(*args, "--rho", "0.5", "--json").stdout)
     assert enough["trivial"] is False and "target rank 288 of n = 300" in enough["guarantee"]
     assert "+inf only" not in _run(*args, "--rho", "0.5").output
+
+
+def test_an_empty_ledgers_report_says_so(tmp_path: Path) -> None:
+    """F12.7: `audit report` of a ledger without datasets printed nothing at all."""
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "db", "upgrade").exit_code == 0
+    res = _run("--db-url", url, "audit", "report")
+    assert res.exit_code == 0 and res.output.startswith("no datasets in this ledger")
+    assert json.loads(_run("--db-url", url, "--json", "audit", "report").stdout) == []

@@ -74,6 +74,8 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
     reports = build(settings.accountant(existing=True), dataset)
 
     def human() -> None:
+        if not reports:  # it printed nothing at all (red team 19, newcomer F12)
+            click.echo("no datasets in this ledger (privcal dataset create makes one)")
         for rep in reports:
             click.secho(f"dataset {rep.dataset}: {rep.policy}, "
                         f"reporting δ={cell(rep.reporting_delta)}", bold=True)

@@ -42,7 +42,7 @@ def _describe(s: Any) -> str:
         {"field": "dataset", "value": s.dataset},
         {"field": "method", "value": s.method + (" (shuffled)" if s.shuffled else "")},
         {"field": "status", "value": s.status},
-        {"field": "reports stored", "value": s.reports_are},
+        {"field": "reports are", "value": s.reports_are},
         {"field": "score", "value": _score_text(s.score)},
     ]
     if s.method == "ldp-score":
