@@ -201,3 +201,38 @@ def test_the_shortfall_figure_is_a_valid_p_value_over_releases_and_test_sets() -
                 assert share <= p + tol, (n, kind, p, share)
     old = sum(f <= 0.01 for f in figures["old"]) / trials  # the narrow Beta's
     assert old > 0.01 + 4 * np.sqrt(0.01 * 0.99 / trials), old
+
+
+def test_label_groups_are_named_by_their_class_names() -> None:
+    """F6: label-Mondrian groups were named by column index in the recorded statement,
+    params.groups, thresholds() and release show, and by class name in evaluate: with
+    classes "1", "2", "3" the statement named a group '0' that is no class, and release
+    show's group "2" (n = 1, +inf) was the class "3"."""
+    import pandas as pd
+
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", rho=1e6, allow_nonprivate=True)
+    g = np.random.default_rng(0)
+    n = 400
+    y = g.choice(2, size=n, p=[0.6, 0.4])
+    y[0] = 2  # the class "3" has one calibration row: its threshold is +inf
+    logits = g.normal(size=(n, 3))
+    logits[np.arange(n), y] += 2
+    p = np.exp(logits)
+    p /= p.sum(1, keepdims=True)
+    names = np.array(["1", "2", "3"])
+    frame = pd.DataFrame(p, columns=list(names))
+    rel = acct.calibrate("split", dataset="d", probs=frame, labels=names[y], score="lac",
+                         alpha=0.1, mondrian="label", public_groups=True)
+    rows = {r["group"]: r for r in rel.thresholds()}
+    assert sorted(rows) == ["1", "2", "3"] and rel.params["groups"] == ["1", "2", "3"]
+    assert rows["3"]["n"] == 1 and rows["3"]["threshold"] == float("inf")
+    assert rows["2"]["n"] == int((y == 1).sum()) and rows["2"]["threshold"] < 1
+    ev = {b.group: b for b in rel.evaluate(frame, names[y]).by_group}
+    assert set(ev) == set(rows) and ev["3"].n == 1 and ev["2"].n == rows["2"]["n"]
+    assert "group '0'" not in rel.coverage.statement
+    assert acct.verify().releases == 1  # the statement recomputes from the recorded names
+    # without class names (index labels, an array), the groups are the column indices
+    plain = acct.calibrate("split", dataset="d", probs=p, labels=y, score="lac", alpha=0.1,
+                           mondrian="label", public_groups=True)
+    assert plain.params["groups"] == ["0", "1", "2"]

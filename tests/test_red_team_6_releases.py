@@ -184,7 +184,7 @@ def test_release_load_refuses_an_inconsistent_file(accountant: Any, tmp_path: Pa
     # Mondrian: a group's n edited, the groups' entries not the record's
     doc = _doc(mond)
     doc["diagnostics"]["groups"][0]["n"] += 1
-    refused(doc, "group 0: n")
+    refused(doc, "group a: n")  # label groups named by their classes (red team 19, F6)
     doc = _doc(mond)
     doc["diagnostics"]["groups"] = [1, 2, 3]
     refused(doc, "diagnostics")

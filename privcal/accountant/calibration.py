@@ -146,12 +146,13 @@ def dry_run(
     if req.shuffled:
         check_shuffle_method(cal.name, assume_unlinkable_features=req.assume_unlinkable_features)
         check_shuffled_dataset(ds)
-    labels = req.labels
+    labels, classes = req.labels, None
     if how.mondrian == "label" and req.classes is not None and shape.k is not None:
         # label groups by class name, as the run encodes them (the groups are public)
-        labels, _ = encode_labels(labels, req.classes, shape.k)
+        labels, classes = encode_labels(labels, req.classes, shape.k)
     if how.wanted:
-        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=labels)
+        cal, p, names, index = wrap(cal, p, how, n=shape.n, k=shape.k, labels=labels,
+                                    classes=classes)
         if index is not None and names is not None:
             shape = DataShape(n=shape.n, k=shape.k, group_sizes=tuple(
                 int(c) for c in np.bincount(index, minlength=len(names))))

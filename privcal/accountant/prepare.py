@@ -263,7 +263,8 @@ def prepare(
     )
     shape = DataShape(n=n, k=k, group_sizes=sizes)
     if how is not None and how.wanted:
-        cal_w, p, group_names, index = wr.wrap(cal, p, how, n=n, k=k, labels=labels)
+        cal_w, p, group_names, index = wr.wrap(cal, p, how, n=n, k=k, labels=labels,
+                                               classes=names)
         reg = registry.Registered(cal_w, reg.distribution, reg.distribution_version)
         data = wr.with_groups(data, index, group_names)
         if index is not None:

@@ -11,6 +11,7 @@ charged; a bad option is a one-line :class:`~privcal.errors.InvalidInput`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,10 +94,13 @@ def _validate(cal: Calibrator, values: dict[str, Any]) -> CalibratorParams:
 
 
 def wrap(cal: Calibrator, params: CalibratorParams, how: Wrapping, *, n: int, k: int | None,
-         labels: Any) -> tuple[Calibrator, CalibratorParams, tuple[str, ...] | None,
-                               np.ndarray | None]:
+         labels: Any, classes: Sequence[str] | None = None
+         ) -> tuple[Calibrator, CalibratorParams, tuple[str, ...] | None, np.ndarray | None]:
     """The wrapped calibrator, its parameters, the group names and each row's group index
-    (None, None without Mondrian). ``labels`` are the rows' class indices (label groups)."""
+    (None, None without Mondrian). ``labels`` are the rows' class indices (label groups);
+    label groups are named by ``classes``, the class names, when the run has them (red team
+    19, coverage F6: named by column index, a release of classes "1", "2", "3" recorded
+    "group '0'", and its group "2" was the class "3"), else by index."""
     values = params.model_dump(mode="python")
     if how.alphas is not None:
         cal = Levels(cal)
@@ -112,7 +116,8 @@ def wrap(cal: Calibrator, params: CalibratorParams, how: Wrapping, *, n: int, k:
         index = check_labels(labels, k).astype(np.int64)
         if index.shape[0] != n:
             raise InvalidInput(f"labels must give one label per row: {index.shape[0]} for {n}")
-        names = tuple(str(j) for j in range(k))
+        names = (tuple(str(c) for c in classes) if classes is not None and len(classes) == k
+                 else tuple(str(j) for j in range(k)))
     elif how.mondrian == "column":
         names, index = group_column(how.groups, n)
     if how.mondrian is not None:
