@@ -112,6 +112,9 @@ def test_serve_json_writes_one_document_once_bound(tmp_path: Path) -> None:
     import httpx
 
     env = {**os.environ, "PRIVCAL_DATABASE_URL": f"sqlite:///{tmp_path}/s.sqlite"}
+    # serve only reads its ledger's schema: it makes none (red team 19, a mistyped URL)
+    assert CliRunner().invoke(main, ["--db-url", env["PRIVCAL_DATABASE_URL"], "db",
+                                     "upgrade"]).exit_code == 0
     proc = subprocess.Popen([sys.executable, "-c", "from privcal.cli import main; main()",
                              "serve", "--port", "0", "--log-level", "warning", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
@@ -174,8 +177,9 @@ def test_db_current_or_check_first_does_not_leave_the_ledger_readable(
     for first in (["db", "current"], ["db", "check"]):
         path = tmp_path / f"{first[1]}.sqlite"
         url = f"sqlite:///{path}"
-        CliRunner().invoke(main, ["--db-url", url, *first])
-        assert _mode(path) == 0o600, first
+        res = CliRunner().invoke(main, ["--db-url", url, *first])
+        # they only read: no file at all now (red team 19), so none left readable
+        assert res.exit_code == 1 and not path.exists(), (first, res.output)
         assert CliRunner().invoke(main, ["--db-url", url, "db", "upgrade"]).exit_code == 0
         assert _mode(path) == 0o600, first
     # a file made by SQLite itself (an older privcal's `db current`): made private when

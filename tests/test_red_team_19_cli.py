@@ -170,3 +170,77 @@ def test_an_empty_ledgers_report_says_so(tmp_path: Path) -> None:
     res = _run("--db-url", url, "audit", "report")
     assert res.exit_code == 0 and res.output.startswith("no datasets in this ledger")
     assert json.loads(_run("--db-url", url, "--json", "audit", "report").stdout) == []
+
+
+def test_a_local_dry_run_says_when_the_run_can_only_release_the_trivial_set(
+        tmp_path: Path) -> None:
+    """Review of F4: the local-DP runs record their target 1−α, not coverage 1, so the dry
+    run's first `trivial` missed newcomer F4's own ldp-label example (3 000 users, k = 10,
+    ε = 2: target 1.068), which charges every user ε0 for +inf; and a 5-user ldp-score."""
+    from privcal import Accountant, Ledger
+    from privcal.accountant.calibration import dry_run
+
+    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
+    acct.create_dataset("l", epsilon=1000, subject_epsilon=1000)
+    g = np.random.default_rng(3)
+    probs = g.dirichlet(np.ones(10), size=3000)
+    labels = g.integers(0, 10, size=3000)
+    ids = [f"u{i}" for i in range(3000)]
+    label = dry_run(acct, "ldp-label", {"alpha": 0.1, "epsilon": 2}, dataset="l", probs=probs,
+                    labels=labels, subjects=ids)
+    assert label.trivial and label.allowed
+    wide = dry_run(acct, "ldp-label", {"alpha": 0.1, "epsilon": 8}, dataset="l", probs=probs,
+                   labels=labels, subjects=ids)
+    assert not wide.trivial
+    real = acct.calibrate("ldp-label", dataset="l", alpha=0.1, epsilon=2, probs=probs,
+                          labels=labels, subjects=ids)
+    assert real.threshold == float("inf")  # as the dry run said
+    few = dry_run(acct, "ldp-score", {"alpha": 0.1, "epsilon": 2}, dataset="l",
+                  scores=g.random(5), subjects=ids[:5])
+    assert few.trivial
+    many = dry_run(acct, "ldp-score", {"alpha": 0.1, "epsilon": 2}, dataset="l",
+                   scores=g.random(3000), subjects=ids)
+    assert not many.trivial
+
+
+def test_a_bare_sqlite_file_is_no_ledger_either(tmp_path: Path) -> None:
+    """Review of F1: `db check` on a mistyped path made a 4 KiB SQLite file with no table,
+    which read-only commands then took for a ledger (and migrated: "ok: 0 log entries");
+    and a `file:` URI's missing file was never looked at."""
+    import sqlite3
+
+    path = tmp_path / "ledgr.sqlite"
+    for command in (["db", "check"], ["db", "current"], ["audit", "verify"]):
+        res = _run("--db-url", f"sqlite:///{path}", *command)
+        assert res.exit_code == 1 and "no ledger at" in res.output, (command, res.output)
+        assert not path.exists()
+    sqlite3.connect(path).execute("PRAGMA user_version = 0").connection.close()
+    sqlite3.connect(path).execute("VACUUM").connection.close()  # a bare database file
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("DROP TABLE t")  # a header and pages, no table
+    assert path.stat().st_size > 0
+    res = _run("--db-url", f"sqlite:///{path}", "audit", "verify")
+    assert res.exit_code == 1 and f"no ledger at {path}" in res.output, res.output
+    uri = tmp_path / "typo.sqlite"
+    res = _run("--db-url", f"sqlite:///file:{uri}?uri=true", "audit", "verify")
+    assert res.exit_code == 1 and f"no ledger at {uri}" in res.output, res.output
+    assert not uri.exists()
+
+
+def test_a_new_ledger_named_by_a_file_uri_is_private(tmp_path: Path) -> None:
+    """Review of F1: a ledger made through a `file:` URI (which the README now recommends for
+    read-only opens) was 0644 under umask 022 — the pseudonyms' secret readable by all."""
+    import os
+
+    path = tmp_path / "u.sqlite"
+    old = os.umask(0o022)
+    try:
+        res = _run("--db-url", f"sqlite:///file:{path}?uri=true", "dataset", "create", "d",
+                   "--rho", "1")
+    finally:
+        os.umask(old)
+    assert res.exit_code == 0, res.output
+    assert path.stat().st_mode & 0o777 == 0o600
+    ro = _run("--db-url", f"sqlite:///file:{path}?mode=ro&uri=true", "budget", "show", "d")
+    assert ro.exit_code == 0, ro.output

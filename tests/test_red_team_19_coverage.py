@@ -8,8 +8,9 @@ uniformly at random, whatever the order.
 
 F4: users past their per-subject cap are left out of a run; after an earlier study of a
 chosen group (the high-risk users) the kept ones are not a sample of everyone, and privcal
-cannot check that. The release's ``assumes`` (shown by ``calibrate``, ``release show``, the
-report and every JSON of it) now says so, with the count.
+cannot check that. A local-DP release's ``assumes`` (shown by ``calibrate``, ``release
+show``, the report and every JSON of it) now says so — a session's too (review) — and a
+one-shot run that left rows out says how many.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def test_users_left_out_at_their_cap_are_named_in_what_the_guarantee_assumes() -
     line = audit_report(acct, "app")[0].releases[-1]
     assert line.assumes == rel.assumes
     first = acct.release(1)
-    assert first.assumes is not None and "cap" not in first.assumes  # nobody left out
+    assert first.assumes is not None and "rows of users" not in first.assumes  # none left out
+    assert "whether a user is must not depend on its (x, y)" in first.assumes  # but it holds
 
 
 def test_the_cli_shows_it(tmp_path: Path) -> None:
@@ -94,7 +96,9 @@ def test_the_cli_shows_it(tmp_path: Path) -> None:
                    rng=random.Random(1))
     out = CliRunner().invoke(main, ["--db-url", url, "release", "show", "2"])
     assert out.exit_code == 0, out.output
-    assert "per-subject cap does not depend on its (x, y)" in " ".join(out.output.split())
+    text = " ".join(out.output.split())
+    assert "users past their per-subject cap are left out, so whether a user is must not " \
+           "depend on its (x, y)" in text and "rows of users whose cap earlier runs" in text
 
 
 def _regression_groups(seed: int, n: int, hard_noise: float, easy_noise: float
@@ -236,3 +240,19 @@ def test_label_groups_are_named_by_their_class_names() -> None:
     plain = acct.calibrate("split", dataset="d", probs=p, labels=y, score="lac", alpha=0.1,
                            mondrian="label", public_groups=True)
     assert plain.params["groups"] == ["0", "1", "2"]
+
+
+def test_a_sessions_release_states_the_cap_assumption_too() -> None:
+    """Review of F4: a collection session refuses the reports of users past their cap; its
+    release had no word of it (the count was for one-shot runs only)."""
+    from privcal.accountant import sessions as S
+
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", epsilon=1, subject_epsilon=3)
+    acct.charge_subjects("d", 2, ["a", "b"])  # an earlier study spent a's and b's cap
+    info = S.open_session(acct, "ldp-score", dataset="d", alpha=0.1, epsilon=2, rounds=1,
+                          group_size=4)
+    S.submit_reports(acct, info.id, ["a", "b", "c", "d", "e", "f"], [1, 1, 0, 1, 0, 0],
+                     [0] * 6)
+    rel = acct.release(S.session_status(acct, info.id).release_id)
+    assert "users past their per-subject cap are left out" in rel.assumes

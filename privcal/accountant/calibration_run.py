@@ -281,7 +281,23 @@ def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShap
     cost = public(calibrator.name, calibrator.cost)(p, shape)
     g = public(calibrator.name, calibrator.guarantee)(p, shape)
     out = _priced(ledger, calibrator.name, cost, shape, dataset, shuffle)
-    return out.model_copy(update={"guarantee": g.statement, "trivial": g.lower >= 1.0})
+    return out.model_copy(update={"guarantee": g.statement, "trivial": _only_infinite(g)})
+
+
+def _only_infinite(g: Any) -> bool:
+    """Whether a guarantee computed from the shape alone fixes the threshold at +∞: a
+    central method's says so with coverage 1 (its rank exceeds n); LDP-CP-S's when no
+    round can clear its cut-off (more 1-reports needed than a round holds: no round lowers
+    the threshold from +∞); LDP-CP-L's when its target 1−α+Δ_L exceeds 1 (the corrected
+    coverage is at most 1 at every candidate, so none is backed)."""
+    d = g.details or {}
+    if g.lower >= 1.0:
+        return True
+    cut, size = d.get("pass_cutoff"), d.get("group_size")
+    if isinstance(cut, int) and isinstance(size, int):
+        return cut > size
+    target = d.get("calibration_target")
+    return "delta_L" in d and isinstance(target, float | int) and target > 1
 
 
 def _priced(ledger: Ledger, name: str, cost: Any, shape: DataShape, dataset: str,

@@ -27,15 +27,21 @@ NOT_STATED = "not stated by the method (a plugin)"
 
 _EXCHANGEABLE = "the calibration points and the test point are exchangeable (i.i.d. is enough)"
 _IID_USERS = "the users' (x, y) and the test point are i.i.d. draws from one distribution"
+#: a local-DP release leaves out the users past their per-subject cap (a one-shot run drops
+#: their rows, a session refuses their reports): its users are a sample of everyone only if
+#: which users are past it does not depend on their data (red team 19, coverage F4)
+_CAPPED = ("; users past their per-subject cap are left out, so whether a user is must not "
+           "depend on its (x, y)")
 
 #: built-in method → what its coverage guarantee assumes of the data
 ASSUMES: dict[str, str] = {
     "split": _EXCHANGEABLE,
     "pcoqs": _EXCHANGEABLE,
     "exponq": _EXCHANGEABLE,
-    "ldp-label": _IID_USERS,
+    "ldp-label": _IID_USERS + _CAPPED,
     "ldp-score": _IID_USERS + ", and which round a user answers does not depend on its "
-                 "(x, y) (privcal draws the rounds at random when it simulates the users)",
+                 "(x, y) (privcal draws the rounds at random when it simulates the users)"
+                 + _CAPPED,
     "fedcp-qq": "every agent's scores and the test point are i.i.d. draws from one distribution "
                 "(agents whose populations differ are outside the guarantee)",
     "fedcp2-qq": "every agent's scores and the test point are i.i.d. draws from one "
@@ -77,19 +83,17 @@ def method_assumption(method: str) -> str | None:
 
 
 def release_assumption(method: str, diagnostics: Any = None) -> str | None:
-    """:func:`method_assumption` of a release, with what its own run adds: a local-DP run
-    that left out rows of users past their per-subject cap (``diagnostics["dropped_rows"]
-    ["subject_over_cap"]``) is a guarantee for the users it kept — it holds for the
-    population only if whether a user was past its cap does not depend on its (x, y)
-    (red team 19, coverage F4: a cap spent by an earlier study of the high-risk users left
-    them out, and a release recorded ≥ 0.9 covered 0.65). privcal cannot check that: it is
-    said wherever the assumption is shown."""
+    """:func:`method_assumption` of a release, with what its own run adds. A local-DP
+    method's assumption says that users past their per-subject cap are left out and that
+    whether a user is must not depend on its (x, y) (red team 19, coverage F4: a cap spent by
+    an earlier study of the high-risk users left them out, and a release recorded ≥ 0.9
+    covered 0.65) — privcal cannot check it; a one-shot run that did leave rows out
+    (``diagnostics["dropped_rows"]["subject_over_cap"]``) says how many."""
     base = method_assumption(method)
     dropped = diagnostics.get("dropped_rows") if isinstance(diagnostics, dict) else None
     over = dropped.get("subject_over_cap") if isinstance(dropped, dict) else None
     if base is None or not isinstance(over, int) or over <= 0:
         return base
-    return (f"{base}; and whether a user was past its per-subject cap does not depend on its "
-            f"(x, y): {over} row{'s' if over != 1 else ''} of users whose cap earlier runs "
-            "had spent were left out (after a study of a chosen group of users, the kept "
-            "ones are not a sample of everyone)")
+    return (f"{base} — here {over} row{'s' if over != 1 else ''} of users whose cap earlier "
+            "runs had spent were left out (after a study of a chosen group of users, the "
+            "kept ones are not a sample of everyone)")

@@ -50,7 +50,7 @@ def db_upgrade(settings: Settings, beside_other_tables: bool, as_json: bool) -> 
 @pass_settings
 def db_current(settings: Settings, as_json: bool) -> None:
     """Print the ledger's schema revision."""
-    ledger = settings.ledger()
+    ledger = settings.ledger(existing=True)
     rev = ledger.current()
     emit({"url": ledger.url, "revision": rev, "head": ledger.head_revision()}, as_json=as_json,
          human=f"{rev or '(empty)'} (this privcal: {ledger.head_revision()})")
@@ -61,7 +61,7 @@ def db_current(settings: Settings, as_json: bool) -> None:
 @pass_settings
 def db_check(settings: Settings, as_json: bool) -> None:
     """Exit 0 if the schema is current, 5 if `privcal db upgrade` is needed."""
-    ledger = settings.ledger()
+    ledger = settings.ledger(existing=True)
     rev = ledger.check()
     emit({"url": ledger.url, "revision": rev, "ok": True}, as_json=as_json,
          human=f"ok: ledger {ledger.url} at revision {rev}")

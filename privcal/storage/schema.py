@@ -236,8 +236,13 @@ class LedgerSchema:
         in it is left as its owner set it. Called before anything connects (``current``,
         ``ensure_schema``, ``upgrade``); a symbolic link's target is the file made."""
         path = self._sqlite_file()
-        if path is None or self._sqlite_uri():
+        if path is None:
             return
+        if self._sqlite_uri():  # its file, unless opened read-only (then none is made)
+            q = self._url.query
+            if str(q.get("mode", "")) == "ro" or str(q.get("immutable", "")) in ("1", "true"):
+                return
+            path = _uri_file(path)
         try:
             target = path.resolve()
         except (OSError, RuntimeError):  # a symlink loop (3.11: RuntimeError): the driver's
@@ -259,15 +264,24 @@ class LedgerSchema:
         return path is None or path.exists()
 
     def missing_file(self) -> Path | None:
-        """The path of a SQLite ledger file that does not exist or is empty — one that its
-        first use would create (None otherwise; nothing is created, nothing connects)."""
+        """The path of a SQLite ledger file that its first use would create: missing, empty,
+        or holding no table (a file SQLite made on a connection and left bare: review of red
+        team 19, F1); a ``file:`` URI's file too. None otherwise; nothing is created."""
         path = self._sqlite_file()
-        if path is None or self._sqlite_uri():
+        if path is None:
             return None
+        if self._sqlite_uri():
+            path = _uri_file(path)
         try:
-            return path if not path.exists() or path.stat().st_size == 0 else None
+            if not path.exists() or path.stat().st_size == 0:
+                return path
         except OSError:
             return None  # cannot be looked at here: the driver's error will say why
+        with self._connect(write=False) as conn:
+            try:
+                return None if inspect(conn).get_table_names() else path
+            except DBAPIError:
+                return None  # not a database, or unreadable: the driver's error says why
 
     def _is_new_sqlite(self) -> bool:
         """A SQLite ledger with nothing in it yet: in memory, a missing file, or an empty one."""
@@ -302,6 +316,12 @@ class LedgerSchema:
                 self.upgrade()
             self.check()
             self._schema_ok = True
+
+
+def _uri_file(database: Path) -> Path:
+    """The file a SQLite ``file:`` URI's path names (the path itself without ``file:``)."""
+    name = str(database)
+    return Path(name[len("file:"):] if name.startswith("file:") else name)
 
 
 def _foreign(url: str, revision: str) -> str:
