@@ -62,6 +62,8 @@ def fetch(url: str, token: str, page: int = 1000) -> list[dict[str, Any]]:
                                      headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             got = json.load(resp)
+        if not isinstance(got, list) or not all(isinstance(e, dict) and "seq" in e for e in got):
+            raise ValueError("its answer is not a page of audit entries (another service?)")
         if not got:
             return out
         out.extend(got)
@@ -153,6 +155,11 @@ def _entries(a: argparse.Namespace) -> list[dict[str, Any]]:
         raise Unusable(f"{exc.filename}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise Unusable(f"{a.entries}: not a JSON list of entries ({exc})") from None
+    keys = {"seq", "payload", "prev_hash", "entry_hash"}
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and keys <= e.keys() for e in entries):
+        raise Unusable(f"{a.url or a.entries}: not a list of privcal audit entries (each with "
+                       f"{', '.join(sorted(keys))})")
     return entries
 
 

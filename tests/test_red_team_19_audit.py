@@ -1,5 +1,5 @@
 """Red team 18 (auditor, F9): ``audit verify`` did not check that a release's charges are
-logged before it. privcal charges, then releases (both in one transaction); a log in which a
+logged before it. privcal charges, then releases (the charge committed first); a log in which a
 release's entry precedes a charge it names records a release made unpaid, with the charge
 written afterwards — which a database administrator can produce by rewriting the log from
 the release's entry on (no signing key needed, README: detected without a kept head only

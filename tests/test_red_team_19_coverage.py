@@ -142,8 +142,11 @@ def test_a_mondrian_regression_release_is_evaluated_per_group(tmp_path: Path) ->
                                     "--groups", f"{tmp_path / 'g.csv'}:site"])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())
-    assert "group hard" in text and "BELOW its guarantee" in text
-    assert "over all rows; but group hard BELOW its own guarantee" in text
+    assert "group hard" in text and "below its guarantee (95% upper bound" in text
+    assert hard.shortfall_probability is not None and hard.shortfall_probability < 1e-6
+    assert "over all rows; but group hard far below its own guarantee (a result that low " \
+           "has probability at most 0.01/2 under it" in text
+    assert "group easy" in text and "easy far below" not in text
 
 
 def test_a_release_that_meets_its_guarantee_is_not_strong_evidence_against_it() -> None:
@@ -256,3 +259,28 @@ def test_a_sessions_release_states_the_cap_assumption_too() -> None:
                      [0] * 6)
     rel = acct.release(S.session_status(acct, info.id).release_id)
     assert "users past their per-subject cap are left out" in rel.assumes
+
+
+def test_a_valid_mondrian_release_rarely_has_a_group_named_far_below() -> None:
+    """Review of F2: one 95% test per group named a group "BELOW" in 36 of 40 valid
+    30-group releases. A group is now named when a result as low as its own has probability
+    ≤ 0.01/G under its guarantee (the group's beta-binomial tail for split): over 40 valid
+    releases of 30 groups, at most a few are (≤ 0.01 each, in expectation 0.4)."""
+    from privcal.cli.render import guarantee_verdict
+
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(7)
+    names = np.array([f"g{i}" for i in range(30)])
+    named, below = 0, 0
+    for _ in range(40):
+        grp = np.repeat(names, 200)
+        rel = acct.calibrate("split", dataset="d", preds=np.zeros(grp.size),
+                             targets=g.uniform(size=grp.size), score="absolute", alpha=0.1,
+                             groups=grp, public_groups=True)
+        tg = np.repeat(names, 100)
+        ev = rel.evaluate_interval(g.uniform(size=tg.size), np.zeros(tg.size), groups=tg)
+        below += sum(b.consistent_with_guarantee is False for b in ev.by_group)
+        named += "far below" in guarantee_verdict(ev, 0.0, rel)
+    assert below >= 20  # the 95% bound alone is below for many groups of valid releases
+    assert named <= 3, named

@@ -60,14 +60,18 @@ from privcal.storage.pseudonyms import hex_of, key_id, pseudonyms_raw, subjects_
 __all__ = ["charge_subjects", "one_row_per_subject"]
 
 
-def _row_choice(skey: bytes, digest: str | None) -> np.random.Generator | None:
+def _row_choice(skey: bytes, key: str | None, digest: str | None
+                ) -> np.random.Generator | None:
     """The generator that chooses a repeated subject's row: for a request with an
-    idempotency key, seeded by an HMAC (the ledger's secret key) of the request's digest, so
-    that its replay keeps the same rows, which nobody without the key can predict; else
+    idempotency key, seeded by an HMAC (the ledger's secret key) of the key and the
+    request's digest, so that a replay keeps the same rows — rows nobody without the ledger's
+    secret can know before the first charge under that key (after it, a replay tells them:
+    the choice is independent of the data, not secret from whoever holds the key); else
     None (the operating system's CSPRNG)."""
-    if digest is None:
+    if key is None or digest is None:
         return None
-    mac = hmac.new(skey, b"privcal row choice\x00" + digest.encode("ascii"), hashlib.sha256)
+    msg = b"privcal row choice\x00" + key.encode("utf-8") + b"\x00" + digest.encode("ascii")
+    mac = hmac.new(skey, msg, hashlib.sha256)
     return np.random.default_rng(int.from_bytes(mac.digest()[:16], "big"))
 
 
@@ -151,7 +155,7 @@ def charge_subjects(
                              if central_cost is not None else None)}
         digest = request_digest({**req, "dataset": dataset, "eps0": acc.dstr(cost0.eps0),
                                  "subjects": subjects_digest(skey, sids.tolist())})
-    kept = one_row_per_subject(inverse, uniq.shape[0], _row_choice(skey, digest))
+    kept = one_row_per_subject(inverse, uniq.shape[0], _row_choice(skey, key, digest))
 
     def tx(conn: Any) -> SubjectChargeResult:
         ds = ledger.dataset_row(conn, dataset)

@@ -39,6 +39,9 @@ class GroupCoverage(BaseModel):
     marginal: bool = False
     #: regression intervals: the group's mean interval length (sets: None)
     mean_length: float | None = None
+    #: below a marginal bound and inconsistent with it: a bound on the probability of a test
+    #: result this low under the group's guarantee (:mod:`privcal.calibrators.shortfall`)
+    shortfall_probability: float | None = None
 
 
 class Evaluation(BaseModel):

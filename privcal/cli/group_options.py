@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from privcal.cli.app import FILE
-from privcal.cli.output import at_least
+from privcal.cli.output import at_least, at_most
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput, check_number_text
 
@@ -157,7 +157,9 @@ def echo_groups(ev: Any) -> None:
         else:
             size = f"mean set size {'-' if g.mean_set_size is None else f'{g.mean_set_size:.3f}'}"
         below = ("" if g.consistent_with_guarantee is not False else
-                 f"; BELOW its guarantee (95% upper bound {g.coverage_upper_95:.4f}"
-                 + (", one release may be: see the guarantee line)" if g.marginal else ")"))
+                 f"; below its guarantee (95% upper bound {g.coverage_upper_95:.4f}"
+                 + ("" if g.shortfall_probability is None else
+                    f"; a result this low has probability at most "
+                    f"{at_most(g.shortfall_probability, '.2g')} under it") + ")")
         click.echo(f"  group {g.group:<13} n={g.n:<6} coverage {cov} (guaranteed ≥ "
                    f"{at_least(g.guaranteed_lower, '.4f')}), {size}{below}")

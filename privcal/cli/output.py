@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-__all__ = ["at_least", "cell", "emit", "info", "json_default", "table", "to_jsonable"]
+__all__ = ["at_least", "at_most", "cell", "emit", "info", "json_default", "table", "to_jsonable"]
 
 
 def json_default(o: Any) -> Any:
@@ -34,19 +34,31 @@ def at_least(x: float, spec: str) -> str:
     1.0000 said to be below it). A printed bound never states more than was proven, as the
     recorded statements (:mod:`privcal.calibrators.bound_floats`); ``x`` is the number a
     release records, its shortest ``repr`` read as a decimal (0.3 is 0.3)."""
-    from decimal import ROUND_FLOOR, Context
+    return _bound_text(x, spec, up=False)
+
+
+def at_most(x: float, spec: str) -> str:
+    """An upper bound ``x`` (a probability at most so much) printed with ``spec``, rounded
+    *up* where rounding to nearest would print less (the review of red team 19: 0.0104
+    printed "at most 0.01" beside "weak evidence", whose cut-off is 0.01)."""
+    return _bound_text(x, spec, up=True)
+
+
+def _bound_text(x: float, spec: str, *, up: bool) -> str:
+    from decimal import ROUND_CEILING, ROUND_FLOOR, Context
     from fractions import Fraction
 
     text = format(x, spec)
-    if not math.isfinite(x) or Fraction(text) <= Fraction(repr(x)):
+    if not math.isfinite(x) or (Fraction(text) >= Fraction(repr(x)) if up
+                                else Fraction(text) <= Fraction(repr(x))):
         return text
     kind = spec[-1]
     places = int(spec[1:-1]) if spec.startswith(".") else 6
+    rounding = ROUND_CEILING if up else ROUND_FLOOR
     if kind == "f":
-        return format(Decimal(repr(x)).quantize(Decimal(1).scaleb(-places),
-                                                rounding=ROUND_FLOOR), f".{places}f")
-    down = Context(prec=places, rounding=ROUND_FLOOR).plus(Decimal(repr(x)))
-    return format(down, "g")
+        return format(Decimal(repr(x)).quantize(Decimal(1).scaleb(-places), rounding=rounding),
+                      f".{places}f")
+    return format(Context(prec=places, rounding=rounding).plus(Decimal(repr(x))), "g")
 
 
 def to_jsonable(data: Any) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privcal.cli.output import at_least
+from privcal.cli.output import at_least, at_most
 
 __all__ = ["fmt_threshold", "render_dry_run", "render_release",
            "render_thresholds", "ties_note"]
@@ -30,16 +30,22 @@ def guarantee_verdict(ev: Any, failure: float = 0.0, rel: Any = None) -> str:
     probability ≥ 1−β, so its releases' mean coverage is at least (1−β)·lower); ``rel``: the
     release, whose rank gives a plain split or a P-COQS release's tail
     (:func:`~privcal.calibrators.shortfall.shortfall`). A Mondrian release's groups whose
-    test rows are below their own guarantee are named after it (red team 19: "meets" was
-    said of a release whose group was covered at 0.42 against 0.9)."""
+    test rows are strong evidence against their own guarantee are named after it (red team
+    19: "meets" was said of a release whose group was covered at 0.42 against 0.9): a
+    group's result this low has probability at most 0.01/G under its guarantee, G the
+    groups with test rows (so a valid release has a group named with probability ≤ 0.01,
+    not one of its groups in twenty: the review of red team 19)."""
     verdict = _marginal_verdict(ev, failure, rel)
-    low = [g.group for g in (getattr(ev, "by_group", None) or ())
-           if g.consistent_with_guarantee is False]
+    groups = [g for g in (getattr(ev, "by_group", None) or ()) if g.n]
+    low = [g.group for g in groups if g.consistent_with_guarantee is False and (
+        not g.marginal or (g.shortfall_probability is not None
+                           and g.shortfall_probability <= 0.01 / len(groups)))]
     if not low:
         return verdict
     return (f"{verdict} over all rows; but group{'s' if len(low) > 1 else ''} "
-            f"{', '.join(low)} BELOW {'their' if len(low) > 1 else 'its'} own guarantee "
-            "(the group lines)")
+            f"{', '.join(low)} far below {'their' if len(low) > 1 else 'its'} own guarantee "
+            f"(a result that low has probability at most 0.01/{len(groups)} under it: check "
+            "the inputs; the group lines)")
 
 
 def _marginal_verdict(ev: Any, failure: float, rel: Any) -> str:
@@ -57,12 +63,12 @@ def _marginal_verdict(ev: Any, failure: float, rel: Any) -> str:
         weight = ("strong evidence against it: check the inputs (column order, score, "
                   "the data's distribution)" if odds <= 0.01
                   else "weak evidence against it" if odds < 1 else "no evidence against it")
-        given = (f"; it holds given an event of probability ≥ {1 - failure:.4g}, so the "
-                 f"mean coverage is ≥ {at_least(low, '.4g')}" if failure > 0 else "")
+        given = (f"; it holds given an event of probability ≥ {at_least(1 - failure, '.4g')}"
+                 f", so the mean coverage is ≥ {at_least(low, '.4g')}" if failure > 0 else "")
         return (f"below on this test set (95% upper bound {u:.4f}); the recorded guarantee "
                 f"is marginal — over calibration sets and test points{given} — and one "
                 f"release may fall below it; a test result this low has probability at most "
-                f"{odds:.2g} under it ({how}): {weight}")
+                f"{at_most(odds, '.2g')} under it ({how}): {weight}")
     else:
         verdict = "BELOW and inconsistent with"
     return f"{verdict} the recorded guarantee"

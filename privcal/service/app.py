@@ -41,6 +41,7 @@ from privcal.service.problems import (
     ProblemError,
     problem_for,
     problem_response,
+    server_error_response,
     unauthenticated,
     unsupported_media_type,
 )
@@ -305,6 +306,8 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
                     "are RFC 9457 problem documents with a stable `type`.",
     )
 
+    app.add_exception_handler(Exception, server_error_response)  # its 500, headers and all
+
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> Any:
         return problem_response(exc)
@@ -349,15 +352,8 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
         return problem_response(ProblemError(exc.status_code, slug, str(exc.detail), detail,
                                              headers=headers))
 
-    from privcal.service import (
-        routes_audit,
-        routes_calibrations,
-        routes_datasets,
-        routes_meta,
-        routes_plans,
-        routes_sessions,
-        ui,
-    )
+    from privcal.service import routes_audit, routes_calibrations, routes_datasets  # noqa: I001
+    from privcal.service import routes_meta, routes_plans, routes_sessions, ui
 
     # the routes themselves, not included sub-routers: `app.routes` lists every APIRoute
     # with its declared roles (the role-matrix test walks it)

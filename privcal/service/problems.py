@@ -28,7 +28,7 @@ from privcal.errors import (
 )
 
 __all__ = ["PROBLEM_TYPES", "Problem", "ProblemError", "problem_for", "problem_response",
-           "report_writer_busy"]
+           "report_writer_busy", "server_error_response"]
 
 log = logging.getLogger("privcal.service")
 
@@ -136,3 +136,17 @@ def report_writer_busy() -> ProblemError:
         503, "report-writer-busy", "Report writer busy",
         "the ledger did not take this report in time; it was not stored: send it again, "
         "with the same report id and the same value", headers={"Retry-After": "1"})
+
+
+def server_error_response(_request: Any, _exc: Exception) -> JSONResponse:
+    """The 500 of an exception no handler took: a problem document saying nothing of the
+    exception (the server's log has it), with the standard headers set here — Starlette
+    sends it from its outermost middleware, outside the one that adds them to every other
+    answer (:mod:`privcal.service.response_headers`; the review of red team 19)."""
+    from privcal.service.response_headers import STANDARD_HEADERS
+
+    resp = problem_response(ProblemError(500, "internal-error", "Internal server error",
+                                         "the server failed; its log says why"))
+    for name, value in STANDARD_HEADERS:
+        resp.headers[name.decode()] = value.decode()
+    return resp

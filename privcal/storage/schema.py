@@ -141,7 +141,8 @@ class LedgerSchema:
             raise LedgerError(
                 f"{self.url} holds tables that are not privcal's ({shown}) and no privcal "
                 "schema: not a privcal ledger — check --db-url (privcal keeps a database of "
-                "its own, or a PostgreSQL schema of its own: ?options=-csearch_path=NAME)")
+                "its own, or a PostgreSQL schema of its own: CREATE SCHEMA NAME, then "
+                "?options=-csearch_path=NAME in the URL)")
 
     def check(self) -> str:
         """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``

@@ -67,3 +67,33 @@ def test_the_protocols_own_answer_carries_them(live: Live) -> None:
         head = _read_all(s).split(b"\r\n\r\n", 1)[0].lower()
     assert head.startswith(b"http/1.1 431")
     assert b"\r\ncache-control: no-store" in head and b"\r\nx-content-type-options: nosniff" in head
+
+
+def test_a_server_error_is_a_problem_document_with_them(ledger_url: str) -> None:
+    """The review of red team 19: a 500 from an exception no handler took was Starlette's
+    plain text, sent from outside the middleware that adds the headers."""
+    from privcal.accountant import Accountant
+    from privcal.service.app import create_app
+    from privcal.storage import Ledger
+    from tests.service.conftest import start_server
+
+    led = Ledger(ledger_url)
+    led.upgrade()
+    app = create_app(accountant=Accountant(led))
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    url, server, th = start_server(app)
+    try:
+        with httpx.Client(base_url=url) as c:
+            r = c.get("/boom")
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+        led.close()
+    _standard(r, 500)
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["type"] == "urn:privcal:problem:internal-error"
+    assert "a bug" not in r.text

@@ -96,6 +96,8 @@ def test_ordinary_mistakes_are_one_line(live: Live, tmp_path: Path,
     """Red team 19 (newcomer F5): a non-auditor token or a mistyped URL printed a traceback."""
     analyst = tmp_path / "analyst.token"
     analyst.write_text(live.tokens["analyst"])
+    shaped = tmp_path / "shaped.json"
+    shaped.write_text('[{"seq": 1}]')  # JSON, but not entries (the review: a traceback)
     bad = tmp_path / "bad.token"
     bad.write_text(live.tokens["auditor"][:-4] + "AAAA")
     cases = [(["--url", live.url, "--token-file", str(analyst)],
@@ -106,7 +108,10 @@ def test_ordinary_mistakes_are_one_line(live: Live, tmp_path: Path,
               f"error: cannot read the log from {live.url}x: "),
              (["--url", live.url, "--token-file", str(tmp_path / "none")],
               f"error: {tmp_path / 'none'}: No such file or directory"),
-             (["--entries", str(analyst)], f"error: {analyst}: not a JSON list of entries")]
+             (["--entries", str(analyst)], f"error: {analyst}: not a JSON list of entries"),
+             (["--entries", str(shaped)], f"error: {shaped}: not a list of privcal audit"),
+             (["--url", live.url + "/healthz#", "--token-file", str(analyst)],
+              f"error: cannot read the log from {live.url}/healthz#: its answer is not a page")]
     for argv, said in cases:
         assert verify_log.main(argv) == 1, argv
         err = capsys.readouterr().err
