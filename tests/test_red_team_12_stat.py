@@ -175,4 +175,7 @@ def test_a_far_shortfall_under_a_marginal_guarantee_is_not_called_no_evidence() 
     ev = evaluate_intervals(iv, y, 0.9, marginal=True)
     verdict = guarantee_verdict(ev)
     assert ev.coverage == 0.497 and "no evidence" not in verdict
-    assert "probability at most 0.2 under it" in verdict and "weak evidence" in verdict
+    # Markov's (1 − 0.9)/(1 − v) at some v ≥ 0.497, plus the binomial tail (red team 19),
+    # printed rounded up: at least 0.1/0.503 ≈ 0.199, and not much more
+    said = float(verdict.split("probability at most ")[1].split(" under it")[0])
+    assert 0.19 < said <= 0.22 and "weak evidence" in verdict

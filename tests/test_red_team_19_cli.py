@@ -65,7 +65,8 @@ def test_ctrl_c_after_the_charge_says_what_stays(tmp_path: Path,
                "--score-range", "0,1")
     assert res.exit_code == 130, res.output
     assert "Aborted!" not in res.output
-    assert "error: interrupted (Ctrl-C): what was committed before stays" in res.output
+    assert "error: interrupted (Ctrl-C): what was committed before stays — a calibration's " \
+           "charge is kept" in " ".join(res.output.split())
     shown = json.loads(_run("--json", "--db-url", url, "budget", "show", "d").stdout)
     assert shown["charges"] == 1 and shown["releases"] == 0, shown
 
@@ -100,10 +101,16 @@ def test_another_applications_database_is_not_made_a_ledger(ledger_url: str) -> 
                "privcal ledger" in res.output, res.output
     with engine.connect() as conn:
         assert inspect(conn).get_table_names() == ["patients"]  # nothing written
+    # an empty alembic_version (another Alembic application after `downgrade base`) is no
+    # privcal revision: still not a ledger (the review of red team 19)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+    res = _run("--db-url", ledger_url, "db", "upgrade")
+    assert res.exit_code == 1 and "(patients)" in res.output, res.output
     res = _run("--db-url", ledger_url, "db", "upgrade", "--beside-other-tables")
     assert res.exit_code == 0, res.output
     led = Ledger(ledger_url)
-    assert led.check() == led.head_revision() and led.other_tables() == []
+    assert led.check() == led.head_revision()
     led.close()
     engine.dispose()
 
@@ -244,3 +251,24 @@ def test_a_new_ledger_named_by_a_file_uri_is_private(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o600
     ro = _run("--db-url", f"sqlite:///file:{path}?mode=ro&uri=true", "budget", "show", "d")
     assert ro.exit_code == 0, ro.output
+
+
+def test_a_local_dry_run_counts_distinct_subjects(tmp_path: Path) -> None:
+    """The review of red team 19: 4 000 rows of 200 subjects were priced and stated as
+    n = 4 000 (not trivial), and the run, one row per subject, released +inf at n = 200."""
+    from privcal import Accountant, Ledger
+    from privcal.accountant.calibration import dry_run
+
+    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
+    acct.create_dataset("l", epsilon=1000, subject_epsilon=1000)
+    g = np.random.default_rng(4)
+    probs = g.dirichlet(np.ones(3), size=4000)
+    labels = g.integers(0, 3, size=4000)
+    ids = [f"s{i % 200}" for i in range(4000)]
+    dr = dry_run(acct, "ldp-label", {"alpha": 0.1, "epsilon": 4}, dataset="l", probs=probs,
+                 labels=labels, subjects=ids)
+    assert dr.trivial, dr.guarantee
+    rel = acct.calibrate("ldp-label", dataset="l", alpha=0.1, epsilon=4, probs=probs,
+                         labels=labels, subjects=ids)
+    assert rel.shape["n"] == 200 and rel.threshold == float("inf")
+    assert dr.guarantee == rel.coverage.statement  # the statement the run records

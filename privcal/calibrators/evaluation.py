@@ -63,9 +63,10 @@ class Evaluation(BaseModel):
     #: (:func:`is_marginal`): this one release's coverage may be below it, and "not
     #: consistent" is then no evidence against the guarantee (review r9a)
     marginal: bool = False
-    #: marginal and not consistent: a bound on the probability that one release's coverage
-    #: is as low as ``coverage_upper_95`` under the guarantee, and how it was derived
-    #: (:mod:`privcal.calibrators.shortfall`); None otherwise
+    #: marginal and not consistent: a bound on the probability, under the guarantee, of a
+    #: test result as low as this one (so few of ``n`` points covered), over the release and
+    #: the test points, and how it was derived (:mod:`privcal.calibrators.shortfall`); None
+    #: otherwise
     shortfall_probability: float | None = None
     shortfall_bound: str | None = None
     #: per-group coverage of a Mondrian release (None for others)
@@ -90,7 +91,7 @@ def evaluation_note(marginal: bool) -> str:
         note += ("; the guarantee is marginal (an average over calibration sets and test "
                  "points), so one release's own coverage may be below it — for split at "
                  "rank r of n it is Beta(r, n+1−r) distributed — and 'not consistent' is "
-                 "then evidence only as far as such a release is unlikely: "
+                 "then evidence only as far as such a result is unlikely: "
                  "shortfall_probability bounds how likely (Markov's inequality, or an "
                  "order statistic for split and P-COQS)")
     return note

@@ -173,9 +173,10 @@ class IntervalEvaluation(BaseModel):
     #: the guarantee is marginal: a shortfall of one release is no evidence against it
     #: (:func:`~privcal.calibrators.evaluation.is_marginal`)
     marginal: bool = False
-    #: marginal and not consistent: a bound on the probability that one release's coverage
-    #: is as low as ``coverage_upper_95`` under the guarantee, and how it was derived
-    #: (:mod:`privcal.calibrators.shortfall`); None otherwise
+    #: marginal and not consistent: a bound on the probability, under the guarantee, of a
+    #: test result as low as this one (so few of ``n`` points covered), over the release and
+    #: the test points, and how it was derived (:mod:`privcal.calibrators.shortfall`); None
+    #: otherwise
     shortfall_probability: float | None = None
     shortfall_bound: str | None = None
     #: per-group coverage and mean length of a Mondrian release, each group against its own

@@ -161,10 +161,10 @@ class PrivcalGroup(click.Group):
 
 #: what an interrupted command says (red team 19, newcomer F2: Ctrl-C after a charge printed
 #: click's "Aborted!" and exit 1, which the README says means "nothing changed")
-_INTERRUPTED = ("interrupted (Ctrl-C): what was committed before stays — a charge this run "
-                "made is kept even if no release was recorded (`privcal audit report` lists "
-                "it); a run given --idempotency-key reuses its charge when repeated with the "
-                "same key")
+_INTERRUPTED = ("interrupted (Ctrl-C): what was committed before stays — a calibration's "
+                "charge is kept even if its release was not recorded (`privcal audit report` "
+                "lists it); a run given --idempotency-key reuses its charge when repeated "
+                "with the same key")
 
 
 class Settings:

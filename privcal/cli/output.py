@@ -48,6 +48,7 @@ def _bound_text(x: float, spec: str, *, up: bool) -> str:
     from decimal import ROUND_CEILING, ROUND_FLOOR, Context
     from fractions import Fraction
 
+    x = float(x)  # a numpy float's repr is not a number (numpy 2: "np.float64(…)")
     text = format(x, spec)
     if not math.isfinite(x) or (Fraction(text) >= Fraction(repr(x)) if up
                                 else Fraction(text) <= Fraction(repr(x))):

@@ -55,6 +55,7 @@ _TOO_LARGE = _answer(431, "Request Header Fields Too Large", "header-too-large",
                      f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
 _TOO_SLOW = _answer(408, "Request Timeout", "head-timeout",
                     "the request head was not complete in time")
+_BAD_REQUEST = _answer(400, "Bad Request", "bad-request", "the request is not valid HTTP/1.1")
 
 
 class BoundedHttpTools(HttpToolsProtocol):
@@ -70,6 +71,13 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0  # bytes received while the current head is incomplete
         self._head_timer: TimerHandle | None = None
         self._events = 0  # heads and messages completed on this connection
+
+    def send_400_response(self, msg: str) -> None:
+        """A request uvicorn cannot parse: the service's problem document with its standard
+        headers (uvicorn's was plain text without them; the review of red team 19)."""
+        self._disarm()
+        self.transport.write(_BAD_REQUEST)
+        self.transport.close()
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

@@ -120,14 +120,21 @@ class LedgerSchema:
         return heads[0] if heads else None
 
     def other_tables(self) -> list[str]:
-        """The tables of a database that has no privcal schema (no ``alembic_version``): an
-        application's, not privcal's; [] for an empty one, or one privcal made."""
+        """The tables of a database without a privcal revision (no ``alembic_version``, or an
+        empty one: another Alembic application's after ``downgrade base``), but the tables a
+        PostgreSQL extension owns (PostGIS's ``spatial_ref_sys`` in a database made from a
+        PostGIS template); [] for an empty database. Called where ``current()`` is None."""
         with self._connect(write=False) as conn:
             try:
-                names = inspect(conn).get_table_names()
+                names = set(inspect(conn).get_table_names()) - {"alembic_version"}
+                if names and self.backend == "postgresql":
+                    names -= set(conn.execute(text(
+                        "SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.objid = c.oid "
+                        "AND d.deptype = 'e' WHERE c.relnamespace = "
+                        "current_schema()::regnamespace")).scalars())
             except DBAPIError as exc:
                 raise self._unreachable(exc) from exc
-        return [] if "alembic_version" in names else sorted(names)
+        return sorted(names)
 
     def _refuse_other_tables(self) -> None:
         """LedgerError if this database holds another application's tables and no privcal

@@ -97,3 +97,15 @@ def test_a_server_error_is_a_problem_document_with_them(ledger_url: str) -> None
     assert r.headers["content-type"] == "application/problem+json"
     assert r.json()["type"] == "urn:privcal:problem:internal-error"
     assert "a bug" not in r.text
+
+
+def test_a_request_that_is_not_http_gets_them_too(live: Live) -> None:
+    """The review of red team 19: uvicorn's own 400 for a request it cannot parse was plain
+    text without the headers."""
+    with _connect(live.url) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n")
+        head, _, body = _read_all(s).partition(b"\r\n\r\n")
+    head = head.lower()
+    assert head.startswith(b"http/1.1 400")
+    assert b"\r\ncache-control: no-store" in head and b"\r\nx-content-type-options: nosniff" in head
+    assert b"urn:privcal:problem:bad-request" in body
