@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,19 +180,26 @@ def test_an_empty_ledgers_report_says_so(tmp_path: Path) -> None:
     assert json.loads(_run("--db-url", url, "--json", "audit", "report").stdout) == []
 
 
+def _local(tmp_path: Path, n: int, k: int, seed: int) -> tuple[Any, np.ndarray, np.ndarray,
+                                                                np.random.Generator]:
+    """A ledger with a local-DP dataset "l", and n random probabilities and labels of k
+    classes (and the generator, for more)."""
+    from privcal import Accountant, Ledger
+
+    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
+    acct.create_dataset("l", epsilon=1000, subject_epsilon=1000)
+    g = np.random.default_rng(seed)
+    return acct, g.dirichlet(np.ones(k), size=n), g.integers(0, k, size=n), g
+
+
 def test_a_local_dry_run_says_when_the_run_can_only_release_the_trivial_set(
         tmp_path: Path) -> None:
     """Review of F4: the local-DP runs record their target 1−α, not coverage 1, so the dry
     run's first `trivial` missed newcomer F4's own ldp-label example (3 000 users, k = 10,
     ε = 2: target 1.068), which charges every user ε0 for +inf; and a 5-user ldp-score."""
-    from privcal import Accountant, Ledger
     from privcal.accountant.calibration import dry_run
 
-    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
-    acct.create_dataset("l", epsilon=1000, subject_epsilon=1000)
-    g = np.random.default_rng(3)
-    probs = g.dirichlet(np.ones(10), size=3000)
-    labels = g.integers(0, 10, size=3000)
+    acct, probs, labels, g = _local(tmp_path, 3000, 10, 3)
     ids = [f"u{i}" for i in range(3000)]
     label = dry_run(acct, "ldp-label", {"alpha": 0.1, "epsilon": 2}, dataset="l", probs=probs,
                     labels=labels, subjects=ids)
@@ -256,14 +264,9 @@ def test_a_new_ledger_named_by_a_file_uri_is_private(tmp_path: Path) -> None:
 def test_a_local_dry_run_counts_distinct_subjects(tmp_path: Path) -> None:
     """The review of red team 19: 4 000 rows of 200 subjects were priced and stated as
     n = 4 000 (not trivial), and the run, one row per subject, released +inf at n = 200."""
-    from privcal import Accountant, Ledger
     from privcal.accountant.calibration import dry_run
 
-    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
-    acct.create_dataset("l", epsilon=1000, subject_epsilon=1000)
-    g = np.random.default_rng(4)
-    probs = g.dirichlet(np.ones(3), size=4000)
-    labels = g.integers(0, 3, size=4000)
+    acct, probs, labels, _ = _local(tmp_path, 4000, 3, 4)
     ids = [f"s{i % 200}" for i in range(4000)]
     dr = dry_run(acct, "ldp-label", {"alpha": 0.1, "epsilon": 4}, dataset="l", probs=probs,
                  labels=labels, subjects=ids)
