@@ -360,13 +360,10 @@ def _rows_of(a: Any, what: str, *, ndim: int | None = None) -> int:
 
 
 def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
-    """The public shape of a request from its inputs' *shapes* only (for a dry run).
-
-    Only the number of rows (and classes, and agents) is read, never a data value; ids
-    and class names are checked (they are public). A local-DP run's n is its distinct
-    subjects, as the run keeps one row each (those past their cap are left out too, which
-    only the run knows).
-    """
+    """The public shape of a request from its inputs' *shapes* only (for a dry run): the
+    number of rows (classes, agents), never a data value; ids and class names are checked
+    (they are public). A local-DP run's n is its distinct subjects, as the run keeps one row
+    each (review of red team 19); those past their cap, which only the run knows, count."""
     probs, agents, subjects = req.probs, req.agents, req.subjects
     rows = {}
     for what, ndim in (("scores", 1), ("labels", 1), ("probs", 2), ("preds", None),
@@ -392,10 +389,7 @@ def prepare_shape(cal: Calibrator, req: CalibrationRequest) -> DataShape:
     if subjects is not None:
         if cal.privacy_model != "local":
             raise InvalidInput(f"{cal.name} is not a local-DP method; it takes no subject ids")
-        # the ids are checked (no data value is read); the run keeps one row per subject, so
-        # its guarantee is of the distinct subjects (the review of red team 19: 4 000 rows of
-        # 200 subjects were priced and stated as n = 4 000, and released +inf at n = 200)
-        n = int(np.unique(_ids(subjects, "subject ids", n)).shape[0])
+        n = int(np.unique(_ids(subjects, "subject ids", n)).shape[0])  # one row each
     elif cal.privacy_model == "local":
         raise _no_subjects(cal.name)
     try:
