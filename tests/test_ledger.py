@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,12 @@ from privcal.storage.models import Base
 
 
 def test_migration_creates_exactly_the_models(ledger: Any) -> None:
-    """The hand-written migration 0001 and the ORM models describe the same schema."""
-    with ledger.engine.connect() as conn:
+    """The hand-written migration 0001 and the ORM models describe the same schema. SQLite's
+    two expression indexes (on the release id in a payload) cannot be reflected, so autogenerate
+    skips them, warning: tests/test_migration_0011.py checks them."""
+    with ledger.engine.connect() as conn, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Skipped unsupported reflection of expression-based")
+        warnings.filterwarnings("ignore", "autogenerate skipping metadata-specified expression")
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diffs == []
     assert ledger.current() == ledger.head_revision() == ledger.check()
