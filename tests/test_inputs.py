@@ -68,7 +68,7 @@ def test_missing_unreadable_and_unsupported(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=r"nope\.npy: no such file"):
         load_array(str(tmp_path / "nope.npy"), "scores")
     (tmp_path / "bad.npy").write_bytes(b"this is not a numpy file")
-    with pytest.raises(InvalidInput, match=r"bad\.npy: cannot read it"):
+    with pytest.raises(InvalidInput, match=r"bad\.npy: not a NumPy \.npy file of numbers"):
         load_array(str(tmp_path / "bad.npy"), "scores")
     (tmp_path / "s.txt").write_text("1\n2\n")
     with pytest.raises(InvalidInput, match=r"unsupported file type '\.txt'"):

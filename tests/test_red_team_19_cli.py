@@ -275,3 +275,25 @@ def test_a_local_dry_run_counts_distinct_subjects(tmp_path: Path) -> None:
                          labels=labels, subjects=ids)
     assert rel.shape["n"] == 200 and rel.threshold == float("inf")
     assert dr.guarantee == rel.coverage.statement  # the statement the run records
+
+
+def test_a_header_only_csv_and_a_file_that_is_not_npy_say_what_they_are(tmp_path: Path) -> None:
+    """F11.3/F11.4: a CSV with a header and no row was "scores must be numeric, got dtype
+    object" (no file, no reason); a file named .npy that is not one, or an object array,
+    repeated numpy's advice to load it with allow_pickle — an unsafe load privcal never
+    makes."""
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    (tmp_path / "hdr.csv").write_text("score\n")
+    (tmp_path / "bad.npy").write_text("garbage text here\n")
+    np.save(tmp_path / "obj.npy", np.array(["a", None], dtype=object), allow_pickle=True)
+    base = ["--db-url", url, "calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1",
+            "--rho", "0.1", "--scores"]
+    res = _run(*base, str(tmp_path / "hdr.csv"))
+    assert res.exit_code == 1 and f"{tmp_path / 'hdr.csv'}: a header and no row" in res.output
+    for name in ("bad.npy", "obj.npy"):
+        res = _run(*base, str(tmp_path / name))
+        assert res.exit_code == 1 and f"{name}: not a NumPy .npy file of numbers" in res.output
+        assert "allow_pickle" not in res.output
+    shown = json.loads(_run("--json", "--db-url", url, "budget", "show", "d").stdout)
+    assert shown["charges"] == 0

@@ -153,6 +153,8 @@ def _read_csv(path: Path, *, text: bool | frozenset[str] = False) -> dict[str, n
         if "columns, got" in str(exc):
             raise InvalidInput(f"{path}: {_ragged_line(path, len(names))}") from exc
         raise
+    if tab.num_rows == 0:  # a header alone: "must be numeric, got dtype object" said nothing
+        raise InvalidInput(f"{path}: a header and no row")
     out = {n: _numpy(tab.column(n)) for n in tab.column_names}
     if has_header and names[0] in _INDEX_NAMES and len(names) > 1:
         out.pop(names[0])  # pandas' default index column
@@ -227,6 +229,11 @@ def _table(
     except InvalidInput:
         raise
     except Exception as exc:
+        if suffix in (".npy", ".npz") and ("pickled" in str(exc) or "Object arrays" in str(exc)):
+            # numpy's own message advises allow_pickle: an unsafe load privcal never makes
+            raise InvalidInput(f"{path}: not a NumPy {suffix} file of numbers (another format "
+                               "named so, or an object array, which privcal does not unpickle: "
+                               "write the array with numpy.save)") from exc
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise InvalidInput(f"{path}: cannot read it ({type(exc).__name__}: {first})") from exc
     raise InvalidInput(f"{path}: unsupported file type {suffix!r} (use {', '.join(SUFFIXES)})")
