@@ -189,7 +189,8 @@ CASES: dict[str, tuple[list[str], tuple[str, dict[str, Any]] | None, int, str]] 
         ("nope", {"dataset": "d", "alpha": 0.1, "scores": SCORES}),
         1, r"unknown calibrator 'nope' \(known: .*pcoqs"),
     "missing file": ([*PC, "--scores", "missing.npy"], None, 1, r"missing\.npy: no such file"),
-    "unreadable file": ([*PC, "--scores", "garbage.npy"], None, 1, r"garbage\.npy: cannot read it"),
+    "unreadable file": ([*PC, "--scores", "garbage.npy"], None, 1,
+                        r"garbage\.npy: not a NumPy \.npy file"),
     "missing npz member": ([*PC, "--scores", "s.npy:x"], None, 1, r"s\.npy"),
     "agents for a central method": (
         [*PC, "--scores", "s.npy"],  # the CLI has no --agent-of here: usage error, see below
