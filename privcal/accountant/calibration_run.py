@@ -48,7 +48,13 @@ from privcal.accountant.results import ChargeReceipt, DryRun, Release
 from privcal.accountant.run_inputs import check_data, params_of, rows_of, shape_of
 from privcal.accountant.subject_charges import charge_subjects
 from privcal.calibrators import registry
-from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, default_rng
+from privcal.calibrators.base import (
+    CalibrationInput,
+    Calibrator,
+    DataShape,
+    default_rng,
+    only_infinite,
+)
 from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InvalidInput, first_error, numeric_edge
@@ -281,23 +287,8 @@ def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShap
     cost = public(calibrator.name, calibrator.cost)(p, shape)
     g = public(calibrator.name, calibrator.guarantee)(p, shape)
     out = _priced(ledger, calibrator.name, cost, shape, dataset, shuffle)
-    return out.model_copy(update={"guarantee": g.statement, "trivial": _only_infinite(g)})
-
-
-def _only_infinite(g: Any) -> bool:
-    """Whether a guarantee computed from the shape alone fixes the threshold at +∞: a
-    central method's says so with coverage 1 (its rank exceeds n); LDP-CP-S's when no
-    round can clear its cut-off (more 1-reports needed than a round holds: no round lowers
-    the threshold from +∞); LDP-CP-L's when its target 1−α+Δ_L exceeds 1 (the corrected
-    coverage is at most 1 at every candidate, so none is backed)."""
-    d = g.details or {}
-    if g.lower >= 1.0:
-        return True
-    cut, size = d.get("pass_cutoff"), d.get("group_size")
-    if isinstance(cut, int) and isinstance(size, int):
-        return cut > size
-    target = d.get("calibration_target")
-    return "delta_L" in d and isinstance(target, float | int) and target > 1
+    trivial = public(calibrator.name, only_infinite)(calibrator, p, shape, g)
+    return out.model_copy(update={"guarantee": g.statement, "trivial": trivial})
 
 
 def _priced(ledger: Ledger, name: str, cost: Any, shape: DataShape, dataset: str,

@@ -211,7 +211,10 @@ class Calibrator(Protocol):
     accountant checks that before the charge, and a Mondrian group with fewer rows is
     released at +∞ without running it. Optional: ``check_inputs(params, data)``, raising
     :class:`~privcal.errors.InvalidInput` for whatever data its ``calibrate`` would refuse,
-    by the same validators (:func:`check_inputs`: called before anything is charged)."""
+    by the same validators (:func:`check_inputs`: called before anything is charged).
+    Optional: ``only_infinite(params, shape) -> bool``, True when a run with these
+    parameters on data of this shape can only release +∞ whatever the data, for a method
+    whose guarantee does not say so by a coverage of 1 (:func:`only_infinite`)."""
 
     name: ClassVar[str]
     version: ClassVar[str]
@@ -251,6 +254,19 @@ def check_inputs(calibrator: Calibrator, params: Any, data: CalibrationInput) ->
     rows = getattr(calibrator, "min_scores", None)
     if rows is not None and "scores" in calibrator.inputs:
         check_scores(data.scores, min_rows=rows)
+
+
+def only_infinite(calibrator: Calibrator, params: Any, shape: DataShape,
+                  guarantee: CoverageGuarantee) -> bool:
+    """Whether a run of ``calibrator`` with ``params`` on data of ``shape`` (its coverage
+    ``guarantee``) fixes the threshold at +∞ whatever the data: a guarantee of coverage 1
+    says so (a central method's rank beyond n), and so does the calibrator's own
+    ``only_infinite(params, shape)`` where it has one (the dry run's ``trivial``: red team
+    19, newcomer F4)."""
+    if guarantee.lower >= 1.0:
+        return True
+    own = getattr(calibrator, "only_infinite", None)
+    return bool(own(params, shape)) if callable(own) else False
 
 
 def default_rng() -> random.Random:

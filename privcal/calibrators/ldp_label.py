@@ -78,9 +78,8 @@ LabelBound = Literal["one-sided", "two-sided"]
 #: E sup_q (F(q) − F̃(q)) ≤ C_SUP/√n for an empirical CDF F̃ of n i.i.d. values, from
 #: Massart's one-sided bound: ∫₀^∞ min(1, e^{−2nt²}) dt with the bound used only where
 #: e^{−2nt²} ≤ 1/2, i.e. C_SUP = (√ln 2 + (√π/2)·erfc(√ln 2))/√2 ≈ 0.7385 (< √(π/2) ≈ 1.2533)
-C_SUP = (math.sqrt(math.log(2)) + math.sqrt(math.pi) / 2 * math.erfc(math.sqrt(math.log(2)))) / (
-    math.sqrt(2)
-)
+C_SUP = (math.sqrt(math.log(2))
+         + math.sqrt(math.pi) / 2 * math.erfc(math.sqrt(math.log(2)))) / math.sqrt(2)
 
 
 class LabelSlack(BaseModel):
@@ -232,11 +231,8 @@ class LDPLabelParams(CalibratorParams):
     """Parameters of ``ldp-label`` (alpha from the base model)."""
 
     epsilon: float = Field(gt=0, allow_inf_nan=False, description="users' k-RR ε (label ε-LDP)")
-    k: int | None = Field(
-        default=None,
-        ge=2,
-        description="number of classes; default: the probabilities' columns (must match them)",
-    )
+    k: int | None = Field(default=None, ge=2, description="number of classes; default: the "
+                          "probabilities' columns (must match them)")
     failure_probability: LocalFailureProbability = 0.001
     score: str = Field(default="lac", description="classification score name (SPEC §1)")
     nominal: bool = Field(
@@ -351,6 +347,12 @@ class LDPLabel:
                 **({"bound": "one-sided"} if params.bound == "one-sided" else {}),
             },
         )
+
+    def only_infinite(self, params: LDPLabelParams, shape: DataShape) -> bool:
+        """Whether the target 1−α+Δ_L exceeds 1: no candidate's corrected coverage reaches it."""
+        sl = label_slack(shape.n, self._k(params, shape), params.epsilon,
+                         params.failure_probability, params.bound)
+        return target_level(params, sl) > 1
 
     def _inputs(self, params: LDPLabelParams,
                 data: CalibrationInput) -> tuple[np.ndarray, np.ndarray, int]:

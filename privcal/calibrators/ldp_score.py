@@ -260,6 +260,14 @@ class LDPScore:
             },
         )
 
+    def only_infinite(self, params: LDPScoreParams, shape: DataShape) -> bool:
+        """With the exact bound, whether no round can clear its cut-off (more 1-reports
+        needed than a round holds): no round lowers the threshold from +∞."""
+        if params.bound != "exact":
+            return False
+        proto = open_protocol(params, shape.n)
+        return proto.cutoff(proto.group_size) > proto.group_size
+
     def check_inputs(self, params: LDPScoreParams, data: CalibrationInput) -> None:
         """What :meth:`calibrate` refuses (:func:`simulated_scores`), refused before every
         subject is charged ε."""

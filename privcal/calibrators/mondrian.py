@@ -53,6 +53,7 @@ import dataclasses
 import math
 import random
 from fractions import Fraction
+from types import SimpleNamespace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -170,6 +171,28 @@ def _groups_sentence(group_by: str, bounds: list[tuple[str, float, float]],
 def group_key(name: str) -> str:
     """How a group is named in ``details``: ``group NAME``."""
     return f"group {name}"
+
+
+def group_release(rel: Any, name: str) -> SimpleNamespace | None:
+    """Group ``name`` of the Mondrian release ``rel`` seen as a release of the method that
+    ran in it — ``method``, ``shape["n"]``, ``coverage.rank``, ``.failure_probability`` and
+    ``.details["tau"]`` — read back from the entries :func:`put_details` wrote under
+    :func:`group_key`; None for another release, or a group without a recorded n."""
+    method = str(getattr(rel, "method", ""))
+    details = dict(getattr(getattr(rel, "coverage", None), "details", None) or {})
+    n = details.get(f"{group_key(name)}: n")
+    if not method.startswith("mondrian:") or not isinstance(n, int):
+        return None
+
+    def of(key: str) -> Any:
+        return details.get(f"{group_key(name)}: {key}")
+
+    failure = of("failure_probability")
+    return SimpleNamespace(method=method.removeprefix("mondrian:"), shape={"n": n},
+                           coverage=SimpleNamespace(
+                               rank=of("rank"), details={"tau": of("tau")},
+                               failure_probability=float(failure)
+                               if isinstance(failure, float | int) else 0.0))
 
 
 def _rows(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:

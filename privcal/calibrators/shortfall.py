@@ -26,7 +26,6 @@ all carry the same figure.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -148,20 +147,14 @@ def with_shortfall(ev: Any, rel: Any) -> Any:
 def _group_shortfall(g: Any, rel: Any) -> Any:
     """A Mondrian group's evaluation with the probability of a test result as low as its
     own under the group's guarantee (:func:`shortfall`, the group's own rank, n, β and τ
-    from the release's details where a plain split or P-COQS ran in it): a group's 95%
-    bound alone is below its guarantee for about 5% of the groups of a valid release (the
-    review of red team 19: "BELOW" on 36 of 40 valid 30-group releases)."""
-    details = dict(getattr(rel.coverage, "details", None) or {})
+    where a plain split or P-COQS ran in it: :func:`~privcal.calibrators.mondrian.
+    group_release`): a group's 95% bound alone is below its guarantee for about 5% of the
+    groups of a valid release (the review of red team 19: "BELOW" on 36 of 40 valid
+    30-group releases)."""
+    from privcal.calibrators.mondrian import group_release
 
-    def of(key: str) -> Any:
-        return details.get(f"group {g.group}: {key}")
-
-    failure = of("failure_probability")
-    failure = float(failure) if isinstance(failure, float | int) else 0.0
-    inner = str(getattr(rel, "method", "")).removeprefix("mondrian:")
-    group_rel = None
-    if inner in ("split", "pcoqs") and isinstance(of("n"), int):
-        group_rel = SimpleNamespace(method=inner, shape={"n": of("n")}, coverage=SimpleNamespace(
-            rank=of("rank"), failure_probability=failure, details={"tau": of("tau")}))
-    found = None if g.coverage is None else shortfall(g, failure, group_rel)
+    view = group_release(rel, g.group)
+    failure = view.coverage.failure_probability if view is not None else 0.0
+    inner = view if view is not None and view.method in ("split", "pcoqs") else None
+    found = None if g.coverage is None else shortfall(g, failure, inner)
     return g if found is None else g.model_copy(update={"shortfall_probability": found[0]})
