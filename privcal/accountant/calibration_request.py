@@ -161,8 +161,10 @@ def as_invalid_input(exc: ValidationError) -> InvalidInput:
     return InvalidInput(f"{where or 'request'}: {msg}")
 
 
-#: the largest raps ``k_reg``: its penalty is computed in int64 (any k_reg ≥ k adds none)
-MAX_K_REG = 2**53
+#: the largest raps ``k_reg``: its penalty is computed in int64 (any k_reg ≥ k adds none),
+#: and a release records it exactly in JSON (2**53 itself was charged, then not recorded:
+#: red team 20, service F1)
+MAX_K_REG = 2**53 - 1
 
 
 def label_score_options(score: str | None, options: dict[str, Any] | None,
@@ -184,7 +186,7 @@ def label_score_options(score: str | None, options: dict[str, Any] | None,
     full = numeric_edge(f"score {score!r}")(score_options)(SCORES[score], opts)
     k_reg, lam = full.get("k_reg"), full.get("lam")
     if k_reg is not None and k_reg > MAX_K_REG:
-        raise InvalidInput(f"raps k_reg must be at most 2**53, got {k_reg!r:.40} (any k_reg ≥ "
+        raise InvalidInput(f"raps k_reg must be at most 2**53 − 1, got {k_reg!r:.40} (any k_reg ≥ "
                            "the number of classes already adds no penalty)")
     k = pshape[1] if len(pshape) == 2 else None
     if lam is not None and k_reg is not None and k is not None \

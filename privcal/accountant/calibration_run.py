@@ -39,7 +39,13 @@ from privcal.accountant import privacy as acc
 from privcal.accountant.calibration_request import check_rng
 from privcal.accountant.charges import charge
 from privcal.accountant.datasets import get_dataset
-from privcal.accountant.normalize import CentralCost, cost_json, normalize_cost, request_digest
+from privcal.accountant.normalize import (
+    CentralCost,
+    cost_json,
+    json_safe,
+    normalize_cost,
+    request_digest,
+)
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import exact, policy_of, spent_of
 from privcal.accountant.release_privacy import privacy_record
@@ -152,6 +158,7 @@ def _run(
     request = {"kind": "calibrate", "method": calibrator.name,
                "params": p.model_dump(mode="python"), "shape": shape.model_dump(mode="python"),
                "shuffled": shuffle is not None or central_cost is not None}
+    json_safe(request)  # what the release will record, refused now if it cannot be
     if (central_cost is not None or shuffle is not None) and not isinstance(cost, LocalDP):
         raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                            "run); a central method's cost is charged as declared")

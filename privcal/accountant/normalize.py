@@ -144,10 +144,23 @@ def cost_json(cost: AnyCost) -> dict[str, Any]:
     return {k: acc.dstr(v) if isinstance(v, Decimal) else v for k, v in vars(cost).items()}
 
 
+#: the integers JSON (RFC 8785, the audit log's canonical form) records exactly
+MAX_JSON_INT = 2**53 - 1
+
+
 def json_safe(obj: Any) -> Any:
-    """A value storable in a JSON column: numpy → Python, ±inf/NaN → strings, Decimal → string."""
-    if isinstance(obj, bool) or obj is None or isinstance(obj, str | int):
+    """A value storable in a JSON column: numpy → Python, ±inf/NaN → strings, Decimal →
+    string. An integer JSON cannot record exactly (past ±(2⁵³ − 1)) is a one-line
+    InvalidInput (red team 20, service F1: a raps λ of 2**60 was charged, then failed to be
+    recorded; the run checks its request with this before the charge)."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
         return obj
+    if isinstance(obj, int):
+        if -MAX_JSON_INT <= obj <= MAX_JSON_INT:
+            return obj
+        raise InvalidInput(f"the whole number {obj!r:.40} is past ±(2**53 − 1), the largest "
+                           "a JSON record holds exactly: give it as a float (e.g. 1e40) or a "
+                           "smaller number")
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else threshold_str(obj) if not math.isnan(obj) else "NaN"
     if isinstance(obj, Decimal):

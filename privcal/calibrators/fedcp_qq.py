@@ -258,6 +258,18 @@ class FedCPQQ:
         refused before the run goes on (the same check as FedCP²-QQ's, charged per agent)."""
         group_by_agent(data)
 
+    def only_infinite(self, params: FedCPQQParams, shape: DataShape) -> bool:
+        """Whether fewer than k messages can be finite — an agent of n_j scores sends +∞
+        when ℓ_j > n_j (App. A.1 plans may have such agents), a missing agent counts as +∞
+        —, so the server's k-th smallest is +∞ whatever the data (red team 20, coverage F2:
+        sizes (1, 1, 1, 5) at α = 0.1)."""
+        plan = plan_for(params, shape)
+        if isinstance(plan, FedPlan):
+            finite = len(sizes_of(shape)) if plan.l <= plan.n else 0
+        else:
+            finite = sum(ell <= n for ell, n in zip(plan.ls, plan.sizes, strict=True))
+        return finite < plan.k
+
     def calibrate(
         self, data: CalibrationInput, params: FedCPQQParams, rng: random.Random
     ) -> CalibrationResult:

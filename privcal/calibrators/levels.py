@@ -54,6 +54,7 @@ from privcal.calibrators.base import (
 from privcal.calibrators.base import (
     check_inputs as base_check_inputs,
 )
+from privcal.calibrators.base import only_infinite as inner_only_infinite
 from privcal.calibrators.bound_floats import text_at_most
 from privcal.calibrators.wrapped import (
     WordedWrapper,
@@ -237,6 +238,12 @@ class Levels(WordedWrapper):
                "largest of theirs)" if nested else ""),
             details=details,
         )
+
+    def only_infinite(self, params: LevelsParams, shape: DataShape) -> bool:
+        """Whether every level can only release +∞: the headline is the smallest α's alone,
+        and a larger α's level may be finite (red team 20, coverage F1)."""
+        return all(inner_only_infinite(self.inner, p, shape, self.inner.guarantee(p, shape))
+                   for _, p in params.per_level())
 
     def check_record(self, params: LevelsParams, shape: DataShape, threshold: float,
                      diagnostics: dict[str, Any]) -> list[str]:

@@ -69,6 +69,7 @@ from privcal.calibrators.base import (
 from privcal.calibrators.base import (
     check_inputs as base_check_inputs,
 )
+from privcal.calibrators.base import only_infinite as inner_only_infinite
 from privcal.calibrators.bound_floats import float_at_least, text_at_most
 from privcal.calibrators.levels import level_bounds
 from privcal.calibrators.wrapped import (
@@ -237,6 +238,17 @@ class Mondrian(WordedWrapper):
             return self.inner.guarantee(p, DataShape(n=n, k=k))
         except InvalidInput:
             return None
+
+    def only_infinite(self, params: MondrianParams, shape: DataShape) -> bool:
+        """Whether every group can only release +∞: too few rows for the method, or the
+        method's own rule at the group's n."""
+        p = params.inner_params()
+        for n in self._sizes(params, shape):
+            g = self._group_guarantee(p, n, shape.k)
+            if g is not None and not inner_only_infinite(self.inner, p,
+                                                         DataShape(n=n, k=shape.k), g):
+                return False
+        return True
 
     @staticmethod
     def _trivial(p: Any, n: int) -> CoverageGuarantee:

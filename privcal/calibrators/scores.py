@@ -124,6 +124,10 @@ def score_options(spec: ScoreSpec, opts: dict[str, Any]) -> dict[str, Any]:
             or not (math.isfinite(lam) and lam >= 0)
         ):
             raise InvalidInput(f"raps λ (lam) must be a finite number ≥ 0, got {lam!r}")
+        if isinstance(lam, int) and lam > 2**53 - 1:  # red team 20, service F1
+            raise InvalidInput(f"raps λ (lam) = {lam!r:.40} is a whole number past 2**53 − 1, "
+                               "which a release cannot record exactly: give it as a float "
+                               "(e.g. 1e40)")
     if "k_reg" in out:
         kr = out["k_reg"]
         if isinstance(kr, bool) or not isinstance(kr, int | np.integer) or kr < 0:
@@ -172,7 +176,8 @@ def _classification_all(
     s = mass + u[:, None] * probs
     if name == "raps":
         # rank(y) = 1 + #{j : p_j > p_y}; penalty λ·(rank − k_reg)^+
-        s = s + opts["lam"] * np.maximum(0, greater + 1 - opts["k_reg"])
+        # λ as a float: an integer λ times the int64 ranks could wrap around
+        s = s + float(opts["lam"]) * np.maximum(0, greater + 1 - opts["k_reg"])
     return s
 
 

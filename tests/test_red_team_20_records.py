@@ -1,0 +1,68 @@
+"""Red team 20, service F1: a whole number past ±(2⁵³ − 1), which JSON (and so the audit
+log's RFC 8785 form) cannot hold exactly, reached the record unchecked — a raps λ of 2**60 or
+a k_reg of 2**53 on a P-COQS run was *charged*, then failed to be recorded (a raw
+IntegerDomainError; a 500 on the service), and a λ of 10**40 crashed the score with an
+OverflowError. Each is now a one-line InvalidInput before anything is charged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from privcal import Accountant, Ledger
+from privcal.accountant.normalize import MAX_JSON_INT, json_safe, request_digest
+from privcal.errors import InvalidInput
+
+
+def _ledger() -> tuple[Accountant, np.ndarray, np.ndarray]:
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", rho=5, allow_nonprivate=True)
+    g = np.random.default_rng(0)
+    return acct, g.dirichlet(np.ones(10), size=200), g.integers(0, 10, 200)
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"lam": 2**60}, "is a whole number past 2**53 − 1"),
+    ({"lam": 10**40}, "is a whole number past 2**53 − 1"),
+    ({"k_reg": 2**53}, "raps k_reg must be at most 2**53 − 1"),
+])
+@pytest.mark.parametrize("method", ["pcoqs", "split"])
+def test_a_score_option_json_cannot_record_is_refused_before_the_charge(
+        method: str, options: dict[str, Any], said: str) -> None:
+    acct, probs, labels = _ledger()
+    params: dict[str, Any] = {"rho": 0.1} if method == "pcoqs" else {}
+    with pytest.raises(InvalidInput, match=said.replace("*", r"\*")):
+        acct.calibrate(method, dataset="d", alpha=0.1, probs=probs, labels=labels,
+                       score="raps", score_options=options, **params)
+    assert acct.budget("d").charges == 0 and acct.releases("d") == []
+
+
+def test_the_largest_recordable_options_run_and_are_recorded_as_given() -> None:
+    """At the edge itself: λ = 2**53 − 1 (as an integer) and k_reg = 2**53 − 1 run, are
+    recorded exactly and verify; λ as an integer scores as the same λ as a float does."""
+    acct, probs, labels = _ledger()
+    rel = acct.calibrate("pcoqs", dataset="d", alpha=0.1, rho=0.1, probs=probs,
+                         labels=labels, score="raps",
+                         score_options={"lam": MAX_JSON_INT, "k_reg": 9})
+    assert rel.diagnostics["score"]["options"]["lam"] == MAX_JSON_INT
+    wide = acct.calibrate("split", dataset="d", alpha=0.1, probs=probs, labels=labels,
+                          score="raps", score_options={"k_reg": MAX_JSON_INT})
+    assert wide.diagnostics["score"]["options"]["k_reg"] == MAX_JSON_INT
+    fixed = {"k_reg": 1, "randomized": False}
+    as_int, as_float = (acct.calibrate(
+        "split", dataset="d", alpha=0.1, probs=probs, labels=labels, score="raps",
+        score_options={**fixed, "lam": lam}) for lam in (2**40, float(2**40)))
+    assert as_int.threshold == as_float.threshold > 2**40
+    assert acct.verify().releases == 4
+
+
+def test_json_safe_refuses_what_json_cannot_hold_and_keeps_the_rest() -> None:
+    assert json_safe({"a": [MAX_JSON_INT, -MAX_JSON_INT]}) == {"a": [MAX_JSON_INT,
+                                                                   -MAX_JSON_INT]}
+    for big in (MAX_JSON_INT + 1, -MAX_JSON_INT - 1, 10**40):
+        with pytest.raises(InvalidInput, match=r"past ±\(2\*\*53 − 1\)"):
+            json_safe({"params": {"x": big}})
+        with pytest.raises(InvalidInput):  # an idempotency digest: one line, not a 500
+            request_digest({"x": big})
