@@ -16,10 +16,16 @@ CSPRNG (``base.numpy_rng(base.default_rng())``, as the library's own bulk sampli
 stream is not itself cryptographic, so a device reporting for itself should use the scalar
 form.
 
-Numerics: the *flip* probabilities (k−1)/(e^ε+k−1) = (k−1)e^{−ε}/(1+(k−1)e^{−ε}) and
-1/(e^ε+1) are computed in the e^{−ε} form, which is accurate to a few ulps for every ε > 0
-(no overflow at large ε, no cancellation), and a flip is drawn as ``u < p_flip`` with u a
-53-bit uniform, so each probability is realised to within 2^−53.
+Sampling (red team 20, privacy F1): each report is drawn as the channel's mixture form —
+with probability β = k/(k−1+e^ε) a label uniform over *all* k (``randrange(k)``, exact),
+else the true label — which is k-RR exactly (seed 004, Eq. (1)). Its likelihood ratio is
+P(y|y)/P(y'|y) = k/β' − k + 1 for the realised β', at most e^ε whenever β' ≥ β, and the
+other ratio is below 1: so raising β (to :func:`_at_least` the computed value, drawn as
+``u < β`` with u a 53-bit uniform, which realises at least that) keeps both ratios within
+e^ε whatever the rounding. The former "flip to one of the other k−1" form needed the flip
+probability exact from both sides: at k = 10⁶, ε = 1e-10 its rounding made it 3e-10-LDP.
+β and 2/(e^ε+1) (binary) are computed in the e^{−ε} form, accurate to a few ulps for every
+ε > 0 (no overflow at large ε, no cancellation).
 """
 
 from __future__ import annotations
@@ -64,16 +70,16 @@ def _check_k(k: Any) -> int:
     return int(k)
 
 
-#: ulps a flip probability computed in doubles may lie below the exact one (exp within
-#: 1, a product, a sum and a quotient within ½ each)
+#: ulps a mixing probability computed in doubles may lie below the exact one (exp within
+#: 1, two products, a sum and a quotient within ½ each)
 _ULPS = 4
 
 
 def _at_least(p: float) -> float:
-    """A computed flip probability raised by :data:`_ULPS` ulps, so that the samplers flip
-    with at least the exact probability, and the likelihood ratio of a report is at most
-    e^ε exactly (red team 14: the computed one fell below the exact one for ~4 % of ε,
-    the realised ε up to 8e-16 above ε0). The analysis keeps the computed value (the
+    """A computed mixing probability raised by :data:`_ULPS` ulps, so that the samplers mix
+    in the uniform report with at least the exact probability, and the likelihood ratio of
+    a report is at most e^ε exactly (module docstring; red team 14: the computed one fell
+    below the exact one for ~4 % of ε). The analysis keeps the computed value (the
     difference, ~1e-16, is far inside its margins)."""
     for _ in range(_ULPS):
         p = math.nextafter(p, 1.0)
@@ -111,18 +117,16 @@ def binary_rr_flip_probability(eps: float) -> float:
 def krr(label: int, k: int, eps: float, rng: random.Random | None = None) -> int:
     """k-ary randomized response of one label (ε-LDP; seed 004, Algorithm 1).
 
-    Keeps ``label`` with probability e^ε/(e^ε+k−1), else returns a uniformly chosen
-    *other* label in [0, k). ``rng`` defaults to the OS CSPRNG.
+    Reports ``label`` with probability e^ε/(e^ε+k−1) and each other label in [0, k) with
+    probability 1/(e^ε+k−1), drawn in the mixture form of the module docstring (exactly
+    ε-LDP whatever the rounding). ``rng`` defaults to the OS CSPRNG.
     """
     k = _check_k(k)
     if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < k:
         raise InvalidInput(f"label must be an integer in [0, {k}), got {label!r}")
-    p_flip = _at_least(krr_flip_probability(k, eps))
+    mix = _at_least(krr_beta(k, eps))
     r = rng if rng is not None else default_rng()
-    if r.random() >= p_flip:
-        return int(label)
-    other = r.randrange(k - 1)
-    return other + 1 if other >= label else other
+    return r.randrange(k) if r.random() < mix else int(label)
 
 
 def _numpy_rng(rng: Any) -> np.random.Generator | np.random.RandomState:
@@ -150,22 +154,19 @@ def krr_many(labels: np.ndarray, k: int, eps: float,
     if y.size and (y.min() < 0 or y.max() >= k):
         i = int(np.argmax((y < 0) | (y >= k)))
         raise InvalidInput(f"labels: row {i} is {y[i]}, outside [0, {k})")
-    p_flip = _at_least(krr_flip_probability(k, eps))
-    flip = rng.random(y.shape[0]) < p_flip
-    other = (rng.integers(0, k - 1, size=y.shape[0]) if isinstance(rng, np.random.Generator)
-             else rng.randint(0, k - 1, size=y.shape[0]).astype(np.int64))
-    other += other >= y  # skip the true label: uniform over the k−1 others
-    return np.where(flip, other, y)
+    mix = rng.random(y.shape[0]) < _at_least(krr_beta(k, eps))  # the mixture form
+    uniform = (rng.integers(0, k, size=y.shape[0]) if isinstance(rng, np.random.Generator)
+               else rng.randint(0, k, size=y.shape[0]).astype(np.int64))
+    return np.where(mix, uniform, y)
 
 
 def binary_rr(bit: bool, eps: float, rng: random.Random | None = None) -> bool:
-    """Binary randomized response (ε-LDP): keep ``bit`` with probability e^ε/(e^ε+1)."""
+    """Binary randomized response (ε-LDP): keep ``bit`` with probability e^ε/(e^ε+1),
+    drawn in the mixture form (k-RR with k = 2: module docstring)."""
     if not isinstance(bit, bool | np.bool_) and bit not in (0, 1):
         raise InvalidInput(f"bit must be true/false (or 0/1), got {bit!r}")
-    p_flip = _at_least(binary_rr_flip_probability(eps))
     r = rng if rng is not None else default_rng()
-    b = bool(bit)
-    return (not b) if r.random() < p_flip else b
+    return r.random() < 0.5 if r.random() < _at_least(krr_beta(2, eps)) else bool(bit)
 
 
 def binary_rr_many(bits: np.ndarray, eps: float,
@@ -181,5 +182,5 @@ def binary_rr_many(bits: np.ndarray, eps: float,
         if not np.issubdtype(b.dtype, np.integer) or (b.size and not np.isin(b, (0, 1)).all()):
             raise InvalidInput("bits must be booleans or 0/1 integers")
         b = b.astype(bool)
-    p_flip = _at_least(binary_rr_flip_probability(eps))
-    return b ^ (rng.random(b.shape[0]) < p_flip)
+    mix = rng.random(b.shape[0]) < _at_least(krr_beta(2, eps))  # the mixture form
+    return np.where(mix, rng.random(b.shape[0]) < 0.5, b)
