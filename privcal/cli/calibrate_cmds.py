@@ -95,13 +95,15 @@ def _make_calibrate_command(name: str) -> click.Command:
         columns = kw.get("columns")
         if columns is not None and not kw.get("probs"):
             raise InvalidInput("--columns selects the probability columns of --probs")
+        # label groups (--mondrian label) are read even in a dry run: they set the cost, and
+        # name labels are matched to the header's classes as the run does (red team 20, F3)
+        labels_shape_only = shape_only and kw.get("mondrian") != "label"
         arrays = {
             "scores": load("scores", "scores"),
             "probs": load("probs", "probs", matrix=True, columns=columns,
                           exclude=(label_column,) if label_column else ()),
-            # label groups (--mondrian label) are read even in a dry run: they set the cost
             "labels": load_labels(kw.get("labels"), label_column, kw.get("probs"),
-                                  shape_only and kw.get("mondrian") != "label"),
+                                  labels_shape_only),
             "agents": load("agent_of", "agents", ids=True),
             "subjects": load("subjects", "subjects", ids=True),
             # regression: the scores are computed from predictions and targets
@@ -111,7 +113,7 @@ def _make_calibrate_command(name: str) -> click.Command:
             "targets": load("targets", "targets"),
         }
         arrays["classes"] = class_names(kw.get("classes"), kw.get("probs"), columns,
-                                     label_column, arrays["labels"], shape_only)
+                                     label_column, arrays["labels"], labels_shape_only)
         # a header that does not name the classes is recorded as the columns' names, so
         # that predict matches a later table by name (red team 16: read by position)
         arrays["column_names"] = None if arrays["classes"] is not None else header_names(

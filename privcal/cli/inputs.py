@@ -42,23 +42,25 @@ def load_labels(spec: str | None, label_column: str | None, probs: str | None,
 
 
 def class_names(spec: str | None, probs: str | None, columns: str | None,
-                label_column: str | None, labels: Any, shape_only: bool) -> list[str] | None:
+                label_column: str | None, labels: Any,
+                labels_shape_only: bool) -> list[str] | None:
     """The class names: with a ``--probs`` table whose header names its columns, those
     names (``--classes``, if given, must name the same columns, in any order; the header's
     order is recorded: the probabilities are read in it) when ``--classes`` is given or the
     labels are names (:func:`privcal.calibrators.class_labels.column_classes`); without a
     header, ``--classes a,b,c``; else None — then a private method refuses name labels
     (its class names are never read from the labels), and only a non-private one falls
-    back to the sorted distinct labels when all k appear."""
+    back to the sorted distinct labels when all k appear. ``labels_shape_only``: the labels
+    were not read (a dry run without label groups), so only ``--classes`` can name them."""
     given = None
     if spec is not None:
         if not probs:
             raise InvalidInput("--classes names the probability columns of --probs")
         given = [c.strip() for c in spec.split(",")]
-    if not probs or (shape_only and given is None):
+    if not probs or (labels_shape_only and given is None):
         return None
     names = header_names(probs, columns, label_column)
-    classes, _ = header_classes(names, given, None if shape_only else labels,
+    classes, _ = header_classes(names, given, None if labels_shape_only else labels,
                                 f"--probs {probs}")
     return classes
 

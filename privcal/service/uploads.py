@@ -275,11 +275,13 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
         out["labels"] = read_labels(specs["labels"], names, shape_only=labels_shape_only)
     # a header naming the probability columns names the classes, as the CLI's --probs:
     # `classes` must name the same columns (their order is recorded), name labels match it
+    # (read label groups as the run reads them: red team 20, coverage F3)
     out["classes"], labels = header_classes(
-        names, out["classes"], None if shape_only else out["labels"], f"probs {specs.get('probs')}")
+        names, out["classes"], None if labels_shape_only else out["labels"],
+        f"probs {specs.get('probs')}")
     if out["classes"] is None and names is not None:  # matched by name at predict (red team 16)
         out["column_names"] = names
-    if not shape_only:
+    if not labels_shape_only:
         out["labels"] = labels
     return out
 

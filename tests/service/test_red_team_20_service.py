@@ -38,3 +38,37 @@ def test_a_score_option_json_cannot_hold_is_a_422_that_writes_nothing(
         assert "2**53 − 1" in r.json()["detail"]
         assert c.get("/v1/datasets/d").status_code == 200  # the connection still serves
     assert _written(live) == before
+
+
+def test_a_label_mondrian_dry_run_reads_the_class_names_as_the_run_does(live: Live) -> None:
+    """Red team 20, coverage F3: an upload whose header names the classes, with name
+    labels, and label groups — ``?dry_run=true`` said 422 "labels must be numeric" where the
+    run answered 201. Now the dry run prices what the run then charges."""
+    import io
+    import json
+    import uuid
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    g = np.random.default_rng(0)
+    p = g.dirichlet(np.ones(3), size=3000)
+    y = np.array([g.choice(3, p=q) for q in p])
+    names = ["cat", "dog", "emu"]
+    buf = io.BytesIO()
+    pcsv.write_csv(pa.table({**{nm: p[:, j] for j, nm in enumerate(names)},
+                             "label": np.array(names)[y]}), buf)
+    req = {"method": "pcoqs", "params": {"alpha": 0.1, "rho": 0.5}, "score": "lac",
+           "label_column": "label", "mondrian": "label", "public_groups": True}
+    got = {}
+    with live.client("analyst") as c:
+        for dry in (True, False):
+            r = c.post("/v1/datasets/d/calibrations" + ("?dry_run=true" if dry else ""),
+                       data={"request": json.dumps(req)},
+                       files={"probs": ("calib.csv", buf.getvalue())},
+                       headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert r.status_code == (200 if dry else 201), r.text
+            got[dry] = r.json()
+    assert got[True]["guarantee"] == got[False]["coverage"]["statement"]
+    assert got[True]["cost"] == got[False]["privacy"]["cost"]
