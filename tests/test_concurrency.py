@@ -25,7 +25,9 @@ def _worker(url: str, worker: int, keyed: bool, out: Any) -> None:
     for i in range(PER_PROC):
         key = f"job-{i % 10}" if keyed else None
         try:
-            r = acct.charge("race", ZCDP(rho="0.03"), requester=f"w{worker}", idempotency_key=key)
+            # a keyed job's retries are its own requester's, from any process
+            r = acct.charge("race", ZCDP(rho="0.03"), idempotency_key=key,
+                            requester="jobs" if keyed else f"w{worker}")
             if not r.replayed:
                 accepted.append(r.charge_id)
         except BudgetRefused:

@@ -61,8 +61,12 @@ def test_calibrate_key_binds_method_params_and_shape(accountant: Accountant) -> 
 def test_charge_key_binds_purpose_and_cost(accountant: Accountant) -> None:
     accountant.create_dataset("d", epsilon=5)
     accountant.charge("d", PureDP(eps=1), purpose="histogram", idempotency_key="k")
-    assert accountant.charge("d", PureDP(eps=1), purpose="histogram", idempotency_key="k",
-                             requester="someone else").replayed
+    assert accountant.charge("d", PureDP(eps=1), purpose="histogram",
+                             idempotency_key="k").replayed
+    # another requester's key is never its replay (red team 20, service F3)
+    with pytest.raises(InvalidInput, match="idempotency key 'k'"):
+        accountant.charge("d", PureDP(eps=1), purpose="histogram", idempotency_key="k",
+                          requester="someone else")
     with pytest.raises(InvalidInput, match="idempotency key 'k'"):
         accountant.charge("d", PureDP(eps=1), purpose="a mean", idempotency_key="k")
 

@@ -18,7 +18,7 @@ from privcal.errors import InvalidInput
 
 def _ledger() -> tuple[Accountant, np.ndarray, np.ndarray]:
     acct = Accountant(Ledger("sqlite://"))
-    acct.create_dataset("d", rho=5, allow_nonprivate=True)
+    acct.create_dataset("d", rho=5, subject_epsilon=5, allow_nonprivate=True)
     g = np.random.default_rng(0)
     return acct, g.dirichlet(np.ones(10), size=200), g.integers(0, 10, 200)
 
@@ -66,3 +66,37 @@ def test_json_safe_refuses_what_json_cannot_hold_and_keeps_the_rest() -> None:
             json_safe({"params": {"x": big}})
         with pytest.raises(InvalidInput):  # an idempotency digest: one line, not a 500
             request_digest({"x": big})
+
+
+def test_another_requesters_key_is_never_its_replay() -> None:
+    """Red team 20, service F3: two requesters on one ledger who pick the same idempotency
+    key — bob's charge was answered with alice's receipt (replayed, nothing recorded: the
+    budget short by bob's run), and bob's calibration on his own scores with alice's
+    release (covering 46 % of his data against its recorded 0.9). The key now binds the
+    requester too: bob is refused, and alice's own retry still replays."""
+    from privcal.costs import ZCDP, LocalDP
+
+    acct, _, _ = _ledger()
+    first = acct.charge("d", ZCDP(rho="0.1"), purpose="p", requester="alice",
+                        idempotency_key="job-42")
+    with pytest.raises(InvalidInput, match="idempotency key 'job-42' was already used"):
+        acct.charge("d", ZCDP(rho="0.1"), purpose="p", requester="bob",
+                    idempotency_key="job-42")
+    again = acct.charge("d", ZCDP(rho="0.1"), purpose="p", requester="alice",
+                        idempotency_key="job-42")
+    assert again.replayed and again.charge_id == first.charge_id
+    scores = np.random.default_rng(1).random(300)
+    rel = acct.calibrate("exponq", dataset="d", alpha=0.1, epsilon=0.5, scores=scores / 2,
+                         requester="alice", idempotency_key="cal-1")
+    with pytest.raises(InvalidInput, match="idempotency key 'cal-1' was already used"):
+        acct.calibrate("exponq", dataset="d", alpha=0.1, epsilon=0.5, scores=scores,
+                       requester="bob", idempotency_key="cal-1")
+    assert acct.calibrate("exponq", dataset="d", alpha=0.1, epsilon=0.5, scores=scores / 2,
+                          requester="alice", idempotency_key="cal-1").id == rel.id
+    assert acct.budget("d").charges == 2
+    ids = [f"u{i}" for i in range(50)]
+    acct.charge_subjects("d", LocalDP(eps0=1), ids,
+                         requester="alice", idempotency_key="batch")
+    with pytest.raises(InvalidInput, match="idempotency key 'batch' was already used"):
+        acct.charge_subjects("d", LocalDP(eps0=1), ids,
+                             requester="bob", idempotency_key="batch")

@@ -45,6 +45,7 @@ from privcal.accountant.normalize import (
     json_safe,
     normalize_cost,
     request_digest,
+    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import exact, policy_of, spent_of
@@ -186,7 +187,8 @@ def _run(
                 scope=f"dataset {dataset!r}", asked="non-private", remaining="",
             )
         if idempotency_key is not None:  # no charge carries the key: release_keys does
-            digest = request_digest({**request, "dataset": dataset, "cost": None})
+            digest = request_digest({**request, "dataset": dataset, "cost": None,
+                                     **requester_binding(requester)})
             done = nonprivate_replay(ledger, dataset, idempotency_key, digest)
             if done is not None:
                 return done

@@ -35,6 +35,7 @@ from privcal.accountant.normalize import (
     normalize_cost,
     optional_text,
     request_digest,
+    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import (
@@ -97,7 +98,8 @@ def charge(
     digest = None
     if key is not None:
         req = request if request is not None else {"kind": "charge", "purpose": purpose}
-        digest = request_digest({**req, "dataset": dataset, "cost": cost_json(cost)})
+        digest = request_digest({**req, "dataset": dataset, "cost": cost_json(cost),
+                                 **requester_binding(requester)})
 
     expect = None
     snap = ledger.charge_snapshot(dataset)

@@ -181,6 +181,14 @@ def request_digest(request: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(json_safe(request)).encode("utf-8")).hexdigest()
 
 
+def requester_binding(requester: str | None) -> dict[str, str]:
+    """What an idempotency key's request digest binds of the requester: another requester's
+    key is never its replay (red team 20, service F3: bob's charge under alice's key was
+    answered with alice's receipt and not recorded). Nothing for an anonymous request,
+    whose digest stays the one recorded before (a retry across the upgrade replays)."""
+    return {} if requester is None else {"requester": requester}
+
+
 def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
     """A free-text field (purpose, requester, key …) that is storable text of at most ``limit``
     characters (:func:`privcal.errors.check_text`), or None."""

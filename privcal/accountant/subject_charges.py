@@ -45,6 +45,7 @@ from privcal.accountant.normalize import (
     optional_text,
     parse_amount,
     request_digest,
+    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import receipt_of
@@ -154,7 +155,8 @@ def charge_subjects(
                              else cost_json(central_of(np.ones(0, dtype=bool)))
                              if central_cost is not None else None)}
         digest = request_digest({**req, "dataset": dataset, "eps0": acc.dstr(cost0.eps0),
-                                 "subjects": subjects_digest(skey, sids.tolist())})
+                                 "subjects": subjects_digest(skey, sids.tolist()),
+                                 **requester_binding(requester)})
     kept = one_row_per_subject(inverse, uniq.shape[0], _row_choice(skey, key, digest))
 
     def tx(conn: Any) -> SubjectChargeResult:

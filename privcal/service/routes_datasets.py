@@ -144,7 +144,7 @@ def charge(name: str, body: ChargeBody, request: Request,
     def run() -> tuple[int, Any]:
         r = _acct(request).charge(name, cost, purpose=body.purpose, requester=p.requester,
                                   idempotency_key=_lib_key(p, idempotency_key or ""))
-        return 201, r
+        return (200 if r.replayed else 201), r  # a replay the library found: 200
 
     return idempotent(request, idempotency_key,
                       {"dataset": name, "cost": body.cost.model_dump(),

@@ -72,3 +72,20 @@ def test_a_label_mondrian_dry_run_reads_the_class_names_as_the_run_does(live: Li
             got[dry] = r.json()
     assert got[True]["guarantee"] == got[False]["coverage"]["statement"]
     assert got[True]["cost"] == got[False]["privacy"]["cost"]
+
+
+@pytest.mark.parametrize("sql", ["update datasets set cap_rho='sNaN' where name='other'",
+                                 "update audit_head set seq='x'"])
+def test_verify_answers_ok_false_for_a_value_of_the_wrong_form(live: Live, sql: str) -> None:
+    """Red team 20, service F2: ``POST /v1/audit/verify`` was a 500 internal error on a
+    ledger whose rows an operator edited into values of the wrong form; it now answers
+    ``ok: false`` naming what failed, as for any other edit."""
+    import sqlite3
+
+    path = live.ledger_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute(sql)
+    with live.client("auditor") as c:
+        r = c.post("/v1/audit/verify", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["ok"] is False and "cannot read" in r.json()["error"]

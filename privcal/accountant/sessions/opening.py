@@ -22,6 +22,7 @@ from privcal.accountant.normalize import (
     normalize_cost,
     optional_text,
     request_digest,
+    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.sessions.records import METHODS, SessionInfo
@@ -228,7 +229,8 @@ def open_session(
         digest = request_digest({"kind": "session_open", "method": method, "params": params,
                                  "shape": shape.model_dump(mode="python"),
                                  "shuffled": bool(shuffled), "dataset": dataset,
-                                 "cost": None if central is None else cost_json(central)})
+                                 "cost": None if central is None else cost_json(central),
+                                 **requester_binding(requester)})
         if central is None:  # no charge to bind the key: the session's state records it
             state.update(open_idempotency_key=key, open_request_digest=digest)
 
