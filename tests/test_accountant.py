@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +15,7 @@ from privcal.accountant import privacy as acc
 from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
 from privcal.errors import AlreadyExists, BudgetRefused, InvalidInput, NotFound
+from tests.seeded import Seeded
 
 
 def _counts(ledger: Any) -> dict[str, int]:
@@ -167,7 +167,7 @@ def test_run_charges_then_releases(accountant: Any, fake_calibrator: Any) -> Non
     cal = fake_calibrator(ZCDP(rho=0.25))
     scores = np.linspace(0, 1, 99)
     rel = accountant.run(cal, {"alpha": 0.1}, CalibrationInput(scores=scores), dataset="d",
-                         requester="ana", rng=random.Random(1))
+                         requester="ana", rng=Seeded(1))
     r = math.ceil(100 * 0.9)
     assert rel.threshold == float(np.sort(scores)[r - 1])
     assert rel.method == "fake" and rel.calibrator_version == "9.9"

@@ -4,7 +4,6 @@ and the coverage of released thresholds on a distribution with a known CDF."""
 from __future__ import annotations
 
 import math
-import random
 from decimal import Decimal
 from typing import Any
 
@@ -14,6 +13,7 @@ from scipy.stats import beta as beta_dist
 
 from privcal import Accountant, BudgetRefused, Release
 from privcal.calibrators.base import CoverageGuarantee
+from tests.seeded import Seeded
 
 RNG = np.random.default_rng(21)
 N = 1000
@@ -30,7 +30,7 @@ def _probs_with_lac(lac: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray
 def test_calibrate_returns_a_typed_release(accountant: Accountant) -> None:
     accountant.create_dataset("d", rho=1, delta=1e-6)
     rel = accountant.calibrate("pcoqs", dataset="d", scores=SCORES, alpha=0.1, rho=0.25,
-                               rng=random.Random(1))  # fmt: skip
+                               rng=Seeded(1))  # fmt: skip
     assert isinstance(rel, Release)
     assert isinstance(rel.coverage, CoverageGuarantee)
     assert math.isfinite(rel.threshold) and 0 < rel.threshold < 1
@@ -51,9 +51,9 @@ def test_calibrate_returns_a_typed_release(accountant: Accountant) -> None:
 def test_params_as_a_dict_and_as_keywords_agree(accountant: Accountant) -> None:
     accountant.create_dataset("d", epsilon=10)
     a = accountant.calibrate("exponq", {"alpha": 0.1, "epsilon": 1.0}, dataset="d",
-                             scores=SCORES, rng=random.Random(3))  # fmt: skip
+                             scores=SCORES, rng=Seeded(3))  # fmt: skip
     b = accountant.calibrate("exponq", dataset="d", scores=SCORES, alpha=0.1, epsilon=1.0,
-                             rng=random.Random(3))  # fmt: skip
+                             rng=Seeded(3))  # fmt: skip
     assert a.threshold == b.threshold  # same seed, same data: the same release
     assert a.params == b.params and a.coverage == b.coverage
     assert accountant.budget("d").spent == {"epsilon": Decimal(2)}
@@ -152,7 +152,7 @@ def test_mean_true_coverage_meets_the_recorded_bound(
     for seed in range(TRIALS):
         scores = np.random.default_rng(1000 + seed).beta(2, 5, N)
         rel = acct.calibrate(method, dataset="big", scores=scores, alpha=0.1,
-                             rng=random.Random(seed), **params)  # fmt: skip
+                             rng=Seeded(seed), **params)  # fmt: skip
         t = rel.threshold
         cover.append(1.0 if math.isinf(t) else float(beta_dist.cdf(t, 2, 5)))
         lowers.append(rel.coverage.lower)

@@ -45,6 +45,7 @@ from privcal.calibrators.prediction_sets import prediction_sets
 from privcal.calibrators.scores import label_scores
 from privcal.cli import main
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 SIGMA = 0.8  # residual scale: P(|residual| ≤ 1) = 2Φ(1/0.8) − 1 ≈ 0.79 < 0.9
 
@@ -75,7 +76,7 @@ def test_regression_residuals_outside_the_default_range_keep_the_bound(
     for trial in range(40):
         pred, y = _residuals(trial, 2000)
         rel = accountant.calibrate(method, dataset="d", probs=pred, labels=y, score="absolute",
-                                   alpha=0.1, rng=random.Random(trial), **cost)  # fmt: skip
+                                   alpha=0.1, rng=Seeded(trial), **cost)  # fmt: skip
         cov.append(_residual_coverage(rel.threshold))
         lower.append(rel.coverage.lower)
         assert "[lower, upper]" not in rel.coverage.over
@@ -93,7 +94,7 @@ def test_with_a_covering_public_range_the_threshold_is_finite_and_valid(
     for trial in range(30):
         pred, y = _residuals(100 + trial, 4000)
         rel = accountant.calibrate(method, dataset="d", probs=pred, labels=y, score="absolute",
-                                   alpha=0.1, upper=5.0, rng=random.Random(trial),
+                                   alpha=0.1, upper=5.0, rng=Seeded(trial),
                                    **cost)  # fmt: skip
         assert math.isfinite(rel.threshold)
         cov.append(_residual_coverage(rel.threshold))
@@ -123,9 +124,9 @@ def test_raps_with_a_penalty_keeps_the_bound_on_fresh_data(
     for trial in range(15):
         p, y = _classification(trial, 2000)
         rel = accountant.calibrate(method, dataset="d", probs=p, labels=y, score="raps",
-                                   score_options=RAPS, alpha=0.1, rng=random.Random(trial),
+                                   score_options=RAPS, alpha=0.1, rng=Seeded(trial),
                                    **cost)  # fmt: skip
-        sets = prediction_sets("raps", test_p, rel.threshold, rng=random.Random(7), **RAPS)
+        sets = prediction_sets("raps", test_p, rel.threshold, rng=Seeded(7), **RAPS)
         cov.append(float(sets[np.arange(test_y.size), test_y].mean()))
         lower = rel.coverage.lower
     assert np.mean(cov) >= lower - 0.01, (np.mean(cov), lower)
@@ -387,7 +388,7 @@ def test_ldp_label_honours_score_as_a_keyword_and_reads_k(accountant: Accountant
     p, y = _classification(4, 600, k=5)
     users = [f"u{i}" for i in range(600)]
     rel = accountant.calibrate("ldp-label", dataset="l", probs=p, labels=y, alpha=0.1,
-                               epsilon=3.0, score="aps", rng=random.Random(1),
+                               epsilon=3.0, score="aps", rng=Seeded(1),
                                subjects=users)  # fmt: skip
     assert rel.params["score"] == "aps" and rel.coverage.details["score"] == "aps"
     assert rel.params["k"] is None and rel.coverage.details["k"] == 5
@@ -409,7 +410,7 @@ def test_label_scores_of_absolute_exceed_one() -> None:
     pred, y = _residuals(0, 1000)
     assert (label_scores("absolute", pred, y) > 1).mean() > 0.15
     p, lab = _classification(0, 1000)
-    assert (label_scores("raps", p, lab, rng=random.Random(0), **RAPS) > 1).mean() > 0.3
+    assert (label_scores("raps", p, lab, rng=Seeded(0), **RAPS) > 1).mean() > 0.3
 
 
 def test_fedcp2_qq_grid_takes_lower_and_upper() -> None:

@@ -4,7 +4,6 @@ models, and a saved release serving identical sets and intervals in a fresh proc
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import privcal
 from privcal import Accountant, InvalidInput, Release
 from privcal.calibrators.scores import score_interval
 from privcal.estimators import PrivateConformalClassifier, PrivateConformalRegressor
+from tests.seeded import Seeded
 
 
 class SoftmaxModel:
@@ -64,7 +64,7 @@ def test_classifier_sets_match_the_release_and_speak_the_models_labels(
     model = SoftmaxModel(classes)
     clf = PrivateConformalClassifier(model, method="pcoqs", confidence_level=0.9,
                                      accountant=accountant, dataset="d", rho=0.5,
-                                     rng=random.Random(0))  # fmt: skip
+                                     rng=Seeded(0))  # fmt: skip
     assert clf.conformalize(X[:1500], y[:1500]) is clf
     rel = clf.release_
     assert rel.params["alpha"] == 0.1 and rel.method == "pcoqs"
@@ -105,7 +105,7 @@ def test_classifier_with_several_levels(accountant: Accountant) -> None:
     X, y = _class_data(2, 2000)
     clf = PrivateConformalClassifier(SoftmaxModel(None), confidence_level=[0.8, 0.95],
                                      accountant=accountant, dataset="d", rho=0.5,
-                                     rng=random.Random(1)).conformalize(X[:1500], y[:1500])
+                                     rng=Seeded(1)).conformalize(X[:1500], y[:1500])
     _, sets = clf.predict_set(X[1500:])
     assert sets.shape == (500, 3, 2)
     assert (sets[:, :, 0] <= sets[:, :, 1]).all()  # the 95% sets contain the 80% sets
@@ -120,7 +120,7 @@ def test_regressor_intervals_match_the_release(accountant: Accountant, score: st
     est = Linear() if score == "absolute" else (Linear(-0.3, -0.5), Linear(0.3, 0.5))
     reg = PrivateConformalRegressor(est, method="pcoqs", confidence_level=0.9, score=score,
                                     accountant=accountant, dataset="d", rho=0.5,
-                                    score_range=(-2, 6), rng=random.Random(0))  # fmt: skip
+                                    score_range=(-2, 6), rng=Seeded(0))  # fmt: skip
     reg.conformalize(X[:2000], y[:2000])
     rel = reg.release_
     assert rel.diagnostics["score"]["name"] == score
@@ -156,11 +156,11 @@ def test_a_saved_release_serves_identical_sets_and_intervals_in_a_fresh_process(
     accountant.create_dataset("d", rho=10)
     X, y = _class_data(4, 2000)
     clf = PrivateConformalClassifier(SoftmaxModel(["a", "b", "c"]), accountant=accountant,
-                                     dataset="d", rho=0.5, rng=random.Random(2))
+                                     dataset="d", rho=0.5, rng=Seeded(2))
     clf.conformalize(X[:1500], np.array(["a", "b", "c"])[y[:1500]])
     Xr, yr = _reg_data(5, 1500)
     reg = PrivateConformalRegressor(Linear(), accountant=accountant, dataset="d", rho=0.5,
-                                    score_range=(0, 6), rng=random.Random(3))
+                                    score_range=(0, 6), rng=Seeded(3))
     reg.conformalize(Xr[:1000], yr[:1000])
     (tmp_path / "clf.json").write_text(clf.release_.model_dump_json())
     (tmp_path / "reg.json").write_text(reg.release_.model_dump_json())
@@ -193,7 +193,7 @@ def test_local_dp_methods_take_the_subjects_of_the_rows(accountant: Accountant) 
     X, y = _class_data(5, 3000)
     clf = PrivateConformalClassifier(SoftmaxModel(["a", "b", "c"]), method="ldp-label",
                                      confidence_level=0.9, accountant=accountant,
-                                     dataset="l", epsilon=2, rng=random.Random(0))
+                                     dataset="l", epsilon=2, rng=Seeded(0))
     with pytest.raises(InvalidInput, match="give the subject id of every row"):
         clf.conformalize(X, np.array(["a", "b", "c"])[y])
     assert accountant.budget("l").releases == 0
@@ -204,6 +204,6 @@ def test_local_dp_methods_take_the_subjects_of_the_rows(accountant: Accountant) 
     Xr, yr = _reg_data(6, 3000)
     reg = PrivateConformalRegressor(Linear(), method="ldp-score", score="absolute",
                                     confidence_level=0.9, accountant=accountant, dataset="l",
-                                    epsilon=2, score_range=(0, 4), rng=random.Random(1))
+                                    epsilon=2, score_range=(0, 4), rng=Seeded(1))
     reg.conformalize(Xr, yr, subjects=users)
     assert accountant.subject_spend("l", "patient-7") == 4

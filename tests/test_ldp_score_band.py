@@ -24,6 +24,7 @@ from privcal.accountant.releases import record_release
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.ldp_score import LDPScore, LDPScoreParams, open_protocol, simulate
 from privcal.costs import parse_cost
+from tests.seeded import Seeded
 
 
 def test_simulated_users_default_to_no_band_and_a_session_keeps_the_papers(
@@ -90,11 +91,11 @@ def test_releases_record_their_band_and_older_ones_still_verify(accountant: Any)
     acct.create_dataset("z", rho=10, subject_epsilon=100)
     s = np.random.default_rng(2).beta(2, 5, 3000)
     new = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
-                         rng=random.Random(0), subjects=[f"u{i}" for i in range(3000)])
+                         rng=Seeded(0), subjects=[f"u{i}" for i in range(3000)])
     assert new.calibrator_version == "5" and new.params["band"] == 0.0
     assert new.coverage.details["band"] == 0.0 and new.diagnostics["band"] == 0.0
     paper = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
-                           band=None, rng=random.Random(0),
+                           band=None, rng=Seeded(0),
                            subjects=[f"v{i}" for i in range(3000)])
     slack = paper.coverage.details["delta_S"]
     assert paper.params["band"] is None and paper.coverage.details["band"] == slack
@@ -133,7 +134,7 @@ def test_the_papers_band_has_a_word_the_cli_can_type(
     ids = [f"u{i}" for i in range(3000)]
     # a keyed run with the paper's band, as version 3 requested it by default
     first = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
-                           band=None, rng=random.Random(0), subjects=ids,
+                           band=None, rng=Seeded(0), subjects=ids,
                            idempotency_key="k3")
     np.save(tmp_path / "s.npy", s)
     (tmp_path / "ids.csv").write_text("subject\n" + "\n".join(ids) + "\n")

@@ -5,7 +5,6 @@ audit verify, and bad input refused with nothing charged."""
 from __future__ import annotations
 
 import math
-import random
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +17,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.prediction_sets import lac_cut
 from privcal.calibrators.scores import all_class_scores
 from privcal.errors import AuditFailed, InvalidInput
+from tests.seeded import Seeded
 
 
 def _data(n: int = 1500, k: int = 3, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +41,7 @@ def acct(accountant: Accountant) -> Accountant:
 def test_label_mondrian_is_charged_once_and_records_each_class(acct: Accountant) -> None:
     probs, y = _data()
     rel = acct.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score="lac", alpha=0.1,
-                         rho=0.5, mondrian="label", public_groups=True, rng=random.Random(3))
+                         rho=0.5, mondrian="label", public_groups=True, rng=Seeded(3))
     assert rel.method == "mondrian:pcoqs"
     assert acct.budget("d").spent == {"rho": Decimal("0.5")}  # one run's cost, not 3 × 0.5
     sizes = [int((y == j).sum()) for j in range(3)]
@@ -73,15 +73,15 @@ def test_label_conditional_sets_use_each_class_threshold(acct: Accountant) -> No
     for score in ("lac", "aps"):
         rel = acct.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score=score,
                              alpha=0.1, rho=0.5, mondrian="label", public_groups=True,
-                             rng=random.Random(4))
+                             rng=Seeded(4))
         t = np.array([g["threshold"] for g in rel.diagnostics["groups"]])
         test, _ = _data(200, seed=9)
-        got = rel.predict_set(test, rng=random.Random(7))
+        got = rel.predict_set(test, rng=Seeded(7))
         if score == "lac":
             want = (1.0 - test) <= t[None, :]
             assert np.array_equal(got, test >= np.array([lac_cut(x) for x in t])[None, :])
         else:  # the same u per row as all_class_scores draws from the same seed
-            want = all_class_scores("aps", test, rng=random.Random(7)) <= t[None, :]
+            want = all_class_scores("aps", test, rng=Seeded(7)) <= t[None, :]
         assert np.array_equal(got, want)
         assert len(set(t.tolist())) == 3  # three different thresholds were used
 
@@ -115,7 +115,7 @@ def test_small_group_gets_infinity_never_a_clipped_value(acct: Accountant) -> No
     probs, y = _data(800)
     groups = np.where(np.arange(800) < 6, "tiny", "big")
     rel = acct.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score="lac", alpha=0.1,
-                         rho=0.5, groups=groups, public_groups=True, rng=random.Random(0))
+                         rho=0.5, groups=groups, public_groups=True, rng=Seeded(0))
     by = {r["group"]: r for r in rel.thresholds()}
     assert by["tiny"]["n"] == 6 and by["tiny"]["threshold"] == math.inf
     assert by["tiny"]["lower"] == 1.0
@@ -130,7 +130,7 @@ def test_small_group_gets_infinity_never_a_clipped_value(acct: Accountant) -> No
 def test_levels_cost_k_times_and_nested_thresholds(acct: Accountant) -> None:
     probs, y = _data()
     rel = acct.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score="lac",
-                         alpha=[0.2, 0.05, 0.1], rho=0.25, rng=random.Random(5))
+                         alpha=[0.2, 0.05, 0.1], rho=0.25, rng=Seeded(5))
     assert rel.method == "levels:pcoqs"
     assert rel.params["alpha"] == [0.05, 0.1, 0.2]
     assert acct.budget("d").spent == {"rho": Decimal("0.75")}  # 3 × 0.25, exactly
@@ -156,7 +156,7 @@ def test_mondrian_with_levels_is_charged_k_rho_once(acct: Accountant) -> None:
     probs, y = _data()
     rel = acct.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score="lac",
                          alpha="0.1,0.2", rho=0.5, mondrian="label", public_groups=True,
-                         rng=random.Random(6))
+                         rng=Seeded(6))
     assert rel.method == "mondrian:levels:pcoqs"
     assert acct.budget("d").spent == {"rho": Decimal("1.0")}
     ev = rel.evaluate(probs, y, alpha=0.2)
@@ -170,7 +170,7 @@ def test_exponq_pure_dp_parallel_and_levels(accountant: Accountant) -> None:
     probs, y = _data()
     accountant.calibrate("exponq", dataset="e", probs=probs, labels=y, score="lac",
                          alpha=[0.1, 0.2], epsilon=1, mondrian="label", public_groups=True,
-                         rng=random.Random(1))
+                         rng=Seeded(1))
     assert accountant.budget("e").spent == {"epsilon": Decimal("2")}
     assert accountant.verify().guarantees_recomputed == 1
 
@@ -221,7 +221,7 @@ def test_exponq_level_validation_is_per_level(acct: Accountant) -> None:
 def test_audit_flags_a_tampered_group_threshold(acct: Accountant) -> None:
     probs, y = _data()
     rel = acct.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score="lac", alpha=0.1,
-                         rho=0.5, mondrian="label", public_groups=True, rng=random.Random(2))
+                         rho=0.5, mondrian="label", public_groups=True, rng=Seeded(2))
     release = registry.get(rel.method).calibrator
     diag = dict(rel.diagnostics)
     diag["groups"] = [dict(g) for g in diag["groups"]]
@@ -261,7 +261,7 @@ def test_regression_intervals_per_group_and_level(acct: Accountant) -> None:
     y = f + rng.normal(size=n) * np.where(region == "calm", 0.05, 0.3)
     rel = acct.calibrate("pcoqs", dataset="d", preds=f, targets=y, score="absolute",
                          alpha=[0.1, 0.2], rho=0.5, score_range=(0, 2), groups=region,
-                         public_groups=True, rng=random.Random(8))
+                         public_groups=True, rng=Seeded(8))
     assert rel.method == "mondrian:levels:pcoqs"
     rows = {(r["group"], r["alpha"]): r["threshold"] for r in rel.thresholds()}
     assert rows[("calm", 0.1)] < rows[("noisy", 0.1)]  # the noisy group's intervals are wider

@@ -25,6 +25,7 @@ from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
 from privcal.calibrators.registry import get
 from privcal.costs import parse_cost
 from privcal.errors import AuditFailed
+from tests.seeded import Seeded
 
 #: the mass of the score distribution below the public range [0, 1]
 BELOW = 0.99
@@ -114,13 +115,13 @@ def test_old_and_new_releases_verify_each_by_its_own_text(accountant: Accountant
     acct.create_dataset("z", rho=10)
     s = np.random.default_rng(2).beta(2, 5, 3000)
     pc = acct.calibrate("pcoqs", dataset="z", scores=s, alpha=0.1, rho=0.5,
-                        rng=random.Random(0))
+                        rng=Seeded(0))
     assert pc.calibrator_version == "2.3.0"
     assert "every score in [lower, upper]" in pc.coverage.details["upper_requires"]
     probs = np.random.default_rng(3).dirichlet(np.ones(3), 600)
     y = np.random.default_rng(4).integers(0, 3, 600)
     mo = acct.calibrate("pcoqs", dataset="z", probs=probs, labels=y, score="lac", alpha=0.1,
-                        rho=0.5, mondrian="label", public_groups=True, rng=random.Random(1))
+                        rho=0.5, mondrian="label", public_groups=True, rng=Seeded(1))
     assert mo.method == "mondrian:pcoqs" and mo.calibrator_version.endswith("/2.3.0")
     old_mo = mo.calibrator_version.removesuffix("2.3.0") + "2.0.0"
     _rerecord(acct, pc, "2.0.0", "2.0.0", drop=())
@@ -138,7 +139,7 @@ def test_a_new_release_with_the_short_text_does_not_verify(accountant: Accountan
     acct.create_dataset("z", rho=10)
     s = np.random.default_rng(2).beta(2, 5, 1000)
     pc = acct.calibrate("pcoqs", dataset="z", scores=s, alpha=0.1, rho=0.5,
-                        rng=random.Random(0))
+                        rng=Seeded(0))
     bad = _rerecord(acct, pc, "2.1.0", "2.0.0", drop=())
     with pytest.raises(AuditFailed, match=f"release {bad} .*upper_requires"):
         acct.verify()

@@ -7,7 +7,6 @@ array or a headerless CSV is taken by position."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from privcal import Accountant
 from privcal.accountant import Release
 from privcal.errors import InvalidInput
 from tests.cli_env import CliEnv
+from tests.seeded import Seeded
 
 NAMES = ["cat", "dog", "fox"]
 PERM = ["dog", "cat", "fox"]
@@ -186,10 +186,10 @@ def test_api_dataframe_columns_matched_by_name(accountant: Accountant) -> None:
     p, y = _data(900, 3)
     kw: dict[str, Any] = {"dataset": "d", "score": "lac", "rho": 0.2, "classes": NAMES}
     rel = accountant.calibrate("pcoqs", probs=p, labels=np.array(NAMES)[y], alpha=0.1,
-                               rng=random.Random(1), **kw)
+                               rng=Seeded(1), **kw)
     mond = accountant.calibrate("pcoqs", probs=p, labels=np.array(NAMES)[y],
                                 alpha=[0.05, 0.1], mondrian="label", public_groups=True,
-                                rng=random.Random(2), **kw)
+                                rng=Seeded(2), **kw)
     pt, yt = _data(300, 4)
     labels = np.array(NAMES)[yt]
     saved = Release.load(rel.model_dump_json())

@@ -3,8 +3,6 @@ recorded coverage guarantee would be false, and asserts that privcal refuses it 
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from privcal import Accountant
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.prediction_sets import prediction_sets
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 
 def _probs(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,10 +40,10 @@ def test_sets_on_another_score_than_the_release_is_refused(accountant: Accountan
     assert (same == own).all()
     # what the sets on raps would be: far below the recorded guarantee
     t = rel.thresholds()[0]["threshold"]
-    raps = prediction_sets("raps", probs[2000:], t, rng=random.Random(0), lam=10.0, k_reg=1)
+    raps = prediction_sets("raps", probs[2000:], t, rng=Seeded(0), lam=10.0, k_reg=1)
     assert raps[np.arange(2000), y[2000:]].mean() < rel.thresholds()[0]["lower"] - 0.1
     with pytest.raises(InvalidInput, match="calibrated on score 'lac', not 'raps'"):
-        rel.predict_set(probs[2000:], score_name="raps", rng=random.Random(0), **lvl)
+        rel.predict_set(probs[2000:], score_name="raps", rng=Seeded(0), **lvl)
     with pytest.raises(InvalidInput, match="calibrated on score 'lac', not 'aps'"):
         rel.evaluate(probs[2000:], y[2000:], score_name="aps", **lvl)
 

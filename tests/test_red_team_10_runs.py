@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from privcal.calibrators.base import CalibrationInput, DataShape
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
 from privcal.cli import main
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 N = 200
 #: every table a run may write: a refused run must leave each exactly as it was
@@ -87,9 +87,9 @@ def _enter(acct: Any, entry: str, method: str, params: dict[str, Any],
            inputs: dict[str, Any]) -> Any:
     if entry == "run":
         return acct.run(registry.get(method).calibrator, params, CalibrationInput(**inputs),
-                        dataset="d", rng=random.Random(0))
+                        dataset="d", rng=Seeded(0))
     if entry == "calibrate":
-        return acct.calibrate(method, params, dataset="d", rng=random.Random(0), **inputs)
+        return acct.calibrate(method, params, dataset="d", rng=Seeded(0), **inputs)
     return dry_run(acct, method, params, dataset="d", **inputs)
 
 

@@ -20,6 +20,7 @@ from privcal.calibrators.base import CoverageGuarantee, DataShape
 from privcal.calibrators.levels import LEVELS_VERSION, NESTED_UPPER, _nested_uppers
 from privcal.calibrators.registry import get
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 
 def _g(upper: float | None, requires: str | None = "no ties") -> CoverageGuarantee:
@@ -78,7 +79,7 @@ def test_levels_release_records_and_verifies(accountant: Any) -> None:
     crossed = 0
     for seed in range(12):
         rel = acct.calibrate("pcoqs", dataset="d", scores=s, alpha=[0.1, 0.102], rho=1,
-                             rng=random.Random(seed))
+                             rng=Seeded(seed))
         lv = rel.diagnostics["levels"]
         crossed += lv[0]["threshold"] > lv[0]["threshold_raw"]
         assert rel.calibrator_version.startswith(f"{LEVELS_VERSION}/")

@@ -19,7 +19,6 @@ coverage guarantees that did not hold.
 
 from __future__ import annotations
 
-import random
 import warnings
 from fractions import Fraction
 
@@ -33,6 +32,7 @@ from privcal.accountant import Accountant
 from privcal.calibrators.fedplan.unequal import coverage_M_unequal, plan_fedcp_qq_unequal
 from privcal.calibrators.prediction_sets import regression_interval
 from privcal.calibrators.scores import regression_scores
+from tests.seeded import Seeded
 
 
 # ------------------------------------------------------------------- F1: unequal FedCP-QQ
@@ -105,7 +105,7 @@ def test_a_recorded_release_of_a_mixed_size_plan_verifies_and_holds(ledger_url: 
     sizes = [30] * 10 + [10**6] * 3  # the review's case: recorded 0.9036289, true 0.903315
     scores = np.random.default_rng(1).uniform(size=sum(sizes))
     rel = acct.calibrate("fedcp-qq", dataset="h", scores=scores, alpha=0.0965,
-                         agents=np.repeat(np.arange(13), sizes), rng=random.Random(0))
+                         agents=np.repeat(np.arange(13), sizes), rng=Seeded(0))
     plan = plan_fedcp_qq_unequal(sizes, 0.0965)
     ref = _reference_M([(10, plan.ls[0], 30), (3, plan.ls[-1], 10**6)], plan.k)
     assert rel.coverage.lower <= ref and ref >= 1 - 0.0965
@@ -155,7 +155,7 @@ def test_split_with_a_tied_target_covers_what_it_records(accountant: Accountant)
     rng = np.random.default_rng(0)
     y = np.where(rng.random(999) < 0.5, 6.1, 0.9)
     rel = acct.calibrate("split", dataset="r", preds=np.full(999, 6.1), targets=y,
-                         score="absolute", alpha=0.1, rng=random.Random(0))
+                         score="absolute", alpha=0.1, rng=Seeded(0))
     assert rel.threshold == 5.199999999999999
     y_test = np.where(rng.random(20_000) < 0.5, 6.1, 0.9)
     iv = rel.predict_interval(preds=np.full(20_000, 6.1))

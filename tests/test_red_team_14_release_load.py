@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 from typing import Any
 
 import numpy as np
@@ -18,13 +17,14 @@ import pytest
 
 from privcal import Release
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 from tests.test_red_team_6_trust import _as_old, _releases
 
 
 def _pcoqs(acct: Any) -> Any:
     acct.create_dataset("d", rho=1, delta=1e-6)
     return acct.calibrate("pcoqs", dataset="d", scores=np.random.default_rng(0).random(2000),
-                          alpha=0.1, rho=0.1, rng=random.Random(0))
+                          alpha=0.1, rho=0.1, rng=Seeded(0))
 
 
 def _edit(rel: Any, **changes: Any) -> str:

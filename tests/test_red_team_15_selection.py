@@ -25,6 +25,7 @@ from privcal.calibrators.participation import UNSELECTED_LABELS, UNSELECTED_SCOR
 from privcal.client import krr_many
 from privcal.costs import parse_cost
 from privcal.errors import AuditFailed
+from tests.seeded import Seeded
 
 CLAUSE = {"ldp-score": UNSELECTED_SCORES, "ldp-label": UNSELECTED_LABELS}
 
@@ -32,7 +33,7 @@ CLAUSE = {"ldp-score": UNSELECTED_SCORES, "ldp-label": UNSELECTED_LABELS}
 def _local(acct: Any) -> dict[str, Any]:
     acct.create_dataset("z", rho=10, subject_epsilon=100)
     s = np.random.default_rng(2).beta(2, 5, 3000)
-    r = random.Random(0)
+    r = Seeded(0)
     probs = np.random.default_rng(3).dirichlet(np.ones(4), 3000)
     labels = np.random.default_rng(4).integers(0, 4, 3000)
     out = {

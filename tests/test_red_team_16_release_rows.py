@@ -7,7 +7,6 @@ on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from sqlalchemy import text
 from privcal.accountant import Accountant
 from privcal.cli import main
 from privcal.errors import AuditFailed
+from tests.seeded import Seeded
 
 CLASSES = ["a", "b", "c", "d"]
 
@@ -45,7 +45,7 @@ def made(ledger: Any, tmp_path: Path) -> dict[str, Any]:
     p, y = _data(gen, 2000)
     rel = acct.calibrate("pcoqs", dataset="d", probs=pd.DataFrame(p, columns=CLASSES),
                          labels=np.array(CLASSES)[y], score="lac", alpha=0.1, rho=1,
-                         rng=random.Random(0))
+                         rng=Seeded(0))
     pt, yt = _data(gen, 500)
     test = pd.DataFrame(pt, columns=CLASSES)
     test["label"] = np.array(CLASSES)[yt]
@@ -143,7 +143,7 @@ def test_other_releases_are_unaffected(made: dict[str, Any]) -> None:
         p, y = _data(gen, 300)
         rels.append(acct.calibrate("pcoqs", dataset="d", probs=pd.DataFrame(p, columns=CLASSES),
                                    labels=np.array(CLASSES)[y], score="lac", alpha=0.1,
-                                   rho=0.1, rng=random.Random(1)))
+                                   rho=0.1, rng=Seeded(1)))
     last = rels[-1].id
     assert last >= 10
     _sql(acct.ledger, "UPDATE releases SET threshold = '0.5' WHERE id = :i", i=last)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 
 from privcal import Release
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 from tests.test_red_team_6_trust import _fed_session
 
 
@@ -52,7 +52,7 @@ def test_pcoqs_threshold_must_be_its_intervals_right_end(accountant: Any,
                                                          scores: np.ndarray) -> None:
     accountant.create_dataset("d", rho=10)
     rel = accountant.calibrate("pcoqs", dataset="d", scores=scores, alpha=0.1, rho=1,
-                               rng=random.Random(0))
+                               rng=Seeded(0))
     left, right = rel.diagnostics["interval"]
     assert rel.threshold == right and rel.diagnostics["backed"] is True
     assert Release.load(rel.model_dump_json()) == rel
@@ -86,7 +86,7 @@ def test_pcoqs_threshold_must_be_its_intervals_right_end(accountant: Any,
 def test_pcoqs_infinite_release_records_no_interval(accountant: Any) -> None:
     accountant.create_dataset("d", rho=10)
     rel = accountant.calibrate("pcoqs", dataset="d", scores=np.random.default_rng(1).random(30),
-                               alpha=0.05, rho=0.01, rng=random.Random(0))
+                               alpha=0.05, rho=0.01, rng=Seeded(0))
     assert rel.threshold == math.inf and rel.diagnostics["interval"] is None
     assert Release.load(rel.model_dump_json()) == rel
     _refused(rel, _set("threshold", 0.5), "the threshold is +inf")
@@ -97,7 +97,7 @@ def test_exponq_threshold_must_be_its_grid_point(accountant: Any, scores: np.nda
 
     accountant.create_dataset("d", epsilon=10)
     rel = accountant.calibrate("exponq", dataset="d", scores=scores, alpha=0.1, epsilon=1,
-                               rng=random.Random(0))
+                               rng=Seeded(0))
     d = rel.diagnostics
     points = grid(rel.params["lower"], rel.params["upper"], d["bins"])
     assert rel.threshold == points[d["bin"]] and not d["top_bin"]
@@ -129,7 +129,7 @@ def test_fedcp2_qq_threshold_must_be_its_kth_message(accountant: Any) -> None:
 def test_wrapped_runs_are_checked(accountant: Any, scores: np.ndarray) -> None:
     accountant.create_dataset("d", rho=10)
     lv = accountant.calibrate("pcoqs", dataset="d", scores=scores, alpha=[0.2, 0.1], rho=1,
-                              rng=random.Random(0))
+                              rng=Seeded(0))
     assert lv.method == "levels:pcoqs"
     assert Release.load(lv.model_dump_json()) == lv
 
@@ -142,7 +142,7 @@ def test_wrapped_runs_are_checked(accountant: Any, scores: np.ndarray) -> None:
     labels = np.random.default_rng(4).integers(0, 3, 3000)
     mo = accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=labels, score="lac",
                               alpha=0.1, rho=1, mondrian="label", public_groups=True,
-                              rng=random.Random(1))
+                              rng=Seeded(1))
     assert mo.method == "mondrian:pcoqs"
     assert Release.load(mo.model_dump_json()) == mo
 
@@ -162,7 +162,7 @@ def test_a_search_narrower_than_a_float_step_still_loads(accountant: Any) -> Non
     f = g.uniform(1e6, 9e6, 3000)
     y = f + g.normal(0, 5e6, 3000)
     rel = acct.calibrate("pcoqs", dataset="d", preds=f, targets=y, score="absolute", alpha=0.1,
-                         rho=0.2, score_range=(0, 20_000_000), rng=random.Random(0))
+                         rho=0.2, score_range=(0, 20_000_000), rng=Seeded(0))
     left, right = rel.diagnostics["interval"]
     assert left == right == rel.threshold  # collapsed
     assert Release.load(rel.model_dump_json()) == rel

@@ -11,7 +11,6 @@ and its release records; predict uses it and refuses another. Sessions opened wi
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from privcal.cli import main
 from privcal.client import fedcp_qq_message
 from privcal.errors import InvalidInput
 from privcal.storage.sessions import CollectionSession
+from tests.seeded import Seeded
 
 K, M, N, ALPHA = 10, 20, 50, 0.1
 APS = {"name": "aps", "options": {"randomized": True}}
@@ -51,7 +51,7 @@ def _fed_session(acct: Accountant, agents: int = M, **kw: Any) -> tuple[S.Sessio
     msgs = []
     for j in range(agents):
         probs, y = _data(rng, N)
-        msgs.append(fedcp_qq_message(label_scores("aps", probs, y, rng=random.Random(j)), plan))
+        msgs.append(fedcp_qq_message(label_scores("aps", probs, y, rng=Seeded(j)), plan))
     return info, msgs
 
 
@@ -78,10 +78,10 @@ def test_a_session_release_is_read_with_its_devices_score(accountant: Any, ledge
         rel.predict_set(probs, score_name="lac")
     with pytest.raises(InvalidInput, match="calibrated on score 'aps', not 'lac'"):
         rel.evaluate(probs, y, score_name="lac")
-    sets = rel.predict_set(probs, rng=random.Random(3))  # no name needed: the recorded one
+    sets = rel.predict_set(probs, rng=Seeded(3))  # no name needed: the recorded one
     assert sets[np.arange(len(y)), y].mean() >= 0.87
     assert np.array_equal(sets, prediction_sets("aps", probs, rel.threshold,
-                                                rng=random.Random(3), randomized=True))
+                                                rng=Seeded(3), randomized=True))
     assert Release.load(rel.model_dump_json()).diagnostics["score"] == APS
     # the CLI: the contradicting --score is one line, exit 1 (an input error); none works
     np.savetxt(tmp_path / "probs.csv", probs[:5], delimiter=",")
@@ -111,8 +111,8 @@ def test_an_ldp_score_release_records_the_score_with_every_option(accountant: An
     probs, _ = _data(np.random.default_rng(2), 50)
     thr = 0.5  # (four reports release a trivial +inf: the sets at a finite threshold)
     assert np.array_equal(
-        rel.model_copy(update={"threshold": thr}).predict_set(probs, rng=random.Random(1)),
-        prediction_sets("raps", probs, thr, rng=random.Random(1), randomized=True, lam=0.0,
+        rel.model_copy(update={"threshold": thr}).predict_set(probs, rng=Seeded(1)),
+        prediction_sets("raps", probs, thr, rng=Seeded(1), randomized=True, lam=0.0,
                         k_reg=5))
     with pytest.raises(InvalidInput, match="not 'aps'"):
         rel.predict_set(probs, score_name="aps")

@@ -15,7 +15,6 @@ one-shot run that left rows out says how many.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from privcal import Accountant, Ledger
 from privcal.accountant.report import audit_report
 from privcal.accountant.subject_charges import one_row_per_subject
 from privcal.cli import main
+from tests.seeded import Seeded
 
 
 def test_a_sorted_file_gives_the_same_guarantee_as_a_shuffled_one() -> None:
@@ -39,7 +39,7 @@ def test_a_sorted_file_gives_the_same_guarantee_as_a_shuffled_one() -> None:
     # the rows kept are drawn from the CSPRNG: the assertion below is the guarantee itself,
     # which fails with probability ≤ 0.001 (with the first row of each subject: always)
     rel = acct.calibrate("ldp-score", dataset="u", scores=s[order], subjects=subj[order],
-                         alpha=0.1, epsilon=4, rng=random.Random(1))
+                         alpha=0.1, epsilon=4, rng=Seeded(1))
     assert rel.coverage.lower == 0.9
     assert rel.diagnostics["dropped_rows"]["duplicate_subject"] == n - np.unique(subj).size
     # the kept rows are ~8 600 i.i.d. U(0,1) draws: the threshold is their 0.9-quantile
@@ -71,14 +71,14 @@ def _capped(url: str = "sqlite://") -> tuple[Accountant, np.ndarray, np.ndarray]
     ids = np.array([f"u{i}" for i in range(n)])
     hi = s > 0.7  # an earlier study of the high-risk users spends their caps
     acct.calibrate("ldp-score", dataset="app", scores=s[hi], subjects=ids[hi], alpha=0.1,
-                   epsilon=4, rng=random.Random(0))
+                   epsilon=4, rng=Seeded(0))
     return acct, s, ids
 
 
 def test_users_left_out_at_their_cap_are_named_in_what_the_guarantee_assumes() -> None:
     acct, s, ids = _capped()
     rel = acct.calibrate("ldp-score", dataset="app", scores=s, subjects=ids, alpha=0.1,
-                         epsilon=4, rng=random.Random(1))
+                         epsilon=4, rng=Seeded(1))
     over = rel.diagnostics["dropped_rows"]["subject_over_cap"]
     assert over == int((s > 0.7).sum())
     assert rel.assumes is not None and "per-subject cap" in rel.assumes
@@ -95,7 +95,7 @@ def test_the_cli_shows_it(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/l.sqlite"
     acct, s, ids = _capped(url)
     acct.calibrate("ldp-score", dataset="app", scores=s, subjects=ids, alpha=0.1, epsilon=4,
-                   rng=random.Random(1))
+                   rng=Seeded(1))
     out = CliRunner().invoke(main, ["--db-url", url, "release", "show", "2"])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())

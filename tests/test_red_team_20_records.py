@@ -100,3 +100,29 @@ def test_another_requesters_key_is_never_its_replay() -> None:
     with pytest.raises(InvalidInput, match="idempotency key 'batch' was already used"):
         acct.charge_subjects("d", LocalDP(eps0=1), ids,
                              requester="bob", idempotency_key="batch")
+
+
+def test_a_private_run_refuses_a_seeded_generator_before_the_charge() -> None:
+    """Red team 20, privacy F2: with ``rng=random.Random(1)`` (as the README's example had
+    it) P-COQS released one threshold when the substituted record was ≤ 0.9 and another
+    when ≥ 0.91, every time — the two neighbours told apart with certainty, beside a
+    recorded (3.54, 1e-6)-DP. Now refused, nothing charged; the CSPRNG and any
+    SystemRandom are taken; a non-private run still takes a seeded generator."""
+    import random
+    import secrets
+
+    acct, probs, labels = _ledger()
+    scores = np.random.default_rng(0).random(500)
+    for method, params in (("pcoqs", {"rho": 0.1}), ("exponq", {"epsilon": 0.5})):
+        with pytest.raises(InvalidInput, match="a private run needs noise no one can predict"):
+            acct.calibrate(method, dataset="d", alpha=0.1, scores=scores,
+                           rng=random.Random(1), **params)
+    with pytest.raises(InvalidInput, match="a private run needs noise no one can predict"):
+        acct.calibrate("ldp-label", dataset="d", alpha=0.1, epsilon=2, probs=probs,
+                       labels=labels, subjects=[f"u{i}" for i in range(200)],
+                       rng=random.Random(1))
+    assert acct.budget("d").charges == 0 and acct.releases("d") == []
+    acct.calibrate("pcoqs", dataset="d", alpha=0.1, rho=0.1, scores=scores,
+                   rng=secrets.SystemRandom())
+    acct.calibrate("split", dataset="d", alpha=0.1, scores=scores, rng=random.Random(1))
+    assert acct.budget("d").charges == 1 and len(acct.releases("d")) == 2

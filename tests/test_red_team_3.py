@@ -15,7 +15,6 @@ used to record a false guarantee or overspend a budget; it passes when the attac
 from __future__ import annotations
 
 import decimal
-import random
 from decimal import Decimal
 from typing import Any
 
@@ -31,6 +30,7 @@ from privcal.cli import main
 from privcal.costs import ZCDP, LocalDP, PureDP
 from privcal.errors import AuditFailed, BudgetRefused, InvalidInput
 from privcal.storage.models import MAX_SUBJECT_UNITS, cap_units, spend_units, units_eps
+from tests.seeded import Seeded
 
 
 def _written(acct: Any) -> tuple[int, int, int, int]:
@@ -89,7 +89,7 @@ def test_local_dp_without_subject_ids_is_refused(accountant: Any, method: str) -
     # with the ids, one person keeps one key across runs, in any row
     users = [f"user-{i}" for i in range(3000)]
     accountant.calibrate(method, dataset="d", alpha=0.1, epsilon=2, subjects=users,
-                         rng=random.Random(0), **data)
+                         rng=Seeded(0), **data)
     assert accountant.subject_spend("d", "user-5") == 2
     moved = users[::-1]  # the same people, in another order: each is at the cap
     if method == "ldp-label":
@@ -137,7 +137,7 @@ def test_a_federated_run_charges_its_agents_not_other_subject_ids(accountant: An
     assert accountant.subject_spend("d", "alice") == 0
     # without subject ids (or with the agent ids) each agent is charged once
     rel = accountant.run(cal, params, CalibrationInput(scores=scores, agents=agents),
-                         dataset="d", rng=random.Random(0))
+                         dataset="d", rng=Seeded(0))
     assert rel.shape["group_sizes"] == [200] * 5
     assert [accountant.subject_spend("d", f"agent{j}") for j in range(5)] == [10] * 5
     with pytest.raises(BudgetRefused, match="subjects"):  # every agent is at its cap now

@@ -31,6 +31,7 @@ from privcal.accountant.releases import record_release
 from privcal.costs import ZCDP, LocalDP
 from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.audit import release_doc
+from tests.seeded import Seeded
 
 _pg = pytest.mark.parametrize("ledger_url", [pytest.param("postgresql",
                                                           marks=pytest.mark.postgres)],
@@ -48,7 +49,7 @@ def _genuine(acct: Any, cap: str = "0.2") -> Any:
     acct.create_dataset("d", rho=cap)
     return acct.calibrate("pcoqs", {"alpha": 0.1, "rho": 0.1}, dataset="d",
                           scores=np.random.default_rng(0).uniform(size=3000),
-                          rng=random.Random(0))
+                          rng=Seeded(0))
 
 
 def _fields(r: Any, **change: Any) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def test_record_release_refuses_a_local_release_charged_a_smaller_eps0(accountan
     acct.create_dataset("l", rho=1, subject_epsilon=10)
     scores = np.random.default_rng(1).random(2000)
     ls = acct.calibrate("ldp-score", dataset="l", scores=scores, alpha=0.1, epsilon=2,
-                        subjects=[f"u{i}" for i in range(2000)], rng=random.Random(0))
+                        subjects=[f"u{i}" for i in range(2000)], rng=Seeded(0))
     small = acct.charge_subjects("l", LocalDP(eps0="0.5"), ["x", "y"]).charge_id
     central = acct.charge("l", ZCDP(rho="0.5")).charge_id
     with pytest.raises(InvalidInput, match=r"costs ε0 = 2 per subject, but charge .* ε0 = 0\.5"):
@@ -163,7 +164,7 @@ def test_every_kind_of_release_privcal_writes_is_paid_for(accountant: Any) -> No
     s = np.random.default_rng(5).random(4000)
     users = [f"u{i}" for i in range(4000)]
     sh = acct.calibrate("ldp-score", dataset="a", scores=s, alpha=0.1, epsilon=2,
-                        subjects=users, shuffled=True, rng=random.Random(0))
+                        subjects=users, shuffled=True, rng=Seeded(0))
     assert len(sh.charge_ids) == 2 and "central_cost" in sh.privacy
     info = S.open_session(acct, "ldp-score", dataset="a", alpha=0.2, epsilon=1.0, rounds=2,
                           group_size=3)

@@ -31,6 +31,7 @@ from privcal.calibrators.scores import label_scores
 from privcal.costs import PureDP
 from privcal.errors import InvalidInput
 from tests.cli_env import CliEnv
+from tests.seeded import Seeded
 
 
 def _written(acct: Any) -> tuple[int, ...]:
@@ -61,13 +62,13 @@ def test_precomputed_scores_record_the_named_score_with_every_option(accountant:
     acct = accountant
     acct.create_dataset("d", rho=1, allow_nonprivate=True)
     p, y = _cls(0, 600)
-    s = label_scores("raps", p[:300], y[:300], rng=random.Random(1), lam=0.0)
+    s = label_scores("raps", p[:300], y[:300], rng=Seeded(1), lam=0.0)
     rel = acct.calibrate("split", dataset="d", scores=s, score="raps",
                          score_options={"lam": 0.0}, alpha=0.1)
     assert rel.diagnostics["score"] == {"name": "raps", "options": RAPS0}
     # predict uses those options (λ = 0), not raps' defaults (λ = 0.01, k_reg = 5)
-    got = rel.predict_set(p[300:], rng=random.Random(7))
-    want = prediction_sets("raps", p[300:], rel.threshold, rng=random.Random(7), **RAPS0)
+    got = rel.predict_set(p[300:], rng=Seeded(7))
+    want = prediction_sets("raps", p[300:], rel.threshold, rng=Seeded(7), **RAPS0)
     assert np.array_equal(got, want)
     with pytest.raises(InvalidInput, match="calibrated on score 'raps', not 'aps'"):
         rel.predict_set(p[300:], score_name="aps")
@@ -95,7 +96,7 @@ def test_cli_precomputed_scores_record_the_score_and_predict_uses_it(ledger_url:
     env = _env(ledger_url, tmp_path)
     assert env.run("dataset", "create", "d", "--rho", "1", "--allow-nonprivate").exit_code == 0
     p, y = _cls(1, 600)
-    np.save(env.f("s.npy"), label_scores("raps", p[:300], y[:300], rng=random.Random(2),
+    np.save(env.f("s.npy"), label_scores("raps", p[:300], y[:300], rng=Seeded(2),
                                          lam=0.0))
     np.save(env.f("p.npy"), p[300:])
     doc = env.json("calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--scores",
@@ -113,7 +114,7 @@ def test_ldp_label_refuses_score_options_it_would_not_use(accountant: Any) -> No
     acct.create_dataset("l", epsilon=100, subject_epsilon=100)
     p, y = _cls(2, 400, k=3)
     kw = dict(dataset="l", probs=p, labels=y, score="raps", alpha=0.1, epsilon=4.0,
-              subjects=[f"x{i}" for i in range(400)], rng=random.Random(0))
+              subjects=[f"x{i}" for i in range(400)], rng=Seeded(0))
     before = _written(acct)
     with pytest.raises(InvalidInput, match=r"ldp-label .*default options"):
         acct.calibrate("ldp-label", score_options={"lam": 0.7, "k_reg": 0}, **kw)
@@ -202,7 +203,7 @@ def test_the_estimators_several_level_sets_are_nested(accountant: Any) -> None:
     acct.create_dataset("d", rho=1, allow_nonprivate=True)
     p, y = _cls(5, 4000, k=3)
     rel = acct.calibrate("split", dataset="d", probs=p[:1000], labels=y[:1000], score="aps",
-                         alpha=[0.1, 0.15], rng=random.Random(0))
+                         alpha=[0.1, 0.15], rng=Seeded(0))
 
     class Identity:
         classes_ = np.arange(3)

@@ -32,6 +32,7 @@ from privcal.accountant.sessions import open_session
 from privcal.calibrators.base import numpy_rng
 from privcal.client import krr_many
 from privcal.errors import BudgetRefused, InvalidInput
+from tests.seeded import Seeded
 
 NAMES = np.array(["cat", "dog", "bird"])
 
@@ -83,7 +84,7 @@ def test_estimator_ldp_label_randomizes_the_true_labels(accountant: Accountant) 
     for seed in (1, 2):
         clf = PrivateConformalClassifier(Softmax(), method="ldp-label", confidence_level=0.9,
                                          accountant=rec, dataset="d", epsilon=eps,
-                                         rng=random.Random(seed))
+                                         rng=Seeded(seed))
         clf.conformalize(X, y, subjects=[f"s{seed}-{i}" for i in range(n)])
         thresholds.append(clf.release_.threshold)
         assert clf.release_.privacy["statement"].startswith("2-local DP")
@@ -102,7 +103,7 @@ def test_estimator_takes_labels_the_devices_randomized(accountant: Accountant) -
     X, y = _class_data(1500, seed=3)
     rec = Recording(accountant)
     clf = PrivateConformalClassifier(Softmax(), method="ldp-label", accountant=rec,
-                                     dataset="d", epsilon=2, rng=random.Random(0))
+                                     dataset="d", epsilon=2, rng=Seeded(0))
     clf.conformalize(X, y, subjects=[f"u{i}" for i in range(1500)], labels_randomized=True)
     np.testing.assert_array_equal(NAMES[rec.labels[0]], y)  # used as they are
     before = _state(accountant)
@@ -148,7 +149,7 @@ def test_private_method_never_reads_class_names_from_labels(accountant: Accounta
     lab = labels.copy()
     lab[0] = "bird"
     rel = accountant.calibrate(method, dataset="d", probs=probs, labels=lab, alpha=0.1,
-                               classes=["bird", "cat", "dog"], rng=random.Random(1), **extra,
+                               classes=["bird", "cat", "dog"], rng=Seeded(1), **extra,
                                **subjects)
     assert rel.classes == ["bird", "cat", "dog"]
 
@@ -183,7 +184,7 @@ def test_estimator_passes_the_model_classes(accountant: Accountant) -> None:
     accountant.create_dataset("d", rho=1)
     X, y = _class_data(800, seed=4)
     clf = PrivateConformalClassifier(Softmax(), method="pcoqs", accountant=accountant,
-                                     dataset="d", rho=0.1, rng=random.Random(0))
+                                     dataset="d", rho=0.1, rng=Seeded(0))
     clf.conformalize(X, y)
     assert clf.release_.classes == list(NAMES)
 
@@ -206,10 +207,10 @@ def test_dry_run_prices_the_shuffled_central_cost(accountant: Accountant, cap: s
     if not allowed:
         assert dry.remaining_after is None and "budget refused" in dry.reason
         with pytest.raises(BudgetRefused):
-            C.calibrate(accountant, "ldp-score", params, rng=random.Random(0), **kw)
+            C.calibrate(accountant, "ldp-score", params, rng=Seeded(0), **kw)
         assert _state(accountant, "s") == before
         return
-    rel = C.calibrate(accountant, "ldp-score", params, rng=random.Random(0), **kw)
+    rel = C.calibrate(accountant, "ldp-score", params, rng=Seeded(0), **kw)
     assert rel.privacy["central_cost"] == central  # priced as charged
     assert accountant.budget("s").remaining == dry.remaining_after
 
@@ -224,7 +225,7 @@ def test_dry_run_of_label_groups_by_class_name(accountant: Accountant) -> None:
                           "public_groups": True}
     dry = C.dry_run(accountant, "pcoqs", {"alpha": 0.1, "rho": 0.1}, **kw)
     assert dry.allowed and dry.cost == {"kind": "zcdp", "rho": "0.1"}
-    rel = C.calibrate(accountant, "pcoqs", {"alpha": 0.1, "rho": 0.1}, rng=random.Random(0),
+    rel = C.calibrate(accountant, "pcoqs", {"alpha": 0.1, "rho": 0.1}, rng=Seeded(0),
                       **kw)
     assert rel.method == "mondrian:pcoqs"
     assert accountant.budget("d").remaining == dry.remaining_after
@@ -264,7 +265,7 @@ def test_edge_numbers_are_one_line_errors_in_run_and_dry_run(
     with pytest.raises(InvalidInput) as dry:
         C.dry_run(accountant, method, params, dataset="d", **inputs)
     with pytest.raises(InvalidInput) as run:
-        C.calibrate(accountant, method, params, dataset="d", rng=random.Random(0), **inputs)
+        C.calibrate(accountant, method, params, dataset="d", rng=Seeded(0), **inputs)
     assert str(dry.value) == str(run.value)  # the dry run refuses what the run refuses
     assert "\n" not in str(run.value)
     assert _state(accountant) == before

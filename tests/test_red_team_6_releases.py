@@ -5,7 +5,6 @@ files checked for internal consistency on load, and a device list with a byte-or
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from privcal.calibrators.prediction_sets import set_labels
 from privcal.cli import main
 from privcal.costs import ZCDP
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 
 def _data(n: int = 1500, k: int = 3, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +42,7 @@ def test_audit_report_cli_and_service_list_a_several_level_release(accountant: A
     accountant.create_dataset("a", rho=1)
     probs, y = _data(600)
     accountant.calibrate("pcoqs", dataset="a", alpha=[0.1, 0.2], rho=0.1, probs=probs,
-                         labels=y, score="lac", rng=random.Random(1))
+                         labels=y, score="lac", rng=Seeded(1))
     rep = audit_report(accountant, "a")[0]
     assert rep.releases[0].alpha == [0.1, 0.2]
     human = CliRunner().invoke(main, ["--db-url", ledger_url, "audit", "report"])
@@ -74,7 +74,7 @@ def test_mondrian_several_levels_states_every_level_and_old_releases_verify(
     probs, y = _data()
     rel = accountant.calibrate("pcoqs", dataset="m", alpha=[0.1, 0.2], rho=0.5, probs=probs,
                                labels=y, score="lac", mondrian="label", public_groups=True,
-                               rng=random.Random(2))
+                               rng=Seeded(2))
     cov = rel.coverage
     rows = rel.thresholds()
     low = {a: min(r["lower"] for r in rows if r["alpha"] == a) for a in (0.1, 0.2)}
@@ -133,10 +133,10 @@ def test_release_load_refuses_an_inconsistent_file(accountant: Any, tmp_path: Pa
                                  classes=["a", "b", "c"], score="lac")
     levels = accountant.calibrate("pcoqs", dataset="d", alpha=[0.1, 0.2], rho=0.5,
                                   probs=probs, labels=y, classes=["a", "b", "c"], score="lac",
-                                  rng=random.Random(1))
+                                  rng=Seeded(1))
     mond = accountant.calibrate("pcoqs", dataset="d", alpha=[0.1, 0.2], rho=0.5, probs=probs,
                                 labels=y, classes=["a", "b", "c"], score="lac",
-                                mondrian="label", public_groups=True, rng=random.Random(2))
+                                mondrian="label", public_groups=True, rng=Seeded(2))
     for rel in (plain, levels, mond):
         path = tmp_path / f"r{rel.id}.json"
         path.write_text(rel.model_dump_json())

@@ -11,7 +11,6 @@ the old wording: their older releases still verify, in their own wording.
 from __future__ import annotations
 
 import math
-import random
 import re
 from fractions import Fraction
 from typing import Any
@@ -24,6 +23,7 @@ from privcal.calibrators.base import DataShape
 from privcal.calibrators.pcoqs import PCOQS, PCOQSParams
 from privcal.calibrators.registry import get
 from privcal.costs import parse_cost
+from tests.seeded import Seeded
 
 NUM = r"([0-9][0-9.e+-]*)"
 
@@ -169,12 +169,12 @@ def test_old_releases_verify_in_their_wording_next_to_new_ones(accountant: Any) 
     acct.create_dataset("c", rho=100, allow_nonprivate=True)
     s = np.random.default_rng(0).random(3000)
     pc = acct.calibrate("pcoqs", dataset="c", scores=s, alpha=0.1, rho=1,
-                        failure_probability=1e-7, rng=random.Random(0))
+                        failure_probability=1e-7, rng=Seeded(0))
     assert pc.calibrator_version == "2.3.0"
     assert "has P(E) ≥ 0.999999 " in pc.coverage.statement
     assert pc.coverage.statement.startswith("0.9 ≤ P(Y ∈ C(X) | E) ≤ 0.916028,")
     lv = acct.calibrate("pcoqs", dataset="c", scores=s, alpha=[0.1, 0.2], rho=1,
-                        failure_probability=1e-7, rng=random.Random(1))
+                        failure_probability=1e-7, rng=Seeded(1))
     assert lv.calibrator_version == "1.2.0/2.3.0"
     assert "w.p. ≥ 0.999999" in lv.coverage.statement
     sp = acct.calibrate("split", dataset="c", scores=s, alpha=[0.1, 0.3333333])

@@ -24,6 +24,7 @@ from privcal.calibrators.fedplan import Fed2Plan, FedPlan
 from privcal.calibrators.participation import UNSELECTED_LABELS, UNSELECTED_SCORES
 from privcal.costs import LocalDP, parse_cost
 from privcal.errors import AuditFailed
+from tests.seeded import Seeded
 
 DEVICES = ("every device following the protocol (each report its randomizer's output on its "
            "own score; no Byzantine participants)")
@@ -70,7 +71,7 @@ def _releases(acct: Any) -> dict[str, Any]:
     acct.create_dataset("s", approx_epsilon=20, approx_delta=1e-5, delta=1e-7,
                         subject_epsilon=6)
     s = np.random.default_rng(2).beta(2, 5, 3000)
-    r = random.Random(0)
+    r = Seeded(0)
     out = {m: _fed_session(acct, m) for m in ("fedcp-qq", "fedcp2-qq")}
     out["ldp-score"] = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2,
                                       rng=r, subjects=[f"u{i}" for i in range(3000)])

@@ -20,6 +20,7 @@ from privcal.cli import main
 from privcal.errors import InvalidInput
 from privcal.storage.models import Charge
 from privcal.storage.sessions import CollectionSession
+from tests.seeded import Seeded
 
 
 def _state(acct: Accountant) -> tuple[Any, ...]:
@@ -217,7 +218,7 @@ def _local_releases(acct: Accountant) -> dict[str, Any]:
     from privcal.client import fedcp2_qq_message
 
     acct.create_dataset("z", rho=10, subject_epsilon=100)
-    r = random.Random(0)
+    r = Seeded(0)
     probs = np.random.default_rng(3).dirichlet(np.ones(4), 3000)
     labels = np.random.default_rng(4).integers(0, 4, 3000)
     out = {"ldp-label": acct.calibrate("ldp-label", dataset="z", probs=probs, labels=labels,

@@ -20,7 +20,6 @@ Every refusal is checked to leave every ledger table and the audit head as they 
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from sqlalchemy import text
 from privcal.calibrators import registry
 from privcal.calibrators.base import CalibrationInput
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 N = 200
 #: every table a run may write: a refused run must leave each exactly as it was
@@ -188,7 +188,7 @@ def test_malformed_input_through_run_is_refused_before_anything_is_charged(
         before = _ledger(acct)
         try:
             acct.run(cal, params, CalibrationInput(**change(good)), dataset="d",
-                     rng=random.Random(0))
+                     rng=Seeded(0))
         except InvalidInput as exc:
             if re.search(msg, str(exc)) is None or "\n" in str(exc):
                 problems.append(f"{kind}: message {str(exc)!r}")
@@ -199,7 +199,7 @@ def test_malformed_input_through_run_is_refused_before_anything_is_charged(
         if _ledger(acct) != before:
             problems.append(f"{kind}: the ledger changed")
     assert problems == []
-    rel = acct.run(cal, params, CalibrationInput(**good), dataset="d", rng=random.Random(0))
+    rel = acct.run(cal, params, CalibrationInput(**good), dataset="d", rng=Seeded(0))
     assert [r.id for r in acct.releases("d")] == [rel.id]
     nonprivate = method == "fedcp-qq" or method.split(":")[-1] == "split"
     assert acct.budget("d").charges == (0 if nonprivate else 1)
@@ -217,7 +217,7 @@ def test_a_refused_run_leaves_every_subject_its_budget(accountant: Any, method: 
     cal = registry.get(method).calibrator
     with pytest.raises(InvalidInput):
         acct.run(cal, params, CalibrationInput(**bad), dataset="d")
-    acct.run(cal, params, CalibrationInput(**good), dataset="d", rng=random.Random(0))
+    acct.run(cal, params, CalibrationInput(**good), dataset="d", rng=Seeded(0))
     with acct.ledger.engine.connect() as c:
         charges = c.execute(text("SELECT scope, subjects_accepted FROM charges")).all()
     assert [(s, int(k)) for s, k in charges] == [("subjects", 4 if method == "fedcp2-qq"
@@ -254,7 +254,7 @@ def test_a_group_column_never_replaces_the_agents_sizes(accountant: Any, method:
         acct.run(registry.get(method).calibrator, params,
                  CalibrationInput(**good, groups=GROUPS, group_count=2), dataset="d")
     rel = acct.run(registry.get(method).calibrator, params, CalibrationInput(**good),
-                   dataset="d", rng=random.Random(0))
+                   dataset="d", rng=Seeded(0))
     assert rel.shape["group_sizes"] == [50] * 4 and rel.coverage.details["m"] == 4
 
 
@@ -267,9 +267,9 @@ def test_a_list_is_read_as_its_array(accountant: Any, method: str) -> None:
     params, good = METHODS[method]
     cal = registry.get(method).calibrator
     as_list = acct.run(cal, params, CalibrationInput(**{**good, "scores": list(SCORES)}),
-                       dataset="d", rng=random.Random(3))
+                       dataset="d", rng=Seeded(3))
     as_array = acct.run(cal, params, CalibrationInput(**good), dataset="d",
-                        rng=random.Random(3))
+                        rng=Seeded(3))
     assert (as_list.threshold, as_list.shape) == (as_array.threshold, as_array.shape)
 
 

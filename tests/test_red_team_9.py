@@ -12,6 +12,7 @@ from sqlalchemy import text
 from privcal import Accountant, Ledger
 from privcal.costs import ZCDP
 from privcal.errors import BudgetRefused, InvalidInput, LedgerError
+from tests.seeded import Seeded
 
 
 def _revision(ledger: Ledger) -> str:
@@ -129,7 +130,6 @@ def test_a_group_too_small_to_run_has_its_bound_at_every_level(method: str) -> N
     ``evaluate`` called every such release "BELOW and inconsistent" (a coverage of 1.0
     a failure). Its recorded bound (1: +inf covers) holds at every level now."""
     import math
-    import random
 
     import numpy as np
 
@@ -142,7 +142,7 @@ def test_a_group_too_small_to_run_has_its_bound_at_every_level(method: str) -> N
     kw = {"rho": 0.5} if method == "pcoqs" else {}
     rel = acct.calibrate(method, dataset="d", probs=probs, labels=labels, score="lac",
                          alpha=[0.1, 0.2], groups=site, public_groups=True,
-                         rng=random.Random(1), **kw)
+                         rng=Seeded(1), **kw)
     tiny = [r for r in rel.thresholds() if r["group"] == "tiny"]
     assert [(r["alpha"], r["threshold"], r["lower"]) for r in tiny] == [
         (0.1, math.inf, 1.0), (0.2, math.inf, 1.0)]
@@ -196,7 +196,7 @@ def test_a_marginal_guarantee_is_not_called_contradicted_by_one_release() -> Non
     assert "marginal" in ev.note
     ldp = acct.calibrate("ldp-label", dataset="d", probs=test[:2000], labels=y[:2000],
                          subjects=np.arange(2000), alpha=0.1, epsilon=2,
-                         rng=__import__("random").Random(3))
+                         rng=Seeded(3))
     assert not is_marginal(ldp.coverage)
     sets = np.zeros((100, 3), dtype=bool)
     sets[:, 0] = True

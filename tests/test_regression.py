@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from privcal import Accountant, InvalidInput, Release
 from privcal.calibrators.intervals import evaluate_intervals
 from privcal.calibrators.score_range import OUTSIDE_RANGE, parse_score_range
 from privcal.calibrators.scores import label_scores, regression_scores, score_interval
+from tests.seeded import Seeded
 
 
 def _data(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +72,7 @@ def test_absolute_release_gives_intervals_and_records_its_range(
     f, y = _data(1, 3000)
     ranged = {} if method == "split" else {"score_range": (0, 6)}
     rel = accountant.calibrate(method, dataset="d", preds=f[:2000], targets=y[:2000],
-                               score="absolute", alpha=0.1, rng=random.Random(3),
+                               score="absolute", alpha=0.1, rng=Seeded(3),
                                **ranged, **cost)  # fmt: skip
     assert rel.diagnostics["score"] == {"name": "absolute", "options": {}}
     if method == "split":
@@ -100,7 +100,7 @@ def test_cqr_release_and_the_method_default_range_is_recorded(accountant: Accoun
     lo, hi = f - 0.5, f + 0.5
     rel = accountant.calibrate("pcoqs", dataset="d", lower_preds=lo, upper_preds=hi,
                                targets=y, score="cqr", alpha=0.2, rho=1.0,
-                               rng=random.Random(0))  # fmt: skip
+                               rng=Seeded(0))  # fmt: skip
     rec = rel.diagnostics["score_range"]
     assert (rec["lower"], rec["upper"], rec["source"]) == (0.0, 1.0, "method default")
     iv = rel.predict_interval(lower_preds=lo[:5], upper_preds=hi[:5])
@@ -121,7 +121,7 @@ def test_an_infinite_threshold_gives_infinite_intervals_counted_and_said(
     f, y = _data(3, 1000)
     rel = accountant.calibrate("pcoqs", dataset="d", preds=f, targets=y, score="absolute",
                                alpha=0.1, rho=1.0, score_range=(0, 0.01), tol=1e-4,
-                               rng=random.Random(0))  # fmt: skip
+                               rng=Seeded(0))  # fmt: skip
     assert rel.threshold == math.inf
     iv = rel.predict_interval(f[:4])
     assert (iv[:, 0] == -math.inf).all() and (iv[:, 1] == math.inf).all()
@@ -203,12 +203,12 @@ def test_federated_and_local_methods_take_regression_scores(accountant: Accounta
     assert math.isfinite(rel.threshold) and rel.diagnostics["score"]["name"] == "absolute"
     rel2 = accountant.calibrate("fedcp2-qq", dataset="d", preds=f, targets=y,
                                 score="absolute", agents=agents, alpha=0.1, epsilon=5.0,
-                                score_range="0,6", rng=random.Random(0))  # fmt: skip
+                                score_range="0,6", rng=Seeded(0))  # fmt: skip
     assert rel2.diagnostics["score_range"]["upper"] == 6.0 and rel2.params["upper"] == 6.0
     assert rel2.predict_interval(f[:2]).shape == (2, 2)
     rel3 = accountant.calibrate("ldp-score", dataset="d", preds=f, targets=y, score="absolute",
                                 alpha=0.1, epsilon=2.0, score_range=(0, 6),
-                                rng=random.Random(0),
+                                rng=Seeded(0),
                                 subjects=[f"u{i}" for i in range(4000)])  # fmt: skip
     assert rel3.diagnostics["score_range"]["source"] == "score_range"
     assert rel3.predict_interval(f[:2]).shape == (2, 2)
@@ -249,11 +249,11 @@ def test_saved_release_loads_in_a_fresh_process_with_identical_intervals(
     f, y = _data(7, 1500)
     rel = accountant.calibrate("pcoqs", dataset="d", preds=f[:1000], targets=y[:1000],
                                score="absolute", alpha=0.1, rho=1.0, score_range=(0, 6),
-                               rng=random.Random(0))  # fmt: skip
+                               rng=Seeded(0))  # fmt: skip
     inf_rel = accountant.calibrate("pcoqs", dataset="d", preds=f[:1000], targets=y[:1000],
                                    score="absolute", alpha=0.1, rho=1.0,
                                    score_range=(0, 0.01), tol=1e-4,
-                                   rng=random.Random(0))  # fmt: skip
+                                   rng=Seeded(0))  # fmt: skip
     assert inf_rel.threshold == math.inf
     np.save(tmp_path / "f.npy", f[1000:])
     for i, r in enumerate((rel, inf_rel)):

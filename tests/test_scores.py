@@ -14,6 +14,7 @@ from privcal.calibrators.base import numpy_rng
 from privcal.calibrators.prediction_sets import prediction_sets, regression_interval
 from privcal.calibrators.scores import SCORES, all_class_scores, label_scores
 from privcal.errors import InvalidInput
+from tests.seeded import Seeded
 
 
 def _probs(n: int, k: int, seed: int, ties: bool = False) -> np.ndarray:
@@ -49,7 +50,7 @@ def _naive(name: str, p: np.ndarray, u: np.ndarray, lam: float = 0.01, k_reg: in
 def test_all_class_scores_match_formula(name, ties):
     p = _probs(200, 7, seed=1, ties=ties)
     opts = {"lam": 0.2, "k_reg": 2} if name == "raps" else {}
-    got = all_class_scores(name, p, rng=random.Random(5), **opts)
+    got = all_class_scores(name, p, rng=Seeded(5), **opts)
     # the same u the implementation draws: one numpy_rng(rng).random(n) per call
     u = numpy_rng(random.Random(5)).random(200) if name != "lac" else np.ones(200)
     want = _naive(name, p, u, **opts)
@@ -73,7 +74,7 @@ def test_aps_nonrandomized_is_u_equal_one_and_shared_u_per_row():
     s1 = all_class_scores("aps", p, randomized=False)
     np.testing.assert_allclose(s1, _naive("aps", p, np.ones(50)), atol=1e-12)
     # randomized: score − (mass above) is u·p_y with the same u for every class of a row
-    s = all_class_scores("aps", p, rng=random.Random(3))
+    s = all_class_scores("aps", p, rng=Seeded(3))
     u_hat = (s - (s1 - p)) / p
     np.testing.assert_allclose(u_hat, np.repeat(u_hat[:, :1], 5, axis=1), atol=1e-9)
     assert 0 <= u_hat.min() and u_hat.max() <= 1
@@ -84,8 +85,8 @@ def test_label_scores_equal_gathered_class_scores():
     p = _probs(300, 4, seed=3)
     y = np.random.default_rng(4).integers(0, 4, 300)
     for name in ("lac", "aps", "raps"):
-        full = all_class_scores(name, p, rng=random.Random(9))
-        lab = label_scores(name, p, y, rng=random.Random(9))
+        full = all_class_scores(name, p, rng=Seeded(9))
+        lab = label_scores(name, p, y, rng=Seeded(9))
         np.testing.assert_array_equal(lab, full[np.arange(300), y])
 
 
@@ -102,8 +103,8 @@ def test_prediction_sets_threshold_semantics():
         prediction_sets("lac", p, math.nan)
     # a calibration score equal to the threshold is in its own set (≤, bit-identical scores)
     y = np.random.default_rng(6).integers(0, 6, 100)
-    lab = label_scores("aps", p, y, rng=random.Random(1))
-    sets = prediction_sets("aps", p, float(lab[17]), rng=random.Random(1))
+    lab = label_scores("aps", p, y, rng=Seeded(1))
+    sets = prediction_sets("aps", p, float(lab[17]), rng=Seeded(1))
     assert sets[17, y[17]]
 
 

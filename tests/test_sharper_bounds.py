@@ -52,6 +52,7 @@ from privcal.calibrators.tail_bounds import (
     discrete_gaussian_tail,
 )
 from privcal.costs import LocalDP, parse_cost
+from tests.seeded import Seeded
 
 TEST_LEVEL = 1e-4
 
@@ -183,7 +184,7 @@ def test_old_releases_verify_by_their_own_formula(ledger_url: str) -> None:
     acct = Accountant(Ledger(ledger_url))
     acct.create_dataset("z", rho=10, subject_epsilon=100)
     s = np.random.default_rng(2).beta(2, 5, 3000)
-    r = random.Random(0)
+    r = Seeded(0)
     pc = acct.calibrate("pcoqs", dataset="z", scores=s, alpha=0.1, rho=0.5, rng=r)
     users = [f"u{i}" for i in range(3000)]
     ls = acct.calibrate("ldp-score", dataset="z", scores=s, alpha=0.1, epsilon=2, rng=r,

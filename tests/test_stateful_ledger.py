@@ -84,6 +84,7 @@ from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, fixed_context
 from privcal.errors import AlreadyExists, BudgetRefused, InvalidInput, NotFound, PrivcalError
 from privcal.storage import Ledger
 from privcal.storage.models import Charge, ReleaseRow
+from tests.seeded import Seeded
 
 Q = 10 ** 12  # amounts are stored with 12 decimal places (privcal.accountant.normalize)
 ONE_Q = Fraction(1, Q)
@@ -739,11 +740,11 @@ class LedgerMachine(RuleBasedStateMachine):
             if keyed == "other":
                 with pytest.raises(InvalidInput, match="idempotency key"):
                     acct.calibrate(method, dataset=m.name, scores=_scores(sd), alpha=al,
-                                   idempotency_key=key, rng=random.Random(sd), **kw)
+                                   idempotency_key=key, rng=Seeded(sd), **kw)
                 self._unchanged(before, "a calibration under a reused key")
                 return
             rel = acct.calibrate(method, dataset=m.name, scores=_scores(sd), alpha=al,
-                                 idempotency_key=key, rng=random.Random(sd), **kw)
+                                 idempotency_key=key, rng=Seeded(sd), **kw)
             event(f"calibrate: replayed {method}")
             assert rel.id == use.release_id
             assert rel == use.receipt, "a replayed calibration returned another release"
@@ -779,7 +780,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert frac(dry.remaining_after[unit]) == left - spent, (dry, left, spent)
         try:
             rel = acct.calibrate(method, dataset=m.name, scores=_scores(data_seed), alpha=alpha,
-                                 idempotency_key=key, rng=random.Random(data_seed), **kw)
+                                 idempotency_key=key, rng=Seeded(data_seed), **kw)
         except BudgetRefused:
             event(f"calibrate: refused {method} on {m.notion}")
             assert expect in (False, "over", "edge"), f"refused {method} {kw} on {m}"
@@ -845,7 +846,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 acct.calibrate("no-such-method", dataset=m.name, scores=_scores(0), alpha=0.1)
             else:
                 acct.calibrate("exponq", dataset=m.name, scores=_scores(0), alpha=0.1,
-                               epsilon=bad if bad != 0 else -1, rng=random.Random(0))
+                               epsilon=bad if bad != 0 else -1, rng=Seeded(0))
         self._unchanged(before, f"a refused operation ({op}, {bad!r})")
 
     @precondition(lambda self: bool(self.ds))
@@ -981,7 +982,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 barrier.wait(timeout=30)
                 res[i] = self.accts[i].calibrate("pcoqs", dataset=m.name, scores=_scores(1),
                                                  alpha=0.1, rho=rho, idempotency_key=key,
-                                                 rng=random.Random(i))
+                                                 rng=Seeded(i))
             except BaseException as exc:  # reported below
                 res[i] = exc
 

@@ -6,7 +6,6 @@ with nothing charged."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from sqlalchemy import text
 from privcal import Accountant
 from privcal.cli import main
 from privcal.errors import AuditFailed, InvalidInput
+from tests.seeded import Seeded
 
 NAMES = ["cat", "dog", "bird"]  # column order: deliberately not sorted
 
@@ -42,9 +42,9 @@ def test_string_labels_api_end_to_end(accountant: Accountant) -> None:
     probs, y = _data()
     names = np.array(NAMES)[y]  # numpy str array
     a = accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=names, score="lac",
-                             classes=NAMES, alpha=0.1, rho=0.2, rng=random.Random(4))
+                             classes=NAMES, alpha=0.1, rho=0.2, rng=Seeded(4))
     b = accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=y, score="lac",
-                             alpha=0.1, rho=0.2, rng=random.Random(4))
+                             alpha=0.1, rho=0.2, rng=Seeded(4))
     # names map to the columns they name: the same data, the same release
     assert a.threshold == b.threshold
     assert a.classes == NAMES and b.classes is None
@@ -70,7 +70,7 @@ def test_sorted_names_fallback_only_when_all_classes_appear(accountant: Accounta
     probs, y = _data()
     labels = np.array(["a", "b", "c"], dtype=object)[y]
     rel = accountant.calibrate("split", dataset="d", probs=probs, labels=labels, score="lac",
-                               alpha=0.1, rng=random.Random(1))
+                               alpha=0.1, rng=Seeded(1))
     assert rel.classes == ["a", "b", "c"]
     before = _state(accountant)
     two = np.where(y == 2, "a", labels)  # only 2 of the 3 classes appear: no safe guess
@@ -118,9 +118,9 @@ def test_class_names_survive_audit_verify(accountant: Accountant) -> None:
     probs, y = _data()
     names = np.array(NAMES)[y]
     a = accountant.calibrate("pcoqs", dataset="d", probs=probs, labels=names, score="lac",
-                             classes=NAMES, alpha=0.1, rho=0.2, rng=random.Random(2))
+                             classes=NAMES, alpha=0.1, rho=0.2, rng=Seeded(2))
     accountant.calibrate("ldp-label", dataset="d", probs=probs, labels=names, classes=NAMES,
-                         alpha=0.1, epsilon=2, k=3, rng=random.Random(2),
+                         alpha=0.1, epsilon=2, k=3, rng=Seeded(2),
                          subjects=[f"u{i}" for i in range(len(names))])
     report = accountant.verify()
     assert report.releases == 2

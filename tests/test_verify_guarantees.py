@@ -10,7 +10,6 @@ computes, and verify must fail (exit 4) naming the release.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from privcal import Accountant, AuditFailed, Ledger
 from privcal.calibrators import registry
 from privcal.cli import main
 from privcal.costs import ZCDP
+from tests.seeded import Seeded
 
 RNG = np.random.default_rng(5)
 SCORES = RNG.beta(2, 5, 600)
@@ -41,7 +41,7 @@ def filled(ledger_url: str) -> tuple[str, Accountant, dict[str, int]]:
     acct = Accountant(Ledger(ledger_url))
     acct.create_dataset("z", rho=10, subject_epsilon=100, allow_nonprivate=True)
     acct.create_dataset("a", approx_epsilon=5, approx_delta=1e-6, subject_epsilon=100)
-    r = random.Random(0)
+    r = Seeded(0)
     ids = {
         "pcoqs": acct.calibrate("pcoqs", dataset="z", scores=SCORES, alpha=0.1, rho=0.5, rng=r).id,
         "exponq": acct.calibrate("exponq", dataset="z", scores=SCORES, alpha=0.1, epsilon=1,
