@@ -82,9 +82,16 @@ class AuditFailed(PrivcalError):
 
 
 class SchemaOutOfDate(PrivcalError):
-    """The ledger's schema is older (or newer) than this version of privcal expects."""
+    """The ledger's schema is older (or newer) than this version of privcal expects.
+    ``public``: the message without the ledger's URL or file, for a remote client (as
+    :class:`LedgerError`'s; red team 20, service F4: the unauthenticated ``/readyz`` named
+    them)."""
 
     exit_code = 5
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public
 
 
 class Interrupted(PrivcalError):

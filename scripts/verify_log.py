@@ -74,27 +74,42 @@ class Failed(Exception):
 
 
 def check_chain(entries: list[dict[str, Any]]) -> str:
-    """The head ``SEQ:HASH`` of ``entries`` if they form a privcal log; else Failed."""
+    """The head ``SEQ:HASH`` of ``entries`` if they form a privcal log; else Failed — also
+    for an entry that is not of a privcal log's form (a payload that is not a JSON object's
+    text, a float or NaN in it, a hash that is not hex: the server is the party the auditor
+    does not trust, so each is a log that does not verify, not a crash: red team 20,
+    service F5)."""
     prev = GENESIS
     for i, e in enumerate(entries, start=1):
-        where = f"entry {e.get('seq')}"
-        if e.get("seq") != i:
-            raise Failed(f"{where}: expected entry {i} (an entry missing, or out of order)")
-        text = e["payload"]
-        doc = json.loads(text)
-        if jcs(doc) != text:
-            raise Failed(f"{where}: the payload is not RFC 8785 text")
-        if doc.get("seq") != i or doc.get("kind") != e.get("kind"):
-            raise Failed(f"{where}: the payload records seq {doc.get('seq')} kind "
-                         f"{doc.get('kind')!r}")
-        if bytes.fromhex(e["prev_hash"]) != prev:
-            raise Failed(f"{where}: prev_hash is not the previous entry's hash")
-        leaf = hashlib.sha256(b"\x00" + text.encode("utf-8")).digest()
-        h = hashlib.sha256(b"\x01" + prev + leaf).digest()
-        if h.hex() != e["entry_hash"]:
-            raise Failed(f"{where}: the hash does not match its payload")
-        prev = h
+        where = f"entry {e.get('seq') if isinstance(e, dict) else i}"
+        try:
+            prev = _check_entry(e, i, prev, where)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise Failed(f"{where}: not an entry of a privcal log ({type(exc).__name__}: "
+                         f"{(str(exc).splitlines() or [''])[0][:120]})") from None
     return f"{len(entries)}:{prev.hex()}"
+
+
+def _check_entry(e: dict[str, Any], i: int, prev: bytes, where: str) -> bytes:
+    """Entry ``i`` checked against the previous hash ``prev``; its own hash."""
+    if e.get("seq") != i:
+        raise Failed(f"{where}: expected entry {i} (an entry missing, or out of order)")
+    text = e["payload"]
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise Failed(f"{where}: the payload is not a JSON object")
+    if jcs(doc) != text:
+        raise Failed(f"{where}: the payload is not RFC 8785 text")
+    if doc.get("seq") != i or doc.get("kind") != e.get("kind"):
+        raise Failed(f"{where}: the payload records seq {doc.get('seq')} kind "
+                     f"{doc.get('kind')!r}")
+    if bytes.fromhex(e["prev_hash"]) != prev:
+        raise Failed(f"{where}: prev_hash is not the previous entry's hash")
+    leaf = hashlib.sha256(b"\x00" + text.encode("utf-8")).digest()
+    h = hashlib.sha256(b"\x01" + prev + leaf).digest()
+    if h.hex() != e["entry_hash"]:
+        raise Failed(f"{where}: the hash does not match its payload")
+    return h
 
 
 def check_head(entries: list[dict[str, Any]], seq: int, hash_hex: str, what: str) -> None:

@@ -126,3 +126,19 @@ def test_a_private_run_refuses_a_seeded_generator_before_the_charge() -> None:
                    rng=secrets.SystemRandom())
     acct.calibrate("split", dataset="d", alpha=0.1, scores=scores, rng=random.Random(1))
     assert acct.budget("d").charges == 1 and len(acct.releases("d")) == 2
+
+
+@pytest.mark.parametrize(("role", "binding", "said"), [
+    ("admin", {"session": 1}, "an admin token takes no session"),
+    ("auditor", {"datasets": ["d"]}, "an auditor token takes no dataset"),
+    ("device", {"datasets": ["d"], "session": 1, "subject": "s"},
+     "a device token takes no dataset"),
+])
+def test_a_roles_article_is_its_own(role: str, binding: dict[str, Any], said: str) -> None:
+    """Red team 20, service F6: "a admin token takes no session"."""
+    from privcal.storage.tokens import check_bindings
+
+    kw: dict[str, Any] = {"datasets": [], "session": None, "subject": None, "agent": None,
+                          **binding}
+    with pytest.raises(InvalidInput, match=f"^{said}$"):
+        check_bindings(role, **kw)

@@ -85,7 +85,7 @@ from typing import Any
 
 from privcal.client.memo import Memo, token_key
 from privcal.client.transport import ServiceError, check_options, positive_number, request
-from privcal.errors import InvalidInput, PlanRejected
+from privcal.errors import InvalidInput, PlanRejected, with_article
 
 __all__ = ["Agent", "Reporter", "ServiceError"]
 
@@ -144,7 +144,8 @@ class _Base:
         """``GET /v1/whoami``, read afresh; the session it is bound to is remembered."""
         who = dict(self._request("GET", "/v1/whoami").json())
         if who.get("session") is None:
-            raise InvalidInput(f"a {who.get('role')} token is not bound to a session")
+            raise InvalidInput(f"{with_article(str(who.get('role')))} token is not bound to a "
+                               "session")
         self._session = int(who["session"])
         return who
 

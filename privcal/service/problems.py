@@ -86,7 +86,7 @@ def problem_for(exc: PrivcalError) -> ProblemError:
             if isinstance(exc, BudgetRefused):
                 extra = {"scope": exc.scope, "asked": exc.asked, "remaining": exc.remaining}
             detail = str(exc)
-            if isinstance(exc, LedgerError):
+            if isinstance(exc, LedgerError | SchemaOutOfDate):
                 public = getattr(exc, "public", None)
                 if public is not None:
                     log.warning("ledger unavailable: %s", detail)

@@ -156,16 +156,15 @@ class LedgerSchema:
         (LedgerError for another application's database)."""
         cur, head = self.current(), self.head_revision()
         if cur is not None and cur != head and cur not in _scan()[0]:
-            raise SchemaOutOfDate(_foreign(self.url, cur))
+            raise SchemaOutOfDate(_foreign(self.url, cur), public=_foreign("", cur))
         if cur is None:
             self._refuse_other_tables()
         if cur != head:
             what = "without a privcal schema" if cur is None else f"at revision {cur}"
-            raise SchemaOutOfDate(
-                f"ledger {self.url} is {what}, this privcal needs revision {head}: "
-                "run `privcal db upgrade`" + ("" if cur is None else
-                                              " once every older privcal using it is stopped")
-            )
+            advice = (f"is {what}, this privcal needs revision {head}: run `privcal db "
+                      "upgrade`" + ("" if cur is None else
+                                    " once every older privcal using it is stopped"))
+            raise SchemaOutOfDate(f"ledger {self.url} {advice}", public=f"the ledger {advice}")
         return cur
 
     def upgrade(self, revision: str = "head", *, beside_other_tables: bool = False) -> str:
@@ -184,7 +183,7 @@ class LedgerSchema:
     def _upgrade(self, command: Any, revision: str, beside_other_tables: bool) -> str:
         cur = self.current()
         if cur is not None and cur not in _scan()[0]:
-            raise SchemaOutOfDate(_foreign(self.url, cur))
+            raise SchemaOutOfDate(_foreign(self.url, cur), public=_foreign("", cur))
         if cur is None and not beside_other_tables:
             self._refuse_other_tables()
         if cur is None and self._is_new_sqlite():  # e.g. made by `db current` before this fix
@@ -335,7 +334,9 @@ def _uri_file(database: Path) -> Path:
 def _foreign(url: str, revision: str) -> str:
     """The one-line refusal for a database at a revision no migration of this privcal
     names: a newer privcal wrote it, or another application's Alembic did (red team 5:
-    ``db upgrade`` was advised, and then failed with Alembic's traceback)."""
-    return (f"ledger {url} is at schema revision {revision!r}, which this privcal does not "
+    ``db upgrade`` was advised, and then failed with Alembic's traceback). ``url`` empty:
+    "the ledger", for a remote client."""
+    which = f"ledger {url}" if url else "the ledger"
+    return (f"{which} is at schema revision {revision!r}, which this privcal does not "
             "know: a newer privcal wrote it (upgrade privcal), or it is not a privcal ledger "
             "(another application's database: use another --db-url)")

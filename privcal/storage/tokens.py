@@ -37,7 +37,14 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, func, sele
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, invisible_char, utf8_problem
+from privcal.errors import (
+    BIDI_CONTROLS,
+    InvalidInput,
+    NotFound,
+    invisible_char,
+    utf8_problem,
+    with_article,
+)
 from privcal.storage.audit import now
 from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
@@ -197,7 +204,8 @@ def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
     given = {k for k, v in (("dataset", list(datasets)), ("session", session),
                             ("subject", subject), ("agent", agent)) if v not in (None, [])}
     if given - need:
-        raise InvalidInput(f"a {role} token takes no {', '.join(sorted(given - need))}")
+        raise InvalidInput(f"{with_article(role)} token takes no "
+                           f"{', '.join(sorted(given - need))}")
     if need - given:
         raise InvalidInput(f"{role} tokens need {', '.join(sorted(need - given))}")
 

@@ -89,3 +89,23 @@ def test_verify_answers_ok_false_for_a_value_of_the_wrong_form(live: Live, sql: 
         r = c.post("/v1/audit/verify", json={})
     assert r.status_code == 200, r.text
     assert r.json()["ok"] is False and "cannot read" in r.json()["error"]
+
+
+@pytest.mark.parametrize("revision", ["0005", "9999"])
+def test_readyz_names_no_ledger_file_when_the_schema_is_not_this_privcals(
+        live: Live, revision: str) -> None:
+    """Red team 20, service F4: the unauthenticated ``/readyz`` answered a stale (or
+    unknown) schema with the ledger's URL and file in its 503; it now says what to do
+    without them (the server's log has them)."""
+    import sqlite3
+
+    import httpx
+
+    path = live.ledger_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute("update alembic_version set version_num = ?", (revision,))
+    r = httpx.get(live.url + "/readyz", timeout=60)
+    assert r.status_code == 503, r.text
+    detail = r.json()["detail"]
+    assert "ledger.sqlite" not in detail and "sqlite:" not in detail and path not in detail
+    assert detail.startswith("the ledger") and revision in detail

@@ -116,3 +116,32 @@ def test_ordinary_mistakes_are_one_line(live: Live, tmp_path: Path,
         assert verify_log.main(argv) == 1, argv
         err = capsys.readouterr().err
         assert err.startswith(said) and err.count("\n") == 1, (argv, err)
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda e: e.__setitem__("payload", e["payload"].replace('"data":{', '"data":{"x":NaN,', 1)),
+     "not an entry of a privcal log (ValueError"),
+    (lambda e: e.__setitem__("payload", e["payload"].replace('"data":{', '"data":{"x":1.5,', 1)),
+     "not an entry of a privcal log (ValueError"),
+    (lambda e: e.__setitem__("payload", 5), "not an entry of a privcal log (TypeError"),
+    (lambda e: e.__setitem__("payload", "nope"), "not an entry of a privcal log (JSONDecodeError"),
+    (lambda e: e.__setitem__("prev_hash", "zz"), "not an entry of a privcal log (ValueError"),
+    (lambda e: e.__setitem__("payload", "[]"), "the payload is not a JSON object"),
+])
+def test_a_malformed_entry_is_a_log_that_does_not_verify(
+        live: Live, tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str],
+        edit: Any, said: str) -> None:
+    """Red team 20, service F5: an entry a dishonest server serves in a form no privcal log
+    has (NaN or a float in its payload, a payload that is not text or not an object, a
+    prev_hash that is not hex) ended the auditor's script in a traceback, exit 1; it is a
+    log that does not verify: FAILED naming the entry, exit 4."""
+    saved = tmp_path / "entries.json"
+    assert verify_log.main(["--url", live.url, "--token-file", str(token_file),
+                            "--save", str(saved)]) == 0
+    entries = json.loads(saved.read_text())
+    edit(entries[2])
+    saved.write_text(json.dumps(entries))
+    capsys.readouterr()
+    assert verify_log.main(["--entries", str(saved)]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("FAILED: entry 3: ") and said in err, err
