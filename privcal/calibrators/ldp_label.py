@@ -20,9 +20,9 @@ Review (issue 14.8)
   features are sent in the clear (``privacy["neighbouring"]``, ``local_statement``).
 - **Sensitivity**: not applicable (local randomizer): k-RR keeps the label
   w.p. e^ε/(e^ε+k−1), a likelihood ratio ≤ e^ε.
-- **Sampler**: the client's k-RR flips iff a 53-bit uniform from the OS CSPRNG is below
-  the computed flip probability raised by 4 ulps (``randomized_response``): at least the
-  exact probability, so the likelihood ratio is ≤ e^ε exactly; no noise in the aggregator.
+- **Sampler**: the client's label is replaced by a uniform one of k iff a 53-bit uniform from
+  the OS CSPRNG is below β raised by 4 ulps (``randomized_response``'s mixture form): at least
+  the exact β, so both likelihood ratios are ≤ e^ε exactly; no noise in the aggregator.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the users'
   responses, P(Y ∈ C(X)) ≥ 1−α (target 1−α+Δ_L) or ≥ 1−α−Δ_L (``nominal``); Δ_L: the
   proven one-sided DKW–Massart + McDiarmid slack (:func:`label_slack`; version 1's

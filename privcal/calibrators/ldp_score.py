@@ -36,11 +36,11 @@ Review (issue 14.8)
   Neighbouring relation: any two inputs of one subject (``privacy["neighbouring"]``).
 - **Sensitivity**: not applicable (local randomizer): one binary randomized
   response keeps the bit w.p. e^ε/(e^ε+1), a likelihood ratio ≤ e^ε.
-- **Sampler**: the client's bit flips iff a 53-bit uniform from the OS CSPRNG is
-  below the flip probability p (:mod:`~privcal.calibrators.mechanisms.randomized_response`):
-  p is the computed one raised by 4 ulps (it may lie up to that far below the exact
-  one), and the realised probability ⌈p·2⁵³⌉/2⁵³ is ≥ that, so at least the exact flip
-  probability: the likelihood ratio stays ≤ e^ε exactly; the simulated users of
+- **Sampler**: the client's bit is replaced by a fair coin iff a 53-bit uniform from the
+  OS CSPRNG is below γ = 2/(e^ε+1) (the mixture form of :mod:`~privcal.calibrators.
+  mechanisms.randomized_response`): γ is the computed one raised by 4 ulps, and the
+  realised probability ⌈γ·2⁵³⌉/2⁵³ is ≥ that, so at least the exact γ: the likelihood
+  ratio stays ≤ e^ε exactly, from both sides (red team 20); the simulated users of
   :func:`simulate` draw from a seeded generator and are a simulation of the clients, not
   a privacy mechanism.
 - **Coverage claim**: with probability ≥ 1−δ over the calibration data and the
