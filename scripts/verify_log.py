@@ -84,7 +84,7 @@ def check_chain(entries: list[dict[str, Any]]) -> str:
         where = f"entry {e.get('seq') if isinstance(e, dict) else i}"
         try:
             prev = _check_entry(e, i, prev, where)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise Failed(f"{where}: not an entry of a privcal log ({type(exc).__name__}: "
                          f"{(str(exc).splitlines() or [''])[0][:120]})") from None
     return f"{len(entries)}:{prev.hex()}"

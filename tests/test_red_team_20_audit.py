@@ -28,6 +28,11 @@ _TAMPERS = {
     "payload_not_utf8": ("update audit_log set payload=CAST(X'FF' AS TEXT) where seq=2",
                          "not UTF-8"),
     "name_not_utf8": ("update datasets set name=CAST(X'FF' AS TEXT)", "not UTF-8"),
+    # the review: JSON nested past Python's recursion limit (a RecursionError)
+    "params_deep": (f"update releases set params='{'[' * 100_000}{']' * 100_000}'",
+                    "cannot read"),
+    "payload_deep": (f"update audit_log set payload='{'[' * 100_000}{']' * 100_000}' "
+                     "where seq=2", "cannot read"),
 }
 
 
@@ -64,3 +69,32 @@ def test_the_honest_ledger_verifies(honest: Path) -> None:
     """The same ledger untouched: the check above is not of a ledger that never verifies."""
     res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{honest}", "audit", "verify"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_wrong_key_or_head_is_the_callers_error_not_an_edited_row(honest: Path,
+                                                                     tmp_path: Path) -> None:
+    """The review of red team 20: with the stored-value check around the whole verify, a
+    caller who passed the private key (or an RSA key, or 5) as the trusted key was told the
+    honest ledger had "a row edited outside privcal"; it is a one-line InvalidInput."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from privcal.accountant.verification import sign_head
+    from privcal.errors import InvalidInput
+    from privcal.storage.signing import generate_keypair
+
+    acct = Accountant(Ledger(f"sqlite:///{honest}"))
+    priv, pub, _ = generate_keypair(tmp_path / "k.key", None)
+    head = sign_head(acct, priv)
+    assert acct.verify(signed_head=head, trusted_key=pub).entries >= 1
+    private = serialization.load_pem_private_key(priv.read_bytes(), None)
+    wrong = [private, rsa.generate_private_key(public_exponent=65537,
+                                               key_size=2048).public_key(), 5, b"junk"]
+    for key in wrong:
+        with pytest.raises(InvalidInput, match="the trusted key must be an Ed25519 public"):
+            acct.verify(signed_head=head, trusted_key=key)
+    with pytest.raises(InvalidInput, match="is not a PEM public key"):  # the private file
+        acct.verify(signed_head=head, trusted_key=priv)
+    with pytest.raises(InvalidInput, match="a signed head is a file, its document"):
+        acct.verify(signed_head=5, trusted_key=pub)
+    acct.ledger.close()

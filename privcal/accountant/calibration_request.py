@@ -186,7 +186,7 @@ def label_score_options(score: str | None, options: dict[str, Any] | None,
     full = numeric_edge(f"score {score!r}")(score_options)(SCORES[score], opts)
     k_reg, lam = full.get("k_reg"), full.get("lam")
     if k_reg is not None and k_reg > MAX_K_REG:
-        raise InvalidInput(f"raps k_reg must be at most 2**53 − 1, got {k_reg!r:.40} (any k_reg ≥ "
+        raise InvalidInput(f"raps k_reg must be at most 2**53 − 1, got {k_reg:.6g} (any k_reg ≥ "
                            "the number of classes already adds no penalty)")
     k = pshape[1] if len(pshape) == 2 else None
     if lam is not None and k_reg is not None and k is not None \
@@ -261,19 +261,14 @@ def check_rng(rng: Any) -> None:
 
 def check_private_rng(cost: Any, rng: Any) -> None:
     """A private run (``cost`` not None) draws its noise from privcal's CSPRNG or another
-    :class:`random.SystemRandom`: a seeded ``random.Random`` makes the release a function of
-    the data that anyone who knows the seed can compute, with no privacy at all, while its
-    record would state one (red team 20, privacy F2: P-COQS with ``random.Random(1)`` told a
-    pair of neighbouring datasets apart every time against a recorded (3.54, 1e-6)-DP).
-    Refused before anything is charged; a non-private method may still take one."""
-    import random
+    :class:`random.SystemRandom` (:func:`~privcal.calibrators.base.unpredictable`: with
+    ``random.Random(1)`` P-COQS told a pair of neighbouring datasets apart every time beside
+    a recorded (3.54, 1e-6)-DP). Refused before anything is charged; a non-private method
+    may still take a seeded generator."""
+    from privcal.calibrators.base import unpredictable
 
-    if cost is not None and rng is not None and not isinstance(rng, random.SystemRandom):
-        raise InvalidInput(
-            f"rng: a private run needs noise no one can predict, and a {type(rng).__name__} "
-            "(random.Random(seed)) is predictable by whoever knows its seed — the release "
-            "would state a privacy guarantee it does not have; omit rng (privcal's CSPRNG) "
-            "or pass secrets.SystemRandom() (a seeded generator is for non-private methods)")
+    if cost is not None:
+        unpredictable(rng, "a private run")
 
 
 #: the data arrays of a request (one row each)

@@ -41,11 +41,10 @@ from privcal.accountant.charges import charge
 from privcal.accountant.datasets import get_dataset
 from privcal.accountant.normalize import (
     CentralCost,
+    bound_digest,
     cost_json,
     json_safe,
     normalize_cost,
-    request_digest,
-    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import exact, policy_of, spent_of
@@ -188,8 +187,7 @@ def _run(
                 scope=f"dataset {dataset!r}", asked="non-private", remaining="",
             )
         if idempotency_key is not None:  # no charge carries the key: release_keys does
-            digest = request_digest({**request, "dataset": dataset, "cost": None,
-                                     **requester_binding(requester)})
+            digest = bound_digest({**request, "dataset": dataset, "cost": None}, requester)[0]
             done = nonprivate_replay(ledger, dataset, idempotency_key, digest)
             if done is not None:
                 return done

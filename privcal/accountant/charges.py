@@ -31,11 +31,10 @@ from typing import Any
 from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import (
     CentralCost,
+    bound_digest,
     cost_json,
     normalize_cost,
     optional_text,
-    request_digest,
-    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import (
@@ -60,11 +59,15 @@ _CENTRAL = (PureDP, ZCDP, ApproxDP)
 
 
 def check_replay(old: Any, key: str, digest: str | None, *, scope: str,
-                 same_cost: bool) -> None:
+                 same_cost: bool, legacy: str | None = None,
+                 requester: str | None = None) -> None:
     """InvalidInput naming ``key`` unless ``old`` (a charge row) was charged for this very
-    request (its ``request_digest``; before migration 0005, its scope and cost)."""
+    request (its ``request_digest``; before migration 0005, its scope and cost; recorded
+    before the requester was bound, ``legacy`` for the same ``requester``:
+    :func:`~privcal.accountant.normalize.bound_digest`)."""
     if old.request_digest is not None:
-        same = old.request_digest == digest
+        same = old.request_digest == digest or (
+            legacy is not None and old.request_digest == legacy and old.requester == requester)
     else:  # a charge from before migration 0005: only its scope and cost are known
         same = old.scope == scope and same_cost
     if not same:
@@ -95,11 +98,11 @@ def charge(
     purpose = optional_text(purpose, "purpose", 10_000)
     requester = optional_text(requester, "requester")
     key = idempotency_key_text(idempotency_key)
-    digest = None
+    digest = earlier = None
     if key is not None:
         req = request if request is not None else {"kind": "charge", "purpose": purpose}
-        digest = request_digest({**req, "dataset": dataset, "cost": cost_json(cost),
-                                 **requester_binding(requester)})
+        digest, earlier = bound_digest({**req, "dataset": dataset, "cost": cost_json(cost)},
+                                      requester)
 
     expect = None
     snap = ledger.charge_snapshot(dataset)
@@ -122,7 +125,8 @@ def charge(
             old = ledger.charge_by_key(conn, ds.id, key)
             if old is not None:
                 check_replay(old, key, digest, scope="dataset",
-                             same_cost=cost_json(charge_cost(old)) == cost_json(cost))
+                             same_cost=cost_json(charge_cost(old)) == cost_json(cost),
+                             legacy=earlier, requester=requester)
                 return receipt_of(old, ds, replayed=True)
         return charge_central(ledger, conn, ds, cost, purpose, requester, key, digest)
 

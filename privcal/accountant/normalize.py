@@ -158,7 +158,7 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, int):
         if -MAX_JSON_INT <= obj <= MAX_JSON_INT:
             return obj
-        raise InvalidInput(f"the whole number {obj!r:.40} is past ±(2**53 − 1), the largest "
+        raise InvalidInput(f"the whole number {obj:.6g} is past ±(2**53 − 1), the largest "
                            "a JSON record holds exactly: give it as a float (e.g. 1e40) or a "
                            "smaller number")
     if isinstance(obj, float):
@@ -181,12 +181,16 @@ def request_digest(request: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(json_safe(request)).encode("utf-8")).hexdigest()
 
 
-def requester_binding(requester: str | None) -> dict[str, str]:
-    """What an idempotency key's request digest binds of the requester: another requester's
-    key is never its replay (red team 20, service F3: bob's charge under alice's key was
-    answered with alice's receipt and not recorded). Nothing for an anonymous request,
-    whose digest stays the one recorded before (a retry across the upgrade replays)."""
-    return {} if requester is None else {"requester": requester}
+def bound_digest(request: dict[str, Any], requester: str | None) -> tuple[str, str | None]:
+    """(the digest of an idempotent ``request`` with its requester bound, the digest the
+    same request had before the requester was bound — None for an anonymous request, whose
+    digest is unchanged). Another requester's key is never its replay (red team 20, service
+    F3: bob's charge under alice's key was answered with alice's receipt and not recorded);
+    the earlier digest lets a retry of a request recorded before the upgrade, by the same
+    requester, still replay (:func:`~privcal.accountant.charges.check_replay`)."""
+    if requester is None:
+        return request_digest(request), None
+    return request_digest({**request, "requester": requester}), request_digest(request)
 
 
 def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
@@ -202,13 +206,33 @@ def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
 CENTRAL_KEY_SUFFIX = "#central"
 
 
+#: what begins the keys the HTTP service derives for its callers (:class:`ServiceKey`)
+SERVICE_KEY_PREFIX = "http:"
+
+
+class ServiceKey(str):
+    """An idempotency key the HTTP service derived from the key a caller sent and the token
+    it authenticated (``http:TOKEN-ID:HASH``): the only way into that key space. A caller of
+    the library or the CLI who wrote ``http:<an analyst's token id>:<hash>`` — the token id
+    is in every audit entry — held the analyst's next request's key, and that request was
+    answered with the caller's charge, unrecorded (red team 20, service F3 and its review)."""
+
+    __slots__ = ()
+
+
 def idempotency_key(value: str | None) -> str | None:
     """A caller's idempotency key (:func:`optional_text`), or None. Keys ending in
     :data:`CENTRAL_KEY_SUFFIX` are privcal's own: a keyed local-DP run charges its central
     cost under ``KEY#central``, and a caller's charge under that key would be taken, on a
-    replay, for the run's (red team 5)."""
+    replay, for the run's (red team 5); keys beginning with :data:`SERVICE_KEY_PREFIX` are
+    the service's (:class:`ServiceKey`)."""
     key = optional_text(value, "idempotency key")
     if key is not None and key.endswith(CENTRAL_KEY_SUFFIX):
         raise InvalidInput(f"idempotency keys ending in {CENTRAL_KEY_SUFFIX!r} are reserved "
                            "for privcal's own central charges: choose another key")
+    if key is not None and key.startswith(SERVICE_KEY_PREFIX) \
+            and not isinstance(value, ServiceKey):
+        raise InvalidInput(f"idempotency keys beginning with {SERVICE_KEY_PREFIX!r} are "
+                           "reserved for the keys privcal's HTTP service derives: choose "
+                           "another key")
     return key

@@ -40,12 +40,11 @@ from privcal.accountant.charges import charge_central, check_replay
 from privcal.accountant.normalize import (
     CENTRAL_KEY_SUFFIX,
     CentralCost,
+    bound_digest,
     cost_json,
     normalize_cost,
     optional_text,
     parse_amount,
-    request_digest,
-    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.policy import receipt_of
@@ -147,16 +146,17 @@ def charge_subjects(
     by_key = np.argsort(raw)
     raw_sorted = raw[by_key]
     pseud, pseud_sorted = hex_of(raw), hex_of(raw_sorted)
-    digest = None
+    digest = earlier = None
     if key is not None:
         req = request if request is not None else {
             "kind": "subjects", "purpose": purpose,
             "central_cost": ("computed from the accepted subjects" if callable(central_cost)
                              else cost_json(central_of(np.ones(0, dtype=bool)))
                              if central_cost is not None else None)}
-        digest = request_digest({**req, "dataset": dataset, "eps0": acc.dstr(cost0.eps0),
-                                 "subjects": subjects_digest(skey, sids.tolist()),
-                                 **requester_binding(requester)})
+        digest, earlier = bound_digest({**req, "dataset": dataset,
+                                       "eps0": acc.dstr(cost0.eps0),
+                                       "subjects": subjects_digest(skey, sids.tolist())},
+                                      requester)
     kept = one_row_per_subject(inverse, uniq.shape[0], _row_choice(skey, key, digest))
 
     def tx(conn: Any) -> SubjectChargeResult:
@@ -165,7 +165,8 @@ def charge_subjects(
             old = ledger.charge_by_key(conn, ds.id, key)
             if old is not None:
                 check_replay(old, key, digest, scope="subjects",
-                             same_cost=old.eps0 == cost0.eps0)
+                             same_cost=old.eps0 == cost0.eps0, legacy=earlier,
+                             requester=requester)
                 # the run's own central charge: under KEY#central *and* for this request
                 # (both rows carry its digest; a caller cannot take the suffix, but a
                 # ledger written before it was reserved may hold such a key). Both written
@@ -173,8 +174,8 @@ def charge_subjects(
                 central_old = ledger.charge_by_key(conn, ds.id, key + CENTRAL_KEY_SUFFIX)
                 legacy = old.request_digest is None and central_old is not None and (
                     central_old.request_digest is None and central_old.scope == "dataset")
-                if central_old is not None and not legacy and (
-                        central_old.request_digest != digest or old.request_digest != digest):
+                if central_old is not None and not legacy and (  # (check_replay: old's
+                        central_old.request_digest != old.request_digest):  # is this request's)
                     central_old = None
                 members = (ledger.members_of(conn, old.id)
                            if old.members_digest is not None else None)

@@ -315,6 +315,10 @@ def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditRepo
     value privcal cannot read (:func:`_unreadable`). ``signed``: ``signed_head``,
     ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
+    # the caller's heads and key first, outside _unreadable: a wrong one is the caller's
+    # error, never an edited row (the review of red team 20)
+    accountant.ledger.verify_arguments(expect_head, signed.get("signed_head"),
+                                       signed.get("trusted_key"))
     with _unreadable("the log, its rows or the releases"):
         rep = accountant.ledger.verify(expect_head=expect_head, **signed)
         rels = accountant.ledger.releases()
@@ -346,7 +350,7 @@ def _unreadable(where: str) -> Iterator[None]:
         yield
     except PrivcalError:
         raise  # a bad argument (InvalidInput is a ValueError), or an AuditFailed already
-    except (ValueError, TypeError, ArithmeticError, KeyError) as exc:
+    except (ValueError, TypeError, ArithmeticError, KeyError, RecursionError) as exc:
         raise AuditFailed(f"{where}: a stored value privcal cannot read (a row edited outside "
                           f"privcal): {type(exc).__name__}: {_first_line(exc)}") from None
     except OperationalError as exc:

@@ -30,7 +30,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from privcal.calibrators.validation import check_scores
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
-from privcal.errors import check_number_text
+from privcal.errors import InvalidInput, check_number_text
 
 PrivacyModel = Literal["none", "central-zcdp", "central-pure", "local", "federated"]
 PRIVACY_MODEL_LABELS: dict[str, str] = {
@@ -265,6 +265,22 @@ def only_infinite(calibrator: Calibrator, params: Any, shape: DataShape,
     F1) —, else a guarantee of coverage 1 (a central method's rank beyond n)."""
     own = getattr(calibrator, "only_infinite", None)
     return bool(own(params, shape)) if callable(own) else guarantee.lower >= 1.0
+
+
+def unpredictable(rng: Any, what: str) -> None:
+    """InvalidInput unless ``rng`` is None (privcal's CSPRNG) or a
+    :class:`random.SystemRandom`, for a source of privacy noise (``what``): with a seeded
+    ``random.Random`` the output is a function of the data that anyone who knows the seed
+    computes — no privacy at all, beside a recorded guarantee (red team 20, privacy F2: a
+    P-COQS release; its review: two agents' identical messages). The randomizers
+    themselves (``krr``, ``binary_rr``, a calibrator's ``calibrate``) still take one, for
+    simulation and the calibrators' own tests."""
+    if rng is not None and not isinstance(rng, random.SystemRandom):
+        raise InvalidInput(
+            f"rng: {what} needs noise no one can predict, and a {type(rng).__name__} "
+            "(random.Random(seed)) is predictable by whoever knows its seed — the release "
+            "would state a privacy guarantee it does not have; omit rng (privcal's CSPRNG) "
+            "or pass secrets.SystemRandom()")
 
 
 def default_rng() -> random.Random:

@@ -125,7 +125,7 @@ def score_options(spec: ScoreSpec, opts: dict[str, Any]) -> dict[str, Any]:
         ):
             raise InvalidInput(f"raps λ (lam) must be a finite number ≥ 0, got {lam!r}")
         if isinstance(lam, int) and lam > 2**53 - 1:  # red team 20, service F1
-            raise InvalidInput(f"raps λ (lam) = {lam!r:.40} is a whole number past 2**53 − 1, "
+            raise InvalidInput(f"raps λ (lam) = {lam:.6g} is a whole number past 2**53 − 1, "
                                "which a release cannot record exactly: give it as a float "
                                "(e.g. 1e40)")
     if "k_reg" in out:

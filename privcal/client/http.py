@@ -94,6 +94,7 @@ _STORED = ("accepted", "duplicate")
 _WHO = {"subject": "device's subject", "agent": "agent"}  # whose cap a refusal names
 
 
+
 class _Base:
     _role = ""
     _who = ""
@@ -281,6 +282,8 @@ class Reporter(_Base):
                 value, numbers.Real) or value != value):  # before anything is asked or drawn
             raise InvalidInput("report() takes a score (a real number, not NaN or a bool) or a "
                                f"function of the query returning true/false, got {value!r:.40}")
+        from privcal.calibrators.base import unpredictable
+        unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
             return self._report(value, report_id, answer_again, rng)
 
@@ -352,6 +355,8 @@ class Agent(_Base):
         holds this agent's message, if the plan's ε is over ``max_epsilon`` (or the session
         is FedCP-QQ, unrandomized, with ``max_epsilon``), or if the server's answer about
         the token changed."""
+        from privcal.calibrators.base import unpredictable
+        unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
             return self._send(scores, rng, answer_again)
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
+from privcal.accountant.normalize import SERVICE_KEY_PREFIX, ServiceKey
 from privcal.errors import InvalidInput
 from privcal.service.auth import Principal, allow, principal
 from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
@@ -73,8 +74,10 @@ class ChargeBody(BaseModel):
 
 
 def _lib_key(p: Principal, key: str) -> str:
-    """The key given to the library: bound to the principal, of bounded length."""
-    return f"http:{p.id}:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+    """The key given to the library: bound to the principal, of bounded length, in the key
+    space only the service reaches (:class:`~privcal.accountant.normalize.ServiceKey`)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return ServiceKey(f"{SERVICE_KEY_PREFIX}{p.id}:{digest}")
 
 
 def _acct(request: Request) -> Any:

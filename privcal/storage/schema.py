@@ -145,11 +145,17 @@ class LedgerSchema:
         if others:
             shown = ", ".join(others[:5]) + (f", … ({len(others)} in all)"
                                              if len(others) > 5 else "")
+            from privcal.storage.models import Base
+
+            what = (f"privcal's tables ({shown}) but no privcal schema revision (its "
+                    "alembic_version removed?)" if set(others) <= set(Base.metadata.tables)
+                    else f"tables that are not privcal's ({shown}) and no privcal schema")
             raise LedgerError(
-                f"{self.url} holds tables that are not privcal's ({shown}) and no privcal "
-                "schema: not a privcal ledger — check --db-url (privcal keeps a database of "
-                "its own, or a PostgreSQL schema of its own: CREATE SCHEMA NAME, then "
-                "?options=-csearch_path=NAME in the URL)")
+                f"{self.url} holds {what}: not a privcal ledger — check --db-url (privcal "
+                "keeps a database of its own, or a PostgreSQL schema of its own: CREATE "
+                "SCHEMA NAME, then ?options=-csearch_path=NAME in the URL)",
+                public="the database holds tables and no privcal schema revision: not a "
+                       "privcal ledger (the server's log names it; check its --db-url)")
 
     def check(self) -> str:
         """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``

@@ -191,6 +191,9 @@ def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | Sign
     """A signed head from a file, a parsed document, or as is (InvalidInput if malformed)."""
     if isinstance(path_or_doc, SignedHead):
         return path_or_doc
+    if not isinstance(path_or_doc, dict | str | os.PathLike):
+        raise InvalidInput(f"a signed head is a file, its document or a SignedHead, got "
+                           f"{type(path_or_doc).__name__}")
     try:
         if isinstance(path_or_doc, dict):
             return SignedHead.model_validate(path_or_doc)
@@ -204,8 +207,15 @@ def read_signed_head(path_or_doc: str | os.PathLike[str] | dict[str, Any] | Sign
 def verify_signed_head(signed: SignedHead, public_key: Any) -> None:
     """AuditFailed unless ``signed`` carries a valid signature by ``public_key`` (key or path)."""
     from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    key = public_key if hasattr(public_key, "verify") else load_public_key(public_key)
+    if isinstance(public_key, str | os.PathLike):
+        key = load_public_key(public_key)
+    elif isinstance(public_key, Ed25519PublicKey):
+        key = public_key
+    else:  # a private key, another algorithm's, a number: the caller's mistake, one line
+        raise InvalidInput(f"the trusted key must be an Ed25519 public key or its PEM file, "
+                           f"got {type(public_key).__name__}")
     if signed.format != FORMAT:
         raise AuditFailed(f"signed head: unknown format {signed.format!r}")
     try:

@@ -183,6 +183,27 @@ class LedgerVerifier:
 
     # ``read`` is the Ledger's
 
+    def verify_arguments(self, expect_head: Any, signed_head: Any = None,
+                         trusted_key: Any = None) -> tuple[list[tuple[int, str, str]], list[Any]]:
+        """(the kept heads as (seq, hash, what), the signed heads, their signatures checked)
+        of :meth:`verify`'s arguments, before the ledger is read: a wrong argument is the
+        caller's InvalidInput (or AuditFailed for a signature that does not hold), never
+        taken for an edited row (the review of red team 20)."""
+        heads = several(expect_head)
+        signed_docs = several(signed_head)
+        signed_all: list[Any] = []
+        if signed_docs or trusted_key is not None:
+            from privcal.storage import signing
+
+            if not signed_docs or trusted_key is None:
+                raise InvalidInput("a signed head is verified with a trusted public key: give "
+                                   "both (--signed-head FILE --trusted-key PUBFILE)")
+            for doc in signed_docs:
+                one = signing.read_signed_head(doc)
+                signing.verify_signed_head(one, trusted_key)
+                signed_all.append(one)
+        return [(*parse_head(h), "expected head") for h in heads], signed_all
+
     def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
                progress: Progress | None = None) -> VerifyReport:
@@ -217,24 +238,9 @@ class LedgerVerifier:
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         """
-        heads = several(expect_head)
-        signed_docs = several(signed_head)
-        signed_all: list[Any] = []
-        if signed_docs or trusted_key is not None:
-            from privcal.storage import signing
-
-            if not signed_docs or trusted_key is None:
-                raise InvalidInput("a signed head is verified with a trusted public key: give "
-                                   "both (--signed-head FILE --trusted-key PUBFILE)")
-            for doc in signed_docs:
-                one = signing.read_signed_head(doc)
-                signing.verify_signed_head(one, trusted_key)
-                signed_all.append(one)
+        wants, signed_all = self.verify_arguments(expect_head, signed_head, trusted_key)
         # the newest signed head decides which entries are unsigned; every one must be in the log
         signed = max(signed_all, key=lambda h: h.seq) if signed_all else None
-        wants: list[tuple[int, str, str]] = []
-        for h in heads:
-            wants.append((*parse_head(h), "expected head"))
         want = max(wants, key=lambda w: w[0])[:2] if wants else None
         # every committed entry into the chain first; a ledger that may only be read keeps
         # them queued, and they are checked and counted below

@@ -127,6 +127,8 @@ def test_ordinary_mistakes_are_one_line(live: Live, tmp_path: Path,
     (lambda e: e.__setitem__("payload", "nope"), "not an entry of a privcal log (JSONDecodeError"),
     (lambda e: e.__setitem__("prev_hash", "zz"), "not an entry of a privcal log (ValueError"),
     (lambda e: e.__setitem__("payload", "[]"), "the payload is not a JSON object"),
+    (lambda e: e.__setitem__("payload", "[" * 100_000 + "]" * 100_000),
+     "not an entry of a privcal log (RecursionError"),
 ])
 def test_a_malformed_entry_is_a_log_that_does_not_verify(
         live: Live, tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str],

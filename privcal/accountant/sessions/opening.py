@@ -17,12 +17,11 @@ from privcal.accountant.calibration_run import public as public_numbers
 from privcal.accountant.charges import charge_in_session, check_replay
 from privcal.accountant.decimal_context import in_library_context
 from privcal.accountant.normalize import (
+    bound_digest,
     cost_json,
     json_safe,
     normalize_cost,
     optional_text,
-    request_digest,
-    requester_binding,
 )
 from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.sessions.records import METHODS, SessionInfo
@@ -224,13 +223,13 @@ def open_session(
             state["central_cost"] = cost_json(central)  # type: ignore[arg-type]
     params = json_safe({**p.model_dump(mode="python"),
                         **({SCORE_KEY: scored} if scored is not None else {})})
-    digest = None
+    digest = earlier = None
     if key is not None:  # the open request, as a charge's (16.1); a central cost only shuffled
-        digest = request_digest({"kind": "session_open", "method": method, "params": params,
-                                 "shape": shape.model_dump(mode="python"),
-                                 "shuffled": bool(shuffled), "dataset": dataset,
-                                 "cost": None if central is None else cost_json(central),
-                                 **requester_binding(requester)})
+        digest, earlier = bound_digest({
+            "kind": "session_open", "method": method, "params": params,
+            "shape": shape.model_dump(mode="python"), "shuffled": bool(shuffled),
+            "dataset": dataset, "cost": None if central is None else cost_json(central)},
+            requester)
         if central is None:  # no charge to bind the key: the session's state records it
             state.update(open_idempotency_key=key, open_request_digest=digest)
 
@@ -239,7 +238,8 @@ def open_session(
         if key is not None:  # a retry: the session the key opened, or the key's error
             old = accountant.ledger.charge_by_key(s.connection(), ds.id, key)
             if old is not None:
-                check_replay(old, key, digest, scope="dataset", same_cost=False)
+                check_replay(old, key, digest, scope="dataset", same_cost=False,
+                             legacy=earlier, requester=requester)
                 return _opened_by(accountant, s, old, ds)
             opened = accountant.ledger.session_by_open_key(s, ds.id, key)
             if opened is not None:
