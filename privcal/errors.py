@@ -1,8 +1,7 @@
 """One exception hierarchy for privcal; every error carries the CLI exit code it maps to.
 
-Exit codes (stable, documented in the README):
-0 ok, 1 error, 2 usage, 3 budget refused, 4 audit verification failed,
-5 ledger schema out of date.
+Exit codes (stable, documented in the README): 0 ok, 1 error, 2 usage, 3 budget refused,
+4 audit verification failed, 5 ledger schema out of date (130: interrupted).
 
 It also holds the argument checks every layer runs before a value reaches a database
 (:func:`check_text`, :func:`check_row_id`, :func:`utf8_problem`), so that a malformed
@@ -48,7 +47,7 @@ class LedgerError(PrivcalError):
     answers its 503 with it and logs the message; red team 6). None: the message itself."""
 
     def __init__(self, message: str, *, public: str | None = None) -> None:
-        super().__init__(message)
+        PrivcalError.__init__(self, message)  # (also SchemaOutOfDate's)
         self.public = public
 
 
@@ -82,16 +81,11 @@ class AuditFailed(PrivcalError):
 
 
 class SchemaOutOfDate(PrivcalError):
-    """The ledger's schema is older (or newer) than this version of privcal expects.
-    ``public``: the message without the ledger's URL or file, for a remote client (as
-    :class:`LedgerError`'s; red team 20, service F4: the unauthenticated ``/readyz`` named
-    them)."""
+    """The ledger's schema is older (or newer) than this privcal expects; ``public``: the
+    message without the ledger's URL or file, as :class:`LedgerError`'s (red team 20)."""
 
     exit_code = 5
-
-    def __init__(self, message: str, *, public: str | None = None) -> None:
-        super().__init__(message)
-        self.public = public
+    __init__ = LedgerError.__init__  # type: ignore[assignment]
 
 
 class Interrupted(PrivcalError):

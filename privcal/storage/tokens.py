@@ -37,14 +37,8 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, func, sele
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from privcal.errors import (
-    BIDI_CONTROLS,
-    InvalidInput,
-    NotFound,
-    invisible_char,
-    utf8_problem,
-    with_article,
-)
+from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, invisible_char, utf8_problem
+from privcal.errors import with_article as article
 from privcal.storage.audit import now
 from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
@@ -196,16 +190,12 @@ def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
     """Each role takes exactly its bindings (SERVICE.md, "Authentication and roles")."""
     if role not in ROLES:
         raise InvalidInput(f"unknown role {role!r} (one of: {', '.join(ROLES)})")
-    need = {
-        "admin": set(), "auditor": set(), "analyst": {"dataset"},
-        "device": {"session", "subject"}, "agent": {"session", "agent"},
-        "ingestor": {"session"},
-    }[role]
+    need = {"admin": set(), "auditor": set(), "analyst": {"dataset"}, "ingestor": {"session"},
+            "device": {"session", "subject"}, "agent": {"session", "agent"}}[role]
     given = {k for k, v in (("dataset", list(datasets)), ("session", session),
                             ("subject", subject), ("agent", agent)) if v not in (None, [])}
     if given - need:
-        raise InvalidInput(f"{with_article(role)} token takes no "
-                           f"{', '.join(sorted(given - need))}")
+        raise InvalidInput(f"{article(role)} token takes no {', '.join(sorted(given - need))}")
     if need - given:
         raise InvalidInput(f"{role} tokens need {', '.join(sorted(need - given))}")
 
