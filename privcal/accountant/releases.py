@@ -129,6 +129,7 @@ def record_release(
     if isinstance(charge_ids, str | bytes):
         raise InvalidInput("charge_ids must be a sequence of charge ids")
     ids = [check_row_id(i, "charge") for i in charge_ids]
+    _check_sizes(shape)  # a size past 10⁹ said as such, before JSON is asked to hold it
     row_data = {
         "method": str(method), "calibrator_version": str(calibrator_version),
         "distribution": str(distribution), "distribution_version": str(distribution_version),
@@ -208,6 +209,23 @@ def _coverage(coverage: Any) -> CoverageGuarantee:
                            f"{msg}") from None
 
 
+def _check_sizes(shape: Any) -> None:
+    """:func:`_check_shape`'s sizes (NumPy integers are integers here; the record's JSON
+    makes them Python ones)."""
+    import numpy as np
+
+    if not isinstance(shape, dict):
+        raise InvalidInput("shape must be an object with n (and k, group_sizes)")
+    groups = shape.get("group_sizes")
+    many = list(groups) if isinstance(groups, list | tuple | np.ndarray) else [groups]
+    sizes = [shape.get("n"), shape.get("k"), *many]
+    if any(v is not None and (isinstance(v, bool | np.bool_)
+                              or not isinstance(v, int | np.integer) or v > _MAX_N)
+           for v in sizes):
+        raise InvalidInput(f"shape sizes must be integers of at most {_MAX_N:,} "
+                           f"(n, k, group_sizes), got {shape!r:.120}")
+
+
 def _check_shape(shape: Any) -> None:
     """A recorded shape is what a run records: ``n`` an integer in 1 … 10⁹ (and the other
     sizes integers). ``60.0`` or ``"60"`` read as 60 when the guarantee is recomputed, but
@@ -215,13 +233,7 @@ def _check_shape(shape: Any) -> None:
     recomputation running for minutes."""
     from privcal.calibrators.base import DataShape
 
-    if not isinstance(shape, dict):
-        raise InvalidInput("shape must be an object with n (and k, group_sizes)")
-    sizes = [shape.get("n"), shape.get("k"), *(shape.get("group_sizes") or ())]
-    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v > _MAX_N)
-           for v in sizes):
-        raise InvalidInput(f"shape sizes must be integers of at most {_MAX_N:,} "
-                           f"(n, k, group_sizes), got {json_safe(shape)!r:.120}")
+    _check_sizes(shape)
     from pydantic import ValidationError
 
     try:

@@ -22,7 +22,6 @@ from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy.exc import OperationalError
 
 from privcal.accountant.normalize import cost_json, normalize_cost
 from privcal.accountant.record_compare import coverage_as_recorded, plain, same
@@ -31,6 +30,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
 from privcal.storage.records import VerifyReport
+from privcal.storage.verify import undecodable_text
 from privcal.storage.verify_releases import PaidBy, reports_used, shortfall
 
 
@@ -353,11 +353,12 @@ def _unreadable(where: str) -> Iterator[None]:
     except (ValueError, TypeError, ArithmeticError, KeyError, RecursionError) as exc:
         raise AuditFailed(f"{where}: a stored value privcal cannot read (a row edited outside "
                           f"privcal): {type(exc).__name__}: {_first_line(exc)}") from None
-    except OperationalError as exc:
-        if "decode" not in str(exc.orig).lower():  # SQLite: "Could not decode to UTF-8"
+    except Exception as exc:
+        text = undecodable_text(exc)  # SQLite: "Could not decode to UTF-8 column …"
+        if text is None:
             raise
         raise AuditFailed(f"{where}: a stored text that is not UTF-8 (a row edited outside "
-                          f"privcal): {_first_line(exc.orig)}") from None
+                          f"privcal): {text}") from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -48,7 +48,18 @@ from privcal.storage.verify_subjects import check_subject_spends
 #: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
 
-__all__ = ["ENTRY_CHECKS", "LedgerVerifier"]
+__all__ = ["ENTRY_CHECKS", "LedgerVerifier", "undecodable_text"]
+
+
+def undecodable_text(exc: BaseException) -> str | None:
+    """The driver's message when ``exc`` is a stored text it cannot decode (SQLite: "Could
+    not decode to UTF-8 column …": a row edited outside privcal); None for any other error
+    (a database that cannot be reached among them)."""
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError) and "decode" in str(exc.orig).lower():
+        return (str(exc.orig).splitlines() or [""])[0][:200]
+    return None
 
 
 def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> None:
