@@ -59,7 +59,7 @@ def _alpha(levels: list[float]) -> float | list[float]:
 def _check_rng(rng: Any) -> None:
     """``rng``: None (privcal's CSPRNG) or a :class:`random.Random` — ``random.Random(seed)``
     for a reproducible non-private method, only a :class:`random.SystemRandom` for a private
-    one (:func:`~privcal.accountant.calibration_request.check_private_rng`, at ``fit``); a
+    one (:func:`~privcal.calibrators.base.unpredictable`, at ``fit``); a
     bare seed (``rng=42``) or a NumPy Generator is refused in one line, before anything is
     charged (:func:`~privcal.accountant.calibration_request.check_rng`)."""
     from privcal.accountant.calibration_request import check_rng

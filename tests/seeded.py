@@ -2,7 +2,7 @@
 
 privcal refuses a plain ``random.Random`` on a charged run (a seeded generator makes the
 release a function of the data anyone knowing the seed can compute:
-:func:`privcal.accountant.calibration_request.check_private_rng`). A test that needs the same
+:func:`privcal.calibrators.base.unpredictable`). A test that needs the same
 release every time deliberately passes for the OS CSPRNG instead: :class:`Seeded` is a
 :class:`random.SystemRandom` whose draws are ``random.Random(seed)``'s, the same numbers in
 the same order (``random``, ``getrandbits`` and everything built on them), so a test's

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from privcal.accountant.normalize import MAX_JSON_INT
 from privcal.calibrators.base import Calibrator
 from privcal.errors import InvalidInput, first_error, numeric_edge
 
@@ -164,7 +165,7 @@ def as_invalid_input(exc: ValidationError) -> InvalidInput:
 #: the largest raps ``k_reg``: its penalty is computed in int64 (any k_reg ≥ k adds none),
 #: and a release records it exactly in JSON (2**53 itself was charged, then not recorded:
 #: red team 20, service F1)
-MAX_K_REG = 2**53 - 1
+MAX_K_REG = MAX_JSON_INT
 
 
 def label_score_options(score: str | None, options: dict[str, Any] | None,
@@ -247,7 +248,8 @@ def method_score_options(cal: Calibrator, params: dict[str, Any],
 def check_rng(rng: Any) -> None:
     """A caller's random source: ``None`` (privcal's CSPRNG) or a :class:`random.Random`
     (``random.Random(seed)`` for a reproducible non-private run; a private run takes only a
-    :class:`random.SystemRandom`: :func:`check_private_rng`), else a one-line InvalidInput —
+    :class:`random.SystemRandom`: :func:`~privcal.calibrators.base.unpredictable`), else a
+    one-line InvalidInput —
     checked before anything is charged (red team 5: ``rng=42`` or a NumPy ``Generator`` was
     charged, then failed inside the calibrator). An integer is not taken as a seed: a seed
     in production code would make the privacy noise predictable."""
@@ -258,17 +260,6 @@ def check_rng(rng: Any) -> None:
                            f"{type(rng).__name__}: a bare seed is not accepted, it would make "
                            "the privacy noise predictable (random.Random(seed) serves only "
                            "non-private methods)")
-
-def check_private_rng(cost: Any, rng: Any) -> None:
-    """A private run (``cost`` not None) draws its noise from privcal's CSPRNG or another
-    :class:`random.SystemRandom` (:func:`~privcal.calibrators.base.unpredictable`: with
-    ``random.Random(1)`` P-COQS told a pair of neighbouring datasets apart every time beside
-    a recorded (3.54, 1e-6)-DP). Refused before anything is charged; a non-private method
-    may still take a seeded generator."""
-    from privcal.calibrators.base import unpredictable
-
-    if cost is not None:
-        unpredictable(rng, "a private run")
 
 
 #: the data arrays of a request (one row each)

@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from privcal.accountant import privacy as acc
-from privcal.accountant.calibration_request import check_private_rng, check_rng
+from privcal.accountant.calibration_request import check_rng
 from privcal.accountant.charges import charge
 from privcal.accountant.datasets import get_dataset
 from privcal.accountant.normalize import (
@@ -60,6 +60,7 @@ from privcal.calibrators.base import (
     DataShape,
     default_rng,
     only_infinite,
+    unpredictable,
 )
 from privcal.calibrators.validation import id_strings
 from privcal.costs import ApproxDP, LocalDP
@@ -162,7 +163,8 @@ def _run(
     if (central_cost is not None or shuffle is not None) and not isinstance(cost, LocalDP):
         raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                            "run); a central method's cost is charged as declared")
-    check_private_rng(cost, rng)
+    if cost is not None:  # a private run's noise no one can predict (red team 20, privacy F2)
+        unpredictable(rng, "a private run")
     ds = get_dataset(ledger, dataset)
     if shuffle is not None:
         from privcal.accountant.amplification import check_shuffled_dataset

@@ -17,7 +17,7 @@ from typing import Any
 from privcal.accountant import privacy as acc
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float, fixed_context
 from privcal.errors import InvalidInput, check_text, plain_number_text
-from privcal.storage.audit import canonical, threshold_str
+from privcal.storage.audit import MAX_SAFE_INT, canonical, threshold_str
 
 __all__ = [
     "AMOUNT_PLACES",
@@ -144,8 +144,8 @@ def cost_json(cost: AnyCost) -> dict[str, Any]:
     return {k: acc.dstr(v) if isinstance(v, Decimal) else v for k, v in vars(cost).items()}
 
 
-#: the integers JSON (RFC 8785, the audit log's canonical form) records exactly
-MAX_JSON_INT = 2**53 - 1
+#: the integers JSON (RFC 8785, the audit log's canonical form) records exactly: up to this
+MAX_JSON_INT = MAX_SAFE_INT
 
 
 def json_safe(obj: Any) -> Any:

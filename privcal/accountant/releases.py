@@ -210,8 +210,11 @@ def _coverage(coverage: Any) -> CoverageGuarantee:
 
 
 def _check_sizes(shape: Any) -> None:
-    """:func:`_check_shape`'s sizes (NumPy integers are integers here; the record's JSON
-    makes them Python ones)."""
+    """A recorded shape's sizes are what a run records: ``n`` an integer in 1 … 10⁹ (and the
+    other sizes integers; NumPy integers are integers here, the record's JSON makes them
+    Python ones). ``60.0`` or ``"60"`` read as 60 when the guarantee is recomputed, but
+    counted no reports when the payment was checked (red team 5); ``n = 10¹⁸`` kept the
+    recomputation running for minutes."""
     import numpy as np
 
     if not isinstance(shape, dict):
@@ -227,14 +230,11 @@ def _check_sizes(shape: Any) -> None:
 
 
 def _check_shape(shape: Any) -> None:
-    """A recorded shape is what a run records: ``n`` an integer in 1 … 10⁹ (and the other
-    sizes integers). ``60.0`` or ``"60"`` read as 60 when the guarantee is recomputed, but
-    counted no reports when the payment was checked (red team 5); ``n = 10¹⁸`` kept the
-    recomputation running for minutes."""
+    """A recorded shape, its sizes already checked (:func:`_check_sizes`), is a data shape."""
+    from pydantic import ValidationError
+
     from privcal.calibrators.base import DataShape
 
-    _check_sizes(shape)
-    from pydantic import ValidationError
 
     try:
         DataShape.model_validate(shape)

@@ -16,8 +16,6 @@ the recorded cost).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -30,7 +28,7 @@ from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.errors import AuditFailed, PrivcalError
 from privcal.storage.records import VerifyReport
-from privcal.storage.verify import undecodable_text
+from privcal.storage.unreadable import unreadable
 from privcal.storage.verify_releases import PaidBy, reports_used, shortfall
 
 
@@ -312,21 +310,17 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
 def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditReport:
     """Verify the log, then every release's guarantees; raise :class:`AuditFailed` on the first
     release whose recorded guarantee the installed code does not reproduce, and on a stored
-    value privcal cannot read (:func:`_unreadable`). ``signed``: ``signed_head``,
-    ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
+    value privcal cannot read (:func:`~privcal.storage.unreadable.unreadable`). ``signed``:
+    ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
-    # the caller's heads and key first, outside _unreadable: a wrong one is the caller's
-    # error, never an edited row (the review of red team 20)
-    accountant.ledger.verify_arguments(expect_head, signed.get("signed_head"),
-                                       signed.get("trusted_key"))
-    with _unreadable("the log, its rows or the releases"):
-        rep = accountant.ledger.verify(expect_head=expect_head, **signed)
+    rep = accountant.ledger.verify(expect_head=expect_head, **signed)
+    with unreadable("the releases"):
         rels = accountant.ledger.releases()
         charges = accountant.ledger.release_charges([i for r in rels for i in r.charge_ids])
         sessions = accountant.ledger.session_reports()
     checked = skipped = 0
     for rel in rels:
-        with _unreadable(f"release {rel.id}"):
+        with unreadable(f"release {rel.id}"):
             res = check_release(accountant, rel, charges, sessions)
         if not res.ok:
             raise AuditFailed(
@@ -337,32 +331,6 @@ def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditRepo
         skipped += res.statements_not_compared
     return AuditReport(**rep.model_dump(), guarantees_recomputed=checked,
                        statements_not_compared=skipped)
-
-
-@contextmanager
-def _unreadable(where: str) -> Iterator[None]:
-    """A stored value of the wrong form — an amount 'sNaN' or 'abc', JSON that is not, a
-    timestamp that is not ISO, text that is not UTF-8, a head seq that is text: edited
-    outside privcal — as the AuditFailed (exit 4, ``ok: false``) of any other edit, not a
-    traceback or a 500 (red team 20, service F2). A database that cannot be reached is
-    not this (its error passes through)."""
-    try:
-        yield
-    except PrivcalError:
-        raise  # a bad argument (InvalidInput is a ValueError), or an AuditFailed already
-    except (ValueError, TypeError, ArithmeticError, KeyError, RecursionError) as exc:
-        raise AuditFailed(f"{where}: a stored value privcal cannot read (a row edited outside "
-                          f"privcal): {type(exc).__name__}: {_first_line(exc)}") from None
-    except Exception as exc:
-        text = undecodable_text(exc)  # SQLite: "Could not decode to UTF-8 column …"
-        if text is None:
-            raise
-        raise AuditFailed(f"{where}: a stored text that is not UTF-8 (a row edited outside "
-                          f"privcal): {text}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [""])[0][:200]
 
 
 def sign_head(accountant: Any, private_key: Any, *, previous: Any = None,

@@ -114,7 +114,7 @@ def canonical(obj: Any) -> str:
 
 
 #: integers JSON (and so RFC 8785) represents exactly: |n| ≤ 2⁵³ − 1
-_MAX_SAFE_INT = 2**53 - 1
+MAX_SAFE_INT = 2**53 - 1
 
 
 def _plain(obj: Any) -> bool:
@@ -130,7 +130,7 @@ def _plain(obj: Any) -> bool:
     if obj is None or isinstance(obj, bool):
         return True
     if isinstance(obj, int):
-        return -_MAX_SAFE_INT <= obj <= _MAX_SAFE_INT
+        return -MAX_SAFE_INT <= obj <= MAX_SAFE_INT
     if isinstance(obj, str):
         if obj.isascii():
             return True
@@ -210,7 +210,7 @@ def _flat_text(v: Any) -> str | None:
     if v is None:
         return "null"
     if t is int:
-        return str(v) if -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT else None
+        return str(v) if -MAX_SAFE_INT <= v <= MAX_SAFE_INT else None
     if t is bool:
         return "true" if v else "false"
     return None

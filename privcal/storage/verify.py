@@ -42,24 +42,14 @@ from privcal.storage.models import (
     spend_units,
 )
 from privcal.storage.records import VerifyReport
+from privcal.storage.unreadable import unreadable
 from privcal.storage.verify_releases import check_release_charges
 from privcal.storage.verify_subjects import check_subject_spends
 
 #: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
 
-__all__ = ["ENTRY_CHECKS", "LedgerVerifier", "undecodable_text"]
-
-
-def undecodable_text(exc: BaseException) -> str | None:
-    """The driver's message when ``exc`` is a stored text it cannot decode (SQLite: "Could
-    not decode to UTF-8 column …": a row edited outside privcal); None for any other error
-    (a database that cannot be reached among them)."""
-    from sqlalchemy.exc import OperationalError
-
-    if isinstance(exc, OperationalError) and "decode" in str(exc.orig).lower():
-        return (str(exc.orig).splitlines() or [""])[0][:200]
-    return None
+__all__ = ["ENTRY_CHECKS", "LedgerVerifier"]
 
 
 def _check_head_row(head_row: AuditHead | None, last: int, last_hash: str) -> None:
@@ -194,27 +184,6 @@ class LedgerVerifier:
 
     # ``read`` is the Ledger's
 
-    def verify_arguments(self, expect_head: Any, signed_head: Any = None,
-                         trusted_key: Any = None) -> tuple[list[tuple[int, str, str]], list[Any]]:
-        """(the kept heads as (seq, hash, what), the signed heads, their signatures checked)
-        of :meth:`verify`'s arguments, before the ledger is read: a wrong argument is the
-        caller's InvalidInput (or AuditFailed for a signature that does not hold), never
-        taken for an edited row (the review of red team 20)."""
-        heads = several(expect_head)
-        signed_docs = several(signed_head)
-        signed_all: list[Any] = []
-        if signed_docs or trusted_key is not None:
-            from privcal.storage import signing
-
-            if not signed_docs or trusted_key is None:
-                raise InvalidInput("a signed head is verified with a trusted public key: give "
-                                   "both (--signed-head FILE --trusted-key PUBFILE)")
-            for doc in signed_docs:
-                one = signing.read_signed_head(doc)
-                signing.verify_signed_head(one, trusted_key)
-                signed_all.append(one)
-        return [(*parse_head(h), "expected head") for h in heads], signed_all
-
     def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
                progress: Progress | None = None) -> VerifyReport:
@@ -249,9 +218,24 @@ class LedgerVerifier:
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         """
-        wants, signed_all = self.verify_arguments(expect_head, signed_head, trusted_key)
+        heads = several(expect_head)
+        signed_docs = several(signed_head)
+        signed_all: list[Any] = []
+        if signed_docs or trusted_key is not None:
+            from privcal.storage import signing
+
+            if not signed_docs or trusted_key is None:
+                raise InvalidInput("a signed head is verified with a trusted public key: give "
+                                   "both (--signed-head FILE --trusted-key PUBFILE)")
+            for doc in signed_docs:
+                one = signing.read_signed_head(doc)
+                signing.verify_signed_head(one, trusted_key)
+                signed_all.append(one)
         # the newest signed head decides which entries are unsigned; every one must be in the log
         signed = max(signed_all, key=lambda h: h.seq) if signed_all else None
+        wants: list[tuple[int, str, str]] = []
+        for h in heads:
+            wants.append((*parse_head(h), "expected head"))
         want = max(wants, key=lambda w: w[0])[:2] if wants else None
         # every committed entry into the chain first; a ledger that may only be read keeps
         # them queued, and they are checked and counted below
@@ -262,7 +246,8 @@ class LedgerVerifier:
         for one in signed_all:
             what = "signed head" if len(signed_all) == 1 else f"signed head of {one.time}"
             wants.append((one.seq, one.hash.lower(), what))
-        with self.read() as s:
+        # the rows are read from here on: a value of the wrong form is an edit (unreadable)
+        with unreadable("the log or its rows"), self.read() as s:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
             releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
