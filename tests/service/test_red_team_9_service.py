@@ -228,9 +228,11 @@ def test_a_request_running_past_the_reservation_ttl_is_not_run_again(
 
     monkeypatch.setattr(tokens, "PENDING_TTL", timedelta(seconds=1.5))
     real = calibration.calibrate
+    entered = threading.Event()
 
     def slow(*a: Any, **kw: Any) -> Any:
-        time.sleep(4.0)  # a run longer than the TTL
+        entered.set()
+        time.sleep(5.0)  # a run longer than the TTL, and than the retries below
         return real(*a, **kw)
 
     monkeypatch.setattr(calibration, "calibrate", slow)
@@ -245,8 +247,11 @@ def test_a_request_running_past_the_reservation_ttl_is_not_run_again(
 
     t = threading.Thread(target=first)
     t.start()
+    # the clock starts when the first request runs (on a loaded machine it may reach the
+    # server late); both retries come past the TTL and ≥ 1.5 s before the run ends
+    assert entered.wait(timeout=60)
     with live.client("analyst") as c:
-        for wait in (2.5, 1.0):  # past the TTL, the first still running
+        for wait in (2.0, 1.5):  # past the TTL, the first still running
             time.sleep(wait)
             r = c.post("/v1/datasets/d/calibrations", json=body,
                        headers={"Idempotency-Key": "long"})
