@@ -18,21 +18,28 @@ from privcal import Accountant, Ledger
 from privcal.cli import main
 from privcal.errors import AuditFailed
 
+#: name → (the edit, what the failure says, the row it names: the review's F10 — "the log or
+#: its rows" sent an auditor looking through every table)
 _TAMPERS = {
-    "cap_snan": ("update datasets set cap_rho='sNaN'", "cannot read"),
-    "cap_text": ("update datasets set cap_rho='abc'", "cannot read"),
-    "charge_snan": ("update charges set rho='sNaN' where id=1", "cannot read"),
-    "params_not_json": ("update releases set params='not json'", "cannot read"),
-    "created_garbage": ("update datasets set created_at='garbage'", "cannot read"),
-    "head_seq_text": ("update audit_head set seq='x'", "cannot read"),
+    "cap_snan": ("update datasets set cap_rho='sNaN'", "cannot read",
+                 "audit entry 1 or the dataset row it logs"),
+    "cap_text": ("update datasets set cap_rho='abc'", "cannot read", "datasets row 1"),
+    "charge_snan": ("update charges set rho='sNaN' where id=1", "cannot read",
+                    "or the charge row it logs"),
+    "params_not_json": ("update releases set params='not json'", "cannot read",
+                        "releases row 1"),
+    "created_garbage": ("update datasets set created_at='garbage'", "cannot read",
+                        "datasets row 1"),
+    "head_seq_text": ("update audit_head set seq='x'", "cannot read", "the audit head row"),
     "payload_not_utf8": ("update audit_log set payload=CAST(X'FF' AS TEXT) where seq=2",
-                         "not UTF-8"),
-    "name_not_utf8": ("update datasets set name=CAST(X'FF' AS TEXT)", "not UTF-8"),
+                         "not UTF-8", "audit entry 2"),
+    "name_not_utf8": ("update datasets set name=CAST(X'FF' AS TEXT)", "not UTF-8",
+                      "datasets row 1"),
     # the review: JSON nested past Python's recursion limit (a RecursionError)
     "params_deep": (f"update releases set params='{'[' * 100_000}{']' * 100_000}'",
-                    "cannot read"),
+                    "cannot read", "releases row 1"),
     "payload_deep": (f"update audit_log set payload='{'[' * 100_000}{']' * 100_000}' "
-                     "where seq=2", "cannot read"),
+                     "where seq=2", "payload is not canonical JSON", "audit entry 2"),
 }
 
 
@@ -50,18 +57,19 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", sorted(_TAMPERS))
 def test_a_value_of_the_wrong_form_is_an_audit_failure(honest: Path, tmp_path: Path,
                                                         name: str) -> None:
-    sql, said = _TAMPERS[name]
+    sql, said, where = _TAMPERS[name]
     path = tmp_path / "l.sqlite"
     shutil.copy(honest, path)
     with sqlite3.connect(path) as conn:
         conn.execute(sql)
     url = f"sqlite:///{path}"
     acct = Accountant(Ledger(url))
-    with pytest.raises(AuditFailed, match=said):
+    with pytest.raises(AuditFailed, match=said) as got:
         acct.verify()
+    assert where in str(got.value) and "the log or its rows" not in str(got.value), got.value
     acct.ledger.close()
     res = CliRunner().invoke(main, ["--db-url", url, "audit", "verify"])
-    assert res.exit_code == 4 and said in res.output, res.output
+    assert res.exit_code == 4 and said in res.output and where in res.output, res.output
     assert "Traceback" not in res.output
 
 
@@ -98,3 +106,26 @@ def test_a_wrong_key_or_head_is_the_callers_error_not_an_edited_row(honest: Path
     with pytest.raises(InvalidInput, match="a signed head is a file, its document"):
         acct.verify(signed_head=5, trusted_key=pub)
     acct.ledger.close()
+
+
+def test_the_row_is_found_among_many(tmp_path: Path) -> None:
+    """``first_unreadable`` halves a failing chunk down to its row: among 9 releases, the one
+    edited is named, whatever the chunk size; an unedited ledger names none."""
+    from privcal.storage.models import ReleaseRow
+    from privcal.storage.unreadable import first_unreadable
+
+    path = tmp_path / "l.sqlite"
+    acct = Accountant(Ledger(f"sqlite:///{path}"))
+    acct.create_dataset("d", rho=10)
+    for _ in range(9):
+        acct.calibrate("pcoqs", dataset="d", alpha=0.1, rho=0.1,
+                       scores=np.random.default_rng(0).random(200))
+    led = acct.ledger
+    assert led.first_unreadable() is None
+    led.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("update releases set params='{' where id=7")
+    for chunk in (1, 2, 3, 4, 1024):
+        assert first_unreadable(led.read, [ReleaseRow], chunk=chunk) == "releases row 7"
+    assert led.first_unreadable() == "releases row 7"
+    led.close()

@@ -314,7 +314,7 @@ def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditRepo
     ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
     rep = accountant.ledger.verify(expect_head=expect_head, **signed)
-    with unreadable("the releases"):
+    with unreadable("the releases", accountant.ledger.first_unreadable):
         rels = accountant.ledger.releases()
         charges = accountant.ledger.release_charges([i for r in rels for i in r.charge_ids])
         sessions = accountant.ledger.session_reports()

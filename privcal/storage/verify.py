@@ -42,7 +42,7 @@ from privcal.storage.models import (
     spend_units,
 )
 from privcal.storage.records import VerifyReport
-from privcal.storage.unreadable import unreadable
+from privcal.storage.unreadable import first_unreadable, unreadable
 from privcal.storage.verify_releases import check_release_charges
 from privcal.storage.verify_subjects import check_subject_spends
 
@@ -184,6 +184,15 @@ class LedgerVerifier:
 
     # ``read`` is the Ledger's
 
+    def first_unreadable(self) -> str | None:
+        """The first row (every table, in dependency order) privcal cannot load —
+        ``"charges row 7"`` — or None (:func:`~privcal.storage.unreadable.first_unreadable`)."""
+        from privcal.storage.models import Base
+
+        by_table = {m.local_table: m.class_ for m in Base.registry.mappers}
+        return first_unreadable(self.read, [by_table[t] for t in Base.metadata.sorted_tables  # type: ignore[attr-defined]
+                                            if t in by_table])
+
     def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
                progress: Progress | None = None) -> VerifyReport:
@@ -247,7 +256,7 @@ class LedgerVerifier:
             what = "signed head" if len(signed_all) == 1 else f"signed head of {one.time}"
             wants.append((one.seq, one.hash.lower(), what))
         # the rows are read from here on: a value of the wrong form is an edit (unreadable)
-        with unreadable("the log or its rows"), self.read() as s:
+        with unreadable("the log or its rows", self.first_unreadable), self.read() as s:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
             releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
@@ -277,7 +286,7 @@ class LedgerVerifier:
                 try:
                     doc = json.loads(e.payload)
                     canonical_ok = audit.canonical(doc) == e.payload
-                except (ValueError, TypeError):
+                except (ValueError, TypeError, RecursionError):
                     canonical_ok, doc = False, {}
                 if not canonical_ok:
                     raise AuditFailed(f"audit entry {e.seq}: payload is not canonical JSON")
@@ -287,7 +296,8 @@ class LedgerVerifier:
                 if doc.get("seq") != e.seq or doc.get("kind") != e.kind:
                     raise AuditFailed(f"audit entry {e.seq}: payload records seq {doc.get('seq')} "
                                       f"kind {doc.get('kind')!r} (entries reordered)")
-                check(e.seq, e.kind, doc.get("data") or {})
+                with unreadable(f"audit entry {e.seq} or the {e.kind} row it logs"):
+                    check(e.seq, e.kind, doc.get("data") or {})
                 prev = e.entry_hash
                 expected += 1
                 count += 1
@@ -296,7 +306,8 @@ class LedgerVerifier:
                         raise AuditFailed(f"audit entry {e.seq}: hash differs from the {w_what} "
                                           "(log rewritten, or the head is another ledger's)")
             last = count
-            _check_head_row(head_row, last, prev)
+            with unreadable("the audit head row"):
+                _check_head_row(head_row, last, prev)
             for w_seq, w_hash, w_what in wants:
                 if w_seq > last:
                     raise AuditFailed(f"audit entry {last + 1}: missing; the {w_what} is "
