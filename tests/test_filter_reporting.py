@@ -218,3 +218,23 @@ def test_approx_delta_is_reserved_only_with_a_zcdp_group(accountant: Accountant)
     with pytest.raises(BudgetRefused):
         accountant.charge("b", ApproxDP(eps=0.1, delta=6e-7))
     accountant.charge("b", ApproxDP(eps=0.1, delta=5e-7))
+
+
+def test_the_chart_points_without_the_realized_spend(tmp_path: Path) -> None:
+    """``audit_report(realized=False)`` (the UI's spend chart): the same budget used after
+    every charge as the full report, and no realized (ε, δ) — None, not a stale or empty
+    statement."""
+    acct = Accountant(Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"))
+    acct.create_dataset("z", rho=1)
+    acct.create_dataset("p", epsilon=3)
+    for i in range(5):
+        acct.charge("z", ZCDP(rho=f"0.0{i + 1}"))
+        acct.charge("p", PureDP(epsilon=f"0.{i + 1}"))
+    for name in ("z", "p"):
+        (full,) = audit_report(acct, name)
+        (points,) = audit_report(acct, name, realized=False)
+        assert [t.used_after for t in points.timeline] == [t.used_after for t in full.timeline]
+        assert len(points.timeline) == 5
+        assert all(t.spent_dp_after is None for t in points.timeline)
+        assert all(t.spent_dp_after.startswith("spent so far ε=") for t in full.timeline)
+    acct.ledger.close()

@@ -260,7 +260,7 @@ def _overview(request: Request) -> dict[str, Any]:
     rows = []
     for d in acct.datasets():
         b = acct.budget(d.name)
-        rep = audit_report(acct, d.name)[0]
+        rep = audit_report(acct, d.name, realized=False)[0]  # the chart's points only
         points = [{"used_after": t.used_after} for t in rep.timeline]
         bars = []
         for k, cap in b.cap.items():
