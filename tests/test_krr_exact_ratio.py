@@ -3,7 +3,12 @@ former "flip to one of the other k−1 labels" form raised its flip probability 
 which bounds P(y|y)/P(y'|y) but widens P(y'|y)/P(y|y); at k = 10⁶, ε = 1e-10 the realised
 loss was 3e-10. Here the probabilities each sampler realises — a 53-bit uniform
 ``u = j/2⁵³`` compared with the computed probability, then an exact ``randrange`` — are
-computed in exact rationals and their ratio compared with e^ε at 80 digits."""
+computed in exact rationals and their ratio compared with e^ε at 80 digits.
+
+Red team 21, privacy F1: the comparison was with the float's own value, ``Decimal(eps)``;
+the ledger records and charges the decimal typed (ε0 = 4.2281), which lies below its
+nearest float about half the time — the samplers drew at up to ~1e-16 more than recorded.
+The loss is now compared with the smaller of the two, and with the ε0 the ledger records."""
 
 from __future__ import annotations
 
@@ -16,10 +21,22 @@ from typing import Any
 import numpy as np
 import pytest
 
+from privcal.accountant.normalize import normalize_cost
 from privcal.calibrators.mechanisms import randomized_response as rr
+from privcal.costs import LocalDP
 
 _CASES = [(2, 1e-15), (2, 1e-9), (3, 0.5), (10, 1.0), (10**4, 1e-12), (10**6, 1e-10),
-          (10**6, 1e-12), (10**9, 1e-7), (10**9, 30.0), (2, 700.0)]
+          (10**6, 1e-12), (10**9, 1e-7), (10**9, 30.0), (2, 700.0),
+          # red team 21: typed decimals below their float (LDP-CP-S's binary RR; k-RR near
+          # ε = ln k, where a 1e-16 change of β moves the loss most)
+          (2, 4.2281), (2, 4.2346), (2, 4.863), (2, 8.3495), (10**4, 9.3), (10**4, 9.38),
+          (200_000, 12.8), (10**7, 16.6), (10**8, 18.161124608501)]
+
+
+def _typed(eps: float) -> Decimal:
+    """The least of the float's own value, the decimal a user types for it (its shortest
+    repr) and the ε0 the ledger records for it (``charge_subjects``'s per-subject cost)."""
+    return min(Decimal(eps), Decimal(repr(eps)), normalize_cost(LocalDP(eps)).eps0)
 
 
 def _below(p: float) -> Fraction:
@@ -99,8 +116,9 @@ def test_each_sampler_is_eps_ldp_as_drawn(sampler: str, k: int, eps: float) -> N
         k = 2
     mix = _realised(sampler, k, eps)
     keep, other = 1 - mix + mix / k, mix / k  # P(y | y), P(y' | y)
-    assert _loss(keep, other) <= Decimal(eps)
-    assert abs(float(mix) - rr.krr_beta(k, eps)) <= 16 * math.ulp(rr.krr_beta(k, eps)) + 2**-53
+    assert _loss(keep, other) <= _typed(eps)
+    beta = rr.krr_beta(k, math.nextafter(eps, 0.0))  # the ε drawn at: one ulp below
+    assert abs(float(mix) - beta) <= 16 * math.ulp(beta) + 2**-53
 
 
 @pytest.mark.parametrize(("k", "eps"), [(10**6, 1e-10), (10**4, 1e-12), (2, 1e-16)])
@@ -108,7 +126,16 @@ def test_the_former_flip_form_was_not(k: int, eps: float) -> None:
     """The check above fails the sampler it replaced (so it can fail)."""
     flip = _below(rr._at_least(rr.krr_flip_probability(k, eps)))
     keep, other = 1 - flip, flip / (k - 1)
-    assert _loss(keep, other) > Decimal(eps)
+    assert _loss(keep, other) > _typed(eps)
+
+
+@pytest.mark.parametrize(("k", "eps"), [(2, 4.2281), (10**4, 9.3), (10**7, 16.6)])
+def test_beta_at_the_given_float_was_not(k: int, eps: float) -> None:
+    """Red team 21: the mixture form with β computed at the float given (not one ulp below)
+    exceeds the typed ε0 — the check above can fail a sampler that draws at the float."""
+    mix = _below(rr._at_least(rr.krr_beta(k, eps)))
+    keep, other = 1 - mix + mix / k, mix / k
+    assert _loss(keep, other) > _typed(eps)
 
 
 def test_the_samplers_draw_k_rr() -> None:

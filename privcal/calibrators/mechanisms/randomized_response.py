@@ -26,6 +26,13 @@ e^ε whatever the rounding. The former "flip to one of the other k−1" form nee
 probability exact from both sides: at k = 10⁶, ε = 1e-10 its rounding made it 3e-10-LDP.
 β and 2/(e^ε+1) (binary) are computed in the e^{−ε} form, accurate to a few ulps for every
 ε > 0 (no overflow at large ε, no cancellation).
+
+The ε a sampler draws at is the float *below* the one it is given (:func:`_mixing`; red team
+21, privacy F1): the ledger records and charges the decimal ε0 the user typed (4.2281), and
+the float nearest to it lies above it about half the time (by up to half an ulp), so β
+computed at that float was below β(ε0) and the realised loss exceeded the recorded ε0 by
+~1e-16. One ulp down is at most ε0 for any decimal whose nearest float was given; β only
+grows as ε falls.
 """
 
 from __future__ import annotations
@@ -86,6 +93,12 @@ def _at_least(p: float) -> float:
     return p
 
 
+def _mixing(k: int, eps: float) -> float:
+    """The probability the samplers draw the uniform report with: β at the float just below
+    ``eps`` (module docstring), raised by :func:`_at_least`."""
+    return _at_least(krr_beta(k, math.nextafter(_check_eps(eps), 0.0) or math.ulp(0.0)))
+
+
 def krr_flip_probability(k: int, eps: float) -> float:
     """P(report ≠ true label) = (k−1)/(e^ε+k−1) under k-RR."""
     k, e = _check_k(k), _check_eps(eps)
@@ -124,7 +137,7 @@ def krr(label: int, k: int, eps: float, rng: random.Random | None = None) -> int
     k = _check_k(k)
     if isinstance(label, bool) or not isinstance(label, int | np.integer) or not 0 <= label < k:
         raise InvalidInput(f"label must be an integer in [0, {k}), got {label!r}")
-    mix = _at_least(krr_beta(k, eps))
+    mix = _mixing(k, eps)
     r = rng if rng is not None else default_rng()
     return r.randrange(k) if r.random() < mix else int(label)
 
@@ -154,7 +167,7 @@ def krr_many(labels: np.ndarray, k: int, eps: float,
     if y.size and (y.min() < 0 or y.max() >= k):
         i = int(np.argmax((y < 0) | (y >= k)))
         raise InvalidInput(f"labels: row {i} is {y[i]}, outside [0, {k})")
-    mix = rng.random(y.shape[0]) < _at_least(krr_beta(k, eps))  # the mixture form
+    mix = rng.random(y.shape[0]) < _mixing(k, eps)  # the mixture form
     uniform = (rng.integers(0, k, size=y.shape[0]) if isinstance(rng, np.random.Generator)
                else rng.randint(0, k, size=y.shape[0]).astype(np.int64))
     return np.where(mix, uniform, y)
@@ -166,7 +179,7 @@ def binary_rr(bit: bool, eps: float, rng: random.Random | None = None) -> bool:
     if not isinstance(bit, bool | np.bool_) and bit not in (0, 1):
         raise InvalidInput(f"bit must be true/false (or 0/1), got {bit!r}")
     r = rng if rng is not None else default_rng()
-    return r.random() < 0.5 if r.random() < _at_least(krr_beta(2, eps)) else bool(bit)
+    return r.random() < 0.5 if r.random() < _mixing(2, eps) else bool(bit)
 
 
 def binary_rr_many(bits: np.ndarray, eps: float,
@@ -182,5 +195,5 @@ def binary_rr_many(bits: np.ndarray, eps: float,
         if not np.issubdtype(b.dtype, np.integer) or (b.size and not np.isin(b, (0, 1)).all()):
             raise InvalidInput("bits must be booleans or 0/1 integers")
         b = b.astype(bool)
-    mix = rng.random(b.shape[0]) < _at_least(krr_beta(2, eps))  # the mixture form
+    mix = rng.random(b.shape[0]) < _mixing(2, eps)  # the mixture form
     return np.where(mix, rng.random(b.shape[0]) < 0.5, b)
