@@ -213,7 +213,8 @@ def _run(
             kept = shape
             if not row_mask.all():  # the full shape was checked before the charge
                 kept = shape_of(rows_of(data, row_mask), k=classes)
-                public(calibrator.name, calibrator.guarantee)(p, kept)
+                _refuse_newly_trivial(calibrator, p, kept, dataset,
+                                      lambda: listed_shape(data, sids, row_of, shape, classes))
             if shuffle is None:
                 return central_cost
             amplified, record = shuffle(kept)
@@ -282,6 +283,44 @@ def _run(
     )
 
 
+def listed_shape(data: Any, sids: np.ndarray, row_of: np.ndarray | None, shape: DataShape,
+                 classes: int | None) -> DataShape:
+    """The shape of a local-DP run with every listed subject accepted, as its dry run counts
+    it (one row per subject: :func:`~privcal.accountant.prepare.prepare_shape`); a federated
+    run's agents keep all their rows."""
+    if row_of is not None:
+        return shape
+    first = np.zeros(sids.shape[0], dtype=bool)
+    first[np.unique(sids, return_index=True)[1]] = True
+    return shape if first.all() else shape_of(rows_of(data, first), k=classes)
+
+
+def _refuse_newly_trivial(calibrator: Calibrator, p: Any, kept: DataShape, dataset: str,
+                          listed: Callable[[], DataShape]) -> None:
+    """In the charge transaction of a local-DP run some of whose rows were left out: the
+    guarantee for the rows kept (the run's own checks), and a BudgetRefused — every subject
+    charge rolled back — when those rows could only give +∞ and the ``listed`` rows (one per
+    subject, all accepted, as the dry run prices them) could not (red team 21, coverage F1:
+    3 800 of 4 000 listed subjects at their cap; the dry run, which sees no one's spend,
+    previewed a finite release; the run charged the other 200 ε0 each for +∞). A request
+    already trivial for every listed subject runs as the dry run said it would."""
+    name = calibrator.name
+    g = public(name, calibrator.guarantee)(p, kept)
+    if not public(name, only_infinite)(calibrator, p, kept, g):
+        return
+    shape = listed()
+    if shape.n > kept.n and not public(name, only_infinite)(
+            calibrator, p, shape, public(name, calibrator.guarantee)(p, shape)):
+        raise BudgetRefused(
+            f"budget refused on the subjects of dataset {dataset!r}: {kept.n} of the "
+            f"{shape.n} subjects listed have room under the per-subject cap, and "
+            f"for them {name} could only release +∞ (every label, every interval) — nothing "
+            "charged (a dry run prices every listed subject: it does not see who is at the "
+            "cap)",
+            scope=f"dataset {dataset!r} subjects", asked=f"{name} on {shape.n} subjects",
+            remaining=f"room for {kept.n} of {shape.n} subjects")
+
+
 def dry_run(ledger: Ledger, calibrator: Calibrator, params: Any, shape: DataShape,
             dataset: str, *, shuffle: Shuffle | None = None) -> DryRun:
     """The cost of a run and what would remain after it; writes nothing. The run's checks
@@ -325,7 +364,9 @@ def _priced(ledger: Ledger, name: str, cost: Any, shape: DataShape, dataset: str
         if isinstance(cost, LocalDP):
             ok = ds.subject_epsilon is not None and cost.eps0 <= ds.subject_epsilon
             report = cost_json(cost)
-            reason = ("charged per subject against the per-subject cap" if ok
+            reason = ("charged per subject against the per-subject cap (the guarantee and "
+                      "`trivial` are for every listed row: the run leaves out subjects at "
+                      "their cap, and refuses if the rest could only give +∞)" if ok
                       else "ε0 exceeds the per-subject cap (or none set)")
             after = sp
             if central is not None:  # the shuffled run's charge to the dataset's cap

@@ -23,6 +23,7 @@ from privcal.cli.app import (
     table,
 )
 from privcal.cli.number_types import Integer
+from privcal.cli.output import at_least
 from privcal.costs import ZCDP, ApproxDP, PureDP
 from privcal.errors import InvalidInput
 
@@ -238,9 +239,15 @@ def release_list(settings: Settings, dataset_name: str | None, as_json: bool) ->
     rows = settings.accountant(existing=True).releases(dataset_name)
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
         {"id": r.id, "dataset": r.dataset, "method": r.method,
-         "threshold": cell(r.threshold), "coverage ≥": cell(r.coverage.lower),
+         "threshold": cell(r.threshold), "coverage ≥": _lower_cell(r.coverage.lower),
          "privacy (ε, δ)": privacy_cell(r.privacy),
          "created": cell(r.created_at)} for r in rows])))
+
+
+def _lower_cell(lower: float | None) -> str:
+    """A release's coverage lower bound in 10 significant digits, rounded *down* (red team
+    21, coverage F2: ``cell`` rounded a recorded 0.8870043318893702 up to 0.8870043319)."""
+    return cell(lower) if lower is None else at_least(lower, ".10g")
 
 
 def privacy_cell(privacy: dict[str, Any]) -> str:
