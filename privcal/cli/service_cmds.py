@@ -135,8 +135,10 @@ def token() -> None:
               "'SUBJECT<TAB>TOKEN' (--json: a list)")
 @click.option("--subject-prefix", help="with --count N: subjects PREFIX0 … PREFIX{N-1}")
 @click.option("--subjects", "subjects_file", type=click.Path(dir_okay=False, allow_dash=True),
-              help="device tokens in bulk for the subject ids in this file, one per line "
-              "(blank lines skipped; '-': stdin); --count, if given, must match")
+              help="device tokens in bulk for the subject ids in this file: a .csv/.parquet/"
+              ".npy/.npz read as calibrate --subjects reads it (FILE:COLUMN), any other file "
+              "one id per line (blank lines skipped; '-': stdin); --count, if given, must "
+              "match")
 @json_option
 @pass_settings
 def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str, ...],
@@ -167,6 +169,35 @@ def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str
          human=new.token)
 
 
+def _subjects_file(path: str) -> list[str]:
+    """``--subjects FILE``'s ids. A ``.csv/.parquet/.npy/.npz`` file (``FILE:COLUMN`` too)
+    is read as ``calibrate --subjects`` and ``session submit`` read it — its header, CSV
+    quoting, text cells (:func:`~privcal.data.files.load_array`) — so that one person has one
+    id, and one per-subject cap, on every path (red team 21, flows M1: the README's
+    ``user_ids.csv`` read as lines gave a token to the header and to ``"Smith, J"`` with its
+    quotes, a second id and cap for a person the calibrations charge as ``Smith, J``). Any
+    other file (or ``-``): one id per line, and a line holding a double quote — a table's
+    quoting, not an id — is refused, naming the line."""
+    from privcal.data.files import array_file, load_array
+
+    if path != "-" and array_file(path):
+        return [str(x) for x in load_array(path, "subjects", ids=True).tolist()]
+    try:
+        # utf-8-sig: a list saved with a byte-order mark (Windows Notepad) reads like any
+        # other, as privcal's CSV reader does, rather than with U+FEFF on its first id
+        with click.open_file(path, encoding="utf-8-sig") as f:
+            lines = [line.rstrip("\r\n") for line in f]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"--subjects {path}: cannot read it: {exc}") from None
+    for i, line in enumerate(lines, 1):
+        if '"' in line:
+            raise InvalidInput(
+                f"--subjects {path}: line {i} ({line[:40]!r}) holds a double quote — a "
+                "table's quoting? Name the file .csv to have it read as a table (as "
+                "calibrate --subjects reads it), or give one plain id per line")
+    return [x for x in lines if x.strip()]
+
+
 def _bulk_subjects(count: int | None, prefix: str | None, path: str | None) -> list[str]:
     """The subjects of ``token create --count/--subject-prefix/--subjects``."""
     if (prefix is None) == (path is None):
@@ -176,14 +207,7 @@ def _bulk_subjects(count: int | None, prefix: str | None, path: str | None) -> l
         if count is None:
             raise InvalidInput("--subject-prefix needs --count N")
         return [f"{prefix}{i}" for i in range(count)]
-    try:
-        # utf-8-sig: a list saved with a byte-order mark (Windows Notepad) reads like any
-        # other, as privcal's CSV reader does, rather than with U+FEFF on its first id
-        with click.open_file(path, encoding="utf-8-sig") as f:
-            subs = [line.rstrip("\r\n") for line in f]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"--subjects {path}: cannot read it: {exc}") from None
-    subs = [x for x in subs if x.strip()]
+    subs = _subjects_file(path)
     if not subs:
         raise InvalidInput(f"--subjects {path}: no subject ids in it")
     if count is not None and count != len(subs):

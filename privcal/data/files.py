@@ -277,6 +277,12 @@ def _matrix(tab: dict[str, np.ndarray], cols: list[str], path: Path, what: str) 
 _PEOPLE = frozenset({"subjects", "agents"})
 
 
+def array_file(spec: str) -> bool:
+    """Whether ``spec`` (``FILE``, ``FILE:NAME``…) names a file :func:`load_array` reads —
+    by its suffix, as :func:`load_array` tells its type."""
+    return _split_key(spec)[0].suffix.lower() in SUFFIXES
+
+
 def load_array(
     spec: str,
     what: str,

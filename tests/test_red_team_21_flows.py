@@ -1,0 +1,83 @@
+"""Red team 21, flows M1: ``privcal token create --role device --subjects FILE`` read FILE as
+raw lines, while ``calibrate --subjects`` and ``session submit --reports`` read a table: the
+same subjects.csv gave device tokens to ``subject`` (its header) and to ``"Smith, J"`` (the CSV
+quotes kept), while the calibrations charge ``Smith, J`` — one person under two ids, each with
+its own per-subject cap (Σε0 = 2 against a cap of 1)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from privcal.accountant import Accountant
+from privcal.accountant import sessions as S
+from privcal.cli import main
+from privcal.storage import Ledger
+from privcal.storage.tokens import list_tokens
+
+
+def _ledger(tmp_path: Path) -> tuple[str, Accountant]:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    led = Ledger(url)
+    led.upgrade()
+    acct = Accountant(led)
+    acct.create_dataset("d", epsilon=1, subject_epsilon=1)  # each person: Σε0 ≤ 1
+    return url, acct
+
+
+def _session(acct: Accountant) -> int:
+    return S.open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0, rounds=2,
+                          group_size=2).id
+
+
+def test_device_tokens_from_a_subjects_csv_name_the_people_calibrate_reads(
+        tmp_path: Path) -> None:
+    url, acct = _ledger(tmp_path)
+    subs = tmp_path / "subjects.csv"
+    subs.write_text('subject\nalice\n"Smith, J"\n')  # what pandas' to_csv writes
+    rep = tmp_path / "r.csv"
+    rep.write_text('subject,bit,round\n"Smith, J",1,0\nalice,0,0\n')
+    first = _session(acct)
+    r = CliRunner().invoke(main, ["--db-url", url, "--json", "session", "submit", str(first),
+                                  "--reports", str(rep)])
+    assert r.exit_code == 0, r.output
+    assert acct.subject_spend("d", "Smith, J") == Decimal(1)  # at the cap
+    second = _session(acct)
+    r = CliRunner().invoke(main, ["--db-url", url, "--json", "token", "create", "--role",
+                                  "device", "--session", str(second), "--subjects", str(subs)])
+    assert r.exit_code == 0, r.output
+    assert sorted(row["subject"] for row in json.loads(r.stdout)) == ["Smith, J", "alice"]
+    assert sorted(t.subject for t in list_tokens(acct.ledger) if t.subject) == [
+        "Smith, J", "alice"]
+    # the device of Smith, J reports through its token's subject: over the cap, refused
+    got = S.submit_reports(acct, second, ["Smith, J"], [1], [0])
+    assert got.accepted == 0
+    assert acct.subject_spend("d", "Smith, J") == Decimal(1)
+    acct.ledger.close()
+
+
+def test_a_table_column_and_a_plain_list(tmp_path: Path) -> None:
+    """``FILE:COLUMN`` of a multi-column table names that column's ids; a plain list is one
+    id per line; a plain line with a double quote is refused, naming the line, and no token
+    is made."""
+    url, acct = _ledger(tmp_path)
+    sid = _session(acct)
+    (tmp_path / "t.csv").write_text("subject,bit,round\nbob,1,0\ncarol,0,0\n")
+    (tmp_path / "plain.txt").write_text("dave\n\nSmith, J\n")
+    (tmp_path / "quoted.txt").write_text('erin\n"Smith, J"\n')
+    base = ["--db-url", url, "--json", "token", "create", "--role", "device", "--session",
+            str(sid), "--subjects"]
+    r = CliRunner().invoke(main, [*base, f"{tmp_path / 't.csv'}:subject"])
+    assert r.exit_code == 0, r.output
+    assert [row["subject"] for row in json.loads(r.stdout)] == ["bob", "carol"]
+    r = CliRunner().invoke(main, [*base, str(tmp_path / "plain.txt")])
+    assert r.exit_code == 0, r.output
+    assert [row["subject"] for row in json.loads(r.stdout)] == ["dave", "Smith, J"]
+    before = len(list_tokens(acct.ledger))
+    r = CliRunner().invoke(main, [*base, str(tmp_path / "quoted.txt")])
+    assert r.exit_code == 1 and "line 2" in r.output and "double quote" in r.output, r.output
+    assert len(list_tokens(acct.ledger)) == before
+    acct.ledger.close()
