@@ -75,3 +75,22 @@ def test_a_run_made_trivial_by_subjects_at_their_cap_charges_no_one(tmp_path: Pa
                          classes=list("abcd"))
     assert rel.shape["n"] == 1500 and rel.threshold < float("inf")
     acct.ledger.close()
+
+
+@pytest.mark.parametrize("method, cost", [("pcoqs", {"rho": 1}), ("exponq", {"epsilon": 1})])
+@pytest.mark.parametrize("score_range", [(1e308, 1.7e308), (-1e308, 1e308)])
+def test_a_range_whose_midpoint_or_width_overflows_is_refused(
+        method: str, cost: dict[str, float], score_range: tuple[float, float]) -> None:
+    """The service's F1, in the central searches: P-COQS bisects at (lo + hi)/2, which on
+    [1e308, 1.7e308] is +∞ — it released threshold +∞ under the statement "0.9 ≤ P(Y ∈ C(X) |
+    E) ≤ 0.909" (every set holds every label: coverage 1). Such a range is refused before any
+    charge, as the federated methods refuse one whose width overflows."""
+    from privcal.errors import InvalidInput
+
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", rho=10)  # a pure ε cost is charged as ε²/2 against ρ
+    s = 1e308 + np.random.default_rng(0).random(20_000) * 6e307
+    with pytest.raises(InvalidInput, match="overflows a float"):
+        acct.calibrate(method, dataset="d", scores=s, alpha=0.1, score_range=score_range,
+                       **cost)
+    assert acct.budget("d").charges == 0

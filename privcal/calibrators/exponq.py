@@ -63,6 +63,7 @@ from privcal.calibrators.base import (
 )
 from privcal.calibrators.bound_floats import float_at_most, text_at_most
 from privcal.calibrators.mechanisms.exponential import exponential_quantile, grid
+from privcal.calibrators.score_range import check_range_arithmetic
 from privcal.calibrators.split import _scores
 from privcal.costs import PureDP
 from privcal.errors import InvalidInput
@@ -97,8 +98,7 @@ class ExponQParams(CalibratorParams):
 
     @model_validator(mode="after")
     def _range(self) -> ExponQParams:
-        if not self.lower < self.upper:
-            raise ValueError(f"lower ({self.lower}) must be < upper ({self.upper})")
+        check_range_arithmetic(self.lower, self.upper)
         if self.alpha > 0.5:
             # the coverage proof (Angelopoulos et al. 2022, Thm 2) converts the mechanism's
             # weight error into a rank error with Δ = 1/(1−q̃), i.e. it needs q̃ ≥ 1/2, and

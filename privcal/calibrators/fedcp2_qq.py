@@ -71,6 +71,7 @@ from privcal.calibrators.fedplan import (
     plan_fedcp2_qq,
     plan_fedcp2_qq_pinned,
 )
+from privcal.calibrators.score_range import check_range_arithmetic
 from privcal.costs import LocalDP
 from privcal.errors import InvalidInput
 
@@ -100,8 +101,7 @@ class FedCP2QQParams(CalibratorParams):
 
     @model_validator(mode="after")
     def _range(self) -> FedCP2QQParams:
-        if not self.lower < self.upper:
-            raise ValueError(f"lower ({self.lower}) must be < upper ({self.upper})")
+        check_range_arithmetic(self.lower, self.upper)
         return self
     level: float | None = Field(
         default=None,

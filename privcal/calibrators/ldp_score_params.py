@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from privcal.calibrators.base import CalibratorParams, LocalFailureProbability
 from privcal.calibrators.ldp_score_bounds import Bound
+from privcal.calibrators.score_range import check_range_arithmetic
 
 __all__ = ["PAPER_BAND", "LDPScoreParams", "Search"]
 
@@ -80,4 +81,5 @@ class LDPScoreParams(CalibratorParams):
     def _range(self) -> LDPScoreParams:
         if not self.lower < self.upper:
             raise ValueError(f"score range needs lower < upper, got [{self.lower}, {self.upper}]")
+        check_range_arithmetic(self.lower, self.upper)
         return self

@@ -28,6 +28,7 @@ from privcal.calibrators.ldp_score_bounds import (
     score_slack,
 )
 from privcal.calibrators.ldp_score_params import LDPScoreParams, Search
+from privcal.calibrators.score_range import check_range_arithmetic
 from privcal.errors import InvalidInput, PlanRejected, first_error
 
 __all__ = ["LdpScoreProtocol", "RoundRecord"]
@@ -151,8 +152,11 @@ class LdpScoreProtocol(BaseModel):
         bound: Bound = "exact",
         search: Search = "bisect",
     ) -> LdpScoreProtocol:
-        """A fresh protocol at round 0 with interval [lower, upper]; band defaults to Δ_S."""
+        """A fresh protocol at round 0 with interval [lower, upper]; band defaults to Δ_S.
+        A range whose width or midpoint overflows a float is refused here, at the open (a
+        stored state is read as it was written)."""
         try:
+            check_range_arithmetic(lower, upper)
             w = band
             if w is None:
                 if bound == "exact":

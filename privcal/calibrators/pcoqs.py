@@ -94,6 +94,7 @@ from privcal.calibrators.base import (
 from privcal.calibrators.bound_floats import float_at_least, float_at_most, rank_bound
 from privcal.calibrators.mechanisms.discrete_gaussian import discrete_gaussian, to_fraction
 from privcal.calibrators.pcoqs_statement import coverage_statement
+from privcal.calibrators.score_range import check_range_arithmetic
 from privcal.calibrators.split import _scores
 from privcal.calibrators.tail_bounds import discrete_gaussian_cutoff
 from privcal.costs import ZCDP
@@ -144,8 +145,7 @@ class PCOQSParams(CalibratorParams):
 
     @model_validator(mode="after")
     def _range(self) -> PCOQSParams:
-        if not self.lower < self.upper:
-            raise ValueError(f"lower ({self.lower}) must be < upper ({self.upper})")
+        check_range_arithmetic(self.lower, self.upper)
         if not (self.upper - self.lower) > self.tol:
             raise ValueError(f"tol ({self.tol}) must be smaller than upper − lower")
         return self

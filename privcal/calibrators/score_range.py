@@ -24,6 +24,7 @@ from privcal.errors import InvalidInput, check_number_text
 
 __all__ = [
     "OUTSIDE_RANGE",
+    "check_range_arithmetic",
     "has_range",
     "parse_score_range",
     "range_record",
@@ -35,6 +36,23 @@ OUTSIDE_RANGE = (
     "scores are not clipped: a score above upper can only make the release +inf, a score "
     "below lower only makes the threshold larger; coverage holds either way"
 )
+
+
+def check_range_arithmetic(lower: float, upper: float) -> None:
+    """ValueError (a parameter validator's) for a score range without lower < upper, or
+    whose width or midpoint overflows a float — the searches bisect at (lo + hi)/2 and bin
+    by the width (red team 21, service F1: an ldp-score session on [1e308, 1.7e308] asked
+    its devices about +∞, then failed every report of the round; P-COQS on it released +∞
+    under a statement of coverage ≤ 0.909)."""
+    try:
+        lower, upper = float(lower), float(upper)
+    except (TypeError, ValueError, OverflowError):
+        return  # not numbers: the parameters' own validation says so
+    if not lower < upper:
+        raise ValueError(f"score range needs lower < upper, got [{lower}, {upper}]")
+    if not (math.isfinite(upper - lower) and math.isfinite(lower + upper)):
+        raise ValueError(f"score range [{lower}, {upper}] too wide or too far from 0: its "
+                         "width or midpoint overflows a float")
 
 
 def has_range(params_model: type) -> bool:

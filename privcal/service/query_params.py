@@ -18,6 +18,11 @@ or anything is charged. Each refusal is one line and leaves nothing done.
   while a client, proxy or log reading the first value saw a dry run. 422
   ``invalid-input``: "query parameter dry_run given twice; nothing was done" — as a JSON
   key given twice is refused (:mod:`privcal.service.json_body`).
+- **An Idempotency-Key header is given once** (red team 21, service F5): with two, FastAPI
+  bound the request to the first while a proxy, log or client reading the last believed
+  the other was used — a retry under it charged a second time. 422 ``invalid-input``:
+  "Idempotency-Key given twice; nothing was done", as two ``Authorization`` headers are
+  refused (:mod:`privcal.service.auth`).
 - **Unknown query parameters of a writing route are refused**, not ignored: a route that
   charges or writes (``POST``, ``PUT``, ``PATCH``, ``DELETE``) answers a query parameter it
   does not declare with 422 ``invalid-input`` naming it. Otherwise ``POST
@@ -43,11 +48,14 @@ from typing import Any
 
 from starlette.requests import Request
 
+from privcal.service.common import IDEMPOTENCY_HEADER
 from privcal.service.problems import ProblemError, not_found
 from privcal.storage.releases import MAX_STORED_ID
 
 __all__ = ["WRITE_METHODS", "declared_query_names", "int_path_names", "query_guard"]
 
+#: the Idempotency-Key header as ASGI gives it (lower case)
+_IDEM = IDEMPOTENCY_HEADER.lower().encode()
 #: a parameter name shown in the answer (anything else is not echoed)
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,40}")
 #: the methods whose unknown query parameters are refused
@@ -120,6 +128,14 @@ async def query_guard(request: Request, accepted: frozenset[str],
     query parameter given more than once (422, any method) or, on a writing method, a
     query parameter not in ``accepted`` (422); see the module docstring."""
     await _check_path_ids(request, int_paths)
+    keys = sum(1 for k, _ in request.scope.get("headers", ()) if k == _IDEM)
+    if keys > 1:
+        await _token_first(request)
+        raise ProblemError(422, "invalid-input", "Invalid input",
+                           f"{IDEMPOTENCY_HEADER} given {'twice' if keys == 2 else f'{keys} times'}"
+                           "; nothing was done",
+                           errors=[{"loc": ["header", IDEMPOTENCY_HEADER], "msg": "header "
+                                    "given more than once", "type": "duplicate"}])
     if not request.scope.get("query_string"):
         return
     counts = Counter(k for k, _ in request.query_params.multi_items())

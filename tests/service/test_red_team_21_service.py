@@ -1,0 +1,45 @@
+"""Red team 21, service findings F1 and F5 (on a real server, each backend)."""
+
+from __future__ import annotations
+
+from tests.service.conftest import Live
+
+
+def test_two_idempotency_key_headers_are_refused(live: Live) -> None:
+    """F5: with two Idempotency-Key headers the request was bound to the first; a retry
+    under the second — the key a proxy, log or client reading the last header believes was
+    used — charged again. Now 422, nothing done; then each key alone is one charge."""
+    body = {"cost": {"rho": "0.01"}}
+    with live.client("analyst") as c:
+        r = c.post("/v1/datasets/d/charges", json=body,
+                   headers=[("Idempotency-Key", "k-one"), ("Idempotency-Key", "k-two")])
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == "Idempotency-Key given twice; nothing was done"
+        assert live.accountant.budget("d").charges == 0
+        r = c.post("/v1/datasets/d/calibrations", json={
+            "method": "split", "params": {"alpha": 0.1}, "scores": [0.1, 0.2, 0.3]},
+            headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b"),
+                     ("Idempotency-Key", "c")])
+        assert r.status_code == 422 and "given 3 times" in r.json()["detail"], r.text
+        assert live.accountant.releases("d") == []
+        first = c.post("/v1/datasets/d/charges", json=body, headers={"Idempotency-Key": "k-two"})
+        again = c.post("/v1/datasets/d/charges", json=body, headers={"Idempotency-Key": "k-two"})
+    assert (first.status_code, again.status_code) == (201, 200), (first.text, again.text)
+    assert live.accountant.budget("d").charges == 1
+
+
+def test_an_ldp_score_range_whose_midpoint_overflows_is_refused(live: Live) -> None:
+    """F1: an ldp-score session on [1e308, 1.7e308] was opened, asked its devices about
+    the threshold +∞, and the report closing round 0 — and every one after it — was a 500:
+    a session no report could complete, its subjects charged. Now 422 at the open, nothing
+    written; the same for a range whose width overflows."""
+    head = live.accountant.ledger.head()
+    with live.client("analyst") as c:
+        for lower, upper in ((1e308, 1.7e308), (-1e308, 1e308)):
+            r = c.post("/v1/datasets/d/sessions", json={
+                "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 2,
+                "group_size": 5, "lower": lower, "upper": upper})
+            assert r.status_code == 422, r.text
+            assert "overflows a float" in r.json()["detail"], r.text
+    assert live.accountant.ledger.head() == head  # no session opened, nothing logged
+    assert live.accountant.budget("d").charges == 0
