@@ -1,4 +1,4 @@
-"""Red team 21, service F2 and F3: the lean paths.
+"""Red team 21, service F2, F3 and F7: the lean paths and the request body's time.
 
 - F2: a request with two ``Authorization`` headers is unauthenticated (red team 18), but the
   lean report PUT and session read took the last header: a report with two device tokens
@@ -6,17 +6,27 @@
   rule (:func:`privcal.service.auth.bearer_token`).
 - F3: an unexpected error on a lean path escaped to uvicorn, a bare ``text/plain`` or empty
   500 without the standard headers; it is now the whole app's 500 problem document.
+- F7: a body that never came held its connection for ever, by anyone (a made-up token on
+  the report PUT, or the public ``/ui/login``): 140 of them made every request 503. A body
+  now has :data:`~privcal.service.http_protocol.BODY_TIMEOUT_S` after its head plus a second
+  per :data:`~privcal.service.http_protocol.BODY_MIN_RATE` bytes received (shortened here).
 """
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from privcal.service.http_protocol import BoundedHttpTools
 from privcal.service.problems import server_error_response
-from tests.service.conftest import Live, open_ldp
+from tests.service.conftest import Live, open_ldp, serve
 
 
 def _two_devices(lv: Live, sid: int) -> list[tuple[str, str]]:
@@ -93,3 +103,91 @@ def test_f3_unexpected_error_on_the_lean_paths_is_the_apps_500(
         # the connection was not dropped: the next request on it is answered
         assert c.get("/healthz").status_code == 200
     assert "the report writer broke" in caplog.text and "the session read broke" in caplog.text
+
+
+class _QuickBody(BoundedHttpTools):
+    """A body has 1 s after its head, plus a second per 250 bytes received."""
+
+    body_timeout = 1.0
+    body_min_rate = 250
+
+
+@pytest.fixture
+def quick(ledger_url: str) -> Iterator[Live]:
+    with serve(ledger_url, http=_QuickBody) as lv:
+        yield lv
+
+
+def _connect(lv: Live) -> socket.socket:
+    host, port = lv.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _answer_or_close(s: socket.socket) -> bytes:
+    """All the server sends until it closes (TimeoutError after 30 s of silence)."""
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return out
+
+
+MADE_UP = b"pcl_0000000000000000_" + b"A" * 43
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_f7_a_stalled_body_is_cut_and_the_service_still_answers(quick: Live) -> None:
+    report = _connect(quick)
+    report.sendall(b"PUT /v1/sessions/1/reports/a HTTP/1.1\r\nHost: x\r\n"
+                   b"Authorization: Bearer " + MADE_UP + b"\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: 30\r\n\r\n{\"round\"")
+    login = _connect(quick)
+    login.sendall(b"POST /ui/login HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/x-www-form-urlencoded\r\n"
+                  b"Content-Length: 200\r\n\r\ntoken=pcl_")
+    t0 = time.monotonic()
+    for s in (report, login):
+        answer = _answer_or_close(s)  # before the fix: TimeoutError (held for ever)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert json.loads(body)["type"] == "urn:privcal:problem:body-timeout"
+        assert b"cache-control: no-store" in head.lower()
+        s.close()
+    assert time.monotonic() - t0 < 25  # 1 s + 8 bytes' credit, with a wide margin
+    # nothing was stored, and a normal request on a new connection is served
+    sid = open_ldp(quick, group_size=50)
+    dev = quick.token("device", session=sid, subject="s1")
+    with quick.client(token=dev) as c:
+        r = c.put(f"/v1/sessions/{sid}/reports/r1", json={"round": 0, "value": 1})
+        assert r.status_code == 201, r.text
+        assert c.get("/healthz").status_code == 200
+    assert quick.accountant.subject_summary("d").subjects == 1
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_f7_a_slow_but_steady_upload_is_served(quick: Live) -> None:
+    """An upload that takes 3× the base timeout (its head sent alone first), averaging 8×
+    the minimum rate, is not cut."""
+    scores = np.linspace(0, 1, 700).round(6).tolist()
+    body = json.dumps({"method": "split", "params": {"alpha": 0.1},
+                       "scores": scores}).encode()
+    assert len(body) >= 6000  # 3 s at 2000 B/s
+    s = _connect(quick)
+    s.sendall(b"POST /v1/datasets/d/calibrations?dry_run=true HTTP/1.1\r\nHost: x\r\n"
+              b"Authorization: Bearer " + quick.tokens["analyst"].encode() + b"\r\n"
+              b"Content-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    t0 = time.monotonic()
+    for i in range(0, len(body), 500):
+        time.sleep(0.25)
+        s.sendall(body[i:i + 500])
+    assert time.monotonic() - t0 > 1.5 * _QuickBody.body_timeout  # past the base timeout
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        assert chunk, data
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200 "), data[:300]
+    s.close()
