@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from privcal import __version__
 from privcal.errors import PrivcalError, first_of
+from privcal.service.auth import bearer_token
 from privcal.service.device_reports import REPORT_BODY_LIMIT, REPORT_ROUTE, try_lean
 from privcal.service.json_body import invalid_json_detail, sent_as_bytes
 from privcal.service.problems import (
@@ -102,7 +103,7 @@ class ServiceMiddleware:
             from privcal.service.auth import DeferredPrincipal
             from privcal.storage.tokens import presented_token
 
-            presented = presented_token(_bearer(scope) or "")
+            presented = presented_token(bearer_token(scope) or "")
             if presented is None:
                 await self._problem(scope, send, unauthenticated())
                 return
@@ -155,7 +156,7 @@ class ServiceMiddleware:
     async def _authenticate(self, scope: Scope) -> Any:
         from privcal.storage.tokens import authenticate
 
-        presented = _bearer(scope)
+        presented = bearer_token(scope)
         if presented is None:
             return None
         ledger = scope["app"].state.accountant.ledger
@@ -251,20 +252,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 _REPORT_PATH = re.compile(r"^/v1/sessions/[^/]+/reports/[^/]+$")
-
-
-def _bearer(scope: Scope) -> str | None:
-    """The bearer token of the ``Authorization`` header, if there is exactly one such header
-    (red team 18: with two, the last one authenticated, while proxies and loggers read the
-    first — a request naming two callers is unauthenticated)."""
-    found = [v for k, v in scope["headers"] if k == b"authorization"]
-    if len(found) != 1:
-        return None
-    auth = found[0].decode("latin-1")
-    scheme, _, presented = auth.partition(" ")
-    if scheme.lower() != "bearer" or not presented.strip():
-        return None
-    return presented.strip()
 
 
 def create_app(db_url: str | None = None, *, accountant: Any = None,

@@ -20,7 +20,7 @@ from privcal.service.problems import Problem, forbidden, not_found, unauthentica
 from privcal.storage.token_checks import DeviceGrant
 from privcal.storage.tokens import TokenInfo
 
-__all__ = ["ERROR_RESPONSES", "DeferredPrincipal", "Principal", "allow", "bearer",
+__all__ = ["ERROR_RESPONSES", "DeferredPrincipal", "Principal", "allow", "bearer", "bearer_token",
            "device_problem", "resolve_deferred", "shown_text"]
 
 #: how much of a caller's text (a dataset name, a path segment) an answer repeats
@@ -53,6 +53,25 @@ def shown_text(text: str, limit: int = SHOWN_CHARS) -> str:
         return repr(text)
     cut = repr(text[:limit])
     return f"{cut[:-1]}…{cut[-1]}"
+
+
+def bearer_token(scope: Any) -> str | None:
+    """The bearer token of the request's ``Authorization`` header, if there is exactly one
+    such header (red team 18: with two, the last one authenticated, while proxies and loggers
+    read the first — a request naming two callers is unauthenticated).
+
+    The one rule of every path that reads a token: the middleware, and the lean paths
+    answered before it (:mod:`privcal.service.device_reports`,
+    :mod:`privcal.service.session_reads`), which took the last of two headers until red
+    team 21 (service F2: a report with two device tokens was stored and charged to the
+    second's subject, where the middleware answered 401)."""
+    found = [v for k, v in scope["headers"] if k == b"authorization"]
+    if len(found) != 1:
+        return None
+    scheme, _, presented = found[0].decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        return None
+    return presented.strip()
 
 
 class Principal:

@@ -35,7 +35,12 @@ from typing import Any
 from starlette.types import Message, Receive, Scope, Send
 
 from privcal.errors import PrivcalError
-from privcal.service.problems import ProblemError, problem_for, problem_response
+from privcal.service.problems import (
+    ProblemError,
+    problem_for,
+    problem_response,
+    send_server_error,
+)
 from privcal.service.response_headers import with_standard_headers
 from privcal.storage.releases import MAX_STORED_ID
 
@@ -104,23 +109,21 @@ async def try_lean(scope: Scope, receive: Receive, send: Send, *,
     nothing read (the app answers it); bytes: not one, this body was read (the app answers
     it with the body replayed). A Content-Length over ``body_limit`` or
     :data:`REPORT_BODY_LIMIT` is not read here."""
-    from privcal.service.auth import DeferredPrincipal
+    from privcal.service.auth import DeferredPrincipal, bearer_token
     from privcal.storage.tokens import presented_token
 
     sid = lean_target(scope)
     if sid is None:
         return None
-    length = auth = None
+    length = None
     for k, v in scope["headers"]:
         if k == b"content-length":
             length = v
-        elif k == b"authorization":
-            auth = v
     limit = min(body_limit, REPORT_BODY_LIMIT)
-    if length is None or not length.isdigit() or int(length) > limit or auth is None:
+    if length is None or not length.isdigit() or int(length) > limit:
         return None  # over the limit: the middleware answers 413, nothing read
-    scheme, _, tok = auth.decode("latin-1").partition(" ")
-    presented = presented_token(tok.strip()) if scheme.lower() == "bearer" else None
+    # the middleware's rule (two Authorization headers: none; red team 21, service F2)
+    presented = presented_token(bearer_token(scope) or "")
     if presented is None:
         return None
     chunks: list[bytes] = []
@@ -162,6 +165,9 @@ async def put_report(scope: Scope, send: Send, sid: int, rnd: int, value: int) -
         return
     except PrivcalError as exc:
         await _send_problem(scope, send, problem_for(exc))
+        return
+    except Exception as exc:  # the app's 500 (red team 21, service F3)
+        await send_server_error(scope, send, exc)
         return
     if out.status == "rejected":
         await _send_problem(scope, send, ProblemError(

@@ -1,4 +1,5 @@
-"""The HTTP/1.1 connection: uvicorn's httptools protocol with a bounded request head.
+"""The HTTP/1.1 connection: uvicorn's httptools protocol with a bounded request head and body
+time.
 
 uvicorn's httptools protocol reads a request line and headers of any size, on the event loop,
 and appends each received piece to the bytes read so far (quadratic): one unauthenticated
@@ -14,12 +15,30 @@ its own for either (its h11 protocol has a size limit but no time limit, and is 
   at a cost linear in that limit (a complete head that arrives in one read, at most the
   transport's read size, is parsed as uvicorn does);
 - that has not completed a request head :data:`HEAD_TIMEOUT_S` seconds after it was opened
-  or after the head's first byte arrived (answering 408 if it sent part of one).
+  or after the head's first byte arrived (answering 408 if it sent part of one);
+- whose request body is late (answering 408 if no response was started, else closing):
+  :data:`BODY_TIMEOUT_S` seconds after its head, plus one second per
+  :data:`BODY_MIN_RATE` bytes of body received so far (Apache's ``mod_reqtimeout`` rule,
+  ``body=20,MinRate=4096``). A body that never came was held for ever, by anyone: a report's
+  token (a made-up one will do) is checked only after its body, and ``/ui/login`` is public,
+  so 140 stalled bodies took every slot of a worker limited to 128 connections and every
+  request, ``/healthz`` included, was answered 503 until the client let go (red team 21,
+  service F7).
 
-Bodies are bounded by the app (``--max-body``, 413) and idle kept-alive connections by
-uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
+  What a real client needs: a device report (under 1 KiB) or a login form arrives with its
+  head or a round trip later, far inside 20 s; an upload of the largest body
+  (``--max-body``, 16 MiB by default) is never cut while it averages at least 4 KiB/s
+  (32 kbit/s, slower than a 2G EDGE link; 16 MiB at that rate takes 68 min) — the rate is
+  an average since the head, so stalls of a few seconds in a faster upload cost nothing.
+  A deadline that comes while the server itself is not reading (uvicorn stops reading past
+  64 KiB until the app asks for more, or the client waits for a ``100 Continue`` the app
+  has not asked for yet) is not the client's delay: the body's clock starts again then. To hold a
+  connection, a client must keep sending at least 4 KiB/s on it.
+
+Bodies are bounded in size by the app (``--max-body``, 413) and idle kept-alive connections
+by uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
 (:func:`connection_limit`). A public deployment still belongs behind a reverse proxy (TLS,
-per-client rate limits: README "Run the service").
+per-client rate limits and connection counts: README "Run the service").
 """
 
 from __future__ import annotations
@@ -32,14 +51,21 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from privcal.service.problems import ProblemError, problem_response
 from privcal.service.response_headers import with_standard_headers
 
-__all__ = ["HEAD_TIMEOUT_S", "MAX_HEAD_BYTES", "BoundedHttpTools", "connection_limit",
-           "uvicorn_options"]
+__all__ = ["BODY_MIN_RATE", "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "MAX_HEAD_BYTES",
+           "BoundedHttpTools", "connection_limit", "uvicorn_options"]
 
 #: bytes read of a request head (request line + headers) that is still incomplete, at most
 #: (nginx's default ``large_client_header_buffers`` is 4 × 8 KiB)
 MAX_HEAD_BYTES = 32 * 1024
 #: seconds a connection may take to send a complete request head
 HEAD_TIMEOUT_S = 20.0
+#: seconds a request's body may take after its head, before the credit of :data:`BODY_MIN_RATE`
+#: (a report or a form comes with its head or a round trip later)
+BODY_TIMEOUT_S = 20.0
+#: bytes per second of body a slow upload must average to be never cut: each
+#: ``BODY_MIN_RATE`` bytes received extend the body's deadline by one second (4 KiB/s =
+#: 32 kbit/s: the default 16 MiB ``--max-body`` takes 68 min at that rate; module docstring)
+BODY_MIN_RATE = 4096
 
 
 def _answer(status: int, reason: str, slug: str, detail: str) -> bytes:
@@ -55,15 +81,21 @@ _TOO_LARGE = _answer(431, "Request Header Fields Too Large", "header-too-large",
                      f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
 _TOO_SLOW = _answer(408, "Request Timeout", "head-timeout",
                     "the request head was not complete in time")
+_BODY_TOO_SLOW = _answer(408, "Request Timeout", "body-timeout",
+                         "the request body was not complete in time")
 _BAD_REQUEST = _answer(400, "Bad Request", "bad-request", "the request is not valid HTTP/1.1")
 
 
 class BoundedHttpTools(HttpToolsProtocol):
     """:class:`~uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` with the request
-    head bounded in size and in time (module docstring)."""
+    head bounded in size and in time, and its body in time (module docstring)."""
 
     #: seconds to a complete request head (a subclass may set another)
     head_timeout: float = HEAD_TIMEOUT_S
+    #: seconds to a complete body, before the rate's credit (a subclass may set another)
+    body_timeout: float = BODY_TIMEOUT_S
+    #: bytes per second of body that extend its deadline by a second
+    body_min_rate: float = BODY_MIN_RATE
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,6 +103,9 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0  # bytes received while the current head is incomplete
         self._head_timer: TimerHandle | None = None
         self._events = 0  # heads and messages completed on this connection
+        self._body_timer: TimerHandle | None = None
+        self._body_start = 0.0  # when the body's clock started (its head, or reading resumed)
+        self._body_bytes = 0  # body bytes received since then
 
     def send_400_response(self, msg: str) -> None:
         """A request uvicorn cannot parse: the service's problem document with its standard
@@ -85,6 +120,7 @@ class BoundedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -92,7 +128,13 @@ class BoundedHttpTools(HttpToolsProtocol):
             self._arm()
         before = self._events
         super().data_received(data)
-        if not self._in_head or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if not self._in_head:
+            # a head whose body is not complete (a request whose body came with its head, the
+            # usual case, never starts the timer)
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(self.body_timeout, self._body_late)
             return
         if self._events != before:  # a head or a body ended in this piece: count afresh
             self._head_bytes = 0
@@ -106,12 +148,18 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._events += 1
         self._disarm()
+        self._body_start, self._body_bytes = self.loop.time(), 0
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._events += 1
         self._in_head = True  # the next request's head (its timer starts at its first byte)
+        self._disarm_body()
 
     def _arm(self) -> None:
         self._disarm()
@@ -130,6 +178,38 @@ class BoundedHttpTools(HttpToolsProtocol):
             # part of a head, or nothing at all since the connection opened
             self._refuse(_TOO_SLOW if self._head_bytes else b"")
         # else: an idle kept-alive connection, uvicorn's timeout_keep_alive closes it
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_late(self) -> None:
+        """The body timer: close the connection if its body is past its deadline (module
+        docstring), else wait for the deadline (one timer per slow body, not one per piece)."""
+        self._body_timer = None
+        if self._in_head or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        cycle = self.cycle
+        if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
+            # the server is not reading this body (yet): not the client's delay
+            self._body_start, self._body_bytes = now, 0
+            due = now + self.body_timeout
+        else:
+            due = self._body_start + self.body_timeout + self._body_bytes / self.body_min_rate
+        if now < due:
+            self._body_timer = self.loop.call_later(due - now, self._body_late)
+            return
+        answer = _BODY_TOO_SLOW
+        if cycle is not None:
+            if cycle.response_started:
+                answer = b""  # the app is answering: cut it short, nothing to add
+            if not cycle.response_complete:
+                # the app's receive() says "disconnected" and its send() writes nothing more
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self._refuse(answer)
 
     def _refuse(self, answer: bytes) -> None:
         self._disarm()

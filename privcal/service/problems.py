@@ -28,7 +28,7 @@ from privcal.errors import (
 )
 
 __all__ = ["PROBLEM_TYPES", "Problem", "ProblemError", "problem_for", "problem_response",
-           "report_writer_busy", "server_error_response"]
+           "report_writer_busy", "send_server_error", "server_error_response"]
 
 log = logging.getLogger("privcal.service")
 
@@ -150,3 +150,17 @@ def server_error_response(_request: Any, _exc: Exception) -> JSONResponse:
     for name, value in STANDARD_HEADERS:
         resp.headers[name.decode()] = value.decode()
     return resp
+
+
+async def send_server_error(scope: Any, send: Any, exc: Exception) -> None:
+    """Send :func:`server_error_response`'s 500 for ``exc`` (logged with its traceback on the
+    ``privcal.service`` logger, as uvicorn logs one that reaches the whole app's handler):
+    the lean paths answered before the app (:mod:`privcal.service.device_reports`,
+    :mod:`privcal.service.session_reads`) let an unexpected error escape to uvicorn, a bare
+    ``text/plain`` or empty 500 without the standard headers (red team 21, service F3)."""
+    log.error("unexpected error answering a %s request", scope.get("method"), exc_info=exc)
+
+    async def _nothing() -> Any:
+        return {"type": "http.disconnect"}
+
+    await server_error_response(None, exc)(scope, _nothing, send)

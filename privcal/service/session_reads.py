@@ -30,6 +30,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import Scope, Send
 
+from privcal.service.problems import send_server_error
 from privcal.service.response_headers import STANDARD_HEADERS
 from privcal.storage.releases import MAX_STORED_ID
 
@@ -101,29 +102,29 @@ def _read(app: Any, presented: tuple[str, str], sid: int) -> bytes | None:
 
 async def try_lean_get(scope: Scope, send: Send) -> int | None:
     """Answer ``scope`` if it is a session-bound token's successful read of its session:
-    the status sent (200); None: nothing sent, the app answers it."""
+    the status sent (200; 500, the whole app's problem document, for an unexpected error:
+    red team 21, service F3); None: nothing sent, the app answers it."""
     import anyio
 
-    from privcal.service.auth import DeferredPrincipal
+    from privcal.service.auth import DeferredPrincipal, bearer_token
     from privcal.storage.tokens import presented_token
 
     m = _LEAN_GET.match(scope["path"])
     if m is None or scope.get("query_string") or int(m.group(1)) > _SID_MAX:
         return None
-    auth = None
-    for k, v in scope["headers"]:
-        if k == b"authorization":
-            auth = v
-        elif k in (b"content-length", b"transfer-encoding"):
+    for k, _v in scope["headers"]:
+        if k in (b"content-length", b"transfer-encoding"):
             return None  # a GET with a body: the middleware's limit and the route decide
-    if auth is None:
-        return None
-    scheme, _, tok = auth.decode("latin-1").partition(" ")
-    presented = presented_token(tok.strip()) if scheme.lower() == "bearer" else None
+    # the middleware's rule (two Authorization headers: none; red team 21, service F2)
+    presented = presented_token(bearer_token(scope) or "")
     if presented is None:
         return None
     sid = int(m.group(1))
-    body = await anyio.to_thread.run_sync(_read, scope["app"], presented, sid)
+    try:
+        body = await anyio.to_thread.run_sync(_read, scope["app"], presented, sid)
+    except Exception as exc:  # the app's 500 (red team 21, service F3)
+        await send_server_error(scope, send, exc)
+        return 500
     if body is None:
         return None
     scope.setdefault("state", {})["deferred"] = DeferredPrincipal(presented)  # access log
