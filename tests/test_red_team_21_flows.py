@@ -81,3 +81,30 @@ def test_a_table_column_and_a_plain_list(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "line 2" in r.output and "double quote" in r.output, r.output
     assert len(list_tokens(acct.ledger)) == before
     acct.ledger.close()
+
+
+def test_an_early_stopped_session_says_the_reports_it_used(tmp_path: Path) -> None:
+    """L1: a 6-round session whose round 5 stopped within the band recorded "data n=1200"
+    (the plan's T·n′, which its guarantee is for) and nothing of the 1 000 reports it stored
+    and charged; its release now says ``reports_used`` and ``release show`` prints both."""
+    import numpy as np
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    acct = Accountant(url)
+    acct.create_dataset("d", epsilon=1, subject_epsilon=20)
+    a = S.open_session(acct, "ldp-score", dataset="d", alpha=0.5, epsilon=8, rounds=6,
+                       group_size=200)
+    rng = np.random.default_rng(1)
+    k = 0
+    while (info := S.session_status(acct, a.id)).status == "open":
+        bits = (rng.random(200) <= info.query).astype(int)
+        S.submit_reports(acct, a.id, [f"u{k}_{i}" for i in range(200)], bits.tolist(),
+                         [info.round] * 200)
+        k += 1
+    rel = acct.release(S.session_status(acct, a.id).release_id)
+    used = rel.diagnostics["reports_used"]
+    assert rel.diagnostics["rounds_used"] < 6 and rel.shape["n"] == 1200  # stopped early
+    assert used == 200 * rel.diagnostics["rounds_used"] == acct.subject_summary("d").subjects
+    res = CliRunner().invoke(main, ["--db-url", url, "release", "show", str(rel.id)])
+    assert res.exit_code == 0 and f"{used} reports used" in res.output, res.output
+    acct.ledger.close()

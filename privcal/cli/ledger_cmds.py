@@ -279,6 +279,8 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
         cov = r.coverage
         shape = ", ".join(f"{k}={cell(v)}" for k, v in r.shape.items()
                           if not isinstance(v, list | dict)) if r.shape else "-"
+        if (used := (r.diagnostics or {}).get("reports_used")) is not None:
+            shape += f" (as planned; {cell(used)} reports used)"  # a session stopped early
         rows = [
             {"": "dataset", "value": r.dataset},
             {"": "method", "value": f"{r.method} {r.calibrator_version} "

@@ -98,13 +98,18 @@ def release_in_tx(
 
 
 def ldp_release_args(proto: LdpScoreProtocol) -> dict[str, Any]:
-    """The release of a finished ldp-score protocol: its threshold, params, shape, history."""
+    """The release of a finished ldp-score protocol: its threshold, params, shape, history.
+    The shape's n is the plan's T·n′ (the guarantee is the T-round protocol's, early stop
+    included); ``reports_used`` says how many reports the rounds it ran took (red team 21,
+    flows L1: a session that stopped after 5 of 6 rounds read "data n=1200" beside 1 000
+    reports stored and charged)."""
     thr = proto.threshold if proto.threshold is not None else math.inf
     return {
         "threshold": thr, "params": proto.to_params().model_dump(mode="python"),
         "shape": DataShape(n=proto.rounds * proto.group_size),
         "diagnostics": {
             "rounds": proto.rounds, "rounds_used": proto.round, "group_size": proto.group_size,
+            "reports_used": sum(r.count for r in proto.history),
             "delta_S": proto.slack, "calibration_target": proto.target, "band": proto.band,
             "trivial": math.isinf(thr),
             "history": [r.model_dump(mode="json") for r in proto.history],
