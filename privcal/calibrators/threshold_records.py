@@ -11,6 +11,12 @@ Some methods' thresholds are a function of public quantities their release recor
   and when q̃ ≥ 1); bins, γ and q̃ are recomputed from the parameters and n.
 - FedCP²-QQ releases the k-th smallest of the agents' messages (recorded, sorted; missing
   agents counted as +∞), or +∞ when that is the top of the grid.
+- LDP-CP-S (ldp-score) releases the query of the round that stopped in the band, else the
+  last query a round lowered ``hi`` to, else +∞ (``diagnostics.history``'s decisions), and
+  +∞ whenever no round can clear its cut-off; LDP-CP-L (ldp-label) releases +∞ when its
+  target 1−α+Δ_L (``calibration_target``, recomputed) exceeds 1; both record ``trivial``
+  exactly when the threshold is +∞ (red team 21, readme F1: an edited threshold of 0.05
+  loaded under a +∞ release's record).
 
 A saved release (:func:`privcal.accountant.saved_release.consistency_problems`) whose
 threshold was edited alone contradicts them, and is refused. A file whose threshold *and*
@@ -151,6 +157,52 @@ def fedcp2_qq(cal: Any, params: Any, shape: Any, threshold: float,
     return []
 
 
+def _trivial(threshold: float, diag: dict[str, Any]) -> list[str]:
+    if diag.get("trivial") is not math.isinf(threshold):
+        return [f"diagnostics.trivial: {diag.get('trivial')!r:.20} contradicts the threshold "
+                f"{threshold}"]
+    return []
+
+
+def ldp_score(cal: Any, params: Any, shape: Any, threshold: float,
+              diag: dict[str, Any]) -> list[str]:
+    """LDP-CP-S (module docstring)."""
+    if cal.only_infinite(params, shape) and threshold != math.inf:
+        return [f"threshold {threshold}: no round can clear its cut-off for n = {shape.n}, so "
+                "the threshold is +inf"]
+    hist, want = diag.get("history"), math.inf
+    if not isinstance(hist, list) or not all(isinstance(r, dict) for r in hist):
+        return ["diagnostics.history: not the rounds' records"]
+    for r in hist:
+        q, decision = _num(r.get("query")), r.get("decision")
+        if q is None or decision not in ("lower", "raise", "stop"):
+            return [f"diagnostics.history: round {r.get('round')!r:.20} is not a round record"]
+        if decision != "raise":
+            want = q  # "lower": hi = q, released if no later round does better; "stop": q
+        if decision == "stop":
+            break
+    if threshold != want:
+        return [f"threshold {threshold} is not the one diagnostics.history releases ({want})"]
+    return _trivial(threshold, diag)
+
+
+def ldp_label(cal: Any, params: Any, shape: Any, threshold: float,
+              diag: dict[str, Any]) -> list[str]:
+    """LDP-CP-L (module docstring)."""
+    from privcal.calibrators.ldp_label import label_slack, target_level
+
+    sl = label_slack(shape.n, cal._k(params, shape), params.epsilon,
+                     params.failure_probability, params.bound)
+    target = target_level(params, sl)
+    out = _recorded(diag, {"calibration_target": target})
+    if out:
+        return out
+    if target > 1 and threshold != math.inf:
+        return [f"threshold {threshold}: the target {target} exceeds 1 for n = {shape.n}, so "
+                "the threshold is +inf"]
+    return _trivial(threshold, diag)
+
+
 def _wrapped(cal: Any, inner: Any, params: Any, shape: Any,
              diagnostics: dict[str, Any]) -> list[str]:
     """:func:`threshold_problems` of every level's raw threshold (levels) or every group's
@@ -178,7 +230,8 @@ def _wrapped(cal: Any, inner: Any, params: Any, shape: Any,
 
 #: privcal's own methods whose threshold is a function of what their release records
 CHECKS: dict[str, Callable[[Any, Any, Any, float, dict[str, Any]], list[str]]] = {
-    "pcoqs": pcoqs, "exponq": exponq, "fedcp2-qq": fedcp2_qq,
+    "pcoqs": pcoqs, "exponq": exponq, "fedcp2-qq": fedcp2_qq, "ldp-score": ldp_score,
+    "ldp-label": ldp_label,
 }
 
 
@@ -186,7 +239,7 @@ def threshold_problems(cal: Any, params: Any, shape: Any, threshold: float,
                        diagnostics: dict[str, Any]) -> list[str]:
     """Why ``threshold`` is not the one release diagnostics ``diagnostics`` of calibrator
     ``cal`` (with ``params`` and ``shape``, as recorded) record; [] if it is, or if the
-    method's threshold is not a function of what it records (split, the LDP methods)."""
+    method's threshold is not a function of what it records (split)."""
     own = getattr(cal, "check_threshold", None)
     if callable(own):
         return list(own(params, shape, threshold, diagnostics))
