@@ -30,6 +30,7 @@ import base64
 import hashlib
 import http.client
 import json
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -178,6 +179,52 @@ def _entries(a: argparse.Namespace) -> list[dict[str, Any]]:
     return entries
 
 
+_KEPT = re.compile(r"([0-9]{1,18}):([0-9a-fA-F]{64})")
+_SIGNED_KEYS = ("format", "seq", "hash", "time", "signature")
+
+
+def _heads(a: argparse.Namespace) -> tuple[list[tuple[int, str, str]], bytes | None,
+                                            list[tuple[str, dict[str, Any]]]]:
+    """The kept heads (seq, hash, as given), the trusted key and the signed heads (file,
+    document), each checked for its form first: Unusable naming the one that is not (red
+    team 21, service F6: a malformed --expect-head or signed-head file was a traceback)."""
+    kept = []
+    for text in a.expect_head:
+        m = _KEPT.fullmatch(text.strip())
+        if m is None:
+            raise Unusable(f"--expect-head {text[:80]!r}: not SEQ:HASH (an entry number and "
+                           "64 hex digits, as the last run printed it)")
+        kept.append((int(m.group(1)), m.group(2), text))
+    pem, signed = None, []
+    if a.signed_head:
+        from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+        try:
+            with open(a.trusted_key, "rb") as fh:
+                pem = fh.read()
+            load_pem_public_key(pem)
+        except OSError as exc:
+            raise Unusable(f"{exc.filename}: {exc.strerror}") from None
+        except (ValueError, TypeError) as exc:
+            raise Unusable(f"{a.trusted_key}: not a PEM public key ({exc})") from None
+        for path in a.signed_head:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    doc = json.load(fh)
+            except OSError as exc:
+                raise Unusable(f"{exc.filename}: {exc.strerror}") from None
+            except ValueError:  # not JSON, not UTF-8
+                doc = None
+            if not (isinstance(doc, dict) and set(_SIGNED_KEYS) <= doc.keys()
+                    and type(doc["seq"]) is int and doc["seq"] >= 0
+                    and all(isinstance(doc[k], str) for k in _SIGNED_KEYS if k != "seq")
+                    and re.fullmatch(r"[0-9a-fA-F]{64}", doc["hash"])):
+                raise Unusable(f"{path}: not a privcal signed head (a JSON object with "
+                               f"{', '.join(_SIGNED_KEYS)}: `privcal audit head --sign` writes it)")
+            signed.append((path, doc))
+    return kept, pem, signed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -194,22 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.signed_head and not a.trusted_key:
         ap.error("--signed-head needs --trusted-key")
     try:
+        kept, pem, signed = _heads(a)
         entries = _entries(a)
     except Unusable as exc:  # one line, not a traceback (red team 19, newcomer F5)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         head = check_chain(entries)
-        for kept in a.expect_head:
-            seq, _, h = kept.strip().partition(":")
-            check_head(entries, int(seq), h, f"kept head {kept}")
-        if a.signed_head:
-            with open(a.trusted_key, "rb") as fh:
-                pem = fh.read()
-            for path in a.signed_head:
-                with open(path, encoding="utf-8") as fh:
-                    seq, h = check_signed(json.load(fh), pem)
-                check_head(entries, seq, h, f"signed head in {path}")
+        for seq, h, text in kept:
+            check_head(entries, seq, h, f"kept head {text}")
+        for path, doc in signed:
+            seq, h = check_signed(doc, pem)  # type: ignore[arg-type]
+            check_head(entries, seq, h, f"signed head in {path}")
     except Failed as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 4

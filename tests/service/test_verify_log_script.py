@@ -147,3 +147,40 @@ def test_a_malformed_entry_is_a_log_that_does_not_verify(
     assert verify_log.main(["--entries", str(saved)]) == 4
     err = capsys.readouterr().err
     assert err.startswith("FAILED: entry 3: ") and said in err, err
+
+
+def test_a_malformed_head_is_one_line(ledger_url: str, tmp_path: Path,  # (the module's mark)
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Red team 21, service F6: a malformed --expect-head, a signed-head file that is not one
+    (not JSON, a field missing, a seq that is text) or a trusted key that is not a key was a
+    traceback (exit 1, no verdict); it is one line naming it, exit 1."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    entries = tmp_path / "e.json"
+    entries.write_text("[]")
+    pub = tmp_path / "k.pub"
+    pub.write_bytes(Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    base = ["--entries", str(entries)]
+    cases: list[tuple[list[str], str]] = [
+        ([*base, "--expect-head", "abc"], "error: --expect-head 'abc': not SEQ:HASH"),
+        ([*base, "--expect-head", "1:" + "0" * 63], "error: --expect-head"),
+    ]
+    heads = {"text": "not json",
+             "partial": json.dumps({"format": "privcal-signed-head-v1", "seq": 0,
+                                    "hash": "0" * 64, "time": "x"}),
+             "seq_text": json.dumps({"format": "privcal-signed-head-v1", "seq": "0",
+                                     "hash": "0" * 64, "time": "x", "signature": "AA=="})}
+    for name, text in heads.items():
+        head = tmp_path / f"{name}.json"
+        head.write_text(text)
+        cases.append(([*base, "--signed-head", str(head), "--trusted-key", str(pub)],
+                      f"error: {head}: not a privcal signed head"))
+    cases.append(([*base, "--signed-head", str(tmp_path / "text.json"), "--trusted-key",
+                   str(entries)], f"error: {entries}: not a PEM public key"))
+    for argv, said in cases:
+        assert verify_log.main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith(said) and err.count("\n") == 1, (argv, err)
+    assert verify_log.main([*base, "--expect-head", "0:" + "0" * 64]) == 0  # the empty log
