@@ -241,3 +241,19 @@ def test_fast_pseudonyms_equal_hmac_sha256() -> None:
         assert P.pseudonym_bytes(key, ids) == want
         assert P.pseudonyms(key, ids).tolist() == [w.hex() for w in want]
         assert P.pseudonyms_raw(key, ids).tobytes() == b"".join(want)
+
+
+def test_of_two_signed_heads_of_one_entry_the_newest_signing_is_reported(
+        spent: Accountant, tmp_path: Path) -> None:
+    """Red team 21, readme F2: the nightly signing of a quiet log makes heads of one entry;
+    verified with both, the summary gave the first one's signing time, whatever the order —
+    a stale file's age. It gives the newest, in either order."""
+    from datetime import UTC, datetime
+
+    priv, pub, _ = signing.generate_keypair(tmp_path / "k")
+    head = spent.ledger.head()
+    old = signing.sign_head(head, priv, time=datetime(2026, 11, 23, tzinfo=UTC))
+    new = signing.sign_head(head, priv, time=datetime(2026, 11, 24, tzinfo=UTC))
+    for order in ([old, new], [new, old]):
+        rep = spent.verify(signed_head=order, trusted_key=pub)
+        assert rep.signed_at == new.time and rep.signed_at.startswith("2026-11-24"), order
