@@ -204,3 +204,27 @@ def test_submit_reports_checks_its_tokens_in_the_write_transaction(accountant: A
     assert accountant.subject_spend("d", "a") == 0
     res = S.submit_reports(accountant, one, ["a", "f"], [1, 0], [0, 0], tokens=[ok, later])
     assert res.accepted == 2 and accountant.subject_spend("d", "a") > 0
+
+
+def test_a_batch_with_one_revoked_token_writes_the_others(live: Live) -> None:
+    """A write window holding a report whose token was revoked after the writer's read and
+    a report whose token is in force: the first is answered 401 and not stored, the second
+    is written (the batch again without it)."""
+    from concurrent.futures import Future
+
+    from privcal.service.batcher import _Item
+    from privcal.service.problems import ProblemError
+
+    sid, _, tid, _, _ = _victim(live, "device")
+    live.token("device", session=sid, subject="other")
+    oid = next(t.id for t in list_tokens(live.accountant.ledger) if t.subject == "other")
+    items = [_Item(sid, "victim", 0, 1, recheck=tid, future=Future()),
+             _Item(sid, "other", 0, 1, recheck=oid, future=Future())]
+    revoke_token(live.accountant.ledger, tid)  # after the read that set their subjects
+    live.app.state.batcher._write(sid, items)
+    assert isinstance(items[0].error, ProblemError) and items[0].error.status == 401
+    assert items[1].outcome is not None and items[1].outcome.status == "accepted"
+    assert live.accountant.subject_spend("d", "victim") == 0
+    assert live.accountant.subject_spend("d", "other") > 0
+    with live.client("auditor") as c:
+        assert c.get(f"/v1/sessions/{sid}").json()["received"] == 1
