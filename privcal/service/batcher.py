@@ -4,9 +4,10 @@ time are written in batches.
 One background writer thread takes every pending report (group commit: under load, all
 that arrived while the previous batch was being written, so a batch grows with the load;
 when the queue was empty it first waits a short window for company), checks the batch's
-device tokens with one read (a token revoked or expired by
-then is refused: 401; another role 403; another session 404 — see
-:class:`privcal.service.auth.DeferredPrincipal`), groups the reports per session and
+device tokens with one read (a token revoked or expired by then is refused: 401; another
+role 403; another session 404 — see :class:`privcal.service.auth.DeferredPrincipal`) and
+every token again in the write transaction, once it holds the session's lock (revoked
+meanwhile: 401, nothing written — red team 21, flows M2), groups the reports per session,
 writes each group with one :func:`privcal.accountant.sessions.submit_reports` call (one
 transaction: one lock of the dataset and session rows, one bulk charge, one bulk
 insert, one audit entry), instead of one locked transaction per report. Each request
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from privcal.errors import InvalidInput, PrivcalError
-from privcal.service.problems import ProblemError, problem_for, report_writer_busy
+from privcal.service.problems import ProblemError, problem_for, report_writer_busy, unauthenticated
 from privcal.service.writer_tokens import check_tokens
 
 __all__ = ["Outcome", "ReportBatcher"]
@@ -75,8 +76,9 @@ class _Item:
     round: int | None
     value: Any
     token: tuple[str, str] | None = None  # a device's (token id, digest), checked in bulk
-    #: the id of the token an agent's message was authenticated with on arrival: the writer
-    #: re-checks it is still in force just before the write (revoked while it waited: 401)
+    #: the id of the token the report was sent under (an agent's, authenticated on arrival; a
+    #: device's, once its deferred check passed): the writer re-checks it is still in force
+    #: before the write and in the write transaction (revoked while it waited: 401)
     recheck: str | None = None
     future: Future[Outcome] | None = None  # a thread's waiter (submit)
     afuture: asyncio.Future[Outcome] | None = None  # a request's waiter (submit_async) ...
@@ -186,15 +188,17 @@ class ReportBatcher:
 
     async def submit_async(self, session_id: int, subject: str | None, rnd: int | None,
                            value: Any, *, token: tuple[str, str] | None = None,
-                           timeout: float | None = None) -> Outcome:
+                           timeout: float | None = None, recheck: str | None = None
+                           ) -> Outcome:
         """:meth:`submit` for a request on the event loop (no thread held while it waits).
         ``token``: a device's unchecked (id, digest) for ``subject`` None — the writer
-        checks it and takes the subject from it, or answers its problem."""
+        checks it and takes the subject from it, or answers its problem; ``recheck``: as
+        :meth:`submit`'s, for a device's token already checked."""
         if self._stopped:
             raise RuntimeError("the report writer is stopped")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome] = loop.create_future()
-        item = _Item(session_id, subject, rnd, value, token, afuture=fut, loop=loop)
+        item = _Item(session_id, subject, rnd, value, token, recheck, afuture=fut, loop=loop)
         self._q.put(item)
         try:
             async with asyncio.timeout(self.wait if timeout is None else timeout):
@@ -328,6 +332,7 @@ class ReportBatcher:
 
     def _write(self, sid: int, items: list[_Item]) -> None:
         from privcal.accountant.sessions import submit_reports
+        from privcal.accountant.sessions.records import TokensNotInForce
         from privcal.storage.tokens import stored_reports
 
         ledger = self.accountant.ledger
@@ -346,10 +351,22 @@ class ReportBatcher:
                     None))
         if not todo:
             return
-        res = submit_reports(self.accountant, sid, [it.subject for it in todo],
-                             [it.value for it in todo],
-                             # device reports carry a round, agent messages none
-                             None if todo[0].round is None else [it.round for it in todo])
+        try:  # the tokens again, in the write transaction (red team 21, flows M2)
+            res = submit_reports(self.accountant, sid, [it.subject for it in todo],
+                                 [it.value for it in todo],
+                                 # device reports carry a round, agent messages none
+                                 None if todo[0].round is None else [it.round for it in todo],
+                                 tokens=[it.recheck for it in todo if it.recheck is not None])
+        except TokensNotInForce as gone:  # revoked while waiting: 401, nothing written
+            for it in todo:
+                if it.recheck in gone.tokens:
+                    it.fail(unauthenticated())
+            rest = [it for it in todo if not it.done]
+            if len(rest) == len(todo):  # cannot be: the error names only tokens it was given
+                raise
+            if rest:
+                self._write(sid, rest)
+            return
         self.batches += 1
         self.reports += res.accepted
         if res.accepted == len(todo):  # every report stored as sent: nothing to read back

@@ -231,7 +231,8 @@ async def report_put(request: Request, report_id: str, body: ReportBody, sid: in
     else:
         p.check_session(sid)
         assert p.token.subject is not None
-        out = await batcher.submit_async(sid, p.token.subject, body.round, body.value)
+        out = await batcher.submit_async(sid, p.token.subject, body.round, body.value,
+                                         recheck=p.token.id)
     return _outcome(out, sid)
 
 

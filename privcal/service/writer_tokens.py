@@ -3,7 +3,13 @@
 taken from it), and the token an agent's message was authenticated with on arrival checked
 again — one revoked or expired while the message waited is refused 401, as a device's is
 (red team 18: an agent's message was stored and its agent charged after the revocation
-had answered 200)."""
+had answered 200).
+
+This read only answers early what it can (a wrong token, role or session): a revocation
+committed after it, while the write waits for the dataset's lock, is caught by the check
+every token gets again inside the write transaction (``submit_reports(tokens=…)``, whose
+lock order makes it race-free: :func:`privcal.storage.token_checks.tokens_not_in_force`;
+red team 21, flows M2: that report was stored and charged after the revocation's 200)."""
 
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ def check_tokens(ledger: Any, items: list[Any]) -> list[Any]:
             it.fail(problem)
         else:
             assert info is not None and info.subject is not None
-            it.subject, it.token = info.subject, None
+            it.subject, it.token, it.recheck = info.subject, None, info.id  # checked again
     return [it for it in items if it.token is None and not it.done]
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "check_migration",
     "check_session_open",
     "check_sessions",
+    "lock_for_revocation",
     "refuse_unless_open",
 ]
 
@@ -318,6 +319,18 @@ def check_session_open(s: Session, session: int) -> None:
     if row is None:
         raise NotFound(f"unknown session {session}")
     refuse_unless_open(session, row.status, row.release_id)
+
+
+def lock_for_revocation(s: Session, session: int | None) -> None:
+    """In a revocation's transaction: lock the row of the session its token is bound to, if
+    any (PostgreSQL ``FOR UPDATE``; SQLite's writes are serial), before ``revoked_at`` is
+    set. A batch of that session re-checks its tokens after locking the same row, so the two
+    are ordered (:func:`~privcal.storage.token_checks.tokens_not_in_force`; red team 21,
+    flows M2)."""
+    if session is None:
+        return
+    s.execute(select(CollectionSession.id).where(CollectionSession.id == session)
+              .with_for_update())
 
 
 def refuse_unless_open(session: int, status: str, release_id: int | None) -> None:

@@ -9,8 +9,7 @@ Only ``SHA-256(secret)`` is stored; a presented token is checked with
 the time taken does not say whether the id exists (the design of collector tokens in
 the IETF DAP / Janus implementation, see ``shared/SERVICE.md``). A token carries one
 role and its bindings; it expires (``expires_at``) and is revoked at once
-(``revoked_at``): every request's token is read from the ledger, nothing is cached
-(device reports: in bulk, by the service's write window, just before the write).
+(``revoked_at``): every request's token is read, nothing cached (reports: :mod:`.token_checks`).
 
 **Idempotency records** remember, per principal and ``Idempotency-Key``, the route,
 a fingerprint of the request and the response that was sent, so a retried request
@@ -49,7 +48,7 @@ from privcal.storage.service_reads import (
     stored_report,
     stored_reports,
 )
-from privcal.storage.sessions import check_session_open
+from privcal.storage.sessions import check_session_open, lock_for_revocation
 from privcal.storage.token_secrets import (
     DUMMY_HASH,
     MAX_LIFETIME,
@@ -252,18 +251,21 @@ def create_token(
 def list_tokens(ledger: Any) -> list[TokenInfo]:
     """Every token, by creation time as the clock said (then id; no secrets: only hashes)."""
     with ledger.read() as s:
-        return [_info(t) for t in s.scalars(select(ApiToken).order_by(ApiToken.created_at,
-                                                                        ApiToken.id))]
+        rows = s.scalars(select(ApiToken).order_by(ApiToken.created_at, ApiToken.id))
+        return [_info(t) for t in rows]
 
 
 def revoke_token(ledger: Any, token_id: str) -> TokenInfo:
-    """Revoke now (idempotent: revoking a revoked token keeps its first revocation time)."""
+    """Revoke now (idempotent: the row, read ``FOR UPDATE``, keeps its first revocation time);
+    a session-bound token locks its session's row too, which orders it with the session's
+    batches (:func:`~privcal.storage.sessions.lock_for_revocation`; red team 21, flows M2)."""
     def tx(s: Session) -> TokenInfo:
         tid = str(token_id)
-        row = s.get(ApiToken, tid) if is_token_id(tid) else None
+        row = s.get(ApiToken, tid, with_for_update=True) if is_token_id(tid) else None
         if row is None:
             raise NotFound(f"unknown token {token_id!r}")
         if row.revoked_at is None:
+            lock_for_revocation(s, row.session_id)  # token row, then session row: no cycle
             row.revoked_at = now()
         s.flush()
         return _info(row)

@@ -26,7 +26,7 @@ from privcal.accountant.normalize import idempotency_key as idempotency_key_text
 from privcal.accountant.normalize import json_safe, request_digest
 from privcal.accountant.sessions import parsing as P
 from privcal.accountant.sessions import records as R
-from privcal.accountant.sessions.records import SubmitResult
+from privcal.accountant.sessions.records import SubmitResult, TokensNotInForce
 from privcal.accountant.sessions.release import fed_release_args, ldp_release_args, release_in_tx
 from privcal.accountant.sessions.state import (
     dump_protocol,
@@ -50,6 +50,7 @@ from privcal.storage.pseudonyms import (
     subjects_digest_raw,
 )
 from privcal.storage.sessions import CollectionSession
+from privcal.storage.token_checks import tokens_not_in_force
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -198,6 +199,7 @@ def submit_reports(
     *,
     idempotency_key: str | None = None,
     strict: bool = False,
+    tokens: Sequence[str] = (),
 ) -> SubmitResult:
     """Ingest one batch of reports (subject id + bit, or agent id + message) in one
     transaction; see :mod:`privcal.accountant.sessions` for the filters, charging and
@@ -216,7 +218,11 @@ def submit_reports(
     file): a malformed value or round in any row refuses the whole batch (InvalidInput naming
     the first, nothing written) instead of being counted per row as a device's report is;
     the per-subject reasons (already reported, duplicate, over its cap, another round) stay
-    counted per row.
+    counted per row. ``tokens`` (the service's report writer): the ids of the API tokens
+    the batch's reports were sent under, checked in the transaction once it holds the
+    session's lock — :class:`TokensNotInForce`, nothing written, if any is revoked, expired
+    or not bound to this session by then (why that misses no revocation:
+    :func:`~privcal.storage.token_checks.tokens_not_in_force`).
     """
     # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
     sids = id_strings(subjects, "subject ids")
@@ -240,6 +246,10 @@ def submit_reports(
     def tx(conn: Connection) -> SubmitResult:
         # on the driver (storage/statements.py): the fixed cost of a batch is its statements
         row, ds, last_batch = ledger.lock_batch_session(conn, session_key(session_id))
+        if tokens:  # after the session's lock, which a revocation takes too (red team 21)
+            gone = tokens_not_in_force(ledger, conn, row.id, tokens)
+            if gone:
+                raise TokensNotInForce(gone)
         if rounds is None and row.method == "ldp-score":  # before anything is written
             raise InvalidInput(NO_ROUNDS.format(sid=row.id))
         if key is not None:

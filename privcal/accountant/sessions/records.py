@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from privcal.errors import PrivcalError
 from privcal.storage.records import UTCDateTime
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Method",
     "SessionInfo",
     "SubmitResult",
+    "TokensNotInForce",
 ]
 
 METHODS = ("ldp-score", "fedcp2-qq", "fedcp-qq")
@@ -35,6 +37,18 @@ OVER_CAP = "subject budget exhausted"
 ROUND_FULL = "round full"
 EXTRA_AGENT = "all agents have answered (extra agent beyond m)"
 LATE = "late: session is {status}"
+
+
+class TokensNotInForce(PrivcalError):
+    """A batch given the service tokens it was sent under (``submit_reports(tokens=…)``) of
+    which ``tokens`` were not in force — revoked, expired, or not bound to its session —
+    when its write transaction had locked the session: nothing was written, nothing charged
+    (red team 21, flows M2). The service answers their reports 401 and writes the others."""
+
+    def __init__(self, tokens: set[str]) -> None:
+        super().__init__(f"{len(tokens)} token(s) of the batch are no longer in force: "
+                         "nothing was written")
+        self.tokens = frozenset(tokens)
 
 
 class SessionInfo(BaseModel):
