@@ -108,3 +108,37 @@ def test_an_early_stopped_session_says_the_reports_it_used(tmp_path: Path) -> No
     res = CliRunner().invoke(main, ["--db-url", url, "release", "show", str(rel.id)])
     assert res.exit_code == 0 and f"{used} reports used" in res.output, res.output
     acct.ledger.close()
+
+
+def test_a_numbers_header_spelling_the_class_names_is_named(tmp_path: Path) -> None:
+    """Red team 21, readme F4: a --probs CSV headed "1,2,3" — the release's own class names,
+    as scikit-learn's ``classes_ = [1, 2, 3]`` writes them — over the probabilities alone was
+    read as a row of data: "row 0 sums to 6". ``predict`` and ``evaluate`` now say what the
+    line is and what to do; without it the file is taken in the class order."""
+    import numpy as np
+
+    g = np.random.default_rng(5)
+    p = g.dirichlet(np.ones(3), size=1000)
+    y = (p.cumsum(axis=1) < g.random((1000, 1))).sum(axis=1) + 1
+    rows = "".join(",".join(repr(float(v)) for v in r) + f",{lab}\n"
+                   for r, lab in zip(p, y, strict=True))
+    (tmp_path / "calib.csv").write_text("1,2,3,label\n" + rows)
+    body = "".join(",".join(repr(float(v)) for v in r) + "\n" for r in p[:50])
+    (tmp_path / "new.csv").write_text("1,2,3\n" + body)
+    (tmp_path / "plain.csv").write_text(body)
+    np.save(tmp_path / "labels.npy", y[:50])
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    run = CliRunner().invoke
+    assert run(main, ["--db-url", url, "dataset", "create", "d", "--rho", "1"]).exit_code == 0
+    res = run(main, ["--db-url", url, "calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.2",
+                     "--rho", "0.5", "--probs", str(tmp_path / "calib.csv"), "--label-column",
+                     "label", "--score", "lac"])
+    assert res.exit_code == 0, res.output
+    for cmd in (["predict"], ["evaluate", "--labels", str(tmp_path / "labels.npy")]):
+        res = run(main, ["--db-url", url, *cmd, "--release", "1", "--probs",
+                         str(tmp_path / "new.csv")])
+        assert res.exit_code == 1 and "its first line '1,2,3' spells the release's class" \
+            in res.output and "sums to" not in res.output, res.output
+        res = run(main, ["--db-url", url, *cmd, "--release", "1", "--probs",
+                         str(tmp_path / "plain.csv")])
+        assert res.exit_code == 0, res.output

@@ -33,6 +33,7 @@ from privcal.cli.inputs import load_labels
 from privcal.cli.number_types import Integer
 from privcal.cli.output import at_least
 from privcal.cli.render import guarantee_verdict
+from privcal.data.csv_headers import numbers_header
 from privcal.data.files import load_array, prob_column_names
 from privcal.errors import InvalidInput
 
@@ -57,7 +58,15 @@ def _load_probs(rel: Any, probs: str, columns: str | None,
     class is an error; a header of column numbers other than 0 … k-1 in order, without
     names to match, is refused); a headerless CSV or an array is taken by position."""
     from privcal.calibrators.group_sets import align_columns
+    from privcal.calibrators.prediction_sets import release_classes
 
+    classes = release_classes(rel)
+    if classes is not None and (line := numbers_header(probs, list(classes))) is not None:
+        raise InvalidInput(
+            f"--probs {probs}: its first line {line!r} spells the release's class names, but "
+            "a CSV header of numbers cannot be told from a row of data: remove that line and "
+            f"give the columns in the release's order ({','.join(map(str, classes))}), or "
+            "save the table as .parquet, whose column names are text")
     p = load_array(probs, "probs", matrix=True, columns=columns, exclude=exclude)
     names = prob_column_names(probs, columns, exclude)
     return np.asarray(align_columns(rel, p, names, where=f"--probs {probs}"))
