@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -142,3 +143,40 @@ def test_a_numbers_header_spelling_the_class_names_is_named(tmp_path: Path) -> N
         res = run(main, ["--db-url", url, *cmd, "--release", "1", "--probs",
                          str(tmp_path / "plain.csv")])
         assert res.exit_code == 0, res.output
+
+
+def test_an_interrupted_quickstart_removes_its_ledger_and_says_so(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Readme F5: Ctrl-C in `privcal quickstart` said "a calibration's charge is kept …
+    (`privcal audit report` lists it)" — of a ledger the newcomer does not have — and left
+    its /tmp/privcal-quickstart-* directory; a closed pipe (`| head -1`) exited 1 silently,
+    leaving it too. Now the directory is removed and the line says so (exit 130); a closed
+    pipe ends quietly with 141, as a shell reports a writer cut off."""
+    import glob
+    import subprocess
+    import sys
+    import tempfile
+
+    import privcal.cli.quickstart_cmds as qs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = qs._step
+
+    def interrupted(n: int, *a: Any, **kw: Any) -> None:
+        if n == 3:
+            raise KeyboardInterrupt
+        real(n, *a, **kw)
+
+    monkeypatch.setattr(qs, "_step", interrupted)
+    res = CliRunner().invoke(main, ["quickstart"])
+    assert res.exit_code == 130, res.output
+    assert "the demo's throw-away ledger was removed; nothing else was touched" in res.output
+    assert "audit report" not in res.output
+    assert glob.glob(str(tmp_path / "privcal-quickstart-*")) == []
+    exe = str(Path(sys.executable).with_name("privcal"))
+    env = {**__import__("os").environ, "TMPDIR": str(tmp_path)}
+    got = subprocess.run(["bash", "-c", f"'{exe}' quickstart 2>'{tmp_path}/err' | head -1 "
+                          ">/dev/null; echo ${PIPESTATUS[0]}"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert got.stdout.strip() == "141" and (tmp_path / "err").read_text() == ""
+    assert glob.glob(str(tmp_path / "privcal-quickstart-*")) == []

@@ -98,7 +98,7 @@ class ThresholdTable:
         for i, g in enumerate(ids):
             j = index.get(g)
             if j is None:
-                raise InvalidInput(f"groups: row {i} is in group {g!r}, which this release "
+                raise InvalidInput(f"groups: row {i} is in group {str(g)!r}, which this release "
                                    f"has no threshold for (it was not in the calibration data)")
             out[i] = j
         return out

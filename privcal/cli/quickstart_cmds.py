@@ -18,7 +18,7 @@ import click
 from privcal.cli.app import emit, json_option, main, pass_settings
 from privcal.cli.output import at_least
 from privcal.cli.render import fmt_threshold
-from privcal.errors import BudgetRefused
+from privcal.errors import BudgetRefused, Interrupted
 
 _quiet = False
 
@@ -50,6 +50,30 @@ def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
 
     It always works on its own throw-away ledger, never on one you named."""
     import os
+    import shutil
+    import sys
+
+    tmp = tempfile.mkdtemp(prefix="privcal-quickstart-")
+    try:
+        _demo(settings, keep, as_json, tmp)
+    except (KeyboardInterrupt, BrokenPipeError) as exc:
+        # the demo's ledger is its own: removed, and said so — not the generic "what was
+        # committed stays (`privcal audit report` lists it)", which names a ledger the
+        # newcomer does not have (red team 21, readme F5); a closed pipe (`| head`) ends it
+        # quietly, as other commands' output does
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)  # 128 + SIGPIPE, as a shell reports a writer cut off by `head`
+        raise Interrupted("interrupted (Ctrl-C): the demo's throw-away ledger was "
+                          + ("kept at " + tmp if keep else "removed")
+                          + "; nothing else was touched") from None
+
+
+def _demo(settings: Any, keep: bool, as_json: bool, tmp: str) -> None:
+    """The body of :func:`quickstart` on its throw-away directory ``tmp``."""
+    import os
 
     from privcal import Accountant, Ledger
     from privcal.data import load_example
@@ -57,7 +81,6 @@ def quickstart(settings: Any, keep: bool, as_json: bool) -> None:
     global _quiet
     _quiet = as_json
     named = settings.db_url or os.environ.get("PRIVCAL_DATABASE_URL")
-    tmp = tempfile.mkdtemp(prefix="privcal-quickstart-")
     url = f"sqlite:///{Path(tmp) / 'ledger.sqlite'}"
     if named:
         click.echo(f"note: quickstart never writes into the ledger you named; it runs on its "

@@ -147,6 +147,9 @@ def charge(name: str, body: ChargeBody, request: Request,
     def run() -> tuple[int, Any]:
         r = _acct(request).charge(name, cost, purpose=body.purpose, requester=p.requester,
                                   idempotency_key=_lib_key(p, idempotency_key or ""))
+        # the receipt names the key the client sent, not the library's (red team 21, readme
+        # F3: a client matching receipts by its key read "http:193cc3e8…")
+        r = r.model_copy(update={"idempotency_key": idempotency_key})
         return (200 if r.replayed else 201), r  # a replay the library found: 200
 
     return idempotent(request, idempotency_key,

@@ -43,3 +43,15 @@ def test_an_ldp_score_range_whose_midpoint_overflows_is_refused(live: Live) -> N
             assert "overflows a float" in r.json()["detail"], r.text
     assert live.accountant.ledger.head() == head  # no session opened, nothing logged
     assert live.accountant.budget("d").charges == 0
+
+
+def test_a_charge_receipt_names_the_key_the_client_sent(live: Live) -> None:
+    """Readme F3: the receipt answered the library's key ("http:193cc3e8…:8a3e90ba…"), not
+    the Idempotency-Key the client sent; so does its replay."""
+    with live.client("analyst") as c:
+        first = c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.01"}},
+                       headers={"Idempotency-Key": "q-1"})
+        again = c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.01"}},
+                       headers={"Idempotency-Key": "q-1"})
+    assert first.status_code == 201 and first.json()["idempotency_key"] == "q-1", first.text
+    assert again.status_code == 200 and again.json()["idempotency_key"] == "q-1", again.text

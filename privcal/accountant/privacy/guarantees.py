@@ -162,7 +162,7 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
             f"central releases: {g.rule}, ({dstr(g.epsilon)}, {dstr(g.delta)}); local-DP "
             f"reports: Σε0 ≤ {dstr(subject_epsilon)} per subject (pure-ε filter per subject, "
             "over the reports accepted: one refused — over the cap, repeated, past a full "
-            "round — reached the server but is not counted (red team 15); a federated "
+            "round — reached the server but is not counted; a federated "
             "agent is one subject for all its records, so a person who is also a record in "
             "an agent's data, or in two agents', counts once per id); "
             "the two added (basic composition)")
