@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.service.conftest import Live
 
 
@@ -55,3 +57,30 @@ def test_a_charge_receipt_names_the_key_the_client_sent(live: Live) -> None:
                        headers={"Idempotency-Key": "q-1"})
     assert first.status_code == 201 and first.json()["idempotency_key"] == "q-1", first.text
     assert again.status_code == 200 and again.json()["idempotency_key"] == "q-1", again.text
+
+
+def test_a_calibration_body_cut_off_logs_no_traceback(
+        live: Live, caplog: Any) -> None:
+    """F4: a calibration request whose client disconnected mid-body logged "Exception in
+    ASGI application" with a ClientDisconnect traceback (an analyst could fill the log); now
+    it ends as a one-line refusal no one reads, and nothing is written."""
+    import logging
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    u = urlsplit(live.url)
+    body = b'{"method": "split", "params": {"alpha": 0.1}, "scores": [0.1, 0.2, 0.3]}'
+    head = (f"POST /v1/datasets/d/calibrations HTTP/1.1\r\nHost: {u.hostname}\r\n"
+            f"Authorization: Bearer {live.tokens['analyst']}\r\nIdempotency-Key: cut\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((u.hostname, u.port)) as s:
+            s.sendall(head + body[: len(body) // 2])
+            time.sleep(0.5)  # the app is reading the body
+        time.sleep(1.0)  # the disconnect reaches it
+        with live.client("analyst") as c:
+            assert c.get("/healthz").status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert live.accountant.releases("d") == []
