@@ -78,7 +78,8 @@ def test_a_run_made_trivial_by_subjects_at_their_cap_charges_no_one(tmp_path: Pa
 
 
 @pytest.mark.parametrize("method, cost", [("pcoqs", {"rho": 1}), ("exponq", {"epsilon": 1})])
-@pytest.mark.parametrize("score_range", [(1e308, 1.7e308), (-1e308, 1e308)])
+@pytest.mark.parametrize("score_range", [(1e308, 1.7e308), (-1e308, 1e308), (0, 1.348e308),
+                                         (-1.348e308, 0)])
 def test_a_range_whose_midpoint_or_width_overflows_is_refused(
         method: str, cost: dict[str, float], score_range: tuple[float, float]) -> None:
     """The service's F1, in the central searches: P-COQS bisects at (lo + hi)/2, which on

@@ -50,9 +50,12 @@ def check_range_arithmetic(lower: float, upper: float) -> None:
         return  # not numbers: the parameters' own validation says so
     if not lower < upper:
         raise ValueError(f"score range needs lower < upper, got [{lower}, {upper}]")
-    if not (math.isfinite(upper - lower) and math.isfinite(lower + upper)):
+    # twice each end finite: then every interval [lo, hi] inside the range has a finite
+    # width and sum, as the searches narrow it (the review of red team 21: checking the
+    # whole range's alone left [0, 1.348e308], whose later midpoints overflowed)
+    if not (math.isfinite(2 * lower) and math.isfinite(2 * upper)):
         raise ValueError(f"score range [{lower}, {upper}] too wide or too far from 0: its "
-                         "width or midpoint overflows a float")
+                         "width or a midpoint overflows a float (|lower|, |upper| ≤ 8.9e307)")
 
 
 def has_range(params_model: type) -> bool:

@@ -228,3 +228,51 @@ def test_a_batch_with_one_revoked_token_writes_the_others(live: Live) -> None:
     assert live.accountant.subject_spend("d", "other") > 0
     with live.client("auditor") as c:
         assert c.get(f"/v1/sessions/{sid}").json()["received"] == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_an_ingestors_batch_waiting_for_the_dataset_lock_is_refused_once_revoked(
+        live: Live) -> None:
+    """The review of red team 21 (R1): the fix covered device reports and agent messages;
+    an ingestor's batch authenticated before its write waited for dataset d's lock, its
+    token was revoked (200) meanwhile, and the batch was then stored and its subjects
+    charged. Its token is re-checked in the write too: 401, nothing stored or charged."""
+    sid = open_ldp(live, group_size=3, rounds=2, epsilon=4.0)
+    tok = live.token("ingestor", session=sid, name="victim-ingestor")
+    tid = next(t.id for t in list_tokens(live.accountant.ledger) if t.name == "victim-ingestor")
+    engine = live.accountant.ledger.engine
+    holder = engine.connect()
+    out: dict[str, Any] = {}
+    try:
+        tx = holder.begin()
+        holder.exec_driver_sql("SELECT id FROM datasets WHERE name = 'd' FOR UPDATE")
+        hpid = holder.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+
+        def post() -> None:
+            with live.client(token=tok) as c:
+                out["r"] = c.post(f"/v1/sessions/{sid}/batches", json={"reports": [
+                    {"subject": f"s{i}", "value": 1, "round": 0} for i in range(3)]},
+                    headers={"Idempotency-Key": "k1"})
+
+        p = threading.Thread(target=post)
+        p.start()
+
+        def blocked() -> bool:
+            with engine.connect() as c:
+                return bool(c.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    f"WHERE {int(hpid)} = ANY(pg_blocking_pids(pid))").scalar())
+
+        _wait_for(blocked, "the batch's write waiting for the dataset lock")
+        with live.client("admin") as c:
+            assert c.delete(f"/v1/tokens/{tid}").status_code == 200
+        assert "r" not in out
+        tx.commit()
+    finally:
+        holder.close()
+    p.join(timeout=60)
+    assert out["r"].status_code == 401, (out["r"].status_code, out["r"].text)
+    assert live.accountant.subject_spend("d", "s0") == 0
+    with live.client("auditor") as c:
+        assert c.get(f"/v1/sessions/{sid}").json()["received"] == 0

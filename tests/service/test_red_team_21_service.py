@@ -37,7 +37,7 @@ def test_an_ldp_score_range_whose_midpoint_overflows_is_refused(live: Live) -> N
     written; the same for a range whose width overflows."""
     head = live.accountant.ledger.head()
     with live.client("analyst") as c:
-        for lower, upper in ((1e308, 1.7e308), (-1e308, 1e308)):
+        for lower, upper in ((1e308, 1.7e308), (-1e308, 1e308), (0, 1.348e308)):
             r = c.post("/v1/datasets/d/sessions", json={
                 "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 2,
                 "group_size": 5, "lower": lower, "upper": upper})
