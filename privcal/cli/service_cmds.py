@@ -137,8 +137,8 @@ def token() -> None:
 @click.option("--subjects", "subjects_file", type=click.Path(dir_okay=False, allow_dash=True),
               help="device tokens in bulk for the subject ids in this file: a .csv/.parquet/"
               ".npy/.npz read as calibrate --subjects reads it (FILE:COLUMN), any other file "
-              "one id per line (blank lines skipped; '-': stdin); --count, if given, must "
-              "match")
+              "one id per line (blank lines skipped; '-': stdin, read as lines — give a "
+              "table by its file name); --count, if given, must match")
 @json_option
 @pass_settings
 def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str, ...],
@@ -176,8 +176,10 @@ def _subjects_file(path: str) -> list[str]:
     id, and one per-subject cap, on every path (red team 21, flows M1: the README's
     ``user_ids.csv`` read as lines gave a token to the header and to ``"Smith, J"`` with its
     quotes, a second id and cap for a person the calibrations charge as ``Smith, J``). Any
-    other file (or ``-``): one id per line, and a line holding a double quote — a table's
-    quoting, not an id — is refused, naming the line."""
+    other file (or ``-``, stdin: a table piped in is read as lines — the review of red team
+    21 found its header made a token; the help says to give a table by its name): one id per
+    line, and a line holding a double quote — a table's quoting, not an id — is refused,
+    naming the line."""
     from privcal.data.files import array_file, load_array
 
     if path != "-" and array_file(path):

@@ -150,6 +150,25 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._disarm()
         self._body_start, self._body_bytes = self.loop.time(), 0
         super().on_headers_complete()
+        self._watch_reads()
+
+    def _watch_reads(self) -> None:
+        """The body's clock starts again when the app asks for the body after the server
+        had stopped reading it — a ``100 Continue`` not yet sent, reading paused past
+        uvicorn's buffer: until then the client could not send (the review of red team 21,
+        R4: an app that read the body late cut a client answering its 100 at once). The
+        cycle's ``receive`` (looked up when its task runs, after this) is wrapped."""
+        cycle = self.cycle
+        if cycle is None:
+            return
+        receive = cycle.receive
+
+        async def watched() -> Any:
+            if cycle.waiting_for_100_continue or self.flow.read_paused:
+                self._body_start, self._body_bytes = self.loop.time(), 0
+            return await receive()
+
+        cycle.receive = watched  # type: ignore[method-assign]
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)

@@ -235,3 +235,62 @@ def test_f7_time_the_server_does_not_read_is_not_the_clients(
         s.close()
     # the route's own answer to this body (an unknown field), not the body timeout's
     assert data.startswith(b"HTTP/1.1 422 "), data[:300]
+
+
+def test_f7_a_client_waiting_for_100_continue_is_timed_from_the_100() -> None:
+    """The review of red team 21 (R4): the clock started again only when a deadline found
+    the server not reading, not when it began to: an app that asked for the body 1.9 body
+    timeouts after the head cut a client that answered its ``100 Continue`` at once. The
+    clock now starts at the app's first read; a client still silent after the 100 is cut."""
+    import asyncio
+
+    from tests.service.conftest import start_server
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await asyncio.sleep(1.9)  # busy before it reads the body
+        body = b""
+        while True:
+            m = await receive()
+            if m["type"] != "http.request":
+                return
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    url, server, th = start_server(app, _QuickBody)
+    host, port = url.split("//")[1].split(":")
+    try:
+        answers = []
+        for send_body in (True, False):
+            s = socket.create_connection((host, int(port)))
+            s.settimeout(10)
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                      b"Expect: 100-continue\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")
+            if send_body:
+                time.sleep(0.15)  # a round trip
+                s.sendall(b"hello")
+            got = b""
+            while not got.endswith(b"hello"):  # the echo, or all before the server closes
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            answers.append(got)
+            s.close()
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    assert answers[0].startswith(b"HTTP/1.1 200 ") and answers[0].endswith(b"hello"), answers
+    assert answers[1].startswith(b"HTTP/1.1 408 "), answers
