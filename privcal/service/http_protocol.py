@@ -106,6 +106,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._body_timer: TimerHandle | None = None
         self._body_start = 0.0  # when the body's clock started (its head, or reading resumed)
         self._body_bytes = 0  # body bytes received since then
+        self._expect_pending = False  # the request waits for a 100 Continue not yet sent
 
     def send_400_response(self, msg: str) -> None:
         """A request uvicorn cannot parse: the service's problem document with its standard
@@ -116,6 +117,7 @@ class BoundedHttpTools(HttpToolsProtocol):
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._watch_reads()
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -150,25 +152,28 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._disarm()
         self._body_start, self._body_bytes = self.loop.time(), 0
         super().on_headers_complete()
-        self._watch_reads()
+        self._expect_pending = self.cycle is not None and self.cycle.waiting_for_100_continue
 
     def _watch_reads(self) -> None:
-        """The body's clock starts again when the app asks for the body after the server
-        had stopped reading it — a ``100 Continue`` not yet sent, reading paused past
-        uvicorn's buffer: until then the client could not send (the review of red team 21,
-        R4: an app that read the body late cut a client answering its 100 at once). The
-        cycle's ``receive`` (looked up when its task runs, after this) is wrapped."""
-        cycle = self.cycle
-        if cycle is None:
-            return
-        receive = cycle.receive
+        """The body's clock starts again when the server begins to read a body it had not
+        been reading — the app's first ``receive`` sends the ``100 Continue`` a client
+        waited for, or resumes reading paused past uvicorn's buffer: until then the client
+        could not send (the review of red team 21, R4: an app that read the body late cut a
+        client answering its 100 at once). Both go through the connection's
+        ``flow.resume_reading``, wrapped once per connection (one call per ``receive``)."""
+        flow = self.flow
+        resume = flow.resume_reading
 
-        async def watched() -> Any:
-            if cycle.waiting_for_100_continue or self.flow.read_paused:
+        def resume_watched() -> None:
+            cycle = self.cycle
+            if not self._in_head and (flow.read_paused or (
+                    self._expect_pending and cycle is not None
+                    and not cycle.waiting_for_100_continue)):
+                self._expect_pending = False
                 self._body_start, self._body_bytes = self.loop.time(), 0
-            return await receive()
+            resume()
 
-        cycle.receive = watched  # type: ignore[method-assign]
+        flow.resume_reading = resume_watched  # type: ignore[method-assign]
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
