@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -47,6 +48,30 @@ def _nothing_stored(lv: Live, sid: int, who: str) -> None:
         assert c.get(f"/v1/sessions/{sid}").json()["received"] == 0
     if who == "device":  # an agent's charge is the session's ε, counted with its message
         assert lv.accountant.subject_spend("d", "victim") == 0
+
+
+@contextmanager
+def _held(live: Live, lock_sql: str) -> Iterator[Callable[[], bool]]:
+    """A transaction of another connection holding ``lock_sql``'s row lock, committed at the
+    end of the block (rolled back on an error); yields whether someone waits for it
+    (``pg_blocking_pids``)."""
+    engine = live.accountant.ledger.engine
+    holder = engine.connect()
+    try:
+        tx = holder.begin()
+        holder.exec_driver_sql(lock_sql)
+        hpid = int(holder.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+
+        def blocked() -> bool:
+            with engine.connect() as c:
+                return bool(c.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    f"WHERE {hpid} = ANY(pg_blocking_pids(pid))").scalar())
+
+        yield blocked
+        tx.commit()
+    finally:
+        holder.close()
 
 
 def _wait_for(cond: Callable[[], bool], what: str, limit: float = 30.0) -> None:
@@ -99,34 +124,19 @@ def test_a_report_waiting_for_the_dataset_lock_is_refused_once_revoked(
     the revocation answers 200 meanwhile (it does not wait for the dataset); then the
     lock is released and the report is refused 401, nothing stored, nothing charged."""
     sid, tok, tid, path, body = _victim(live, who)
-    engine = live.accountant.ledger.engine
-    holder = engine.connect()
-    try:
-        tx = holder.begin()
-        holder.exec_driver_sql("SELECT id FROM datasets WHERE name = 'd' FOR UPDATE")
-        hpid = holder.exec_driver_sql("SELECT pg_backend_pid()").scalar()
-        out: dict[str, Any] = {}
+    out: dict[str, Any] = {}
 
-        def put() -> None:
-            with live.client(token=tok) as c:
-                out["r"] = c.put(path, json=body)
+    def put() -> None:
+        with live.client(token=tok) as c:
+            out["r"] = c.put(path, json=body)
 
-        p = threading.Thread(target=put)
+    p = threading.Thread(target=put)
+    with _held(live, "SELECT id FROM datasets WHERE name = 'd' FOR UPDATE") as blocked:
         p.start()
-
-        def blocked() -> bool:
-            with engine.connect() as c:
-                return bool(c.exec_driver_sql(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    f"WHERE {int(hpid)} = ANY(pg_blocking_pids(pid))").scalar())
-
         _wait_for(blocked, "the report's write waiting for the dataset lock")
         with live.client("admin") as c:
             assert c.delete(f"/v1/tokens/{tid}").status_code == 200  # revoked, answered
         assert "r" not in out  # the report is still waiting
-        tx.commit()
-    finally:
-        holder.close()
     p.join(timeout=60)
     assert out["r"].status_code == 401, (out["r"].status_code, out["r"].text)
     _nothing_stored(live, sid, who)
@@ -139,33 +149,18 @@ def test_a_revocation_waits_for_a_batch_holding_its_session(live: Live) -> None:
     token of that session waits for it (so a report that batch stores was stored before the
     revocation answered, never after)."""
     sid, _, tid, _, _ = _victim(live, "device")
-    engine = live.accountant.ledger.engine
-    holder = engine.connect()
     done: dict[str, Any] = {}
-    try:
-        tx = holder.begin()
-        holder.exec_driver_sql(f"SELECT id FROM collection_sessions WHERE id = {int(sid)} "
-                               "FOR UPDATE")
-        hpid = holder.exec_driver_sql("SELECT pg_backend_pid()").scalar()
 
-        def revoke() -> None:
-            with live.client("admin") as c:
-                done["r"] = c.delete(f"/v1/tokens/{tid}")
+    def revoke() -> None:
+        with live.client("admin") as c:
+            done["r"] = c.delete(f"/v1/tokens/{tid}")
 
-        t = threading.Thread(target=revoke)
+    t = threading.Thread(target=revoke)
+    with _held(live, f"SELECT id FROM collection_sessions WHERE id = {int(sid)} "
+                     "FOR UPDATE") as blocked:
         t.start()
-
-        def blocked() -> bool:
-            with engine.connect() as c:
-                return bool(c.exec_driver_sql(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    f"WHERE {int(hpid)} = ANY(pg_blocking_pids(pid))").scalar())
-
         _wait_for(blocked, "the revocation waiting for the session's lock")
         assert "r" not in done
-        tx.commit()
-    finally:
-        holder.close()
     t.join(timeout=60)
     assert done["r"].status_code == 200
 
@@ -241,36 +236,21 @@ def test_an_ingestors_batch_waiting_for_the_dataset_lock_is_refused_once_revoked
     sid = open_ldp(live, group_size=3, rounds=2, epsilon=4.0)
     tok = live.token("ingestor", session=sid, name="victim-ingestor")
     tid = next(t.id for t in list_tokens(live.accountant.ledger) if t.name == "victim-ingestor")
-    engine = live.accountant.ledger.engine
-    holder = engine.connect()
     out: dict[str, Any] = {}
-    try:
-        tx = holder.begin()
-        holder.exec_driver_sql("SELECT id FROM datasets WHERE name = 'd' FOR UPDATE")
-        hpid = holder.exec_driver_sql("SELECT pg_backend_pid()").scalar()
 
-        def post() -> None:
-            with live.client(token=tok) as c:
-                out["r"] = c.post(f"/v1/sessions/{sid}/batches", json={"reports": [
-                    {"subject": f"s{i}", "value": 1, "round": 0} for i in range(3)]},
-                    headers={"Idempotency-Key": "k1"})
+    def post() -> None:
+        with live.client(token=tok) as c:
+            out["r"] = c.post(f"/v1/sessions/{sid}/batches", json={"reports": [
+                {"subject": f"s{i}", "value": 1, "round": 0} for i in range(3)]},
+                headers={"Idempotency-Key": "k1"})
 
-        p = threading.Thread(target=post)
+    p = threading.Thread(target=post)
+    with _held(live, "SELECT id FROM datasets WHERE name = 'd' FOR UPDATE") as blocked:
         p.start()
-
-        def blocked() -> bool:
-            with engine.connect() as c:
-                return bool(c.exec_driver_sql(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    f"WHERE {int(hpid)} = ANY(pg_blocking_pids(pid))").scalar())
-
         _wait_for(blocked, "the batch's write waiting for the dataset lock")
         with live.client("admin") as c:
             assert c.delete(f"/v1/tokens/{tid}").status_code == 200
         assert "r" not in out
-        tx.commit()
-    finally:
-        holder.close()
     p.join(timeout=60)
     assert out["r"].status_code == 401, (out["r"].status_code, out["r"].text)
     assert live.accountant.subject_spend("d", "s0") == 0
