@@ -30,10 +30,13 @@ its own for either (its h11 protocol has a size limit but no time limit, and is 
   (``--max-body``, 16 MiB by default) is never cut while it averages at least 4 KiB/s
   (32 kbit/s, slower than a 2G EDGE link; 16 MiB at that rate takes 68 min) — the rate is
   an average since the head, so stalls of a few seconds in a faster upload cost nothing.
-  A deadline that comes while the server itself is not reading (uvicorn stops reading past
-  64 KiB until the app asks for more, or the client waits for a ``100 Continue`` the app
-  has not asked for yet) is not the client's delay: the body's clock starts again then. To hold a
-  connection, a client must keep sending at least 4 KiB/s on it.
+  Time the server itself is not reading is not the client's delay: while uvicorn stops
+  reading past 64 KiB until the app asks for more, the body's clock stands still (it moves
+  on by the pause when reading resumes, the bytes received kept); a client that waits for a
+  ``100 Continue`` is timed from the 100 (:meth:`BoundedHttpTools._watch_reads`). To hold a
+  connection, a client must keep sending at least 4 KiB/s on it — bursts past 64 KiB that
+  pause the server included (the review of red team 21: a restart at each resume let a
+  client at 3.2 KiB/s in 66 KB bursts hold one for ever).
 
 Bodies are bounded in size by the app (``--max-body``, 413) and idle kept-alive connections
 by uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
@@ -107,6 +110,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._body_start = 0.0  # when the body's clock started (its head, or reading resumed)
         self._body_bytes = 0  # body bytes received since then
         self._expect_pending = False  # the request waits for a 100 Continue not yet sent
+        self._paused_at: float | None = None  # when the server stopped reading its body
 
     def send_400_response(self, msg: str) -> None:
         """A request uvicorn cannot parse: the service's problem document with its standard
@@ -151,28 +155,37 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._events += 1
         self._disarm()
         self._body_start, self._body_bytes = self.loop.time(), 0
+        self._paused_at = self._body_start if self.flow.read_paused else None
         super().on_headers_complete()
         self._expect_pending = self.cycle is not None and self.cycle.waiting_for_100_continue
 
     def _watch_reads(self) -> None:
-        """The body's clock starts again when the server begins to read a body it had not
-        been reading — the app's first ``receive`` sends the ``100 Continue`` a client
-        waited for, or resumes reading paused past uvicorn's buffer: until then the client
-        could not send (the review of red team 21, R4: an app that read the body late cut a
-        client answering its 100 at once). Both go through the connection's
-        ``flow.resume_reading``, wrapped once per connection (one call per ``receive``)."""
+        """The connection's ``flow.pause_reading`` and ``flow.resume_reading`` wrapped, once
+        per connection (one call per ``receive``): a pause the server makes (uvicorn past its
+        64 KiB buffer) moves the body's clock on by its length when reading resumes, the
+        bytes received kept; the app's first ``receive`` of a request waiting for its ``100
+        Continue`` (which that call sends) starts the clock at the 100 — until then the
+        client could not send (the review of red team 21, R4: an app that read the body late
+        cut a client answering its 100 at once)."""
         flow = self.flow
-        resume = flow.resume_reading
+        pause, resume = flow.pause_reading, flow.resume_reading
+
+        def pause_watched() -> None:
+            if not flow.read_paused:
+                self._paused_at = self.loop.time()
+            pause()
 
         def resume_watched() -> None:
             cycle = self.cycle
-            if not self._in_head and (flow.read_paused or (
-                    self._expect_pending and cycle is not None
-                    and not cycle.waiting_for_100_continue)):
-                self._expect_pending = False
+            if self._expect_pending and cycle is not None and not cycle.waiting_for_100_continue:
+                self._expect_pending = False  # the 100 just went out
                 self._body_start, self._body_bytes = self.loop.time(), 0
+            elif flow.read_paused and self._paused_at is not None:
+                self._body_start += self.loop.time() - self._paused_at
+            self._paused_at = None
             resume()
 
+        flow.pause_reading = pause_watched  # type: ignore[method-assign]
         flow.resume_reading = resume_watched  # type: ignore[method-assign]
 
     def on_body(self, body: bytes) -> None:
@@ -217,8 +230,8 @@ class BoundedHttpTools(HttpToolsProtocol):
         now = self.loop.time()
         cycle = self.cycle
         if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
-            # the server is not reading this body (yet): not the client's delay
-            self._body_start, self._body_bytes = now, 0
+            # the server is not reading this body (yet): not the client's delay — the clock
+            # stands still until it reads again (_watch_reads); look again a timeout later
             due = now + self.body_timeout
         else:
             due = self._body_start + self.body_timeout + self._body_bytes / self.body_min_rate

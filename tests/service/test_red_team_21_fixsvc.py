@@ -294,3 +294,78 @@ def test_f7_a_client_waiting_for_100_continue_is_timed_from_the_100() -> None:
         th.join(timeout=10)
     assert answers[0].startswith(b"HTTP/1.1 200 ") and answers[0].endswith(b"hello"), answers
     assert answers[1].startswith(b"HTTP/1.1 408 "), answers
+
+
+class _QuickRateBody(BoundedHttpTools):
+    """A body has 1 s after its head, plus a second per 200 000 bytes received."""
+
+    body_timeout = 1.0
+    body_min_rate = 200_000
+
+
+def test_f7_bursts_past_the_buffer_do_not_restart_the_clock() -> None:
+    """The review of the review (N1): a client sending 66 KB bursts — past uvicorn's 64 KiB
+    buffer, so each one paused the server until the app read it — had the clock restarted at
+    every resume and was never cut below the minimum rate. A pause now only stops the
+    clock: 66 KB every 0.9 s (73 KB/s, under 200 KB/s) is cut with a 408, 66 KB every 0.08 s
+    (825 KB/s: room for a loaded machine) is served."""
+    import asyncio
+
+    from tests.service.conftest import start_server
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        n = 0
+        while True:  # the app reads its body as it comes
+            m = await receive()
+            if m["type"] != "http.request":
+                return
+            n += len(m.get("body", b""))
+            if not m.get("more_body"):
+                break
+        await asyncio.sleep(0)
+        body = str(n).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    url, server, th = start_server(app, _QuickRateBody)
+    host, port = url.split("//")[1].split(":")
+    total, answers = 10 * 66_000, []
+    try:
+        for period in (0.9, 0.08):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {total}\r\n\r\n".encode())
+            got, sent = b"", 0
+            s.settimeout(period)
+            try:
+                while sent < total and not got:
+                    s.sendall(b"x" * 66_000)
+                    sent += 66_000
+                    try:
+                        got = s.recv(1000)  # an answer (the 408) before the body is sent
+                    except TimeoutError:
+                        pass
+                s.settimeout(10)
+                while b"\r\n\r\n" not in got:
+                    chunk = s.recv(1000)
+                    if not chunk:
+                        break
+                    got += chunk
+            except OSError:  # cut while sending: the answer was written first
+                pass
+            answers.append((sent, got))
+            s.close()
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    (slow_sent, slow), (fast_sent, fast) = answers
+    assert slow.startswith(b"HTTP/1.1 408 ") and slow_sent < total, answers
+    assert fast.startswith(b"HTTP/1.1 200 ") and fast_sent == total, answers
