@@ -95,3 +95,27 @@ def test_a_range_whose_midpoint_or_width_overflows_is_refused(
         acct.calibrate(method, dataset="d", scores=s, alpha=0.1, score_range=score_range,
                        **cost)
     assert acct.budget("d").charges == 0
+
+
+def test_the_widest_accepted_range_calibrates_without_overflow() -> None:
+    """The review of the fixes: at ±8.99e307, the widest range now accepted, ExponQ's grid
+    computed its last point as (m−1)·step past the largest float (four RuntimeWarnings,
+    a FloatingPointError under np.seterr(all="raise")), though the point is then set to the
+    upper end. The grid is the same, computed without it."""
+    import warnings
+
+    from privcal.calibrators.mechanisms.exponential import grid
+
+    h = 1.7976931348623157e308 / 2
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("d", rho=100)
+    s = np.random.default_rng(0).uniform(-1, 1, 2000) * h * 0.5
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        e = grid(-h, h, 1000)
+        rel = acct.calibrate("exponq", dataset="d", scores=s, alpha=0.1, lower=-h, upper=h,
+                             epsilon=2.0, bins=1000)
+    assert e[0] == -h and e[-1] == h and bool(np.all(np.diff(e) > 0))
+    assert -h < rel.threshold < h
+    assert list(grid(0.0, 1.0, 11)) == [0.0, 0.1, 0.2, 0.30000000000000004, 0.4, 0.5,
+                                        0.6000000000000001, 0.7000000000000001, 0.8, 0.9, 1.0]

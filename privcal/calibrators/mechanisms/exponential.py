@@ -80,8 +80,10 @@ def grid(a: float, b: float, m: int) -> np.ndarray:
     m = int(m)
     if not math.isfinite(b - a):
         raise InvalidInput(f"grid range [{a}, {b}] is too wide: its width overflows a float")
-    j = np.arange(m, dtype=np.float64)
-    e = a + j * ((b - a) / (m - 1))
+    e = np.empty(m, dtype=np.float64)
+    # j ≤ m−2 only: (m−1)·step may round past the largest float at the widest ranges
+    # (the review of red team 21: four overflow warnings at [−8.9e307, 8.9e307])
+    e[:-1] = a + np.arange(m - 1, dtype=np.float64) * ((b - a) / (m - 1))
     e[-1] = b
     return _check_grid(e)
 
