@@ -237,6 +237,17 @@ def test_f7_time_the_server_does_not_read_is_not_the_clients(
     assert data.startswith(b"HTTP/1.1 422 "), data[:300]
 
 
+async def _lifespan(receive: Any, send: Any) -> None:
+    """The lifespan protocol of a bare test app (uvicorn's startup and shutdown)."""
+    while True:
+        m = await receive()
+        if m["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        else:
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 def test_f7_a_client_waiting_for_100_continue_is_timed_from_the_100() -> None:
     """The review of red team 21 (R4): the clock started again only when a deadline found
     the server not reading, not when it began to: an app that asked for the body 1.9 body
@@ -248,13 +259,7 @@ def test_f7_a_client_waiting_for_100_continue_is_timed_from_the_100() -> None:
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                m = await receive()
-                if m["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await _lifespan(receive, send)
         await asyncio.sleep(1.9)  # busy before it reads the body
         body = b""
         while True:
@@ -315,13 +320,7 @@ def test_f7_bursts_past_the_buffer_do_not_restart_the_clock() -> None:
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                m = await receive()
-                if m["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await _lifespan(receive, send)
         n = 0
         while True:  # the app reads its body as it comes
             m = await receive()
