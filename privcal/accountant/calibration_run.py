@@ -214,7 +214,7 @@ def _run(
             if not row_mask.all():  # the full shape was checked before the charge
                 kept = shape_of(rows_of(data, row_mask), k=classes)
                 _refuse_newly_trivial(calibrator, p, kept, dataset,
-                                      lambda: listed_shape(data, sids, row_of, shape, classes))
+                                      lambda: _listed_shape(data, sids, row_of, shape, classes))
             if shuffle is None:
                 return central_cost
             amplified, record = shuffle(kept)
@@ -283,7 +283,7 @@ def _run(
     )
 
 
-def listed_shape(data: Any, sids: np.ndarray, row_of: np.ndarray | None, shape: DataShape,
+def _listed_shape(data: Any, sids: np.ndarray, row_of: np.ndarray | None, shape: DataShape,
                  classes: int | None) -> DataShape:
     """The shape of a local-DP run with every listed subject accepted, as its dry run counts
     it (one row per subject: :func:`~privcal.accountant.prepare.prepare_shape`); a federated

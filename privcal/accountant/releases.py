@@ -235,7 +235,6 @@ def _check_shape(shape: Any) -> None:
 
     from privcal.calibrators.base import DataShape
 
-
     try:
         DataShape.model_validate(shape)
     except ValidationError as exc:

@@ -79,7 +79,5 @@ class LDPScoreParams(CalibratorParams):
 
     @model_validator(mode="after")
     def _range(self) -> LDPScoreParams:
-        if not self.lower < self.upper:
-            raise ValueError(f"score range needs lower < upper, got [{self.lower}, {self.upper}]")
         check_range_arithmetic(self.lower, self.upper)
         return self

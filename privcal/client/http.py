@@ -94,7 +94,6 @@ _STORED = ("accepted", "duplicate")
 _WHO = {"subject": "device's subject", "agent": "agent"}  # whose cap a refusal names
 
 
-
 class _Base:
     _role = ""
     _who = ""

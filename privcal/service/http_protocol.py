@@ -107,7 +107,8 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_timer: TimerHandle | None = None
         self._events = 0  # heads and messages completed on this connection
         self._body_timer: TimerHandle | None = None
-        self._body_start = 0.0  # when the body's clock started (its head, or reading resumed)
+        self._body_start = 0.0  # when the body's clock started (its head or its 100 Continue,
+        # moved on by every pause of the server's reading)
         self._body_bytes = 0  # body bytes received since then
         self._expect_pending = False  # the request waits for a 100 Continue not yet sent
         self._paused_at: float | None = None  # when the server stopped reading its body
@@ -180,7 +181,7 @@ class BoundedHttpTools(HttpToolsProtocol):
             if self._expect_pending and cycle is not None and not cycle.waiting_for_100_continue:
                 self._expect_pending = False  # the 100 just went out
                 self._body_start, self._body_bytes = self.loop.time(), 0
-            elif flow.read_paused and self._paused_at is not None:
+            elif self._paused_at is not None:  # (set exactly while the server is paused)
                 self._body_start += self.loop.time() - self._paused_at
             self._paused_at = None
             resume()

@@ -35,6 +35,7 @@ from privcal.storage.models import (
     AuditEntry,
     AuditHead,
     AuditQueue,
+    Base,
     Charge,
     Dataset,
     ReleaseRow,
@@ -187,8 +188,6 @@ class LedgerVerifier:
     def first_unreadable(self) -> str | None:
         """The first row (every table, in dependency order) privcal cannot load —
         ``"charges row 7"`` — or None (:func:`~privcal.storage.unreadable.first_unreadable`)."""
-        from privcal.storage.models import Base
-
         by_table = {m.local_table: m.class_ for m in Base.registry.mappers}
         return first_unreadable(self.read, [by_table[t] for t in Base.metadata.sorted_tables  # type: ignore[attr-defined]
                                             if t in by_table])
