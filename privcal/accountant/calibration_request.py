@@ -197,15 +197,16 @@ def label_score_options(score: str | None, options: dict[str, Any] | None,
     return opts
 
 
-def precomputed_score(score: str | None, options: dict[str, Any] | None
-                       ) -> dict[str, Any] | None:
+def precomputed_score(score: str | None, options: dict[str, Any] | None,
+                      scores: Any = None) -> dict[str, Any] | None:
     """The record of the score precomputed ``--scores`` were computed with, when it is named:
     its name and every option, the defaults filled in, as a run on probabilities records it —
     what ``predict``/``evaluate``/``Release.predict_set`` then use (red team 5: raps scores
     with λ = 0 recorded without their options were read back with λ = 0.01, k_reg = 5, and
     covered 0.894 against a recorded ≥ 0.9). None when no score is named (the release records
     none; ``predict --score`` names it); options without the score they belong to are
-    refused."""
+    refused. Named, ``scores`` (the array given, if at hand) must not be narrower floats
+    than float64 (:func:`_refuse_narrow_scores`)."""
     if score is None:
         if options:
             raise InvalidInput("score options need the score they belong to: name it "
@@ -215,7 +216,29 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None
     from privcal.calibrators.scores import SCORES
 
     opts = label_score_options(score, options, ())
+    if scores is not None:
+        _refuse_narrow_scores(scores, score)
     return {"name": score, "options": {**SCORES[score].options, **opts}}
+
+
+def _refuse_narrow_scores(scores: Any, score: str) -> None:
+    """InvalidInput for float32 (or float16) scores recorded as the score ``score``: predict,
+    evaluate and ``Release.predict_set`` compute that score in float64 from the probabilities
+    or predictions, where it exceeds the float32 value by up to half a float32 ulp, so every
+    test point tied with the threshold would fall outside its set (red team 22, coverage F1:
+    float32 ``1 - p`` at p = 0.1 and 0.9 covered 0.50 under a recorded ≥ 0.9)."""
+    dt = getattr(scores, "dtype", None)
+    if dt is None:
+        import numpy as np
+
+        dt = np.asarray(scores).dtype
+    if dt.kind == "f" and dt.itemsize < 8:
+        raise InvalidInput(
+            f"scores are {dt.name} but the score {score!r} is named: predict computes it in "
+            f"float64, where it can exceed a {dt.name} score by its rounding and leave every "
+            "test point tied with the threshold out of its set; give the probabilities and "
+            "labels (or targets and predictions) instead, or scores computed in float64 "
+            "from float64 inputs")
 
 
 def method_score_options(cal: Calibrator, params: dict[str, Any],

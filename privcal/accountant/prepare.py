@@ -211,7 +211,7 @@ def prepare(
         if scores is not None:
             if probs is not None or labels is not None:
                 raise InvalidInput("give either --scores, or --probs with --labels, not both")
-            score_record = precomputed_score(score, req.score_options)
+            score_record = precomputed_score(score, req.score_options, scores)
             data_scores = check_scores(scores)
         elif probs is not None and labels is not None:
             opts = label_score_options(score, req.score_options, np.shape(probs))
@@ -282,7 +282,7 @@ def check_score_request(cal: Calibrator, req: CalibrationRequest, k: int | None)
     regression = any(getattr(req, a) is not None
                      for a in ("preds", "lower_preds", "upper_preds", "targets"))
     if req.scores is not None and "probs" not in cal.inputs and not regression:
-        precomputed_score(req.score, req.score_options)  # the score named, as the run checks
+        precomputed_score(req.score, req.score_options, req.scores)  # as the run checks
         return
     if "score" in cal.Params.model_fields:
         method_score_options(cal, {**req.params, **({"score": req.score} if req.score else {})},
