@@ -289,3 +289,19 @@ def test_an_amount_is_parsed_in_its_own_context() -> None:
         with pytest.raises(InvalidInput, match="more than 12 decimal places"):
             parse_amount("0.1000000000001", "ε")
         assert normalize_cost(PureDP("123.456789012345")).eps == Decimal("123.456789012345")
+
+
+@pytest.mark.parametrize("text", ["1_0", "\u0663", "\uff11", "0x10", "1e", " ", b"\xff", b"1_0"])
+def test_an_agent_message_is_an_ascii_decimal_spelling(text: Any) -> None:
+    """Red team 22, flows F1: a FedCP-QQ message was read with ``float()``, which takes "1_0"
+    as 10 and "٣" as 3 — stored, and with k = 1 one such message can be the threshold. A
+    message in text is an ASCII decimal number (or an infinity); the rest is refused."""
+    from privcal.calibrators.federated_agent import check_message
+    from privcal.calibrators.fedplan import plan_fedcp_qq
+    from privcal.errors import PlanRejected
+
+    plan = plan_fedcp_qq(3, 50, 0.2)
+    with pytest.raises(PlanRejected, match="is not a number"):
+        check_message(text, plan)
+    assert [check_message(t, plan) for t in ("10", " 3 ", "-2.5e1", "inf", b"7")] == [
+        10.0, 3.0, -25.0, float("inf"), 7.0]

@@ -45,6 +45,7 @@ from pydantic import Field
 from privcal.calibrators.base import default_rng
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, FedPlanUnequal
 from privcal.calibrators.mechanisms.exponential import exponential_quantile, grid
+from privcal.calibrators.validation import number_text
 from privcal.calibrators.versions import at_least, clause_since
 from privcal.errors import InvalidInput, PlanRejected
 
@@ -224,9 +225,11 @@ def check_message(value: float, plan: AnyPlan) -> float:
     than specified cannot be detected (module docstring, :data:`HONEST_AGENTS`).
     """
     try:
-        v = float(value)
+        v = number_text(value) if isinstance(value, str | bytes) else float(value)
     except (TypeError, ValueError, OverflowError) as exc:  # 10**400: too large for a float
         raise PlanRejected(f"message {value!r:.60} is not a number") from exc
+    if v is None:  # "1_0", "٣": text float() reads but no file or message spells so
+        raise PlanRejected(f"message {value!r:.60} is not a number")
     if math.isnan(v) or v == -math.inf:
         raise PlanRejected(f"message {value!r} is not a valid score")
     if isinstance(plan, Fed2Plan):

@@ -25,6 +25,7 @@ __all__ = [
     "check_scores",
     "check_targets",
     "id_strings",
+    "number_text",
     "prob_sum_tolerance",
     "unmasked",
 ]
@@ -44,6 +45,27 @@ def prob_sum_tolerance(k: int) -> float:
     coverage holds for any score function); it only catches a matrix that is not one of
     probabilities (logits, percentages, a shifted column)."""
     return PROB_SUM_TOL + k * PROB_ROUNDING
+
+
+#: an ASCII decimal number as a file or a message spells it: sign, digits, point, exponent,
+#: or an infinity (``float()`` alone also reads "1_0" as 10 and every script's digits)
+_NUMBER_TEXT = re.compile(r"\s*[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?"
+                          r"|nan)\s*", re.ASCII | re.IGNORECASE)
+
+
+def number_text(v: str | bytes) -> float | None:
+    """The number an ASCII decimal spelling ``v`` reads as (surrounding blanks allowed), or
+    None for any other text — digit-group underscores ("1_0"), other scripts' digits ("٣",
+    fullwidth "１"), hexadecimal (red team 22, flows F1: a session's round and a FedCP-QQ
+    message took whatever ``float()`` reads)."""
+    if isinstance(v, bytes):
+        try:
+            v = v.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if _NUMBER_TEXT.fullmatch(v) is None:
+        return None
+    return float(v)
 
 
 def unmasked(a: object, what: str) -> object:

@@ -15,7 +15,7 @@ import numpy as np
 
 from privcal.accountant.sessions import records as R
 from privcal.calibrators.federated_agent import check_message
-from privcal.calibrators.validation import unmasked
+from privcal.calibrators.validation import number_text, unmasked
 from privcal.errors import InvalidInput, PlanRejected
 from privcal.storage.audit import threshold_str
 
@@ -76,8 +76,8 @@ def _round_code(v: Any, current: int, count: int) -> int:
         return 1
     if not isinstance(v, int):  # (an int is judged exactly, however large: no float)
         try:
-            x = float(v)
-            if not x.is_integer():
+            x = number_text(v) if isinstance(v, str | bytes) else float(v)
+            if x is None or not x.is_integer():
                 return 1
         except (TypeError, ValueError, OverflowError):
             return 1
