@@ -179,7 +179,12 @@ def _subjects_file(path: str) -> list[str]:
     other file (or ``-``, stdin: a table piped in is read as lines — the review of red team
     21 found its header made a token; the help says to give a table by its name): one id per
     line, and a line holding a double quote — a table's quoting, not an id — is refused,
-    naming the line."""
+    naming the line, and so is an integer spelled as a float (``7.0``: what pandas'
+    ``to_csv`` writes of an integer id column with a missing value — another person than
+    ``7`` to the per-subject caps; the table readers' rule, red team 22 flows F2)."""
+    import numpy as np
+
+    from privcal.calibrators.validation import check_not_float_spelled
     from privcal.data.files import array_file, load_array
 
     if path != "-" and array_file(path):
@@ -197,7 +202,9 @@ def _subjects_file(path: str) -> list[str]:
                 f"--subjects {path}: line {i} ({line[:40]!r}) holds a double quote — a "
                 "table's quoting? Name the file .csv to have it read as a table (as "
                 "calibrate --subjects reads it), or give one plain id per line")
-    return [x for x in lines if x.strip()]
+    ids = [x for x in lines if x.strip()]
+    check_not_float_spelled(np.asarray(ids, dtype=str), f"--subjects {path}")
+    return ids
 
 
 def _bulk_subjects(count: int | None, prefix: str | None, path: str | None) -> list[str]:
