@@ -22,7 +22,9 @@ or anything is charged. Each refusal is one line and leaves nothing done.
   bound the request to the first while a proxy, log or client reading the last believed
   the other was used — a retry under it charged a second time. 422 ``invalid-input``:
   "Idempotency-Key given twice; nothing was done", as two ``Authorization`` headers are
-  refused (:mod:`privcal.service.auth`).
+  refused (:mod:`privcal.service.auth`); and without a blank at either end (red team 22,
+  service F4: ``K`` and ``K␠␠`` were two keys, and a proxy trimming one attempt's value — as
+  RFC 9110 lets it: the blanks are not part of a field's value — made a retry charge twice).
 - **Unknown query parameters of a writing route are refused**, not ignored: a route that
   charges or writes (``POST``, ``PUT``, ``PATCH``, ``DELETE``) answers a query parameter it
   does not declare with 422 ``invalid-input`` naming it. Otherwise ``POST
@@ -128,7 +130,15 @@ async def query_guard(request: Request, accepted: frozenset[str],
     query parameter given more than once (422, any method) or, on a writing method, a
     query parameter not in ``accepted`` (422); see the module docstring."""
     await _check_path_ids(request, int_paths)
-    keys = sum(1 for k, _ in request.scope.get("headers", ()) if k == _IDEM)
+    given = [v for k, v in request.scope.get("headers", ()) if k == _IDEM]
+    keys = len(given)
+    if keys == 1 and given[0] != given[0].strip(b" \t"):
+        await _token_first(request)
+        raise ProblemError(422, "invalid-input", "Invalid input",
+                           f"{IDEMPOTENCY_HEADER} has a blank at its start or end (a proxy may "
+                           "trim it, making a retry another key); nothing was done",
+                           errors=[{"loc": ["header", IDEMPOTENCY_HEADER], "msg": "blank at "
+                                    "an end", "type": "value_error"}])
     if keys > 1:
         await _token_first(request)
         raise ProblemError(422, "invalid-input", "Invalid input",
