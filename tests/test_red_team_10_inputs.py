@@ -15,7 +15,6 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,8 +66,9 @@ _CLI = "import sys; from privcal.cli.app import main; sys.exit(main())"
 
 def test_advise_with_a_tiny_slack_answers_at_once() -> None:
     """``privcal advise --slack 1e-12`` / ``1e-16`` (and ``POST /v1/advise``, the same library
-    call) ran for minutes to hours; in a subprocess so that a regression fails, not hangs."""
-    started = time.monotonic()
+    call) ran for minutes to hours; in a subprocess so that a regression fails, not hangs
+    (each call's 20 s timeout: a sum of wall times on a shared 2-core machine measured the
+    load, not the fix — 11 s under a load of 5)."""
     for slack in ("1e-12", "1e-16"):
         try:
             p = subprocess.run(
@@ -82,7 +82,6 @@ def test_advise_with_a_tiny_slack_answers_at_once() -> None:
         for method in ("label", "score"):
             n = doc[method]["min_n"]
             assert isinstance(n, int) and n > 10**20
-    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("slack", [1e-12, 1e-16, 1e-30, 1e-100])

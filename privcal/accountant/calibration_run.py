@@ -201,7 +201,7 @@ def _run(
         if subjects is None:
             raise InvalidInput(
                 f"{calibrator.name} is local DP: give the subject id of each row")
-        sids = id_strings(subjects, "subject ids")
+        sids = id_strings(subjects, "subject ids", people=True)
         charged, row_of = (np.unique(sids, return_inverse=True) if per_agent
                            else (sids, None))
 

@@ -89,7 +89,7 @@ def validate_params(calibrator: Calibrator, values: dict[str, Any]) -> Calibrato
 def _ids(a: Any, what: str, n: int) -> np.ndarray:
     """``n`` ids as strings (:func:`~privcal.calibrators.validation.id_strings`: the CLI, the
     API and sessions key one person the same way; floats, None and empty ids refused)."""
-    out = id_strings(a, what)
+    out = id_strings(a, what, people=True)
     if out.shape[0] != n:
         raise InvalidInput(f"{what} must be a 1-D array of {n} ids, got {out.shape[0]}")
     return out.astype(object)

@@ -129,7 +129,7 @@ def charge_subjects(
         central_of(np.ones(0, dtype=bool))  # a bad central cost fails before any work
     if isinstance(subject_ids, str):
         raise InvalidInput("subject_ids must be a sequence of ids, not one string")
-    sids = id_strings(subject_ids, "subject ids")  # one normalisation everywhere (14.4)
+    sids = id_strings(subject_ids, "subject ids", people=True)  # one normalisation (14.4)
     if sids.size == 0:
         raise InvalidInput("subject_ids must be a non-empty 1-D sequence")
     uniq, inverse = np.unique(sids, return_inverse=True)

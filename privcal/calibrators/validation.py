@@ -205,7 +205,7 @@ def check_lengths(**arrays: np.ndarray) -> int:
     return next(iter(lengths.values()))
 
 
-def id_strings(values: object, what: str = "ids") -> np.ndarray:
+def id_strings(values: object, what: str = "ids", *, people: bool = False) -> np.ndarray:
     """Subject or agent ids as strings: the one normalisation used by the CLI, the API and
     collection sessions (issue 14.4), so that one person has one key everywhere.
 
@@ -218,8 +218,10 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
     space: any character Python does not call printable, the ASCII space excepted, or that
     renders as nothing — :func:`privcal.errors.invisible_char` — but the zero-width joiners
     U+200C/U+200D where they shape a joining or virama script or join two emoji), or not in
-    Unicode NFC — refused, never stripped or normalised. Returns a
-    1-D array of ``str`` (dtype ``U``).
+    Unicode NFC — refused, never stripped or normalised. ``people``: the ids of subjects or
+    agents (each with its own per-subject budget), where an integer spelled as a float
+    (``"7.0"``) is refused too (:func:`check_not_float_spelled`); a group's label is no
+    person (``"5.0"`` stays a group). Returns a 1-D array of ``str`` (dtype ``U``).
     """
     values = unmasked(values, what)
     try:
@@ -273,6 +275,10 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
             if problem is not None:
                 raise InvalidInput(f"{what}: row {i} {problem}")
     _check_spelling(items, what)
+    # every float spelling has a point or a signed exponent: most batches have neither
+    if people and ("." in joined or "e+" in joined or "e-" in joined or "E+" in joined
+                   or "E-" in joined):
+        check_not_float_spelled(items, what)
     return out
 
 
@@ -283,13 +289,15 @@ def id_strings(values: object, what: str = "ids") -> np.ndarray:
 _FLOAT_SPELLING = re.compile(r"[+-]?(?:\d+\.0*|\d\.\d+[eE][+-]?\d+|\d[eE][+-]\d+)")
 
 
-def check_not_float_spelled(ids: np.ndarray, what: str) -> None:
-    """Refuse ids read from a table file (:mod:`privcal.data.files`) that spell a number as
-    a float: ``"7.0"``, ``"1.2345678901234568e+18"`` — what pandas writes for an integer
-    column with a missing value. Such an id is another id than ``"7"`` (one person with two
-    per-subject budgets: red team 14), and a 64-bit id that went through a float is already
-    rounded; refused as float arrays are (:func:`id_strings`), never rewritten."""
-    for i, v in enumerate(ids.tolist()):
+def check_not_float_spelled(ids: list[str], what: str) -> None:
+    """Refuse people's ids (:func:`id_strings` with ``people``) that spell a number as a
+    float: ``"7.0"``, ``"1.2345678901234568e+18"`` — what pandas writes for an integer column
+    with a missing value, and its ``astype(str)`` gives. Such an id is another id than
+    ``"7"`` (one person with two per-subject budgets: red team 14 for files; red team 22,
+    flows F2, for a plain list of ids, the Python API and the service), and a 64-bit id that
+    went through a float is already rounded; refused as float arrays are, never
+    rewritten."""
+    for i, v in enumerate(ids):
         c = v[:1]
         if ((c.isdigit() or c in ("+", "-")) and ("." in v or "+" in v or "-" in v)
                 and _FLOAT_SPELLING.fullmatch(v) is not None):  # (every float spelling has one)

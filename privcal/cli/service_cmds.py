@@ -182,8 +182,6 @@ def _subjects_file(path: str) -> list[str]:
     naming the line, and so is an integer spelled as a float (``7.0``: what pandas'
     ``to_csv`` writes of an integer id column with a missing value — another person than
     ``7`` to the per-subject caps; the table readers' rule, red team 22 flows F2)."""
-    import numpy as np
-
     from privcal.calibrators.validation import check_not_float_spelled
     from privcal.data.files import array_file, load_array
 
@@ -203,7 +201,7 @@ def _subjects_file(path: str) -> list[str]:
                 "table's quoting? Name the file .csv to have it read as a table (as "
                 "calibrate --subjects reads it), or give one plain id per line")
     ids = [x for x in lines if x.strip()]
-    check_not_float_spelled(np.asarray(ids, dtype=str), f"--subjects {path}")
+    check_not_float_spelled(ids, f"--subjects {path}")
     return ids
 
 

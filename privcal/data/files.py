@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from privcal.calibrators.validation import check_not_float_spelled, id_strings
+from privcal.calibrators.validation import id_strings
 from privcal.errors import InvalidInput
 
 SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
@@ -336,10 +336,8 @@ def load_array(
     if not ids:
         return tab[name]
     _check_parquet_ids(path, name, what)
-    out = id_strings(tab[name], f"{path}: {what}")
-    if what in _PEOPLE:  # a group's label is no person: "5.0" stays a group (red team 14)
-        check_not_float_spelled(out, f"{path}: {what}")
-    return out
+    # a group's label is no person: "5.0" stays a group (red team 14)
+    return id_strings(tab[name], f"{path}: {what}", people=what in _PEOPLE)
 
 
 def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) -> list[str] | None:
@@ -390,6 +388,5 @@ def load_reports(
             f"(has: {cols})"
         )
     _check_parquet_ids(path, id_column, "id")
-    ids = id_strings(tab[id_column], f"{path}: {id_column}")
-    check_not_float_spelled(ids, f"{path}: {id_column}")
+    ids = id_strings(tab[id_column], f"{path}: {id_column}", people=True)
     return ids, tab[value_column], tab.get("round")

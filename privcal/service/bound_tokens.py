@@ -53,7 +53,7 @@ def create_bound_device_tokens(acct: Any, session: int, subjects: Sequence[str],
     from privcal.storage.token_bulk import create_device_tokens
 
     _check_session_binding(acct, "device", session)
-    id_strings(list(subjects), "subject ids")  # the library's rule for ids (InvalidInput)
+    id_strings(list(subjects), "subject ids", people=True)  # the library's id rule (InvalidInput)
     return create_device_tokens(acct.ledger, session, subjects, expires_in=expires_in)
 
 
@@ -65,7 +65,7 @@ def _check_id(v: Any, what: str) -> None:
     if not isinstance(v, str):
         raise InvalidInput(f"{what} must be text")
     try:
-        id_strings([v], what)
+        id_strings([v], what, people=True)
     except InvalidInput as exc:
         raise InvalidInput(str(exc).replace(f"{what}: row 0 ", f"{what} ", 1)) from None
 

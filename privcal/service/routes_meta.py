@@ -76,7 +76,7 @@ def whoami(request: Request, p: Principal = Depends(principal)) -> dict[str, Any
         else:
             out["sent"] = rnd is not None
         try:  # a subject the id rule now refuses (a token made before it): refused on arrival
-            id_strings([who], "id")
+            id_strings([who], "id", people=True)
             out["within_cap"] = allowed
         except InvalidInput:
             out["within_cap"] = False

@@ -225,7 +225,7 @@ def submit_reports(
     :func:`~privcal.storage.token_checks.tokens_not_in_force`).
     """
     # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
-    sids = id_strings(subjects, "subject ids")
+    sids = id_strings(subjects, "subject ids", people=True)
     numeric = isinstance(values, np.ndarray) and values.dtype.kind in "biuf"
     try:  # a NumPy array of numbers stays one (parsed by array operations)
         vals = values.ravel() if numeric else np.asarray(values, dtype=object).ravel()
