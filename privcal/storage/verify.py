@@ -23,7 +23,7 @@ from decimal import Decimal, localcontext
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from privcal.errors import AuditFailed, InvalidInput, LedgerError
@@ -39,13 +39,12 @@ from privcal.storage.models import (
     Charge,
     Dataset,
     ReleaseRow,
-    SubjectSpend,
     spend_units,
 )
 from privcal.storage.records import VerifyReport
 from privcal.storage.unreadable import first_unreadable, unreadable
 from privcal.storage.verify_releases import check_release_charges
-from privcal.storage.verify_subjects import check_subject_spends
+from privcal.storage.verify_subjects import check_subject_spends, stored_units
 
 #: wraps an iteration to report it: ``progress(items, description, total)`` yields the items
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
@@ -379,16 +378,13 @@ class LedgerVerifier:
                     t[4] += c.delta
                 if c.eps0 is not None and c.subjects_accepted:
                     local_units[c.dataset_id] += spend_units(c.eps0) * c.subjects_accepted
-            stored_units = dict(
-                s.execute(select(SubjectSpend.dataset_id, func.sum(SubjectSpend.spent_units))
-                          .group_by(SubjectSpend.dataset_id)).all()
-            )
+            units = stored_units(s, datasets)
             for ds in datasets.values():
                 got = [ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
                        ds.spent_approx_eps, ds.spent_approx_delta]
                 if got != sums[ds.id] or ds.charge_count != counts[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): spent totals do not equal "
                                       "the sum of its logged charges (row edited)")
-                if Decimal(int(stored_units.get(ds.id) or 0)) != local_units[ds.id]:
+                if Decimal(units.get(ds.id, 0)) != local_units[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): per-subject spends do not "
                                       "add up to its logged local-DP charges (rows edited)")
