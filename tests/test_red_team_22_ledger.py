@@ -36,3 +36,18 @@ def test_a_spend_sum_past_64_bits_fails_verification_in_one_line(
     res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{path}", "audit", "verify"])
     assert res.exit_code == 4 and res.output.count("\n") == 1, res.output
     assert "per-subject spends add up to more than 2**63 − 1 units" in res.output
+
+
+def test_the_charge_message_prints_the_amount_charged(tmp_path: Path) -> None:
+    """Red team 22, newcomer F2: ``privcal charge --epsilon 5e-324`` printed ε with 323 zeros
+    beside a stored ε = 1e-12 (amounts are charged rounded *up* to 12 decimal places); the
+    message now prints the recorded cost, as ``--json`` does."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    Accountant(url).create_dataset("d", epsilon=1)
+    said = []
+    for eps in ("5e-324", "0.12345678901234567", "0.5"):
+        res = CliRunner().invoke(main, ["--db-url", url, "charge", "d", "--epsilon", eps])
+        assert res.exit_code == 0, res.output
+        said.append(res.output.split(" (pure DP)")[0])
+    assert said == ["charged ε=0.000000000001", "charged ε=0.123456789013", "charged ε=0.5"]
+    assert res.output.endswith("remaining epsilon=0.376543210986\n")  # 1 − the three charged

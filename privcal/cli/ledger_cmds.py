@@ -24,7 +24,7 @@ from privcal.cli.app import (
 )
 from privcal.cli.number_types import Integer
 from privcal.cli.output import at_least
-from privcal.costs import ZCDP, ApproxDP, PureDP
+from privcal.costs import ZCDP, ApproxDP, PureDP, parse_cost
 from privcal.errors import InvalidInput
 
 
@@ -218,8 +218,10 @@ def charge_cmd(settings: Settings, name: str | None, dataset_opt: str | None, ep
     r = settings.accountant().charge(name, cost, purpose=purpose, requester=requester,
                                      idempotency_key=idempotency_key)
     verb = "already recorded" if r.replayed else "charged"
-    emit(r, as_json=as_json, human=f"{verb} {cost.describe()} to {name!r} (charge {r.charge_id}); "
-         f"remaining {_fmt(r.remaining)}")
+    # the cost as recorded (amounts rounded *up* to 12 decimal places), not as typed (red
+    # team 22, newcomer F2: ε = 5e-324 was printed with 323 zeros beside a stored 1e-12)
+    emit(r, as_json=as_json, human=f"{verb} {parse_cost(r.cost).describe()} to {name!r} "
+         f"(charge {r.charge_id}); remaining {_fmt(r.remaining)}")
 
 
 # ---------------------------------------------------------------- release
