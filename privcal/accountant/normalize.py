@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
@@ -193,12 +194,26 @@ def bound_digest(request: dict[str, Any], requester: str | None) -> tuple[str, s
     return request_digest({**request, "requester": requester}), request_digest(request)
 
 
+#: characters that act on the terminal that prints them rather than print: C0 and C1 controls
+#: but the tab and the line feed (ESC begins CSI/OSC sequences: erase a line, write the
+#: clipboard; CR returns to a line's start to overwrite it) and the bidi embeddings,
+#: overrides and isolates (U+202E shows a text reversed)
+TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
     """A free-text field (purpose, requester, key …) that is storable text of at most ``limit``
-    characters (:func:`privcal.errors.check_text`), or None."""
+    characters (:func:`privcal.errors.check_text`) holding no :data:`TERMINAL_CONTROLS` (red
+    team 22, ui F1: an analyst's charge purpose erased its own row of the auditor's ``privcal
+    audit report`` on a terminal and wrote the auditor's clipboard), or None."""
     if value is None:
         return None
-    return check_text(value, what, limit=limit, allow_empty=True)
+    text = check_text(value, what, limit=limit, allow_empty=True)
+    bad = TERMINAL_CONTROLS.search(text)
+    if bad is not None:
+        raise InvalidInput(f"{what} holds the control character U+{ord(bad.group()):04X}, "
+                           "which would act on a terminal printing it: remove it")
+    return text
 
 
 #: the suffix of the key a keyed local-DP batch gives its central charge

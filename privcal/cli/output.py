@@ -140,7 +140,19 @@ def cell(value: Any) -> str:
         return ", ".join(cell(v) for v in value) or "-"
     if hasattr(value, "isoformat"):
         return value.isoformat(sep=" ", timespec="seconds")
-    return str(value)
+    return inert(str(value))
+
+
+def inert(text: str) -> str:
+    """``text`` with each character that would act on a terminal (:data:`~privcal.accountant.
+    normalize.TERMINAL_CONTROLS`: ESC, CR, bidi overrides …) written as its escape (``\\x1b``),
+    so that a free-text field stored before the library refused them prints inert (red team
+    22, ui F1)."""
+    if text.isprintable():  # the usual case: no import, no scan
+        return text
+    from privcal.accountant.normalize import TERMINAL_CONTROLS
+
+    return TERMINAL_CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def info(message: str) -> None:
