@@ -228,9 +228,16 @@ def login_form() -> HTMLResponse:
 @router.post("/login", openapi_extra={"x-privcal-roles": ["public"]})
 def login(request: Request, token: str = Form(max_length=200)) -> Response:
     """Check the token and set an HttpOnly SameSite=Strict cookie holding a UI-only
-    credential for it (:func:`issue_credential`: never the token, which opens ``/v1``)."""
+    credential for it (:func:`issue_credential`: never the token, which opens ``/v1``). Not
+    for a form sent from another site (:func:`cross_site`; red team 22, ui F2: a page
+    elsewhere — another port of this host — posted its own auditor token and swapped a
+    logged-in auditor's session for it), checked before the token is."""
     from privcal.storage.tokens import authenticate
 
+    if cross_site(request):
+        return _page("login.html", status=403,
+                     error="this form was sent from another site: open the page here and "
+                           "use its button")
     tok = authenticate(request.app.state.accountant.ledger, token.strip())
     if tok is None:
         return _page("login.html", status=401, error="invalid, expired or revoked token")

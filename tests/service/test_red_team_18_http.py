@@ -170,6 +170,9 @@ def test_the_ui_forms_refuse_another_site(live: Live) -> None:
             r = c.post("/ui/verify", headers=headers)
             assert r.status_code == 403 and "another site" in r.text, headers
             assert c.post("/ui/logout", headers=headers).status_code == 403
+            # red team 22, ui F2: nor a login, which swapped the session for another token's
+            r = c.post("/ui/login", data={"token": live.tokens["admin"]}, headers=headers)
+            assert r.status_code == 403 and "set-cookie" not in r.headers, headers
         for headers in ({"Sec-Fetch-Site": "same-origin"}, {"Origin": f"http://{here}"}, {}):
             r = c.post("/ui/verify", headers=headers)
             assert r.status_code == 200 and "verify-result" in r.text, headers
