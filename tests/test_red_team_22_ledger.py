@@ -51,3 +51,24 @@ def test_the_charge_message_prints_the_amount_charged(tmp_path: Path) -> None:
         said.append(res.output.split(" (pure DP)")[0])
     assert said == ["charged ε=0.000000000001", "charged ε=0.123456789013", "charged ε=0.5"]
     assert res.output.endswith("remaining epsilon=0.376543210986\n")  # 1 − the three charged
+
+
+@pytest.mark.parametrize("command", [["audit", "verify"], ["db", "current"], ["db", "upgrade"],
+                                     ["budget", "show", "d"]])
+def test_a_branched_schema_history_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    """Red team 22, ledger F3: two rows in ``alembic_version`` (a branched history: no privcal
+    writes one) made every command an Alembic traceback, exit 1; now the one line of an
+    unknown revision, exit 5, nothing written."""
+    path = tmp_path / "l.db"
+    led = Ledger(f"sqlite:///{path}")
+    led.upgrade()
+    Accountant(led).create_dataset("d", rho=1)
+    led.close()
+    with sqlite3.connect(path) as c:
+        c.execute("INSERT INTO alembic_version VALUES ('0010')")
+    before = path.read_bytes()
+    res = CliRunner().invoke(main, ["--db-url", f"sqlite:///{path}", *command])
+    assert res.exit_code == 5 and res.output.count("\n") == 1, res.output
+    assert "is at several schema revisions at once ('0010', '00" in res.output
+    assert "a newer privcal wrote it (upgrade privcal)" in res.output
+    assert path.read_bytes() == before

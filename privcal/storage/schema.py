@@ -112,11 +112,14 @@ class LedgerSchema:
                     text("SELECT version_num FROM alembic_version")).scalars().all()
             except DBAPIError as exc:
                 raise self._unreachable(exc) from exc
-        if len(heads) > 1:  # Alembic's own message for a branched ledger
-            from alembic.runtime.migration import MigrationContext
-
-            with self._connect(write=False) as conn:
-                return MigrationContext.configure(conn).get_current_revision()
+        if len(heads) > 1:  # a branched history: no privcal writes one (red team 22, ledger
+            # F3: Alembic's own CommandError for it was a traceback on every command)
+            shown = ", ".join(repr(h) for h in sorted(heads))
+            raise SchemaOutOfDate(
+                f"ledger {self.url} is at several schema revisions at once ({shown}), which "
+                "this privcal does not know: a newer privcal wrote it (upgrade privcal), or it "
+                "is not a privcal ledger",
+                public=f"the ledger is at several schema revisions at once ({shown})")
         return heads[0] if heads else None
 
     def other_tables(self) -> list[str]:
