@@ -50,3 +50,19 @@ def test_a_stored_control_sequence_prints_inert_in_the_audit_report(tmp_path: Pa
         c.execute("UPDATE charges SET purpose = ?", (ATTACK,))
     out = CliRunner().invoke(main, ["--db-url", url, "audit", "report"]).output
     assert "\x1b" not in out and re.search(r"\\x1b\[1G\\x1b\[2K\\x1b\]52;c;", out), out
+
+
+def test_a_class_name_with_a_control_character_is_refused(tmp_path: Path) -> None:
+    """ui F4: class names sent over HTTP held ESC sequences, printed raw by ``release show``
+    and written raw into ``predict --out``'s header; refused now, as in dataset names."""
+    import numpy as np
+
+    acct = Accountant(f"sqlite:///{tmp_path / 'l.db'}")
+    acct.create_dataset("d", rho=1, allow_nonprivate=True)
+    probs = np.random.default_rng(0).dirichlet(np.ones(2), 50)
+    head = acct.ledger.head()
+    with pytest.raises(InvalidInput, match=r"^classes: the name of column 1 \('b\\x1b\[2K'\) "
+                       r"contains a control character$"):
+        acct.calibrate("split", dataset="d", probs=probs, labels=np.zeros(50, int),
+                       alpha=0.1, score="lac", classes=["a", "b\x1b[2K"])
+    assert acct.ledger.head() == head

@@ -13,6 +13,7 @@ CSV/parquet header — those names are the classes (:func:`column_classes`), as
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,11 @@ def check_classes(classes: Any, k: int | None, field: str = "classes") -> list[s
         # (a non-UTF-8 byte in argv), a NUL or an overlong name is refused here, before
         # anything is charged (red team 5: charged, then a traceback in the release's JSON)
         check_text(c, f"{field}: the name of column {j}", limit=MAX_CLASS_NAME)
+        if not c.isprintable() and any(unicodedata.category(ch) == "Cc" for ch in c):
+            # ESC sequences reach the terminal of whoever prints the release or predicts
+            # (red team 22, ui F4), as a dataset name's would
+            raise InvalidInput(f"{field}: the name of column {j} ({c!r:.40}) contains a "
+                               "control character")
     if len(set(names)) != len(names):
         dup = next(c for c in names if names.count(c) > 1)
         raise InvalidInput(f"{field}: {dup!r} is named twice")
