@@ -130,7 +130,10 @@ class PrivcalGroup(click.Group):
         if args and not name.startswith("-") and not ctx.resilient_parsing \
                 and self.get_command(ctx, name) is None:
             ctx.fail(f"No such command {name!r}.{_suggest(name, self.list_commands(ctx))}")
-        return super().resolve_command(ctx, args)
+        found = super().resolve_command(ctx, args)
+        if found[1] is not None and not ctx.resilient_parsing:
+            _refuse_repeated_options(ctx, found[1], found[2])
+        return found
 
     def invoke(self, ctx: click.Context) -> Any:
         settings = ctx.find_object(Settings)
@@ -157,6 +160,29 @@ class PrivcalGroup(click.Group):
             if root and settings is not None and settings.as_json:
                 _write_error_document(exc, exc.exit_code)
             raise
+
+
+def _refuse_repeated_options(ctx: click.Context, cmd: click.Command, args: list[str]) -> None:
+    """A usage error for an option of ``cmd`` given more than once that takes one value
+    (red team 22, newcomer F3: ``charge --dataset a --dataset b`` charged ``b``, click's
+    "the last wins", where the rest of privcal refuses what can be read two ways: two
+    ``--db-url``, a query parameter or a JSON key given twice). Flags, options that take
+    several (``multiple``) and ``--db-url`` (refused only with different ledgers) may
+    repeat. A command line the parser refuses is left to the real parse to explain."""
+    try:  # the command's own context: a group's stops at the first positional argument
+        own = click.Context(cmd, info_name=cmd.name, parent=ctx, resilient_parsing=True)
+        _, _, order = cmd.make_parser(own).parse_args(args=list(args))
+    except click.ClickException:
+        return
+    seen: set[str] = set()
+    for param in order:
+        if not isinstance(param, click.Option) or param.multiple or param.is_flag \
+                or param.count or param.name == "db_url" or param.name is None:
+            continue
+        if param.name in seen:
+            raise click.UsageError(f"{max(param.opts, key=len)} is given more than once: give "
+                                   "it once (privcal does not take the last)", ctx=ctx)
+        seen.add(param.name)
 
 
 #: what an interrupted command says (red team 19, newcomer F2: Ctrl-C after a charge printed

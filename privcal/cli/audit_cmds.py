@@ -20,6 +20,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
+from privcal.cli.output import float_text
 
 
 @main.group()
@@ -83,7 +84,7 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
             click.echo("  releases:")
             click.echo(table([{
                 "id": r.release, "at": r.at.strftime("%Y-%m-%d %H:%M:%S"), "method": r.method,
-                "α": r.alpha, "threshold": r.threshold, "privacy": r.privacy,
+                "α": r.alpha, "threshold": float_text(r.threshold), "privacy": r.privacy,
             } for r in rep.releases]))
             for r in rep.releases:
                 click.echo(f"    #{r.release} coverage: {r.coverage}")

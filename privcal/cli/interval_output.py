@@ -18,7 +18,7 @@ import numpy as np
 
 from privcal.cli.app import OUT_SUFFIXES, check_out, emit, info, to_jsonable
 from privcal.cli.group_options import echo_groups
-from privcal.cli.output import at_least
+from privcal.cli.output import at_least, float_text
 from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
@@ -84,7 +84,7 @@ def emit_intervals(rel: Any, iv: np.ndarray, out: str | None, as_json: bool) -> 
     def human() -> None:
         if out is None:
             for i, (lo, hi) in enumerate(iv[:20]):
-                click.echo(f"{i}\t[{lo:.6g}, {hi:.6g}]")
+                click.echo(f"{i}\t[{float_text(lo)}, {float_text(hi)}]")
             if iv.shape[0] > 20:
                 click.echo(f"… {iv.shape[0] - 20} more (use --out FILE or --json)")
         lengths = iv[:, 1] - iv[:, 0]

@@ -23,7 +23,7 @@ from privcal.cli.app import (
     table,
 )
 from privcal.cli.number_types import Integer
-from privcal.cli.output import at_least
+from privcal.cli.output import at_least, float_text
 from privcal.costs import ZCDP, ApproxDP, PureDP, parse_cost
 from privcal.errors import InvalidInput
 
@@ -241,7 +241,7 @@ def release_list(settings: Settings, dataset_name: str | None, as_json: bool) ->
     rows = settings.accountant(existing=True).releases(dataset_name)
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
         {"id": r.id, "dataset": r.dataset, "method": r.method,
-         "threshold": cell(r.threshold), "coverage ≥": _lower_cell(r.coverage.lower),
+         "threshold": float_text(r.threshold), "coverage ≥": _lower_cell(r.coverage.lower),
          "privacy (ε, δ)": privacy_cell(r.privacy),
          "created": cell(r.created_at)} for r in rows])))
 
@@ -287,7 +287,7 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
             {"": "dataset", "value": r.dataset},
             {"": "method", "value": f"{r.method} {r.calibrator_version} "
                                     f"({r.distribution} {r.distribution_version})"},
-            {"": "threshold", "value": cell(r.threshold)},
+            {"": "threshold", "value": float_text(r.threshold)},
             {"": "parameters", "value": cell(r.params)},
             {"": "data", "value": shape},
             {"": "coverage", "value": cov.statement},

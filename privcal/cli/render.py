@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privcal.cli.output import at_least, at_most
+from privcal.cli.output import at_least, at_most, float_text
 
 __all__ = ["fmt_threshold", "render_dry_run", "render_release",
            "render_thresholds", "ties_note"]
@@ -18,7 +18,7 @@ def fmt_threshold(t: float, regression: bool = False) -> str:
     if math.isinf(t) and t > 0:
         return "+inf (every interval is (−inf, +inf))" if regression else (
             "+inf (every label: the trivial set)")
-    return f"{t:.10g}"
+    return float_text(t)
 
 
 _RANGE_SOURCES = {"score_range": "--score-range", "parameters": "--lower/--upper"}
