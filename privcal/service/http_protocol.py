@@ -38,6 +38,13 @@ its own for either (its h11 protocol has a size limit but no time limit, and is 
   pause the server included (the review of red team 21: a restart at each resume let a
   client at 3.2 KiB/s in 66 KB bursts hold one for ever).
 
+A request's header fields are those of its head: the trailer fields after a chunked body's
+last chunk (which llhttp reports as header fields too, and uvicorn appended to the headers of
+the request already handed to the app) are ignored — a request whose head had no token was
+authenticated, and keyed, by its trailer (red team 22, service F3; RFC 9110 §6.5.1). A
+transfer coding other than ``chunked`` alone (``gzip, chunked``: the body was read as if it
+were not gzip-coded) is answered 501 (RFC 9112 §6.1), the connection closed after it.
+
 Bodies are bounded in size by the app (``--max-body``, 413) and idle kept-alive connections
 by uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
 (:func:`connection_limit`). A public deployment still belongs behind a reverse proxy (TLS,
@@ -87,6 +94,19 @@ _TOO_SLOW = _answer(408, "Request Timeout", "head-timeout",
 _BODY_TOO_SLOW = _answer(408, "Request Timeout", "body-timeout",
                          "the request body was not complete in time")
 _BAD_REQUEST = _answer(400, "Bad Request", "bad-request", "the request is not valid HTTP/1.1")
+_CODING = problem_response(ProblemError(
+    501, "transfer-coding-not-implemented", "Not Implemented",
+    "the only transfer coding accepted is chunked", headers={"connection": "close"}))
+_CODING_START = {"type": "http.response.start", "status": 501,
+                 "headers": with_standard_headers(_CODING.raw_headers)}
+_CODING_BODY = {"type": "http.response.body", "body": bytes(_CODING.body)}
+
+
+async def _refuse_coding(scope: Any, receive: Any, send: Any) -> None:
+    """The app of a request with a transfer coding other than ``chunked`` alone: 501, its body
+    never read (the connection closes after the answer)."""
+    await send(_CODING_START)
+    await send(_CODING_BODY)
 
 
 class BoundedHttpTools(HttpToolsProtocol):
@@ -112,6 +132,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._body_bytes = 0  # body bytes received since then
         self._expect_pending = False  # the request waits for a 100 Continue not yet sent
         self._paused_at: float | None = None  # when the server stopped reading its body
+        self._codings: list[bytes] = []  # the Transfer-Encoding values of the current head
 
     def send_400_response(self, msg: str) -> None:
         """A request uvicorn cannot parse: the service's problem document with its standard
@@ -150,6 +171,20 @@ class BoundedHttpTools(HttpToolsProtocol):
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse(_TOO_LARGE)
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's ``on_header`` (the name lowercased, ``Expect: 100-continue`` noted, the
+        field appended to the request's headers), for the head's fields only: llhttp calls it
+        for a chunked body's trailer fields too, after the app has the request (module
+        docstring); and the Transfer-Encoding values noted."""
+        if not self._in_head:
+            return  # a trailer field: never one of the request's headers
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        elif name == b"transfer-encoding":
+            self._codings.append(value)
+        self.headers.append((name, value))
+
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
@@ -157,7 +192,18 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._disarm()
         self._body_start, self._body_bytes = self.loop.time(), 0
         self._paused_at = self._body_start if self.flow.read_paused else None
-        super().on_headers_complete()
+        if self._codings and (len(self._codings) != 1
+                              or self._codings[0].strip().lower() != b"chunked"):
+            # a coding the service does not decode: this request's app is the 501's
+            app, self.app = self.app, _refuse_coding
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        else:
+            super().on_headers_complete()
+        if self._codings:
+            self._codings = []
         self._expect_pending = self.cycle is not None and self.cycle.waiting_for_100_continue
 
     def _watch_reads(self) -> None:

@@ -17,6 +17,7 @@ chunked bodies.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ def _charge_head(key: bytes, token: bytes | None = None,
     auth = b"" if token is None else b"Authorization: Bearer " + token + b"\r\n"
     key_line = b"" if not key else b"Idempotency-Key: " + key + b"\r\n"
     return (b"POST /v1/datasets/d/charges HTTP/1.1\r\nHost: x\r\n" + auth +
-            b"Content-Type: application/json\r\n" + key_line +
+            b"Content-Type: application/json\r\nConnection: close\r\n" + key_line +
             b"Transfer-Encoding: " + coding + b"\r\n\r\n")
 
 
@@ -79,3 +80,60 @@ def test_f2_a_chunked_body_cut_before_its_last_chunk_is_not_run(
         r = c.post("/v1/datasets/d/charges", content=_CHARGE,
                    headers={"Idempotency-Key": "f2-cut", "Content-Type": "application/json"})
     assert r.status_code == 201, r.text
+
+
+def _raw(lv: Live, data: bytes) -> tuple[bytes, dict[str, object] | None]:
+    """Send ``data`` on a new connection; the status line and the JSON body of the answer
+    (the server closes after it: ``Connection: close``)."""
+    s = _connect(lv)
+    s.sendall(data)
+    answer = _answer_or_close(s)
+    s.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], json.loads(body) if body.startswith(b"{") else None
+
+
+def _chunked(body: bytes, trailer: bytes = b"") -> bytes:
+    return b"%x\r\n" % len(body) + body + b"\r\n0\r\n" + trailer + b"\r\n"
+
+
+def test_f3_trailer_fields_are_not_headers(live: Live) -> None:
+    """A token or an Idempotency-Key sent only in a chunked body's trailer is not the
+    request's (before: 201, charged under the trailer's key; the audit head read by an
+    auditor token in a trailer)."""
+    before = ledger_snapshot(live)
+    analyst, auditor = live.tokens["analyst"].encode(), live.tokens["auditor"].encode()
+    status, doc = _raw(live, _charge_head(b"") + _chunked(
+        _CHARGE, b"Authorization: Bearer " + analyst + b"\r\nIdempotency-Key: f3-t\r\n"))
+    assert status.startswith(b"HTTP/1.1 401 "), (status, doc)
+    status, doc = _raw(live, _charge_head(b"", analyst) + _chunked(
+        _CHARGE, b"Idempotency-Key: f3-t\r\n"))
+    assert status.startswith(b"HTTP/1.1 4"), (status, doc)  # no key: refused
+    assert doc is not None and "idempotency" in json.dumps(doc).lower(), doc
+    status, doc = _raw(live, b"GET /v1/audit/head HTTP/1.1\r\nHost: x\r\n"
+                       b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"0\r\nAuthorization: Bearer " + auditor + b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 401 "), (status, doc)
+    assert ledger_snapshot(live) == before
+    # in the head, the same fields (and a trailer of anything else) are served
+    status, doc = _raw(live, _charge_head(b"f3-t", analyst) + _chunked(
+        _CHARGE, b"X-Checksum: 1\r\n"))
+    assert status.startswith(b"HTTP/1.1 201 "), (status, doc)
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"GZIP,chunked",
+                                    b"identity\r\nTransfer-Encoding: chunked"])
+def test_f3_a_transfer_coding_other_than_chunked_is_not_implemented(
+        live: Live, coding: bytes) -> None:
+    """``Transfer-Encoding: gzip, chunked``: the body is gzip-coded, which the service does
+    not decode — 501 and nothing written (before: the coded bytes read as the JSON body,
+    201, charged)."""
+    before = ledger_snapshot(live)
+    status, doc = _raw(live, _charge_head(b"f3-te", live.tokens["analyst"].encode(), coding)
+                       + _chunked(_CHARGE))
+    assert status.startswith(b"HTTP/1.1 501 "), (status, doc)
+    assert doc is not None and doc["type"] == "urn:privcal:problem:transfer-coding-not-implemented"
+    assert ledger_snapshot(live) == before
+    status, doc = _raw(live, _charge_head(b"f3-te", live.tokens["analyst"].encode(),
+                                          b"Chunked") + _chunked(_CHARGE))
+    assert status.startswith(b"HTTP/1.1 201 "), (status, doc)  # chunked alone, any case
