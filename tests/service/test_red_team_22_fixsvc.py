@@ -19,15 +19,25 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
+import httpx
 import pytest
 
-from tests.service.conftest import Live, ledger_snapshot, serve
-from tests.service.test_red_team_21_fixsvc import _answer_or_close, _connect, _QuickBody
+from privcal.service.http_protocol import MAX_PIPELINED, BoundedHttpTools
+from tests.service.conftest import Live, ledger_snapshot, serve, start_server
+from tests.service.test_red_team_21_fixsvc import (
+    _answer_or_close,
+    _connect,
+    _lifespan,
+    _QuickBody,
+)
 
-pytestmark = pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+_SQLITE = pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
 
 _CHARGE = b'{"cost":{"rho":"0.001"},"purpose":"cut"}'
 
@@ -59,6 +69,7 @@ def quick(ledger_url: str) -> Iterator[Live]:
         yield lv
 
 
+@_SQLITE
 def test_f2_a_chunked_body_cut_before_its_last_chunk_is_not_run(
         quick: Live, caplog: pytest.LogCaptureFixture) -> None:
     """The whole JSON in one chunk, the terminating ``0`` chunk never sent: the body timer
@@ -97,6 +108,7 @@ def _chunked(body: bytes, trailer: bytes = b"") -> bytes:
     return b"%x\r\n" % len(body) + body + b"\r\n0\r\n" + trailer + b"\r\n"
 
 
+@_SQLITE
 def test_f3_trailer_fields_are_not_headers(live: Live) -> None:
     """A token or an Idempotency-Key sent only in a chunked body's trailer is not the
     request's (before: 201, charged under the trailer's key; the audit head read by an
@@ -121,6 +133,7 @@ def test_f3_trailer_fields_are_not_headers(live: Live) -> None:
     assert status.startswith(b"HTTP/1.1 201 "), (status, doc)
 
 
+@_SQLITE
 @pytest.mark.parametrize("coding", [b"gzip, chunked", b"GZIP,chunked",
                                     b"identity\r\nTransfer-Encoding: chunked"])
 def test_f3_a_transfer_coding_other_than_chunked_is_not_implemented(
@@ -137,3 +150,163 @@ def test_f3_a_transfer_coding_other_than_chunked_is_not_implemented(
     status, doc = _raw(live, _charge_head(b"f3-te", live.tokens["analyst"].encode(),
                                           b"Chunked") + _chunked(_CHARGE))
     assert status.startswith(b"HTTP/1.1 201 "), (status, doc)  # chunked alone, any case
+
+
+class _QuickSend(BoundedHttpTools):
+    """Writing may stay paused 1 s; each connection is noted (the test reads its state)."""
+
+    send_timeout = 1.0
+    seen: ClassVar[list[BoundedHttpTools]] = []
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.seen.append(self)
+
+
+class _Noted(BoundedHttpTools):
+    """The default timeouts; each connection is noted."""
+
+    seen: ClassVar[list[BoundedHttpTools]] = []
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.seen.append(self)
+
+
+def _until(cond: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        time.sleep(0.02)
+
+
+def _not_reading(url: str) -> socket.socket:
+    """A connection whose client reads (almost) nothing: a tiny receive buffer."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    s.connect((host, int(port)))
+    return s
+
+
+_BIG = 32 * 1024 * 1024  # more than every buffer between the app and the client
+
+
+def _big_app(finished: list[str]) -> Any:
+    """A bare app answering every GET with :data:`_BIG` bytes, 1 MiB a send; ``finished``
+    gets each request's path when its app returns."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return await _lifespan(receive, send)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(_BIG).encode())]})
+        piece = b"x" * (1024 * 1024)
+        for i in range(_BIG // len(piece)):
+            await send({"type": "http.response.body", "body": piece,
+                        "more_body": i < _BIG // len(piece) - 1})
+        finished.append(scope["path"])
+
+    return app
+
+
+def test_f1_a_client_that_does_not_read_its_response_is_cut() -> None:
+    """A client that stops reading a large response: the connection and the request's task
+    were held until the client went away; the connection is now reset once writing has
+    stayed paused ``send_timeout`` (1 s here), and the app's ``send`` returns."""
+    finished: list[str] = []
+    _QuickSend.seen.clear()
+    url, server, th = start_server(_big_app(finished), _QuickSend)
+    try:
+        s = _not_reading(url)
+        s.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        _until(lambda: bool(finished), "the app's task ended")  # before: held for ever
+        conn = _QuickSend.seen[0]
+        _until(lambda: conn.transport.is_closing(), "the connection closed")
+        assert not server.server_state.tasks
+        _until(lambda: not server.server_state.connections, "the connection was let go")
+        got = b""
+        try:
+            while chunk := s.recv(1 << 20):
+                got += chunk
+        except ConnectionResetError:
+            pass
+        assert got.startswith(b"HTTP/1.1 200 ") and len(got) < _BIG  # cut short
+        s.close()
+        # a reading client is served the whole response
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert len(c.get("/b").content) == _BIG
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+
+
+class _QuickSendUnpaused(_QuickSend):
+    """Writing never pauses (a buffer above any response), idle connections closed after
+    0.5 s: a response's end sits in the transport's buffer when the connection is closed."""
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        transport.set_write_buffer_limits(high=1 << 30)
+        self.timeout_keep_alive = 0.5
+
+
+@pytest.mark.parametrize("connection", [b"close", b"keep-alive"])
+def test_f1_a_closed_connection_whose_client_does_not_read_is_let_go(
+        connection: bytes) -> None:
+    """A connection closed (``Connection: close``, or idle after its response) with bytes
+    still buffered waited for the client to read them: for ever, if it never did (below
+    the high-water mark, writing was not paused). The send clock now runs until then."""
+    finished: list[str] = []
+    url, server, th = start_server(_big_app(finished), _QuickSendUnpaused)
+    try:
+        s = _not_reading(url)
+        s.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: " + connection + b"\r\n\r\n")
+        _until(lambda: bool(finished), "the response was written")
+        _until(lambda: not server.server_state.connections, "the connection was let go")
+        s.close()
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+
+
+def test_f1_a_client_gone_during_a_pipelined_response_leaves_no_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Three pipelined GETs, the client gone while the first is being written: uvicorn told
+    only the last request (queued) of the lost connection; the first, released from its
+    wait, wrote on the closed transport — "Exception in ASGI application" in the log."""
+    finished: list[str] = []
+    _Noted.seen.clear()
+    url, server, th = start_server(_big_app(finished), _Noted)
+    errors = logging.getLogger("uvicorn.error")  # uvicorn's own: not propagated to the root
+    errors.addHandler(caplog.handler)
+    try:
+        s = _not_reading(url)
+        s.sendall(b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(3)))
+        _until(lambda: bool(_Noted.seen) and _Noted.seen[0].flow.write_paused,
+               "the server's writing paused")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # reset: the client is gone
+        _until(lambda: not server.server_state.tasks, "the request's task ended")
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+        errors.removeHandler(caplog.handler)
+    assert "Exception in ASGI application" not in caplog.text, caplog.text[-3000:]
+    assert finished == ["/0"]  # its sends returned; the queued requests were never run
+
+
+@_SQLITE
+def test_f1_pipelined_requests_past_the_limit_are_not_read(live: Live) -> None:
+    """40 pipelined ``GET /healthz`` on one connection: 1 answered + MAX_PIPELINED queued,
+    the last with ``Connection: close``; the rest is not read."""
+    s = _connect(live)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 40)
+    got = _answer_or_close(s)
+    s.close()
+    assert got.count(b"HTTP/1.1 200 ") == 1 + MAX_PIPELINED, got[-500:]
+    last = got.rpartition(b"HTTP/1.1 200 ")[2]
+    assert b"connection: close" in last.lower()
+    with live.client() as c:  # the service answers
+        assert c.get("/healthz").status_code == 200
