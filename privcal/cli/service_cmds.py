@@ -68,7 +68,7 @@ def serve(settings: Any, host: str, port: int, max_body: int, report_window: flo
         import uvicorn
 
         from privcal.service.app import create_app
-        from privcal.service.http_protocol import uvicorn_options
+        from privcal.service.server_options import uvicorn_options
     except ImportError as exc:
         raise InvalidInput(f"privcal serve needs the server extra: pip install "
                            f"'privcal[server]' (from a clone: pip install '.[server]') "

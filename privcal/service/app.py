@@ -141,7 +141,10 @@ class ServiceMiddleware:
             while True:
                 message = await receive()
                 if message["type"] != "http.request":
-                    break
+                    # the client went away, or the body timer cut the body, before its last
+                    # chunk: an incomplete request is not run (RFC 9112 §7.1; it was, as if
+                    # complete: red team 22, service F2) — nothing to answer
+                    return
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 if size > limit:

@@ -1,5 +1,5 @@
-"""The HTTP/1.1 connection: uvicorn's httptools protocol with a bounded request head and body
-time.
+"""The HTTP/1.1 connection: uvicorn's httptools protocol with a bounded request head, body
+time, response time and pipeline.
 
 uvicorn's httptools protocol reads a request line and headers of any size, on the event loop,
 and appends each received piece to the bytes read so far (quadratic): one unauthenticated
@@ -38,14 +38,32 @@ its own for either (its h11 protocol has a size limit but no time limit, and is 
   pause the server included (the review of red team 21: a restart at each resume let a
   client at 3.2 KiB/s in 66 KB bursts hold one for ever).
 
+A request's header fields are those of its head: the trailer fields after a chunked body's
+last chunk (which llhttp reports as header fields too, and uvicorn appended to the headers of
+the request already handed to the app) are ignored — a request whose head had no token was
+authenticated, and keyed, by its trailer (red team 22, service F3; RFC 9110 §6.5.1). A
+transfer coding other than ``chunked`` alone (``gzip, chunked``: the body was read as if it
+were not gzip-coded) is answered 501 (RFC 9112 §6.1), the connection closed after it.
+
+A connection whose writing stays paused (the client does not read; the buffers are full),
+or that is closed with bytes still to send, :data:`SEND_TIMEOUT_S` seconds is reset, its
+requests ended as disconnected: a client that never read its responses held its connection
+and task for ever, unauthenticated, and 64 of them made every request 503 (red team 22,
+service F1). Writing resumes once asyncio's buffer is down from 64 KiB to 16 KiB: to hold a
+connection, a client must read 48 KiB every 20 s. At most :data:`MAX_PIPELINED` pipelined
+requests are queued (uvicorn: any number); the one that reaches it is answered with
+``Connection: close``, and nothing after it is read.
+
 Bodies are bounded in size by the app (``--max-body``, 413) and idle kept-alive connections
 by uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
-(:func:`connection_limit`). A public deployment still belongs behind a reverse proxy (TLS,
-per-client rate limits and connection counts: README "Run the service").
+(:mod:`privcal.service.server_options`). A public deployment still belongs behind a reverse
+proxy (TLS, per-client rate limits and connection counts: README "Run the service").
 """
 
 from __future__ import annotations
 
+import socket
+import struct
 from asyncio import TimerHandle, Transport
 from typing import Any
 
@@ -55,7 +73,7 @@ from privcal.service.problems import ProblemError, problem_response
 from privcal.service.response_headers import with_standard_headers
 
 __all__ = ["BODY_MIN_RATE", "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "MAX_HEAD_BYTES",
-           "BoundedHttpTools", "connection_limit", "uvicorn_options"]
+           "MAX_PIPELINED", "SEND_TIMEOUT_S", "BoundedHttpTools"]
 
 #: bytes read of a request head (request line + headers) that is still incomplete, at most
 #: (nginx's default ``large_client_header_buffers`` is 4 × 8 KiB)
@@ -69,6 +87,13 @@ BODY_TIMEOUT_S = 20.0
 #: ``BODY_MIN_RATE`` bytes received extend the body's deadline by one second (4 KiB/s =
 #: 32 kbit/s: the default 16 MiB ``--max-body`` takes 68 min at that rate; module docstring)
 BODY_MIN_RATE = 4096
+#: seconds a connection's writing may stay paused (the client not reading its responses)
+#: before it is cut (module docstring)
+SEND_TIMEOUT_S = 20.0
+#: requests a connection may have queued behind the one being answered (HTTP/1.1
+#: pipelining, which no browser does and few clients do)
+MAX_PIPELINED = 16
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER 0 s: close resets, unsent bytes dropped
 
 
 def _answer(status: int, reason: str, slug: str, detail: str) -> bytes:
@@ -87,11 +112,23 @@ _TOO_SLOW = _answer(408, "Request Timeout", "head-timeout",
 _BODY_TOO_SLOW = _answer(408, "Request Timeout", "body-timeout",
                          "the request body was not complete in time")
 _BAD_REQUEST = _answer(400, "Bad Request", "bad-request", "the request is not valid HTTP/1.1")
+_CODING = problem_response(ProblemError(
+    501, "transfer-coding-not-implemented", "Not Implemented",
+    "the only transfer coding accepted is chunked", headers={"connection": "close"}))
+_CODING_START = {"type": "http.response.start", "status": 501,
+                 "headers": with_standard_headers(_CODING.raw_headers)}
+_CODING_BODY = {"type": "http.response.body", "body": bytes(_CODING.body)}
+
+
+async def _refuse_coding(scope: Any, receive: Any, send: Any) -> None:
+    """The app of a request with a transfer coding but ``chunked`` alone: 501, body unread."""
+    await send(_CODING_START)
+    await send(_CODING_BODY)
 
 
 class BoundedHttpTools(HttpToolsProtocol):
     """:class:`~uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` with the request
-    head bounded in size and in time, and its body in time (module docstring)."""
+    head bounded in size and time, its body and response in time (module docstring)."""
 
     #: seconds to a complete request head (a subclass may set another)
     head_timeout: float = HEAD_TIMEOUT_S
@@ -99,6 +136,10 @@ class BoundedHttpTools(HttpToolsProtocol):
     body_timeout: float = BODY_TIMEOUT_S
     #: bytes per second of body that extend its deadline by a second
     body_min_rate: float = BODY_MIN_RATE
+    #: seconds the connection's writing may stay paused
+    send_timeout: float = SEND_TIMEOUT_S
+    #: pipelined requests queued at most
+    max_pipelined: int = MAX_PIPELINED
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -107,18 +148,20 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_timer: TimerHandle | None = None
         self._events = 0  # heads and messages completed on this connection
         self._body_timer: TimerHandle | None = None
-        self._body_start = 0.0  # when the body's clock started (its head or its 100 Continue,
-        # moved on by every pause of the server's reading)
+        self._body_start = 0.0  # when the body's clock started (head or 100; pauses add)
         self._body_bytes = 0  # body bytes received since then
         self._expect_pending = False  # the request waits for a 100 Continue not yet sent
         self._paused_at: float | None = None  # when the server stopped reading its body
+        self._codings: list[bytes] = []  # the Transfer-Encoding values of the current head
+        self._send_timer: TimerHandle | None = None
+        # the cycles since one was queued: uvicorn told only self.cycle of a lost connection
+        self._pipelined: list[Any] = []
+        self._over = False  # MAX_PIPELINED reached: nothing more is read
 
     def send_400_response(self, msg: str) -> None:
         """A request uvicorn cannot parse: the service's problem document with its standard
         headers (uvicorn's was plain text without them; the review of red team 19)."""
-        self._disarm()
-        self.transport.write(_BAD_REQUEST)
-        self.transport.close()
+        self._refuse(_BAD_REQUEST)
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -128,13 +171,70 @@ class BoundedHttpTools(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_body()
+        self._disarm_send()
+        self._disconnect_all()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:  # the buffer is full (the client is not reading)
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._send_late)
+
+    def resume_writing(self) -> None:
+        if not self.transport.is_closing():  # (closing: the clock runs until all is sent)
+            self._disarm_send()
+        super().resume_writing()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():  # (Connection: close; kept alive, nothing to watch)
+            self._watch_close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._watch_close()
+
+    def _watch_close(self) -> None:
+        """A closed transport with bytes still to send is let go once they are sent: the send
+        clock runs until then (below the high-water mark, writing was never paused)."""
+        if (self._send_timer is None and self.transport.is_closing()
+                and self.transport.get_write_buffer_size()):
+            self._send_timer = self.loop.call_later(self.send_timeout, self._send_late)
+
+    def _disarm_send(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_late(self) -> None:
+        """The send timer: the requests end as disconnected (``send`` writes nothing, and
+        ``receive`` says so), the connection is reset (a close waits for unsent bytes)."""
+        self._send_timer = None
+        if not (self.flow.write_paused or self.transport.is_closing()):
+            return
+        self._disconnect_all()
+        try:
+            self.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        except (AttributeError, OSError):  # no socket (or a closed one): closed as it can be
+            pass
+        self.transport.abort()
+
+    def _disconnect_all(self) -> None:
+        for cycle in (self.cycle, *self._pipelined):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self._pipelined = []
 
     def data_received(self, data: bytes) -> None:
         if self._in_head and self._head_timer is None:
             self._arm()
         before = self._events
         super().data_received(data)
+        if self._over:
+            self._disarm()
+            return
         if self.transport.is_closing():
             return
         if not self._in_head:
@@ -150,14 +250,46 @@ class BoundedHttpTools(HttpToolsProtocol):
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse(_TOO_LARGE)
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's ``on_header``, for the head's fields only (llhttp calls it for trailer
+        fields too: module docstring), noting the Transfer-Encoding values."""
+        if not self._in_head:
+            return  # a trailer field: never one of the request's headers
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        elif name == b"transfer-encoding":
+            self._codings.append(value)
+        self.headers.append((name, value))
+
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._over:  # after MAX_PIPELINED: not read (the connection closes)
+            return
+        before = self.cycle
         self._head_bytes = 0
         self._events += 1
         self._disarm()
         self._body_start, self._body_bytes = self.loop.time(), 0
         self._paused_at = self._body_start if self.flow.read_paused else None
-        super().on_headers_complete()
+        if self._codings and (len(self._codings) != 1
+                              or self._codings[0].strip().lower() != b"chunked"):
+            # a coding the service does not decode: this request's app is the 501's
+            app, self.app = self.app, _refuse_coding
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        else:
+            super().on_headers_complete()
+        if self._codings:
+            self._codings = []
+        if self.pipeline and self.pipeline[0][0] is self.cycle:  # queued (pipelining)
+            live = [c for c in self._pipelined if not c.response_complete]
+            if not live and before is not None:
+                live.append(before)  # the one being answered
+            live.append(self.cycle)
+            self._pipelined = live
         self._expect_pending = self.cycle is not None and self.cycle.waiting_for_100_continue
 
     def _watch_reads(self) -> None:
@@ -177,6 +309,8 @@ class BoundedHttpTools(HttpToolsProtocol):
             pause()
 
         def resume_watched() -> None:
+            if self._over:
+                return  # MAX_PIPELINED reached: nothing more is read
             cycle = self.cycle
             if self._expect_pending and cycle is not None and not cycle.waiting_for_100_continue:
                 self._expect_pending = False  # the 100 just went out
@@ -190,14 +324,22 @@ class BoundedHttpTools(HttpToolsProtocol):
         flow.resume_reading = resume_watched  # type: ignore[method-assign]
 
     def on_body(self, body: bytes) -> None:
+        if self._over:
+            return
         self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_head = True  # the next request's head (its timer starts at its first byte)
+        if self._over:
+            return
         super().on_message_complete()
         self._events += 1
-        self._in_head = True  # the next request's head (its timer starts at its first byte)
         self._disarm_body()
+        if len(self.pipeline) >= self.max_pipelined:
+            # the last request read: Connection: close, reading stays paused (since queued)
+            self._over = True
+            self.cycle.keep_alive = False
 
     def _arm(self) -> None:
         self._disarm()
@@ -254,29 +396,5 @@ class BoundedHttpTools(HttpToolsProtocol):
         if answer:
             self.transport.write(answer)
         self.transport.close()
+        self._watch_close()
 
-
-def connection_limit() -> int:
-    """Open connections (and tasks) one worker process serves at once before answering 503
-    (uvicorn's ``limit_concurrency``): half the process's file-descriptor limit — the rest is
-    the ledger's connections, files and the listening socket — and at least 64 (512 where
-    the limit cannot be read: no ``resource`` module on Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return 512
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 65536
-    return max(64, soft // 2)
-
-
-def uvicorn_options() -> dict[str, Any]:
-    """The ``uvicorn.Config`` options of every ``privcal serve`` worker (and of the service
-    tests' server): :class:`BoundedHttpTools`, :func:`connection_limit`, idle kept-alive
-    connections closed after 30 s, no access log of uvicorn's own (the app writes one:
-    :mod:`privcal.service.app`), the app's lifespan run, and no ``Server: uvicorn`` header
-    (:mod:`privcal.service.response_headers`)."""
-    return {"http": BoundedHttpTools, "limit_concurrency": connection_limit(),
-            "timeout_keep_alive": 30, "backlog": 2048, "access_log": False, "lifespan": "on",
-            "server_header": False}

@@ -8,7 +8,7 @@
 - ``X-Content-Type-Options: nosniff``: a JSON or problem document is never run as a script
   or a page because a browser guessed its type.
 
-uvicorn's ``Server: uvicorn`` header is not sent (:func:`privcal.service.http_protocol.
+uvicorn's ``Server: uvicorn`` header is not sent (:func:`privcal.service.server_options.
 uvicorn_options`): it told any client, before authentication, what to attack.
 """
 

@@ -52,7 +52,7 @@ class Live:
 def start_server(app: Any, http: Any = None) -> tuple[str, uvicorn.Server, threading.Thread]:
     """``app`` served as ``privcal serve`` serves it: uvicorn with privcal's HTTP/1.1 protocol
     (``http``: that protocol by default), on a free port of 127.0.0.1."""
-    from privcal.service.http_protocol import uvicorn_options
+    from privcal.service.server_options import uvicorn_options
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
