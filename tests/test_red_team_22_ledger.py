@@ -72,3 +72,33 @@ def test_a_branched_schema_history_is_one_line(tmp_path: Path, command: list[str
     assert "is at several schema revisions at once ('0010', '00" in res.output
     assert "a newer privcal wrote it (upgrade privcal)" in res.output
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(("notion", "column", "value"), [
+    ("rho", "spent_zcdp_rho", "NaN"), ("epsilon", "spent_pure_eps", "NaN"),
+    ("epsilon", "spent_pure_eps", "sNaN")])
+def test_running_totals_that_are_not_numbers_refuse_the_charge_in_one_line(
+        tmp_path: Path, notion: str, column: str, value: str) -> None:
+    """Ledger F5: a dataset's running total set to NaN outside privcal made every later charge
+    a decimal.InvalidOperation traceback; now one line, nothing written (``audit verify``
+    names the edit)."""
+    from privcal.costs import ZCDP, PureDP
+    from privcal.errors import LedgerError
+
+    path = tmp_path / "l.db"
+    acct = Accountant(Ledger(f"sqlite:///{path}"))
+    acct.ledger.upgrade()
+    acct.create_dataset("d", **{notion: 1})
+    cost = ZCDP(rho="0.1") if notion == "rho" else PureDP(eps="0.1")
+    acct.charge("d", cost)
+    acct.ledger.close()
+    with sqlite3.connect(path) as c:
+        c.execute(f"UPDATE datasets SET {column} = ?", (value,))
+    acct = Accountant(Ledger(f"sqlite:///{path}"))
+    head = acct.ledger.head()
+    with pytest.raises(LedgerError, match=r"^dataset 'd': its running totals are not numbers "
+                       r"\(a row edited outside privcal\?\): nothing was charged"):
+        acct.charge("d", cost)
+    assert acct.ledger.head() == head
+    with pytest.raises(AuditFailed):
+        acct.verify()

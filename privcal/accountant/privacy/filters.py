@@ -81,12 +81,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from decimal import Decimal, localcontext
+from decimal import Decimal, InvalidOperation, localcontext
 from typing import Literal
 
 from privcal.accountant.privacy.conversions import check_delta, cks20_objective, dstr, round_up
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, fixed_context
-from privcal.errors import BudgetRefused, InvalidInput
+from privcal.errors import BudgetRefused, InvalidInput, LedgerError
 
 __all__ = [
     "DEFAULT_RENYI_ORDERS",
@@ -338,8 +338,21 @@ def check_charge(
 ) -> Spent:
     """Apply the filter of ``policy`` to one more ``cost``: the new totals, or BudgetRefused.
 
-    The refusal names the scope, what was asked and what is left.
+    The refusal names the scope, what was asked and what is left. Totals that are not
+    numbers (a row set to NaN outside privcal) are a one-line LedgerError, not decimal's
+    InvalidOperation as a traceback (red team 22, ledger F5).
     """
+    try:
+        return _check_charge(policy, spent, cost, scope=scope)
+    except InvalidOperation:
+        raise LedgerError(f"{scope}: its running totals are not numbers (a row edited outside "
+                          "privcal?): nothing was charged; run `privcal audit verify`"
+                          ) from None
+
+
+def _check_charge(
+    policy: Policy, spent: Spent, cost: PureDP | ZCDP | ApproxDP, *, scope: str
+) -> Spent:
     if isinstance(cost, LocalDP):
         raise InvalidInput("a local-DP cost is charged per subject (charge_subjects), not here")
 
