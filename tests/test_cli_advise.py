@@ -41,3 +41,17 @@ def test_bad_input_exit_1_and_usage_exit_2() -> None:
     assert r.exit_code == 1 and "α must be in (0, 1)" in r.stderr
     # issue 15: under --json the failure is also one JSON error document on stdout
     assert json.loads(r.stdout)["error"]["exit_code"] == 1
+
+
+def test_a_budget_of_the_other_methods_kind_is_a_usage_error() -> None:
+    """Red team 22, newcomer F5: ``--method pcoqs --rho 1 --epsilon 1`` answered for ρ alone
+    and ``--method exponq --rho 5`` ignored the ρ, without a word."""
+    for args, said in ((["--method", "pcoqs", "--rho", "1", "--epsilon", "1"],
+                        "advise --method pcoqs takes --rho (zCDP), not --epsilon"),
+                       (["--method", "exponq", "--epsilon", "1", "--rho", "5"],
+                        "advise --method exponq takes --epsilon, not --rho"),
+                       ([*ARGS[1:-2], "--rho", "1"], "advise --method local takes --epsilon")):
+        r = CliRunner().invoke(main, ["advise", "--alpha", "0.1", *args])
+        assert r.exit_code == 2 and said in r.output, r.output
+    assert CliRunner().invoke(main, ["advise", "--alpha", "0.1", "--method", "pcoqs",
+                                     "--rho", "1"]).exit_code == 0

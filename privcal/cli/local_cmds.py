@@ -90,6 +90,12 @@ def advise_cmd(
             raise click.UsageError(f"advise --method {method} needs {name}")
     if tol is not None and method != "pcoqs":
         raise click.UsageError("--tol applies to advise --method pcoqs")
+    # a budget of the other method's kind was ignored: an answer for a question not asked
+    # (red team 22, newcomer F5)
+    if method == "pcoqs" and epsilon is not None:
+        raise click.UsageError("advise --method pcoqs takes --rho (zCDP), not --epsilon")
+    if method != "pcoqs" and rho is not None:
+        raise click.UsageError(f"advise --method {method} takes --epsilon, not --rho")
     if method != "local":
         _advise_central(method, n, epsilon, rho, alpha, nominal, fp, as_json, tol)
         return
