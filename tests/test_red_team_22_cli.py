@@ -75,3 +75,16 @@ def test_an_option_given_twice_is_a_usage_error(tmp_path: Path, args: list[str],
     assert acct.ledger.head() == head
     # flags, several-valued options and one --db-url twice may repeat
     _run(url, "--json", "charge", "d", "--epsilon", "0.01", "--json", "--db-url", url)
+
+
+def test_a_parameter_given_twice_to_the_python_api_is_refused(tmp_path: Path) -> None:
+    """Newcomer F3 in Python: ``calibrate("pcoqs", {"alpha": 0.1}, alpha=0.2)`` ran at 0.2."""
+    from privcal.errors import InvalidInput
+
+    acct = Accountant(f"sqlite:///{tmp_path / 'l.db'}")
+    acct.create_dataset("d", rho=1)
+    s = np.random.default_rng(0).random(200)
+    with pytest.raises(InvalidInput, match=r"^alpha given both in params and as a keyword"):
+        acct.calibrate("pcoqs", {"alpha": 0.1, "rho": 0.1}, dataset="d", scores=s, alpha=0.2)
+    assert acct.budget("d").charges == 0
+    acct.calibrate("pcoqs", {"alpha": 0.1}, dataset="d", scores=s, rho=0.1)

@@ -365,6 +365,10 @@ class Accountant:
             raise InvalidInput(f"params must be a dict, got {type(params).__name__}")
         run = {k: kwargs.pop(k) for k in ("requester", "idempotency_key", "rng") if k in kwargs}
         inputs = {k: kwargs.pop(k) for k in INPUTS if k in kwargs}
+        if both := sorted(set(params or ()) & set(kwargs)):  # not "the keyword wins" (red
+            # team 22, newcomer F3: alpha=0.2 beside {"alpha": 0.1} ran at 0.2 without a word)
+            raise InvalidInput(f"{', '.join(both)} given both in params and as a keyword: "
+                               "give each parameter once")
         request = CalibrationRequest.of(method, {**(params or {}), **kwargs}, **inputs)
         return _calibrate(self, request, dataset=dataset, **run)
 
