@@ -46,6 +46,24 @@ def test_narrow_scores_with_a_named_score_are_refused_before_the_charge(
     assert accountant.ledger.head() == head and accountant.budget("d").charges == 0
 
 
+@pytest.mark.parametrize("widen", [lambda s: s.astype(np.float64), lambda s: s.tolist(),
+                                   lambda s: [float(x) for x in s]])
+def test_float32_values_widened_to_float64_are_refused_too(accountant: Any, widen: Any) -> None:
+    """The review of the fix (R2): the dtype alone missed float32 values given as float64 —
+    an upcast array, a list of Python floats, and every JSON body of the service."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    probs, _ = _tied(0)
+    head = accountant.ledger.head()
+    with pytest.raises(InvalidInput, match=r"^scores are float32 values \(widened to float64\) "
+                       r"but the score 'lac' is named"):
+        accountant.calibrate("split", dataset="d", scores=widen(np.float32(1) - probs[:, 0]),
+                             alpha=0.1, score="lac")
+    assert accountant.ledger.head() == head
+    g = np.random.default_rng(3)  # float64 scores, and short dyadic ones alike in both: run
+    for s in (g.random(N), 1 - probs[:, 0].astype(np.float64), g.integers(0, 8, N) / 8):
+        accountant.calibrate("split", dataset="d", scores=s, alpha=0.1, score="lac")
+
+
 def test_float32_probabilities_cover_the_ties_the_float32_scores_left_out(
         accountant: Any) -> None:
     """The advice of the refusal: the same float32 model output given as probabilities. Over

@@ -226,19 +226,34 @@ def _refuse_narrow_scores(scores: Any, score: str) -> None:
     evaluate and ``Release.predict_set`` compute that score in float64 from the probabilities
     or predictions, where it exceeds the float32 value by up to half a float32 ulp, so every
     test point tied with the threshold would fall outside its set (red team 22, coverage F1:
-    float32 ``1 - p`` at p = 0.1 and 0.9 covered 0.50 under a recorded ≥ 0.9)."""
+    float32 ``1 - p`` at p = 0.1 and 0.9 covered 0.50 under a recorded ≥ 0.9). Told by the
+    dtype, and by the values of a float64 array — what a JSON body, an upcast array or
+    ``tensor.double()`` gives (the review of the fix, R2): every value a float32 and one at
+    least with more than 16 significant bits (a float64 score computed in float64 is a
+    float32 with probability 2⁻²⁹; short dyadic scores such as 0.25, alike in both, pass)."""
+    import numpy as np
+
     dt = getattr(scores, "dtype", None)
     if dt is None:
-        import numpy as np
-
         dt = np.asarray(scores).dtype
     if dt.kind == "f" and dt.itemsize < 8:
-        raise InvalidInput(
-            f"scores are {dt.name} but the score {score!r} is named: predict computes it in "
-            f"float64, where it can exceed a {dt.name} score by its rounding and leave every "
-            "test point tied with the threshold out of its set; give the probabilities and "
-            "labels (or targets and predictions) instead, or scores computed in float64 "
-            "from float64 inputs")
+        name = dt.name
+    else:
+        try:
+            arr = np.asarray(scores, dtype=np.float64).ravel()
+        except (TypeError, ValueError):
+            return  # not numbers: check_scores says so
+        with np.errstate(over="ignore", invalid="ignore"):
+            same = np.array_equal(arr.astype(np.float32).astype(np.float64), arr)
+        if not same or not np.any(np.modf(np.frexp(arr)[0] * 65536.0)[0]):
+            return
+        name = "float32 values (widened to float64)"
+    raise InvalidInput(
+        f"scores are {name} but the score {score!r} is named: predict computes it in "
+        f"float64, where it can exceed a float32 score by its rounding and leave every "
+        "test point tied with the threshold out of its set; give the probabilities and "
+        "labels (or targets and predictions) instead, or scores computed in float64 "
+        "from float64 inputs")
 
 
 def method_score_options(cal: Calibrator, params: dict[str, Any],
