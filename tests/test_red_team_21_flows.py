@@ -83,10 +83,10 @@ def test_a_table_column_and_a_plain_list(tmp_path: Path) -> None:
     assert len(list_tokens(acct.ledger)) == before
     # red team 22, flows F2: what pandas' Series.to_csv(header=False) writes of an integer id
     # column with a missing value — the table readers' rule, on the plain list too
-    (tmp_path / "floats.txt").write_text("7.0\n8.0\n")
+    (tmp_path / "floats.txt").write_text("6\n\n7.0\n8.0\n")
     r = CliRunner().invoke(main, [*base, str(tmp_path / "floats.txt")])
     assert r.exit_code == 1, r.output
-    assert "row 0 is '7.0', an integer written as a float" in json.loads(r.stdout)[
+    assert "line 3 is '7.0', an integer written as a float" in json.loads(r.stdout)[
         "error"]["message"]
     assert len(list_tokens(acct.ledger)) == before
     acct.ledger.close()

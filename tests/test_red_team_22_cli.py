@@ -72,6 +72,7 @@ def test_an_option_given_twice_is_a_usage_error(tmp_path: Path, args: list[str],
     res = CliRunner().invoke(main, ["--db-url", url, *args])
     assert res.exit_code == 2, res.output
     assert f"Error: {option} is given more than once: give it once" in res.output
+    assert " charge --help' for help." in res.output  # the command's own usage
     assert acct.ledger.head() == head
     # flags, several-valued options and one --db-url twice may repeat
     _run(url, "--json", "charge", "d", "--epsilon", "0.01", "--json", "--db-url", url)

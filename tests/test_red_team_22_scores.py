@@ -106,3 +106,30 @@ def test_the_cli_refuses_a_float32_npy_with_a_named_score(
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert "scores are float32 but the score 'lac' is named" in res.output
     assert ledger.head() == head and Accountant(ledger).budget("d").charges == 0
+
+
+class _Tensorish:
+    """A container whose ``dtype`` is not a NumPy dtype (as polars' and torch's are)."""
+
+    def __init__(self, a: np.ndarray, dtype: str) -> None:
+        self._a, self.dtype = a, dtype
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self._a if dtype is None else self._a.astype(dtype)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+
+def test_scores_whose_dtype_is_not_numpys_are_read_through_numpy(accountant: Any) -> None:
+    """The review of the fix, R5: ``.dtype.kind`` of a polars or torch dtype was an
+    AttributeError (a traceback) for any such scores with a named score, float64 included."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    s = np.random.default_rng(0).random(200)
+    rel = accountant.calibrate("split", dataset="d", scores=_Tensorish(s, "Float64"),
+                               alpha=0.1, score="lac")
+    assert rel.threshold == accountant.calibrate("split", dataset="d", scores=s, alpha=0.1,
+                                                 score="lac").threshold
+    with pytest.raises(InvalidInput, match=r"^scores are float32 but the score 'lac'"):
+        accountant.calibrate("split", dataset="d", alpha=0.1, score="lac",
+                             scores=_Tensorish(s.astype(np.float32), "torch.float32"))

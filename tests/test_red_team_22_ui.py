@@ -61,8 +61,9 @@ def test_a_class_name_with_a_control_character_is_refused(tmp_path: Path) -> Non
     acct.create_dataset("d", rho=1, allow_nonprivate=True)
     probs = np.random.default_rng(0).dirichlet(np.ones(2), 50)
     head = acct.ledger.head()
-    with pytest.raises(InvalidInput, match=r"^classes: the name of column 1 \('b\\x1b\[2K'\) "
-                       r"contains a control character$"):
-        acct.calibrate("split", dataset="d", probs=probs, labels=np.zeros(50, int),
-                       alpha=0.1, score="lac", classes=["a", "b\x1b[2K"])
+    for name, code in (("b\x1b[2K", "001B"), ("cat\u202etac", "202E")):
+        with pytest.raises(InvalidInput, match=rf"^classes: the name of column 1 \(.*\) "
+                           rf"contains U\+{code} \(.*\), which does not print as itself$"):
+            acct.calibrate("split", dataset="d", probs=probs, labels=np.zeros(50, int),
+                           alpha=0.1, score="lac", classes=["a", name])
     assert acct.ledger.head() == head

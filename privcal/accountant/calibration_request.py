@@ -233,8 +233,9 @@ def _refuse_narrow_scores(scores: Any, score: str) -> None:
     float32 with probability 2⁻²⁹; short dyadic scores such as 0.25, alike in both, pass)."""
     import numpy as np
 
-    dt = getattr(scores, "dtype", None)
-    if dt is None:
+    try:  # a NumPy dtype; a polars or torch dtype is not one (the review, R5)
+        dt = np.dtype(scores.dtype)
+    except (AttributeError, TypeError):
         dt = np.asarray(scores).dtype
     if dt.kind == "f" and dt.itemsize < 8:
         name = dt.name

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from privcal.errors import InvalidInput, check_text
+from privcal.errors import InvalidInput, check_text, invisible_char
 
 __all__ = ["MAX_CLASS_NAME", "check_classes", "column_classes", "column_mismatch", "encode_labels",
            "is_text_labels", "label_names", "names_are_numbers"]
@@ -55,11 +55,12 @@ def check_classes(classes: Any, k: int | None, field: str = "classes") -> list[s
         # (a non-UTF-8 byte in argv), a NUL or an overlong name is refused here, before
         # anything is charged (red team 5: charged, then a traceback in the release's JSON)
         check_text(c, f"{field}: the name of column {j}", limit=MAX_CLASS_NAME)
-        if not c.isprintable() and any(unicodedata.category(ch) == "Cc" for ch in c):
-            # ESC sequences reach the terminal of whoever prints the release or predicts
-            # (red team 22, ui F4), as a dataset name's would
-            raise InvalidInput(f"{field}: the name of column {j} ({c!r:.40}) contains a "
-                               "control character")
+        if (bad := invisible_char(c)) is not None:
+            # an ESC sequence or a bidi override reaches the terminal of whoever prints the
+            # release or predicts (red team 22, ui F4): the rule of dataset and token names
+            raise InvalidInput(f"{field}: the name of column {j} ({c!r:.40}) contains "
+                               f"U+{ord(bad):04X} ({unicodedata.name(bad, 'a control character')}"
+                               "), which does not print as itself")
     if len(set(names)) != len(names):
         dup = next(c for c in names if names.count(c) > 1)
         raise InvalidInput(f"{field}: {dup!r} is named twice")

@@ -14,7 +14,13 @@ import unicodedata
 
 import numpy as np
 
-from privcal.errors import READS_AS_NOTHING, InvalidInput, invisible_char, utf8_problem
+from privcal.errors import (
+    READS_AS_NOTHING,
+    InvalidInput,
+    invisible_char,
+    plain_number_text,
+    utf8_problem,
+)
 
 __all__ = [
     "PROB_ROUNDING",
@@ -47,25 +53,22 @@ def prob_sum_tolerance(k: int) -> float:
     return PROB_SUM_TOL + k * PROB_ROUNDING
 
 
-#: an ASCII decimal number as a file or a message spells it: sign, digits, point, exponent,
-#: or an infinity (``float()`` alone also reads "1_0" as 10 and every script's digits)
-_NUMBER_TEXT = re.compile(r"\s*[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?"
-                          r"|nan)\s*", re.ASCII | re.IGNORECASE)
-
-
 def number_text(v: str | bytes) -> float | None:
-    """The number an ASCII decimal spelling ``v`` reads as (surrounding blanks allowed), or
-    None for any other text — digit-group underscores ("1_0"), other scripts' digits ("٣",
-    fullwidth "１"), hexadecimal (red team 22, flows F1: a session's round and a FedCP-QQ
-    message took whatever ``float()`` reads)."""
+    """The number the text ``v`` reads as under the one rule for numbers read from text
+    (:func:`privcal.errors.plain_number_text`: ASCII, no ``_``), or None — ``float()`` alone
+    reads "1_0" as 10 and every script's digits (red team 22, flows F1: a session's round
+    and a FedCP-QQ message took whatever it reads)."""
     if isinstance(v, bytes):
         try:
             v = v.decode("ascii")
         except UnicodeDecodeError:
             return None
-    if _NUMBER_TEXT.fullmatch(v) is None:
+    if not plain_number_text(v):
         return None
-    return float(v)
+    try:
+        return float(v)
+    except ValueError:
+        return None
 
 
 def unmasked(a: object, what: str) -> object:

@@ -179,9 +179,10 @@ def _refuse_repeated_options(ctx: click.Context, cmd: click.Command, args: list[
         if not isinstance(param, click.Option) or param.multiple or param.is_flag \
                 or param.count or param.name == "db_url" or param.name is None:
             continue
-        if param.name in seen:
+        if param.name in seen:  # (with the command's own usage line)
             raise click.UsageError(f"{max(param.opts, key=len)} is given more than once: give "
-                                   "it once (privcal does not take the last)", ctx=ctx)
+                                   "it once (privcal does not take the last)",
+                                   ctx=click.Context(cmd, info_name=cmd.name, parent=ctx))
         seen.add(param.name)
 
 

@@ -200,9 +200,11 @@ def _subjects_file(path: str) -> list[str]:
                 f"--subjects {path}: line {i} ({line[:40]!r}) holds a double quote — a "
                 "table's quoting? Name the file .csv to have it read as a table (as "
                 "calibrate --subjects reads it), or give one plain id per line")
-    ids = [x for x in lines if x.strip()]
-    check_not_float_spelled(ids, f"--subjects {path}")
-    return ids
+        try:
+            check_not_float_spelled([line], f"--subjects {path}")
+        except InvalidInput as exc:  # named by its line, as the quote is
+            raise InvalidInput(str(exc).replace(": row 0 ", f": line {i} ", 1)) from None
+    return [x for x in lines if x.strip()]
 
 
 def _bulk_subjects(count: int | None, prefix: str | None, path: str | None) -> list[str]:
