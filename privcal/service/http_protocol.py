@@ -45,12 +45,21 @@ authenticated, and keyed, by its trailer (red team 22, service F3; RFC 9110 §6.
 transfer coding other than ``chunked`` alone (``gzip, chunked``: the body was read as if it
 were not gzip-coded) is answered 501 (RFC 9112 §6.1), the connection closed after it.
 
-A connection whose writing stays paused (the client does not read; the buffers are full),
-or that is closed with bytes still to send, :data:`SEND_TIMEOUT_S` seconds is reset, its
-requests ended as disconnected: a client that never read its responses held its connection
-and task for ever, unauthenticated, and 64 of them made every request 503 (red team 22,
-service F1). Writing resumes once asyncio's buffer is down from 64 KiB to 16 KiB: to hold a
-connection, a client must read 48 KiB every 20 s. At most :data:`MAX_PIPELINED` pipelined
+A connection whose client does not take its answers is reset, its requests ended as
+disconnected: a client that never read its responses held its connection and task for ever,
+unauthenticated, and 64 of them made every request 503 (red team 22, service F1). The send
+clock runs while answers wait for the client — writing paused (asyncio's buffer past 64 KiB,
+until it is down to 16 KiB) or the connection closed with bytes unsent — and cuts the
+connection when, in :data:`SEND_TIMEOUT_S` seconds, the client took fewer than
+:data:`SEND_TIMEOUT_S` × :data:`SEND_MIN_RATE` bytes (80 KiB) of them (so fewer waiting must
+all go in that time); else it starts again. What is counted is the bytes written and not yet
+acknowledged by the client: asyncio's buffer plus, on Linux, the kernel's send queue
+(``TIOCOUTQ``). So a client that reads at least 4 KiB/s is never cut, however large the
+answer — one written at once (a ``JSONResponse``) included: the clock was the pause's
+length, which for one write lasts until nearly all of it is sent, and a 2 MiB answer read at
+39 KiB/s was cut after 20 s (the review of red team 22, R1). Elsewhere only asyncio's buffer
+is counted, which moves when the kernel's send buffer has room again: there a reader near
+the rate behind a large kernel buffer may be cut. At most :data:`MAX_PIPELINED` pipelined
 requests are queued (uvicorn: any number); the one that reaches it is answered with
 ``Connection: close``, and nothing after it is read.
 
@@ -58,12 +67,17 @@ Bodies are bounded in size by the app (``--max-body``, 413) and idle kept-alive 
 by uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
 (:mod:`privcal.service.server_options`). A public deployment still belongs behind a reverse
 proxy (TLS, per-client rate limits and connection counts: README "Run the service").
+
+Size: one protocol class whose hooks (the head's, the body's and the send clocks, the
+pipeline) share the connection's state and uvicorn's; split, each part would reach into the
+others'.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+import sys
 from asyncio import TimerHandle, Transport
 from typing import Any
 
@@ -73,7 +87,7 @@ from privcal.service.problems import ProblemError, problem_response
 from privcal.service.response_headers import with_standard_headers
 
 __all__ = ["BODY_MIN_RATE", "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "MAX_HEAD_BYTES",
-           "MAX_PIPELINED", "SEND_TIMEOUT_S", "BoundedHttpTools"]
+           "MAX_PIPELINED", "SEND_MIN_RATE", "SEND_TIMEOUT_S", "BoundedHttpTools"]
 
 #: bytes read of a request head (request line + headers) that is still incomplete, at most
 #: (nginx's default ``large_client_header_buffers`` is 4 × 8 KiB)
@@ -87,13 +101,32 @@ BODY_TIMEOUT_S = 20.0
 #: ``BODY_MIN_RATE`` bytes received extend the body's deadline by one second (4 KiB/s =
 #: 32 kbit/s: the default 16 MiB ``--max-body`` takes 68 min at that rate; module docstring)
 BODY_MIN_RATE = 4096
-#: seconds a connection's writing may stay paused (the client not reading its responses)
-#: before it is cut (module docstring)
+#: seconds the client of a connection whose answers wait for it (writing paused, or closed
+#: with bytes unsent) has to take :data:`SEND_MIN_RATE` bytes a second of them before it is
+#: cut (module docstring)
 SEND_TIMEOUT_S = 20.0
+#: bytes per second a client must take of the answers waiting for it, counted over each
+#: :data:`SEND_TIMEOUT_S` (80 KiB in 20 s; the request body's :data:`BODY_MIN_RATE`)
+SEND_MIN_RATE = 4096
 #: requests a connection may have queued behind the one being answered (HTTP/1.1
 #: pipelining, which no browser does and few clients do)
 MAX_PIPELINED = 16
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER 0 s: close resets, unsent bytes dropped
+
+
+def _kernel_unsent(transport: Transport) -> int:
+    """Bytes in the transport's socket's kernel send queue, not yet acknowledged by the peer
+    (Linux's ``SIOCOUTQ``, alias ``TIOCOUTQ``); 0 elsewhere or if it cannot be read."""
+    if sys.platform != "linux":
+        return 0
+    import fcntl
+    import termios
+
+    try:
+        fd = transport.get_extra_info("socket").fileno()
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0])
+    except (AttributeError, OSError, ValueError):  # no socket (or a closed one)
+        return 0
 
 
 def _answer(status: int, reason: str, slug: str, detail: str) -> bytes:
@@ -136,8 +169,10 @@ class BoundedHttpTools(HttpToolsProtocol):
     body_timeout: float = BODY_TIMEOUT_S
     #: bytes per second of body that extend its deadline by a second
     body_min_rate: float = BODY_MIN_RATE
-    #: seconds the connection's writing may stay paused
+    #: seconds in which the client must take send_min_rate × send_timeout bytes waiting
     send_timeout: float = SEND_TIMEOUT_S
+    #: bytes per second the client must take of the answers waiting for it
+    send_min_rate: float = SEND_MIN_RATE
     #: pipelined requests queued at most
     max_pipelined: int = MAX_PIPELINED
 
@@ -154,6 +189,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._paused_at: float | None = None  # when the server stopped reading its body
         self._codings: list[bytes] = []  # the Transfer-Encoding values of the current head
         self._send_timer: TimerHandle | None = None
+        self._send_mark = 0  # bytes unsent (_unsent) when the send clock last started
         # the cycles since one was queued: uvicorn told only self.cycle of a lost connection
         self._pipelined: list[Any] = []
         self._over = False  # MAX_PIPELINED reached: nothing more is read
@@ -178,7 +214,7 @@ class BoundedHttpTools(HttpToolsProtocol):
     def pause_writing(self) -> None:  # the buffer is full (the client is not reading)
         super().pause_writing()
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.send_timeout, self._send_late)
+            self._arm_send(self._unsent())
 
     def resume_writing(self) -> None:
         if not self.transport.is_closing():  # (closing: the clock runs until all is sent)
@@ -199,7 +235,16 @@ class BoundedHttpTools(HttpToolsProtocol):
         clock runs until then (below the high-water mark, writing was never paused)."""
         if (self._send_timer is None and self.transport.is_closing()
                 and self.transport.get_write_buffer_size()):
-            self._send_timer = self.loop.call_later(self.send_timeout, self._send_late)
+            self._arm_send(self._unsent())
+
+    def _unsent(self) -> int:
+        """Bytes written and not yet taken by the client: asyncio's buffer and the kernel's
+        send queue (module docstring)."""
+        return self.transport.get_write_buffer_size() + _kernel_unsent(self.transport)
+
+    def _arm_send(self, unsent: int) -> None:
+        self._send_mark = unsent
+        self._send_timer = self.loop.call_later(self.send_timeout, self._send_late)
 
     def _disarm_send(self) -> None:
         if self._send_timer is not None:
@@ -207,10 +252,16 @@ class BoundedHttpTools(HttpToolsProtocol):
             self._send_timer = None
 
     def _send_late(self) -> None:
-        """The send timer: the requests end as disconnected (``send`` writes nothing, and
-        ``receive`` says so), the connection is reset (a close waits for unsent bytes)."""
+        """The send timer: if the client took at least ``send_timeout × send_min_rate`` bytes
+        since the clock started, it starts again from here (one timer per slow reader, not
+        one per piece); else the requests end as disconnected (``send`` writes nothing, and
+        ``receive`` says so) and the connection is reset (a close waits for unsent bytes)."""
         self._send_timer = None
         if not (self.flow.write_paused or self.transport.is_closing()):
+            return
+        unsent = self._unsent()
+        if self._send_mark - unsent >= self.send_timeout * self.send_min_rate:
+            self._arm_send(unsent)
             return
         self._disconnect_all()
         try:

@@ -7,6 +7,10 @@ chunked bodies.
   :data:`~privcal.service.http_protocol.SEND_TIMEOUT_S` is now cut (shortened here), and a
   connection queues at most :data:`~privcal.service.http_protocol.MAX_PIPELINED` pipelined
   requests.
+  Its review, R1: the clock was the pause's length, which for an answer written at once
+  lasts until nearly all of it is sent — a client steadily reading a large answer was cut;
+  the client must now take
+  :data:`~privcal.service.http_protocol.SEND_MIN_RATE` bytes a second of what waits.
 - F2: a chunked body that never ended (the client went away, or the body timer cut it) was
   run as if complete: a charge written for a request its client was told was not complete.
 - F3: trailer fields of a chunked request were appended to its headers (a request whose head
@@ -310,3 +314,87 @@ def test_f1_pipelined_requests_past_the_limit_are_not_read(live: Live) -> None:
     assert b"connection: close" in last.lower()
     with live.client() as c:  # the service answers
         assert c.get("/healthz").status_code == 200
+
+
+_ONE = 2 * 1024 * 1024  # one answer, written at once: far more than the kernel buffers
+
+
+async def _one_write_app(scope: Any, receive: Any, send: Any) -> None:
+    """A bare app answering every GET with :data:`_ONE` bytes in one ``send`` (as a
+    ``JSONResponse`` does)."""
+    if scope["type"] == "lifespan":
+        return await _lifespan(receive, send)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(_ONE).encode())]})
+    await send({"type": "http.response.body", "body": b"x" * _ONE})
+
+
+class _QuickSendSmallBuffer(_QuickSend):
+    """Writing may wait 0.25 s for 4 KiB/s; the kernel's send buffer is 64 KiB, so nearly
+    all of an answer written at once waits in asyncio's buffer, writing paused."""
+
+    send_timeout = 0.25
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+
+
+def _read_steadily(url: str, connection: bytes) -> tuple[bytes, bytes, float]:
+    """GET / read 8 KiB at a time, 10 ms apart (at most 800 KiB/s), until the whole
+    :data:`_ONE` bytes, the end or a reset: the answer's head, its body and the seconds."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    s.connect((host, int(port)))
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: " + connection + b"\r\n\r\n")
+    got, start = b"", time.monotonic()
+    try:
+        while len(got.partition(b"\r\n\r\n")[2]) < _ONE and (chunk := s.recv(8192)):
+            got += chunk
+            time.sleep(0.01)  # 2 MiB take 2.6 s or more
+    except ConnectionResetError:
+        pass
+    took = time.monotonic() - start
+    s.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    return head, body, took
+
+
+@pytest.mark.parametrize("connection", [b"keep-alive", b"close"])
+def test_r1_a_client_reading_a_one_write_answer_steadily_is_not_cut(
+        connection: bytes) -> None:
+    """The review of red team 22, R1: the send clock was the length of the pause, and one
+    write pauses until nearly all of it is sent — a client reading a 2 MiB answer at 39 KiB/s
+    was cut after 20 s. A client reading :data:`_ONE` bytes at up to 800 KiB/s (far above
+    4 KiB/s), for many times ``send_timeout``, now gets all of it (before: reset at 0.25 s,
+    with and without ``Connection: close``)."""
+    url, server, th = start_server(_one_write_app, _QuickSendSmallBuffer)
+    try:
+        head, body, took = _read_steadily(url, connection)
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert len(body) == _ONE, (len(body), took)
+    assert took > 4 * _QuickSendSmallBuffer.send_timeout  # the clock ran several times over
+
+
+class _QuickSendFastRate(_QuickSendSmallBuffer):
+    """A minimum rate of 4 MiB/s: 1 MiB to take in each 0.25 s."""
+
+    send_min_rate = 4 * 1024 * 1024
+
+
+def test_r1_a_client_reading_below_the_minimum_rate_is_cut() -> None:
+    """The same reader (at most 800 KiB/s) under a minimum rate of 4 MiB/s is cut: the rule
+    is the rate, not whether the client reads at all."""
+    url, server, th = start_server(_one_write_app, _QuickSendFastRate)
+    try:
+        head, body, _ = _read_steadily(url, b"keep-alive")
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert len(body) < _ONE
