@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -261,7 +262,11 @@ def logout(request: Request) -> Response:
 
 
 def _overview(request: Request) -> dict[str, Any]:
+    """What the page shows, spelled as ``privcal budget show`` and ``release list`` spell it
+    (red team 22, ui F5: ``5E-7`` beside the CLI's ``0.0000005``, ``inf`` beside ``+inf``), with
+    the per-subject local-DP spends, which the bars (the central cap) leave out."""
     from privcal.accountant.report import audit_report
+    from privcal.costs import plain
 
     acct = request.app.state.accountant
     rows = []
@@ -273,18 +278,26 @@ def _overview(request: Request) -> dict[str, Any]:
         for k, cap in b.cap.items():
             spent = b.spent.get(k, Decimal(0))
             frac = float(spent / cap) if cap else 0.0
-            bars.append({"key": k, "cap": str(cap), "spent": str(spent),
-                         "remaining": str(b.remaining.get(k, "")), "pct": round(100 * frac, 1),
-                         "w": round(300 * min(frac, 1.0), 1)})
+            left = b.remaining.get(k)
+            bars.append({"key": k, "cap": plain(cap), "spent": plain(spent),
+                         "remaining": "" if left is None else plain(left),
+                         "pct": round(100 * frac, 1), "w": round(300 * min(frac, 1.0), 1)})
+        subjects = None
+        if b.subject_epsilon is not None:
+            sub = acct.subject_summary(d.name)
+            subjects = (f"per-subject ε cap {plain(b.subject_epsilon)}: {sub.subjects} subjects "
+                        f"charged, the largest spend {plain(sub.max)}, {sub.at_cap} at the cap")
         rows.append({"name": d.name, "policy": b.policy, "bars": bars,
-                     "guarantee": b.guarantee.short,
-                     "spent_dp": f"ε={b.spent_dp.epsilon}, δ={b.spent_dp.delta}",
+                     "guarantee": b.guarantee.short, "subjects": subjects,
+                     "spent_dp": f"ε={plain(b.spent_dp.epsilon)}, δ={plain(b.spent_dp.delta)}",
                      "charges": b.charges, "releases": b.releases,
                      "chart": spend_chart(points, b.cap)})
     rels = []
     for r in acct.releases():
+        t = float(r.threshold)
         rels.append({"id": r.id, "dataset": r.dataset, "method": r.method,
-                     "threshold": r.threshold, "requester": r.requester or "",
+                     "threshold": ("+inf" if t > 0 else "-inf") if math.isinf(t) else repr(t),
+                     "requester": r.requester or "",
                      "coverage": getattr(r.coverage, "statement", ""),
                      "assumes": r.assumes or "",
                      "privacy": (r.privacy or {}).get("statement", ""),
