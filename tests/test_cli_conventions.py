@@ -109,6 +109,9 @@ def test_json_error_document_for_every_exit_code(url: str, where: str) -> None:
     assert "Did you mean 'dataset'" in err["message"]
     err = _error_doc(jrun("--db-url", url, "charge", "--dataset", "d", "--rho", "2"), 3)
     assert err["type"] == "BudgetRefused" and err["scope"] and err["remaining"] == "rho=1"
+    # and the amounts as the dry run's document gives them (red team 22, newcomer F4)
+    assert err["cost"] == {"kind": "zcdp", "rho": "2"} and err["remaining_before"] == {
+        "rho": "1"}
     with Ledger(url).engine.begin() as conn:
         conn.execute(text("UPDATE datasets SET cap_rho = '5'"))
     err = _error_doc(jrun("--db-url", url, "audit", "verify"), 4)

@@ -84,7 +84,8 @@ def problem_for(exc: PrivcalError) -> ProblemError:
         if isinstance(exc, cls):
             extra: dict[str, Any] = {}
             if isinstance(exc, BudgetRefused):
-                extra = {"scope": exc.scope, "asked": exc.asked, "remaining": exc.remaining}
+                extra = {"scope": exc.scope, "asked": exc.asked, "remaining": exc.remaining,
+                         **getattr(exc, "details", {})}
             detail = str(exc)
             if isinstance(exc, LedgerError | SchemaOutOfDate):
                 public = getattr(exc, "public", None)

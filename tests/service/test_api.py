@@ -48,6 +48,9 @@ def test_charge_idempotency_and_refusal(live: Live) -> None:
         p = _problem(c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.7"}},
                             headers=_k()), 409, "budget-refused")
         assert p["scope"] == "dataset 'd'" and "0.7" in p["asked"] and "0.6" in p["remaining"]
+        # the amounts as a dry run gives them (red team 22, newcomer F4)
+        assert (p["cost"], p["remaining_before"]) == ({"kind": "zcdp", "rho": "0.7"},
+                                                      {"rho": "0.6"})
         _problem(c.post("/v1/datasets/d/charges", json={"cost": {"rho": "0.1"}}), 422,
                  "idempotency-key-required")
         assert _head(live) == head

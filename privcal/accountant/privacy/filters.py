@@ -359,11 +359,18 @@ def _check_charge(
     def refuse(why: str) -> BudgetRefused:
         # what is left before this cost, computed only for the refusal (the hot path of an
         # accepted charge does not need it: issue 11)
-        left_s = ", ".join(f"{k}={dstr(v)}" for k, v in remaining(policy, spent).items())
-        return BudgetRefused(
+        left = remaining(policy, spent)
+        left_s = ", ".join(f"{k}={dstr(v)}" for k, v in left.items())
+        err = BudgetRefused(
             f"budget refused on {scope}: asked {cost.describe()}, {why}; remaining {left_s}",
             scope=scope, asked=cost.describe(), remaining=left_s,
         )
+        # the amounts as a dry run's document gives them, beside the display strings (red
+        # team 22, newcomer F4: a script had to parse "rho=0.63…" out of the refusal)
+        err.details = {  # type: ignore[attr-defined]
+            "cost": {k: dstr(v) if isinstance(v, Decimal) else v for k, v in vars(cost).items()},
+            "remaining_before": {k: dstr(v) for k, v in left.items()}}
+        return err
 
     after = spent.add(cost)
     if policy.notion == "pure":
