@@ -288,7 +288,7 @@ def test_the_server_writes_the_charge_id_into_the_entry(accountant: Any) -> None
     receipts = [
         accountant.charge("d", ZCDP(rho="0.001")),
         accountant.charge("d", ZCDP(rho="0.001"), purpose='"quoted" \\ ü 😀 \n',
-                          requester="r\u0001"),
+                          requester="r\u2028\ufeff"),  # (controls: refused, red team 22)
         accountant.charge("d", ZCDP(rho="0.001"), idempotency_key="k-1"),
     ]
     assert [r.charge_id for r in receipts] == [99, 100, 101]

@@ -344,8 +344,8 @@ _ODD_TEXTS = [
     "'; DROP TABLE charges; --",                        # quotes
     "back\\slash \\' E'\\x41' $$ $q$",                  # escapes, dollar quotes
     '{"data":{"charge_id":7},"kind":"charge","seq":',   # the entry prefix itself
-    "\u2028\u2029 \x7f \u00e9 e\u0301 \U0001F600 \ufeff",  # separators, combining, emoji, BOM
-    "\t\r\n",
+    "\u2028\u2029 \u00e9 e\u0301 \U0001F600 \ufeff",  # separators, combining, emoji, BOM
+    "\t\n",  # (DEL, CR and the other controls are refused in free text: red team 22, ui F1)
     "x" * 5000,
 ]
 

@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from privcal.accountant.sessions import parsing as P
 from privcal.accountant.sessions import records as R
-from privcal.errors import InvalidInput, LedgerError
+from privcal.errors import InvalidInput, LedgerError, plain_number_text
 from privcal.storage import pseudonyms as PS
 from privcal.storage.models import SubjectSpend
 from privcal.storage.sessions import SessionReport
@@ -129,6 +129,10 @@ def _old_rounds(rounds: Any, n: int, current: int, count: int) -> list[str | Non
         try:
             if isinstance(v, bool):
                 raise ValueError
+            if isinstance(v, bytes):
+                v = v.decode("ascii")  # (a UnicodeDecodeError is a ValueError)
+            if isinstance(v, str) and not plain_number_text(v):
+                raise ValueError  # "１", "1_0": the one rule for numbers read from text
             x = float(v)
             if not x.is_integer():
                 raise ValueError

@@ -27,7 +27,7 @@ _SPEC.loader.exec_module(verify_log)
 
 def _activity(live: Live) -> None:
     acct = live.accountant
-    for i, purpose in enumerate(["plain", "émigré ✓ \u2028 \U0001f600 ！ \\ \" \x7f", "x" * 300]):
+    for i, purpose in enumerate(["plain", "émigré ✓ \u2028 \U0001f600 ！ \\ \" \t", "x" * 300]):
         acct.charge("d", ZCDP(rho=f"0.0{i + 1}"), purpose=purpose)
     acct.calibrate("split", dataset="d", scores=[i / 100 for i in range(100)], alpha=0.1)
 
