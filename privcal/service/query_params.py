@@ -132,20 +132,19 @@ async def query_guard(request: Request, accepted: frozenset[str],
     await _check_path_ids(request, int_paths)
     given = [v for k, v in request.scope.get("headers", ()) if k == _IDEM]
     keys = len(given)
-    if keys == 1 and given[0] != given[0].strip(b" \t"):
-        await _token_first(request)
-        raise ProblemError(422, "invalid-input", "Invalid input",
-                           f"{IDEMPOTENCY_HEADER} has a blank at its start or end (a proxy may "
-                           "trim it, making a retry another key); nothing was done",
-                           errors=[{"loc": ["header", IDEMPOTENCY_HEADER], "msg": "blank at "
-                                    "an end", "type": "value_error"}])
+    bad = None
     if keys > 1:
+        bad = (f"given {'twice' if keys == 2 else f'{keys} times'}",
+               "header given more than once", "duplicate")
+    elif keys == 1 and given[0] != given[0].strip(b" \t"):
+        bad = ("has a blank at its start or end (a proxy may trim it, making a retry another "
+               "key)", "blank at an end", "value_error")
+    if bad is not None:
         await _token_first(request)
         raise ProblemError(422, "invalid-input", "Invalid input",
-                           f"{IDEMPOTENCY_HEADER} given {'twice' if keys == 2 else f'{keys} times'}"
-                           "; nothing was done",
-                           errors=[{"loc": ["header", IDEMPOTENCY_HEADER], "msg": "header "
-                                    "given more than once", "type": "duplicate"}])
+                           f"{IDEMPOTENCY_HEADER} {bad[0]}; nothing was done",
+                           errors=[{"loc": ["header", IDEMPOTENCY_HEADER], "msg": bad[1],
+                                    "type": bad[2]}])
     if not request.scope.get("query_string"):
         return
     counts = Counter(k for k, _ in request.query_params.multi_items())
