@@ -21,7 +21,8 @@ from fractions import Fraction
 
 from privcal.costs import fixed_context
 
-__all__ = ["float_at_least", "float_at_most", "rank_bound", "text_at_least", "text_at_most"]
+__all__ = ["float_at_least", "float_at_most", "float_text", "rank_bound", "text_at_least",
+           "text_at_most"]
 
 
 def _recorded(x: float) -> Fraction:
@@ -74,3 +75,16 @@ def text_at_least(x: float, bound: Fraction, digits: int = 6) -> str:
     """``f"{x:.6g}"`` if that number is ≥ ``bound``, else ``bound`` rounded *up* to
     ``digits`` significant digits (the statement of an upper bound never states less)."""
     return _text(x, bound, digits, up=True)
+
+
+def float_text(x: float) -> str:
+    """A number a user may act on — a threshold, an interval's end — exactly: its shortest
+    round-trip spelling (``0.30000000000000004``), ``+inf``/``-inf`` (red team 22, ui F6 and
+    F7: a threshold printed ``0.3`` in 10 digits, rounded to nearest, made sets covering
+    0.50 under a recorded ≥ 0.9 when copied; intervals of Unix times printed in 6 digits
+    were ``[1.70005e+09, 1.70005e+09]``). The CLI's tables and the auditor's page both
+    spell thresholds with it."""
+    x = float(x)
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    return repr(x)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from privcal.calibrators.bound_floats import float_text
 from privcal.cli import progress
 from privcal.cli.app import (
     Settings,
@@ -20,7 +21,6 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.output import float_text
 
 
 @main.group()

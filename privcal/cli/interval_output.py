@@ -16,9 +16,10 @@ from typing import Any
 import click
 import numpy as np
 
+from privcal.calibrators.bound_floats import float_text
 from privcal.cli.app import OUT_SUFFIXES, check_out, emit, info, to_jsonable
 from privcal.cli.group_options import echo_groups
-from privcal.cli.output import at_least, float_text
+from privcal.cli.output import at_least
 from privcal.cli.render import guarantee_verdict
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from privcal.calibrators.bound_floats import float_text
 from privcal.cli.app import (
     AMOUNT,
     Settings,
@@ -23,7 +24,7 @@ from privcal.cli.app import (
     table,
 )
 from privcal.cli.number_types import Integer
-from privcal.cli.output import at_least, float_text
+from privcal.cli.output import at_least
 from privcal.costs import ZCDP, ApproxDP, PureDP, parse_cost
 from privcal.errors import InvalidInput
 

@@ -143,18 +143,6 @@ def cell(value: Any) -> str:
     return inert(str(value))
 
 
-def float_text(x: float) -> str:
-    """A number a user may act on — a threshold, an interval's end — exactly: its shortest
-    round-trip spelling (``0.30000000000000004``), ``+inf``/``-inf`` (red team 22, ui F6 and
-    F7: a threshold printed ``0.3`` in 10 digits, rounded to nearest, made sets covering
-    0.50 under a recorded ≥ 0.9 when copied; intervals of Unix times printed in 6 digits
-    were ``[1.70005e+09, 1.70005e+09]``)."""
-    x = float(x)
-    if math.isinf(x):
-        return "+inf" if x > 0 else "-inf"
-    return repr(x)
-
-
 def inert(text: str) -> str:
     """``text`` with each character that would act on a terminal (:data:`~privcal.accountant.
     normalize.TERMINAL_CONTROLS`: ESC, CR, bidi overrides …) written as its escape (``\\x1b``),

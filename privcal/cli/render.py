@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from privcal.cli.output import at_least, at_most, float_text
+from privcal.calibrators.bound_floats import float_text
+from privcal.cli.output import at_least, at_most
 
 __all__ = ["fmt_threshold", "render_dry_run", "render_release",
            "render_thresholds", "ties_note"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import math
 import re
 import time
 from collections.abc import Iterable
@@ -39,6 +38,7 @@ from fastapi import APIRouter, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Scope
 
+from privcal.calibrators.bound_floats import float_text
 from privcal.errors import AuditFailed, PrivcalError, with_article
 from privcal.service.json_body import JsonRoute
 from privcal.storage.token_secrets import TOKEN_ID
@@ -294,9 +294,8 @@ def _overview(request: Request) -> dict[str, Any]:
                      "chart": spend_chart(points, b.cap)})
     rels = []
     for r in acct.releases():
-        t = float(r.threshold)
         rels.append({"id": r.id, "dataset": r.dataset, "method": r.method,
-                     "threshold": ("+inf" if t > 0 else "-inf") if math.isinf(t) else repr(t),
+                     "threshold": float_text(r.threshold),
                      "requester": r.requester or "",
                      "coverage": getattr(r.coverage, "statement", ""),
                      "assumes": r.assumes or "",
