@@ -12,6 +12,7 @@ import click
 from privcal.calibrators.bound_floats import float_text
 from privcal.cli import progress
 from privcal.cli.app import (
+    FilePath,
     Settings,
     cell,
     complete_dataset,
@@ -32,10 +33,10 @@ def audit() -> None:
 @click.option("--expect-head", multiple=True,
               help="SEQ:HASH kept from an earlier `privcal audit head` (repeat: every head "
                    "kept, or received from other auditors, must be in the log)")
-@click.option("--signed-head", type=click.Path(dir_okay=False), multiple=True,
+@click.option("--signed-head", type=FilePath(), multiple=True,
               help="a file written by `privcal audit head --sign` (needs --trusted-key; "
                    "repeat: every one must be in the log)")
-@click.option("--trusted-key", type=click.Path(dir_okay=False),
+@click.option("--trusted-key", type=FilePath(),
               help="the Ed25519 public key (PEM) the signed head must verify with")
 @click.option("--allow-unsigned-tail", is_flag=True,
               help="accept entries after the signed head (they are counted, not trusted)")
@@ -103,11 +104,11 @@ def audit_report(settings: Settings, dataset: str | None, as_json: bool) -> None
 
 
 @audit.command("head")
-@click.option("--sign", "keyfile", type=click.Path(dir_okay=False),
+@click.option("--sign", "keyfile", type=FilePath(),
               help="verify the log (as `audit verify`), then sign its head with this Ed25519 "
                    "private key (from `privcal audit keygen`) and print the signed head "
                    "document; nothing is signed if the log does not verify (exit 4)")
-@click.option("--previous", type=click.Path(dir_okay=False),
+@click.option("--previous", type=FilePath(),
               help="with --sign: the last head signed with this key; the log must contain "
                    "it (a log rewritten or rolled back since is refused, exit 4)")
 @json_option
@@ -130,8 +131,8 @@ def audit_head(settings: Settings, keyfile: str | None, previous: str | None,
 
 
 @audit.command("keygen")
-@click.argument("keyfile", type=click.Path(dir_okay=False))
-@click.option("--public", "public", type=click.Path(dir_okay=False),
+@click.argument("keyfile", type=FilePath())
+@click.option("--public", "public", type=FilePath(),
               help="where to write the public key (default KEYFILE.pub)")
 @json_option
 def audit_keygen(keyfile: str, public: str | None, as_json: bool) -> None:

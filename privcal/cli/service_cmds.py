@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from privcal.cli.app import emit, info, json_option, main, pass_settings, table
+from privcal.cli.app import FilePath, emit, info, json_option, main, pass_settings, table
 from privcal.cli.number_types import FloatRange, Integer, IntRange
 from privcal.errors import InvalidInput
 
@@ -134,7 +134,7 @@ def token() -> None:
               "--subject-prefix or --subjects), in one transaction; printed as lines "
               "'SUBJECT<TAB>TOKEN' (--json: a list)")
 @click.option("--subject-prefix", help="with --count N: subjects PREFIX0 … PREFIX{N-1}")
-@click.option("--subjects", "subjects_file", type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--subjects", "subjects_file", type=FilePath(allow_dash=True),
               help="device tokens in bulk for the subject ids in this file: a .csv/.parquet/"
               ".npy/.npz read as calibrate --subjects reads it (FILE:COLUMN), any other file "
               "one id per line (blank lines skipped; '-': stdin, read as lines — give a "

@@ -18,6 +18,7 @@ import numpy as np
 
 from privcal.cli import progress
 from privcal.cli.app import (
+    FilePath,
     complete_dataset,
     emit,
     json_option,
@@ -172,7 +173,7 @@ def _read_batch(spec: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 @session.command("submit")
 @click.argument("session_id", type=Integer())
 @click.option("--reports", required=True,
-              type=click.Path(dir_okay=False),
+              type=FilePath(),
               help="Batch file: subject,bit,round (ldp-score) or agent,value (federated). A "
                    "malformed value or round in any row refuses the whole file (exit 1, "
                    "nothing written); a subject already reported, over its cap or repeated "
