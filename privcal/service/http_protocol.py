@@ -65,8 +65,10 @@ requests are queued (uvicorn: any number); the one that reaches it is answered w
 
 Bodies are bounded in size by the app (``--max-body``, 413) and idle kept-alive connections
 by uvicorn's ``timeout_keep_alive``; the number of open connections by ``limit_concurrency``
-(:mod:`privcal.service.server_options`). A public deployment still belongs behind a reverse
-proxy (TLS, per-client rate limits and connection counts: README "Run the service").
+(:mod:`privcal.service.server_options`), beyond which a request is answered 503
+``server-busy`` (a problem document, ``Retry-After: 1``). A public deployment still belongs
+behind a reverse proxy (TLS, per-client rate limits and connection counts: README "Run the
+service").
 
 Size: one protocol class whose hooks (the head's, the body's and the send clocks, the
 pipeline) share the connection's state and uvicorn's; split, each part would reach into the
@@ -81,6 +83,7 @@ import sys
 from asyncio import TimerHandle, Transport
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from privcal.service.problems import ProblemError, problem_response
@@ -145,18 +148,32 @@ _TOO_SLOW = _answer(408, "Request Timeout", "head-timeout",
 _BODY_TOO_SLOW = _answer(408, "Request Timeout", "body-timeout",
                          "the request body was not complete in time")
 _BAD_REQUEST = _answer(400, "Bad Request", "bad-request", "the request is not valid HTTP/1.1")
-_CODING = problem_response(ProblemError(
+
+
+def _answering(problem: ProblemError) -> Any:
+    """An ASGI app that answers every request with ``problem`` (body unread), the service's
+    standard headers on it."""
+    resp = problem_response(problem)
+    start = {"type": "http.response.start", "status": problem.status,
+             "headers": with_standard_headers(resp.raw_headers)}
+    body = {"type": "http.response.body", "body": bytes(resp.body)}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(start)
+        await send(body)
+
+    return app
+
+
+#: the app of a request with a transfer coding but ``chunked`` alone
+_refuse_coding = _answering(ProblemError(
     501, "transfer-coding-not-implemented", "Not Implemented",
     "the only transfer coding accepted is chunked", headers={"connection": "close"}))
-_CODING_START = {"type": "http.response.start", "status": 501,
-                 "headers": with_standard_headers(_CODING.raw_headers)}
-_CODING_BODY = {"type": "http.response.body", "body": bytes(_CODING.body)}
-
-
-async def _refuse_coding(scope: Any, receive: Any, send: Any) -> None:
-    """The app of a request with a transfer coding but ``chunked`` alone: 501, body unread."""
-    await send(_CODING_START)
-    await send(_CODING_BODY)
+#: the app of a request beyond ``limit_concurrency`` (uvicorn's own was plain text)
+_busy = _answering(ProblemError(
+    503, "server-busy", "Service Unavailable",
+    "the server holds as many connections and requests as it takes; retry later",
+    headers={"connection": "close", "retry-after": "1"}))
 
 
 class BoundedHttpTools(HttpToolsProtocol):
@@ -220,6 +237,10 @@ class BoundedHttpTools(HttpToolsProtocol):
         if not self.transport.is_closing():  # (closing: the clock runs until all is sent)
             self._disarm_send()
         super().resume_writing()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        # beyond limit_concurrency uvicorn picks its plain-text 503: the problem document
+        super()._start_asgi_task(cycle, _busy if app is service_unavailable else app)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
