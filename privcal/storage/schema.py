@@ -162,7 +162,17 @@ class LedgerSchema:
 
     def check(self) -> str:
         """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``
-        (LedgerError for another application's database)."""
+        (LedgerError for another application's database). A check that fails also ends this
+        process's trust in the schema (:meth:`ensure_schema` checks again before the next
+        operation): a service whose ``/readyz`` found the ledger migrated by a newer privcal
+        under it stops writing in the old way, where it had gone on until restarted."""
+        try:
+            return self._check()
+        except SchemaOutOfDate:
+            self._schema_ok = False
+            raise
+
+    def _check(self) -> str:
         cur, head = self.current(), self.head_revision()
         if cur is not None and cur != head and cur not in _scan()[0]:
             raise SchemaOutOfDate(_foreign(self.url, cur), public=_foreign("", cur))
