@@ -1,0 +1,83 @@
+"""Red team 23, coverage findings (F1–F8): what a release is used with, and named scores."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from privcal.accountant import Accountant
+from privcal.cli import main
+from privcal.errors import InvalidInput
+
+
+def _float32_model(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A float32 model's two-class output whose true class (0) gets 0.7 (95 %) or 0.05."""
+    g = np.random.default_rng(seed)
+    p0 = np.where(g.random(n) < 0.95, np.float32(0.7), np.float32(0.05)).astype(np.float32)
+    return np.stack([p0, np.float32(1) - p0], axis=1), np.zeros(n, dtype=int)
+
+
+def _as_text(values: np.ndarray) -> np.ndarray:
+    """``values`` written as pandas writes a float32 column (its shortest float32 decimal)
+    and read back as float64, as every CSV reader does."""
+    text = "\n".join(str(v) for v in values.astype(np.float32))
+    return np.loadtxt(io.StringIO(text), dtype=np.float64)
+
+
+def test_f4_float32_scores_written_as_text_are_refused(accountant: Any) -> None:
+    """F4: float32 LAC scores written as text (pandas' to_csv writes 1 − 0.7f as 0.3) read
+    back as the double 0.3, below the float64 score predict computes (0.3000000119…): every
+    test point tied with the threshold fell out — coverage 0.00 under a recorded ≥ 0.9.
+    Refused before anything is charged, as the float32 values themselves are (red team 22)."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    probs, _ = _float32_model(0, 1000)
+    scores = _as_text(np.float32(1) - probs[:, 0])
+    assert scores[0] in (0.3, 0.95) and not np.array_equal(
+        scores.astype(np.float32).astype(np.float64), scores)  # not float32 values
+    head = accountant.ledger.head()
+    for method, extra in (("split", {}), ("pcoqs", {"rho": 0.1})):
+        with pytest.raises(InvalidInput, match=r"^scores are float32 values written as text"):
+            accountant.calibrate(method, dataset="d", scores=scores, alpha=0.1, score="lac",
+                                 **extra)
+    assert accountant.ledger.head() == head and accountant.budget("d").charges == 0
+    # the same as regression residuals; and with no score named (the caller's scores at
+    # both ends) they run, as float64 scores and short dyadic ones do
+    with pytest.raises(InvalidInput, match=r"^scores are float32 values written as text"):
+        accountant.calibrate("split", dataset="d", scores=scores, alpha=0.1, score="absolute")
+    accountant.calibrate("split", dataset="d", scores=scores, alpha=0.1)
+    g = np.random.default_rng(1)
+    for ok, score in ((g.random(1000), "lac"), (g.integers(0, 8, 1000) / 8, "lac"),
+                      (np.float32(1) - probs[:, 0].astype(np.float64), "lac"),
+                      (g.normal(size=1000) ** 2, "absolute")):
+        accountant.calibrate("split", dataset="d", scores=ok, alpha=0.1, score=score)
+
+
+def test_f4_the_refused_text_would_have_covered_nothing(accountant: Any) -> None:
+    """Why: the text's threshold on the float32 model's test probabilities (exact counts)."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    probs, _ = _float32_model(0, 1000)
+    t = float(np.quantile(_as_text(np.float32(1) - probs[:, 0]), 0.9, method="higher"))
+    test, _ = _float32_model(1, 5000)
+    assert t == 0.3 and (1.0 - test[:, 0].astype(np.float64) <= t).mean() == 0.0
+    rel = accountant.calibrate("split", dataset="d", probs=probs, labels=np.zeros(1000, int),
+                               alpha=0.1, score="lac")  # the advice: the probabilities
+    assert rel.predict_set(test)[:, 0].mean() >= 0.9
+
+
+def test_f4_the_cli_refuses_a_pandas_float32_csv(ledger: Any, tmp_path: Path) -> None:
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    Accountant(ledger).create_dataset("d", rho=1, allow_nonprivate=True)
+    probs, _ = _float32_model(0, 1000)
+    (tmp_path / "s.csv").write_text(
+        "score\n" + "\n".join(str(v) for v in np.float32(1) - probs[:, 0]) + "\n")
+    head = ledger.head()
+    res = CliRunner().invoke(main, [
+        "--db-url", url, "calibrate", "split", "--dataset", "d", "--alpha", "0.1",
+        "--scores", f"{tmp_path / 's.csv'}:score", "--score", "lac"])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "float32 values written as text" in res.output and ledger.head() == head
