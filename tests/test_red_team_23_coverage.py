@@ -81,3 +81,38 @@ def test_f4_the_cli_refuses_a_pandas_float32_csv(ledger: Any, tmp_path: Path) ->
         "--scores", f"{tmp_path / 's.csv'}:score", "--score", "lac"])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert "float32 values written as text" in res.output and ledger.head() == head
+
+
+@pytest.mark.parametrize(("score", "bad"), [
+    ("absolute", lambda y, f, p: y - f),          # signed residuals
+    ("absolute", lambda y, f, p: f - y),
+    ("lac", lambda y, f, p: 1 + p),               # not 1 − p: above 1
+    ("aps", lambda y, f, p: -p),
+    ("raps", lambda y, f, p: -p),
+])
+def test_f3_named_scores_that_cannot_be_that_score_are_refused(
+        accountant: Any, score: str, bad: Any) -> None:
+    """F3: signed residuals y − f named ``absolute`` were recorded as |y − f|: the
+    intervals [f − t, f + t] covered 0.83 under a recorded ≥ 0.9. A value the named score
+    cannot take (|·| < 0, 1 − p > 1, aps or raps < 0) is refused before the charge."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(3)
+    f = g.normal(size=500)
+    y, p = f + g.normal(size=500), g.random(500)
+    head = accountant.ledger.head()
+    for method, extra in (("split", {}), ("pcoqs", {"rho": 0.1, "score_range": (-5, 5)})):
+        with pytest.raises(InvalidInput, match=rf"^scores named {score!r} "):
+            accountant.calibrate(method, dataset="d", scores=bad(y, f, p), alpha=0.1,
+                                 score=score, **extra)
+    assert accountant.ledger.head() == head and accountant.budget("d").charges == 0
+
+
+def test_f3_the_scores_a_named_score_takes_still_run(accountant: Any) -> None:
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(4)
+    f = g.normal(size=500)
+    y, p = f + g.normal(size=500), g.random(500)
+    for score, s in (("absolute", np.abs(y - f)), ("absolute", np.zeros(500) * -1.0),
+                     ("cqr", y - f), ("lac", 1 - p), ("lac", -1e-7 * p),
+                     ("aps", p), ("raps", 3 + p)):
+        accountant.calibrate("split", dataset="d", scores=s, alpha=0.1, score=score)

@@ -218,8 +218,38 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
     opts = label_score_options(score, options, ())
     if scores is not None:
         _refuse_narrow_scores(scores, score)
+        _refuse_impossible_scores(scores, score)
     return {"name": score, "options": {**SCORES[score].options, **opts}}
 
+
+#: what a named score can never be, exactly (p ≥ 0, u ≥ 0): (bound, side, what it is)
+_SCORE_BOUNDS: dict[str, tuple[float, str, str]] = {
+    "absolute": (0.0, "below", "|y − f| is never negative: signed residuals y − f?"),
+    "lac": (1.0, "above", "1 − p is never above 1: probabilities p, or −p?"),
+    "aps": (0.0, "below", "a sum of probabilities is never negative"),
+    "raps": (0.0, "below", "a sum of probabilities and penalties is never negative"),
+}
+
+
+def _refuse_impossible_scores(scores: Any, score: str) -> None:
+    """InvalidInput for scores named ``score`` that take a value it never takes (red team 23,
+    coverage F3: signed residuals y − f recorded as ``absolute`` gave the intervals
+    [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9)."""
+    import numpy as np
+
+    if score not in _SCORE_BOUNDS:
+        return
+    try:
+        arr = np.asarray(scores, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        return  # not numbers: check_scores says so
+    bound, side, why = _SCORE_BOUNDS[score]
+    bad = arr < bound if side == "below" else arr > bound
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidInput(f"scores named {score!r} cannot be that score: row {i} is "
+                           f"{float(arr[i])!r}, {side} {bound:g} ({why}); give the data "
+                           "privcal computes the score from, or name no score")
 
 
 def _refuse_narrow_scores(scores: Any, score: str) -> None:
