@@ -213,7 +213,10 @@ class PrivateConformalClassifier(_Base):
             raise InvalidInput("the estimator's classes_ are not distinct as text")
         if self.method == "ldp-label" and not labels_randomized:
             labels = self._devices(labels, probs.shape[1])
-        self._calibrate(subjects, probs=probs, labels=labels, classes=names)
+        # as names, so that the release reads the model's own labels as names at evaluate
+        # (red team 23, coverage F2: label 2 of classes_ [0, 2, 5] was read as column 2)
+        self._calibrate(subjects, probs=probs, labels=np.array(names, dtype=object)[labels],
+                        classes=names)
         self.classes_ = classes
         return self
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from privcal import PrivateConformalClassifier
 from privcal.accountant import Accountant
 from privcal.cli import main
 from privcal.errors import InvalidInput
@@ -116,3 +117,52 @@ def test_f3_the_scores_a_named_score_takes_still_run(accountant: Any) -> None:
                      ("cqr", y - f), ("lac", 1 - p), ("lac", -1e-7 * p),
                      ("aps", p), ("raps", 3 + p)):
         accountant.calibrate("split", dataset="d", scores=s, alpha=0.1, score=score)
+
+
+class _Model:
+    """A fitted classifier whose classes are not 0 … k−1 (scikit-learn's ``classes_``)."""
+
+    classes_ = np.array([0, 2, 5])
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        e = np.exp(np.asarray(X, dtype=float))
+        return e / e.sum(axis=1, keepdims=True)
+
+
+class _Served:
+    """The same model served without ``classes_`` (an ONNX or torch wrapper)."""
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        return _Model().predict_proba(X)
+
+
+def _draw(g: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    X = g.normal(size=(n, 3)) * 2
+    probs = _Model().predict_proba(X)
+    return X, np.array([g.choice([0, 2, 5], p=q) for q in probs])
+
+
+@pytest.mark.parametrize("mondrian", [None, "label"])
+def test_f2_a_wrapped_release_evaluates_the_models_own_labels(
+        accountant: Any, mondrian: str | None) -> None:
+    """F2: the wrapper passed index labels with the model's classes_ as names, so
+    ``release_.evaluate(probs, y)`` read the model's label 2 as column 2 (class 5): 0.59
+    reported for a release covering 0.91 on the same rows, a label 5 refused. Counted
+    exactly: evaluate's coverage is the wrapper's own sets' coverage of the true labels."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(5)
+    X, y = _draw(g, 600)
+    Xt, yt = _draw(g, 900)
+    extra = {"mondrian": mondrian, "public_groups": True} if mondrian else {}
+    clf = PrivateConformalClassifier(_Model(), method="split", confidence_level=0.9,
+                                     accountant=accountant, dataset="d", **extra)
+    clf.conformalize(X, y)
+    _, sets = clf.predict_set(Xt)
+    col = np.searchsorted(_Model.classes_, yt)
+    covered = sets[np.arange(yt.size), col, 0]
+    for rows in (np.ones(yt.size, bool), yt != 5):
+        ev = clf.release_.evaluate(_Model().predict_proba(Xt[rows]), yt[rows])
+        assert ev.coverage == covered[rows].mean()
+        if mondrian:
+            assert [(b.group, b.n) for b in ev.by_group] == [
+                (str(c), int((yt[rows] == c).sum())) for c in _Model.classes_]
