@@ -166,8 +166,9 @@ class PrivateConformalClassifier(_Base):
 
     def _columns(self, k: int) -> np.ndarray:
         classes = getattr(self.estimator, "classes_", None)
-        if classes is None:
-            return np.arange(k)
+        if classes is None:  # a model without classes_: a saved release's names (red team
+            # 23, coverage F6: column indices named class 5 as 2), else 0 … k−1
+            return self.classes_ if self.classes_ is not None else np.arange(k)
         classes = np.asarray(classes)
         if classes.shape != (k,):
             raise InvalidInput(f"the estimator has {classes.shape[0]} classes_ but "
@@ -247,7 +248,8 @@ class PrivateConformalClassifier(_Base):
         out.release_ = rel
         names = rel.classes
         k = len(names) if names else None
-        out.classes_ = out._columns(k) if k else None
+        own = getattr(estimator, "classes_", None) is not None  # else the release's names
+        out.classes_ = (out._columns(k) if own else np.array(names)) if k else None
         if names and getattr(estimator, "classes_", None) is not None \
                 and [str(c) for c in out.classes_] != list(names):  # type: ignore[union-attr]
             # the release's thresholds are in its class order (one per class for label
