@@ -92,6 +92,18 @@ def _pick_levels(rel: Any, probs: Any, alphas: list[Any], rng: random.Random | N
     return out
 
 
+#: keywords the wrapper gives the calibration itself, refused in ``**params`` (red team 23,
+#: coverage F7: a TypeError traceback at conformalize; F8: column groups it cannot predict)
+_WRAPPER_SETS = {
+    "alpha": "the wrapper's level is confidence_level= (α = 1 − the level)",
+    "classes": "the estimator's classes_ name the classes",
+    **{k: "conformalize(X, y) gives the data" for k in (
+        "probs", "labels", "scores", "preds", "lower_preds", "upper_preds", "targets")},
+    "groups": "column groups need each test row's group, which predict_set/predict_interval "
+              "do not take: use Accountant.calibrate and Release (mondrian='label' works)",
+}
+
+
 class _Base:
     """What the classifier and the regressor share: the accountant, the method, the release."""
 
@@ -100,6 +112,9 @@ class _Base:
                  requester: str | None, rng: random.Random | None,
                  params: dict[str, Any]) -> None:
         _check_rng(rng)  # before conformalize charges anything (red team 5)
+        for key in params:
+            if key in _WRAPPER_SETS:
+                raise InvalidInput(f"{key}: not a parameter of the wrapper ({_WRAPPER_SETS[key]})")
         self.estimator = estimator
         self.method = method
         self.confidence_level = confidence_level

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from privcal import PrivateConformalClassifier
+from privcal import PrivateConformalClassifier, PrivateConformalRegressor
 from privcal.accountant import Accountant
 from privcal.cli import main
 from privcal.errors import InvalidInput
@@ -184,3 +184,39 @@ def test_f6_a_wrapper_rebuilt_for_a_model_without_classes_names_the_release_clas
     want = [[str(c) for c in row] for row in clf.predict_labels(Xt)]
     assert [[str(c) for c in row] for row in served.predict_labels(Xt)] == want
     assert [str(c) for c in served.predict(Xt)] == [str(c) for c in clf.predict(Xt)]
+
+
+@pytest.mark.parametrize("key", ["alpha", "classes", "labels", "probs"])
+def test_f7_a_parameter_the_classifier_sets_itself_is_one_line(accountant: Any,
+                                                               key: str) -> None:
+    """F7: ``alpha=`` (or a data keyword) beside the wrapper's own was a TypeError traceback
+    at conformalize; refused in one line when the wrapper is made, nothing charged."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    with pytest.raises(InvalidInput, match=rf"^{key}: "):
+        PrivateConformalClassifier(_Model(), method="split", accountant=accountant,
+                                   dataset="d", **{key: 0.2})
+
+
+@pytest.mark.parametrize("key", ["alpha", "targets", "preds"])
+def test_f7_a_parameter_the_regressor_sets_itself_is_one_line(accountant: Any,
+                                                              key: str) -> None:
+    with pytest.raises(InvalidInput, match=rf"^{key}: "):
+        PrivateConformalRegressor(object(), method="split", accountant=accountant,
+                                  dataset="d", **{key: 0.2})
+
+
+def test_f8_mondrian_column_groups_are_refused_by_the_wrappers(accountant: Any) -> None:
+    """F8: ``groups=`` passed through to a Mondrian release whose ``predict_interval`` /
+    ``predict_set`` could never be given the test rows' groups (one line, then a TypeError
+    for ``groups=``); refused when the wrapper is made. Label groups still work."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    site = np.array(["n", "s"] * 100)
+    for cls in (PrivateConformalClassifier, PrivateConformalRegressor):
+        with pytest.raises(InvalidInput, match=r"^groups: .*mondrian='label' works"):
+            cls(_Model(), method="split", accountant=accountant, dataset="d", groups=site,
+                public_groups=True)
+    g = np.random.default_rng(9)
+    X, y = _draw(g, 300)
+    clf = PrivateConformalClassifier(_Model(), method="split", accountant=accountant,
+                                     dataset="d", mondrian="label", public_groups=True)
+    assert clf.conformalize(X, y).predict_set(X)[1].shape == (300, 3, 1)
