@@ -220,3 +220,23 @@ def test_f8_mondrian_column_groups_are_refused_by_the_wrappers(accountant: Any) 
     clf = PrivateConformalClassifier(_Model(), method="split", accountant=accountant,
                                      dataset="d", mondrian="label", public_groups=True)
     assert clf.conformalize(X, y).predict_set(X)[1].shape == (300, 3, 1)
+
+
+def test_f1_ragged_probabilities_are_one_line(accountant: Any) -> None:
+    """F1: rows of unequal length were numpy's ValueError (a traceback) in calibrate and
+    predict_set; ragged scores were already one line."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(7)
+    probs = g.dirichlet(np.ones(3), size=50)
+    labels = g.integers(0, 3, 50)
+    rel = accountant.calibrate("split", dataset="d", probs=probs, labels=labels, alpha=0.1,
+                               score="lac")
+    ragged = [list(r) for r in probs]
+    ragged[1] = ragged[1][:2]
+    head = accountant.ledger.head()
+    with pytest.raises(InvalidInput, match=r"^probabilities are not an n×k array"):
+        accountant.calibrate("split", dataset="d", probs=ragged, labels=labels, alpha=0.1,
+                             score="lac")
+    with pytest.raises(InvalidInput, match=r"^probabilities are not an n×k array"):
+        rel.predict_set(ragged)
+    assert accountant.ledger.head() == head

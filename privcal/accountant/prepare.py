@@ -41,6 +41,7 @@ from privcal.calibrators.group_sets import frame_names
 from privcal.calibrators.score_range import range_record, resolve_score_range
 from privcal.calibrators.scores import SCORES, label_scores, regression_scores
 from privcal.calibrators.validation import (
+    array_shape,
     check_labels,
     check_lengths,
     check_probs,
@@ -174,7 +175,7 @@ def prepare(
     if classes is not None or label_names:
         if probs is None or labels is None:
             raise InvalidInput("class names label probability columns: give --probs and --labels")
-        pshape = np.shape(probs)
+        pshape = array_shape(probs)
         if len(pshape) != 2:
             raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
         if classes is None and _charges(cal, p, labels, int(pshape[1])):
@@ -214,7 +215,7 @@ def prepare(
             score_record = precomputed_score(score, req.score_options, scores)
             data_scores = check_scores(scores)
         elif probs is not None and labels is not None:
-            opts = label_score_options(score, req.score_options, np.shape(probs))
+            opts = label_score_options(score, req.score_options, array_shape(probs))
             data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
             score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
             if SCORES[score].kind == "classification":
