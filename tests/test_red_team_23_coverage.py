@@ -240,3 +240,25 @@ def test_f1_ragged_probabilities_are_one_line(accountant: Any) -> None:
     with pytest.raises(InvalidInput, match=r"^probabilities are not an n×k array"):
         rel.predict_set(ragged)
     assert accountant.ledger.head() == head
+
+
+@pytest.mark.parametrize("dtype", ["Float64", "Float32", "float64[pyarrow]"])
+def test_f5_a_frame_of_nullable_or_pyarrow_dtypes_is_read_as_numbers(
+        accountant: Any, dtype: str) -> None:
+    """F5: such a frame (``convert_dtypes()``, ``dtype_backend="pyarrow"``) was refused as
+    "must be numeric, got dtype object"; it is the same probabilities as the array."""
+    pd = pytest.importorskip("pandas")
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(8)
+    probs = g.dirichlet(np.ones(3), size=200)
+    labels = np.array(list("abc"))[g.integers(0, 3, 200)]
+    frame = pd.DataFrame(probs, columns=list("abc"))
+    want = accountant.calibrate("split", dataset="d", probs=frame, labels=labels, alpha=0.1,
+                                score="lac")
+    rel = accountant.calibrate("split", dataset="d", probs=frame.astype(dtype),
+                               labels=labels, alpha=0.1, score="lac")
+    if dtype != "Float32":
+        assert rel.threshold == want.threshold
+    assert np.array_equal(rel.predict_set(frame.astype(dtype)), rel.predict_set(frame))
+    with pytest.raises(InvalidInput, match="must be numeric"):
+        rel.predict_set((frame > 0.3).astype("boolean"))

@@ -48,6 +48,7 @@ from privcal.calibrators.validation import (
     check_scores,
     group_sizes,
     id_strings,
+    table_array,
 )
 from privcal.calibrators.wrapped import validation_message
 from privcal.errors import InvalidInput, first_error
@@ -170,7 +171,7 @@ def prepare(
                                f"{', '.join(framed[:6])}: give one or the other")
         columns = framed
         classes, labels = column_classes(columns, classes, labels)
-        probs = np.asarray(probs)
+        probs = np.asarray(table_array(probs))
     label_names = is_text_labels(labels)  # names (integer labels then too, at evaluate)
     if classes is not None or label_names:
         if probs is None or labels is None:
