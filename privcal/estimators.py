@@ -92,6 +92,18 @@ def _pick_levels(rel: Any, probs: Any, alphas: list[Any], rng: random.Random | N
     return out
 
 
+#: keywords the wrapper gives the calibration itself, refused in ``**params`` (red team 23,
+#: coverage F7: a TypeError traceback at conformalize; F8: column groups it cannot predict)
+_WRAPPER_SETS = {
+    "alpha": "the wrapper's level is confidence_level= (α = 1 − the level)",
+    "classes": "the estimator's classes_ name the classes",
+    **{k: "conformalize(X, y) gives the data" for k in (
+        "probs", "labels", "scores", "preds", "lower_preds", "upper_preds", "targets")},
+    "groups": "column groups need each test row's group, which predict_set/predict_interval "
+              "do not take: use Accountant.calibrate and Release (mondrian='label' works)",
+}
+
+
 class _Base:
     """What the classifier and the regressor share: the accountant, the method, the release."""
 
@@ -100,6 +112,9 @@ class _Base:
                  requester: str | None, rng: random.Random | None,
                  params: dict[str, Any]) -> None:
         _check_rng(rng)  # before conformalize charges anything (red team 5)
+        for key in params:
+            if key in _WRAPPER_SETS:
+                raise InvalidInput(f"{key}: not a parameter of the wrapper ({_WRAPPER_SETS[key]})")
         self.estimator = estimator
         self.method = method
         self.confidence_level = confidence_level
@@ -166,8 +181,9 @@ class PrivateConformalClassifier(_Base):
 
     def _columns(self, k: int) -> np.ndarray:
         classes = getattr(self.estimator, "classes_", None)
-        if classes is None:
-            return np.arange(k)
+        if classes is None:  # a model without classes_: a saved release's names (red team
+            # 23, coverage F6: column indices named class 5 as 2), else 0 … k−1
+            return self.classes_ if self.classes_ is not None else np.arange(k)
         classes = np.asarray(classes)
         if classes.shape != (k,):
             raise InvalidInput(f"the estimator has {classes.shape[0]} classes_ but "
@@ -213,7 +229,10 @@ class PrivateConformalClassifier(_Base):
             raise InvalidInput("the estimator's classes_ are not distinct as text")
         if self.method == "ldp-label" and not labels_randomized:
             labels = self._devices(labels, probs.shape[1])
-        self._calibrate(subjects, probs=probs, labels=labels, classes=names)
+        # as names, so that the release reads the model's own labels as names at evaluate
+        # (red team 23, coverage F2: label 2 of classes_ [0, 2, 5] was read as column 2)
+        self._calibrate(subjects, probs=probs, labels=np.array(names, dtype=object)[labels],
+                        classes=names)
         self.classes_ = classes
         return self
 
@@ -244,7 +263,8 @@ class PrivateConformalClassifier(_Base):
         out.release_ = rel
         names = rel.classes
         k = len(names) if names else None
-        out.classes_ = out._columns(k) if k else None
+        own = getattr(estimator, "classes_", None) is not None  # else the release's names
+        out.classes_ = (out._columns(k) if own else np.array(names)) if k else None
         if names and getattr(estimator, "classes_", None) is not None \
                 and [str(c) for c in out.classes_] != list(names):  # type: ignore[union-attr]
             # the release's thresholds are in its class order (one per class for label

@@ -41,12 +41,14 @@ from privcal.calibrators.group_sets import frame_names
 from privcal.calibrators.score_range import range_record, resolve_score_range
 from privcal.calibrators.scores import SCORES, label_scores, regression_scores
 from privcal.calibrators.validation import (
+    array_shape,
     check_labels,
     check_lengths,
     check_probs,
     check_scores,
     group_sizes,
     id_strings,
+    table_array,
 )
 from privcal.calibrators.wrapped import validation_message
 from privcal.errors import InvalidInput, first_error
@@ -169,12 +171,12 @@ def prepare(
                                f"{', '.join(framed[:6])}: give one or the other")
         columns = framed
         classes, labels = column_classes(columns, classes, labels)
-        probs = np.asarray(probs)
+        probs = np.asarray(table_array(probs))
     label_names = is_text_labels(labels)  # names (integer labels then too, at evaluate)
     if classes is not None or label_names:
         if probs is None or labels is None:
             raise InvalidInput("class names label probability columns: give --probs and --labels")
-        pshape = np.shape(probs)
+        pshape = array_shape(probs)
         if len(pshape) != 2:
             raise InvalidInput(f"probs must be a 2-D array (n×k), got shape {pshape}")
         if classes is None and _charges(cal, p, labels, int(pshape[1])):
@@ -214,7 +216,7 @@ def prepare(
             score_record = precomputed_score(score, req.score_options, scores)
             data_scores = check_scores(scores)
         elif probs is not None and labels is not None:
-            opts = label_score_options(score, req.score_options, np.shape(probs))
+            opts = label_score_options(score, req.score_options, array_shape(probs))
             data_scores = check_scores(label_scores(score, probs, labels, rng=rng, **opts))
             score_record = {"name": score, "options": {**SCORES[score].options, **opts}}
             if SCORES[score].kind == "classification":

@@ -34,7 +34,7 @@ from privcal.calibrators.prediction_sets import (
     sets_for,
 )
 from privcal.calibrators.scores import all_class_scores, score_options, score_spec
-from privcal.calibrators.validation import check_probs, id_strings
+from privcal.calibrators.validation import array_shape, check_probs, id_strings
 from privcal.errors import InvalidInput
 
 __all__ = ["ThresholdTable", "align_columns", "frame_names", "is_wrapped", "level_sets",
@@ -340,7 +340,7 @@ def release_sets(
     score = (release.diagnostics or {}).get("score")
     shape = release.shape if isinstance(release.shape, dict) else {}
     k = shape.get("k")
-    got = np.shape(probs)
+    got = array_shape(probs)
     if k is not None and len(got) == 2 and got[1] != k:
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
