@@ -88,6 +88,7 @@ def test_f4_the_cli_refuses_a_pandas_float32_csv(ledger: Any, tmp_path: Path) ->
     ("absolute", lambda y, f, p: y - f),          # signed residuals
     ("absolute", lambda y, f, p: f - y),
     ("lac", lambda y, f, p: 1 + p),               # not 1 − p: above 1
+    ("lac", lambda y, f, p: -p),                  # below 0
     ("aps", lambda y, f, p: -p),
     ("raps", lambda y, f, p: -p),
 ])
@@ -95,7 +96,7 @@ def test_f3_named_scores_that_cannot_be_that_score_are_refused(
         accountant: Any, score: str, bad: Any) -> None:
     """F3: signed residuals y − f named ``absolute`` were recorded as |y − f|: the
     intervals [f − t, f + t] covered 0.83 under a recorded ≥ 0.9. A value the named score
-    cannot take (|·| < 0, 1 − p > 1, aps or raps < 0) is refused before the charge."""
+    cannot take (|·| < 0, 1 − p outside [0, 1], aps or raps < 0) is refused before the charge."""
     accountant.create_dataset("d", rho=1, allow_nonprivate=True)
     g = np.random.default_rng(3)
     f = g.normal(size=500)

@@ -222,33 +222,38 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
     return {"name": score, "options": {**SCORES[score].options, **opts}}
 
 
-#: what a named score can never be, exactly (p ≥ 0, u ≥ 0): (bound, side, what it is)
-_SCORE_BOUNDS: dict[str, tuple[float, str, str]] = {
-    "absolute": (0.0, "below", "|y − f| is never negative: signed residuals y − f?"),
-    "lac": (1.0, "above", "1 − p is never above 1: probabilities p, or −p?"),
-    "aps": (0.0, "below", "a sum of probabilities is never negative"),
-    "raps": (0.0, "below", "a sum of probabilities and penalties is never negative"),
+#: the values a named score can take (p ∈ [0, 1] up to the sum tolerance of check_probs,
+#: u ∈ [0, 1]): (low, high or None, what it is); 1 − p of probabilities whose rows sum to
+#: 1 within that tolerance can be a little below 0, never −0.01 (20 000 classes)
+_SCORE_RANGES: dict[str, tuple[float, float | None, str]] = {
+    "absolute": (0.0, None, "|y − f| is never negative: signed residuals y − f?"),
+    "lac": (-0.01, 1.0, "1 − p is in [0, 1]: probabilities p, or −p?"),
+    "aps": (0.0, None, "a sum of probabilities is never negative"),
+    "raps": (0.0, None, "a sum of probabilities and penalties is never negative"),
 }
 
 
 def _refuse_impossible_scores(scores: Any, score: str) -> None:
     """InvalidInput for scores named ``score`` that take a value it never takes (red team 23,
     coverage F3: signed residuals y − f recorded as ``absolute`` gave the intervals
-    [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9)."""
+    [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9; −p recorded as
+    ``lac``, 0.0)."""
     import numpy as np
 
-    if score not in _SCORE_BOUNDS:
+    if score not in _SCORE_RANGES:
         return
     try:
         arr = np.asarray(scores, dtype=np.float64).ravel()
     except (TypeError, ValueError):
         return  # not numbers: check_scores says so
-    bound, side, why = _SCORE_BOUNDS[score]
-    bad = arr < bound if side == "below" else arr > bound
+    low, high, why = _SCORE_RANGES[score]
+    with np.errstate(invalid="ignore"):
+        bad = (arr < low) | (arr > high) if high is not None else arr < low
     if bad.any():
         i = int(np.argmax(bad))
+        side = f"below {max(low, 0):g}" if arr[i] < low else f"above {high:g}"
         raise InvalidInput(f"scores named {score!r} cannot be that score: row {i} is "
-                           f"{float(arr[i])!r}, {side} {bound:g} ({why}); give the data "
+                           f"{float(arr[i])!r}, {side} ({why}); give the data "
                            "privcal computes the score from, or name no score")
 
 
