@@ -42,3 +42,51 @@ def test_the_cli_refuses_renyi_orders_2_0(tmp_path: Path) -> None:
     assert "a Rényi order must be a number (plain, no '_'), got '2_0'" in res.output
     res = CliRunner().invoke(main, ["--db-url", url, "budget", "show", "d"])
     assert res.exit_code == 1 and "unknown dataset 'd'" in res.output
+
+
+@pytest.mark.parametrize("n, k, eps, alpha, s, t", [
+    (20_000, 10, 1.5, 0.1, 0.05, 8), (20_000, 10, 2.0, 0.1, 0.05, 8),
+    (5_000, 4, 3.0, 0.2, 0.08, None), (100_000, 20, 0.8, 0.05, 0.03, 10),
+    (2_000, 10, 1.0, 0.1, 0.2, 4), (50_000, 100, 4.0, 0.1, 0.01, None)])
+def test_advise_min_epsilon_and_n_are_for_the_slack_it_shows(
+        n: int, k: int, eps: float, alpha: float, s: float, t: int | None) -> None:
+    """F2: with the exact bound (the default, what a release records) advise showed LDP-CP-S's
+    exact slack but a min ε / min n from Hoeffding's: at n = 20 000, T = 8, ε = 1.5 the slack
+    shown was 0.0497 ≤ 0.05 while "min ε for Δ ≤ 0.05" said 2.75 and "min n" 38 400 — 1.8×
+    the ε a team sizing its per-subject budget needs. Now each answer reaches the slack
+    (checked with the exact bound at n' = n // T), is never above Hoeffding's sufficient
+    value, and is at most the given ε or n when those already reach it."""
+    from privcal.calibrators.advisor import advise, min_epsilon_score, min_n_score
+    from privcal.calibrators.ldp_score_bounds import exact_slack
+
+    a = advise(n, k, eps, alpha, slack=s, rounds=t)
+    sc = a.score
+    rounds, g = sc.rounds, sc.group_size
+    assert rounds is not None and g is not None
+    assert sc.min_n is not None and sc.min_n % rounds == 0
+    if sc.min_epsilon is None:  # unreachable at this n: even ε = 512 leaves more slack
+        assert exact_slack(g, rounds, alpha, 512.0, 0.001) > s
+        return
+    assert exact_slack(g, rounds, alpha, sc.min_epsilon, 0.001) <= s
+    assert exact_slack(sc.min_n // rounds, rounds, alpha, eps, 0.001) <= s
+    hoeffding_eps = min_epsilon_score(n, s, 0.001, rounds)
+    assert hoeffding_eps is None or sc.min_epsilon <= hoeffding_eps
+    assert sc.min_n <= min_n_score(eps, s, 0.001, rounds)
+    if sc.slack <= s:  # the given ε and n reach the slack: the answers are at most them
+        assert sc.min_epsilon <= eps and sc.min_n <= n
+    else:
+        assert sc.min_epsilon > eps * 0.5 and sc.min_n > rounds  # not a degenerate answer
+
+
+def test_advise_cli_example_is_self_consistent() -> None:
+    """F2, the CLI's example: the ldp-score row's min ε is below the ε it was asked about
+    when its own slack is already below the requested one."""
+    res = CliRunner().invoke(main, ["advise", "--n", "20000", "--k", "10", "--epsilon", "1.5",
+                                    "--alpha", "0.1", "--slack", "0.05", "--rounds", "8",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    score = json.loads(res.output)["score"]
+    assert score["slack"] <= 0.05
+    assert score["min_epsilon"] <= 1.5 and score["min_n"] <= 20_000
