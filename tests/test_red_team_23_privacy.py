@@ -90,3 +90,25 @@ def test_advise_cli_example_is_self_consistent() -> None:
     score = json.loads(res.output)["score"]
     assert score["slack"] <= 0.05
     assert score["min_epsilon"] <= 1.5 and score["min_n"] <= 20_000
+
+
+@pytest.mark.parametrize("spelled", ["7.0", "1.0E7", "7."])
+def test_a_subject_lookup_refuses_an_id_no_charge_takes(tmp_path: Path, spelled: str) -> None:
+    """F4: every charge refuses a person's id spelled as a float ("7.0": what pandas writes
+    for an integer column with a missing value, red team 22), so no subject "7.0" can ever
+    have spent anything; ``budget show --subject 7.0`` nevertheless answered "spent ε0=0"
+    while person 7 had spent 2 — an auditor checking that person read a clean record. The
+    lookup follows the charges' rule: one line, exit 1."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    acct = Accountant(Ledger(url))
+    acct.ledger.upgrade()
+    acct.create_dataset("d", epsilon=1, subject_epsilon=5)
+    acct.charge_subjects("d", 2, [7, 10_000_000])
+    with pytest.raises(InvalidInput, match="an integer written as a float"):
+        acct.subject_spend("d", spelled)
+    res = CliRunner().invoke(main, ["--db-url", url, "budget", "show", "d", "--subject",
+                                    spelled])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "an integer written as a float" in res.output
+    assert acct.subject_spend("d", 7) == acct.subject_spend("d", "7") == 2
+    assert acct.subject_spend("d", "v1.0") == 0  # an id with a prefix is an id
