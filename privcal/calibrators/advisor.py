@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from privcal.calibrators import ldp_score_bounds as lsb
 from privcal.calibrators.ldp_label import label_slack
 from privcal.calibrators.ldp_score_bounds import Bound as ScoreBound
 from privcal.calibrators.ldp_score_bounds import best_rounds, exact_slack, rr_range, score_slack
@@ -301,10 +302,7 @@ def advise(
 
     LDP-CP-S uses ``rounds`` or, by default, :func:`best_rounds` for this n (and α, with the
     exact bound); its slack is the one a release records (``score_bound``: "exact", the
-    default since issue 13, or "hoeffding"). Its min-ε and min-n use Hoeffding's closed
-    form (an upper bound on the exact slack, so they are sufficient, not necessary) and
-    keep that T fixed (with T free, fewer rounds always lower Δ_S, at the cost of a coarser
-    bisection, so "the best T" is only meaningful for a given n).
+    default since issue 13, or "hoeffding"), and its min-ε and min-n are for it, T fixed.
     """
     _check(n=n, k=k, eps=epsilon, delta=delta, alpha=alpha, slack=slack, rounds=rounds)
     if score_bound not in ("exact", "hoeffding"):
@@ -316,10 +314,14 @@ def advise(
         raise InvalidInput(f"n = {n} is smaller than the number of rounds T = {t}")
     g = n // t
     sl = label_slack(n, k, epsilon, delta)
-    if score_bound == "exact":
-        d_s = exact_slack(g, t, alpha, epsilon, delta)
-    else:
-        d_s = score_slack(g, t, epsilon, delta)
+    exact = score_bound == "exact"
+    d_s = exact_slack(g, t, alpha, epsilon, delta) if exact else score_slack(g, t, epsilon, delta)
+    eps_s = min_epsilon_score(n, slack, delta, t) if slack else None  # Hoeffding's: ≥ exact's
+    n_s = min_n_score(epsilon, slack, delta, t) if slack else None
+    if slack and exact and n_s is not None:  # the slack shown (red team 23, F2: 1.8× the ε)
+        here = d_s <= slack  # the given ε and n reach it: the answers are at most them
+        eps_s = lsb.exact_min_epsilon(g, t, alpha, slack, delta, epsilon if here else eps_s)
+        n_s = t * lsb.exact_min_group(t, alpha, epsilon, slack, delta, g if here else n_s // t)
     label = MethodAdvice(
         method="ldp-label",
         privacy="label-only ε-LDP: features sent in the clear",
@@ -344,15 +346,14 @@ def advise(
         trivial=1 - alpha + d_s > 1,
         rounds=t,
         group_size=g,
-        min_epsilon=min_epsilon_score(n, slack, delta, t) if slack else None,
-        min_n=min_n_score(epsilon, slack, delta, t) if slack else None,
+        min_epsilon=eps_s,
+        min_n=n_s,
         details={
             "rr_range_c": rr_range(epsilon),
             "delta_S_T10": score_slack(n // 10, 10, epsilon, delta) if n >= 10 else None,
             "delta_S_hoeffding": score_slack(g, t, epsilon, delta),
         },
     )
-    exact = score_bound == "exact"
     notes = [
         "LDP-CP-S wins for k ≥ crossover_k at this n (its exact slack depends on n, α and T; "
         "the rounds T are chosen for this n)"
@@ -377,8 +378,7 @@ def advise(
                      "smaller sets here (calibrate --simulate runs every round, band 0, and "
                      "has no such excess): compare both with calibrate --simulate on held-out "
                      "scores.")
-    if slack is not None:
-        notes.append("ldp-score's min ε / min n keep T fixed at the rounds shown.")
+    notes += ["ldp-score's min ε / min n keep T fixed at the rounds shown."] if slack else []
     return Advice(
         n=n,
         k=k,

@@ -47,6 +47,8 @@ __all__ = [
     "best_rounds",
     "debias",
     "exact_cutoff",
+    "exact_min_epsilon",
+    "exact_min_group",
     "exact_slack",
     "nominal_cutoff",
     "nominal_level",
@@ -191,3 +193,52 @@ def best_rounds(
         if v < best_v:
             best_t, best_v = t, v
     return best_t
+
+
+def exact_min_epsilon(group_size: int, rounds: int, alpha: float, slack: float, delta: float,
+                      start: float | None = None) -> float | None:
+    """An ε at which :func:`exact_slack` ≤ ``slack`` (advice; red team 23, privacy F2: the
+    advice gave Hoeffding's ε, 1.8× what the recorded exact slack needs), by bisection below
+    ``start`` (Hoeffding's ε, which the exact slack never needs more than) or a doubling
+    search; checked at the ε returned. The exact slack moves in steps with its cut-off K, so
+    it is not monotone in ε: a slightly smaller ε may reach ``slack`` too. None if no ε ≤ 512
+    does (as ε → ∞ it tends to a positive limit)."""
+    def ok(e: float) -> bool:
+        return exact_slack(group_size, rounds, alpha, e, delta) <= slack
+
+    hi = start if start is not None and ok(start) else None
+    e = 1.0
+    while hi is None and e <= 512:
+        hi, e = (e if ok(e) else None), 2 * e
+    if hi is None:
+        return None
+    lo = hi / 2
+    while ok(lo):
+        if lo < 1e-300:
+            return lo
+        hi, lo = lo, lo / 2
+    for _ in range(200):  # ok(hi), not ok(lo)
+        mid = (lo + hi) / 2
+        if not lo < mid < hi:
+            break
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def exact_min_group(rounds: int, alpha: float, epsilon: float, slack: float, delta: float,
+                    start: int) -> int:
+    """A group size n' at which :func:`exact_slack` ≤ ``slack``, by bisection below ``start``
+    (a group that reaches it, e.g. Hoeffding's n', which the exact slack never needs more
+    than); checked at the n' returned. Like ε, n' moves the cut-off in steps (not monotone).
+    Past 10¹² (where the binomial quantile is no longer computed reliably) ``start``."""
+    def ok(g: int) -> bool:
+        return exact_slack(g, rounds, alpha, epsilon, delta) <= slack
+
+    hi = max(1, start)
+    if hi > 10**12 or not ok(hi):
+        return hi
+    lo = 0  # n' ≥ 1: 0 stands for "fails"
+    while hi - lo > 1:  # ok(hi), and lo = 0 or not ok(lo)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi

@@ -86,7 +86,7 @@ from typing import Literal
 
 from privcal.accountant.privacy.conversions import check_delta, cks20_objective, dstr, round_up
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, fixed_context
-from privcal.errors import BudgetRefused, InvalidInput, LedgerError
+from privcal.errors import BudgetRefused, InvalidInput, LedgerError, plain_number_text
 
 __all__ = [
     "DEFAULT_RENYI_ORDERS",
@@ -145,8 +145,9 @@ def renyi_orders(values: object) -> tuple[Decimal, ...]:
         raise InvalidInput("Rényi orders must be a list of numbers, e.g. 1.5,2,4,8")
     out: set[Decimal] = set()
     for v in items:
-        if isinstance(v, bool):
-            raise InvalidInput(f"a Rényi order must be a number, got {v!r}")
+        if isinstance(v, bool) or (isinstance(v, str) and not plain_number_text(v)):
+            # Decimal("2_0") is 20, "１.5" 1.5: a grid fixed for good is the one typed (red team 23)
+            raise InvalidInput(f"a Rényi order must be a number (plain, no '_'), got {v!r}")
         try:
             a = Decimal(repr(v)) if isinstance(v, float) else Decimal(str(v).strip())
         except ArithmeticError as exc:
