@@ -78,3 +78,39 @@ def test_f2_a_committed_charge_is_answered_though_its_record_met_a_locked_ledger
         assert again.headers["Idempotent-Replayed"] == "true"
         assert again.json()["charge_id"] == first.json()["charge_id"]
         assert c.get("/v1/datasets/d/budget").json()["spent"] == {"rho": "0.01"}
+
+
+def test_f3_a_token_name_of_a_default_names_form_is_refused(live: Live) -> None:
+    """A token named ``token-<another token's id>`` wrote that token's requester into the
+    ledger: the auditor blamed the wrong token. Refused (422, nothing written); any other
+    name, and a token made without one (named ``token-<its id>``), as before."""
+    with live.client("admin") as c:
+        plain = c.post("/v1/tokens", json={"role": "analyst", "dataset": "d"})
+        assert plain.status_code == 201, plain.text
+        tid = plain.json()["id"]
+        assert plain.json()["info"]["name"] == f"token-{tid}"
+        before = ledger_snapshot(live)
+        for name in (f"token-{tid}", "token-0123456789abcdef"):
+            r = c.post("/v1/tokens", json={"role": "analyst", "dataset": "d", "name": name})
+            assert r.status_code == 422, r.text
+            assert "default name" in r.json()["detail"]
+        assert ledger_snapshot(live) == before
+        for name in ("token-ann", "token-0123456789ABCDEF", "Token-0123456789abcdef"):
+            r = c.post("/v1/tokens", json={"role": "analyst", "dataset": "d", "name": name})
+            assert r.status_code == 201, r.text
+
+
+def test_f3_the_cli_refuses_it_too(tmp_path: Any) -> None:
+    """The rule is the library's (privcal.storage.tokens.create_token): the CLI's too."""
+    from privcal.errors import InvalidInput
+    from privcal.storage import Ledger
+    from privcal.storage.tokens import create_token
+
+    led = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    led.upgrade()
+    try:
+        with pytest.raises(InvalidInput, match="default name"):
+            create_token(led, "admin", name="token-0123456789abcdef")
+        assert create_token(led, "admin", name="ops").info.name == "ops"
+    finally:
+        led.close()
