@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from datetime import date, datetime
@@ -15,10 +16,11 @@ from starlette.responses import JSONResponse
 from privcal.service.problems import ProblemError
 from privcal.storage.request_fingerprints import keyed_fingerprint, request_digest_hex
 
-__all__ = ["IDEMPOTENCY_HEADER", "doc", "idempotent", "public", "refuse_reused_or_running",
-           "request_fingerprint"]
+__all__ = ["IDEMPOTENCY_HEADER", "doc", "forget_or_owe", "idempotent", "public",
+           "refuse_reused_or_running", "request_fingerprint", "reserve"]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+log = logging.getLogger("privcal.service")
 
 
 def doc(obj: Any) -> Any:
@@ -102,6 +104,46 @@ def _answer_id(route: str | None, response: Any) -> str:
     return ""
 
 
+def reserve(ledger: Any, principal: str, key: str, route: str, fingerprint: str) -> Any:
+    """:func:`~privcal.storage.tokens.reserve_idempotent`; a record found pending whose
+    write this process owes (:func:`privcal.service.leases.owe`) gets it first, and is read
+    again — not answered "still running" when nothing runs."""
+    from privcal.service.leases import settle
+    from privcal.storage.tokens import reserve_idempotent
+
+    out = reserve_idempotent(ledger, principal, key, route, fingerprint)
+    if out.state == "pending" and settle(ledger, principal, key):
+        out = reserve_idempotent(ledger, principal, key, route, fingerprint)
+    return out
+
+
+def _write_or_owe(ledger: Any, principal: str, key: str, write: Callable[[], None],
+                  what: str) -> None:
+    """Run ``write``, a request's own record of how it ended; one the ledger refuses
+    (unavailable: locked, unreachable) is logged and owed (:func:`privcal.service.leases.owe`),
+    never put in place of the request's outcome (red team 23, service F2: a committed charge
+    was answered 503, and a 503's retry "still running" for 5 minutes). Any other failure
+    is the server's own (500): the record lapses as after a crash."""
+    from privcal.errors import LedgerError
+    from privcal.service.leases import owe
+
+    try:
+        write()
+    except LedgerError:
+        log.warning("could not record %s under an Idempotency-Key; retried until the ledger "
+                    "takes it", what, exc_info=True)
+        owe(ledger, principal, key, write)
+
+
+def forget_or_owe(ledger: Any, principal: str, key: str) -> None:
+    """Free the pending record of a request that failed (nothing was done: it may be
+    retried), now or as soon as the ledger takes it."""
+    from privcal.storage.tokens import forget_idempotent
+
+    _write_or_owe(ledger, principal, key, lambda: forget_idempotent(ledger, principal, key),
+                  "the failure of a request")
+
+
 def idempotent(request: Request, key: str | None, fingerprint: Any,
                fn: Callable[[], tuple[int, Any]], *, required: bool = True) -> JSONResponse:
     """Run ``fn`` (→ status, document) once per (principal, key); replay its answer after.
@@ -116,11 +158,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     runs unrecorded.
     """
     from privcal.service.leases import running
-    from privcal.storage.tokens import (
-        finish_idempotent,
-        forget_idempotent,
-        reserve_idempotent,
-    )
+    from privcal.storage.tokens import finish_idempotent
 
     if not key and not required:
         status, body = fn()
@@ -133,7 +171,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     ledger = request.app.state.accountant.ledger
     route = request.scope["route"].path
     fp = request_fingerprint(ledger.subject_key(), fingerprint)
-    out = reserve_idempotent(ledger, p.id, key, f"{request.method} {route}", fp)
+    out = reserve(ledger, p.id, key, f"{request.method} {route}", fp)
     refuse_reused_or_running(out)
     if out.state == "replay":
         body = out.response
@@ -145,8 +183,10 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
         with running(ledger, p.id, key):  # its record touched while it runs: never taken over
             status, body = fn()
     except BaseException:
-        forget_idempotent(ledger, p.id, key)
+        forget_or_owe(ledger, p.id, key)
         raise
     body = doc(body)
-    finish_idempotent(ledger, p.id, key, status, body)
+    # done: this is the answer, even if the ledger refuses its record now (owed)
+    _write_or_owe(ledger, p.id, key, lambda: finish_idempotent(ledger, p.id, key, status, body),
+                  "the answer of a request")
     return JSONResponse(body, status_code=status)

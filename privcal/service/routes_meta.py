@@ -15,9 +15,11 @@ from privcal.service.bound_tokens import create_bound_token
 from privcal.service.common import (
     IDEMPOTENCY_HEADER,
     doc,
+    forget_or_owe,
     public,
     refuse_reused_or_running,
     request_fingerprint,
+    reserve,
 )
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, problem_for, problem_response
@@ -139,9 +141,7 @@ def token_create(body: TokenCreate, request: Request, p: Principal = Depends(pri
             expires_in=timedelta(seconds=body.expires_in) if body.expires_in else None)
     except BaseException:
         if keyed is not None:
-            from privcal.storage.tokens import forget_idempotent
-
-            forget_idempotent(acct.ledger, *keyed)
+            forget_or_owe(acct.ledger, *keyed)
         raise
     return JSONResponse(doc({"id": new.id, "token": new.token, "info": new.info}),
                         status_code=201, headers={"Location": f"/v1/tokens/{new.id}",
@@ -152,11 +152,9 @@ def _reserve(request: Request, keyed: tuple[str, str], body: TokenCreate) -> Non
     """Reserve (principal, key) for this create, or raise the 409 saying why not: the key
     already created a token (named by its id: its record holds nothing else), was used for
     another request, or its request is still running."""
-    from privcal.storage.tokens import reserve_idempotent
-
     ledger = request.app.state.accountant.ledger
     fp = request_fingerprint(ledger.subject_key(), body.model_dump())
-    out = reserve_idempotent(ledger, *keyed, f"POST {request.scope['route'].path}", fp)
+    out = reserve(ledger, *keyed, f"POST {request.scope['route'].path}", fp)
     if out.state == "replay":
         tid = (out.response or {}).get("id") if isinstance(out.response, dict) else None
         raise ProblemError(409, "token-already-created", "Token already created",

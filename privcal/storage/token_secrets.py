@@ -17,8 +17,8 @@ from typing import Any
 
 from privcal.errors import InvalidInput
 
-__all__ = ["DUMMY_HASH", "MAX_LIFETIME", "TOKEN_ID", "active", "check_lifetime", "is_token_id",
-           "new_secret", "usable"]
+__all__ = ["DUMMY_HASH", "MAX_LIFETIME", "TOKEN_ID", "active", "check_lifetime", "check_name",
+           "is_token_id", "new_secret", "usable"]
 
 #: compared against a presented secret whose token id is unknown, so that the time taken
 #: does not say whether the id exists
@@ -28,6 +28,22 @@ DUMMY_HASH = hashlib.sha256(b"privcal: no such token").hexdigest()
 #: a token id's form (:func:`new_secret`: 8 random bytes in lower-case hex), as a pattern
 TOKEN_ID = "[0-9a-f]{16}"
 _TOKEN_ID = re.compile(TOKEN_ID)
+
+
+#: the name of a token made without one: ``token-<its id>``
+_DEFAULT_NAME = re.compile(f"token-{TOKEN_ID}")
+
+
+def check_name(name: str | None) -> str | None:
+    """``name``, unless it has the form of a default name, ``token-<16 hex digits>``: the
+    ledger records a token's requester as ``role:name``, so that name would record another
+    token's default requester (red team 23, service F3: two tokens wrote
+    ``analyst:token-40441d8b472aaaae``, and an auditor blamed the wrong one). InvalidInput."""
+    if name is not None and _DEFAULT_NAME.fullmatch(name):
+        raise InvalidInput(f"name {name!r} has the form of a default name, token-<token id>, "
+                           "the name of a token made without one (it would record another "
+                           "token as the requester): choose another name")
+    return name
 
 
 def is_token_id(text: str) -> bool:

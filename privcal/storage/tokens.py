@@ -54,6 +54,7 @@ from privcal.storage.token_secrets import (
     MAX_LIFETIME,
     TOKEN_ID,
     check_lifetime,
+    check_name,
     is_token_id,
     new_secret,
     usable,
@@ -70,8 +71,7 @@ ROLES: tuple[str, ...] = ("admin", "analyst", "auditor", "device", "agent", "ing
 TOKEN_PREFIX = "pcl_"
 _TOKEN_RE = re.compile(rf"^pcl_({TOKEN_ID})_([A-Za-z0-9_-]{{43}})$")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-#: the largest session id a token binds (``api_tokens.session_id`` is a 32-bit INTEGER, as
-#: every row id the ledger hands out)
+#: the largest session id a token binds (a 32-bit INTEGER, as every row id of the ledger)
 SESSION_MAX = MAX_STORED_ID
 #: a pending reservation older than this is taken over by a retry (its request died)
 PENDING_TTL = timedelta(minutes=5)
@@ -178,9 +178,9 @@ def token_texts(*, name: str | None, datasets: Sequence[str], subject: str | Non
                 agent: str | None) -> tuple[str | None, list[str], str | None, str | None]:
     """A token's name, dataset names, subject and agent, checked (:func:`_text`). A dataset
     name binds an existing dataset (the callers check it exists): one made before names
-    refused bidirectional controls keeps its name and can still be granted."""
+    refused bidirectional controls keeps its name and can be granted; check_name: no token-<id>."""
     ds = [str(_text(str(d), "dataset name", bidi_ok=True)) for d in datasets]
-    return (_text(name, "name"), ds, _text(subject, "subject", ident=True),
+    return (_text(check_name(name), "name"), ds, _text(subject, "subject", ident=True),
             _text(agent, "agent", ident=True))
 
 
