@@ -1,5 +1,10 @@
 """Red team 23, federated and local-DP flows (fedlocal).
 
+F1: an ldp-score session whose rounds can never pass their cut-off (n' reports hold at most n'
+ones, and the exact cut-off K(n') > n') opened without a word, and each of its T·n' devices
+was then charged ε for a release certain to be +∞ (α = 0.01, ε = 2, T = 10, n' = 50: 500
+devices at ε = 2). Its record says so now (``SessionInfo.trivial``; the CLI's status row).
+
 F2: ``fed plan`` (CLI, library) dropped the FedCP²-QQ grid options (``--bins``, ``--lower``,
 ``--upper``) given without ``--epsilon`` and answered FedCP-QQ's plan, exit 0 — a plan for a
 question not asked. They are refused in one line now (the HTTP route: in
@@ -9,13 +14,18 @@ question not asked. They are refused in one line now (the HTTP route: in
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from privcal.accountant.sessions import open_session, session_status, submit_reports
 from privcal.calibrators.fedplan_choice import plan_federated
+from privcal.calibrators.ldp_score_bounds import exact_cutoff
 from privcal.cli import main
 from privcal.errors import InvalidInput
+from tests.cli_env import CliEnv
 
 
 @pytest.mark.parametrize("grid", [{"bins": 50}, {"lower": 3.0}, {"upper": 7.0},
@@ -56,3 +66,52 @@ def test_cli_fed_plan_with_epsilon_keeps_its_defaults() -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert (doc["bins"], doc["lower"], doc["smax"], doc["l_gamma"]) == (100, 0.0, 1.0, 179)
+
+
+# ----------------------------------------------------------------------------------- F1
+def test_a_session_that_can_only_release_infinity_says_so_from_the_open(accountant: Any
+                                                                         ) -> None:
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=10)
+    assert exact_cutoff(3, 2, 0.1, 2.0, 0.001) > 3  # the premise: no round of 3 can pass
+    s = open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=2, rounds=2,
+                     group_size=3)
+    assert s.trivial is True
+    for r in range(2):  # every report a 1: the most a round can hold, and still no pass
+        res = submit_reports(accountant, s.id, [f"u{r}{i}" for i in range(3)], [1, 1, 1],
+                             [r] * 3)
+        assert res.accepted == 3 and res.charge_id is not None
+        assert res.session.trivial is True
+    done = session_status(accountant, s.id)
+    assert done.status == "released" and done.threshold == float("inf")
+
+
+@pytest.mark.parametrize("kw", [dict(alpha=0.1, epsilon=2, rounds=8, group_size=5000),
+                                dict(alpha=0.1, epsilon=2, rounds=2, group_size=40),
+                                dict(alpha=0.1, epsilon=2, rounds=2, group_size=20,
+                                     nominal=True)])
+def test_a_session_whose_rounds_can_pass_is_not_called_trivial(accountant: Any,
+                                                               kw: dict[str, Any]) -> None:
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=10)
+    s = open_session(accountant, "ldp-score", dataset="d", **kw)
+    assert s.trivial is False
+    fed = open_session(accountant, "fedcp2-qq", dataset="d", alpha=0.1, epsilon=5, agents=3,
+                       local_n=200)
+    assert fed.trivial is False
+
+
+def test_cli_session_open_and_status_say_every_release_is_infinite(ledger_url: str,
+                                                                   tmp_path: Path) -> None:
+    env = CliEnv(ledger_url, tmp_path)
+    assert env.run("db", "upgrade").exit_code == 0
+    assert env.run("dataset", "create", "--dataset", "d", "--epsilon", "1",
+                   "--subject-epsilon", "10").exit_code == 0
+    res = env.run("session", "open", "ldp-score", "--dataset", "d", "--alpha", "0.01",
+                  "--epsilon", "2", "--rounds", "10", "--group-size", "50")
+    assert res.exit_code == 0, res.output
+    assert "every release" in res.stdout and "+inf whatever the reports" in res.stdout
+    doc = env.json("session", "status", "1")
+    assert doc["trivial"] is True
+    env.run("session", "open", "ldp-score", "--dataset", "d", "--alpha", "0.1",
+            "--epsilon", "2", "--rounds", "8", "--group-size", "5000")
+    res = env.run("session", "status", "2")
+    assert res.exit_code == 0 and "every release" not in res.stdout
