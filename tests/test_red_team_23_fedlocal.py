@@ -115,3 +115,24 @@ def test_cli_session_open_and_status_say_every_release_is_infinite(ledger_url: s
             "--epsilon", "2", "--rounds", "8", "--group-size", "5000")
     res = env.run("session", "status", "2")
     assert res.exit_code == 0 and "every release" not in res.stdout
+
+
+def test_a_shuffled_session_that_can_only_release_infinity_is_refused_before_its_charge(
+        accountant: Any) -> None:
+    """A shuffled session is charged its amplified central (ε, δ) when it opens: one whose
+    rounds can never pass would spend the dataset's budget on a certain +∞ (1.99995, 1e-7
+    here), so it is refused, nothing opened or charged."""
+    from privcal.errors import InfeasiblePlan
+
+    accountant.create_dataset("s", approx_epsilon=20, approx_delta=1e-5, subject_epsilon=6,
+                              delta=1e-7)
+    head = accountant.ledger.head()
+    with pytest.raises(InfeasiblePlan, match="no round of 50 reports can pass") as e:
+        open_session(accountant, "ldp-score", dataset="s", alpha=0.01, epsilon=2, rounds=10,
+                     group_size=50, shuffled=True, idempotency_key="k1")
+    assert "\n" not in str(e.value)
+    assert accountant.ledger.head() == head
+    assert accountant.budget("s").spent["epsilon"] == 0
+    ok = open_session(accountant, "ldp-score", dataset="s", alpha=0.1, epsilon=2, rounds=8,
+                      group_size=5000, shuffled=True, idempotency_key="k2")
+    assert ok.trivial is False and ok.central_charge_id is not None
