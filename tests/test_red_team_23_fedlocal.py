@@ -136,3 +136,20 @@ def test_a_shuffled_session_that_can_only_release_infinity_is_refused_before_its
     ok = open_session(accountant, "ldp-score", dataset="s", alpha=0.1, epsilon=2, rounds=8,
                       group_size=5000, shuffled=True, idempotency_key="k2")
     assert ok.trivial is False and ok.central_charge_id is not None
+
+
+# ----------------------------------------------------------------------------------- F3
+def test_advise_says_when_ldp_score_already_reaches_the_requested_slack() -> None:
+    """F3: the slack column is the exact Δ_S a release records, min ε / min n come from
+    Hoeffding's bound; at n = 5000, ε = 4, T = 7 the row said slack 0.04456 beside 'min ε for
+    Δ ≤ 0.05: —' (unreachable) and min n 14385 > 5000, with nothing saying why."""
+    from privcal.calibrators.advisor import advise
+    from privcal.calibrators.ldp_score_bounds import exact_slack
+
+    a = advise(5000, 10, 4.0, 0.1, slack=0.05, rounds=7)
+    assert a.score.slack == exact_slack(5000 // 7, 7, 0.1, 4.0, 0.001) <= 0.05
+    assert a.score.min_epsilon is None and a.score.min_n is not None and a.score.min_n > 5000
+    assert any("already reaches" in n for n in a.notes)
+    assert any("Hoeffding" in n and "not the least" in n for n in a.notes)
+    far = advise(5000, 10, 4.0, 0.1, slack=0.01, rounds=7)  # not reached: no such note
+    assert far.score.slack > 0.01 and not any("already reaches" in n for n in far.notes)

@@ -378,7 +378,12 @@ def advise(
                      "has no such excess): compare both with calibrate --simulate on held-out "
                      "scores.")
     if slack is not None:
-        notes.append("ldp-score's min ε / min n keep T fixed at the rounds shown.")
+        notes.append("ldp-score's min ε / min n keep T fixed at the rounds shown, and come from "
+                     "Hoeffding's bound on Δ_S: enough, not the least — the exact slack shown "
+                     "(a sawtooth in n) often reaches Δ at a smaller ε or n.")
+        if exact and d_s <= slack:  # red team 23, fedlocal F3: '—' beside a slack it reaches
+            notes.append(f"ldp-score already reaches Δ ≤ {slack:g} at this n and ε "
+                         f"(Δ_S = {d_s:.4g}), whatever its min ε / min n say.")
     return Advice(
         n=n,
         k=k,
