@@ -70,8 +70,9 @@ def test_no_agent_token_for_an_ldp_score_session(ledger_url: str) -> None:
     acct.create_dataset("d", approx_epsilon=20, approx_delta=1e-5, subject_epsilon=20)
     plain = open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0, rounds=2,
                          group_size=3, requester="analyst:ann").id
+    # (30 a round: a shuffled session whose rounds can never pass is refused, red team 23)
     shuffled = open_session(acct, "ldp-score", dataset="d", alpha=0.2, epsilon=1.0, rounds=2,
-                            group_size=3, shuffled=True, requester="analyst:ann",
+                            group_size=30, shuffled=True, requester="analyst:ann",
                             idempotency_key="open-shuffled").id
     for sid in (plain, shuffled):
         with pytest.raises(InvalidInput, match="agent tokens are for federated sessions"):

@@ -23,16 +23,18 @@ def plan_federated(
     sizes: Sequence[int],
     alpha: float,
     epsilon: float | None = None,
-    bins: int = 100,
-    upper: float = 1.0,
-    lower: float = 0.0,
+    bins: int | None = None,
+    upper: float | None = None,
+    lower: float | None = None,
 ) -> FedPlan | FedPlanUnequal | Fed2Plan:
     """The plan for ``agents`` agents with local ``sizes`` (one size for all, or one each).
 
     Without ``epsilon``: FedCP-QQ — the optimal (ℓ*, k*) for equal sizes, the unequal-size
     plan otherwise. With ``epsilon``: FedCP²-QQ on the public grid of ``bins`` points on
-    [``lower``, ``upper``] (equal sizes only). Bad input raises
-    :class:`~privcal.errors.InvalidInput` (one line).
+    [``lower``, ``upper``] (equal sizes only; defaults 100 points on [0, 1]). Bad input raises
+    :class:`~privcal.errors.InvalidInput` (one line) — also a grid (``bins``, ``lower``,
+    ``upper``) without ``epsilon``: FedCP-QQ has no grid, and its plan would answer another
+    question than the one asked (red team 23, fedlocal F2: it was dropped without a word).
     """
     from privcal.calibrators.fedplan import (
         MAX_AGENTS,
@@ -56,7 +58,16 @@ def plan_federated(
     elif agents is not None and agents != len(sizes):
         raise InvalidInput(f"{agents} agents but {len(sizes)} local sizes")
     equal = len(set(sizes)) == 1
+    if epsilon is None and (bins, upper, lower) != (None, None, None):
+        given = ", ".join(name for name, v in (("bins", bins), ("lower", lower),
+                                               ("upper", upper)) if v is not None)
+        raise InvalidInput(f"{given}: the grid of FedCP²-QQ, which needs an epsilon; without "
+                           "one the plan is FedCP-QQ's, which has no grid (give the epsilon, "
+                           "or leave the grid out)")
     if epsilon is not None:
+        bins = 100 if bins is None else bins
+        upper = 1.0 if upper is None else upper
+        lower = 0.0 if lower is None else lower
         if not equal:
             raise InvalidInput("FedCP²-QQ (an epsilon) needs equal local sizes")
         return plan_fedcp2_qq(len(sizes), sizes[0], alpha, epsilon, bins=bins, smax=upper,

@@ -13,6 +13,7 @@ protocol, and states so (:data:`~privcal.calibrators.ldp_score.HONEST_DEVICES`).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -219,6 +220,18 @@ class LdpScoreProtocol(BaseModel):
             return nominal_cutoff(count, self.group_size, *args)
         return exact_cutoff(count, *args)
 
+    @property
+    def never_passes(self) -> bool:
+        """Whether no round of ``group_size`` reports can clear its cut-off (bound "exact":
+        more 1-reports needed than the round holds), so every release is +∞ whatever the
+        reports — while each accepted report still charges its subject ε (red team 23,
+        fedlocal F1: such a session opened without a word). Depends on the public
+        parameters only (cached: sessions read it with every status)."""
+        if self.bound == "hoeffding":
+            return False
+        return _never_passes(self.group_size, self.rounds, self.alpha, self.epsilon,
+                             self.delta, self.nominal)
+
     def passes(self, ones: int, count: int) -> bool:
         """Whether a round with ``ones`` 1-reports out of ``count`` clears the cut-off."""
         k = self.cutoff(count)
@@ -303,6 +316,16 @@ class LdpScoreProtocol(BaseModel):
             update["finished"] = True
             update["threshold"] = float(update.get("hi", self.hi)) if hi_backed else math.inf
         return self.model_copy(update=update)
+
+
+@lru_cache(maxsize=1024)
+def _never_passes(group_size: int, rounds: int, alpha: float, epsilon: float, delta: float,
+                  nominal: bool) -> bool:
+    """:attr:`LdpScoreProtocol.never_passes` of the exact bound, from the public parameters."""
+    args = (rounds, alpha, epsilon, delta)
+    k = (nominal_cutoff(group_size, group_size, *args) if nominal
+         else exact_cutoff(group_size, *args))
+    return k > group_size
 
 
 def _first_error(exc: ValueError) -> str:

@@ -42,9 +42,9 @@ def plan_from_options(
     local_n: str,
     alpha: float,
     epsilon: float | None,
-    bins: int,
-    upper: float,
-    lower: float = 0.0,
+    bins: int | None,
+    upper: float | None,
+    lower: float | None = None,
 ) -> FedPlan | FedPlanUnequal | Fed2Plan:
     """The plan the options describe (:func:`privcal.calibrators.fedplan_choice.plan_federated`,
     the library call behind ``privcal fed plan``), with the options' own one-line errors."""
@@ -60,6 +60,12 @@ def plan_from_options(
         raise InvalidInput(f"--agents {agents} but --local-n lists {len(sizes)} sizes")
     if epsilon is not None and len(set(sizes)) > 1:
         raise InvalidInput("FedCP²-QQ (--epsilon) needs equal local sizes")
+    grid = [f"--{name}" for name, v in (("bins", bins), ("lower", lower), ("upper", upper))
+            if v is not None]
+    if epsilon is None and grid:  # red team 23, fedlocal F2: dropped without a word
+        raise InvalidInput(f"{'/'.join(grid)} set the FedCP²-QQ grid, which needs --epsilon; "
+                           "without it the plan is FedCP-QQ's, which has no grid (give "
+                           "--epsilon, or leave them out)")
     return plan_federated(agents, sizes, alpha, epsilon, bins, upper, lower)
 
 
@@ -122,16 +128,17 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
 )
 @click.option("--alpha", type=Number(), required=True, help="Miscoverage level α in (0, 1).")
 @click.option("--epsilon", type=Number(), default=None, help="Per-agent ε: plan FedCP²-QQ.")
-@click.option("--bins", type=Integer(), default=100, show_default=True,
-              help="FedCP²-QQ grid points B.")
+@click.option("--bins", type=Integer(), default=None,
+              help="FedCP²-QQ grid points B (with --epsilon only)  [default: 100]")
 @click.option(
-    "--lower", type=Number(), default=0.0, show_default=True,
-    help="FedCP²-QQ public score range: lower end of the grid.",
+    "--lower", type=Number(), default=None,
+    help="FedCP²-QQ public score range: lower end of the grid (with --epsilon only)  "
+    "[default: 0]",
 )
 @click.option(
     "--upper", type=Number(), default=None,
     help="FedCP²-QQ public score range: upper end S_max of the grid (an aggregate on it is "
-    "released as +inf)  [default: 1]",
+    "released as +inf; with --epsilon only)  [default: 1]",
 )
 @click.option("--smax", type=Number(), default=None, hidden=True, help="Deprecated: --upper.")
 @json_option
@@ -140,8 +147,8 @@ def plan_cmd(
     local_n: str,
     alpha: float,
     epsilon: float | None,
-    bins: int,
-    lower: float,
+    bins: int | None,
+    lower: float | None,
     upper: float | None,
     smax: float | None,
     as_json: bool,
@@ -154,7 +161,5 @@ def plan_cmd(
     sizes = _sizes(local_n)
     work = sum(sizes) if len(sizes) > 1 else sizes[0] * (agents or 1)
     with progress.task("planning", None, size=work):
-        plan = plan_from_options(
-            agents, local_n, alpha, epsilon, bins, 1.0 if upper is None else upper, lower
-        )
+        plan = plan_from_options(agents, local_n, alpha, epsilon, bins, upper, lower)
     emit(plan, as_json=as_json, human=_human(plan))

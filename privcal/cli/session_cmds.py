@@ -54,6 +54,8 @@ def _describe(s: Any) -> str:
                                                      f"{s.interval[1]:.12g}]"},
             {"field": "current query q", "value": "-" if s.query is None else f"{s.query:.12g}"},
         ]
+        if s.trivial:  # red team 23, fedlocal F1
+            rows += [{"field": "every release", "value": TRIVIAL}]
     else:
         p = s.plan or {}
         rows += [{"field": "agents answered / m", "value": f"{s.received} / {p.get('m')}"}]
@@ -72,6 +74,12 @@ def _describe(s: Any) -> str:
              {"field": "release", "value": "-" if s.release_id is None else
               f"{s.release_id} (threshold {s.threshold})"}]
     return table(rows)
+
+
+#: what a session whose rounds can never pass says (:attr:`SessionInfo.trivial`)
+TRIVIAL = ("+inf whatever the reports: no round of this group size can pass its cut-off, yet "
+           "each report charges its subject ε (abandon it; open one with a larger group size, "
+           "ε, α or failure probability, or fewer rounds)")
 
 
 def _score_text(score: dict[str, Any] | None) -> str:

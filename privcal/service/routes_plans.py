@@ -101,9 +101,10 @@ class FedPlanBody(BaseModel):
     local_n: int | list[int] = Field(description="scores per agent, or one size per agent")
     alpha: float = Field(gt=0, lt=1)
     epsilon: float | None = Field(default=None, gt=0)
-    bins: int = Field(default=100, ge=2, le=1_000_000)
-    lower: float = 0.0
-    upper: float = 1.0
+    #: the FedCP²-QQ grid (with ``epsilon`` only: 422 without it); defaults 100, 0, 1
+    bins: int | None = Field(default=None, ge=2, le=1_000_000)
+    lower: float | None = None
+    upper: float | None = None
 
 
 @router.post("/advise", **allow("analyst"))

@@ -226,8 +226,9 @@ def test_device_token_refused_for_shuffled_and_ingestor_posts(live: Live) -> Non
                                    subject_epsilon=10)
     with live.client(token=live.token("analyst", name="ann-ad", datasets=["ad"])) as c:
         r = c.post("/v1/datasets/ad/sessions", json={
-            "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 1,
-            "group_size": 3, "shuffled": True}, headers={"Idempotency-Key": "open-ad"})
+            "method": "ldp-score", "alpha": 0.2, "epsilon": 1.0, "rounds": 1,  # 30: a round
+            "group_size": 30, "shuffled": True}, headers={"Idempotency-Key": "open-ad"})
+        # that can pass (one that cannot is refused before its charge: red team 23)
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
     with live.client("analyst") as c:  # on a zCDP cap it is refused, nothing written

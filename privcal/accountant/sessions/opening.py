@@ -33,7 +33,7 @@ from privcal.calibrators.federated_agent import bin_grid
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.costs import ApproxDP, LocalDP
-from privcal.errors import BudgetRefused, InvalidInput, LedgerError, NotFound
+from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, LedgerError, NotFound
 from privcal.storage.audit import now
 from privcal.storage.pseudonyms import keyed_state_digest
 from privcal.storage.sessions import session_doc
@@ -221,6 +221,8 @@ def open_session(
         if amplified is not None:
             central = normalize_cost(amplified)  # type: ignore[assignment]
             state["central_cost"] = cost_json(central)  # type: ignore[arg-type]
+            if proto.never_passes:  # charged now, for a release +inf whatever the reports
+                raise InfeasiblePlan(_NEVER_PASSES.format(g=proto.group_size))
     params = json_safe({**p.model_dump(mode="python"),
                         **({SCORE_KEY: scored} if scored is not None else {})})
     digest = earlier = None
@@ -269,6 +271,15 @@ def open_session(
     # digest is keyed with it, as every session entry's is (red team 7, B-1)
     skey = accountant.ledger.subject_key()
     return accountant.ledger.write(tx)
+
+
+#: the refusal of a shuffled session that would charge its amplified cost at the open for a
+#: release certain to be +inf (red team 23, fedlocal F1; an unshuffled one says ``trivial``)
+_NEVER_PASSES = (
+    "no round of {g} reports can pass its cut-off (more 1-reports needed than a round holds), "
+    "so every release of this session would be +inf whatever the reports, and a shuffled "
+    "session is charged its amplified central (ε, δ) when it opens: nothing opened or charged "
+    "(use a larger group size, ε, α or failure probability, or fewer rounds)")
 
 
 #: the options each method uses (by their CLI names); any other one given is refused

@@ -83,6 +83,10 @@ class SessionInfo(BaseModel):
     #: ``params["score"]``), recorded in the release; None when the session was opened
     #: without one (its release then needs ``--score`` at predict)
     score: dict[str, Any] | None = None
+    #: ldp-score: no round of the session's group size can pass its cut-off, so every release
+    #: is +∞ whatever the reports (each accepted report still charges its subject ε); said
+    #: from the open on (red team 23, fedlocal F1). False for the federated methods
+    trivial: bool = False
 
 
 #: what ``session_reports.value`` holds, per method (issue 16 item 6: said in every record)

@@ -140,6 +140,7 @@ def info_of(ledger: Ledger, s: Session, row: CollectionSession, ds_name: str) ->
             needed=proto.group_size if open_ else 0,
             interval=(proto.lo, proto.hi),
             query=proto.current_query() if open_ else None,
+            trivial=proto.never_passes,
         )
     plan = fed_plan_of(row)
     grid = None
