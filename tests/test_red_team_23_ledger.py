@@ -1,0 +1,84 @@
+"""Red team 23, ledger: what the SQL ledger and ``audit verify`` let through, on SQLite and
+PostgreSQL.
+
+F7: a cap (or the running totals, or a subject's spend row) edited *around* a charge — raised,
+the charge accepted by privcal with a genuine entry, then put back — left a log whose rows
+all equal their entries and whose totals equal its charges, yet which spends more than the
+logged cap allows: ``audit verify`` said ok (and ``audit head --sign`` signed it), and
+``budget show`` stated the per-subject guarantee the subjects' spends break. Verify now
+checks every dataset's spend against its cap's filter and every subject's against the
+per-subject cap (an (ε, δ) dataset charged before migration 0004, which states no guarantee,
+excepted: tests/test_red_team_6.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from privcal.accountant import Accountant
+from privcal.costs import ZCDP, PureDP
+from privcal.errors import AuditFailed
+
+
+def _sql(acct: Accountant, sql: str, **params: Any) -> None:
+    """Edit the database behind privcal's back (what a database administrator can do)."""
+    with acct.ledger.engine.begin() as conn:
+        conn.execute(text(sql), params)
+
+
+def test_a_cap_raised_around_a_charge_fails_verify(accountant: Accountant) -> None:
+    accountant.create_dataset("p", epsilon=1)
+    accountant.charge("p", PureDP(eps="0.8"))
+    head = str(accountant.ledger.head())
+    _sql(accountant, "UPDATE datasets SET cap_epsilon = :c WHERE name = 'p'", c="100")
+    accountant.charge("p", PureDP(eps=5))
+    _sql(accountant, "UPDATE datasets SET cap_epsilon = :c WHERE name = 'p'", c="1")
+    with pytest.raises(AuditFailed, match=r"dataset 1 \('p'\): its logged charges spend "
+                                          r"epsilon=5\.8 of its cap ε ≤ 1"):
+        accountant.verify(expect_head=head)
+
+
+def test_totals_lowered_around_a_charge_fail_verify(accountant: Accountant) -> None:
+    accountant.create_dataset("z", rho="0.5")
+    accountant.charge("z", ZCDP(rho="0.4"))
+    _sql(accountant, "UPDATE datasets SET spent_zcdp_rho = :v WHERE name = 'z'", v="0")
+    accountant.charge("z", ZCDP(rho="0.4"))
+    _sql(accountant, "UPDATE datasets SET spent_zcdp_rho = :v WHERE name = 'z'", v="0.8")
+    with pytest.raises(AuditFailed, match=r"dataset 1 \('z'\): its logged charges spend "
+                                          r"rho=0\.8 of its cap"):
+        accountant.verify()
+
+
+def test_a_subject_cap_raised_around_a_batch_fails_verify(accountant: Accountant) -> None:
+    accountant.create_dataset("s", epsilon=10, subject_epsilon=1)
+    accountant.charge_subjects("s", 1, ["alice", "bob"])  # both at their cap
+    _sql(accountant, "UPDATE datasets SET subject_epsilon = :c WHERE name = 's'", c="100")
+    got = accountant.charge_subjects("s", 5, ["alice", "carol"])
+    assert got.accepted == 2
+    _sql(accountant, "UPDATE datasets SET subject_epsilon = :c WHERE name = 's'", c="1")
+    with pytest.raises(AuditFailed, match=r"dataset 1 \('s'\): subject [0-9a-f]{16}… has "
+                                          r"spent ε0=6 \(2 subjects over\), more than its "
+                                          r"per-subject cap ε0 ≤ 1"):
+        accountant.verify()
+
+
+def test_honest_ledgers_at_their_caps_verify(accountant: Accountant) -> None:
+    accountant.create_dataset("p", epsilon=1, subject_epsilon=1)
+    accountant.charge("p", PureDP(eps="0.5"))
+    accountant.charge("p", PureDP(eps="0.5"))  # exactly at the cap
+    accountant.charge_subjects("p", "0.5", ["a", "b"])
+    accountant.charge_subjects("p", "0.5", ["a", "c"])  # a exactly at hers
+    accountant.create_dataset("a", approx_epsilon=1, approx_delta="1e-6")
+    while True:
+        try:
+            accountant.charge("a", ZCDP(rho="0.01"))
+        except Exception:
+            break
+    accountant.create_dataset("n", rho=1, allow_nonprivate=True)
+    accountant.calibrate("split", {"alpha": 0.1}, dataset="n",
+                         scores=np.random.default_rng(0).random(50))
+    accountant.verify()
