@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 from privcal.accountant import Accountant
 from privcal.costs import ZCDP, PureDP
-from privcal.errors import AuditFailed
+from privcal.errors import AuditFailed, BudgetRefused
 
 
 def _sql(acct: Accountant, sql: str, **params: Any) -> None:
@@ -82,3 +82,38 @@ def test_honest_ledgers_at_their_caps_verify(accountant: Accountant) -> None:
     accountant.calibrate("split", {"alpha": 0.1}, dataset="n",
                          scores=np.random.default_rng(0).random(50))
     accountant.verify()
+
+
+# ---------------------------------------------------------------------- F8: non-private releases
+def _split_release(acct: Accountant, dataset: str) -> Any:
+    """A genuine split (non-private) release of ``dataset``, which allows them."""
+    return acct.calibrate("split", {"alpha": 0.1}, dataset=dataset,
+                          scores=np.random.default_rng(1).random(60))
+
+
+def test_record_release_refuses_a_non_private_release_the_dataset_forbids(
+        accountant: Accountant) -> None:
+    accountant.create_dataset("open", epsilon=1, allow_nonprivate=True)
+    accountant.create_dataset("p", epsilon=1)
+    src = _split_release(accountant, "open")
+    before = accountant.ledger.head()
+    with pytest.raises(BudgetRefused, match="non-private release refused: dataset 'p' does "
+                                            "not allow non-private releases"):
+        accountant.record_release(
+            "p", method=src.method, calibrator_version=src.calibrator_version,
+            threshold=src.threshold, params=src.params, shape=src.shape,
+            coverage=src.coverage, privacy=src.privacy, diagnostics=src.diagnostics,
+            distribution=src.distribution, distribution_version=src.distribution_version)
+    assert accountant.ledger.head() == before  # nothing written
+    assert [r.id for r in accountant.releases("p")] == []
+
+
+def test_a_non_private_release_on_a_dataset_that_forbids_them_fails_verify(
+        accountant: Accountant) -> None:
+    accountant.create_dataset("p", epsilon=1)
+    _sql(accountant, "UPDATE datasets SET allow_nonprivate = :t WHERE name = 'p'", t=True)
+    rel = _split_release(accountant, "p")
+    _sql(accountant, "UPDATE datasets SET allow_nonprivate = :t WHERE name = 'p'", t=False)
+    with pytest.raises(AuditFailed, match=rf"release {rel.id} is non-private, but its dataset "
+                                          "does not allow non-private releases"):
+        accountant.verify()

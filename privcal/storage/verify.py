@@ -340,7 +340,8 @@ class LedgerVerifier:
                                       "outside privcal, or its entry deleted)")
             check_release_charges(releases, charges, tally.logged["release"],
                                   self.release_charge_links(s), tally.coll,  # type: ignore[attr-defined]
-                                  tally.logged["charge"])
+                                  tally.logged["charge"],
+                                  {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
             self._check_totals(s, datasets, charges)
             check_subject_spends(s, datasets, charges, tally.logged["charge"],
