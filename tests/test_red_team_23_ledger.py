@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 from privcal.accountant import Accountant
 from privcal.costs import ZCDP, PureDP
-from privcal.errors import AuditFailed, BudgetRefused
+from privcal.errors import AuditFailed, BudgetRefused, LedgerError
 
 
 def _sql(acct: Accountant, sql: str, **params: Any) -> None:
@@ -117,3 +117,58 @@ def test_a_non_private_release_on_a_dataset_that_forbids_them_fails_verify(
     with pytest.raises(AuditFailed, match=rf"release {rel.id} is non-private, but its dataset "
                                           "does not allow non-private releases"):
         accountant.verify()
+
+
+# ---------------------------------------------------------------------- F1: a lost ledger secret
+def _secret_rows(acct: Accountant) -> int:
+    with acct.ledger.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM ledger_secret")).scalar_one())
+
+
+def test_a_lost_secret_is_not_silently_remade_over_charged_subjects(
+        accountant: Accountant, ledger_url: str) -> None:
+    """The secret deleted (or a ledger restored from a dump without ``ledger_secret``, as the
+    README advises for exports): a new one was made on the next charge, every pseudonym
+    changed, and alice — at her cap — was charged again."""
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("s", epsilon=10, subject_epsilon=1)
+    accountant.charge_subjects("s", 1, ["alice", "bob"])  # both at their cap
+    _sql(accountant, "DELETE FROM ledger_secret")
+    head = accountant.ledger.head()
+    other = Accountant(Ledger(ledger_url))  # a process that has not read the secret yet
+    with pytest.raises(LedgerError, match=r"has lost the secret of its subject pseudonyms "
+                                          r"\(table ledger_secret is empty\) but holds "
+                                          r"subjects charged under it \(subject_spend\)"):
+        other.charge_subjects("s", "0.5", ["alice", "carol"])
+    with pytest.raises(LedgerError, match="lost the secret"):
+        other.subject_spend("s", "alice")  # a read neither makes one nor says 0
+    assert _secret_rows(accountant) == 0
+    assert accountant.ledger.head() == head  # nothing written
+    other.ledger.close()
+
+
+def test_a_secret_of_the_wrong_form_is_one_line(accountant: Accountant,
+                                                ledger_url: str) -> None:
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("s", epsilon=10, subject_epsilon=1)
+    accountant.charge_subjects("s", 1, ["alice"])
+    for bad in ("", "00", "zz" * 32):
+        _sql(accountant, "UPDATE ledger_secret SET secret = :s", s=bad)
+        other = Accountant(Ledger(ledger_url))
+        with pytest.raises(LedgerError, match="not 64 hex digits"):
+            other.charge_subjects("s", "0.5", ["alice"])
+        other.ledger.close()
+
+
+def test_a_ledger_without_subjects_still_gets_a_secret(accountant: Accountant,
+                                                       ledger_url: str) -> None:
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("s", epsilon=10, subject_epsilon=1)
+    _sql(accountant, "DELETE FROM ledger_secret")
+    other = Accountant(Ledger(ledger_url))
+    assert other.charge_subjects("s", "0.5", ["alice"]).accepted == 1
+    assert _secret_rows(accountant) == 1
+    other.ledger.close()
