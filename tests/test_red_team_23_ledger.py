@@ -13,6 +13,8 @@ excepted: tests/test_red_team_6.py).
 
 from __future__ import annotations
 
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -172,3 +174,31 @@ def test_a_ledger_without_subjects_still_gets_a_secret(accountant: Accountant,
     assert other.charge_subjects("s", "0.5", ["alice"]).accepted == 1
     assert _secret_rows(accountant) == 1
     other.ledger.close()
+
+
+# ---------------------------------------------------------------------- F5: immutable=1 and the WAL
+def test_an_immutable_open_beside_a_write_ahead_log_is_refused(tmp_path: Path) -> None:
+    """SQLite does not read ``-wal`` under ``immutable=1`` (which privcal advises for a
+    read-only mount): the budgets and head of the main file alone were shown as current."""
+    from privcal.storage import Ledger
+
+    path = tmp_path / "l.sqlite"
+    writer = Accountant(Ledger(f"sqlite:///{path}"))
+    writer.create_dataset("p", epsilon=1)
+    writer.charge("p", PureDP(eps="0.5"))  # the writer's connection stays open: in the WAL
+    assert (tmp_path / "l.sqlite-wal").stat().st_size > 32
+    url = f"sqlite:///file:{path}?immutable=1&uri=true"
+    reader = Accountant(Ledger(url))
+    with pytest.raises(LedgerError, match=r"has a write-ahead log beside it \(l\.sqlite-wal, "
+                                          r"\d+ bytes\) whose transactions immutable=1 does "
+                                          "not read"):
+        reader.budget("p")
+    reader.ledger.close()
+    ro = Accountant(Ledger(f"sqlite:///file:{path}?mode=ro&uri=true"))
+    assert ro.budget("p").spent == {"epsilon": Decimal("0.5")}
+    ro.ledger.close()
+    writer.ledger.close()  # the last connection checkpoints and removes the WAL
+    again = Accountant(Ledger(url))
+    assert again.budget("p").spent == {"epsilon": Decimal("0.5")}
+    assert str(again.ledger.head()) == str(writer.ledger.head())
+    again.ledger.close()

@@ -104,6 +104,7 @@ class LedgerSchema:
     def current(self) -> str | None:
         """The ledger's schema revision (None for an empty database)."""
         self._private_new_file()  # a missing SQLite file is made 0600 before SQLite makes it
+        self._refuse_unread_wal()
         with self._connect(write=False) as conn:
             try:
                 if not inspect(conn).has_table("alembic_version"):
@@ -236,6 +237,32 @@ class LedgerSchema:
         immutable opens): no path of it is made, tested or chmodded here."""
         return self.backend == "sqlite" and (str(self._url.database or "").startswith("file:")
                                              or bool(self._url.query.get("uri")))
+
+    def _refuse_unread_wal(self) -> None:
+        """LedgerError for an ``immutable=1`` open of a ledger beside a ``-wal`` file with
+        frames in it: SQLite then reads the main file only, so the transactions committed in
+        the log since its last checkpoint — a running or killed writer's, or those of a copy
+        or read-only mount taken with it — were silently not there: older budgets, an older
+        head, verified ok (red team 23, ledger F5). A 32-byte header alone holds none."""
+        q = self._url.query
+        if not self._sqlite_uri() or str(q.get("immutable", "")).lower() not in ("1", "true"):
+            return
+        path = self._sqlite_file()
+        if path is None:
+            return
+        wal = Path(f"{_uri_file(path)}-wal")
+        try:
+            size = wal.stat().st_size
+        except OSError:
+            return
+        if size > 32:
+            raise LedgerError(
+                f"the ledger {_uri_file(path)} has a write-ahead log beside it ({wal.name}, "
+                f"{size} bytes) whose transactions immutable=1 does not read (its budgets and "
+                "head would be older than the ledger's): open it with mode=ro instead, or "
+                "checkpoint a writable copy first (sqlite3 COPY 'PRAGMA "
+                "wal_checkpoint(TRUNCATE)')",
+                public="the ledger's write-ahead log is not read by an immutable open")
 
     def _sqlite_file(self) -> Path | None:
         """The SQLite file of this ledger (None in memory or on PostgreSQL)."""
