@@ -202,3 +202,62 @@ def test_an_immutable_open_beside_a_write_ahead_log_is_refused(tmp_path: Path) -
     assert again.budget("p").spent == {"epsilon": Decimal("0.5")}
     assert str(again.ledger.head()) == str(writer.ledger.head())
     again.ledger.close()
+
+
+# ------------------------------------------------------ F3: tables missing or unreadable
+def test_a_ledger_missing_a_table_is_one_line_and_nothing_is_charged(
+        accountant: Accountant, ledger_url: str) -> None:
+    """A partial restore (a dump made with ``--exclude-table``) or a dropped table: ``db
+    check`` said ok, ``audit verify`` was a driver traceback, and a calibration charged and
+    then failed writing its release."""
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("z", rho=1)
+    accountant.charge("z", ZCDP(rho="0.1"))
+    _sql(accountant, "DROP TABLE release_charges")
+    other = Ledger(ledger_url)
+    with pytest.raises(LedgerError, match=r"at revision \d+ but lacks privcal's table\(s\) "
+                                          r"release_charges \(restored from a partial dump"):
+        other.check()
+    acct = Accountant(other)
+    with pytest.raises(LedgerError, match="lacks privcal's table"):
+        acct.verify()
+    with pytest.raises(LedgerError, match="lacks privcal's table"):
+        acct.calibrate("pcoqs", {"alpha": 0.1, "rho": 0.1}, dataset="z",
+                       scores=np.random.default_rng(0).random(100))
+    with accountant.ledger.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM charges")).scalar_one() == 1
+    other.close()
+
+
+@pytest.mark.postgres
+def test_a_role_that_may_not_read_the_secret_gets_one_line_from_verify(
+        accountant: Accountant, ledger_url: str) -> None:
+    """An auditor's role with SELECT on every table but ``ledger_secret`` (least privilege,
+    or the README's advice for exports): ``audit verify`` was a psycopg traceback."""
+    if not ledger_url.startswith("postgresql"):
+        pytest.skip("roles are PostgreSQL's")
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("s", epsilon=10, subject_epsilon=1)
+    accountant.charge_subjects("s", "0.5", ["alice"])
+    role = f"privcal_t_aud_{uuid.uuid4().hex[:12]}"
+    schema = accountant.ledger.engine.url.query["options"].split("=", 1)[1]
+    _sql(accountant, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        _sql(accountant, f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        _sql(accountant, f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        _sql(accountant, f'REVOKE SELECT ON ledger_secret FROM "{role}"')
+        url = make_url(ledger_url).set(username=role, password=None)
+        auditor = Accountant(Ledger(url.render_as_string(hide_password=False)))
+        with pytest.raises(LedgerError, match="cannot be read: permission denied for table "
+                                              "ledger_secret"):
+            auditor.verify()
+        auditor.ledger.close()
+    finally:
+        _sql(accountant, f'DROP OWNED BY "{role}"')
+        _sql(accountant, f'DROP ROLE "{role}"')

@@ -175,7 +175,29 @@ class LedgerSchema:
                       "upgrade`" + ("" if cur is None else
                                     " once every older privcal using it is stopped"))
             raise SchemaOutOfDate(f"ledger {self.url} {advice}", public=f"the ledger {advice}")
+        self._refuse_missing_tables()
         return cur
+
+    def _refuse_missing_tables(self) -> None:
+        """LedgerError naming privcal's tables a ledger at the head revision lacks (a dump
+        restored without some, as ``pg_dump --exclude-table=…`` makes for exports; a table
+        dropped): ``db check`` said ok, ``audit verify`` was a driver traceback, and a
+        calibration charged and then failed writing its release (red team 23, ledger F3)."""
+        from privcal.storage.models import Base
+
+        with self._connect(write=False) as conn:
+            try:
+                have = set(inspect(conn).get_table_names())
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+        missing = sorted(set(Base.metadata.tables) - have)
+        if missing:
+            raise LedgerError(
+                f"ledger {self.url} is at revision {self.head_revision()} but lacks privcal's "
+                f"table(s) {', '.join(missing)} (restored from a partial dump, or dropped): "
+                "restore them from a full backup of this ledger; nothing was read or written",
+                public="the ledger lacks some of privcal's tables: an operator must restore "
+                       "them")
 
     def upgrade(self, revision: str = "head", *, beside_other_tables: bool = False) -> str:
         """Migrate the schema to ``revision`` under a lock; returns the resulting revision.
