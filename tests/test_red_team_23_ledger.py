@@ -261,3 +261,22 @@ def test_a_role_that_may_not_read_the_secret_gets_one_line_from_verify(
     finally:
         _sql(accountant, f'DROP OWNED BY "{role}"')
         _sql(accountant, f'DROP ROLE "{role}"')
+
+
+# ---------------------------------------------------------------------- F2: a head row set back
+def test_a_head_row_set_back_makes_writes_one_line(accountant: Accountant,
+                                                   ledger_url: str) -> None:
+    from privcal.storage import Ledger
+
+    accountant.create_dataset("p", epsilon=1, subject_epsilon=1)
+    accountant.charge("p", PureDP(eps="0.1"))
+    _sql(accountant, "UPDATE audit_head SET seq = 1")
+    other = Accountant(Ledger(ledger_url))
+    for write in (lambda: other.charge("p", PureDP(eps="0.1")),
+                  lambda: other.charge_subjects("p", "0.5", ["alice"])):
+        with pytest.raises(LedgerError, match=r"the audit_head row does not name the log's "
+                                              r"last entry .*nothing was written"):
+            write()
+    with accountant.ledger.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM charges")).scalar_one() == 1
+    other.ledger.close()

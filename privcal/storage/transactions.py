@@ -73,6 +73,13 @@ def _not_readable(exc: BaseException) -> bool:
         "no such table")
 
 
+def _seq_taken(exc: BaseException) -> bool:
+    """An audit entry's seq already in the log: the head row was set back outside privcal
+    (red team 23, ledger F2: a driver traceback on every write)."""
+    text = str(getattr(exc, "orig", ""))
+    return "audit_log.seq" in text or "audit_log_pkey" in text
+
+
 def _dropped(exc: BaseException) -> bool:
     """Whether ``exc`` says the server dropped the connection (a restart, a failover, an
     idle kill): SQLAlchemy then invalidated it (and the pool's older connections). The one
@@ -233,6 +240,11 @@ class LedgerTransactions:
                         time.sleep(delay * (1 + random.random()))
                         delay = min(delay * 2, 1.0)
                     continue
+                if isinstance(exc, IntegrityError) and _seq_taken(exc):
+                    raise LedgerError(
+                        "the audit_head row does not name the log's last entry (its seq was "
+                        "set back outside privcal): nothing can be appended to the log, so "
+                        "nothing was written; `privcal audit verify` reports it") from exc
                 if isinstance(exc, IntegrityError):
                     raise
                 known = _unwritable(exc)
