@@ -280,3 +280,22 @@ def test_a_head_row_set_back_makes_writes_one_line(accountant: Accountant,
     with accountant.ledger.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM charges")).scalar_one() == 1
     other.ledger.close()
+
+
+# ---------------------------------------------------------------------- F4: verify's wording
+def test_verify_names_an_inserted_entry_and_a_deleted_link_row(accountant: Accountant) -> None:
+    accountant.create_dataset("z", rho=1)
+    rel = accountant.calibrate("pcoqs", {"alpha": 0.1, "rho": 0.1}, dataset="z",
+                               scores=np.random.default_rng(0).random(100))
+    zeros = "0" * 64
+    _sql(accountant, "INSERT INTO audit_log (seq, kind, payload, prev_hash, entry_hash) "
+         "VALUES (-3, 'dataset', '{}', :z, :z)", z=zeros)
+    with pytest.raises(AuditFailed, match=r"audit entry -3: the log has no position -3 .*: a "
+                                          r"row inserted outside privcal"):
+        accountant.verify()
+    _sql(accountant, "DELETE FROM audit_log WHERE seq = -3")
+    _sql(accountant, "DELETE FROM release_charges")
+    with pytest.raises(AuditFailed, match=rf"release_charges: charge {rel.charge_ids[0]} pays "
+                                          rf"for release {rel.id} \(its charge_ids\) but has "
+                                          r"no release_charges row \(row deleted"):
+        accountant.verify()

@@ -275,6 +275,9 @@ class LedgerVerifier:
                 entries = progress(entries, "verifying the audit log",
                                    head_row.seq if head_row else 0)
             for e in entries:
+                if e.seq < expected:  # before 1 (the chain has no such position): inserted
+                    raise AuditFailed(f"audit entry {e.seq}: the log has no position {e.seq} "
+                                      "(it starts at 1): a row inserted outside privcal")
                 if e.seq != expected:
                     raise AuditFailed(
                         f"audit entry {expected} is missing (the log jumps from {expected - 1} "

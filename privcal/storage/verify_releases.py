@@ -227,6 +227,14 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
     if links is None:
         return
     for cid in sorted(set(owner) | set(links)):
+        if cid not in links:  # say which edit it was (red team 23, ledger F4)
+            raise AuditFailed(f"release_charges: charge {cid} pays for release {owner[cid]} "
+                              "(its charge_ids) but has no release_charges row (row deleted "
+                              "outside privcal)")
+        if cid not in owner:
+            raise AuditFailed(f"release_charges: a row says charge {cid} pays for release "
+                              f"{links[cid]}, but no release names it (row inserted outside "
+                              "privcal)")
         if links.get(cid) != owner.get(cid):
             raise AuditFailed(
                 f"release_charges: charge {cid} is recorded as paying for release "
