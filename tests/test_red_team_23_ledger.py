@@ -299,3 +299,38 @@ def test_verify_names_an_inserted_entry_and_a_deleted_link_row(accountant: Accou
                                           rf"for release {rel.id} \(its charge_ids\) but has "
                                           r"no release_charges row \(row deleted"):
         accountant.verify()
+
+
+# ---------------------------------------------------------------------- F6: concurrent upgrades
+def test_an_upgrade_that_found_nothing_to_do_under_the_lock_does_not_say_it_migrated(
+        ledger: Any, ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `privcal db upgrade` at once each read the revision before the lock: both said
+    "migrated from revision 0010 to 0011" though the second found it done."""
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+    from privcal.storage import Ledger
+    from privcal.storage.schema import LedgerSchema
+
+    ledger.downgrade("0010")
+    first, second = Ledger(ledger_url), Ledger(ledger_url)
+    first.upgrade()
+    assert first.upgraded_from == "0010"
+    second.upgrade()
+    assert second.upgraded_from == second.head_revision()  # found done under the lock
+    first.close()
+    second.close()
+    # the CLI read "0010" before the other upgrade took the lock
+    ledger.downgrade("0010")
+    Ledger(ledger_url).upgrade()  # the other `db upgrade`, done first
+    real = LedgerSchema.current
+    seen: list[int] = []
+
+    def stale_once(self: Any) -> str | None:
+        seen.append(1)
+        return "0010" if len(seen) == 1 else real(self)
+
+    monkeypatch.setattr(LedgerSchema, "current", stale_once)
+    res = CliRunner().invoke(main, ["--db-url", ledger_url, "db", "upgrade"])
+    assert res.exit_code == 0, res.output
+    assert "migrated" not in res.output and "at revision 0011" in res.output

@@ -179,9 +179,8 @@ class LedgerSchema:
         return cur
 
     def _refuse_missing_tables(self) -> None:
-        """LedgerError naming privcal's tables a ledger at the head revision lacks (a dump
-        restored without some, as ``pg_dump --exclude-table=…`` makes for exports; a table
-        dropped): ``db check`` said ok, ``audit verify`` was a driver traceback, and a
+        """LedgerError naming privcal's tables a ledger at the head revision lacks (a partial
+        restore, a dropped table): ``db check`` said ok, ``audit verify`` was a traceback, a
         calibration charged and then failed writing its release (red team 23, ledger F3)."""
         from privcal.storage.models import Base
 
@@ -226,7 +225,9 @@ class LedgerSchema:
                     conn.execute(select(func.pg_advisory_lock(_UPGRADE_LOCK_KEY)))
                     conn.commit()
                 try:
-                    command.upgrade(self._alembic_config(conn), revision)
+                    cfg = self._alembic_config(conn)
+                    command.upgrade(cfg, revision)  # the revision it found under the lock:
+                    self.upgraded_from = cfg.attributes.get("from_revision")  # (env.py)
                     if conn.in_transaction():
                         conn.commit()
                 finally:
@@ -261,11 +262,10 @@ class LedgerSchema:
                                              or bool(self._url.query.get("uri")))
 
     def _refuse_unread_wal(self) -> None:
-        """LedgerError for an ``immutable=1`` open of a ledger beside a ``-wal`` file with
-        frames in it: SQLite then reads the main file only, so the transactions committed in
-        the log since its last checkpoint — a running or killed writer's, or those of a copy
-        or read-only mount taken with it — were silently not there: older budgets, an older
-        head, verified ok (red team 23, ledger F5). A 32-byte header alone holds none."""
+        """LedgerError for an ``immutable=1`` open beside a ``-wal`` with frames (more than
+        its 32-byte header): SQLite reads the main file only, so the transactions a running or
+        killed writer committed since the last checkpoint — also in a copy or read-only mount
+        taken with it — were not there: older budgets and head (red team 23, ledger F5)."""
         q = self._url.query
         if not self._sqlite_uri() or str(q.get("immutable", "")).lower() not in ("1", "true"):
             return
