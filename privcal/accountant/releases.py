@@ -27,10 +27,10 @@ from privcal.accountant.results import Release
 from privcal.accountant.verification import sentence_problems
 from privcal.calibrators import registry
 from privcal.calibrators.base import CoverageGuarantee
-from privcal.errors import InvalidInput, check_row_id, first_error
+from privcal.errors import BudgetRefused, InvalidInput, check_row_id, first_error
 from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
-from privcal.storage.verify_releases import reports_used, shortfall
+from privcal.storage.verify_releases import is_nonprivate, reports_used, shortfall
 
 __all__ = ["get_release", "list_releases", "nonprivate_replay", "record_release",
            "release_for_charge"]
@@ -178,6 +178,13 @@ def record_release(
                 raise InvalidInput(f"charge {cid} was made by collection session "
                                    f"{sessions[cid]} (open, or abandoned with its reports "
                                    "stored): a charge pays for one release")
+        if is_nonprivate(row_data["privacy"]) and not ds.allow_nonprivate:
+            # as a run refuses it (red team 23, ledger F8: recorded here, it made the
+            # dataset's stated guarantee false and verified ok)
+            raise BudgetRefused(
+                f"non-private release refused: dataset {dataset!r} does not allow "
+                "non-private releases (create it with --allow-nonprivate)",
+                scope=f"dataset {dataset!r}", asked="non-private", remaining="")
         why = shortfall(row_data["privacy"], [paid[cid] for cid in ids], reports_used(
             row_data["shape"], session_total=None,
             federated=getattr(cal, "privacy_model", None) == "federated" if cal else None))

@@ -16,11 +16,13 @@ the recorded cost).
 
 from __future__ import annotations
 
+from decimal import Decimal
 from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import cost_json, normalize_cost
 from privcal.accountant.record_compare import coverage_as_recorded, plain, same
 from privcal.accountant.release_privacy import is_legacy_local, privacy_record
@@ -307,6 +309,35 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
                         statements_not_compared=skipped)  # fmt: skip
 
 
+def check_caps(ledger: Any) -> None:
+    """Every dataset's spend (its totals, which the storage's verification has just found
+    equal to the sum of its logged charges) within its logged cap's filter
+    (:func:`~privcal.accountant.privacy.filters.within_cap`): each charge privcal accepts
+    keeps it so, but a cap raised around a charge and put back, or totals lowered around one
+    and restored, left every row equal to its entry and the budget overspent — verified ok,
+    and signed (red team 23, ledger F7). An (ε, δ) dataset made before its Rényi grid existed
+    (``renyi_orders`` NULL) may have been charged past its cap under the pre-0004 rule: it
+    states no guarantee (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`),
+    and is not a failure here."""
+    with ledger.read() as s:
+        for ds in ledger.all_datasets(s):
+            if ds.notion == "approx" and ds.renyi_orders is None:
+                continue  # charged before migration 0004: no guarantee is stated
+            # policy_of / spent_of of privcal.accountant.policy, which imports this module
+            pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,
+                             tuple(Decimal(a) for a in ds.renyi_orders)
+                             if ds.notion == "approx" else None)
+            spent = acc.Spent(ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
+                              ds.spent_approx_eps, ds.spent_approx_delta)
+            if acc.within_cap(pol, spent):
+                continue
+            u = ", ".join(f"{k}={acc.dstr(v)}" for k, v in acc.used(pol, spent).items())
+            raise AuditFailed(
+                f"dataset {ds.id} ({ds.name!r}): its logged charges spend {u} of its cap "
+                f"{pol.describe()}, more than the cap's filter allows: a cap or running "
+                "totals edited around a charge, or a charge accepted past its budget")
+
+
 def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditReport:
     """Verify the log, then every release's guarantees; raise :class:`AuditFailed` on the first
     release whose recorded guarantee the installed code does not reproduce, and on a stored
@@ -314,6 +345,8 @@ def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditRepo
     ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
     rep = accountant.ledger.verify(expect_head=expect_head, **signed)
+    with unreadable("the datasets", accountant.ledger.first_unreadable):
+        check_caps(accountant.ledger)
     with unreadable("the releases", accountant.ledger.first_unreadable):
         rels = accountant.ledger.releases()
         charges = accountant.ledger.release_charges([i for r in rels for i in r.charge_ids])

@@ -31,6 +31,9 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        # under the upgrade lock: what this run migrates from (another run that held the
+        # lock first may have migrated already: red team 23, ledger F6)
+        config.attributes["from_revision"] = context.get_context().get_current_revision()
         context.run_migrations()
 
 

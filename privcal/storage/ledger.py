@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -222,17 +222,43 @@ class Ledger(
             return self._subject_key
         with self.read() as s:
             secret = read_ledger_secret(s)
+            if secret is None:
+                self._refuse_lost_secret(s)
         if secret is None:
             def tx(s: Session) -> str:
                 got = s.get(LedgerSecret, 1)
                 if got is None:
+                    self._refuse_lost_secret(s)
                     got = LedgerSecret(id=1, secret=pseudonyms.new_secret())
                     s.add(got)
                 return got.secret
 
             secret = self.write(tx)
+        if not (isinstance(secret, str) and len(secret) == 64
+                and all(c in "0123456789abcdef" for c in secret)):
+            raise LedgerError(f"the ledger at {self.url} holds a secret of subject pseudonyms "
+                              "(table ledger_secret) that is not 64 hex digits (edited outside "
+                              "privcal): restore it from a backup; nothing was written",
+                              public="the ledger's secret of subject pseudonyms was edited "
+                                     "outside privcal; nothing was written")
         self._subject_key = bytes.fromhex(secret)
         return self._subject_key
+
+    def _refuse_lost_secret(self, s: Session) -> None:
+        """LedgerError if the ledger already holds pseudonyms — a spend, a charge's members, a
+        baseline, a session's report — while its secret is missing: a new secret would give
+        every subject a fresh budget (red team 23, ledger F1: a deleted row, or a ledger
+        restored from a dump made with ``--exclude-table=ledger_secret``, was given a new one
+        silently, and every subject was charged past her cap)."""
+        for table in ("subject_spend", "charge_members", "subject_baseline", "session_reports"):
+            if s.execute(text(f"SELECT 1 FROM {table} LIMIT 1")).first() is not None:
+                raise LedgerError(
+                    f"the ledger at {self.url} has lost the secret of its subject pseudonyms "
+                    f"(table ledger_secret is empty) but holds subjects charged under it "
+                    f"({table}): restore the row from a backup of this ledger (a new secret "
+                    "would give every subject a fresh budget); nothing was written",
+                    public="the ledger has lost the secret of its subject pseudonyms: an "
+                           "operator must restore it; nothing was written")
 
     def pseudonyms(self, subjects: Any) -> Any:
         """The stored pseudonym of each subject id (a NumPy array of hex strings)."""

@@ -104,6 +104,7 @@ class LedgerSchema:
     def current(self) -> str | None:
         """The ledger's schema revision (None for an empty database)."""
         self._private_new_file()  # a missing SQLite file is made 0600 before SQLite makes it
+        self._refuse_unread_wal()
         with self._connect(write=False) as conn:
             try:
                 if not inspect(conn).has_table("alembic_version"):
@@ -184,7 +185,28 @@ class LedgerSchema:
                       "upgrade`" + ("" if cur is None else
                                     " once every older privcal using it is stopped"))
             raise SchemaOutOfDate(f"ledger {self.url} {advice}", public=f"the ledger {advice}")
+        self._refuse_missing_tables()
         return cur
+
+    def _refuse_missing_tables(self) -> None:
+        """LedgerError naming privcal's tables a ledger at the head revision lacks (a partial
+        restore, a dropped table): ``db check`` said ok, ``audit verify`` was a traceback, a
+        calibration charged and then failed writing its release (red team 23, ledger F3)."""
+        from privcal.storage.models import Base
+
+        with self._connect(write=False) as conn:
+            try:
+                have = set(inspect(conn).get_table_names())
+            except DBAPIError as exc:
+                raise self._unreachable(exc) from exc
+        missing = sorted(set(Base.metadata.tables) - have)
+        if missing:
+            raise LedgerError(
+                f"ledger {self.url} is at revision {self.head_revision()} but lacks privcal's "
+                f"table(s) {', '.join(missing)} (restored from a partial dump, or dropped): "
+                "restore them from a full backup of this ledger; nothing was read or written",
+                public="the ledger lacks some of privcal's tables: an operator must restore "
+                       "them")
 
     def upgrade(self, revision: str = "head", *, beside_other_tables: bool = False) -> str:
         """Migrate the schema to ``revision`` under a lock; returns the resulting revision.
@@ -213,7 +235,9 @@ class LedgerSchema:
                     conn.execute(select(func.pg_advisory_lock(_UPGRADE_LOCK_KEY)))
                     conn.commit()
                 try:
-                    command.upgrade(self._alembic_config(conn), revision)
+                    cfg = self._alembic_config(conn)
+                    command.upgrade(cfg, revision)  # the revision it found under the lock:
+                    self.upgraded_from = cfg.attributes.get("from_revision")  # (env.py)
                     if conn.in_transaction():
                         conn.commit()
                 finally:
@@ -246,6 +270,31 @@ class LedgerSchema:
         immutable opens): no path of it is made, tested or chmodded here."""
         return self.backend == "sqlite" and (str(self._url.database or "").startswith("file:")
                                              or bool(self._url.query.get("uri")))
+
+    def _refuse_unread_wal(self) -> None:
+        """LedgerError for an ``immutable=1`` open beside a ``-wal`` with frames (more than
+        its 32-byte header): SQLite reads the main file only, so the transactions a running or
+        killed writer committed since the last checkpoint — also in a copy or read-only mount
+        taken with it — were not there: older budgets and head (red team 23, ledger F5)."""
+        q = self._url.query
+        if not self._sqlite_uri() or str(q.get("immutable", "")).lower() not in ("1", "true"):
+            return
+        path = self._sqlite_file()
+        if path is None:
+            return
+        wal = Path(f"{_uri_file(path)}-wal")
+        try:
+            size = wal.stat().st_size
+        except OSError:
+            return
+        if size > 32:
+            raise LedgerError(
+                f"the ledger {_uri_file(path)} has a write-ahead log beside it ({wal.name}, "
+                f"{size} bytes) whose transactions immutable=1 does not read (its budgets and "
+                "head would be older than the ledger's): open it with mode=ro instead, or "
+                "checkpoint a writable copy first (sqlite3 COPY 'PRAGMA "
+                "wal_checkpoint(TRUNCATE)')",
+                public="the ledger's write-ahead log is not read by an immutable open")
 
     def _sqlite_file(self) -> Path | None:
         """The SQLite file of this ledger (None in memory or on PostgreSQL)."""

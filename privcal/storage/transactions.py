@@ -64,6 +64,22 @@ def statement_cancelled(exc: BaseException) -> bool:
     return getattr(getattr(exc, "orig", None), "sqlstate", None) == "57014"
 
 
+def _not_readable(exc: BaseException) -> bool:
+    """A table a read needs is missing or this role may not read it (PostgreSQL SQLSTATE
+    42P01, 42501; SQLite "no such table"): an auditor's role without ``ledger_secret``, a
+    ledger restored from a partial dump — a driver traceback before (red team 23, ledger F3)."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) in ("42P01", "42501") or str(orig).startswith(
+        "no such table")
+
+
+def _seq_taken(exc: BaseException) -> bool:
+    """An audit entry's seq already in the log: the head row was set back outside privcal
+    (red team 23, ledger F2: a driver traceback on every write)."""
+    text = str(getattr(exc, "orig", ""))
+    return "audit_log.seq" in text or "audit_log_pkey" in text
+
+
 def _dropped(exc: BaseException) -> bool:
     """Whether ``exc`` says the server dropped the connection (a restart, a failover, an
     idle kill): SQLAlchemy then invalidated it (and the pool's older connections). The one
@@ -224,6 +240,11 @@ class LedgerTransactions:
                         time.sleep(delay * (1 + random.random()))
                         delay = min(delay * 2, 1.0)
                     continue
+                if isinstance(exc, IntegrityError) and _seq_taken(exc):
+                    raise LedgerError(
+                        "the audit_head row does not name the log's last entry (its seq was "
+                        "set back outside privcal): nothing can be appended to the log, so "
+                        "nothing was written; `privcal audit verify` reports it") from exc
                 if isinstance(exc, IntegrityError):
                     raise
                 known = _unwritable(exc)
@@ -299,6 +320,14 @@ class LedgerTransactions:
             except DBAPIError as exc:
                 if statement_cancelled(exc):
                     raise self._unreachable(exc) from exc
+                if _not_readable(exc):
+                    raise LedgerError(
+                        f"the ledger at {self.url} cannot be read: "
+                        f"{str(exc.orig).strip().splitlines()[0]} (this role may not read a "
+                        "table privcal reads — `audit verify` and per-subject look-ups read "
+                        "ledger_secret too — or the table is missing); nothing was written",
+                        public="the ledger cannot be read (a table is missing or not "
+                               "readable)") from exc
                 if not _dropped(exc):
                     raise
                 raise LedgerError(

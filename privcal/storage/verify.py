@@ -275,6 +275,9 @@ class LedgerVerifier:
                 entries = progress(entries, "verifying the audit log",
                                    head_row.seq if head_row else 0)
             for e in entries:
+                if e.seq < expected:  # before 1 (the chain has no such position): inserted
+                    raise AuditFailed(f"audit entry {e.seq}: the log has no position {e.seq} "
+                                      "(it starts at 1): a row inserted outside privcal")
                 if e.seq != expected:
                     raise AuditFailed(
                         f"audit entry {expected} is missing (the log jumps from {expected - 1} "
@@ -340,7 +343,8 @@ class LedgerVerifier:
                                       "outside privcal, or its entry deleted)")
             check_release_charges(releases, charges, tally.logged["release"],
                                   self.release_charge_links(s), tally.coll,  # type: ignore[attr-defined]
-                                  tally.logged["charge"])
+                                  tally.logged["charge"],
+                                  {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
             self._check_totals(s, datasets, charges)
             check_subject_spends(s, datasets, charges, tally.logged["charge"],

@@ -26,7 +26,8 @@ from typing import Any
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, parse_cost
 from privcal.errors import AuditFailed, PrivcalError
 
-__all__ = ["PaidBy", "check_release_charges", "paid_by", "reports_used", "shortfall"]
+__all__ = ["PaidBy", "check_release_charges", "is_nonprivate", "paid_by", "reports_used",
+           "shortfall"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,13 @@ def _plain(d: Decimal) -> str:
     return format(d.normalize(), "f") if d else "0"
 
 
+def is_nonprivate(privacy: Any) -> bool:
+    """Whether a release's privacy record says it is non-private (``model`` ``none`` or
+    absent, no cost): allowed only on a dataset made with ``allow_nonprivate``."""
+    return (isinstance(privacy, Mapping) and privacy.get("cost") is None
+            and privacy.get("central_cost") is None and privacy.get("model") in (None, "none"))
+
+
 def shortfall(privacy: Any, charges: Sequence[Any], reports: int = 0) -> str | None:
     """Why ``charges`` (each with ``id``, ``scope``, ``notion``, ``epsilon``, ``delta``,
     ``rho``, ``eps0``, ``subjects_accepted``) do not pay for a release whose privacy record is
@@ -96,7 +104,7 @@ def shortfall(privacy: Any, charges: Sequence[Any], reports: int = 0) -> str | N
     if not isinstance(privacy, Mapping):
         return "has a privacy record that is not an object"
     cost_doc, central_doc = privacy.get("cost"), privacy.get("central_cost")
-    if cost_doc is None and central_doc is None and privacy.get("model") in (None, "none"):
+    if is_nonprivate(privacy):
         return None  # non-private: nothing to pay
     if not charges:
         return "is private but names no charge that paid for it"
@@ -167,7 +175,8 @@ def shortfall(privacy: Any, charges: Sequence[Any], reports: int = 0) -> str | N
 def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any],
                           seqs: Mapping[int, int], links: Mapping[int, int] | None = None,
                           sessions: Mapping[int, Any] | None = None,
-                          charge_seqs: Mapping[int, int] | None = None) -> None:
+                          charge_seqs: Mapping[int, int] | None = None,
+                          nonprivate_ok: Mapping[int, bool] | None = None) -> None:
     """Every release row paid for by charges of its own dataset that pay for no other
     release, costing at least its recorded privacy cost (:func:`shortfall`; a local release
     by as many subjects as it used reports: ``sessions``, the collection session rows, give a
@@ -176,8 +185,10 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
     (``charge_seqs``: charge id → seq of its audit entry) every charge logged *before* the
     release it pays for — privcal charges, then releases, so a release whose entry precedes a
     charge it names was recorded unpaid, with that charge added later (red team 18, auditor
-    F9). AuditFailed naming the release's audit entry (``seqs``: release id → seq)
-    otherwise."""
+    F9); and (``nonprivate_ok``: dataset id → its ``allow_nonprivate``) a non-private
+    release only on a dataset that allows them — its cap's stated guarantee leaves them out
+    only there (red team 23, ledger F8). AuditFailed naming the release's audit entry
+    (``seqs``: release id → seq) otherwise."""
     totals = {c.release_id: int((c.state or {}).get("total", 0))
               for c in (sessions or {}).values() if c.release_id is not None}
     owner: dict[int, int] = {}
@@ -205,6 +216,10 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
             if logged is not None and rid in seqs and logged > seqs[rid]:
                 raise AuditFailed(f"{where}: charge {cid} is logged after it (audit entry "
                                   f"{logged}); a release is paid for before it is recorded")
+        if nonprivate_ok is not None and is_nonprivate(r.privacy) and \
+                not nonprivate_ok.get(r.dataset_id, False):
+            raise AuditFailed(f"{where} is non-private, but its dataset does not allow "
+                              "non-private releases (its stated guarantee would not hold)")
         why = shortfall(r.privacy, [charges[i] for i in ids],
                         reports_used(r.shape, session_total=totals.get(rid)))
         if why is not None:
@@ -212,6 +227,14 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
     if links is None:
         return
     for cid in sorted(set(owner) | set(links)):
+        if cid not in links:  # say which edit it was (red team 23, ledger F4)
+            raise AuditFailed(f"release_charges: charge {cid} pays for release {owner[cid]} "
+                              "(its charge_ids) but has no release_charges row (row deleted "
+                              "outside privcal)")
+        if cid not in owner:
+            raise AuditFailed(f"release_charges: a row says charge {cid} pays for release "
+                              f"{links[cid]}, but no release names it (row inserted outside "
+                              "privcal)")
         if links.get(cid) != owner.get(cid):
             raise AuditFailed(
                 f"release_charges: charge {cid} is recorded as paying for release "

@@ -26,8 +26,10 @@ from privcal.storage.models import (
     Dataset,
     SubjectBaseline,
     SubjectSpend,
+    cap_units,
     read_ledger_secret,
     spend_units,
+    units_eps,
 )
 
 __all__ = ["check_subject_spends", "stored_units"]
@@ -91,6 +93,32 @@ def _members_hex(s: Session, charge_id: int) -> set[str]:
     blob = s.scalar(select(ChargeMembers.members).where(ChargeMembers.charge_id == charge_id))
     h, w = bytes(blob or b"").hex(), 2 * pseudonyms.PSEUDONYM_BYTES
     return {h[i:i + w] for i in range(0, len(h), w)}
+
+
+def _check_subject_cap(ds: Dataset | None, d: int, keys: np.ndarray,
+                       units: np.ndarray) -> None:
+    """Every subject's spend (as the log's charges add up) within the dataset's logged
+    per-subject cap (none: no local-DP spend at all). Each charge privcal accepts keeps this
+    true; a cap raised around a batch and put back, or a spend row deleted around one and
+    restored, left rows equal to their entries and a subject past her cap (red team 23,
+    ledger F7)."""
+    if not units.size:
+        return
+    cap = cap_units(ds.subject_epsilon) if ds is not None and ds.subject_epsilon is not None \
+        else 0
+    over = units > cap
+    if not over.any():
+        return
+    i = int(np.argmax(units))
+    subj = bytes(keys[i]).ljust(pseudonyms.PSEUDONYM_BYTES, b"\x00").hex()
+    name = ds.name if ds is not None else "?"
+    what = (f"per-subject cap ε0 ≤ {units_eps(cap).normalize():f}" if cap else
+            "per-subject cap (none: it takes no local-DP reports)")
+    raise AuditFailed(
+        f"dataset {d} ({name!r}): subject {subj[:16]}… has spent "
+        f"ε0={units_eps(int(units[i])).normalize():f} ({int(over.sum())} subjects over), more "
+        f"than its {what} allows: a cap or spend edited around a charge, or a charge "
+        "accepted past its budget")
 
 
 def check_subject_spends(s: Session, datasets: dict[int, Dataset],
@@ -168,6 +196,7 @@ def check_subject_spends(s: Session, datasets: dict[int, Dataset],
                                    if d in stored else [])
         if got_k.shape == want_k.shape and (got_k == want_k).all() and \
                 (got_u == want_u).all() and len(stored[d][0]) == got_k.size:
+            _check_subject_cap(datasets.get(d), d, got_k, got_u)
             continue
         exp = dict(zip(want_k.tolist(), want_u.tolist(), strict=True))
         act = dict(zip(got_k.tolist(), got_u.tolist(), strict=True))
