@@ -230,13 +230,12 @@ def test_a_ledger_missing_a_table_is_one_line_and_nothing_is_charged(
     other.close()
 
 
-@pytest.mark.postgres
+@pytest.mark.parametrize("ledger_url", [pytest.param("postgresql", marks=pytest.mark.postgres)],
+                         indirect=True)
 def test_a_role_that_may_not_read_the_secret_gets_one_line_from_verify(
         accountant: Accountant, ledger_url: str) -> None:
     """An auditor's role with SELECT on every table but ``ledger_secret`` (least privilege,
     or the README's advice for exports): ``audit verify`` was a psycopg traceback."""
-    if not ledger_url.startswith("postgresql"):
-        pytest.skip("roles are PostgreSQL's")
     import uuid
 
     from sqlalchemy.engine import make_url

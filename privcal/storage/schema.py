@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 
 from privcal.errors import LedgerError, SchemaOutOfDate
+from privcal.storage.schema_refusals import SchemaRefusals, uri_file
 
 __all__ = ["MIGRATIONS_DIR", "LedgerSchema"]
 
@@ -67,7 +68,7 @@ def _scan_head() -> str | None:
 
 
 
-class LedgerSchema:
+class LedgerSchema(SchemaRefusals):
     """Schema revision checks and migrations of a :class:`~privcal.storage.ledger.Ledger`."""
 
     # set by Ledger.__init__; ``backend``, ``_connect`` and ``_unreachable`` are the Ledger's
@@ -123,44 +124,6 @@ class LedgerSchema:
                 public=f"the ledger is at several schema revisions at once ({shown})")
         return heads[0] if heads else None
 
-    def other_tables(self) -> list[str]:
-        """The tables of a database without a privcal revision (no ``alembic_version``, or an
-        empty one: another Alembic application's after ``downgrade base``), but the tables a
-        PostgreSQL extension owns (PostGIS's ``spatial_ref_sys`` in a database made from a
-        PostGIS template); [] for an empty database. Called where ``current()`` is None."""
-        with self._connect(write=False) as conn:
-            try:
-                names = set(inspect(conn).get_table_names()) - {"alembic_version"}
-                if names and self.backend == "postgresql":
-                    names -= set(conn.execute(text(
-                        "SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.objid = c.oid "
-                        "AND d.deptype = 'e' WHERE c.relnamespace = "
-                        "current_schema()::regnamespace")).scalars())
-            except DBAPIError as exc:
-                raise self._unreachable(exc) from exc
-        return sorted(names)
-
-    def _refuse_other_tables(self) -> None:
-        """LedgerError if this database holds another application's tables and no privcal
-        schema (red team 19, newcomer F13: a mistyped --db-url at an application's database
-        was told "run `privcal db upgrade`", which then wrote privcal's tables — the
-        pseudonyms' secret and the API tokens among them — beside the application's)."""
-        others = self.other_tables()
-        if others:
-            shown = ", ".join(others[:5]) + (f", … ({len(others)} in all)"
-                                             if len(others) > 5 else "")
-            from privcal.storage.models import Base
-
-            what = (f"privcal's tables ({shown}) but no privcal schema revision (its "
-                    "alembic_version removed?)" if set(others) <= set(Base.metadata.tables)
-                    else f"tables that are not privcal's ({shown}) and no privcal schema")
-            raise LedgerError(
-                f"{self.url} holds {what}: not a privcal ledger — check --db-url (privcal "
-                "keeps a database of its own, or a PostgreSQL schema of its own: CREATE "
-                "SCHEMA NAME, then ?options=-csearch_path=NAME in the URL)",
-                public="the database holds tables and no privcal schema revision: not a "
-                       "privcal ledger (the server's log names it; check its --db-url)")
-
     def check(self) -> str:
         """The revision if it is the head; else SchemaOutOfDate naming ``privcal db upgrade``
         (LedgerError for another application's database). A check that fails also ends this
@@ -187,26 +150,6 @@ class LedgerSchema:
             raise SchemaOutOfDate(f"ledger {self.url} {advice}", public=f"the ledger {advice}")
         self._refuse_missing_tables()
         return cur
-
-    def _refuse_missing_tables(self) -> None:
-        """LedgerError naming privcal's tables a ledger at the head revision lacks (a partial
-        restore, a dropped table): ``db check`` said ok, ``audit verify`` was a traceback, a
-        calibration charged and then failed writing its release (red team 23, ledger F3)."""
-        from privcal.storage.models import Base
-
-        with self._connect(write=False) as conn:
-            try:
-                have = set(inspect(conn).get_table_names())
-            except DBAPIError as exc:
-                raise self._unreachable(exc) from exc
-        missing = sorted(set(Base.metadata.tables) - have)
-        if missing:
-            raise LedgerError(
-                f"ledger {self.url} is at revision {self.head_revision()} but lacks privcal's "
-                f"table(s) {', '.join(missing)} (restored from a partial dump, or dropped): "
-                "restore them from a full backup of this ledger; nothing was read or written",
-                public="the ledger lacks some of privcal's tables: an operator must restore "
-                       "them")
 
     def upgrade(self, revision: str = "head", *, beside_other_tables: bool = False) -> str:
         """Migrate the schema to ``revision`` under a lock; returns the resulting revision.
@@ -271,31 +214,6 @@ class LedgerSchema:
         return self.backend == "sqlite" and (str(self._url.database or "").startswith("file:")
                                              or bool(self._url.query.get("uri")))
 
-    def _refuse_unread_wal(self) -> None:
-        """LedgerError for an ``immutable=1`` open beside a ``-wal`` with frames (more than
-        its 32-byte header): SQLite reads the main file only, so the transactions a running or
-        killed writer committed since the last checkpoint — also in a copy or read-only mount
-        taken with it — were not there: older budgets and head (red team 23, ledger F5)."""
-        q = self._url.query
-        if not self._sqlite_uri() or str(q.get("immutable", "")).lower() not in ("1", "true"):
-            return
-        path = self._sqlite_file()
-        if path is None:
-            return
-        wal = Path(f"{_uri_file(path)}-wal")
-        try:
-            size = wal.stat().st_size
-        except OSError:
-            return
-        if size > 32:
-            raise LedgerError(
-                f"the ledger {_uri_file(path)} has a write-ahead log beside it ({wal.name}, "
-                f"{size} bytes) whose transactions immutable=1 does not read (its budgets and "
-                "head would be older than the ledger's): open it with mode=ro instead, or "
-                "checkpoint a writable copy first (sqlite3 COPY 'PRAGMA "
-                "wal_checkpoint(TRUNCATE)')",
-                public="the ledger's write-ahead log is not read by an immutable open")
-
     def _sqlite_file(self) -> Path | None:
         """The SQLite file of this ledger (None in memory or on PostgreSQL)."""
         if self.backend != "sqlite" or self._in_memory():
@@ -317,7 +235,7 @@ class LedgerSchema:
             q = self._url.query
             if str(q.get("mode", "")) == "ro" or str(q.get("immutable", "")) in ("1", "true"):
                 return
-            path = _uri_file(path)
+            path = uri_file(path)
         try:
             target = path.resolve()
         except (OSError, RuntimeError):  # a symlink loop (3.11: RuntimeError): the driver's
@@ -346,7 +264,7 @@ class LedgerSchema:
         if path is None:
             return None
         if self._sqlite_uri():
-            path = _uri_file(path)
+            path = uri_file(path)
         try:
             if not path.exists() or path.stat().st_size == 0:
                 return path
@@ -391,12 +309,6 @@ class LedgerSchema:
                 self.upgrade()
             self.check()
             self._schema_ok = True
-
-
-def _uri_file(database: Path) -> Path:
-    """The file a SQLite ``file:`` URI's path names (the path itself without ``file:``)."""
-    name = str(database)
-    return Path(name[len("file:"):] if name.startswith("file:") else name)
 
 
 def _foreign(url: str, revision: str) -> str:
