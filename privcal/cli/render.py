@@ -54,7 +54,8 @@ def _marginal_verdict(ev: Any, failure: float, rel: Any) -> str:
     if ev.meets_guarantee:
         verdict = "meets"
     elif ev.consistent_with_guarantee:
-        verdict = f"below, but consistent with (95% upper bound {ev.coverage_upper_95:.4f})"
+        upper = at_most(ev.coverage_upper_95, ".4f")  # never printed below what it is
+        verdict = f"below, but consistent with (95% upper bound {upper})"
     elif (found := shortfall(ev, failure, rel)) is not None:  # one release, marginal bound
         # how likely a test result this low is under the guarantee (calibrators/shortfall.py:
         # Markov's inequality, or an order statistic for split and P-COQS)
@@ -65,8 +66,8 @@ def _marginal_verdict(ev: Any, failure: float, rel: Any) -> str:
                   else "weak evidence against it" if odds < 1 else "no evidence against it")
         given = (f"; it holds given an event of probability ≥ {at_least(1 - failure, '.4g')}"
                  f", so the mean coverage is ≥ {at_least(low, '.4g')}" if failure > 0 else "")
-        return (f"below on this test set (95% upper bound {u:.4f}); the recorded guarantee "
-                f"is marginal — over calibration sets and test points{given} — and one "
+        return (f"below on this test set (95% upper bound {at_most(u, '.4f')}); the recorded "
+                f"guarantee is marginal — over calibration sets and test points{given} — and one "
                 f"release may fall below it; a test result this low has probability at most "
                 f"{at_most(odds, '.2g')} under it ({how}): {weight}")
     else:

@@ -1,0 +1,59 @@
+"""Red team 23, newcomer: the human-facing outputs of the CLI.
+
+- F1: ``evaluate`` printed a measured coverage rounded to nearest — 35 999 covered of 40 000
+  (0.899975) read "coverage 0.9000 (guaranteed ≥ 0.9000)" above "below, but consistent with":
+  a measured coverage is printed rounded down, a 95% upper bound rounded up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from click.testing import CliRunner
+
+from privcal import Accountant
+from privcal.cli import main
+
+
+def _run(url: str, *args: str, code: int = 0) -> str:
+    res = CliRunner().invoke(main, ["--db-url", url, *args])
+    assert res.exit_code == code, (res.output, res.stderr)
+    return res.output
+
+
+def _probs(tmp_path: Path, covered: np.ndarray, k: int = 4) -> tuple[str, str]:
+    """Probabilities whose label has p = 0.6 (score 0.4) where ``covered``, else p = 0.01
+    (score 0.99), and their labels."""
+    n = covered.size
+    labels = np.arange(n) % k
+    pl = np.where(covered, 0.6, 0.01)
+    p = np.repeat(((1 - pl) / (k - 1))[:, None], k, axis=1)
+    p[np.arange(n), labels] = pl
+    np.save(tmp_path / "p.npy", p)
+    np.save(tmp_path / "y.npy", labels)
+    return str(tmp_path / "p.npy"), str(tmp_path / "y.npy")
+
+
+def test_a_measured_coverage_below_the_guarantee_is_not_printed_as_equal_to_it(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    Accountant(url).create_dataset("d", rho=1, allow_nonprivate=True)
+    # calibration: 90 % of the scores at 0.4, the rest at 0.99 → split's threshold is 0.4
+    cal = np.ones(1000, dtype=bool)
+    cal[:95] = False
+    p, y = _probs(tmp_path, cal)
+    _run(url, "calibrate", "split", "--dataset", "d", "--probs", p, "--labels", y,
+         "--alpha", "0.1", "--score", "lac")
+    assert Accountant(url).release(1).threshold == 1 - 0.6
+    test = np.ones(40_000, dtype=bool)
+    test[:4001] = False  # 35 999 of 40 000 covered: 0.899975
+    p, y = _probs(tmp_path, test)
+    out = _run(url, "evaluate", "--release", "1", "--probs", p, "--labels", y)
+    assert "coverage            0.8999   (guaranteed ≥ 0.9000)" in out, out
+    assert "0.9000   (guaranteed" not in out
+    ev = Accountant(url).release(1).evaluate(np.load(p), np.load(y))
+    assert ev.coverage == 0.899975 and not ev.meets_guarantee
+    assert 0.9024 < ev.coverage_upper_95 < 0.90245  # printed rounded up, never down
+    assert "95% upper bound 0.9025" in out, out
