@@ -3,6 +3,9 @@
 - F1: ``evaluate`` printed a measured coverage rounded to nearest — 35 999 covered of 40 000
   (0.899975) read "coverage 0.9000 (guaranteed ≥ 0.9000)" above "below, but consistent with":
   a measured coverage is printed rounded down, a 95% upper bound rounded up.
+- F4: ``budget show --subject 7.0`` (``Accountant.subject_spend``) answered "spent ε0=0" for an
+  id no charge accepts, while the person charged as ``7`` had spent 2: the look-up applies the
+  one id rule as the charges do.
 """
 
 from __future__ import annotations
@@ -57,3 +60,25 @@ def test_a_measured_coverage_below_the_guarantee_is_not_printed_as_equal_to_it(
     assert ev.coverage == 0.899975 and not ev.meets_guarantee
     assert 0.9024 < ev.coverage_upper_95 < 0.90245  # printed rounded up, never down
     assert "95% upper bound 0.9025" in out, out
+
+
+def test_a_subject_spend_look_up_refuses_an_integer_spelled_as_a_float(tmp_path: Path) -> None:
+    """F4: ``budget show --subject 7.0`` printed "spent ε0=0" for subject 7, who spent 2 —
+    an id no charge accepts, looked up as a person who never spent."""
+    import pytest
+
+    from privcal.errors import InvalidInput
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    acct = Accountant(url)
+    acct.create_dataset("u", epsilon=1, subject_epsilon=6)
+    acct.charge_subjects("u", 2, ["7"])
+    assert "spent ε0=2" in _run(url, "budget", "show", "u", "--subject", "7")
+    with pytest.raises(InvalidInput, match="integer written as a float"):
+        acct.charge_subjects("u", 2, ["7.0"])
+    with pytest.raises(InvalidInput, match="integer written as a float"):
+        acct.subject_spend("u", "7.0")
+    res = CliRunner().invoke(main, ["--db-url", url, "budget", "show", "u", "--subject", "7.0"])
+    assert res.exit_code == 1 and "spent" not in res.stdout
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()]
+    assert res.stderr.startswith("error: ") and "integer written as a float" in res.stderr

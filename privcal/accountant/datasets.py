@@ -175,7 +175,9 @@ def _eps(units: float | int) -> Decimal:
 
 def subject_spend(ledger: Ledger, name: str, subject_id: Any) -> Decimal:
     """ε0 spent so far by one subject of ``name`` (0 if never charged), by its pseudonym."""
-    sid = str(id_strings([subject_id], "subject id")[0])  # the one id normalisation
+    # the one id rule, as a charge applies it: `7.0` is refused, not looked up as a person
+    # who never spent (red team 23, newcomer F4)
+    sid = str(id_strings([subject_id], "subject id", people=True)[0])
     with ledger.read() as s:
         ds = ledger.get_dataset(s, name)
         return _eps(ledger.subject_units(s, ds.id, ledger.pseudonyms([sid])[0]))
