@@ -6,6 +6,8 @@
 - F4: ``budget show --subject 7.0`` (``Accountant.subject_spend``) answered "spent ε0=0" for an
   id no charge accepts, while the person charged as ``7`` had spent 2: the look-up applies the
   one id rule as the charges do.
+- F2: ``release show`` of a Mondrian or several-level release printed the headline threshold
+  alone; it prints each group's and level's n, threshold and bound, as ``calibrate`` does.
 """
 
 from __future__ import annotations
@@ -82,3 +84,26 @@ def test_a_subject_spend_look_up_refuses_an_integer_spelled_as_a_float(tmp_path:
     assert res.exit_code == 1 and "spent" not in res.stdout
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]
     assert res.stderr.startswith("error: ") and "integer written as a float" in res.stderr
+
+
+def test_release_show_prints_every_group_and_level_threshold(tmp_path: Path) -> None:
+    """F2: ``release show`` of a Mondrian release at two levels printed one threshold (the
+    headline) and none of the six its groups and levels apply, which ``calibrate`` printed."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    acct = Accountant(url)
+    acct.create_dataset("c", rho=2)
+    g = np.random.default_rng(0)
+    probs = g.dirichlet(np.ones(3), size=3000)
+    labels = np.array([g.choice(3, p=p) for p in probs])
+    rel = acct.calibrate("pcoqs", dataset="c", probs=probs, labels=labels, score="lac",
+                         alpha=[0.1, 0.2], rho=0.25, mondrian="label", public_groups=True)
+    rows = rel.thresholds()
+    assert len(rows) == 6 and len({r["threshold"] for r in rows}) == 6
+    out = _run(url, "release", "show", str(rel.id))
+    for r in rows:
+        line = (f"group {r['group']} (n={r['n']})", f"α={r['alpha']:g}: threshold "
+                f"{r['threshold']!r}, coverage ≥ {r['lower']:g}")
+        assert any(line[0] in ln and line[1] in ln for ln in out.splitlines()), (line, out)
+    # a plain release has no such rows
+    plain = acct.calibrate("pcoqs", dataset="c", scores=g.random(500), alpha=0.1, rho=0.1)
+    assert "group " not in _run(url, "release", "show", str(plain.id))

@@ -273,7 +273,7 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
 @pass_settings
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
-    from privcal.cli.render import ties_note
+    from privcal.cli.render import threshold_lines, ties_note
 
     r = settings.accountant(existing=True).release(release_id)
 
@@ -288,6 +288,8 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
             {"": "method", "value": f"{r.method} {r.calibrator_version} "
                                     f"({r.distribution} {r.distribution_version})"},
             {"": "threshold", "value": float_text(r.threshold)},
+            # a Mondrian or several-level release: the threshold each group and level applies
+            *({"": where, "value": what} for where, what in threshold_lines(r)),
             {"": "parameters", "value": cell(r.params)},
             {"": "data", "value": shape},
             {"": "coverage", "value": cov.statement},

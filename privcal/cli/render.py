@@ -10,7 +10,7 @@ import click
 from privcal.cli.output import at_least, at_most, float_text
 
 __all__ = ["fmt_threshold", "render_dry_run", "render_release",
-           "render_thresholds", "ties_note"]
+           "render_thresholds", "threshold_lines", "ties_note"]
 
 
 def fmt_threshold(t: float, regression: bool = False) -> str:
@@ -129,16 +129,23 @@ def ties_note(rel: Any) -> str | None:
     return None
 
 
-def render_thresholds(rel: Any) -> None:
-    """Each group's and level's n, threshold and guaranteed bound (levels/Mondrian only)."""
+def threshold_lines(rel: Any) -> list[tuple[str, str]]:
+    """(where, what) of each group's and level's n, threshold and guaranteed bound — for
+    levels/Mondrian releases only (none for others): what ``calibrate`` and ``release show``
+    print (red team 23, newcomer F2: ``release show`` printed the headline threshold alone)."""
     from privcal.calibrators.group_sets import is_wrapped, threshold_rows
 
     if not is_wrapped(rel.method):
-        return
-    for r in threshold_rows(rel):
-        where = f"group {r['group']} (n={r['n']})" if r["group"] is not None else "level"
-        click.echo(f"  {where:<19} α={r['alpha']:g}: threshold {fmt_threshold(r['threshold'])}"
-                   f", coverage ≥ {at_least(r['lower'], '.6g')}")
+        return []
+    return [(f"group {r['group']} (n={r['n']})" if r["group"] is not None else "level",
+             f"α={r['alpha']:g}: threshold {fmt_threshold(r['threshold'])}, "
+             f"coverage ≥ {at_least(r['lower'], '.6g')}") for r in threshold_rows(rel)]
+
+
+def render_thresholds(rel: Any) -> None:
+    """Each group's and level's n, threshold and guaranteed bound (levels/Mondrian only)."""
+    for where, what in threshold_lines(rel):
+        click.echo(f"  {where:<19} {what}")
 
 
 def render_dry_run(report: Any) -> None:
