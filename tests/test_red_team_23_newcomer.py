@@ -8,6 +8,7 @@
   one id rule as the charges do.
 - F2: ``release show`` of a Mondrian or several-level release printed the headline threshold
   alone; it prints each group's and level's n, threshold and bound, as ``calibrate`` does.
+- F3: ``session open`` above a dataset's per-subject cap advised creating the dataset with a cap.
 """
 
 from __future__ import annotations
@@ -107,3 +108,24 @@ def test_release_show_prints_every_group_and_level_threshold(tmp_path: Path) -> 
     # a plain release has no such rows
     plain = acct.calibrate("pcoqs", dataset="c", scores=g.random(500), alpha=0.1, rho=0.1)
     assert "group " not in _run(url, "release", "show", str(plain.id))
+
+
+def test_a_session_over_the_per_subject_cap_is_told_the_cap_not_to_create_one(
+    tmp_path: Path,
+) -> None:
+    """F3: ``session open`` with ε0 above the dataset's per-subject cap 3 said "the per-subject
+    cap is 3 (create the dataset with --subject-epsilon)": the advice of a dataset without
+    one."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    acct = Accountant(url)
+    acct.create_dataset("capped", epsilon=1, subject_epsilon=3)
+    acct.create_dataset("uncapped", epsilon=1)
+    base = ["session", "open", "ldp-score", "--alpha", "0.1", "--epsilon", "5", "--rounds", "3",
+            "--group-size", "10", "--dataset"]
+    res = CliRunner().invoke(main, ["--db-url", url, *base, "capped"])
+    assert res.exit_code == 3, res.stderr
+    assert "--subject-epsilon" not in res.stderr and "per-subject cap 3" in res.stderr
+    assert "ε0 ≤ 3" in res.stderr
+    res = CliRunner().invoke(main, ["--db-url", url, *base, "uncapped"])
+    assert res.exit_code == 3 and "create the dataset with --subject-epsilon" in res.stderr
+    assert acct.ledger.head().seq == 2  # the two datasets: nothing else written
