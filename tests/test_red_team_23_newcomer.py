@@ -9,6 +9,8 @@
 - F2: ``release show`` of a Mondrian or several-level release printed the headline threshold
   alone; it prints each group's and level's n, threshold and bound, as ``calibrate`` does.
 - F3: ``session open`` above a dataset's per-subject cap advised creating the dataset with a cap.
+- F6: ``release list`` stated "coverage ≥ 0.9" of guarantees that hold with a probability
+  (P-COQS, the local methods), and "(2, 0) local" of a label-only release.
 """
 
 from __future__ import annotations
@@ -129,3 +131,36 @@ def test_a_session_over_the_per_subject_cap_is_told_the_cap_not_to_create_one(
     res = CliRunner().invoke(main, ["--db-url", url, *base, "uncapped"])
     assert res.exit_code == 3 and "create the dataset with --subject-epsilon" in res.stderr
     assert acct.ledger.head().seq == 2  # the two datasets: nothing else written
+
+
+def test_release_list_says_with_what_probability_and_of_what_a_release_holds(
+    tmp_path: Path,
+) -> None:
+    """F6: ``release list`` printed "coverage ≥ 0.9" for a P-COQS release whose guarantee holds
+    given an event of probability ≥ 0.95, and "(2, 0) local" for a label-only ldp-label
+    release as for ldp-score's (x, y) claim."""
+    import re
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    acct = Accountant(url)
+    acct.create_dataset("d", rho=1, allow_nonprivate=True)
+    acct.create_dataset("u", epsilon=1, subject_epsilon=6)
+    g = np.random.default_rng(1)
+    pc = acct.calibrate("pcoqs", dataset="d", scores=g.random(1000), alpha=0.1, rho=0.1)
+    sp = acct.calibrate("split", dataset="d", scores=g.random(1000), alpha=0.1)
+    ids = [f"u{i}" for i in range(400)]
+    ll = acct.calibrate("ldp-label", dataset="u", probs=g.dirichlet(np.ones(3), 400),
+                        labels=g.integers(0, 3, 400), subjects=ids, alpha=0.2, epsilon=2,
+                        classes=["a", "b", "c"])
+    ls = acct.calibrate("ldp-score", dataset="u", scores=g.random(400), subjects=ids,
+                        alpha=0.2, epsilon=2)
+    assert pc.coverage.failure_probability == 0.05 and sp.coverage.failure_probability == 0
+    out = _run(url, "release", "list")
+    rows = {int(m.group(1)): m.group(0) for m in re.finditer(r"^ (\d+) .*$", out, re.M)}
+    assert " 0.9 w.p. ≥ 0.95 " in rows[pc.id]
+    assert " 0.9 " in rows[sp.id] and "w.p." not in rows[sp.id]  # split: no failure event
+    fail = ll.coverage.failure_probability
+    assert fail > 0 and f" w.p. ≥ {1 - fail:g} " in rows[ll.id]
+    assert "(2, 0) local, label only" in rows[ll.id]
+    assert "(2, 0) local " in rows[ls.id] and "label only" not in rows[ls.id]
+    assert "(2, 0) local, label only" in _run(url, "release", "show", str(ll.id))
