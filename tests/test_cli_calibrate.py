@@ -314,7 +314,8 @@ def test_guarantee_verdict_wording() -> None:
 
     assert guarantee_verdict(ev(True, True)) == "meets the recorded guarantee"
     assert guarantee_verdict(ev(False, True)) == (
-        "below, but consistent with (95% upper bound 0.9123) the recorded guarantee")
+        # an upper bound printed rounded up, never down (red team 23, newcomer F1)
+        "below, but consistent with (95% upper bound 0.9124) the recorded guarantee")
     assert guarantee_verdict(ev(False, False)) == (
         "BELOW and inconsistent with the recorded guarantee")
 

@@ -176,7 +176,8 @@ def _eps(units: float | int) -> Decimal:
 def subject_spend(ledger: Ledger, name: str, subject_id: Any) -> Decimal:
     """ε0 spent so far by one subject of ``name`` (0 if never charged), by its pseudonym."""
     # the one id normalisation, a person's (people=True): "7.0" is no id a charge takes, so
-    # "spent 0" for it misled beside the 2 person 7 spent (red team 23, privacy F4)
+    # "spent 0" for it misled beside the 2 person 7 spent (red team 23, privacy F4 and
+    # newcomer F4)
     sid = str(id_strings([subject_id], "subject id", people=True)[0])
     with ledger.read() as s:
         ds = ledger.get_dataset(s, name)

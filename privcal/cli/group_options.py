@@ -151,13 +151,13 @@ def echo_groups(ev: Any) -> None:
     against the group's own bound, its mean set size or interval length, and whether the
     group's test rows are below its guarantee."""
     for g in ev.by_group or ():
-        cov = "-" if g.coverage is None else f"{g.coverage:.4f}"
+        cov = "-" if g.coverage is None else at_least(g.coverage, '.4f')
         if g.mean_length is not None:
             size = f"mean length {g.mean_length:.6g}"
         else:
             size = f"mean set size {'-' if g.mean_set_size is None else f'{g.mean_set_size:.3f}'}"
         below = ("" if g.consistent_with_guarantee is not False else
-                 f"; below its guarantee (95% upper bound {g.coverage_upper_95:.4f}"
+                 f"; below its guarantee (95% upper bound {at_most(g.coverage_upper_95, '.4f')}"
                  + ("" if g.shortfall_probability is None else
                     f"; a result this low has probability at most "
                     f"{at_most(g.shortfall_probability, '.2g')} under it") + ")")

@@ -105,7 +105,7 @@ def emit_evaluation(rel: Any, ev: Any, as_json: bool) -> None:
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
         lower = at_least(ev.guaranteed_lower, ".4f")
-        click.echo(f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {lower})")
+        click.echo(f"  coverage            {at_least(ev.coverage, '.4f')}   (guaranteed ≥ {lower})")
         if ev.infinite_count:
             finite = ("none finite" if ev.mean_finite_length is None
                       else f"mean of the finite ones {ev.mean_finite_length:.6g}")

@@ -242,15 +242,28 @@ def release_list(settings: Settings, dataset_name: str | None, as_json: bool) ->
     rows = settings.accountant(existing=True).releases(dataset_name)
     emit(rows, as_json=as_json, human=lambda: click.echo(table([
         {"id": r.id, "dataset": r.dataset, "method": r.method,
-         "threshold": float_text(r.threshold), "coverage ≥": _lower_cell(r.coverage.lower),
+         "threshold": float_text(r.threshold), "coverage ≥": _lower_cell(r.coverage.lower,
+                                                               r.coverage.failure_probability),
          "privacy (ε, δ)": privacy_cell(r.privacy),
          "created": cell(r.created_at)} for r in rows])))
 
 
-def _lower_cell(lower: float | None) -> str:
+def _lower_cell(lower: float | None, failure: float | None = None) -> str:
     """A release's coverage lower bound in 10 significant digits, rounded *down* (red team
-    21, coverage F2: ``cell`` rounded a recorded 0.8870043318893702 up to 0.8870043319)."""
-    return cell(lower) if lower is None else at_least(lower, ".10g")
+    21, coverage F2: ``cell`` rounded a recorded 0.8870043318893702 up to 0.8870043319), and
+    the probability it holds with when that is not 1 (red team 23, newcomer F6: a P-COQS
+    release's "P(Y ∈ C(X) | E) ≥ 0.9", P(E) ≥ 0.95, was listed as coverage ≥ 0.9), rounded
+    down too."""
+    if lower is None:
+        return cell(lower)
+    text = at_least(lower, ".10g")
+    if failure is None or not failure > 0:
+        return text
+    from fractions import Fraction
+
+    from privcal.calibrators.bound_floats import text_at_most
+
+    return f"{text} w.p. ≥ {text_at_most(1 - failure, 1 - Fraction(repr(float(failure))))}"
 
 
 def privacy_cell(privacy: dict[str, Any]) -> str:
@@ -260,7 +273,13 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
     if "epsilon" in privacy and "delta" in privacy:
         text = f"({privacy['epsilon']}, {privacy['delta']})"
         model = privacy.get("model")
-        return text if model in (None, "central") else f"{text} {model}"
+        if model not in (None, "central"):
+            text = f"{text} {model}"
+        # a label-only claim (ldp-label: the features are sent in the clear) is not the
+        # (x, y) claim of ldp-score (red team 23, newcomer F6: both were "(2, 0) local")
+        if "label-only" in str(privacy.get("neighbouring") or ""):
+            text = f"{text}, label only"
+        return text
     if cost.get("kind") == "local":
         return f"({cost.get('eps0')}, 0) local, per subject"
     if not cost:
@@ -274,7 +293,7 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
 @pass_settings
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
-    from privcal.cli.render import ties_note
+    from privcal.cli.render import threshold_lines, ties_note
 
     r = settings.accountant(existing=True).release(release_id)
 
@@ -289,6 +308,8 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
             {"": "method", "value": f"{r.method} {r.calibrator_version} "
                                     f"({r.distribution} {r.distribution_version})"},
             {"": "threshold", "value": float_text(r.threshold)},
+            # a Mondrian or several-level release: the threshold each group and level applies
+            *({"": where, "value": what} for where, what in threshold_lines(r)),
             {"": "parameters", "value": cell(r.params)},
             {"": "data", "value": shape},
             {"": "coverage", "value": cov.statement},

@@ -276,7 +276,7 @@ def evaluate(
     def human() -> None:
         click.echo(f"release {rel.id} ({rel.method}), {ev.n} held-out points")
         lower = at_least(ev.guaranteed_lower, ".4f")
-        click.echo(f"  coverage            {ev.coverage:.4f}   (guaranteed ≥ {lower})")
+        click.echo(f"  coverage            {at_least(ev.coverage, '.4f')}   (guaranteed ≥ {lower})")
         click.echo(f"  mean set size       {ev.mean_set_size:.3f}")
         click.echo(f"  singleton fraction  {ev.singleton_fraction:.3f}")
         verdict = guarantee_verdict(ev, rel.coverage.failure_probability, rel)

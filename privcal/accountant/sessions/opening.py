@@ -203,11 +203,15 @@ def open_session(
         cost = normalize_cost(cost)
         assert isinstance(cost, LocalDP)
         if info.subject_epsilon is None or cost.eps0 > info.subject_epsilon:
+            # the advice fits the case (red team 23, newcomer F3: a dataset with a cap was
+            # told to be created with one)
+            cap = info.subject_epsilon
+            why = ("the per-subject cap is not set (create the dataset with --subject-epsilon)"
+                   if cap is None else f"that is more than the per-subject cap {acc.dstr(cap)}: "
+                   f"ask for ε0 ≤ {acc.dstr(cap)}")
             raise BudgetRefused(
                 f"budget refused on the subjects of dataset {dataset!r}: each subject is charged "
-                f"{cost.describe()} but the per-subject cap is "
-                f"{info.subject_epsilon if info.subject_epsilon is not None else 'not set'} "
-                "(create the dataset with --subject-epsilon)",
+                f"{cost.describe()} but {why}",
                 scope=f"dataset {dataset!r} subjects", asked=cost.describe(), remaining="")
         state["eps0"] = acc.dstr(cost.eps0)
     central: ApproxDP | None = None
