@@ -148,7 +148,8 @@ def filter_guarantee(policy: Policy, reporting_delta: Decimal,
             Decimal("Infinity"), Decimal(1),
             f"its charges so far use {u} of its cap {policy.describe()}, more than its "
             "filter allows (charges accepted before migration 0004 under the old (ε, δ) "
-            "rule, which was not a filter), so the cap's guarantee does not hold for them; "
+            "rule, which was not a filter — or a cap or total edited outside privcal, which "
+            "`privcal audit verify` reports), so the cap's guarantee does not hold for them; "
             "no further charge is accepted", nonprivate=nonprivate, established=False)
     if nonprivate:
         return replace(filter_guarantee(policy, reporting_delta, subject_epsilon),
