@@ -217,8 +217,9 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
 
     opts = label_score_options(score, options, ())
     if scores is not None:
-        _refuse_narrow_scores(scores, score)
-        _refuse_impossible_scores(scores, score)
+        arr = _refuse_narrow_scores(scores, score)
+        if arr is not None:
+            _refuse_impossible_scores(arr, score)
     return {"name": score, "options": {**SCORES[score].options, **opts}}
 
 
@@ -233,19 +234,15 @@ _SCORE_RANGES: dict[str, tuple[float, float | None, str]] = {
 }
 
 
-def _refuse_impossible_scores(scores: Any, score: str) -> None:
-    """InvalidInput for scores named ``score`` that take a value it never takes (red team 23,
-    coverage F3: signed residuals y − f recorded as ``absolute`` gave the intervals
-    [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9; −p recorded as
-    ``lac``, 0.0)."""
+def _refuse_impossible_scores(arr: Any, score: str) -> None:
+    """InvalidInput for scores named ``score`` (``arr``: as float64, flat) that take a value it
+    never takes (red team 23, coverage F3: signed residuals y − f recorded as ``absolute``
+    gave the intervals [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9;
+    −p recorded as ``lac``, 0.0)."""
     import numpy as np
 
     if score not in _SCORE_RANGES:
         return
-    try:
-        arr = np.asarray(scores, dtype=np.float64).ravel()
-    except (TypeError, ValueError):
-        return  # not numbers: check_scores says so
     low, high, why = _SCORE_RANGES[score]
     with np.errstate(invalid="ignore"):
         bad = (arr < low) | (arr > high) if high is not None else arr < low
@@ -257,7 +254,7 @@ def _refuse_impossible_scores(scores: Any, score: str) -> None:
                            "privcal computes the score from, or name no score")
 
 
-def _refuse_narrow_scores(scores: Any, score: str) -> None:
+def _refuse_narrow_scores(scores: Any, score: str) -> Any:
     """InvalidInput for float32 (or float16) scores recorded as the score ``score``: predict,
     evaluate and ``Release.predict_set`` compute that score in float64 from the probabilities
     or predictions, where it exceeds the float32 value by up to half a float32 ulp, so every
@@ -266,7 +263,9 @@ def _refuse_narrow_scores(scores: Any, score: str) -> None:
     dtype, and by the values of a float64 array — what a JSON body, an upcast array or
     ``tensor.double()`` gives (the review of the fix, R2): every value a float32 and one at
     least with more than 16 significant bits (a float64 score computed in float64 is a
-    float32 with probability 2⁻²⁹; short dyadic scores such as 0.25, alike in both, pass)."""
+    float32 with probability 2⁻²⁹; short dyadic scores such as 0.25, alike in both, pass).
+    Returns the scores as a flat float64 array (None if they are not numbers: check_scores
+    says so)."""
     import numpy as np
 
     try:  # a NumPy dtype; a polars or torch dtype is not one (the review, R5)
@@ -279,16 +278,16 @@ def _refuse_narrow_scores(scores: Any, score: str) -> None:
         try:
             arr = np.asarray(scores, dtype=np.float64).ravel()
         except (TypeError, ValueError):
-            return  # not numbers: check_scores says so
+            return None  # not numbers: check_scores says so
         with np.errstate(over="ignore", invalid="ignore"):
             same = np.array_equal(arr.astype(np.float32).astype(np.float64), arr)
         if not same:
             if not _float32_text(arr):
-                return
+                return arr
             name = ("float32 values written as text (a float32 column as pandas or polars "
                     "write it: 1 − 0.7f = 0.3000000119… as 0.3)")
         elif not np.any(np.modf(np.frexp(arr)[0] * 65536.0)[0]):
-            return
+            return arr
         else:
             name = "float32 values (widened to float64)"
     raise InvalidInput(

@@ -323,7 +323,8 @@ def check_caps(ledger: Any) -> None:
         for ds in ledger.all_datasets(s):
             if ds.notion == "approx" and ds.renyi_orders is None:
                 continue  # charged before migration 0004: no guarantee is stated
-            # policy_of / spent_of of privcal.accountant.policy, which imports this module
+            # policy_of / spent_of of privcal.accountant.policy, which this module cannot
+            # import (policy → results → saved_release → verification: a cycle)
             pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,
                              tuple(Decimal(a) for a in ds.renyi_orders)
                              if ds.notion == "approx" else None)

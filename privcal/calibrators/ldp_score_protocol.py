@@ -215,10 +215,8 @@ class LdpScoreProtocol(BaseModel):
         "exact"); None for "hoeffding", whose rule compares the float estimate Z ≥ target."""
         if self.bound == "hoeffding":
             return None
-        args = (self.rounds, self.alpha, self.epsilon, self.delta)
-        if self.nominal:
-            return nominal_cutoff(count, self.group_size, *args)
-        return exact_cutoff(count, *args)
+        return _cutoff(count, self.group_size, self.rounds, self.alpha, self.epsilon,
+                       self.delta, self.nominal)
 
     @property
     def never_passes(self) -> bool:
@@ -322,10 +320,14 @@ class LdpScoreProtocol(BaseModel):
 def _never_passes(group_size: int, rounds: int, alpha: float, epsilon: float, delta: float,
                   nominal: bool) -> bool:
     """:attr:`LdpScoreProtocol.never_passes` of the exact bound, from the public parameters."""
+    return _cutoff(group_size, group_size, rounds, alpha, epsilon, delta, nominal) > group_size
+
+
+def _cutoff(count: int, group_size: int, rounds: int, alpha: float, epsilon: float,
+            delta: float, nominal: bool) -> int:
+    """:meth:`LdpScoreProtocol.cutoff` of the exact bound, from the public parameters."""
     args = (rounds, alpha, epsilon, delta)
-    k = (nominal_cutoff(group_size, group_size, *args) if nominal
-         else exact_cutoff(group_size, *args))
-    return k > group_size
+    return nominal_cutoff(count, group_size, *args) if nominal else exact_cutoff(count, *args)
 
 
 def _first_error(exc: ValueError) -> str:
