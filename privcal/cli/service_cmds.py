@@ -155,7 +155,9 @@ def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str
     from privcal.accountant import Accountant
     from privcal.service.bound_tokens import create_bound_token
 
-    expires_in = parse_duration(expires) if expires else None
+    # an empty --expires (a script's `--expires "$TTL"` with TTL unset) is a malformed
+    # duration, not "no expiry" (red team 24, service F1: it minted a permanent token)
+    expires_in = parse_duration(expires) if expires is not None else None
     if count is not None or subject_prefix is not None or subjects_file is not None:
         _create_device_tokens(settings, role, name, datasets, session_id, subject, agent,
                               expires_in, count, subject_prefix, subjects_file, as_json)
@@ -239,7 +241,7 @@ def _create_device_tokens(settings: Any, role: str, name: str | None,
     if session_id is None:
         raise InvalidInput("device tokens in bulk need --session")
     given = [o for o, v in (("--name", name), ("--dataset", datasets), ("--subject", subject),
-                            ("--agent", agent)) if v]
+                            ("--agent", agent)) if v is not None and v != ()]
     if given:
         raise InvalidInput(f"{', '.join(given)} cannot be used with --count/--subjects "
                            "(each token is named by its id and bound to its own subject)")
