@@ -53,6 +53,8 @@ __all__ = ["DEFAULT_BODY_LIMIT", "PrivcalApp", "ServiceMiddleware", "app_from_en
 
 access_log = logging.getLogger("privcal.access")
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
+#: the most validation errors a 422 lists (its ``detail`` names the first)
+SHOWN_ERRORS = 100
 
 
 class ServiceMiddleware:
@@ -322,8 +324,9 @@ def create_app(db_url: str | None = None, *, accountant: Any = None,
                    "type": e.get("type", "")} for e in raw]  # never the input
         where, msg, _ = first_of(errors) if errors else ("", "invalid request", "")
         detail = invalid_json_detail(raw) or f"{where}: {msg}"
+        # the first errors only: the answer's size does not grow with the body's (red team 24)
         return problem_response(ProblemError(422, "invalid-input", "Invalid input", detail,
-                                             errors=errors))
+                                             errors=errors[:SHOWN_ERRORS]))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Any:

@@ -23,8 +23,8 @@ from fastapi.routing import APIRoute
 
 from privcal.errors import InvalidInput
 
-__all__ = ["JsonRequest", "JsonRoute", "check_unique_keys", "invalid_json_detail",
-           "is_json_type", "loads_strict", "sent_as_bytes"]
+__all__ = ["MAX_OBJECT_KEYS", "JsonRequest", "JsonRoute", "check_unique_keys",
+           "invalid_json_detail", "is_json_type", "loads_strict", "sent_as_bytes"]
 
 
 class DuplicateKey(json.JSONDecodeError):
@@ -37,6 +37,18 @@ class DuplicateKey(json.JSONDecodeError):
                          text, 0)
 
 
+#: the most keys one JSON object of a request may have: no route's body has an object of more
+#: than a few dozen (a calibration's ``score_options``: 50), and each key past a model's own
+#: is one validation error, built and sent one by one (red team 24, service F2: a 1 MB body of
+#: 100 000 keys held the event loop 4 s and was answered with a 9 MB 422)
+MAX_OBJECT_KEYS = 1000
+TOO_MANY_KEYS = f"an object with more than {MAX_OBJECT_KEYS} keys"
+
+
+class _TooManyKeys(ValueError):
+    pass
+
+
 class _Dup(ValueError):
     def __init__(self, key: str) -> None:
         super().__init__(key)
@@ -44,6 +56,8 @@ class _Dup(ValueError):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len(pairs) > MAX_OBJECT_KEYS:
+        raise _TooManyKeys()
     d = dict(pairs)
     if len(d) != len(pairs):
         seen: set[str] = set()
@@ -55,11 +69,15 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads_strict(raw: str | bytes) -> Any:
-    """``json.loads`` that refuses a key given twice in one object (:class:`DuplicateKey`)."""
+    """``json.loads`` that refuses a key given twice in one object (:class:`DuplicateKey`), and
+    an object of more than :data:`MAX_OBJECT_KEYS` keys."""
     try:
         return json.loads(raw, object_pairs_hook=_pairs)
     except _Dup as exc:
         raise DuplicateKey(exc.key, raw) from None
+    except _TooManyKeys:
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        raise json.JSONDecodeError(TOO_MANY_KEYS, text, 0) from None
     except RecursionError:  # nested past the interpreter's stack: invalid here, not a 500
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
@@ -81,21 +99,23 @@ def check_unique_keys(raw: str | bytes, what: str = "body") -> None:
     :func:`json.loads` parses slowly: when the text has few strings and no key spelled twice
     anywhere (read from its string tokens, C-fast; a valid JSON text's tokens are read
     in order, each string whole), it cannot have a duplicate; else it is parsed with
-    :func:`loads_strict`."""
+    :func:`loads_strict` (so is one with more than :data:`MAX_OBJECT_KEYS` keys in all, which
+    that parse refuses if one object holds them)."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if raw.count(b'"') <= 2 * _FEW_STRINGS:
         keys = [k for k, colon in _STRING.findall(raw) if colon]
         # an escape can spell one key two ways ("a", "\\u0061"): then parse
-        if len(set(keys)) == len(keys) and not any(b"\\" in k for k in keys):
+        if len(set(keys)) == len(keys) <= MAX_OBJECT_KEYS \
+                and not any(b"\\" in k for k in keys):
             return
     try:
         loads_strict(raw)
     except DuplicateKey as exc:
         raise InvalidInput(f"{what}: invalid JSON: {exc.msg}") from None
     except json.JSONDecodeError as exc:
-        if exc.msg == "nested too deeply":
-            raise InvalidInput(f"{what}: invalid JSON: nested too deeply") from None
+        if exc.msg in ("nested too deeply", TOO_MANY_KEYS):
+            raise InvalidInput(f"{what}: invalid JSON: {exc.msg}") from None
         return  # not JSON at all: the model's parser says so
     except ValueError:
         return
