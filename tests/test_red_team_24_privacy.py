@@ -104,3 +104,15 @@ def test_cks20_and_renyi_filter_are_upper_bounds_in_exact_arithmetic() -> None:
             each = delta / 2 / len(grid)
             exact = min(objective(Decimal(float(o)), rho, each) for o in grid)
             assert renyi_filter_epsilon(rho, delta, grid) >= max(exact, Decimal(0)), (rho, delta)
+
+
+def test_amplify_at_a_subnormal_delta_answers_eps0() -> None:
+    """F3: δ = 5e-324 (or any δ whose τ = 1e-4·δ underflows to 0) was a one-line error
+    naming ZeroDivisionError, while δ = 1e-300 answered "no amplification: ε = ε0" — the
+    true answer for both (no bound can be certified below ~4e-13)."""
+    from privcal.accountant.privacy.shuffle import BOUND_NONE, amplify
+
+    for delta in (5e-324, 1e-321, 1e-300, 1e-14):
+        r = amplify(1.0, 1000, delta, "krr", 3)
+        assert (r.eps, r.amplified, r.bound, r.delta_at_eps) == (1.0, False, BOUND_NONE, 0.0)
+        assert all(row.eps is None for row in r.bounds)

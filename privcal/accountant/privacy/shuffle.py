@@ -215,6 +215,12 @@ def _amplify(eps0: float, n: int, delta: float, randomizer: Randomizer,
     if eps0 > MAX_EPS0:
         reason = f"ε0 > {MAX_EPS0:g}: no shuffle bound amplifies, not evaluated"
         rows = [_not_applicable(name, reason) for name in REFERENCES]
+    elif delta < 2.0 * sb.FLOAT_SLACK:
+        # every certified δ(ε) includes the allowance 2e−14·(1 + e^ε) ≥ 4e−14: below it no
+        # bound can be certified, so none is evaluated (a subnormal δ made τ = 1e−4·δ zero
+        # and the planning raised ZeroDivisionError: red team 24, privacy F3)
+        reason = f"no ε < ε0 can be certified at δ = {delta:g}"
+        rows = [_not_applicable(name, reason) for name in REFERENCES]
     else:
         clone = sb.clone_plan(eps0, n, tau, stronger=False)
         cf = sb.closed_form_eps(eps0, n, delta)
