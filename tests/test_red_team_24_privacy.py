@@ -116,3 +116,14 @@ def test_amplify_at_a_subnormal_delta_answers_eps0() -> None:
         r = amplify(1.0, 1000, delta, "krr", 3)
         assert (r.eps, r.amplified, r.bound, r.delta_at_eps) == (1.0, False, BOUND_NONE, 0.0)
         assert all(row.eps is None for row in r.bounds)
+
+
+def test_amplify_at_an_eps0_below_float_resolution_answers_eps0() -> None:
+    """F4: ε0 = 1e-17 (e^ε0 == 1.0 in floats) was a one-line error naming "ValueError: Pair
+    needs pa > qa" — a shuffled ldp-score at that ε0 was refused for it — while ε0 itself,
+    ε0-LDP reports being ε0-DP whatever the shuffler does, is a valid answer."""
+    from privcal.accountant.privacy.shuffle import BOUND_NONE, amplify
+
+    for randomizer, k in (("generic", None), ("binary-rr", None), ("krr", 3)):
+        r = amplify(1e-17, 10_000, 1e-6, randomizer, k)
+        assert (r.eps, r.amplified, r.bound, r.delta_at_eps) == (1e-17, False, BOUND_NONE, 0.0)
