@@ -199,14 +199,17 @@ class BudgetReport(BaseModel):
     def summary(self) -> str:
         """One line: spent and left, the cap's guarantee, and the realized spend labelled so."""
 
+        # amounts as every other output spells them (0.0000001, not str(Decimal)'s 1E-7:
+        # red team 24, privacy F2)
         def fmt(d: dict[str, Decimal]) -> str:
-            return ", ".join(f"{k}={v}" for k, v in d.items()) or "nothing"
+            return ", ".join(f"{k}={acc.dstr(v)}" for k, v in d.items()) or "nothing"
 
         return (
             f"{self.dataset}: spent {fmt(self.spent)}, remaining {fmt(self.remaining)}; "
             f"guarantee {self.guarantee.short} (the cap's filter); "
-            f"spent so far as (ε, δ): ε={self.spent_dp.epsilon}, "
-            f"δ={self.spent_dp.delta} [{self.spent_dp.rule}] (not a guarantee under adaptive use)"
+            f"spent so far as (ε, δ): ε={acc.dstr(self.spent_dp.epsilon)}, "
+            f"δ={acc.dstr(self.spent_dp.delta)} [{self.spent_dp.rule}] (not a guarantee "
+            "under adaptive use)"
         )
 
 

@@ -215,6 +215,18 @@ def _amplify(eps0: float, n: int, delta: float, randomizer: Randomizer,
     if eps0 > MAX_EPS0:
         reason = f"ε0 > {MAX_EPS0:g}: no shuffle bound amplifies, not evaluated"
         rows = [_not_applicable(name, reason) for name in REFERENCES]
+    elif math.exp(eps0) == 1.0:
+        # ε0 below the floats' resolution at 1 (≲ 1.1e−16): the two outputs' probabilities
+        # are the same float and no Pair can be formed ("Pair needs pa > qa", an error); ε0
+        # itself is the answer (red team 24, privacy F4)
+        reason = f"e^ε0 rounds to 1 in floating point at ε0 = {eps0:g}: not evaluated"
+        rows = [_not_applicable(name, reason) for name in REFERENCES]
+    elif delta < 2.0 * sb.FLOAT_SLACK:
+        # every certified δ(ε) includes the allowance 2e−14·(1 + e^ε) ≥ 4e−14: below it no
+        # bound can be certified, so none is evaluated (a subnormal δ made τ = 1e−4·δ zero
+        # and the planning raised ZeroDivisionError: red team 24, privacy F3)
+        reason = f"no ε < ε0 can be certified at δ = {delta:g}"
+        rows = [_not_applicable(name, reason) for name in REFERENCES]
     else:
         clone = sb.clone_plan(eps0, n, tau, stronger=False)
         cf = sb.closed_form_eps(eps0, n, delta)
