@@ -28,6 +28,7 @@ from privcal.cli.app import (
 )
 from privcal.cli.method_options import parse_score_options
 from privcal.cli.number_types import Integer, Number
+from privcal.cli.output import exact
 from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
 
@@ -50,9 +51,9 @@ def _describe(s: Any) -> str:
         rows += [
             {"field": "round", "value": f"{s.round} of {s.rounds}"},
             {"field": "received / needed this round", "value": f"{s.received} / {s.needed}"},
-            {"field": "interval [lo, hi]", "value": f"[{s.interval[0]:.12g}, "
-                                                     f"{s.interval[1]:.12g}]"},
-            {"field": "current query q", "value": "-" if s.query is None else f"{s.query:.12g}"},
+            {"field": "interval [lo, hi]",
+             "value": f"[{exact(s.interval[0])}, {exact(s.interval[1])}]"},
+            {"field": "current query q", "value": "-" if s.query is None else exact(s.query)},
         ]
         if s.trivial:  # red team 23, fedlocal F1
             rows += [{"field": "every release", "value": TRIVIAL}]
@@ -64,9 +65,10 @@ def _describe(s: Any) -> str:
                 {"field": "γ", "value": p.get("gamma")},
                 {"field": "ℓ_γ, ℓ_cor, k_γ",
                  "value": f"{p.get('l_gamma')}, {p.get('l_cor')}, {p.get('k_gamma')}"},
-                {"field": "agents answer at level q", "value": f"{p.get('q'):.12g}"},
+                {"field": "agents answer at level q", "value": exact(p["q"])},
                 {"field": "bin grid", "value": f"{p.get('bins')} evenly spaced points on "
-                                               f"[{p.get('lower', 0.0)}, {p.get('smax')}]"},
+                                               f"[{exact(p.get('lower', 0.0))}, "
+                                               f"{exact(p['smax'])}]"},
             ]
         else:
             rows += [{"field": "ℓ, k", "value": f"{p.get('l')}, {p.get('k')}"}]
@@ -164,7 +166,7 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
         click.echo(f"session {res.id} opened")
         click.echo(_describe(res))
         if res.query is not None:
-            click.echo(f"round 0 query: q = {res.query:.12g}")
+            click.echo(f"round 0 query: q = {exact(res.query)}")
 
     emit(res, as_json=as_json, human=human)
 
@@ -218,7 +220,7 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
                        f"threshold {s.threshold}")
         elif s.method == "ldp-score":
             click.echo(f"round {s.round} of {s.rounds}: {s.received} / {s.needed} reports; "
-                       f"query q = {s.query:.12g}" if s.query is not None else
+                       f"query q = {exact(s.query)}" if s.query is not None else
                        f"round {s.round}: {s.status}")
         else:
             click.echo(f"{s.received} of {(s.plan or {}).get('m')} agents have answered")

@@ -15,7 +15,8 @@ waits for its own outcome (an async request awaits it without holding a thread; 
 answers of a batch reach an event loop in one thread-safe call, not one wake-up each):
 
 - ``accepted`` (201): stored by this batch;
-- ``duplicate`` (200): this subject had already stored this very report (a retry);
+- ``duplicate`` (200): this subject had already stored a report of this round and value (a
+  retry — judged by the stored round and value: a report id is not stored or compared);
 - ``rejected`` (409): not stored, with the library's reason (another value already
   stored, closed round, round full, subject budget exhausted, session closed, …);
 - invalid input (422, nothing stored): a batch the library refuses as invalid (an id it

@@ -202,18 +202,27 @@ def _outcome(out: Any, sid: int) -> JSONResponse:
                        reason=out.reason)
 
 
+#: what a device report's 200 says (red team 24, fedlocal F1): judged by the subject's stored
+#: round and bit, never by the report id, which is not stored
+_DUPLICATE = ("duplicate: the subject's report stored in this session has this round and "
+              "value (a retry; the report id is not stored or compared, so another id with "
+              "the same round and value is a duplicate too, and one with another value 409)")
+
 _REPORT_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 
 
 @router.put("/sessions/{sid}/reports/{report_id}", status_code=201, **allow(
-    "device", responses={200: {"description": "duplicate: this report was already stored"}}))
+    "device", responses={200: {"description": _DUPLICATE}}))
 async def report_put(request: Request, report_id: str, body: ReportBody, sid: int = SessionId,
                      p: Any = Depends(principal)) -> JSONResponse:
     """A device puts its own report (the subject is the token's, never the body's).
 
-    201 accepted; 200 duplicate (the same report again); 409 another value already
-    stored, a closed or full round, or a closed session. ``report_id`` is the client's
-    retry key (DAP-style); a subject reports once per session whatever its ids.
+    201 accepted; 200 duplicate (:data:`_DUPLICATE`); 409 another value already stored, a
+    closed or full round, or a closed session. ``report_id`` is the client's own label of
+    the report: it is neither stored nor compared (red team 24, fedlocal F1: it was called
+    the DAP-style retry key, yet another id with the same round and bit is answered 200
+    duplicate, the same id with another bit 409); a subject reports once per session
+    whatever its ids, and a retry resends the same round and bit.
 
     The hot path of the service: no thread and no ledger read per request — the report
     writer checks the window's device tokens with one read and writes the window with
