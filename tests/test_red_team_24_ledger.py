@@ -52,3 +52,52 @@ def test_a_server_with_other_session_defaults_is_written_and_verified(
         assert rep.entries == acct.ledger.head().seq and rep.guarantees_recomputed == 1
         got: Any = acct.budget("p").spent
         assert got["rho"] > 0
+
+
+# ------------------------------------------------- F2: the storage-level verify and sign_head
+def _edit(ledger: Ledger, sql: str) -> None:
+    """Edit the database behind privcal's back (what a database administrator can do)."""
+    from sqlalchemy import text
+
+    with ledger.engine.begin() as conn:
+        conn.execute(text(sql))
+
+
+@pytest.mark.parametrize(("cap", "cost", "big", "message"), [
+    ({"epsilon": 1}, PureDP(eps="0.8"), PureDP(eps=5),
+     r"dataset 1 \('d'\): its logged charges spend epsilon=5\.8 of its cap ε ≤ 1 \(pure DP\)"),
+    ({"rho": "0.5"}, ZCDP(rho="0.4"), PureDP(eps=1),
+     r"dataset 1 \('d'\): its logged charges spend rho=0\.9 of its cap ρ ≤ 0\.5 \(zCDP\)"),
+], ids=["pure", "zcdp"])
+def test_ledger_verify_and_sign_head_refuse_a_log_spent_past_its_cap(
+        accountant: Accountant, tmp_path: Any, cap: dict[str, Any], cost: Any, big: Any,
+        message: str) -> None:
+    from privcal.errors import AuditFailed
+    from privcal.storage import signing
+
+    column = "cap_epsilon" if "epsilon" in cap else "cap_rho"
+    accountant.create_dataset("d", **cap)
+    accountant.charge("d", cost)
+    _edit(accountant.ledger, f"UPDATE datasets SET {column} = '100' WHERE name = 'd'")
+    accountant.charge("d", big)  # a genuine charge and entry, past the real cap
+    _edit(accountant.ledger, f"UPDATE datasets SET {column} = '{next(iter(cap.values()))}' "
+                             "WHERE name = 'd'")
+    key = tmp_path / "audit.key"
+    signing.generate_keypair(key)
+    with pytest.raises(AuditFailed, match=message):
+        accountant.ledger.verify()
+    with pytest.raises(AuditFailed, match=message):
+        accountant.ledger.sign_head(key)
+    with pytest.raises(AuditFailed, match=message):  # the accountant's says the same
+        accountant.verify()
+
+
+def test_ledger_verify_passes_ledgers_at_their_caps(accountant: Accountant) -> None:
+    accountant.create_dataset("p", epsilon=1)
+    accountant.charge("p", PureDP(eps="0.5"))
+    accountant.charge("p", PureDP(eps="0.5"))  # exactly at the cap
+    accountant.create_dataset("z", rho="0.5")
+    accountant.charge("z", PureDP(eps="0.6"))  # ρ = 0.18
+    accountant.charge("z", ZCDP(rho="0.32"))  # exactly at the cap
+    accountant.ledger.verify()
+    accountant.verify()
