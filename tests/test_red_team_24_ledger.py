@@ -4,6 +4,10 @@ F1: a PostgreSQL server, database or role whose session defaults differ from Pos
 (``standard_conforming_strings=off``, a non-ISO ``DateStyle``, a non-UTF8 ``client_encoding``,
 all legal ``ALTER DATABASE/ROLE … SET`` choices) made every write or read a driver traceback:
 privcal now sets the session settings it relies on, on each of its connections.
+
+F2: a cap raised around a charge and put back (red team 23, F7) failed ``Accountant.verify``
+but ``Ledger.verify`` said ok and ``Ledger.sign_head`` signed the overspent log; the storage's
+verification now checks pure-ε and ρ-zCDP caps itself.
 """
 
 from __future__ import annotations
