@@ -315,7 +315,10 @@ def check_caps(ledger: Any) -> None:
     (:func:`~privcal.accountant.privacy.filters.within_cap`): each charge privcal accepts
     keeps it so, but a cap raised around a charge and put back, or totals lowered around one
     and restored, left every row equal to its entry and the budget overspent — verified ok,
-    and signed (red team 23, ledger F7). An (ε, δ) dataset made before its Rényi grid existed
+    and signed (red team 23, ledger F7). The storage's verification checks pure-ε and ρ-zCDP
+    caps itself, in the same words (:mod:`privcal.storage.verify_caps`, so ``Ledger.verify``
+    and ``Ledger.sign_head`` too: red team 24, ledger F2); an (ε, δ) cap is checked only
+    here. An (ε, δ) dataset made before its Rényi grid existed
     (``renyi_orders`` NULL) may have been charged past its cap under the pre-0004 rule: it
     states no guarantee (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`),
     and is not a failure here."""

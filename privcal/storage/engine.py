@@ -223,8 +223,29 @@ def _sqlite_engine(u: URL) -> Engine:
     return engine
 
 
+#: the session settings privcal's SQL and psycopg rely on, set on every new PostgreSQL
+#: connection whatever the server, database or role sets by default (red team 24, ledger F1:
+#: ``standard_conforming_strings=off`` made the audit hash's ``'\x00'::bytea`` a NUL, a
+#: non-ISO DateStyle a timestamptz psycopg cannot load, a LATIN1 ``client_encoding`` a
+#: sentence it cannot send — every write or read a driver traceback)
+PG_SESSION_SETTINGS = ("SET standard_conforming_strings = on; SET DateStyle = 'ISO'; "
+                       "SET client_encoding = 'UTF8'")
+
+
+def _pg_session(dbapi_conn: Any, _record: Any) -> None:
+    """Set :data:`PG_SESSION_SETTINGS` on a new connection (before SQLAlchemy's own first
+    look at the server, which reads ``standard_conforming_strings``), outside a transaction."""
+    auto = dbapi_conn.autocommit
+    dbapi_conn.autocommit = True
+    try:
+        dbapi_conn.execute(PG_SESSION_SETTINGS)
+    finally:
+        dbapi_conn.autocommit = auto
+
+
 def _pg_engine(u: URL, **pool: Any) -> Engine:
     engine = create_engine(u, pool_recycle=RECYCLE_S, hide_parameters=True, **pool)
+    event.listen(engine, "connect", _pg_session, insert=True)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:

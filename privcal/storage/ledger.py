@@ -290,8 +290,10 @@ class Ledger(
         verified when it was made (red team 18: a rewritten, even a broken, log was signed).
         ``previous``: the last head signed with this key (file, document or SignedHead):
         the log must contain it — a log rewritten or rolled back since is refused.
-        :func:`privcal.accountant.verification.sign_head` also recomputes every release's
-        guarantees first (``privcal audit head --sign``)."""
+        The verification checks pure-ε and ρ-zCDP caps against the logged charges (red team
+        24, ledger F2); :func:`privcal.accountant.verification.sign_head` also checks (ε, δ)
+        caps' Rényi filters and recomputes every release's guarantees first (``privcal audit
+        head --sign``)."""
         from privcal.storage import signing
 
         return signing.sign_verified(self.verify, private_key, previous)

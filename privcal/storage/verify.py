@@ -43,6 +43,7 @@ from privcal.storage.models import (
 )
 from privcal.storage.records import VerifyReport
 from privcal.storage.unreadable import first_unreadable, unreadable
+from privcal.storage.verify_caps import check_central_cap
 from privcal.storage.verify_releases import check_release_charges
 from privcal.storage.verify_subjects import check_subject_spends, stored_units
 
@@ -389,6 +390,7 @@ class LedgerVerifier:
                 if got != sums[ds.id] or ds.charge_count != counts[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): spent totals do not equal "
                                       "the sum of its logged charges (row edited)")
+                check_central_cap(ds)  # within its logged cap (red team 24, ledger F2)
                 if Decimal(units.get(ds.id, 0)) != local_units[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): per-subject spends do not "
                                       "add up to its logged local-DP charges (rows edited)")

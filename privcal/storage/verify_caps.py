@@ -1,0 +1,52 @@
+"""Verifying that a dataset's logged charges stay within its logged cap — for pure-ε and ρ-zCDP
+caps, whose filters are exact sums the storage can check itself.
+
+Part of :meth:`privcal.storage.verify.LedgerVerifier.verify`, after the running totals are
+found equal to the sums of the logged charges. Every charge privcal accepts keeps its dataset
+within its cap, but a cap raised around a charge and put back (or totals lowered around one
+and restored) leaves every row equal to its entry and the budget overspent (red team 23,
+ledger F7). The accountant's verification checked it, but ``Ledger.verify`` — and so
+``Ledger.sign_head`` — did not: a signature vouched for an overspent log (red team 24,
+ledger F2). An (ε, δ) cap's filter (a Rényi conversion over its grid of orders) is the
+accountant's mathematics: :func:`privcal.accountant.verification.check_caps` checks it, with
+the same sentence.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from privcal.costs import fixed_context
+from privcal.errors import AuditFailed
+from privcal.storage.audit import dec
+from privcal.storage.models import Dataset
+
+__all__ = ["check_central_cap"]
+
+_ZERO = Decimal(0)
+#: exact for any two totals the ledger stores (NUMERIC(48, 30)), whatever the caller's context
+_EXACT = fixed_context(100)
+
+
+def check_central_cap(ds: Dataset) -> None:
+    """AuditFailed naming the dataset if its stored totals (just found equal to its logged
+    charges) spend more than its pure-ε or ρ-zCDP cap allows — the rule of
+    :func:`privcal.accountant.privacy.filters.within_cap` — or charge a kind the cap refuses;
+    an (ε, δ) cap is left to the accountant (module docstring)."""
+    if ds.notion == "pure":
+        cap, used, unit = ds.cap_epsilon or _ZERO, ds.spent_pure_eps, "epsilon"
+        others = (ds.spent_zcdp_rho, ds.spent_approx_eps, ds.spent_approx_delta)
+        what = f"ε ≤ {dec(cap)} (pure DP)"
+    elif ds.notion == "zcdp":
+        cap, unit = ds.cap_rho or _ZERO, "rho"
+        used = _EXACT.add(ds.spent_pure_rho, ds.spent_zcdp_rho)
+        others = (ds.spent_approx_eps, ds.spent_approx_delta)
+        what = f"ρ ≤ {dec(cap)} (zCDP)"
+    else:
+        return
+    if used <= cap and not any(others):
+        return
+    raise AuditFailed(
+        f"dataset {ds.id} ({ds.name!r}): its logged charges spend {unit}={dec(used)} of its "
+        f"cap {what}, more than the cap's filter allows: a cap or running totals edited around "
+        "a charge, or a charge accepted past its budget")
