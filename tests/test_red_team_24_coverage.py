@@ -109,3 +109,44 @@ def test_f2_level_and_group_rows_say_with_what_probability_their_bound_holds(
         lines = [ln for ln in res.output.splitlines() if "α=0.1: threshold" in ln]
         assert lines and all(ln.rstrip().endswith(f"coverage ≥ 0.9{said}") for ln in lines), \
             res.output
+
+
+def test_f3_an_agent_of_a_named_score_session_refuses_float32_scores() -> None:
+    """F3: an agent of a FedCP-QQ session opened with score='lac' sent its ℓ-th smallest
+    float32 score (a torch model's 1 − p: red team 22's tied model, the true class at 0.1f or
+    0.9f); the release's threshold was that float32, 0.8999999761581421, below the
+    0.9000000059604645 predict computes in float64 for p = 0.1f, and every tied test point
+    fell out — 0.50 coverage over 30 sessions under a recorded ≥ 0.9. ``Agent.send`` refuses
+    such scores as ``calibrate`` refuses them as precomputed scores, before anything is
+    sent; float64 scores of the same float32 probabilities are sent, and a session that names
+    no score takes either (nothing is recomputed at predict)."""
+    from privcal.client import Agent
+    from tests.service.test_client_memo import _Fake
+
+    g = np.random.default_rng(0)
+    p0 = np.where(g.random(50) < 0.5, np.float32(0.1), np.float32(0.9)).astype(np.float32)
+    lac = {"name": "lac", "options": {}}
+
+    def fake(score: dict[str, Any] | None) -> Any:
+        return _Fake(whoami=lambda n: {"role": "agent", "session": 1, "agent": "h1",
+                                       "sent": False},
+                     state=lambda n: {"id": 1, "method": "fedcp-qq", "status": "open",
+                                      "plan": {"method": "fedcp-qq", "m": 3, "n": 50, "l": 46,
+                                               "k": 3, "M": 0.95, "alpha": 0.1},
+                                      "params": {"alpha": 0.1, **({"score": score} if score
+                                                                  else {})}})
+
+    half = g.random(50).astype(np.float16)  # a half-precision model's scores over [0, 1)
+    for narrow in (np.float32(1) - p0, (np.float32(1) - p0).astype(np.float64), half.tolist()):
+        server = fake(lac)
+        with pytest.raises(InvalidInput, match=r"^scores are .* but the score 'lac' is named"):
+            Agent("https://calib.example", "tok", client=server.client()).send(narrow)
+        assert server.puts == []
+    server = fake(lac)
+    out = Agent("https://calib.example", "tok", client=server.client()).send(
+        1 - p0.astype(np.float64))
+    assert out["status"] == "accepted" and server.puts[0]["value"] == float(1 - np.float64(
+        np.float32(0.1)))
+    server = fake(None)
+    assert Agent("https://calib.example", "tok", client=server.client()).send(
+        np.float32(1) - p0)["status"] == "accepted"

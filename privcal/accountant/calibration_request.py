@@ -310,7 +310,7 @@ def _half_rounded(arr: Any) -> bool:
     tied with the threshold fell out: 0.857 under a recorded ≥ 0.9). Exact short values —
     k/8, an 8- or 16-bit quantised model's q/2⁸, q/2¹⁶ — lie on one fixed-point grid no finer
     than their longest value needs; a float rounds each value at its own exponent, so the
-    grid the whole array needs is finer: more than 16 bits, or more than 3 bits past the
+    grid the whole array needs is finer: more than 16 bits, or more than 2 bits past the
     longest value's own (of 7 bits or more)."""
     import numpy as np
 
@@ -322,7 +322,7 @@ def _half_rounded(arr: Any) -> bool:
     low = np.log2((m & -m).astype(np.float64)).astype(np.int64)  # its lowest set bit
     longest = int((16 - low).max())  # significant bits of the longest value
     grid = int(exp.max()) - int((exp.astype(np.int64) - 16 + low).min())  # bits as one grid
-    return grid > 16 or (longest >= 7 and grid - longest > 3)
+    return grid > 16 or (longest >= 7 and grid - longest > 2)
 
 
 def _float32_text(arr: Any) -> bool:
