@@ -14,7 +14,8 @@ from typing import Any
 
 from privcal.errors import InvalidInput
 
-__all__ = ["SCORE_KEY", "calibrator_params", "score_of", "session_score"]
+__all__ = ["SCORE_KEY", "calibrator_params", "check_agent_scores", "score_of",
+           "session_score"]
 
 #: the key of a session's ``params`` that records the score its devices or agents compute
 SCORE_KEY = "score"
@@ -45,3 +46,19 @@ def score_of(params: dict[str, Any] | None) -> dict[str, Any] | None:
 def calibrator_params(params: dict[str, Any]) -> dict[str, Any]:
     """A session's ``params`` without its score: the calibrator's parameters."""
     return {k: v for k, v in params.items() if k != SCORE_KEY}
+
+
+def check_agent_scores(params: dict[str, Any] | None, scores: Any) -> None:
+    """InvalidInput for an agent's ``scores`` that a session whose ``params`` name its score
+    could not take as that score — float32 or half-precision values, values the score never
+    takes — by the rules ``calibrate`` applies to precomputed scores
+    (:func:`~privcal.accountant.calibration_request.precomputed_score`). The release records
+    the score and ``predict`` computes it in float64: the float32 order statistics of a torch
+    model's ``1 − p`` were the threshold of a FedCP-QQ release recording ``lac``, below the
+    float64 score, and every tied test point fell out — 0.50 coverage under a recorded ≥ 0.9
+    (red team 24, coverage F3). Nothing is checked for a session that names no score."""
+    from privcal.accountant.calibration_request import precomputed_score
+
+    named = score_of(params)
+    if named is not None and isinstance(named.get("name"), str):
+        precomputed_score(named["name"], dict(named.get("options") or {}), scores)
