@@ -117,9 +117,9 @@ def test_f3_an_agent_of_a_named_score_session_refuses_float32_scores() -> None:
     0.9f); the release's threshold was that float32, 0.8999999761581421, below the
     0.9000000059604645 predict computes in float64 for p = 0.1f, and every tied test point
     fell out — 0.50 coverage over 30 sessions under a recorded ≥ 0.9. ``Agent.send`` refuses
-    such scores as ``calibrate`` refuses them as precomputed scores, before anything is
-    sent; float64 scores of the same float32 probabilities are sent, and a session that names
-    no score takes either (nothing is recomputed at predict)."""
+    a float32 or float16 score array, and values the score never takes, before anything is
+    sent; float64 scores — of float32 probabilities too, float32-exact where 1 − p is exact —
+    are sent, and a session that names no score takes any (nothing is recomputed)."""
     from privcal.client import Agent
     from tests.service.test_client_memo import _Fake
 
@@ -136,17 +136,18 @@ def test_f3_an_agent_of_a_named_score_session_refuses_float32_scores() -> None:
                                       "params": {"alpha": 0.1, **({"score": score} if score
                                                                   else {})}})
 
-    half = g.random(50).astype(np.float16)  # a half-precision model's scores over [0, 1)
-    for narrow in (np.float32(1) - p0, (np.float32(1) - p0).astype(np.float64), half.tolist()):
+    for bad, words in ((np.float32(1) - p0, "scores are float32 but"),
+                       ((1 - p0.astype(np.float64)).astype(np.float16), "scores are float16 but"),
+                       (p0.astype(np.float64) - 1, "scores named 'lac' cannot be that score")):
         server = fake(lac)
-        with pytest.raises(InvalidInput, match=r"^scores are .* but the score 'lac' is named"):
-            Agent("https://calib.example", "tok", client=server.client()).send(narrow)
+        with pytest.raises(InvalidInput, match=f"^{words}"):
+            Agent("https://calib.example", "tok", client=server.client()).send(bad)
         assert server.puts == []
-    server = fake(lac)
-    out = Agent("https://calib.example", "tok", client=server.client()).send(
-        1 - p0.astype(np.float64))
-    assert out["status"] == "accepted" and server.puts[0]["value"] == float(1 - np.float64(
-        np.float32(0.1)))
+    for good in (1 - p0.astype(np.float64), np.float64(1) - np.full(50, np.float32(0.9))):
+        server = fake(lac)  # the second: every value float32-exact (1 − 0.9f is exact)
+        out = Agent("https://calib.example", "tok", client=server.client()).send(good)
+        assert out["status"] == "accepted" and server.puts[0]["value"] == float(
+            np.sort(good)[45])
     server = fake(None)
     assert Agent("https://calib.example", "tok", client=server.client()).send(
         np.float32(1) - p0)["status"] == "accepted"

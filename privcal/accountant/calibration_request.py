@@ -219,7 +219,7 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
     if scores is not None:
         arr = _refuse_narrow_scores(scores, score)
         if arr is not None:
-            _refuse_impossible_scores(arr, score)
+            impossible_scores(arr, score)
     return {"name": score, "options": {**SCORES[score].options, **opts}}
 
 
@@ -234,7 +234,7 @@ _SCORE_RANGES: dict[str, tuple[float, float | None, str]] = {
 }
 
 
-def _refuse_impossible_scores(arr: Any, score: str) -> None:
+def impossible_scores(arr: Any, score: str) -> None:
     """InvalidInput for scores named ``score`` (``arr``: as float64, flat) that take a value it
     never takes (red team 23, coverage F3: signed residuals y − f recorded as ``absolute``
     gave the intervals [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9;
