@@ -219,7 +219,7 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
     if scores is not None:
         arr = _refuse_narrow_scores(scores, score)
         if arr is not None:
-            _refuse_impossible_scores(arr, score)
+            impossible_scores(arr, score)
     return {"name": score, "options": {**SCORES[score].options, **opts}}
 
 
@@ -234,7 +234,7 @@ _SCORE_RANGES: dict[str, tuple[float, float | None, str]] = {
 }
 
 
-def _refuse_impossible_scores(arr: Any, score: str) -> None:
+def impossible_scores(arr: Any, score: str) -> None:
     """InvalidInput for scores named ``score`` (``arr``: as float64, flat) that take a value it
     never takes (red team 23, coverage F3: signed residuals y − f recorded as ``absolute``
     gave the intervals [f − t, f + t] of another score, 0.83 coverage under a recorded ≥ 0.9;
@@ -286,16 +286,43 @@ def _refuse_narrow_scores(scores: Any, score: str) -> Any:
                 return arr
             name = ("float32 values written as text (a float32 column as pandas or polars "
                     "write it: 1 − 0.7f = 0.3000000119… as 0.3)")
-        elif not np.any(np.modf(np.frexp(arr)[0] * 65536.0)[0]):
-            return arr
-        else:
+        elif np.any(np.modf(np.frexp(arr)[0] * 65536.0)[0]):
             name = "float32 values (widened to float64)"
+        elif _half_rounded(arr):
+            name = ("values of a format narrower than float32, widened to float64 (every one "
+                    "a float32 of at most 16 significant bits, yet as a whole not short "
+                    "dyadic values: float16 or bfloat16 arithmetic)")
+        else:
+            return arr
     raise InvalidInput(
         f"scores are {name} but the score {score!r} is named: predict computes it in "
-        f"float64, where it can exceed a float32 score by its rounding and leave every "
+        f"float64, where it can exceed the narrower score by its rounding and leave every "
         "test point tied with the threshold out of its set; give the probabilities and "
         "labels (or targets and predictions) instead, or scores computed in float64 "
         "from float64 inputs")
+
+
+def _half_rounded(arr: Any) -> bool:
+    """Whether the values of ``arr`` (float64, each a float32 of at most 16 significant bits)
+    look rounded to a float format of 8 to 16 bits (float16: 11, bfloat16: 8) rather than
+    exact short values (red team 24, coverage F1: widened float16 lac scores, rounded down
+    below the float64 1 − p predict computes, passed as "short dyadic", and every test point
+    tied with the threshold fell out: 0.857 under a recorded ≥ 0.9). Exact short values —
+    k/8, an 8- or 16-bit quantised model's q/2⁸, q/2¹⁶ — lie on one fixed-point grid no finer
+    than their longest value needs; a float rounds each value at its own exponent, so the
+    grid the whole array needs is finer: more than 16 bits, or more than 2 bits past the
+    longest value's own (of 7 bits or more)."""
+    import numpy as np
+
+    v = np.abs(arr[np.isfinite(arr) & (arr != 0)])
+    if v.size == 0:
+        return False
+    mant, exp = np.frexp(v)  # v = mant·2^exp, mant in [1/2, 1): at most 16 significant bits
+    m = (mant * 65536.0).astype(np.int64)  # exact: an integer of at most 16 bits
+    low = np.log2((m & -m).astype(np.float64)).astype(np.int64)  # its lowest set bit
+    longest = int((16 - low).max())  # significant bits of the longest value
+    grid = int(exp.max()) - int((exp.astype(np.int64) - 16 + low).min())  # bits as one grid
+    return grid > 16 or (longest >= 7 and grid - longest > 2)
 
 
 def _float32_text(arr: Any) -> bool:

@@ -55,13 +55,15 @@ def _float(v: Any) -> float:
 @dataclass(frozen=True)
 class ThresholdTable:
     """Thresholds and guaranteed lower bounds, ``values[g, l]`` / ``lowers[g, l]`` for group
-    g and level l (one row without groups, one column without levels)."""
+    g and level l (one row without groups, one column without levels), and the probability
+    each bound fails, ``failures[g, l]`` (a P-COQS run's β: red team 24, coverage F2)."""
 
     levels: tuple[float, ...]
     groups: tuple[str, ...] | None
     group_by: str | None
     values: np.ndarray
     lowers: np.ndarray
+    failures: np.ndarray | None = None
 
     def level(self, alpha: float | None) -> int:
         """The column of level ``alpha`` (None: the only level)."""
@@ -116,16 +118,20 @@ def table_of(method: str, params: dict[str, Any], diagnostics: dict[str, Any],
     alphas = params.get("alpha")
     levels = tuple(float(a) for a in alphas) if levelled else (float(alphas),)
 
-    def lower(prefix: str, a: float) -> float:
-        key = f"{prefix}alpha={a:g}: lower" if levelled else f"{prefix}lower"
+    def lower(prefix: str, a: float, what: str = "lower") -> float:
+        key = f"{prefix}alpha={a:g}: {what}" if levelled else f"{prefix}{what}"
         if key not in details:  # a group too small to run records one bound (its +inf
-            key = f"{prefix}lower"  # threshold covers at every level): NaN was read (r9a)
+            key = f"{prefix}{what}"  # threshold covers at every level): NaN was read (r9a)
         return _float(details.get(key, math.nan))
+
+    def failures(prefix: str) -> list[float]:
+        return [lower(prefix, a, "failure_probability") for a in levels]
 
     if not mondrian:
         vals = [t for _, t in _levels_of(diagnostics, params)]
         return ThresholdTable(levels, None, None, np.array([vals]),
-                              np.array([[lower("", a) for a in levels]]))
+                              np.array([[lower("", a) for a in levels]]),
+                              np.array([failures("")]))
     names = tuple(str(g) for g in params["groups"])
     rows, lows = [], []
     for name, g in zip(names, diagnostics["groups"], strict=True):
@@ -137,7 +143,7 @@ def table_of(method: str, params: dict[str, Any], diagnostics: dict[str, Any],
             rows.append([t] * len(levels))
         lows.append([lower(f"group {name}: ", a) for a in levels])
     return ThresholdTable(levels, names, params.get("group_by"), np.array(rows),
-                          np.array(lows))
+                          np.array(lows), np.array([failures(f"group {n}: ") for n in names]))
 
 
 def _sets(name: str, options: dict[str, Any], probs: Any, t: np.ndarray,
@@ -224,21 +230,28 @@ def release_groups(release: Any, groups: Any, n: int, *, alpha: float | None = N
 
 def threshold_rows(release: Any) -> list[dict[str, Any]]:
     """Every (group, level) of a release: group, its n, α, threshold, guaranteed lower bound
-    (one row for a plain release; group None without groups)."""
+    and the probability that bound fails (``failure_probability``: a P-COQS run's β, an LDP
+    method's δ; 0 for a bound that always holds — red team 24, coverage F2: the rows printed
+    a P-COQS level's bound without it). One row for a plain release; group None without
+    groups."""
 
     if not is_wrapped(release.method):
         cov = release.coverage
         lower = cov["lower"] if isinstance(cov, dict) else cov.lower
+        fail = (cov.get("failure_probability") if isinstance(cov, dict)
+                else cov.failure_probability)
         return [{"group": None, "n": (release.shape or {}).get("n"),
                  "alpha": (release.params or {}).get("alpha"), "threshold": release.threshold,
-                 "lower": lower}]
+                 "lower": lower, "failure_probability": fail}]
     table = table_of(release.method, release.params, release.diagnostics or {},
                      _details(release))
     sizes = (release.shape or {}).get("group_sizes") or []
     names = table.groups or (None,)
+    fails = table.failures if table.failures is not None else np.full(table.lowers.shape,
+                                                                       math.nan)
     return [{"group": g, "n": sizes[i] if table.groups else (release.shape or {}).get("n"),
              "alpha": a, "threshold": float(table.values[i, j]),
-             "lower": float(table.lowers[i, j])}
+             "lower": float(table.lowers[i, j]), "failure_probability": float(fails[i, j])}
             for i, g in enumerate(names) for j, a in enumerate(table.levels)]
 
 

@@ -140,7 +140,21 @@ def threshold_lines(rel: Any) -> list[tuple[str, str]]:
         return []
     return [(f"group {r['group']} (n={r['n']})" if r["group"] is not None else "level",
              f"α={r['alpha']:g}: threshold {fmt_threshold(r['threshold'])}, "
-             f"coverage ≥ {at_least(r['lower'], '.6g')}") for r in threshold_rows(rel)]
+             f"coverage ≥ {at_least(r['lower'], '.6g')}{_holds(r['failure_probability'])}")
+            for r in threshold_rows(rel)]
+
+
+def _holds(failure: float) -> str:
+    """`` w.p. ≥ 1 − β`` (rounded down) of a bound that can fail, as ``release list`` says it
+    (red team 24, coverage F2: a P-COQS level's row read "coverage ≥ 0.9" unconditionally);
+    nothing for a bound that always holds, or an older record without the figure."""
+    if not failure > 0:  # (NaN: not recorded)
+        return ""
+    from fractions import Fraction
+
+    from privcal.calibrators.bound_floats import text_at_most
+
+    return f" w.p. ≥ {text_at_most(1 - failure, 1 - Fraction(repr(float(failure))))}"
 
 
 def render_thresholds(rel: Any) -> None:

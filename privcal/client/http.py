@@ -57,8 +57,7 @@ token is bound to one session and one subject or agent):
 a malicious server could publish a huge ε, so that the randomized bit is (nearly) the true
 one. ``max_epsilon=`` (recommended; on :class:`Reporter`, and on :class:`Agent` for the
 FedCP²-QQ plan's ε) refuses, before drawing and sending nothing, a session whose ε exceeds
-it; an :class:`Agent` with ``max_epsilon`` also refuses a FedCP-QQ session, whose message
-(a score) is not randomized at all.
+it; an :class:`Agent` with ``max_epsilon`` also refuses a FedCP-QQ session (unrandomized).
 
 **Privacy of a rejected answer.** An answer the server refuses (its round filled first, the
 session closed) was still *sent*: it is an ε-LDP output the server saw, even though the
@@ -353,7 +352,7 @@ class Agent(_Base):
         status and value. Raises :class:`PlanRejected` if the server refused it or already
         holds this agent's message, if the plan's ε is over ``max_epsilon`` (or the session
         is FedCP-QQ, unrandomized, with ``max_epsilon``), or if the server's answer about
-        the token changed."""
+        the token changed; InvalidInput for scores not the session's score (float32, …)."""
         from privcal.calibrators.base import unpredictable
         unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
@@ -378,6 +377,8 @@ class Agent(_Base):
                                f"(status {st.get('status')})")
         rnd, rounds = self._round_to_answer(self._memo.reports(self._key, bind), st,
                                             answer_again)
+        from privcal.accountant.sessions.score import check_agent_scores
+        check_agent_scores(st.get("params"), scores)  # before anything is sent (red team 24)
         s = np.asarray(scores, dtype=float)
         if st["method"] == "fedcp2-qq":
             plan = Fed2Plan.model_validate(st["plan"])
