@@ -42,3 +42,26 @@ def test_f3_a_command_on_a_dataset_or_session_makes_no_ledger(
     assert not path.exists()
     doc = json.loads(_run("--json", "--db-url", f"sqlite:///{path}", *args).stdout)
     assert doc["error"]["type"] == "NotFound" and not path.exists()
+
+
+@pytest.mark.parametrize("key", ["", " ", "\t"])
+def test_f2_a_blank_idempotency_key_is_refused(tmp_path: Path, key: str) -> None:
+    """F2: ``--idempotency-key "$JOB"`` with JOB unset bound every nightly charge to the
+    first night's: one charge for three real mechanism runs. The service already refused
+    an empty Idempotency-Key; the CLI and the library now do too, charging nothing."""
+    from privcal import ZCDP, Accountant, Ledger
+    from privcal.errors import InvalidInput
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert _run("--db-url", url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    res = _run("--db-url", url, "charge", "d", "--rho", "0.1", "--idempotency-key", key)
+    assert res.exit_code == 1, res.output
+    assert res.output == ("error: idempotency key is empty: give a non-blank key (one per "
+                          "logical request, reused on its retries), or none\n")
+    acct = Accountant(Ledger(url))
+    with pytest.raises(InvalidInput, match="idempotency key is empty"):
+        acct.charge("d", ZCDP(0.1), idempotency_key=key)
+    with pytest.raises(InvalidInput, match="idempotency key is empty"):
+        acct.calibrate("pcoqs", dataset="d", scores=np.linspace(0, 1, 500), alpha=0.1,
+                       rho=0.1, idempotency_key=key)
+    assert acct.budget("d").charges == 0 and acct.releases() == []
