@@ -65,3 +65,35 @@ def test_f2_a_blank_idempotency_key_is_refused(tmp_path: Path, key: str) -> None
         acct.calibrate("pcoqs", dataset="d", scores=np.linspace(0, 1, 500), alpha=0.1,
                        rho=0.1, idempotency_key=key)
     assert acct.budget("d").charges == 0 and acct.releases() == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--method", "pcoqs", "--rho", "0.5", "--k", "7"],
+     "--k applies to advise --method local, not pcoqs"),
+    (["--method", "pcoqs", "--rho", "0.5", "--slack", "0.01"],
+     "--slack applies to advise --method local, not pcoqs"),
+    (["--method", "exponq", "--epsilon", "0.5", "--rounds", "5"],
+     "--rounds applies to advise --method local, not exponq"),
+    (["--method", "exponq", "--epsilon", "0.5", "--nominal"],
+     "--nominal applies to advise --method pcoqs, not exponq"),
+    (["--n", "100", "--k", "5", "--epsilon", "0.5", "--nominal"],
+     "--nominal applies to advise --method pcoqs, not local"),
+    (["--method", "exponq", "--epsilon", "0.5", "--failure-probability", "0.01"],
+     "--failure-probability applies to advise --method local or pcoqs, not exponq"),
+])
+def test_f1_advise_refuses_another_methods_option(args: list[str], message: str) -> None:
+    """F1: advise dropped the options of the other methods and answered (exit 0) a question
+    not asked; it is a usage error, as --tol, --epsilon and --rho of the wrong kind were."""
+    res = _run("advise", "--alpha", "0.1", *args)
+    assert res.exit_code == 2, res.output
+    assert f"Error: {message}" in res.output
+    res = _run("--json", "advise", "--alpha", "0.1", *args)
+    assert json.loads(res.stdout)["error"]["message"] == message
+
+
+def test_f1_advise_still_takes_each_methods_own_options() -> None:
+    assert _run("advise", "--alpha", "0.1", "--method", "pcoqs", "--rho", "0.5", "--nominal",
+                "--failure-probability", "0.1", "--tol", "1e-3", "--n", "500").exit_code == 0
+    assert _run("advise", "--alpha", "0.1", "--n", "2000", "--k", "10", "--epsilon", "2",
+                "--slack", "0.1", "--rounds", "6", "--failure-probability", "0.01"
+                ).exit_code == 0
