@@ -97,3 +97,24 @@ def test_f1_advise_still_takes_each_methods_own_options() -> None:
     assert _run("advise", "--alpha", "0.1", "--n", "2000", "--k", "10", "--epsilon", "2",
                 "--slack", "0.1", "--rounds", "6", "--failure-probability", "0.01"
                 ).exit_code == 0
+
+
+@pytest.mark.parametrize("url", ["", "sqlite://", "sqlite:///:memory:"])
+@pytest.mark.parametrize("where", ["root", "command"])
+def test_f4_an_empty_or_in_memory_ledger_url_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, where: str) -> None:
+    """F4: ``--db-url ""`` (a script's "$LEDGER", unset) wrote to the embedded default
+    ledger; ``--db-url sqlite://`` printed an admin token "shown only now" that no ledger
+    kept, and "created dataset" in a ledger gone when the command ended."""
+    monkeypatch.setenv("PRIVCAL_HOME", str(tmp_path))
+    monkeypatch.delenv("PRIVCAL_DATABASE_URL", raising=False)
+    for command in (["dataset", "create", "d", "--rho", "1"], ["token", "create", "--role",
+                                                              "admin"]):
+        args = (["--db-url", url, *command] if where == "root"
+                else [*command, "--db-url", url])
+        res = _run(*args)
+        assert res.exit_code == 1, res.output
+        assert res.output.startswith("error: ") and res.output.count("\n") == 1
+        assert ("malformed ledger URL ''" if url == "" else
+                "an in-memory ledger (sqlite://) is gone when the command ends") in res.output
+    assert list(tmp_path.iterdir()) == []  # the embedded default ledger was not made
