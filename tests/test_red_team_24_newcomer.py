@@ -118,3 +118,12 @@ def test_f4_an_empty_or_in_memory_ledger_url_is_refused(
         assert ("malformed ledger URL ''" if url == "" else
                 "an in-memory ledger (sqlite://) is gone when the command ends") in res.output
     assert list(tmp_path.iterdir()) == []  # the embedded default ledger was not made
+
+
+def test_f5_quickstart_does_not_break_a_number_from_its_unit() -> None:
+    """F5: the quickstart's first step printed "held-out test set: 500" and "rows; k = 10"
+    on two lines."""
+    res = _run("quickstart")
+    assert res.exit_code == 0, res.output
+    assert "Calibration set: 900 rows; held-out test set: 500 rows; k = 10 classes." \
+        in res.output.splitlines()[3]
