@@ -26,6 +26,10 @@ def _run(*args: str) -> object:
       "--local-n", "100"], "a dataset"),
     (["session", "submit", "1", "--reports", "{reports}"], "a session"),
     (["session", "close", "1", "--abandon"], "a session"),
+    (["token", "create", "--role", "analyst", "--dataset", "d"], "a dataset"),
+    (["token", "create", "--role", "device", "--session", "1", "--subject", "a"], "a session"),
+    (["token", "create", "--role", "device", "--session", "1", "--count", "2",
+      "--subject-prefix", "p"], "a session"),
 ])
 def test_f3_a_command_on_a_dataset_or_session_makes_no_ledger(
         tmp_path: Path, command: list[str], needs: str) -> None:
