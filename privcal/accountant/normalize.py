@@ -240,8 +240,15 @@ def idempotency_key(value: str | None) -> str | None:
     :data:`CENTRAL_KEY_SUFFIX` are privcal's own: a keyed local-DP run charges its central
     cost under ``KEY#central``, and a caller's charge under that key would be taken, on a
     replay, for the run's (red team 5); keys beginning with :data:`SERVICE_KEY_PREFIX` are
-    the service's (:class:`ServiceKey`)."""
+    the service's (:class:`ServiceKey`). An empty or blank key is refused, as the service
+    refuses an empty ``Idempotency-Key``: it is what ``--idempotency-key "$JOB"`` sends when
+    ``JOB`` is unset, and it bound every such run to the first one's charge, each later
+    (real) mechanism run answered "already recorded" and charged nothing (red team 24,
+    newcomer F2)."""
     key = optional_text(value, "idempotency key")
+    if key is not None and not key.strip():
+        raise InvalidInput("idempotency key is empty: give a non-blank key (one per logical "
+                           "request, reused on its retries), or none")
     if key is not None and key.endswith(CENTRAL_KEY_SUFFIX):
         raise InvalidInput(f"idempotency keys ending in {CENTRAL_KEY_SUFFIX!r} are reserved "
                            "for privcal's own central charges: choose another key")

@@ -202,13 +202,15 @@ class Settings:
         self.as_json = as_json
         self._ledger: Any = None
 
-    def ledger(self, *, existing: bool = False) -> Any:
+    def ledger(self, *, existing: bool | str = False) -> Any:
         """The ledger (opened, and created/migrated if it is a new SQLite file, on first use).
 
         ``existing``: a command that only reads (``audit verify``, ``budget show``,
         ``serve``, …) creates no ledger: a SQLite file that does not exist, or is empty, is
         an error naming it (red team 19, newcomer F1: a one-letter typo in ``--db-url``
-        made a new empty ledger, and ``audit verify`` said "ok: 0 log entries verify")."""
+        made a new empty ledger, and ``audit verify`` said "ok: 0 log entries verify").
+        A command that acts on a dataset or session passes it (``"a dataset"``): on a new
+        ledger it only made one at the mistyped path (red team 24, newcomer F3)."""
         if self._ledger is None:
             from privcal.storage import Ledger
 
@@ -216,13 +218,18 @@ class Settings:
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # its pooled connections closed when the command ends
                 ctx.find_root().call_on_close(self._ledger.close)
+            if self._ledger.in_memory:  # what a command wrote was gone (red team 24, F4)
+                raise InvalidInput("an in-memory ledger (sqlite://) is gone when the command "
+                                   "ends: name a file (sqlite:///path) or a server")
         if existing and (missing := self._ledger.missing_file()) is not None:
-            raise NotFound(f"no ledger at {missing}: this command reads a ledger and makes "
+            what = ("reads a ledger" if existing is True
+                    else f"needs {existing} of an existing ledger")
+            raise NotFound(f"no ledger at {missing}: this command {what} and makes "
                            "none (check --db-url or PRIVCAL_DATABASE_URL; `privcal dataset "
                            "create` or `privcal db upgrade` makes a new one)")
         return self._ledger
 
-    def accountant(self, *, existing: bool = False) -> Any:
+    def accountant(self, *, existing: bool | str = False) -> Any:
         """An accountant on :meth:`ledger` (``existing``: see there)."""
         from privcal.accountant import Accountant
 
@@ -286,7 +293,7 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
 
 
 def _db_url_value(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    if value:
+    if value is not None:  # "" too: a malformed URL, never the default ledger
         ctx.ensure_object(Settings).db_url = value
 
 

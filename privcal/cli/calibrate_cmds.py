@@ -120,7 +120,7 @@ def _make_calibrate_command(name: str) -> click.Command:
             kw.get("probs"), columns, label_column)
         check_id_count(kw.get("subjects"), arrays["subjects"], arrays, "subject ids")
         check_id_count(kw.get("agent_of"), arrays["agents"], arrays, "agent ids")
-        acct = settings.accountant()
+        acct = settings.accountant(existing="a dataset")
         request = CalibrationRequest.of(
             name, params,
             score=None if "score" in model.model_fields else kw.get("score"),

@@ -216,8 +216,8 @@ def charge_cmd(settings: Settings, name: str | None, dataset_opt: str | None, ep
     """Charge the cost of a mechanism run outside privcal to dataset NAME (exit 3 if refused)."""
     name = _dataset_name(name, dataset_opt)
     cost = _cost(epsilon, rho, approx_epsilon, approx_delta)
-    r = settings.accountant().charge(name, cost, purpose=purpose, requester=requester,
-                                     idempotency_key=idempotency_key)
+    r = settings.accountant(existing="a dataset").charge(
+        name, cost, purpose=purpose, requester=requester, idempotency_key=idempotency_key)
     verb = "already recorded" if r.replayed else "charged"
     # the cost as recorded (amounts rounded *up* to 12 decimal places), not as typed (red
     # team 22, newcomer F2: ε = 5e-324 was printed with 323 zeros beside a stored 1e-12)

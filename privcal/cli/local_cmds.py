@@ -88,8 +88,15 @@ def advise_cmd(
     for name, v in need:
         if v is None:  # a usage error (exit 2), as for any missing required option
             raise click.UsageError(f"advise --method {method} needs {name}")
-    if tol is not None and method != "pcoqs":
-        raise click.UsageError("--tol applies to advise --method pcoqs")
+    # an option of another method was dropped, answering a question not asked (red team 24,
+    # newcomer F1; --tol, --epsilon and --rho: red team 22)
+    only = {"--tol": (tol, ("pcoqs",)), "--nominal": (nominal or None, ("pcoqs",)),
+            "--failure-probability": (fp, ("local", "pcoqs")), "--k": (k, ("local",)),
+            "--slack": (slack, ("local",)), "--rounds": (rounds, ("local",))}
+    for name, (v, methods) in only.items():
+        if v is not None and method not in methods:
+            raise click.UsageError(f"{name} applies to advise --method "
+                                   f"{' or '.join(methods)}, not {method}")
     # a budget of the other method's kind was ignored: an answer for a question not asked
     # (red team 22, newcomer F5)
     if method == "pcoqs" and epsilon is not None:

@@ -91,13 +91,14 @@ def _demo(settings: Any, keep: bool, as_json: bool, tmp: str) -> None:
     ex = load_example("digits")
     name = "digits-demo"
 
+    n_cal, n_test = ex.calib_probs.shape[0], ex.test_probs.shape[0]
     _step(
         1,
         "The data",
         f"""
         {ex.description}
-        Calibration set: {ex.calib_probs.shape[0]} rows; held-out test set: {ex.test_probs.shape[0]}
-        rows; k = {ex.k} classes. The calibration labels are the private part.""",
+        Calibration set: {n_cal} rows; held-out test set: {n_test} rows; k = {ex.k} classes.
+        The calibration labels are the private part.""",
     )
 
     _step(

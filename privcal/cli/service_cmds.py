@@ -162,8 +162,10 @@ def token_create(settings: Any, role: str, name: str | None, datasets: tuple[str
         _create_device_tokens(settings, role, name, datasets, session_id, subject, agent,
                               expires_in, count, subject_prefix, subjects_file, as_json)
         return
+    # a token bound to a dataset or session needs it in an existing ledger (red team 24, F3)
+    needs = {"analyst": "a dataset", "admin": False, "auditor": False}.get(role, "a session")
     new = create_bound_token(
-        Accountant(settings.ledger()), role, name=name, datasets=list(datasets),
+        Accountant(settings.ledger(existing=needs)), role, name=name, datasets=list(datasets),
         session=session_id, subject=subject, agent=agent, expires_in=expires_in)
     if not as_json:
         info(f"token {new.id} ({role}) created; it is shown only now:")
@@ -246,8 +248,8 @@ def _create_device_tokens(settings: Any, role: str, name: str | None,
         raise InvalidInput(f"{', '.join(given)} cannot be used with --count/--subjects "
                            "(each token is named by its id and bound to its own subject)")
     subs = _bulk_subjects(count, prefix, path)
-    toks = create_bound_device_tokens(Accountant(settings.ledger()), session_id, subs,
-                                      expires_in)
+    toks = create_bound_device_tokens(Accountant(settings.ledger(existing="a session")),
+                                      session_id, subs, expires_in)
     rows = [{"subject": sub, "id": (presented_token(tok) or ("", ""))[0], "token": tok}
             for sub, tok in zip(subs, toks, strict=True)]
     if not as_json:

@@ -156,8 +156,8 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
     if failure_probability is not None:
         kw["failure_probability"] = failure_probability
     res = open_session(
-        settings.accountant(), method, dataset=dataset, alpha=alpha, epsilon=epsilon,
-        rounds=rounds, group_size=group_size, nominal=nominal, agents=agents,
+        settings.accountant(existing="a dataset"), method, dataset=dataset, alpha=alpha,
+        epsilon=epsilon, rounds=rounds, group_size=group_size, nominal=nominal, agents=agents,
         local_n=local_n, bins=bins, shuffled=shuffled, requester=requester,
         idempotency_key=idempotency_key, score=score,
         score_options=parse_score_options(score_option) if score_option else None, **kw)
@@ -198,7 +198,7 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
     """Ingest a batch of reports for the current round (charging each subject once)."""
     from privcal.accountant.sessions import session_status, submit_reports
 
-    acct = settings.accountant()
+    acct = settings.accountant(existing="a session")
     method = session_status(acct, session_id).method
     ids, values, rounds = _read_batch(reports, method)
     with progress.task(f"ingesting {len(ids)} reports", None, size=len(ids)):
@@ -269,7 +269,8 @@ def close_cmd(settings: Any, session_id: int, allow_missing: bool, missing: str 
 
     if missing is not None and not allow_missing:
         raise click.UsageError("--missing goes with --allow-missing")
-    res = close_session(settings.accountant(), session_id, allow_missing=allow_missing,
+    acct = settings.accountant(existing="a session")
+    res = close_session(acct, session_id, allow_missing=allow_missing,
                         missing=missing or "infinite", abandon=abandon, requester=requester,
                         idempotency_key=idempotency_key)  # type: ignore[arg-type]
     emit(res, as_json=as_json, human=lambda: click.echo(_describe(res)))

@@ -104,8 +104,10 @@ def sqlite_file_hint(database: str | None) -> str:
 
 
 def resolve_url(url: str | None) -> tuple[str, bool]:
-    """(url, is_default): the explicit URL, else $PRIVCAL_DATABASE_URL, else the embedded file."""
-    if url:
+    """(url, is_default): the explicit URL, else $PRIVCAL_DATABASE_URL, else the embedded file.
+    An explicit empty URL is malformed, not "none given" (red team 24, newcomer F4: the
+    ``--db-url "$LEDGER"`` of a script with LEDGER unset wrote to the embedded ledger)."""
+    if url is not None:
         return url, False
     env = os.environ.get("PRIVCAL_DATABASE_URL")
     if env:

@@ -208,6 +208,11 @@ class LedgerSchema(SchemaRefusals):
         """An in-memory SQLite ledger (``sqlite://``)."""
         return self.backend == "sqlite" and self._url.database in (None, "", ":memory:")
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether this ledger lives in memory (``sqlite://``): gone when it is closed."""
+        return self._in_memory()
+
     def _sqlite_uri(self) -> bool:
         """A SQLite ledger named by SQLite's URI (``file:…``, ``uri=true``: read-only or
         immutable opens): no path of it is made, tested or chmodded here."""
