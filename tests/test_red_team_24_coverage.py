@@ -66,6 +66,38 @@ def test_f1_short_dyadic_and_quantised_scores_still_run(accountant: Any) -> None
         assert rel.diagnostics["score"]["name"] == "lac"
 
 
+def test_f1_review_integer_residuals_named_absolute_run(accountant: Any) -> None:
+    """The review of F1: |y − f| of integer targets and predictions (counts, prices in cents)
+    is exact in float64, as predict computes it, and every such value below 2²³ is also a
+    float32 — so residuals past 65 536 were refused as "float32 values (widened to
+    float64)", and a spread of smaller ones as half precision. They run, and cover; a
+    float16 column of residuals (integers above 1024, at most 11 significant bits) is still
+    refused."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(4)
+
+    def residuals(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        f = g.integers(0, 10**6, n)
+        y = f + g.integers(-150_000, 150_001, n)
+        return y.astype(np.float64), f.astype(np.float64), np.abs(y - f).astype(np.float64)
+
+    _, _, scores = residuals(N)
+    rel = accountant.calibrate("split", dataset="d", scores=scores, alpha=0.1,
+                               score="absolute")
+    assert rel.diagnostics["score"]["name"] == "absolute"
+    ty, tf, _ = residuals(40_000)
+    iv = rel.predict_interval(tf)
+    # the coverage given the calibration set is Beta(1801, 200): sd √(0.9·0.1/N); the test
+    # sample's own sd √(0.9·0.1/40 000): 4 of each below 0.9
+    tol = 4 * (0.09 / N) ** 0.5 + 4 * (0.09 / 40_000) ** 0.5
+    assert ((iv[:, 0] <= ty) & (ty <= iv[:, 1])).mean() >= 0.9 - tol
+    head = accountant.ledger.head()
+    wide = g.uniform(1000, 60_000, N).astype(np.float16).astype(np.float64)
+    with pytest.raises(InvalidInput, match=r"^scores are values of a format narrower"):
+        accountant.calibrate("split", dataset="d", scores=wide, alpha=0.1, score="absolute")
+    assert accountant.ledger.head() == head
+
+
 def test_f1_the_refused_form_given_as_probabilities_covers(accountant: Any) -> None:
     """The advice of the refusal: the same model given as probabilities and labels covers at
     least 1 − α on fresh draws (the half-precision scores covered 0.857)."""

@@ -63,7 +63,8 @@ def check_agent_scores(params: dict[str, Any] | None, scores: Any) -> None:
     names no score."""
     import numpy as np
 
-    from privcal.accountant.calibration_request import impossible_scores, precomputed_score
+    from privcal.accountant.calibration_request import precomputed_score
+    from privcal.accountant.score_values import impossible_scores
 
     named = score_of(params)
     if named is None or not isinstance(named.get("name"), str):
