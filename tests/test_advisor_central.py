@@ -134,7 +134,6 @@ def test_central_advice_at_the_edge_of_the_float_range_is_one_line(call) -> None
         ["advise", "--n", "1000", "--k", "10", "--epsilon", "5e-324", "--alpha", "0.1"],
         ["advise", "--method", "pcoqs", "--rho", "5e-324", "--alpha", "0.1"],
         ["advise", "--method", "exponq", "--epsilon", "5e-324", "--alpha", "0.1"],
-        ["amplify", "--epsilon0", "5e-324", "--n", "1000", "--delta", "1e-6"],
     ],
 )
 def test_cli_planning_at_the_edge_of_the_float_range_is_one_line(args: list[str]) -> None:
@@ -145,3 +144,15 @@ def test_cli_planning_at_the_edge_of_the_float_range_is_one_line(args: list[str]
     message = doc["error"]["message"]
     assert "\n" not in message
     assert "outside the range" in message or "needs more than" in message
+
+
+def test_cli_amplify_at_the_edge_of_the_float_range_answers_eps0() -> None:
+    """``amplify --epsilon0 5e-324`` was one line naming "ValueError: Pair needs pa > qa"; it
+    answers ε = ε0 now (red team 24, privacy F4: e^ε0 rounds to 1, no bound is evaluated,
+    and ε0-LDP reports are ε0-DP once shuffled)."""
+    res = CliRunner().invoke(main, ["amplify", "--epsilon0", "5e-324", "--n", "1000",
+                                    "--delta", "1e-6", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["amplified"] is False and doc["certified"] is True
+    assert doc["eps"] == doc["eps0"] == 5e-324 and doc["delta_at_eps"] == 0.0

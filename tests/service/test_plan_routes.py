@@ -116,10 +116,14 @@ def test_inputs_at_the_edge_of_the_float_range_are_a_422(live: Live) -> None:
         r = c.post("/v1/advise", json={"n": 1, "k": 2, "epsilon": 5e-324, "alpha": 5e-324})
     assert r.status_code == 422, r.text
     assert "outside the range" in r.json()["detail"]
+    # amplify at that edge answers ε = ε0, as the CLI does (red team 24, privacy F3/F4: it was
+    # a 422 naming "ValueError: Pair needs pa > qa")
     with live.client("analyst") as c:
         r = c.post("/v1/amplify", json={"delta": 5e-324, "epsilon0": 5e-324, "n": 1})
-    assert r.status_code == 422, r.text
-    assert "outside the range" in r.json()["detail"]
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["amplified"] is False and doc["eps"] == doc["eps0"] == 5e-324
+    assert doc["delta_at_eps"] == 0.0
 
 
 @pytest.mark.parametrize(("body", "cli"), [
