@@ -310,27 +310,29 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
 
 
 def check_caps(ledger: Any) -> None:
-    """Every dataset's spend (its totals, which the storage's verification has just found
-    equal to the sum of its logged charges) within its logged cap's filter
+    """Every (ε, δ) dataset's spend (its totals, which the storage's verification has just
+    found equal to the sum of its logged charges) within its logged cap's Rényi filter
     (:func:`~privcal.accountant.privacy.filters.within_cap`): each charge privcal accepts
     keeps it so, but a cap raised around a charge and put back, or totals lowered around one
     and restored, left every row equal to its entry and the budget overspent — verified ok,
-    and signed (red team 23, ledger F7). The storage's verification checks pure-ε and ρ-zCDP
-    caps itself, in the same words (:mod:`privcal.storage.verify_caps`, so ``Ledger.verify``
-    and ``Ledger.sign_head`` too: red team 24, ledger F2); an (ε, δ) cap is checked only
-    here. An (ε, δ) dataset made before its Rényi grid existed
-    (``renyi_orders`` NULL) may have been charged past its cap under the pre-0004 rule: it
-    states no guarantee (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`),
-    and is not a failure here."""
+    and signed (red team 23, ledger F7). Pure-ε and ρ-zCDP caps are checked by the storage's
+    verification, run first, in the same words (:mod:`privcal.storage.verify_caps`, so
+    ``Ledger.verify`` and ``Ledger.sign_head`` too: red team 24, ledger F2); an (ε, δ) cap
+    is accountant mathematics, checked only here. An (ε, δ) dataset made before its Rényi
+    grid existed (``renyi_orders`` NULL) may have been charged past its cap under the
+    pre-0004 rule: it states no guarantee
+    (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`), and is not a failure
+    here."""
     with ledger.read() as s:
         for ds in ledger.all_datasets(s):
-            if ds.notion == "approx" and ds.renyi_orders is None:
+            if ds.notion != "approx":
+                continue  # pure-ε and ρ-zCDP caps: checked by the storage's verification
+            if ds.renyi_orders is None:
                 continue  # charged before migration 0004: no guarantee is stated
             # policy_of / spent_of of privcal.accountant.policy, which this module cannot
             # import (policy → results → saved_release → verification: a cycle)
             pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,
-                             tuple(Decimal(a) for a in ds.renyi_orders)
-                             if ds.notion == "approx" else None)
+                             tuple(Decimal(a) for a in ds.renyi_orders))
             spent = acc.Spent(ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
                               ds.spent_approx_eps, ds.spent_approx_delta)
             if acc.within_cap(pol, spent):

@@ -83,7 +83,10 @@ def float_text(x: float) -> str:
     F7: a threshold printed ``0.3`` in 10 digits, rounded to nearest, made sets covering
     0.50 under a recorded ≥ 0.9 when copied; intervals of Unix times printed in 6 digits
     were ``[1.70005e+09, 1.70005e+09]``). The CLI's tables and the auditor's page both
-    spell thresholds with it."""
+    spell thresholds with it, and the CLI every number devices or agents take as protocol
+    input (an LDP-CP-S round's query, a FedCP²-QQ level or grid end: a query printed 0.225
+    for 0.22499999999999998 gave coverage 0.80 under a recorded ≥ 0.9; red team 24,
+    fedlocal F2)."""
     x = float(x)
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"

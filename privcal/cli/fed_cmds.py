@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 import click
 
+from privcal.calibrators.bound_floats import float_text
 from privcal.cli import progress
 from privcal.cli.app import emit, json_option, main, table
 from privcal.cli.number_types import Integer, IntList, Number
-from privcal.cli.output import at_least, exact
+from privcal.cli.output import at_least
 from privcal.errors import InvalidInput
 
 if TYPE_CHECKING:  # the planning module pulls in SciPy: imported when a plan is made
@@ -105,10 +106,10 @@ def _human(plan: FedPlan | FedPlanUnequal | Fed2Plan) -> str:
             {"quantity": "ℓ_γ", "value": plan.l_gamma},
             {"quantity": "ℓ_cor", "value": plan.l_cor},
             {"quantity": "k_γ (server order)", "value": plan.k_gamma},
-            {"quantity": "agent level q", "value": exact(plan.q)},
+            {"quantity": "agent level q", "value": float_text(plan.q)},
             {"quantity": "M_{ℓ_γ+ℓ_cor,k_γ}", "value": at_least(plan.M, ".10f")},
             {"quantity": "grid",
-             "value": f"{plan.bins} points on [{exact(plan.lower)}, {exact(plan.smax)}]"},
+             "value": f"{plan.bins} points on [{float_text(plan.lower)}, {float_text(plan.smax)}]"},
         ]
         note = (
             f"FedCP²-QQ: guarantee coverage ≥ {at_least(1 - plan.alpha, 'g')} (Thm 4.1); "

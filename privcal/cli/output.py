@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-__all__ = ["at_least", "at_most", "cell", "emit", "exact", "info", "json_default", "table",
+__all__ = ["at_least", "at_most", "cell", "emit", "info", "json_default", "table",
            "to_jsonable"]
 
 
@@ -26,18 +26,6 @@ def json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-def exact(x: float) -> str:
-    """A number that devices, agents or an operator use as protocol input (an LDP-CP-S round's
-    query, a FedCP²-QQ level or grid end) as its shortest decimal that reads back as the same
-    float — never rounded: bits answering a printed 0.225 for a query of 0.22499999999999998
-    counted the scores at 0.225, which the release's threshold excludes, and it recorded
-    coverage ≥ 0.9 for a true 0.80 (red team 24, fedlocal F2)."""
-    x = float(x)  # a numpy float's repr is not a number (numpy 2: "np.float64(…)")
-    if math.isinf(x):
-        return "+inf" if x > 0 else "-inf"
-    return repr(x)
 
 
 def at_least(x: float, spec: str) -> str:

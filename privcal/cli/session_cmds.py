@@ -16,6 +16,7 @@ from typing import Any
 import click
 import numpy as np
 
+from privcal.calibrators.bound_floats import float_text
 from privcal.cli import progress
 from privcal.cli.app import (
     FilePath,
@@ -28,7 +29,6 @@ from privcal.cli.app import (
 )
 from privcal.cli.method_options import parse_score_options
 from privcal.cli.number_types import Integer, Number
-from privcal.cli.output import exact
 from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
 
@@ -52,8 +52,8 @@ def _describe(s: Any) -> str:
             {"field": "round", "value": f"{s.round} of {s.rounds}"},
             {"field": "received / needed this round", "value": f"{s.received} / {s.needed}"},
             {"field": "interval [lo, hi]",
-             "value": f"[{exact(s.interval[0])}, {exact(s.interval[1])}]"},
-            {"field": "current query q", "value": "-" if s.query is None else exact(s.query)},
+             "value": f"[{float_text(s.interval[0])}, {float_text(s.interval[1])}]"},
+            {"field": "current query q", "value": "-" if s.query is None else float_text(s.query)},
         ]
         if s.trivial:  # red team 23, fedlocal F1
             rows += [{"field": "every release", "value": TRIVIAL}]
@@ -65,10 +65,10 @@ def _describe(s: Any) -> str:
                 {"field": "γ", "value": p.get("gamma")},
                 {"field": "ℓ_γ, ℓ_cor, k_γ",
                  "value": f"{p.get('l_gamma')}, {p.get('l_cor')}, {p.get('k_gamma')}"},
-                {"field": "agents answer at level q", "value": exact(p["q"])},
+                {"field": "agents answer at level q", "value": float_text(p["q"])},
                 {"field": "bin grid", "value": f"{p.get('bins')} evenly spaced points on "
-                                               f"[{exact(p.get('lower', 0.0))}, "
-                                               f"{exact(p['smax'])}]"},
+                                               f"[{float_text(p.get('lower', 0.0))}, "
+                                               f"{float_text(p['smax'])}]"},
             ]
         else:
             rows += [{"field": "ℓ, k", "value": f"{p.get('l')}, {p.get('k')}"}]
@@ -166,7 +166,7 @@ def open_cmd(settings: Any, method: str, dataset: str, alpha: float, epsilon: fl
         click.echo(f"session {res.id} opened")
         click.echo(_describe(res))
         if res.query is not None:
-            click.echo(f"round 0 query: q = {exact(res.query)}")
+            click.echo(f"round 0 query: q = {float_text(res.query)}")
 
     emit(res, as_json=as_json, human=human)
 
@@ -220,7 +220,7 @@ def submit_cmd(settings: Any, session_id: int, reports: str, idempotency_key: st
                        f"threshold {s.threshold}")
         elif s.method == "ldp-score":
             click.echo(f"round {s.round} of {s.rounds}: {s.received} / {s.needed} reports; "
-                       f"query q = {exact(s.query)}" if s.query is not None else
+                       f"query q = {float_text(s.query)}" if s.query is not None else
                        f"round {s.round}: {s.status}")
         else:
             click.echo(f"{s.received} of {(s.plan or {}).get('m')} agents have answered")
