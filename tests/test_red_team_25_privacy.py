@@ -58,3 +58,26 @@ def test_record_release_refuses_a_shuffled_release_on_a_cap_without_delta(
         threshold=rel.threshold, params=rel.params, shape=rel.shape, coverage=coverage,
         privacy=privacy, charge_ids=[paid.charge_id])
     assert accountant.verify().guarantees_recomputed == 2
+
+
+def test_no_doc_claims_the_noisy_search_is_safe_against_timing() -> None:
+    """F1: P-COQS's docs said its running time "reveals n, not a record" and "nothing about a
+    record leaks through timing except n", because the counts take N·n comparisons whatever
+    the data. The CKS20 discrete Gaussian draw is not constant-time, though: it took a median
+    of 14.6 µs at |Z| < 10 and 30.1 µs at 30 ≤ |Z| < 40 (σ² = 34/0.2, 60 000 draws). A step's
+    decision 1{count + Z ≥ r} together with |Z| says more about the count than the decision
+    does alone (with |Z| = z known, count r − z decides 1 half of the time and r − z − 1 never).
+    The docs now say that timing is outside the DP claim. The same goes for the samplers'
+    modules and for the exponential mechanism's rejection loop, whose number of proposals
+    depends on the data."""
+    import privcal.calibrators.mechanisms.discrete_gaussian as dg
+    import privcal.calibrators.mechanisms.exponential as em
+    import privcal.calibrators.pcoqs as pcoqs
+
+    for doc in (pcoqs.__doc__ or "", pcoqs.noisy_binary_search.__doc__ or ""):
+        assert "reveals n, not a record" not in doc
+        assert "leaks through timing except n" not in doc
+        assert "not constant-time" in doc and ("not covered" in doc or "outside the DP" in doc)
+    for mod in (dg, em):
+        assert "Not constant-time" in (mod.__doc__ or "")
+        assert "not cover timing" in (mod.__doc__ or "")
