@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from privcal.accountant.amplification import check_shuffled_dataset
 from privcal.accountant.normalize import json_safe, optional_text
 from privcal.accountant.policy import dataset_info
 from privcal.accountant.results import Release
@@ -185,6 +186,10 @@ def record_release(
                 f"non-private release refused: dataset {dataset!r} does not allow "
                 "non-private releases (create it with --allow-nonprivate)",
                 scope=f"dataset {dataset!r}", asked="non-private", remaining="")
+        if _is_shuffled(row_data["privacy"]):
+            # a shuffled release states an amplified central (ε, δ) that only an (ε, δ) cap
+            # is charged: refused elsewhere as a run refuses it (red team 25, privacy F3)
+            check_shuffled_dataset(ds)
         why = shortfall(row_data["privacy"], [paid[cid] for cid in ids], reports_used(
             row_data["shape"], session_total=None,
             federated=getattr(cal, "privacy_model", None) == "federated" if cal else None))
@@ -201,6 +206,12 @@ def record_release(
 
 #: the most rows (or subjects) a recorded shape may name: more than any calibration runs
 _MAX_N = 10**9
+
+
+def _is_shuffled(privacy: Any) -> bool:
+    """Whether a privacy record is a shuffled run's (its ``extra`` says ``shuffled``)."""
+    extra = privacy.get("extra") if isinstance(privacy, dict) else None
+    return isinstance(extra, dict) and bool(extra.get("shuffled"))
 
 
 def _coverage(coverage: Any) -> CoverageGuarantee:

@@ -48,9 +48,9 @@ Review (issue 14.8)
   (ρ/N)-zCDP (CKS20, Thm 4), and N of them compose to ρ (Bun & Steinke 2016).
 - **Sampler**: exact discrete Gaussian (CKS20 Alg. 3) on exact rationals;
   uniform bits from ``rng`` — ``secrets.SystemRandom`` (OS CSPRNG) in production.
-- **Running time**: every step is one full pass over all n scores, so the work
-  is N·n comparisons plus N noise draws whatever the data (issue 16.5): the
-  running time reveals n, not a record.
+- **Running time**: the counts are N·n comparisons whatever the data (issue 16.5); the N
+  noise draws are not constant-time (slower for larger |Z|), and |Z| with a step's decision
+  tells about its count: timing is not covered by the DP claim (red team 25, privacy F1).
 - **Coverage claim** (seed 003, Thm 2 with SPEC §4's inflated rank): let E be
   the event, a function of the noise alone, that all N noises satisfy |Z| ≤ τ;
   P(E) ≥ 1−β. On E, P(Y ∈ C(X) | E) ≥ 1−α, where the probability is over the
@@ -226,9 +226,9 @@ def noisy_binary_search(
     ``upper``, which no count supports, and the caller releases +inf.
 
     Running time (issue 16.5): every step is one full pass over all n scores
-    (:func:`count_at_most`) and one discrete Gaussian draw, so the work is
-    N·n comparisons whatever the data are: nothing about a record leaks through
-    timing except n. (The noise sampler's time depends on the noise only.)
+    (:func:`count_at_most`), N·n comparisons whatever the data are; the discrete Gaussian
+    draw is not constant-time (≈ 15 µs at |Z| < 10, ≈ 30 µs at |Z| ≈ 35 for σ ≈ 13), and
+    |Z| with the decision tells about the count: timing is outside the DP claim.
     """
     left, right = float(lower), float(upper)
     backed = False

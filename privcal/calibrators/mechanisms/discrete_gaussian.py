@@ -10,6 +10,11 @@ target one given a perfect uniform source. No floating point is used, which
 avoids the attacks on floating-point noise (Mironov 2012). In production
 ``rng`` is ``secrets.SystemRandom()``; tests pass a seeded ``random.Random``.
 
+Not constant-time: the running time grows with |Z| (the geometric loop of Algorithm 2 and
+the rejections of Algorithm 3), and whoever can time a draw learns about the noise, so about
+what it hides (Jin, McMurtry, Rubinstein & Ohrimenko 2022, "Are We There Yet? Timing and
+Floating-Point Attacks on Differential Privacy Systems"). The DP claims do not cover timing.
+
 Rationals are carried as (numerator, denominator) pairs of Python ints in the
 inner loops: ``fractions.Fraction`` normalises with a gcd at every operation
 and is several times slower.

@@ -37,7 +37,8 @@ probability 2^−53 under the other). Same construction as exact samplers with
 arbitrary-precision comparisons (e.g. OpenDP's); written here from the
 mathematics. With ``secrets.SystemRandom`` (production) the uniforms come
 from the OS CSPRNG. :func:`selection_probabilities` (float) is kept for
-diagnostics and tests only.
+diagnostics and tests only. Not constant-time: the number of proposals depends on the
+weights, so on the data; the DP claim does not cover timing.
 """
 
 from __future__ import annotations
