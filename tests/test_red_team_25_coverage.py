@@ -160,3 +160,47 @@ def test_f1_the_wrapper_never_records_a_larger_alpha_than_asked(accountant: Any,
     assert Fraction(rel.coverage.rank, 10) >= Fraction(repr(level))
     _, sets = clf.predict_set(X, confidence_level=level)  # the level asked still predicts
     assert sets.shape == (9, 2, 1)
+
+
+def _float32_residuals(seed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """f = 0.1 and y = 0.1 + {0.7, 0.9, 1.3} in float32, and |y − f| in float32 arithmetic,
+    widened: each 2.2e-8 below the float64 |y − f| of the same float32 numbers."""
+    g = np.random.default_rng(seed)
+    f = np.full(n, 0.1, dtype=np.float32)
+    y = (0.1 + g.choice([0.7, 0.9, 1.3], size=n, p=[0.5, 0.4, 0.1])).astype(np.float32)
+    return f.astype(np.float64), y.astype(np.float64), np.abs(y - f).astype(np.float64)
+
+
+def test_f5_named_float32_residuals_with_one_float64_value_keep_their_targets(
+        accountant: Any) -> None:
+    """F5: float32 residuals named ``absolute`` with one float64 value among them passed the
+    narrow-float rules; a regression release made from them recorded what a run on
+    predictions and targets records, and predict left out every target tied with the
+    threshold: 0.900 coverage under a recorded ≥ 0.95. The record now says the scores were
+    given, and every target whose float32 residual is ≤ t is in its interval."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    for seed in range(3):
+        _, _, res = _float32_residuals(seed, N)
+        rel = accountant.calibrate("split", dataset="d", scores=np.concatenate([res, [1 / 3]]),
+                                   alpha=0.05, score="absolute")
+        assert rel.diagnostics["score"] == {"name": "absolute", "options": {},
+                                            "given": "scores"}
+        ft, yt, rt = _float32_residuals(100 + seed, M)
+        iv = rel.predict_interval(ft)
+        inside = (iv[:, 0] <= yt) & (yt <= iv[:, 1])
+        assert inside[rt <= rel.threshold].all()
+        assert inside.mean() >= rel.coverage.lower
+
+
+def test_f5_a_run_on_predictions_records_no_given_scores(accountant: Any) -> None:
+    """A run on predictions and targets (privcal computes the residuals in float64) records
+    the score as before, and its intervals are [f − t, f + t] a few ulps outward, exactly."""
+    from privcal.calibrators.scores import score_interval
+
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    f, y, _ = _float32_residuals(0, N)
+    rel = accountant.calibrate("split", dataset="d", preds=f, targets=y, alpha=0.05,
+                               score="absolute")
+    assert rel.diagnostics["score"] == {"name": "absolute", "options": {}}
+    np.testing.assert_array_equal(rel.predict_interval(f[:5]),
+                                  np.column_stack(score_interval(f[:5], f[:5], rel.threshold)))

@@ -171,9 +171,12 @@ def computed_outside(score: Any, k: Any = 0) -> bool:
     (``diagnostics["score"]``) is none — precomputed scores, or a session's devices' or
     agents', the score named only at predict (``--score``, ``score_name=``) — or, for a
     classification release, its recorded number of classes ``k`` is None: a run on
-    probabilities records k, one on precomputed scores (or a session's) does not."""
+    probabilities records k, one on precomputed scores (or a session's) does not — or its
+    score record says the scores were given (``"given": "scores"``: a regression score, whose
+    run on predictions and targets records no k either; red team 25, coverage F5)."""
     recorded = score.get("name") if isinstance(score, dict) else score
-    return recorded is None or k is None
+    given = score.get("given") == "scores" if isinstance(score, dict) else False
+    return recorded is None or k is None or given
 
 
 def outside_threshold(t: Any) -> Any:
