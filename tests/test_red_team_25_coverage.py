@@ -204,3 +204,27 @@ def test_f5_a_run_on_predictions_records_no_given_scores(accountant: Any) -> Non
     assert rel.diagnostics["score"] == {"name": "absolute", "options": {}}
     np.testing.assert_array_equal(rel.predict_interval(f[:5]),
                                   np.column_stack(score_interval(f[:5], f[:5], rel.threshold)))
+
+
+def test_f6_named_half_precision_scores_with_one_float64_value_are_refused(
+        accountant: Any) -> None:
+    """F6: lac scores rounded to float16 (red team 24's model: P(y=1) = 0.8 or 0.99) are
+    refused named; one float64 value among them let them through, and predict's slack (2⁻²¹)
+    is far below a half-precision rounding: 0.857 coverage under a recorded ≥ 0.9 over 20
+    seeded releases. Refused before the charge; short exact values among float64 ones run."""
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(0)
+    p1 = np.where(g.random(N) < 0.7, 0.8, 0.99)
+    y = (g.random(N) < p1).astype(np.int64)
+    s16 = np.where(y == 1, 1 - p1, p1).astype(np.float16).astype(np.float64)
+    head = accountant.ledger.head()
+    with pytest.raises(InvalidInput, match=r"^scores are values of a format narrower than "
+                       r"float32, widened to float64, among float64 ones"):
+        accountant.calibrate("split", dataset="d", scores=np.concatenate([s16, [1 / 3]]),
+                             alpha=0.1, score="lac")
+    assert accountant.ledger.head() == head and accountant.budget("d").charges == 0
+    for short in (g.integers(0, 8, N) / 8, g.integers(0, 256, N) / 256):
+        accountant.calibrate("split", dataset="d", score="lac", alpha=0.1,
+                             scores=np.concatenate([short, g.random(10)]))
