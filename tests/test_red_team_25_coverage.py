@@ -228,3 +228,26 @@ def test_f6_named_half_precision_scores_with_one_float64_value_are_refused(
     for short in (g.integers(0, 8, N) / 8, g.integers(0, 256, N) / 256):
         accountant.calibrate("split", dataset="d", score="lac", alpha=0.1,
                              scores=np.concatenate([short, g.random(10)]))
+
+
+def test_f7_a_one_level_release_answers_only_its_own_level(accountant: Any) -> None:
+    """F7: a one-level release's ``alpha=`` was matched with ``math.isclose`` (relative 1e-9):
+    at α = 0.7, n = 9 (rank 3, exactly 0.3 coverage) ``predict_set(alpha=0.6999999999)`` and
+    ``predict_interval(…, alpha=0.6999999999)`` answered with its sets, below the 0.3000000001
+    asked. Now within 1e-12, as a several-level release's levels are; 1 − 0.3 in floats still
+    names 0.7."""
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    g = np.random.default_rng(0)
+    p1 = g.random(9)
+    rel = accountant.calibrate("split", dataset="d", probs=np.stack([1 - p1, p1], axis=1),
+                               labels=(g.random(9) < p1).astype(int), alpha=0.7, score="lac")
+    reg = accountant.calibrate("split", dataset="d", preds=g.random(9), targets=g.random(9),
+                               alpha=0.7, score="absolute")
+    with pytest.raises(InvalidInput, match=r"one level α = 0\.7"):
+        rel.predict_set(np.array([[0.5, 0.5]]), alpha=0.6999999999)
+    with pytest.raises(InvalidInput, match=r"one level α = 0\.7"):
+        reg.predict_interval(np.zeros(2), alpha=0.6999999999)
+    assert rel.predict_set(np.array([[0.5, 0.5]]), alpha=1 - 0.3).shape == (1, 2)
+    assert reg.predict_interval(np.zeros(2), alpha=1 - 0.3).shape == (2, 2)

@@ -372,7 +372,7 @@ def release_sets(
         raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
     own = (release.params or {}).get("alpha")
     if alpha is not None and not (isinstance(own, int | float) and isinstance(alpha, int | float)
-                                  and 0 < alpha < 1 and math.isclose(own, alpha)):
+                                  and 0 < alpha < 1 and math.isclose(own, alpha, rel_tol=1e-12)):
         raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
     t = outside_threshold(release.threshold) if outside else release.threshold
     return sets_for(score, t, probs, rng=rng, score_name=score_name)

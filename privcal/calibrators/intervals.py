@@ -77,7 +77,7 @@ def release_thresholds(release: Any, n: int, *, alpha: float | None = None,
         own = (release.params or {}).get("alpha")
         if alpha is not None and not (isinstance(alpha, int | float)
                                       and isinstance(own, int | float) and 0 < alpha < 1
-                                      and math.isclose(own, alpha)):
+                                      and math.isclose(own, alpha, rel_tol=1e-12)):
             raise InvalidInput(f"release {release.id} is at the one level α = {own}, "
                                f"not {alpha}")
         return np.full(n, float(release.threshold))
