@@ -52,8 +52,25 @@ def _levels(confidence_level: Any) -> list[float]:
 
 def _alpha(levels: list[float]) -> float | list[float]:
     """α = 1 − confidence level, as the decimal the user meant (0.9 → 0.1, not 0.09999…)."""
-    alphas = [float(f"{1 - c:.12g}") for c in levels]
+    alphas = [_complement(c) for c in levels]
     return alphas[0] if len(alphas) == 1 else alphas
+
+
+def _complement(c: float) -> float:
+    """1 − ``c`` as decimals (``c`` read as its shortest repr, the decimal typed), as the
+    float whose shortest repr — what the release records and its rank is computed from
+    (:func:`~privcal.calibrators.base.conformal_rank`) — is the largest not above it: never a
+    larger α than the level asked for. It was rounded to 12 digits to nearest (red team 25,
+    coverage F1: confidence 0.3000000000001 ran and recorded α = 0.7, and at n = 9 covered
+    exactly 0.3, less than asked)."""
+    import math
+    from fractions import Fraction
+
+    exact = 1 - Fraction(repr(float(c)))
+    a = float(exact)
+    while Fraction(repr(a)) > exact:
+        a = math.nextafter(a, 0.0)
+    return a
 
 
 def _check_rng(rng: Any) -> None:
@@ -257,7 +274,7 @@ class PrivateConformalClassifier(_Base):
         rel = release if isinstance(release, Release) else Release.load(release)
         alphas = [float(a) for a in rel.params["alpha"]] if isinstance(
             rel.params.get("alpha"), list) else [float(rel.params["alpha"])]
-        levels = [float(f"{1 - a:.12g}") for a in alphas]
+        levels = [_complement(a) for a in alphas]
         score = ((rel.diagnostics or {}).get("score") or {}).get("name", "lac")
         out = cls(estimator, rel.method, levels if len(levels) > 1 else levels[0], score=score)
         out.release_ = rel
@@ -356,7 +373,7 @@ class PrivateConformalRegressor(_Base):
         rel = release if isinstance(release, Release) else Release.load(release)
         raw = rel.params.get("alpha")
         alphas = [float(a) for a in raw] if isinstance(raw, list) else [float(raw)]
-        levels = [float(f"{1 - a:.12g}") for a in alphas]
+        levels = [_complement(a) for a in alphas]
         score = ((rel.diagnostics or {}).get("score") or {}).get("name", "absolute")
         out = cls(estimator, rel.method, levels if len(levels) > 1 else levels[0], score=score)
         out.release_ = rel

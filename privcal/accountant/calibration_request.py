@@ -199,7 +199,7 @@ def label_score_options(score: str | None, options: dict[str, Any] | None,
 
 
 def precomputed_score(score: str | None, options: dict[str, Any] | None,
-                      scores: Any = None) -> dict[str, Any] | None:
+                      scores: Any = None, given: bool = False) -> dict[str, Any] | None:
     """The record of the score precomputed ``--scores`` were computed with, when it is named:
     its name and every option, the defaults filled in, as a run on probabilities records it —
     what ``predict``/``evaluate``/``Release.predict_set`` then use (red team 5: raps scores
@@ -207,7 +207,9 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
     covered 0.894 against a recorded ≥ 0.9). None when no score is named (the release records
     none; ``predict --score`` names it); options without the score they belong to are
     refused. Named, ``scores`` (the array given, if at hand) must not be narrower floats
-    than float64 (:func:`~privcal.accountant.score_values.refuse_narrow_scores`)."""
+    than float64 (:func:`~privcal.accountant.score_values.refuse_narrow_scores`). ``given``:
+    the caller computed them (not privcal, from predictions and targets): a regression
+    score's record says so, for predict's slack (red team 25, coverage F5)."""
     if score is None:
         if options:
             raise InvalidInput("score options need the score they belong to: name it "
@@ -221,7 +223,10 @@ def precomputed_score(score: str | None, options: dict[str, Any] | None,
         arr = refuse_narrow_scores(scores, score)
         if arr is not None:
             impossible_scores(arr, score)
-    return {"name": score, "options": {**SCORES[score].options, **opts}}
+    record = {"name": score, "options": {**SCORES[score].options, **opts}}
+    if given and SCORES[score].kind == "regression":  # a classification one has no k
+        record["given"] = "scores"
+    return record
 
 
 def method_score_options(cal: Calibrator, params: dict[str, Any],

@@ -213,7 +213,7 @@ def prepare(
         if scores is not None:
             if probs is not None or labels is not None:
                 raise InvalidInput("give either --scores, or --probs with --labels, not both")
-            score_record = precomputed_score(score, req.score_options, scores)
+            score_record = precomputed_score(score, req.score_options, scores, not regression)
             data_scores = check_scores(scores)
         elif probs is not None and labels is not None:
             opts = label_score_options(score, req.score_options, array_shape(probs))

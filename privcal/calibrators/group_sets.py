@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from privcal.calibrators.class_labels import column_mismatch, names_are_numbers
 from privcal.calibrators.prediction_sets import (
+    computed_outside,
     lac_cut,
+    outside_threshold,
     prediction_sets,
     release_score,
     sets_for,
@@ -357,19 +359,23 @@ def release_sets(
     if k is not None and len(got) == 2 and got[1] != k:
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
+    outside = computed_outside(score, k)  # scores privcal did not compute: a slack
     if is_wrapped(release.method):
         name, options = release_score(score, score_name)
         table = table_of(release.method, release.params, release.diagnostics or {},
                          _details(release))
+        if outside:
+            table = replace(table, values=outside_threshold(table.values))
         return wrapped_sets(table, str(name), options, probs, alpha=alpha, groups=groups,
                             rng=rng)
     if groups is not None:
         raise InvalidInput(f"release {release.id} has no Mondrian groups: give no groups")
     own = (release.params or {}).get("alpha")
     if alpha is not None and not (isinstance(own, int | float) and isinstance(alpha, int | float)
-                                  and 0 < alpha < 1 and math.isclose(own, alpha)):
+                                  and 0 < alpha < 1 and math.isclose(own, alpha, rel_tol=1e-12)):
         raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
-    return sets_for(score, release.threshold, probs, rng=rng, score_name=score_name)
+    t = outside_threshold(release.threshold) if outside else release.threshold
+    return sets_for(score, t, probs, rng=rng, score_name=score_name)
 
 
 def level_sets(release: Any, probs: Any, *, score_name: str | None = None,

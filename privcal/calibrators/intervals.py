@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from privcal.calibrators.evaluation import GroupCoverage
+from privcal.calibrators.prediction_sets import computed_outside, outside_threshold
 from privcal.calibrators.scores import SCORES, regression_bounds, score_interval
 from privcal.calibrators.validation import check_lengths, check_targets
 from privcal.errors import InvalidInput
@@ -76,7 +77,7 @@ def release_thresholds(release: Any, n: int, *, alpha: float | None = None,
         own = (release.params or {}).get("alpha")
         if alpha is not None and not (isinstance(alpha, int | float)
                                       and isinstance(own, int | float) and 0 < alpha < 1
-                                      and math.isclose(own, alpha)):
+                                      and math.isclose(own, alpha, rel_tol=1e-12)):
             raise InvalidInput(f"release {release.id} is at the one level α = {own}, "
                                f"not {alpha}")
         return np.full(n, float(release.threshold))
@@ -125,6 +126,8 @@ def release_intervals(
                       "prediction above the upper one: are the lower and upper predictions "
                       "swapped? (a few crossed quantiles are normal)", UserWarning, stacklevel=3)
     t = release_thresholds(release, int(lo.shape[0]), alpha=alpha, groups=groups)
+    if computed_outside((getattr(release, "diagnostics", None) or {}).get("score")):
+        t = outside_threshold(t)  # the score named only now (red team 25, coverage F4)
     if np.isnan(t).any():
         raise InvalidInput(f"release {release.id} records a NaN threshold")
     infinite = t == math.inf

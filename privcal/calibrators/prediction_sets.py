@@ -28,7 +28,10 @@ from privcal.calibrators.validation import check_probs
 from privcal.errors import InvalidInput
 
 __all__ = [
+    "OUTSIDE_SLACK",
+    "computed_outside",
     "lac_cut",
+    "outside_threshold",
     "prediction_sets",
     "regression_interval",
     "release_classes",
@@ -153,6 +156,51 @@ def sets_for(
     """Prediction sets (boolean n×k) for a released threshold and the score it was calibrated on."""
     name, options = release_score(score, score_name)
     return prediction_sets(name, probs, threshold, rng=rng, **options)
+
+
+#: the relative slack of a threshold compared with scores privcal computes from scores it did
+#: not compute (:func:`outside_threshold`)
+OUTSIDE_SLACK = 2.0 ** -21
+#: the smallest float32 subnormal, the absolute part of that slack
+_FLOAT32_TINY = 2.0 ** -149
+
+
+def computed_outside(score: Any, k: Any = 0) -> bool:
+    """Whether the calibration scores of a release were computed outside privcal, in a
+    precision it never saw, so that :func:`outside_threshold` applies: its recorded ``score``
+    (``diagnostics["score"]``) is none — precomputed scores, or a session's devices' or
+    agents', the score named only at predict (``--score``, ``score_name=``) — or, for a
+    classification release, its recorded number of classes ``k`` is None: a run on
+    probabilities records k, one on precomputed scores (or a session's) does not — or its
+    score record says the scores were given (``"given": "scores"``: a regression score, whose
+    run on predictions and targets records no k either; red team 25, coverage F5)."""
+    recorded = score.get("name") if isinstance(score, dict) else score
+    given = score.get("given") == "scores" if isinstance(score, dict) else False
+    return recorded is None or k is None or given
+
+
+def outside_threshold(t: Any) -> Any:
+    """The threshold predict compares its float64 scores with when the calibration scores
+    were computed outside privcal (:func:`computed_outside`): t + |t|·2⁻²¹ + 2⁻¹⁴⁹ (±∞
+    unchanged), so the set is a superset of {y : S(x, y) ≤ t}.
+
+    Such scores were judged only by the rules of :mod:`~privcal.accountant.score_values`, when
+    the score was named at calibration, and those judge the whole array: float32 scores
+    calibrated unnamed then predicted with ``score_name="lac"`` (red team 25, coverage F4), or
+    named with one float64 value among them (F2), or written as text with one value that is
+    not a float32's (F3), covered 0.916, 0.916 and 0.985 under recorded ≥ 0.95, 0.95 and
+    0.99: every test point tied with the threshold fell out. A score computed by one float32
+    operation on float32 inputs (lac's 1 − p, absolute's |y − f|, each side of cqr's max) is
+    within 2⁻²⁴|s| of the real s (round to nearest), its shortest decimal (a float32 column
+    written as text) within 2⁻²⁴|s| more, and the float64 score predict computes within
+    2⁻⁵³|s| of s: the float64 score of a label whose narrow score is t is at most t(1 + 2⁻²²)
+    (subnormals: + 2⁻¹⁴⁹); the slack, twice that, also covers aps/raps summed in float32 over
+    a few classes. Not covered: half precision, float32 sums over many classes. A larger
+    threshold only adds labels: every coverage lower bound holds as recorded."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        arr = np.asarray(t, dtype=np.float64)
+        out = np.where(np.isfinite(arr), arr + np.abs(arr) * OUTSIDE_SLACK + _FLOAT32_TINY, arr)
+    return float(out) if out.ndim == 0 else out
 
 
 def release_score(score: dict[str, Any] | None,
