@@ -1,0 +1,82 @@
+"""Red team 25, newcomer: a hospital ML engineer following the README from a fresh clone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+from click.testing import CliRunner
+
+from privcal.cli import main
+from privcal.data.files import load_array
+from privcal.errors import InvalidInput
+
+
+def _run(url: str, *args: str) -> Any:
+    return CliRunner().invoke(main, ["--db-url", url, *args], catch_exceptions=False)
+
+
+def _charges(url: str, dataset: str) -> int:
+    return int(json.loads(_run(url, "budget", "show", dataset, "--json").stdout)["charges"])
+
+
+def _one_column(path: Path, name: str, values: list[Any]) -> str:
+    """A one-column CSV as pyarrow (also polars, Excel) writes it: a missing value is an
+    empty line."""
+    pcsv.write_csv(pa.table({name: values}), path)
+    return str(path)
+
+
+# ------------------------------------------------------------------ F1
+def test_f1_a_missing_value_in_a_one_column_csv_is_not_skipped(tmp_path: Path) -> None:
+    """pyarrow's reader skipped every empty line, so the missing value vanished: a scores
+    file lost a row, and two one-column files (predictions, targets) with a gap each were
+    paired row i with row i+1 between the gaps — calibrated and recorded, silently."""
+    f = _one_column(tmp_path / "s.csv", "score", [0.5, 0.25, None, 0.75])
+    assert (tmp_path / "s.csv").read_text().splitlines()[3] == ""  # how it is written
+    got = load_array(f, "scores")
+    assert got.shape == (4,) and np.isnan(got[2]) and got[3] == 0.75
+    ids = _one_column(tmp_path / "ids.csv", "subject", ["a", None, "c"])
+    with pytest.raises(InvalidInput, match="row 1 is an empty id"):
+        load_array(ids, "subjects", ids=True)
+    # a headerless file too; blank lines before the first row are still skipped, and a
+    # multi-column file's blank line is still no row
+    (tmp_path / "n.csv").write_text("\n\n0.1\n0.2\n\n0.3\n")
+    assert np.isnan(load_array(str(tmp_path / "n.csv"), "scores")).tolist() == [
+        False, False, True, False]
+    (tmp_path / "m.csv").write_text("a,b\n0.1,0.9\n\n0.7,0.3\n")
+    assert load_array(str(tmp_path / "m.csv"), "probs", matrix=True).shape == (2, 2)
+
+
+def test_f1_cli_refuses_misaligned_one_column_files_and_charges_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    assert _run(url, "dataset", "create", "np", "--rho", "5",
+                "--allow-nonprivate").exit_code == 0
+    rng = np.random.default_rng(0)
+    f = rng.uniform(0, 2, 300)
+    y = f + rng.normal(0, 0.3, 300)
+    fl: list[Any] = f.tolist()
+    yl: list[Any] = y.tolist()
+    fl[30], yl[200] = None, None
+    preds = _one_column(tmp_path / "p.csv", "pred", fl)
+    targets = _one_column(tmp_path / "t.csv", "y", yl)
+    res = _run(url, "calibrate", "split", "--dataset", "np", "--alpha", "0.1", "--preds",
+               preds, "--targets", targets, "--score", "absolute")
+    assert res.exit_code == 1, res.output
+    assert res.stderr.strip() == "error: predictions: row 30 is nan (must be a finite number)"
+    assert _charges(url, "np") == 0
+    # predict on one-column predictions with a gap: refused, not one interval short
+    np.save(tmp_path / "p.npy", f)
+    np.save(tmp_path / "t.npy", y)
+    assert _run(url, "calibrate", "split", "--dataset", "np", "--alpha", "0.1", "--preds",
+                str(tmp_path / "p.npy"), "--targets", str(tmp_path / "t.npy"),
+                "--score", "absolute").exit_code == 0
+    res = _run(url, "predict", "--release", "1", "--preds", preds, "--out",
+               str(tmp_path / "iv.csv"))
+    assert res.exit_code == 1 and "row 30 is nan" in res.stderr, res.output
+    assert not (tmp_path / "iv.csv").exists()
