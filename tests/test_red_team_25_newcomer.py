@@ -12,6 +12,7 @@ import pyarrow.csv as pcsv
 import pytest
 from click.testing import CliRunner
 
+from privcal import Accountant, Ledger
 from privcal.cli import main
 from privcal.data.files import load_array
 from privcal.errors import InvalidInput
@@ -80,3 +81,31 @@ def test_f1_cli_refuses_misaligned_one_column_files_and_charges_nothing(tmp_path
                str(tmp_path / "iv.csv"))
     assert res.exit_code == 1 and "row 30 is nan" in res.stderr, res.output
     assert not (tmp_path / "iv.csv").exists()
+
+
+# ------------------------------------------------------------------ F2
+def test_f2_sets_from_a_regression_release_say_it_gives_intervals(tmp_path: Path) -> None:
+    """``predict --probs`` on a release calibrated with ``--score absolute`` said only
+    "score 'absolute' is a regression score; it has no per-class scores"."""
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    acct = Accountant(Ledger(url))
+    acct.create_dataset("h", rho=1, allow_nonprivate=True)
+    rng = np.random.default_rng(1)
+    f = rng.uniform(0, 1, 200)
+    rel = acct.calibrate("split", dataset="h", preds=f, targets=f + rng.normal(0, 0.1, 200),
+                         score="absolute", alpha=0.1)
+    probs = rng.dirichlet(np.ones(3), 5)
+    np.save(tmp_path / "p.npy", probs)
+    want = (f"release {rel.id} was calibrated on the regression score 'absolute': it gives "
+            "intervals (--preds, or --lower-preds and --upper-preds), not prediction sets "
+            "(--probs)")
+    with pytest.raises(InvalidInput) as err:
+        rel.predict_set(probs)
+    assert str(err.value) == want
+    for args in (("predict", "--release", str(rel.id), "--probs", str(tmp_path / "p.npy")),
+                 ("evaluate", "--release", str(rel.id), "--probs", str(tmp_path / "p.npy"),
+                  "--labels", str(tmp_path / "y.npy"))):
+        np.save(tmp_path / "y.npy", np.zeros(5, dtype=int))
+        res = _run(url, *args)
+        assert res.exit_code == 1 and res.stderr.strip() == f"error: {want}", res.output
+    acct.close()
