@@ -109,3 +109,37 @@ def test_f2_sets_from_a_regression_release_say_it_gives_intervals(tmp_path: Path
         res = _run(url, *args)
         assert res.exit_code == 1 and res.stderr.strip() == f"error: {want}", res.output
     acct.close()
+
+
+# ------------------------------------------------------------------ F3
+def test_f3_a_yes_no_model_is_evaluated_on_its_own_bool_labels() -> None:
+    """A model fitted on a bool outcome has ``classes_ = [False, True]``; the wrapper records
+    them as the names "False", "True" and calibrates on its bool labels, but
+    ``release_.evaluate(probs, y_bool)`` said "labels must be numeric, got dtype bool"."""
+    from privcal import PrivateConformalClassifier
+
+    class YesNo:
+        classes_ = np.array([False, True])
+
+        def predict_proba(self, X: Any) -> np.ndarray:
+            p = 1 / (1 + np.exp(-np.asarray(X, dtype=float)))
+            return np.column_stack([1 - p, p])
+
+    acct = Accountant(Ledger("sqlite://"))
+    acct.create_dataset("c", rho=2, allow_nonprivate=True)
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=1500)
+    y = (X + rng.normal(size=1500)) > 0
+    clf = PrivateConformalClassifier(YesNo(), method="split", confidence_level=0.9,
+                                     accountant=acct, dataset="c").conformalize(X[:1000], y[:1000])
+    assert clf.release_.classes == ["False", "True"]
+    probs = YesNo().predict_proba(X[1000:])
+    by_bool = clf.release_.evaluate(probs, y[1000:])
+    by_name = clf.release_.evaluate(probs, np.where(y[1000:], "True", "False"))
+    assert by_bool.coverage == by_name.coverage and by_bool.n == 500
+    # bool labels are never read as column indices: against other names, refused by row
+    rel = acct.calibrate("split", dataset="c", probs=probs, labels=y[1000:].astype(int),
+                         classes=["0", "1"], score="lac", alpha=0.1)
+    with pytest.raises(InvalidInput, match=r"row 0 is '(True|False)', not one of the classes"):
+        rel.evaluate(probs, y[1000:])
+    acct.close()
