@@ -111,6 +111,39 @@ def test_f2_sets_from_a_regression_release_say_it_gives_intervals(tmp_path: Path
     acct.close()
 
 
+# ------------------------------------------------------------------ F4
+@pytest.mark.parametrize("value", ["a,b", "0,b", "0", "0,1,2", "0,1_0", ""])
+def test_f4_a_malformed_score_range_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    """The README: "a malformed number is a usage error, exit 2" — ``--upper x`` was, and
+    ``--score-range a,b`` was exit 1."""
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    assert _run(url, "dataset", "create", "d", "--rho", "1").exit_code == 0
+    np.save(tmp_path / "s.npy", np.random.default_rng(2).random(100))
+    res = _run(url, "calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1", "--rho", "0.1",
+               "--scores", str(tmp_path / "s.npy"), f"--score-range={value}", "--json")
+    assert res.exit_code == 2, res.output
+    err = json.loads(res.stdout)["error"]
+    assert err["exit_code"] == 2 and "takes two plain numbers LO,HI" in err["message"]
+    assert _charges(url, "d") == 0
+    # a range out of order is bad input, as before
+    res = _run(url, "calibrate", "pcoqs", "--dataset", "d", "--alpha", "0.1", "--rho", "0.1",
+               "--scores", str(tmp_path / "s.npy"), "--score-range", "4,0")
+    assert res.exit_code == 1 and "lo < hi" in res.stderr
+
+
+@pytest.mark.parametrize("orders", ["2,x", "2_0", "2,４"])
+def test_f4_a_malformed_renyi_order_is_a_usage_error(tmp_path: Path, orders: str) -> None:
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    res = _run(url, "dataset", "create", "d", "--approx-epsilon", "1", "--approx-delta",
+               "1e-6", "--renyi-orders", orders)
+    assert res.exit_code == 2, res.output
+    assert "a Rényi order must be a number (plain, no '_')" in res.stderr
+    assert not (tmp_path / "l.sqlite").exists()  # nothing created
+    res = _run(url, "dataset", "create", "d", "--approx-epsilon", "1", "--approx-delta",
+               "1e-6", "--renyi-orders", "0.5,2")
+    assert res.exit_code == 1 and "(1, 1e6]" in res.stderr
+
+
 # ------------------------------------------------------------------ F3
 def test_f3_a_yes_no_model_is_evaluated_on_its_own_bool_labels() -> None:
     """A model fitted on a bool outcome has ``classes_ = [False, True]``; the wrapper records
