@@ -130,8 +130,6 @@ def test_every_central_and_federated_method_takes_preds(env: CliEnv) -> None:
       "--alpha", "0.1"], "classification score"),
     (["pcoqs", "--dataset", "z", "--preds", "F", "--targets", "Y", "--score", "absolute",
       "--score-range", "0,5", "--upper", "5", "--alpha", "0.1", "--rho", "0.1"], "once"),
-    (["pcoqs", "--dataset", "z", "--preds", "F", "--targets", "Y", "--score", "absolute",
-      "--score-range", "5", "--alpha", "0.1", "--rho", "0.1"], "LO,HI"),
     (["pcoqs", "--dataset", "z", "--preds", "F", "--score", "absolute", "--alpha", "0.1",
       "--rho", "0.1"], "needs the true targets"),
     (["pcoqs", "--dataset", "z", "--lower-preds", "F", "--targets", "Y", "--score", "cqr",

@@ -98,7 +98,7 @@ def test_cli_renyi_orders(ledger_url: str) -> None:
     assert r.exit_code == 1 and "only to an (ε, δ) budget" in r.stderr
     r = _cli(ledger_url, "dataset", "create", "c", "--approx-epsilon", "1", "--approx-delta",
              "1e-6", "--renyi-orders", "2,x")
-    assert r.exit_code == 1 and "must be a number" in r.stderr
+    assert r.exit_code == 2 and "must be a number" in r.stderr  # usage error: red team 25
     assert [d["name"] for d in json.loads(_cli(ledger_url, "dataset", "list", "--json").stdout)
             ] == ["a"]
 

@@ -32,13 +32,14 @@ def test_a_renyi_order_spelled_with_a_separator_or_fullwidth_digit_is_refused(
 
 
 def test_the_cli_refuses_renyi_orders_2_0(tmp_path: Path) -> None:
-    """F3 through ``privcal dataset create``: exit 1, one line, no dataset."""
+    """F3 through ``privcal dataset create``: a usage error (exit 2 since red team 25,
+    newcomer F4: a malformed number), no dataset."""
     url = f"sqlite:///{tmp_path / 'l.db'}"
     Ledger(url).upgrade()
     res = CliRunner().invoke(main, ["--db-url", url, "dataset", "create", "--dataset", "d",
                                     "--approx-epsilon", "1", "--approx-delta", "1e-6",
                                     "--renyi-orders", "2_0"])
-    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert res.exit_code == 2 and res.output.startswith("Usage:"), res.output
     assert "a Rényi order must be a number (plain, no '_'), got '2_0'" in res.output
     res = CliRunner().invoke(main, ["--db-url", url, "budget", "show", "d"])
     assert res.exit_code == 1 and "unknown dataset 'd'" in res.output

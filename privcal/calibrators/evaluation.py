@@ -156,6 +156,10 @@ def labels_as_calibrated(labels: Any, classes: list[str] | None, as_names: bool)
     if as_names and classes and not is_text_labels(labels) \
             and names_are_numbers(classes) and np.asarray(labels).dtype.kind in "iuf":
         return label_names(labels)
+    if classes and np.asarray(labels).dtype.kind == "b":
+        # a model fitted on a yes/no outcome: classes_ [False, True], recorded as the names
+        # "False", "True" (red team 25, newcomer F3: "labels must be numeric, got dtype bool")
+        return label_names(labels)
     return labels
 
 

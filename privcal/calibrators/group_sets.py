@@ -32,6 +32,7 @@ from privcal.calibrators.prediction_sets import (
     lac_cut,
     outside_threshold,
     prediction_sets,
+    refuse_sets_of_regression,
     release_score,
     sets_for,
 )
@@ -351,6 +352,7 @@ def release_sets(
     A release with several levels or Mondrian groups takes the level ``alpha`` and the
     rows' ``groups`` (this module).
     """
+    refuse_sets_of_regression(release)
     probs = align_columns(release, probs)
     score = (release.diagnostics or {}).get("score")
     shape = release.shape if isinstance(release.shape, dict) else {}

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from privcal.calibrators.scores import (
+    SCORES,
     all_class_scores,
     regression_bounds,
     score_interval,
@@ -242,3 +243,15 @@ def set_labels(sets: np.ndarray, classes: list[str] | None) -> list[list[Any]]:
         raise InvalidInput(f"{len(classes)} class names for sets over {k} classes: the "
                            "class names must be one per probability column, in order")
     return [[classes[j] for j in np.flatnonzero(r)] for r in sets]
+
+
+def refuse_sets_of_regression(release: Any) -> None:
+    """Refuse prediction sets from a release recorded on a regression score (it gives
+    intervals), in the words the opposite mistake gets (red team 25, newcomer F2: it said
+    only that the score "has no per-class scores")."""
+    recorded = ((getattr(release, "diagnostics", None) or {}).get("score") or {})
+    name = recorded.get("name") if isinstance(recorded, dict) else recorded
+    if isinstance(name, str) and name in SCORES and SCORES[name].kind == "regression":
+        raise InvalidInput(f"release {release.id} was calibrated on the regression score "
+                           f"{name!r}: it gives intervals (--preds, or --lower-preds and "
+                           "--upper-preds), not prediction sets (--probs)")

@@ -23,7 +23,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.number_types import Integer
+from privcal.cli.number_types import Integer, NumberTexts
 from privcal.cli.output import at_least
 from privcal.costs import ZCDP, ApproxDP, PureDP, parse_cost
 from privcal.errors import InvalidInput
@@ -94,8 +94,11 @@ def dataset() -> None:
               "(ε, δ) at this δ (default 1e-6, or the (ε, δ) cap's δ)")
 @click.option("--subject-epsilon", type=AMOUNT, help="per-subject ε cap for local-DP reports")
 @click.option("--allow-nonprivate", is_flag=True, help="permit non-private releases (e.g. split)")
-@click.option("--renyi-orders", help="(ε, δ) budget only: comma-separated Rényi orders > 1 over "
-              "which zCDP charges are converted, fixed for good (default 1.25,1.5,2,3,5,…,1025)")
+@click.option("--renyi-orders",
+              type=NumberTexts("A[,A…]", "a Rényi order must be a number (plain, no '_'), "
+                               "got {part!r}"),
+              help="(ε, δ) budget only: comma-separated Rényi orders > 1 over which zCDP "
+              "charges are converted, fixed for good (default 1.25,1.5,2,3,5,…,1025)")
 @click.option("--description", default="", help="free text")
 @json_option
 @pass_settings

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import click
 
 from privcal.cli.group_options import ALPHA_HELP, AlphaLevels
-from privcal.cli.number_types import Integer, Number, NumberOrWord, plain
+from privcal.cli.number_types import Integer, Number, NumberOrWord, NumberTexts, plain
 from privcal.errors import InvalidInput, plain_number_text
 
 __all__ = [
@@ -194,7 +194,8 @@ def regression_options(ranged: bool) -> list[click.Option]:
     ]
     if ranged:
         opts.append(click.Option(
-            ["--score-range", "score_range"], metavar="LO,HI",
+            ["--score-range", "score_range"], metavar="LO,HI", type=NumberTexts(
+                "LO,HI", "--score-range takes two plain numbers LO,HI, got {value!r}", 2),
             help="Public range of the scores (sets --lower and --upper; recorded). Scores "
             "outside it are not clipped: they can only widen the interval or make it infinite."))
     return opts

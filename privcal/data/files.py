@@ -148,6 +148,10 @@ def _read_csv(path: Path, *, text: bool | frozenset[str] = False) -> dict[str, n
             read_options=pcsv.ReadOptions(column_names=names,
                                           skip_rows=through if has_header else before),
             convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+            # one column: an empty line is how pyarrow, polars or Excel write a missing value —
+            # read as one (NaN, an empty id: refused with its row), never skipped, which
+            # shifted every later row against the other files' (red team 25, newcomer F1)
+            parse_options=pcsv.ParseOptions(ignore_empty_lines=len(names) > 1),
         )
     except pa.ArrowInvalid as exc:
         if "columns, got" in str(exc):
