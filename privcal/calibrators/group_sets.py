@@ -357,8 +357,7 @@ def release_sets(
     score = (release.diagnostics or {}).get("score")
     shape = release.shape if isinstance(release.shape, dict) else {}
     k = shape.get("k")
-    got = array_shape(probs)
-    if k is not None and len(got) == 2 and got[1] != k:
+    if k is not None and len(got := array_shape(probs)) == 2 and got[1] != k:
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
     outside = computed_outside(score, k)  # scores privcal did not compute: a slack
