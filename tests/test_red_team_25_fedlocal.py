@@ -1,0 +1,62 @@
+"""Red team 25, federated and local-DP flows (fedlocal).
+
+F1: an ldp-score session at a subnormal ε (1e-310: c = coth(ε/2) overflows a float) opened,
+charged the subjects of a batch that did not fill the round, and then every batch that filled
+it failed with a pydantic traceback (the round's estimate ∞·x − ∞ = NaN, stored as null): the
+session could never advance. A direct calibration recorded "Δ_S = nan". Such an ε is now
+refused at the open / before the charge, with one line, nothing written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from privcal.accountant.sessions import open_session, session_status
+from privcal.calibrators.ldp_score_bounds import rr_range
+from privcal.errors import InvalidInput, NotFound
+from tests.cli_env import CliEnv
+
+
+# ----------------------------------------------------------------------------------- F1
+@pytest.mark.parametrize("eps", [1e-310, 1e-308])
+def test_a_subnormal_epsilon_session_is_refused_at_the_open(accountant: Any, eps: float) -> None:
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=10)
+    with pytest.raises(InvalidInput, match="too small"):
+        open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=eps, rounds=2,
+                     group_size=3)
+    with pytest.raises(NotFound):  # nothing opened
+        session_status(accountant, 1)
+
+
+def test_a_subnormal_epsilon_calibration_is_refused_before_its_charge(accountant: Any) -> None:
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=10)
+    g = np.random.default_rng(0)
+    with pytest.raises(InvalidInput, match="too small"):
+        accountant.calibrate("ldp-score", dataset="d", scores=g.random(200), alpha=0.1,
+                             epsilon=1e-310, rounds=2, subjects=[f"x{i}" for i in range(200)])
+    assert accountant.releases("d") == []
+    assert accountant.subject_summary("d").subjects == 0
+
+
+def test_the_smallest_normal_epsilons_still_work() -> None:
+    assert rr_range(1e-300) == pytest.approx(2e300)
+    with pytest.raises(InvalidInput, match="too small"):
+        rr_range(1e-310)
+
+
+def test_cli_session_open_at_a_subnormal_epsilon_is_one_line(ledger_url: str,
+                                                            tmp_path: Path) -> None:
+    env = CliEnv(ledger_url, tmp_path)
+    assert env.run("db", "upgrade").exit_code == 0
+    assert env.run("dataset", "create", "--dataset", "u", "--epsilon", "1",
+                   "--subject-epsilon", "8").exit_code == 0
+    res = env.run("session", "open", "ldp-score", "--dataset", "u", "--alpha", "0.1",
+                  "--epsilon", "1e-310", "--rounds", "1", "--group-size", "2")
+    assert res.exit_code == 1, res.output
+    assert "too small" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert env.run("session", "status", "1").exit_code != 0  # nothing opened
