@@ -17,7 +17,7 @@ import pytest
 
 from privcal.accountant.sessions import open_session, session_status
 from privcal.calibrators.ldp_score_bounds import rr_range
-from privcal.errors import InvalidInput, NotFound
+from privcal.errors import InvalidInput, NotFound, PlanRejected
 from tests.cli_env import CliEnv
 
 
@@ -60,3 +60,38 @@ def test_cli_session_open_at_a_subnormal_epsilon_is_one_line(ledger_url: str,
     assert "too small" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert env.run("session", "status", "1").exit_code != 0  # nothing opened
+
+
+# ----------------------------------------------------------------------------------- F2
+def _far_plan() -> Any:
+    from privcal.calibrators.fedplan import plan_fedcp2_qq
+
+    return plan_fedcp2_qq(5, 200, 0.1, 10, bins=100, smax=1e9 + 1, lower=1e9)
+
+
+@pytest.mark.parametrize("v", [1e9 - 0.9, 1e9 + 0.004, 1e9 + 0.5049, 1e9 + 1.9])
+def test_a_message_off_a_grid_far_from_zero_is_refused(v: float) -> None:
+    from privcal.calibrators.federated_agent import check_message
+
+    with pytest.raises(PlanRejected, match="not on the published grid"):
+        check_message(v, _far_plan())  # was snapped to the nearest point (±1 was "on" it)
+
+
+def test_every_point_of_a_grid_far_from_zero_is_still_taken() -> None:
+    from privcal.calibrators.federated_agent import bin_grid, check_message
+
+    plan = _far_plan()
+    for e in bin_grid(plan).tolist():
+        assert check_message(e, plan) == e
+        assert check_message(f"{e:.15g}", plan) == e  # a text round trip of 15 digits
+        assert check_message(repr(e), plan) == e
+
+
+def test_a_session_counts_an_off_grid_message_as_off_grid(accountant: Any) -> None:
+    from privcal.accountant.sessions import submit_reports
+
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=100)
+    s = open_session(accountant, "fedcp2-qq", dataset="d", alpha=0.1, epsilon=10, agents=5,
+                     local_n=200, lower=1e9, upper=1e9 + 1)
+    res = submit_reports(accountant, s.id, ["a", "b"], [1e9 + 0.004, 1e9])
+    assert res.accepted == 1 and sum(res.reasons.values()) == 1, res.reasons
