@@ -9,6 +9,7 @@ refused at the open / before the charge, with one line, nothing written.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,75 @@ def test_a_session_counts_an_off_grid_message_as_off_grid(accountant: Any) -> No
                      local_n=200, lower=1e9, upper=1e9 + 1)
     res = submit_reports(accountant, s.id, ["a", "b"], [1e9 + 0.004, 1e9])
     assert res.accepted == 1 and sum(res.reasons.values()) == 1, res.reasons
+
+
+# ----------------------------------------------------------------------------------- F4
+def test_the_premise_first_m_agents_by_arrival_can_cover_less_than_recorded() -> None:
+    """Ten honest agents with i.i.d. Beta(2,5) scores, m = 5: a session keeps the first five
+    to answer. Arriving in the order of their messages, the release covers ≈ 0.865 (seeded;
+    the tolerance is 3 standard errors of the mean over the trials, ≈ 0.008); arriving at
+    random ≈ M = 0.9256."""
+    from scipy.stats import beta
+
+    from privcal.calibrators.federated_agent import aggregate, fedcp_qq_message
+    from privcal.calibrators.fedplan import plan_fedcp_qq
+
+    plan = plan_fedcp_qq(5, 10, 0.1)
+    g = np.random.default_rng(25)
+    by_data, at_random = [], []
+    for _ in range(400):
+        msgs = np.array([fedcp_qq_message(g.beta(2, 5, 10), plan) for _ in range(10)])
+        by_data.append(beta.cdf(aggregate(np.sort(msgs)[:5], plan), 2, 5))
+        at_random.append(beta.cdf(aggregate(g.permutation(msgs)[:5], plan), 2, 5))
+    def mean_tol(cov: list[float]) -> tuple[float, float]:
+        return float(np.mean(cov)), 3 * float(np.std(cov)) / np.sqrt(len(cov))
+
+    mean, tol = mean_tol(by_data)
+    assert mean + tol < 0.9, (mean, tol)  # below the recorded 0.9, every agent honest
+    mean, tol = mean_tol(at_random)
+    assert mean + tol > 0.9, (mean, tol)  # consistent with the plan's M when arrival is random
+
+
+def _fed_release(acct: Any, method: str, answered: int, missing: str | None = None) -> Any:
+    from privcal.accountant.sessions import close_session, submit_reports
+    from privcal.calibrators.federated_agent import fedcp2_qq_message, fedcp_qq_message
+    from privcal.calibrators.fedplan import Fed2Plan, FedPlan
+
+    kw = {"epsilon": 10} if method == "fedcp2-qq" else {}
+    s = open_session(acct, method, dataset="h", alpha=0.1, agents=5, local_n=200, **kw)
+    g = np.random.default_rng(answered)
+    if method == "fedcp2-qq":
+        plan2 = Fed2Plan.model_validate(s.plan)
+        msgs = [fedcp2_qq_message(g.beta(2, 5, 200), plan2, random.Random(j))
+                for j in range(answered)]
+    else:
+        plan = FedPlan.model_validate(s.plan)
+        msgs = [fedcp_qq_message(g.beta(2, 5, 200), plan) for _ in range(answered)]
+    ids = [f"{method}-{missing}-{answered}-{j}" for j in range(answered)]
+    assert submit_reports(acct, s.id, ids, msgs).accepted == answered
+    if missing is not None:
+        close_session(acct, s.id, allow_missing=True, missing=missing)  # type: ignore[arg-type]
+    info = session_status(acct, s.id)
+    assert info.status == "released"
+    return acct.release(info.release_id)
+
+
+@pytest.mark.parametrize(("method", "version"), [("fedcp-qq", "1.4.0"), ("fedcp2-qq", "1.6.0")])
+def test_a_federated_release_states_which_agents_are_used_is_not_chosen_by_their_data(
+        accountant: Any, method: str, version: str) -> None:
+    from privcal.calibrators.federated_agent import ANSWERED_AT_RANDOM
+    from privcal.calibrators.participation import UNSELECTED_AGENTS
+
+    accountant.create_dataset("h", epsilon=1, subject_epsilon=100, allow_nonprivate=True)
+    full = _fed_release(accountant, method, 5)
+    padded = _fed_release(accountant, method, 3, "infinite")
+    replan = _fed_release(accountant, method, 3, "replan")
+    for rel in (full, padded, replan):
+        assert rel.calibrator_version == version
+        cov = rel.coverage.model_dump(mode="json")
+        for key in ("over", "statement"):
+            if rel is replan:  # its own clause, which implies it
+                assert ANSWERED_AT_RANDOM in cov[key] and UNSELECTED_AGENTS not in cov[key]
+            else:
+                assert UNSELECTED_AGENTS in cov[key], (key, cov[key])
+    assert accountant.verify().guarantees_recomputed == 3

@@ -57,6 +57,7 @@ __all__ = [
     "answered_clause",
     "bin_grid",
     "check_message",
+    "chosen_clause",
     "epsilon_text",
     "fedcp2_qq_message",
     "fedcp_qq_message",
@@ -96,6 +97,15 @@ def answered_clause(pinned: bool, version: str, since: str) -> str:
     """``"; " + ANSWERED_AT_RANDOM`` for a release whose answer level is ``pinned``, from
     calibrator version ``since`` on (older releases recorded no such clause), else ``""``."""
     return clause_since(ANSWERED_AT_RANDOM, version, since) if pinned else ""
+
+
+def chosen_clause(pinned: bool, version: str, since: str) -> str:
+    """``"; " + UNSELECTED_AGENTS`` for a release of calibrator ``version`` ≥ ``since`` whose
+    answer level is not ``pinned`` (a pinned one states :data:`ANSWERED_AT_RANDOM`, which
+    implies it), else ``""`` (red team 25, fedlocal F4)."""
+    from privcal.calibrators.participation import UNSELECTED_AGENTS
+
+    return "" if pinned else clause_since(UNSELECTED_AGENTS, version, since)
 
 
 def missing_agents(planned: int | None, sizes: tuple[int, ...] | None, version: str,
