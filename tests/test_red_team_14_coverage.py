@@ -62,7 +62,7 @@ def _session(acct: Any, method: str, answered: int) -> Any:
 
 
 @pytest.mark.parametrize(("method", "version", "before"),
-                         [("fedcp-qq", "1.3.0", "1.1.0"), ("fedcp2-qq", "1.5.0", "1.2.0")])
+                         [("fedcp-qq", "1.4.0", "1.1.0"), ("fedcp2-qq", "1.6.0", "1.2.0")])
 def test_a_release_for_the_agents_that_answered_states_they_were_not_chosen_by_their_data(
         accountant: Any, method: str, version: str, before: str) -> None:
     acct = accountant

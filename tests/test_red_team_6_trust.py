@@ -34,7 +34,7 @@ AGENTS = "every agent following the protocol (its message computed from its own 
 SHUFFLE = ("provided the round's other reports are their subjects' randomizer outputs, unknown "
            "to the adversary (no colluding or Byzantine participants)")
 #: the installed versions, and the ones before the assumption was stated
-NEW = {"ldp-score": "5", "ldp-label": "4", "fedcp-qq": "1.3.0", "fedcp2-qq": "1.5.0"}
+NEW = {"ldp-score": "5", "ldp-label": "4", "fedcp-qq": "1.4.0", "fedcp2-qq": "1.6.0"}
 OLD = {"ldp-score": "2", "ldp-label": "2", "fedcp-qq": "1.0.0", "fedcp2-qq": "1.0.0"}
 PHRASE = {"ldp-score": DEVICES, "ldp-label": USERS, "fedcp-qq": AGENTS, "fedcp2-qq": AGENTS}
 

@@ -247,7 +247,7 @@ def test_a_local_release_states_what_its_epsilon_protects(accountant: Any) -> No
     assert label == ("2-local DP of each participating subject's label (label-only: its "
                      "features are sent in the clear)")
     fed = rels["fedcp2-qq"]
-    assert fed.calibrator_version == "1.5.0"
+    assert fed.calibrator_version == "1.6.0"
     assert fed.privacy["statement"] == (
         "each agent's message is 5-DP with respect to any one of its own scores "
         "(record-level DP at each agent; not local DP of the agent's whole data)")

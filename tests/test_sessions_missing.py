@@ -31,6 +31,7 @@ from privcal.calibrators.fedcp2_qq import FedCP2QQ, FedCP2QQParams
 from privcal.calibrators.fedcp_qq import FedCPQQ, FedCPQQParams
 from privcal.calibrators.federated_agent import ANSWERED_AT_RANDOM, aggregate, missing_clause
 from privcal.calibrators.fedplan import plan_fedcp2_qq, plan_fedcp_qq, replan_fedcp_qq_subset
+from privcal.calibrators.participation import UNSELECTED_AGENTS
 from privcal.cli import main
 from privcal.client import fedcp2_qq_message, fedcp_qq_message
 from privcal.errors import AuditFailed, InvalidInput
@@ -84,6 +85,8 @@ def test_a_release_with_agents_missing_keeps_the_published_plan(accountant: Any,
     clause = missing_clause(3, 5)
     for text in (rel.coverage.over, rel.coverage.statement):
         assert clause.lstrip("; ") in text and ANSWERED_AT_RANDOM not in text
+    # which agents are used, stated by both (red team 25, fedlocal F4)
+    chosen = f"; {UNSELECTED_AGENTS}"
     if method == "fedcp-qq":
         # the plan's "exactly M" and upper bound are for all 5 messages: a missing one counted
         # as +∞ only raises the threshold, so the release records no upper bound (red team 15)
@@ -91,11 +94,11 @@ def test_a_release_with_agents_missing_keeps_the_published_plan(accountant: Any,
         assert full.upper is not None and full.statement.endswith(exactly)
         assert rel.coverage.upper is None and "upper_requires" not in rel.coverage.details
         assert rel.coverage.statement == full.statement.replace(
-            "as specified)" + exactly, f"as specified){clause}", 1)
+            f"as specified){chosen}" + exactly, f"as specified){chosen}{clause}", 1)
     else:
         assert full.upper is rel.coverage.upper is None
         assert rel.coverage.statement == full.statement.replace(
-            "as specified);", f"as specified){clause};", 1)
+            f"as specified){chosen};", f"as specified){chosen}{clause};", 1)
     assert rel.diagnostics["missing"] == {"m_planned": 5, "m_answered": 3, "counted_as": "+inf"}
     assert "replanned" not in rel.diagnostics
 

@@ -58,6 +58,7 @@ from privcal.calibrators.federated_agent import (
     aggregate,
     answered_clause,
     bin_grid,
+    chosen_clause,
     epsilon_text,
     fedcp2_qq_message,
     missing_agents,
@@ -173,6 +174,8 @@ class FedCP2QQ:
     """FedCP²-QQ: agents answer an ε-DP quantile on public bins, the server keeps the k_γ-th."""
 
     name: ClassVar[str] = "fedcp2-qq"
+    #: 1.6.0: the recorded guarantee states that which agents' messages are used is not
+    #: chosen by their data (red team 25, fedlocal F4; same formula);
     #: 1.5.0: the sentences state an agent's ε exactly, as charged (they said it in six
     #: significant digits, to nearest: "10.2345" for 10.2345449; red team 16; same formula);
     #: 1.4.0: a release for the agents that answered can instead count each missing agent's
@@ -183,11 +186,11 @@ class FedCP2QQ:
     #: worded as what it is, record-level DP of its message, not "local DP at agent level"
     #: (red team 7; same formula); 1.1.0: the recorded guarantee states that every agent
     #: follows the protocol (red team 6; same formula as 1.0.0)
-    version: ClassVar[str] = "1.5.0"
+    version: ClassVar[str] = "1.6.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {
-        "1.0.0": {}, "1.1.0": {}, "1.2.0": {}, "1.3.0": {}, "1.4.0": {}}
+        "1.0.0": {}, "1.1.0": {}, "1.2.0": {}, "1.3.0": {}, "1.4.0": {}, "1.5.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     #: the neighbouring relation of the privacy claim (recorded as ``privacy["neighbouring"]``)
     neighbouring: ClassVar[str] = (
@@ -234,6 +237,7 @@ class FedCP2QQ:
         answered = answered_clause(params.level is not None, version, "1.3.0")
         if missing:
             answered = missing_clause(len(shape.group_sizes or ()), p.m)
+        answered = chosen_clause(params.level is not None, version, "1.6.0") + answered
         lower, said = 1 - alpha, f"{1 - alpha:.6g}"
         if version != "1.0.0":
             proven = Fraction(p.proof_bound) - Fraction(FEAS_TOL)

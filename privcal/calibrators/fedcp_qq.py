@@ -20,8 +20,10 @@ Review (issue 14.8)
   :func:`~privcal.calibrators.federated_agent.fedcp_qq_message`); (iii) no
   score range (order statistics of the raw scores; +∞ when ℓ_j > n_j); (iv)
   every agent follows the protocol: its message is the specified order
-  statistic of its own data. privcal **cannot enforce (iv), so the recorded
-  guarantee states it** (``over`` and ``statement``, version 1.1.0): with no
+  statistic of its own data; (v) which agents' messages are used is not chosen by
+  their data (a session uses the first m to answer). privcal **cannot enforce
+  (iv) or (v), so the recorded guarantee states them** (``over`` and
+  ``statement``, versions 1.1.0 and 1.4.0): with no
   public score range a session can refuse only NaN and −∞, and with k = 1
   (often the plan's choice) one agent's message alone is the threshold.
 """
@@ -49,6 +51,7 @@ from privcal.calibrators.federated_agent import (
     agents_planned_field,
     aggregate,
     answered_clause,
+    chosen_clause,
     fedcp_qq_message,
     missing_agents,
     missing_clause,
@@ -154,17 +157,19 @@ class FedCPQQ:
     """FedCP-QQ: each agent sends its ℓ-th smallest score, the server keeps the k-th smallest."""
 
     name: ClassVar[str] = "fedcp-qq"
+    #: 1.4.0: the recorded guarantee states that which agents' messages are used is not
+    #: chosen by their data (red team 25, fedlocal F4; same formula);
     #: 1.3.0: a release for the agents that answered can instead count each missing agent's
     #: message as +∞ under the published plan (``agents_planned``: no assumption on the
     #: dropout; same formula otherwise); 1.2.0: a release for the agents that answered
     #: (``agent_order`` pinned) states that they were not chosen by their data (red team
     #: 14; same formula); 1.1.0: the recorded
     #: guarantee states that every agent follows the protocol (red team 6; same formula)
-    version: ClassVar[str] = "1.3.0"
+    version: ClassVar[str] = "1.4.0"
     #: older versions ``privcal audit verify`` recomputes by this formula (their older
     #: sentences are counted, not compared)
     legacy_params: ClassVar[dict[str, dict[str, object]]] = {"1.0.0": {}, "1.1.0": {},
-                                                              "1.2.0": {}}
+                                                              "1.2.0": {}, "1.3.0": {}}
     privacy_model: ClassVar[PrivacyModel] = "federated"
     Params: ClassVar[type[CalibratorParams]] = FedCPQQParams
     inputs: ClassVar[frozenset[str]] = frozenset({"scores", "agents"})
@@ -236,6 +241,7 @@ class FedCPQQ:
         answered = answered_clause(params.agent_order is not None, version, "1.2.0")
         if missing:
             answered = missing_clause(len(shape.group_sizes or ()), plan.m)
+        answered = chosen_clause(params.agent_order is not None, version, "1.4.0") + answered
         return CoverageGuarantee(
             target=1 - alpha,
             lower=lower,

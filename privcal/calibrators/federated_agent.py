@@ -57,6 +57,7 @@ __all__ = [
     "answered_clause",
     "bin_grid",
     "check_message",
+    "chosen_clause",
     "epsilon_text",
     "fedcp2_qq_message",
     "fedcp_qq_message",
@@ -96,6 +97,15 @@ def answered_clause(pinned: bool, version: str, since: str) -> str:
     """``"; " + ANSWERED_AT_RANDOM`` for a release whose answer level is ``pinned``, from
     calibrator version ``since`` on (older releases recorded no such clause), else ``""``."""
     return clause_since(ANSWERED_AT_RANDOM, version, since) if pinned else ""
+
+
+def chosen_clause(pinned: bool, version: str, since: str) -> str:
+    """``"; " + UNSELECTED_AGENTS`` for a release of calibrator ``version`` ≥ ``since`` whose
+    answer level is not ``pinned`` (a pinned one states :data:`ANSWERED_AT_RANDOM`, which
+    implies it), else ``""`` (red team 25, fedlocal F4)."""
+    from privcal.calibrators.participation import UNSELECTED_AGENTS
+
+    return "" if pinned else clause_since(UNSELECTED_AGENTS, version, since)
 
 
 def missing_agents(planned: int | None, sizes: tuple[int, ...] | None, version: str,
@@ -217,8 +227,9 @@ def fedcp2_qq_message(
 def check_message(value: float, plan: AnyPlan) -> float:
     """Validate one agent's message for ``plan``; returns the value the server will use.
 
-    FedCP²-QQ: the value must be a point of the published grid (within 1e−9·S_max,
-    to survive text round-trips); the exact grid point is returned. FedCP-QQ:
+    FedCP²-QQ: the value must be a point of the published grid (within 1e−9 of the range's
+    scale, to survive text round-trips, and within a thousandth of a grid step); the exact
+    grid point is returned. FedCP-QQ:
     any number, or +∞ (an agent with fewer than ℓ scores): its plan has no public
     score range to check against. NaN and −∞ are rejected. Raises
     :class:`PlanRejected` with the reason. A well-formed message computed otherwise
@@ -235,7 +246,15 @@ def check_message(value: float, plan: AnyPlan) -> float:
     if isinstance(plan, Fed2Plan):
         e = bin_grid(plan)
         j = int(np.argmin(np.abs(e - v))) if math.isfinite(v) else -1
-        tol = 1e-9 * max(abs(plan.lower), abs(plan.smax), plan.smax - plan.lower)
+        # a text round trip's error, and never more than a thousandth of a grid step: a
+        # scale of the range's ends alone let a grid far from 0 ([1e9, 1e9 + 1], step 0.0101)
+        # take any value within ±1 — below, between and above its points — as the nearest
+        # point (red team 25, fedlocal F2) — nor less than 4 ulps (a grid point computed as
+        # lower + b·step elsewhere)
+        top = max(abs(plan.lower), abs(plan.smax))
+        tol = max(min(1e-9 * max(top, plan.smax - plan.lower),
+                      (plan.smax - plan.lower) / (plan.bins - 1) / 1000),
+                  4 * math.ulp(top))
         if j < 0 or abs(e[j] - v) > tol:
             raise PlanRejected(
                 f"message {v!r} is not on the published grid "

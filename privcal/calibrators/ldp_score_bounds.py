@@ -70,8 +70,17 @@ def _eps(epsilon: float) -> float:
 
 
 def rr_range(epsilon: float) -> float:
-    """c = (e^ε+1)/(e^ε−1) = coth(ε/2): the range of one debiased binary-RR report."""
-    return 1.0 / math.tanh(_eps(epsilon) / 2)
+    """c = (e^ε+1)/(e^ε−1) = coth(ε/2): the range of one debiased binary-RR report.
+
+    An ε so small that c overflows a float (ε below ~2.2e-308, a subnormal) is refused: the
+    debiased estimate would be ∞·x − ∞ = NaN, which a session's round could not store, and a
+    release would state Δ_S = nan (red team 25, fedlocal F1: such a session opened, charged
+    its subjects and then failed every batch that filled a round with a traceback)."""
+    c = 1.0 / math.tanh(_eps(epsilon) / 2)
+    if not math.isfinite(c):
+        raise InvalidInput(f"ε = {epsilon!r} is too small: the debiased estimate's range "
+                           "(e^ε+1)/(e^ε−1) overflows a float (use ε ≥ 1e-300)")
+    return c
 
 
 def _inv_expm1(epsilon: float) -> float:

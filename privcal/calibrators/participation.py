@@ -7,19 +7,29 @@ share of the 0-reports, a collector of LDP-CP-L dropping the rows whose label th
 finds implausible (a common label-cleaning step) — each gave coverage near 0.80 against a
 recorded 0.9 (and 0.004 for users answering only when their score is below the query).
 privcal cannot see why a report is missing, so from LDP-CP-S version 5 and LDP-CP-L
-version 4 on the recorded guarantee states it (``over`` and ``statement``, with
+version 4 on (FedCP-QQ 1.4.0 and FedCP²-QQ 1.6.0 for which agents are used) the recorded
+guarantee states it (``over`` and ``statement``, with
 :func:`~privcal.calibrators.versions.clause_since`); the simulated users of ``--simulate``
 are drawn by privcal and do satisfy it.
 """
 
 from __future__ import annotations
 
-__all__ = ["UNSELECTED_LABELS", "UNSELECTED_SCORES"]
+__all__ = ["UNSELECTED_AGENTS", "UNSELECTED_LABELS", "UNSELECTED_SCORES"]
 
 #: LDP-CP-S: who answers, in which round, and which reports a forwarder passes on
 UNSELECTED_SCORES = ("which users report, in which round, and which reports are forwarded "
                      "not chosen by their data (a selection that tracks the scores can lower "
                      "the coverage)")
+#: FedCP-QQ / FedCP²-QQ: which agents' messages the server uses (red team 25, fedlocal F4: a
+#: session keeps the first m agents to answer and turns the rest away; ten honest agents with
+#: i.i.d. data for m = 5, arriving in the order of their messages, gave coverage 0.865 against
+#: a recorded 0.9 — random arrival 0.928, the plan's M). From FedCP-QQ 1.4.0 and FedCP²-QQ
+#: 1.6.0 on the recorded guarantee states it (a replan for the agents that answered states
+#: :data:`~privcal.calibrators.federated_agent.ANSWERED_AT_RANDOM` instead, which implies it)
+UNSELECTED_AGENTS = ("which agents' messages are used not chosen by their data (a session "
+                     "uses the first m agents to answer: an arrival order that tracks the "
+                     "scores can lower the coverage)")
 #: LDP-CP-L: which users' (x, ỹ) are collected and kept
 UNSELECTED_LABELS = ("which users' reports are collected and kept not chosen by their data (a "
                      "selection by features or labels can lower the coverage)")

@@ -79,7 +79,10 @@ class BatchRow(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     subject: str = Field(min_length=1, max_length=200)
-    value: float
+    #: finite, as an agent's own message (:class:`MessageBody`): JSON's ``Infinity`` or an
+    #: overflowing ``1e400`` (+inf to Python's parser) was stored as a FedCP-QQ message +∞
+    #: (red team 25, fedlocal F3); 422, nothing written
+    value: float = Field(allow_inf_nan=False)
     round: int | None = Field(default=None, ge=0, le=1_000_000)
 
 
