@@ -1,0 +1,94 @@
+"""Red team 25, service: an uploaded CSV is bounded by its width, and a replay the library
+finds is answered as a replay.
+
+F2: pyarrow's CSV reader holds about 10 KiB per column whatever the rows, and the upload
+limit counted a CSV as its own size: one 8 MiB line of ``0,0,0,…`` (4 million columns)
+grew the server past 10 GB before any answer (and, under an address-space limit, pyarrow's
+``std::bad_alloc`` aborted the process). A CSV upload now counts
+``uploads.CSV_COLUMN_COST`` bytes per column of its first line against the 1 GiB limit of
+uploads (at most 65 536 columns): past it, a one-line 422 before the table is read.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import Live
+
+SQLITE = pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+
+
+def _state(lv: Live) -> tuple[Any, ...]:
+    return (str(lv.accountant.ledger.head()), lv.accountant.budget("d").spent)
+
+
+@pytest.fixture
+def read_specs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A spy on the reader: the specs it was asked for."""
+    import privcal.data.files as files
+
+    calls: list[str] = []
+    real = files.load_array
+
+    def spy(spec: str, *a: Any, **kw: Any) -> Any:
+        calls.append(spec)
+        return real(spec, *a, **kw)
+
+    monkeypatch.setattr(files, "load_array", spy)
+    return calls
+
+
+def _post(c: Any, name: str, data: bytes, query: str = "") -> Any:
+    return c.post(f"/v1/datasets/d/calibrations{query}",
+                  headers={"Idempotency-Key": uuid.uuid4().hex},
+                  data={"request": json.dumps({"method": "split", "params": {"alpha": 0.1}})},
+                  files={"scores": (name, data)})
+
+
+@SQLITE
+@pytest.mark.parametrize("query", ["", "?dry_run=true"])
+def test_f2_a_csv_wider_than_the_bound_is_refused_unread(
+        live: Live, read_specs: list[str], monkeypatch: pytest.MonkeyPatch, query: str) -> None:
+    """With the limit at 1 MiB (64 columns of 16 KiB), a 100-column CSV line is refused
+    before the reader is called, one line naming its width and the limit; nothing written."""
+    import privcal.service.uploads as up
+
+    monkeypatch.setattr(up, "EXPANDED_LIMIT", 1 << 20)
+    wide = b",".join([b"0.5"] * 100) + b"\n"
+    before = _state(live)
+    with live.client("analyst") as c:
+        r = _post(c, "wide.csv", wide, query)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("wide.csv: 100 columns: the uploaded files take more than "
+                             f"{1 << 20} bytes once read"), detail
+    assert "\n" not in detail and len(detail) < 300
+    assert read_specs == []  # refused before the file was read
+    assert _state(live) == before
+
+
+def test_f2_the_real_bound_counts_a_wide_line_without_splitting_it(tmp_path: Path) -> None:
+    """An 8 MiB line of 4 194 305 cells — the upload that grew the server past 10 GB — is
+    sized past the 1 GiB limit from its commas (it was counted as its 8 MiB)."""
+    from privcal.service.uploads import CSV_COLUMN_COST, EXPANDED_LIMIT, _expanded_size
+
+    path = tmp_path / "scores.csv"
+    path.write_bytes(b"\n  \n" + b"0," * (4 * 1024 * 1024) + b"0\n1\n")
+    assert _expanded_size(path) == path.stat().st_size + (4 * 1024 * 1024 + 1) * CSV_COLUMN_COST
+    assert _expanded_size(path) > EXPANDED_LIMIT
+    assert EXPANDED_LIMIT // CSV_COLUMN_COST == 65_536
+
+
+@SQLITE
+def test_f2_a_csv_within_the_bound_is_read(live: Live, read_specs: list[str]) -> None:
+    """A narrow CSV (one column, 50 rows) is read and calibrated as before."""
+    data = b"score\n" + b"".join(b"%.3f\n" % (i / 50) for i in range(50))
+    with live.client("analyst") as c:
+        r = _post(c, "calib.csv", data)
+    assert r.status_code == 201, r.text
+    assert read_specs and read_specs[0].endswith("calib.csv")
