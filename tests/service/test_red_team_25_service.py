@@ -92,3 +92,69 @@ def test_f2_a_csv_within_the_bound_is_read(live: Live, read_specs: list[str]) ->
         r = _post(c, "calib.csv", data)
     assert r.status_code == 201, r.text
     assert read_specs and read_specs[0].endswith("calib.csv")
+
+
+def _npz(members: int) -> bytes:
+    """An ``.npz`` of ``members`` empty float arrays (stored, not deflated)."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    one = io.BytesIO()
+    np.save(one, np.zeros(0))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for i in range(members):
+            z.writestr(f"a{i}.npy", one.getvalue())
+    return buf.getvalue()
+
+
+@SQLITE
+def test_f4_an_npz_of_more_arrays_than_the_bound_is_refused_unread(
+        live: Live, read_specs: list[str]) -> None:
+    """F4: np.load read every member (70 000 empty ones: 7.5 s), and the 422 named them all
+    (479 KB). Past NPZ_MAX_MEMBERS (1000) the upload is refused before it is read."""
+    import privcal.service.uploads as up
+
+    NPZ_MAX_MEMBERS = 1000  # (up.NPZ_MAX_MEMBERS, checked last)
+    before = _state(live)
+    with live.client("analyst") as c:
+        r = _post(c, "many.npz", _npz(NPZ_MAX_MEMBERS + 1), "?dry_run=true")
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == (f"many.npz: {NPZ_MAX_MEMBERS + 1} arrays; the service reads "
+                                  f"an .npz of at most {NPZ_MAX_MEMBERS} (a calibration reads "
+                                  "one a part)")
+    assert read_specs == []
+    assert _state(live) == before
+    with live.client("analyst") as c:  # a few arrays, one selected: read as before
+        r = c.post("/v1/datasets/d/calibrations?dry_run=true",
+                   headers={"Idempotency-Key": uuid.uuid4().hex},
+                   data={"request": json.dumps({"method": "split", "params": {"alpha": 0.1},
+                                                "select": {"scores": "a1"}})},
+                   files={"scores": ("few.npz", _npz(3))})
+    assert r.status_code == 422, r.text  # (empty arrays: the library's own one-line refusal)
+    assert read_specs and read_specs[0].endswith("few.npz:a1")
+    assert getattr(up, "NPZ_MAX_MEMBERS", None) == NPZ_MAX_MEMBERS
+
+
+@SQLITE
+def test_f4_a_problem_detail_is_cut_to_a_bounded_length(live: Live) -> None:
+    """A refusal naming every column of a 3000-column table (60 KB) is sent cut to
+    DETAIL_CHARS characters, ending in an ellipsis."""
+    import privcal.service.problems as problems
+
+    DETAIL_CHARS = 2000  # (problems.DETAIL_CHARS, checked last)
+    header = b",".join(b"a_column_named_%05d" % i for i in range(3000)) + b"\n"
+    table = header + b",".join([b"0.5"] * 3000) + b"\n"
+    with live.client("analyst") as c:
+        r = c.post("/v1/datasets/d/calibrations?dry_run=true",
+                   headers={"Idempotency-Key": uuid.uuid4().hex},
+                   data={"request": json.dumps({"method": "split", "params": {"alpha": 0.1},
+                                                "select": {"scores": "nope"}})},
+                   files={"scores": ("t.csv", table)})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("t.csv: no column named 'nope' (has: a_column_named_00000, ")
+    assert len(detail) == DETAIL_CHARS and detail.endswith("…")
+    assert getattr(problems, "DETAIL_CHARS", None) == DETAIL_CHARS
