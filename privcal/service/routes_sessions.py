@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import JSONResponse
 
 from privcal.service.auth import Principal, allow, principal
-from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.common import IDEMPOTENCY_HEADER, bound_in_library, doc, idempotent
 from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, not_found, unauthenticated
@@ -166,8 +166,11 @@ def session_open(name: str, body: SessionOpen, request: Request,
         # when it opens: a crash after its commit and before the service's record is
         # answered by the library's replay, never by a second charge or session (red team 7)
         key = _lib_key(p, idempotency_key) if idempotency_key else None
-        return 201, open_session(_acct(request), kw.pop("method"), dataset=name,
-                                 requester=p.requester, idempotency_key=key, **kw)
+        # the library's replay of an open whose answer the service lost: 200 (F1)
+        request.state.replayed = key is not None and bound_in_library(request, name, key)
+        info = open_session(_acct(request), kw.pop("method"), dataset=name,
+                            requester=p.requester, idempotency_key=key, **kw)
+        return (200 if request.state.replayed else 201), info
 
     # the fingerprint is the body as sent, not with defaults filled in: an option the
     # method does not use, added on a retry, is another request (409), not a replay that

@@ -158,3 +158,51 @@ def test_f4_a_problem_detail_is_cut_to_a_bounded_length(live: Live) -> None:
     assert detail.startswith("t.csv: no column named 'nope' (has: a_column_named_00000, ")
     assert len(detail) == DETAIL_CHARS and detail.endswith("…")
     assert getattr(problems, "DETAIL_CHARS", None) == DETAIL_CHARS
+
+
+def _lose_the_record(lv: Live, key: str) -> None:
+    """The service's record of ``key``'s answer removed, as if the server died between the
+    ledger's commit and that record (README "Retries": the retry gets the library's replay)."""
+    from sqlalchemy import MetaData, Table, delete
+
+    engine = lv.accountant.ledger.engine
+    table = Table("idempotency_records", MetaData(), autoload_with=engine)
+    with engine.begin() as conn:
+        assert conn.execute(delete(table).where(table.c.key == key)).rowcount == 1
+
+
+@SQLITE
+def test_f1_a_library_replay_is_answered_as_a_replay(live: Live) -> None:
+    """F1: a calibration or a session open whose service record was lost was answered 201
+    (a new release, a new session) when the library replayed it, and a charge 200 without
+    ``Idempotent-Replayed``. Each is now 200 with the header, the same id, nothing new."""
+    import numpy as np
+
+    scores = np.random.default_rng(5).random(400).tolist()
+    asks = [
+        ("/v1/datasets/d/calibrations", {"method": "pcoqs", "params": {"alpha": 0.1, "rho": 0.05},
+                                         "scores": scores}, "id"),
+        ("/v1/datasets/d/calibrations", {"method": "split", "params": {"alpha": 0.1},
+                                         "scores": scores}, "id"),  # non-private: release_keys
+        ("/v1/datasets/d/charges", {"cost": {"rho": "0.01"}}, "charge_id"),
+        ("/v1/datasets/d/sessions", {"method": "ldp-score", "alpha": 0.2, "epsilon": 1.0,
+                                     "rounds": 2, "group_size": 4}, "id"),
+    ]
+    with live.client("analyst") as c:
+        for i, (path, body, id_key) in enumerate(asks):
+            key = f"lost-{i}"
+            first = c.post(path, json=body, headers={"Idempotency-Key": key})
+            assert first.status_code == 201, first.text
+            assert "idempotent-replayed" not in first.headers
+            before = _state(live)
+            _lose_the_record(live, key)
+            again = c.post(path, json=body, headers={"Idempotency-Key": key})
+            assert again.status_code == 200, (path, again.status_code, again.text[:200])
+            assert again.headers.get("idempotent-replayed") == "true", path
+            assert again.json()[id_key] == first.json()[id_key]
+            assert _state(live) == before  # nothing charged or written in the ledger's log
+            third = c.post(path, json=body, headers={"Idempotency-Key": key})  # the service's
+            assert (third.status_code, third.headers.get("idempotent-replayed")) == (200, "true")
+            assert third.json()[id_key] == first.json()[id_key]
+        fresh = c.post(asks[2][0], json=asks[2][1], headers={"Idempotency-Key": "new-one"})
+        assert fresh.status_code == 201 and "idempotent-replayed" not in fresh.headers
