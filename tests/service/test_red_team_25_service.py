@@ -171,11 +171,11 @@ def _lose_the_record(lv: Live, key: str) -> None:
         assert conn.execute(delete(table).where(table.c.key == key)).rowcount == 1
 
 
-@SQLITE
 def test_f1_a_library_replay_is_answered_as_a_replay(live: Live) -> None:
     """F1: a calibration or a session open whose service record was lost was answered 201
     (a new release, a new session) when the library replayed it, and a charge 200 without
-    ``Idempotent-Replayed``. Each is now 200 with the header, the same id, nothing new."""
+    ``Idempotent-Replayed``. Each is now 200 with the header, the same id, nothing new
+    (SQLite and PostgreSQL)."""
     import numpy as np
 
     scores = np.random.default_rng(5).random(400).tolist()
