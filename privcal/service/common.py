@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse
 from privcal.service.problems import ProblemError
 from privcal.storage.request_fingerprints import keyed_fingerprint, request_digest_hex
 
-__all__ = ["IDEMPOTENCY_HEADER", "doc", "forget_or_owe", "idempotent", "public",
-           "refuse_reused_or_running", "request_fingerprint", "reserve"]
+__all__ = ["IDEMPOTENCY_HEADER", "bound_in_library", "doc", "forget_or_owe", "idempotent",
+           "public", "refuse_reused_or_running", "request_fingerprint", "reserve"]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 log = logging.getLogger("privcal.service")
@@ -144,6 +144,21 @@ def forget_or_owe(ledger: Any, principal: str, key: str) -> None:
                   "the failure of a request")
 
 
+def bound_in_library(request: Request, dataset: str, key: str) -> bool:
+    """Whether the library already holds something under its ``key`` on ``dataset`` — a
+    charge, a non-private release's binding or a session opened with it: a run under that
+    key is then the library's replay (the first run committed, and the service's own
+    record of its answer was lost), answered 200 with ``Idempotent-Replayed``, never 201 as
+    a new release or session (red team 25, service F1). Exact: the key is the principal's,
+    whose requests under it the service runs one at a time."""
+    led = request.app.state.accountant.ledger
+    with led.read() as s:
+        ds = led.get_dataset(s, dataset)
+        return (led.charge_by_key(s.connection(), ds.id, key) is not None
+                or led.release_by_key(s, ds.id, key) is not None
+                or led.session_by_open_key(s, ds.id, key) is not None)
+
+
 def idempotent(request: Request, key: str | None, fingerprint: Any,
                fn: Callable[[], tuple[int, Any]], *, required: bool = True) -> JSONResponse:
     """Run ``fn`` (→ status, document) once per (principal, key); replay its answer after.
@@ -153,7 +168,9 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     it). The same key with another fingerprint is 409 ``idempotency-key-reused``; a retry
     while the first is still running is 409 ``idempotency-in-progress``. A replay answers
     200 (and ``Idempotent-Replayed: true``) with the original document, whose ``replayed``
-    (a charge's receipt, a batch's result) then says true. Without a key:
+    (a charge's receipt, a batch's result) then says true; so does a first answer that is
+    the library's replay (``fn``'s 200 with ``"replayed": true``, or ``request.state.replayed``
+    set by ``fn``: :func:`bound_in_library`). Without a key:
     422 ``idempotency-key-required`` if ``required`` (a request that charges), else ``fn``
     runs unrecorded.
     """
@@ -189,4 +206,7 @@ def idempotent(request: Request, key: str | None, fingerprint: Any,
     # done: this is the answer, even if the ledger refuses its record now (owed)
     _write_or_owe(ledger, p.id, key, lambda: finish_idempotent(ledger, p.id, key, status, body),
                   "the answer of a request")
-    return JSONResponse(body, status_code=status)
+    replayed = status == 200 and (getattr(request.state, "replayed", False) is True or (
+        isinstance(body, dict) and body.get("replayed") is True))
+    return JSONResponse(body, status_code=status,
+                        headers={"Idempotent-Replayed": "true"} if replayed else None)

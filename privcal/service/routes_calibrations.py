@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 
 from privcal.accountant.calibration_request import ARRAYS
 from privcal.service.auth import Principal, allow, principal
-from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.common import IDEMPOTENCY_HEADER, bound_in_library, doc, idempotent
 from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.routes_datasets import _acct, _lib_key
@@ -62,9 +62,11 @@ def calibrate(name: str, request: Request,
         return JSONResponse(doc(rep), status_code=200)
 
     def run() -> tuple[int, Any]:
+        key = _lib_key(p, idempotency_key or "")
+        request.state.replayed = bound_in_library(request, name, key)  # 200, not 201 (F1)
         rel = calibration.calibrate(_acct(request), req, dataset=name, requester=p.requester,
-                                    idempotency_key=_lib_key(p, idempotency_key or ""))
-        return 201, rel
+                                    idempotency_key=key)
+        return (200 if request.state.replayed else 201), rel
 
     # a replay is matched on every option and the data's shape, never on data values
     shape = {k: list(np.shape(arrays[k])) for k in ARRAYS if arrays[k] is not None}

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import JSONResponse
 
 from privcal.service.auth import Principal, allow, principal
-from privcal.service.common import IDEMPOTENCY_HEADER, doc, idempotent
+from privcal.service.batch_body import BatchBody, batch_body, openapi_schema
+from privcal.service.common import IDEMPOTENCY_HEADER, bound_in_library, doc, idempotent
 from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
 from privcal.service.problems import ProblemError, not_found, unauthenticated
@@ -69,31 +70,6 @@ class MessageBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     value: float = Field(allow_inf_nan=False)
-
-
-class BatchRow(BaseModel):
-    """One row of an ingestor batch. ``round`` (the round whose query the report answers)
-    is required on every row of an ldp-score batch — a batch without it is 422, nothing
-    written — and may be left out for a federated session (one round)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    subject: str = Field(min_length=1, max_length=200)
-    #: finite, as an agent's own message (:class:`MessageBody`): JSON's ``Infinity`` or an
-    #: overflowing ``1e400`` (+inf to Python's parser) was stored as a FedCP-QQ message +∞
-    #: (red team 25, fedlocal F3); 422, nothing written
-    value: float = Field(allow_inf_nan=False)
-    round: int | None = Field(default=None, ge=0, le=1_000_000)
-
-
-class BatchBody(BaseModel):
-    """``POST /v1/sessions/{sid}/batches``."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    #: stops at its first invalid row (red team 24, service F2: one 422 error per row)
-    reports: Annotated[list[BatchRow], Field(fail_fast=True)] = Field(min_length=1,
-                                                                      max_length=1_000_000)
 
 
 class CloseBody(BaseModel):
@@ -169,8 +145,11 @@ def session_open(name: str, body: SessionOpen, request: Request,
         # when it opens: a crash after its commit and before the service's record is
         # answered by the library's replay, never by a second charge or session (red team 7)
         key = _lib_key(p, idempotency_key) if idempotency_key else None
-        return 201, open_session(_acct(request), kw.pop("method"), dataset=name,
-                                 requester=p.requester, idempotency_key=key, **kw)
+        # the library's replay of an open whose answer the service lost: 200 (F1)
+        request.state.replayed = key is not None and bound_in_library(request, name, key)
+        info = open_session(_acct(request), kw.pop("method"), dataset=name,
+                            requester=p.requester, idempotency_key=key, **kw)
+        return (200 if request.state.replayed else 201), info
 
     # the fingerprint is the body as sent, not with defaults filled in: an option the
     # method does not use, added on a retry, is another request (409), not a replay that
@@ -262,9 +241,14 @@ def message_put(request: Request, body: MessageBody, sid: int = SessionId,
     return _outcome(out, sid)
 
 
-@router.post("/sessions/{sid}/batches", **allow("ingestor"))
-def batch_post(request: Request, body: BatchBody, sid: int = SessionId,
-               p: Principal = Depends(principal),
+_batch_route = allow("ingestor")
+_batch_route["openapi_extra"]["requestBody"] = {
+    "required": True, "content": {"application/json": {"schema": openapi_schema()}}}
+
+
+@router.post("/sessions/{sid}/batches", **_batch_route)
+def batch_post(request: Request, sid: int = SessionId,
+               p: Principal = Depends(principal), body: BatchBody = Depends(batch_body),
                idempotency_key: str | None = Header(default=None, alias=IDEMPOTENCY_HEADER,
                                                     max_length=200)) -> JSONResponse:
     """An ingestor (shuffler/proxy) posts a batch: 200 with counts per rejection reason;

@@ -19,7 +19,12 @@ upload (``.npz``, ``.parquet``) whose arrays would take more than :data:`EXPANDE
 bytes once decompressed is refused (422) before it is read: a 16 MB ``.npz`` of deflated
 zeros is 16 GB of floats, which would exhaust the server's memory, and a 48 KiB parquet
 column of one long string, dictionary-encoded, is gigabytes of text once decoded (its text
-is counted from the dictionary and the row indices, never expanded).
+is counted from the dictionary and the row indices, never expanded). A CSV upload counts
+:data:`CSV_COLUMN_COST` bytes per column of its first line besides its own size (at most
+``EXPANDED_LIMIT // CSV_COLUMN_COST`` columns, fewer with the text) and is refused (422)
+before it is read past that: pyarrow's CSV reader holds about 10 KiB per column whatever
+the rows, and an 8 MiB line of ``0,0,0,…`` (4 million columns) grew the server past 10 GB
+(red team 25, service F2).
 """
 
 from __future__ import annotations
@@ -57,6 +62,13 @@ _MAX = 5_000_000
 #: text its text columns decode to, dictionaries counted per row) — 1 GiB, 5 million rows
 #: of 25 float64 columns
 EXPANDED_LIMIT = 1 << 30
+#: bytes counted per column of an uploaded CSV (pyarrow's reader holds ≈ 10 KiB a column
+#: whatever the rows: 100 000 columns of one row took 1.1 GB and 6 s): at most
+#: ``EXPANDED_LIMIT // CSV_COLUMN_COST`` = 65 536 columns (more: send .npy or .parquet)
+CSV_COLUMN_COST = 16 * 1024
+#: the most arrays an uploaded ``.npz`` may hold (a calibration reads one a part; ``np.load``
+#: reads them all: 70 000 empty ones took 7.5 s — red team 25, service F4)
+NPZ_MAX_MEMBERS = 1000
 
 #: a list that stops at its first invalid item: a 422 names one, and one error per item
 #: was built, converted and sent for every item of a 16 MB body, on the event loop (red team
@@ -256,6 +268,12 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
         path = tmp / part / shown
         path.write_bytes(content)
         expanded += _expanded_size(path, EXPANDED_LIMIT - expanded)
+        if expanded > EXPANDED_LIMIT and suffix == ".csv":
+            raise InvalidInput(f"{shown}: {_csv_columns(path)} columns: the uploaded files take "
+                               f"more than {EXPANDED_LIMIT} bytes once read (the service's "
+                               f"limit; its CSV reader holds {CSV_COLUMN_COST} bytes per "
+                               "column besides the text): send a wide table as .npy or "
+                               ".parquet, or fewer rows")
         if expanded > EXPANDED_LIMIT:
             raise InvalidInput(f"{shown}: the uploaded files expand to more than "
                                f"{EXPANDED_LIMIT} bytes once decompressed (the service's "
@@ -300,27 +318,47 @@ def _load_files(inp: CalibrationInput, tmp: Path, out: dict[str, Any],
 
 def _expanded_size(path: Path, budget: int | None = None) -> int:
     """The bytes ``path`` expands to once decoded (its own size if not compressed): a
-    ``.npz``'s members as its directory declares them; a ``.parquet``'s as bounded by
+    ``.npz``'s members as its directory declares them (at most :data:`NPZ_MAX_MEMBERS`
+    of them, else InvalidInput); a ``.parquet``'s as bounded by
     :func:`~privcal.service.upload_limits.parquet_decoded_size` (its footer, and the text
     its text columns refer to, counted without decoding them), past ``budget`` (default
-    :data:`EXPANDED_LIMIT`) as soon as known. A file that is not a zip / parquet file is
-    left to the reader's error."""
+    :data:`EXPANDED_LIMIT`) as soon as known; a ``.csv``'s size and
+    :data:`CSV_COLUMN_COST` per column of its first line. A file that is not a zip / parquet
+    file is left to the reader's error."""
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
             import zipfile
 
             with zipfile.ZipFile(path) as z:
-                return sum(i.file_size for i in z.infolist())
+                members = z.infolist()
+            if len(members) > NPZ_MAX_MEMBERS:
+                raise InvalidInput(f"{path.name}: {len(members)} arrays; the service reads an "
+                                   f".npz of at most {NPZ_MAX_MEMBERS} (a calibration reads "
+                                   "one a part)")
+            return sum(i.file_size for i in members)
         if suffix == ".parquet":
             from privcal.service.upload_limits import parquet_decoded_size
 
             return parquet_decoded_size(path, EXPANDED_LIMIT if budget is None else budget)
     except InvalidInput:
-        raise  # a parquet file whose text columns cannot be counted: refused, naming it
+        raise  # too many arrays, or a parquet file whose text columns cannot be counted
     except Exception:  # not a zip / parquet file: load_array says so, naming it
         return path.stat().st_size
+    if suffix == ".csv":  # the reader's memory per column (CSV_COLUMN_COST), besides the text
+        return path.stat().st_size + _csv_columns(path) * CSV_COLUMN_COST
     return path.stat().st_size
+
+
+def _csv_columns(path: Path) -> int:
+    """An upper bound on the columns of a CSV file, as its reader will make them: one more
+    than the commas of its first line that is not blank (a quoted comma counts too), read
+    as bytes — never split into cells (4 million cells are 4 million strings)."""
+    with path.open("rb") as fh:
+        for line in fh:
+            if line.strip():
+                return line.count(b",") + 1
+    return 0
 
 
 def request_body_openapi() -> dict[str, Any]:
