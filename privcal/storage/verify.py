@@ -194,7 +194,8 @@ class LedgerVerifier:
 
     def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
-               progress: Progress | None = None) -> VerifyReport:
+               progress: Progress | None = None,
+               cap_check: Callable[[Dataset], None] | None = None) -> VerifyReport:
         """Recompute the whole chain and cross-check every row against its entry.
 
         Raises AuditFailed naming the first entry (or row) that does not verify:
@@ -225,6 +226,8 @@ class LedgerVerifier:
 
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
+        ``cap_check(dataset)``: raises AuditFailed for a cap the storage cannot check ((ε, δ):
+        the accountant's), on each verified dataset row of this snapshot (red team 25, F3).
         """
         heads = several(expect_head)
         signed_docs = several(signed_head)
@@ -347,7 +350,7 @@ class LedgerVerifier:
                                   tally.logged["charge"],
                                   {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
-            self._check_totals(s, datasets, charges)
+            self._check_totals(s, datasets, charges, cap_check)
             check_subject_spends(s, datasets, charges, tally.logged["charge"],
                                  tally.migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
@@ -363,7 +366,8 @@ class LedgerVerifier:
                                                 if want is not None else 0))
 
     @staticmethod
-    def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:
+    def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge],
+                      cap_check: Callable[[Dataset], None] | None = None) -> None:
         zero = Decimal(0)
         with localcontext() as ctx:
             ctx.prec = 80
@@ -390,7 +394,7 @@ class LedgerVerifier:
                 if got != sums[ds.id] or ds.charge_count != counts[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): spent totals do not equal "
                                       "the sum of its logged charges (row edited)")
-                check_central_cap(ds)  # within its logged cap (red team 24, ledger F2)
+                check_central_cap(ds, cap_check)  # within its logged cap (red team 24, 25)
                 if Decimal(units.get(ds.id, 0)) != local_units[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): per-subject spends do not "
                                       "add up to its logged local-DP charges (rows edited)")

@@ -14,25 +14,30 @@ the same sentence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 
 from privcal.costs import fixed_context
-from privcal.errors import AuditFailed
+from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.audit import dec
 from privcal.storage.models import Dataset
 
-__all__ = ["check_central_cap"]
+__all__ = ["check_central_cap", "refuse_unchecked_cap"]
 
 _ZERO = Decimal(0)
 #: exact for any two totals the ledger stores (NUMERIC(48, 30)), whatever the caller's context
 _EXACT = fixed_context(100)
 
 
-def check_central_cap(ds: Dataset) -> None:
+def check_central_cap(ds: Dataset,
+                      cap_check: Callable[[Dataset], None] | None = None) -> None:
     """AuditFailed naming the dataset if its stored totals (just found equal to its logged
     charges) spend more than its pure-ε or ρ-zCDP cap allows — the rule of
     :func:`privcal.accountant.privacy.filters.within_cap` — or charge a kind the cap refuses;
-    an (ε, δ) cap is left to the accountant (module docstring)."""
+    an (ε, δ) cap is left to the accountant (module docstring), whose check is
+    ``cap_check`` (called here, in the verification's own snapshot: red team 25, ledger F3)."""
+    if cap_check is not None:
+        cap_check(ds)
     if ds.notion == "pure":
         cap, used, unit = ds.cap_epsilon or _ZERO, ds.spent_pure_eps, "epsilon"
         others = (ds.spent_zcdp_rho, ds.spent_approx_eps, ds.spent_approx_delta)
@@ -50,3 +55,16 @@ def check_central_cap(ds: Dataset) -> None:
         f"dataset {ds.id} ({ds.name!r}): its logged charges spend {unit}={dec(used)} of its "
         f"cap {what}, more than the cap's filter allows: a cap or running totals edited around "
         "a charge, or a charge accepted past its budget")
+
+
+def refuse_unchecked_cap(ds: Dataset) -> None:
+    """The ``cap_check`` of :meth:`privcal.storage.Ledger.sign_head` when its caller gives
+    none: InvalidInput, nothing signed, for a dataset whose (ε, δ) cap has a Rényi grid —
+    a cap the storage cannot check, so a signature would vouch for a log overspent past it
+    (red team 25, ledger F3). One made before the grid existed states no guarantee and is
+    not checked by the accountant either (:func:`privcal.accountant.verification.check_cap`)."""
+    if ds.notion == "approx" and ds.renyi_orders is not None:
+        raise InvalidInput(
+            f"dataset {ds.id} ({ds.name!r}) has an (ε, δ) cap, whose Rényi filter the storage "
+            "cannot check: sign with privcal.accountant.verification.sign_head (`privcal audit "
+            "head --sign`), which checks it, or pass its check as cap_check; nothing signed")

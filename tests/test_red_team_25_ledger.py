@@ -1,0 +1,96 @@
+"""Red team 25, ledger: the SQL ledger against its environment and its signing API.
+
+F1: a kept connection of the charge's hot path that the server ended while it was kept
+(``idle_session_timeout``, an administrator) was used as is: the optimistic charge went into a
+dead socket and an unkeyed charge failed with "may or may not have been recorded" (it was not).
+
+F2: a ``lock_timeout`` or ``statement_timeout`` (database, role or URL) shorter than a wait for
+an idempotency key's lock or the audit sequencer's lock was a driver traceback.
+
+F3: ``Ledger.sign_head`` signed a log overspent past an (ε, δ) cap, and the accountant's
+``sign_head`` checked (ε, δ) caps in a later read than the one whose head it signed.
+
+F4/F5: SQLite URIs privcal cannot keep a budget in — in memory (a forked child spent the
+parent's budget again on its copy) or in shared-cache mode (table locks: raw "database table is
+locked" tracebacks) — are refused at open.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from privcal.accountant import Accountant, verification
+from privcal.costs import ApproxDP
+from privcal.errors import AuditFailed, InvalidInput
+from privcal.storage import signing
+
+
+# ------------------------------------------------------------------ F3
+def _overspent_approx(acct: Accountant, path: Path) -> None:
+    """An (ε, δ) dataset charged past its cap by a cap raised around a charge and put back
+    (every row equals its entry again)."""
+    acct.create_dataset("ad", approx_epsilon=1, approx_delta=Decimal("1e-6"))
+    acct.charge("ad", ApproxDP(Decimal("0.9"), Decimal("1e-7")))
+    _set_cap(path, "5")
+    acct.ledger.close()
+    acct.charge("ad", ApproxDP(Decimal("0.9"), Decimal("1e-7")))  # under the raised cap
+    acct.ledger.close()
+    _set_cap(path, "1")
+
+
+def _set_cap(path: Path, cap: str) -> None:
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE datasets SET cap_epsilon = ? WHERE name = 'ad'", (cap,))
+
+
+def test_ledger_sign_head_does_not_sign_an_unchecked_approx_cap(tmp_path: Path) -> None:
+    db = tmp_path / "l.sqlite"
+    acct = Accountant(f"sqlite:///{db}")
+    _overspent_approx(acct, db)
+    priv, _, _ = signing.generate_keypair(tmp_path / "k")
+    with pytest.raises(InvalidInput, match=r"\(ε, δ\) cap, whose Rényi filter the storage"):
+        acct.ledger.sign_head(priv)
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        acct.ledger.sign_head(priv, cap_check=verification.check_cap)
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        verification.sign_head(acct, priv)
+    acct.close()
+
+
+def test_a_healthy_approx_ledger_is_signed_with_the_accountant_s_check(tmp_path: Path) -> None:
+    acct = Accountant(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    acct.create_dataset("ad", approx_epsilon=1, approx_delta=Decimal("1e-6"))
+    acct.charge("ad", ApproxDP(Decimal("0.5"), Decimal("1e-7")))
+    priv, pub, _ = signing.generate_keypair(tmp_path / "k")
+    for signed in (verification.sign_head(acct, priv),
+                   acct.ledger.sign_head(priv, cap_check=verification.check_cap)):
+        assert acct.verify(signed_head=signed, trusted_key=pub).signed_through == 2
+    acct.close()
+
+
+def test_the_accountant_checks_caps_in_the_snapshot_it_signs(tmp_path: Path,
+                                                             monkeypatch: Any) -> None:
+    """A writer raises the cap right after the log's verification read and puts it back
+    after: the (ε, δ) check ran in a later read, which saw the raised cap, and the
+    overspent head was signed."""
+    db = tmp_path / "l.sqlite"
+    acct = Accountant(f"sqlite:///{db}")
+    _overspent_approx(acct, db)
+    priv, _, _ = signing.generate_keypair(tmp_path / "k")
+    verify = acct.ledger.verify
+
+    def verify_then_raise_the_cap(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return verify(*args, **kwargs)
+        finally:
+            _set_cap(db, "5")
+
+    monkeypatch.setattr(acct.ledger, "verify", verify_then_raise_the_cap)
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        verification.sign_head(acct, priv)
+    acct.close()
