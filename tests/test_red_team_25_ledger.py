@@ -26,8 +26,8 @@ import pytest
 
 from privcal.accountant import Accountant, verification
 from privcal.costs import ApproxDP
-from privcal.errors import AuditFailed, InvalidInput
-from privcal.storage import signing
+from privcal.errors import AuditFailed, InvalidInput, LedgerError
+from privcal.storage import Ledger, signing
 
 
 # ------------------------------------------------------------------ F3
@@ -94,3 +94,24 @@ def test_the_accountant_checks_caps_in_the_snapshot_it_signs(tmp_path: Path,
     with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
         verification.sign_head(acct, priv)
     acct.close()
+
+
+# ------------------------------------------------------------------ F4, F5
+@pytest.mark.parametrize("url", [
+    "sqlite:///file:rt25mem?mode=memory&cache=shared&uri=true",
+    "sqlite:///file:rt25mem?mode=memory&uri=true",
+    "sqlite:///file::memory:?uri=true",
+    "sqlite:///file:?uri=true",
+])
+def test_a_sqlite_uri_in_memory_is_refused(url: str) -> None:
+    with pytest.raises(LedgerError, match=r"in memory or a temporary one: .* use sqlite://"):
+        Ledger(url)
+
+
+def test_sqlite_shared_cache_is_refused_and_other_uris_still_open(tmp_path: Path) -> None:
+    db = tmp_path / "l.sqlite"
+    with pytest.raises(LedgerError, match="shared-cache mode"):
+        Ledger(f"sqlite:///file:{db}?cache=shared&uri=true")
+    Accountant(f"sqlite:///{db}").create_dataset("d", rho=1)
+    with Ledger(f"sqlite:///file:{db}?mode=ro&uri=true") as ro:
+        assert ro.head().seq == 1
