@@ -18,16 +18,46 @@ locked" tracebacks) — are refused at open.
 from __future__ import annotations
 
 import sqlite3
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from privcal.accountant import Accountant, verification
-from privcal.costs import ApproxDP
+from privcal.costs import ZCDP, ApproxDP
 from privcal.errors import AuditFailed, InvalidInput, LedgerError
 from privcal.storage import Ledger, signing
+from privcal.storage.engine import spoke_while_idle
+
+PG_ONLY = pytest.mark.parametrize(
+    "ledger_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+
+
+# ------------------------------------------------------------------ F1
+@PG_ONLY
+def test_a_kept_connection_the_server_ended_is_not_used_for_a_charge(ledger_url: str,
+                                                                     ledger: Ledger) -> None:
+    a = Accountant(ledger)
+    a.create_dataset("d", rho=10)
+    for _ in range(3):  # the optimistic path's snapshot and a kept connection
+        a.charge("d", ZCDP(Decimal("0.001")))
+    kept = a.ledger.held_connections()
+    assert kept
+    drv = kept[0].connection.driver_connection
+    with Ledger(ledger_url) as admin, admin.engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": drv.info.backend_pid})
+    deadline = time.monotonic() + 10
+    while not spoke_while_idle(drv) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the terminated backend's goodbye reaches the socket
+    with Accountant(ledger_url) as other:  # the dataset changes meanwhile
+        other.charge("d", ZCDP(Decimal("0.001")))
+    got = a.charge("d", ZCDP(Decimal("0.001")))  # unkeyed: was "may or may not have been"
+    assert not got.replayed
+    assert a.budget("d").spent["rho"] == Decimal("0.005")
+    a.verify()
 
 
 # ------------------------------------------------------------------ F3
