@@ -22,6 +22,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 from sqlalchemy import text
@@ -30,10 +31,19 @@ from privcal.accountant import Accountant, verification
 from privcal.costs import ZCDP, ApproxDP
 from privcal.errors import AuditFailed, InvalidInput, LedgerError
 from privcal.storage import Ledger, signing
+from privcal.storage.audit_queue import SEQUENCER_LOCK
 from privcal.storage.engine import spoke_while_idle
 
 PG_ONLY = pytest.mark.parametrize(
     "ledger_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+
+
+def _with_options(url: str, setting: str) -> str:
+    """``url`` (a PostgreSQL test URL with ``options=-csearch_path=…``) with one more ``-c``
+    server setting, as a database or role default would give it."""
+    options = parse_qs(urlsplit(url).query)["options"][0]
+    base = url.split("options=", 1)[0]
+    return f"{base}options={quote(f'{options} -c{setting}')}"
 
 
 # ------------------------------------------------------------------ F1
@@ -58,6 +68,43 @@ def test_a_kept_connection_the_server_ended_is_not_used_for_a_charge(ledger_url:
     assert not got.replayed
     assert a.budget("d").spent["rho"] == Decimal("0.005")
     a.verify()
+
+
+# ------------------------------------------------------------------ F2
+@PG_ONLY
+@pytest.mark.parametrize("setting", ["lock_timeout=100", "statement_timeout=300"])
+def test_a_key_lock_wait_past_a_timeout_is_one_line(ledger_url: str, ledger: Ledger,
+                                                    setting: str) -> None:
+    holder = Ledger(ledger_url)
+    timed = Ledger(_with_options(ledger_url, setting))
+    try:
+        with holder.key_lock("d", "K"):
+            with pytest.raises(LedgerError, match="held its lock past the ledger's lock_timeout"):
+                with timed.key_lock("d", "K"):
+                    pass  # pragma: no cover - the lock is held
+        with timed.key_lock("d", "K"):  # free again: taken at once
+            pass
+    finally:
+        holder.close()
+        timed.close()
+
+
+@PG_ONLY
+def test_a_sequencer_lock_wait_past_a_timeout_is_one_line(ledger_url: str,
+                                                          ledger: Ledger) -> None:
+    Accountant(ledger).create_dataset("d", rho=1)
+    timed = Ledger(_with_options(ledger_url, "statement_timeout=300"))
+    holder = Ledger(ledger_url)
+    try:
+        with holder.engine.connect() as conn, conn.begin():
+            conn.execute(text(f"SELECT pg_advisory_xact_lock({SEQUENCER_LOCK})"))
+            with pytest.raises(LedgerError, match="sequencer lock stayed held"):
+                timed.head()
+            assert Accountant(timed).verify().entries == 1  # verify reads the chain as it is
+        assert timed.head().seq == 1
+    finally:
+        holder.close()
+        timed.close()
 
 
 # ------------------------------------------------------------------ F3
