@@ -8,8 +8,10 @@ and restored) leaves every row equal to its entry and the budget overspent (red 
 ledger F7). The accountant's verification checked it, but ``Ledger.verify`` — and so
 ``Ledger.sign_head`` — did not: a signature vouched for an overspent log (red team 24,
 ledger F2). An (ε, δ) cap's filter (a Rényi conversion over its grid of orders) is the
-accountant's mathematics: :func:`privcal.accountant.verification.check_caps` checks it, with
-the same sentence.
+accountant's mathematics: :func:`privcal.accountant.verification.check_cap` checks it, with
+the same sentence, passed in as ``Ledger.verify``'s ``cap_check`` so that it runs on the rows
+of the snapshot verified (red team 25, ledger F3); ``Ledger.sign_head`` without it refuses a
+log with such a cap (:func:`refuse_unchecked_cap`).
 """
 
 from __future__ import annotations
