@@ -192,3 +192,23 @@ def test_sqlite_shared_cache_is_refused_and_other_uris_still_open(tmp_path: Path
     Accountant(f"sqlite:///{db}").create_dataset("d", rho=1)
     with Ledger(f"sqlite:///file:{db}?mode=ro&uri=true") as ro:
         assert ro.head().seq == 1
+
+
+# ------------------------------------------------------------------ F6
+@PG_ONLY
+def test_verify_outlasts_the_server_s_idle_in_transaction_timeout(ledger_url: str,
+                                                                  ledger: Ledger) -> None:
+    """``audit verify`` hashes the log between its statements; an
+    ``idle_in_transaction_session_timeout`` shorter than that (here 0.2 s against a slow
+    hash, simulated by the progress wrapper) ended its read every time ("retry")."""
+    acct = Accountant(ledger)
+    acct.create_dataset("d", rho=1)
+    acct.charge("d", ZCDP(Decimal("0.1")))
+
+    def slow(entries: Any, _what: str, _total: int) -> Any:
+        for e in entries:
+            time.sleep(0.5)
+            yield e
+
+    with Accountant(_with_options(ledger_url, "idle_in_transaction_session_timeout=200")) as a:
+        assert a.verify(progress=slow).entries == 2

@@ -260,7 +260,7 @@ class LedgerVerifier:
             what = "signed head" if len(signed_all) == 1 else f"signed head of {one.time}"
             wants.append((one.seq, one.hash.lower(), what))
         # the rows are read from here on: a value of the wrong form is an edit (unreadable)
-        with unreadable("the log or its rows", self.first_unreadable), self.read() as s:
+        with unreadable("the log or its rows", self.first_unreadable), self.read(long=True) as s:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
             releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
