@@ -212,3 +212,44 @@ def test_verify_outlasts_the_server_s_idle_in_transaction_timeout(ledger_url: st
 
     with Accountant(_with_options(ledger_url, "idle_in_transaction_session_timeout=200")) as a:
         assert a.verify(progress=slow).entries == 2
+
+
+# ------------------------------------------------------------------ F7
+def test_a_pre_grid_dataset_charged_past_its_cap_since_is_an_audit_failure(
+        tmp_path: Path) -> None:
+    """An (ε, δ) dataset as privcal wrote it before migration 0004 (no Rényi grid in row or
+    log) is charged by today's privcal under the filter on the frozen grid; a cap raised
+    around such charges and put back verified ok ("charged before 0004: no guarantee")."""
+    from privcal.storage import audit
+    from privcal.storage.models import Dataset
+
+    db = tmp_path / "l.sqlite"
+    acct = Accountant(f"sqlite:///{db}")
+
+    def legacy(s: Any) -> None:
+        zero = Decimal(0)
+        ds = Dataset(name="ad", description="", notion="approx", cap_epsilon=Decimal(1),
+                     cap_rho=None, cap_delta=Decimal("1e-6"), reporting_delta=Decimal("1e-6"),
+                     subject_epsilon=None, allow_nonprivate=False, created_at=audit.now(),
+                     spent_pure_eps=zero, spent_pure_rho=zero, spent_zcdp_rho=zero,
+                     spent_approx_eps=zero, spent_approx_delta=zero, charge_count=0)
+        s.add(ds)
+        s.flush()
+        acct.ledger.append_audit(s, "dataset", audit.dataset_doc(ds))
+
+    acct.ledger.write(legacy)
+    acct.charge("ad", ApproxDP(Decimal("0.5"), Decimal("1e-7")))
+    acct.verify()  # within the filter
+    _set_cap(db, "5")
+    acct.ledger.close()
+    acct.charge("ad", ApproxDP(Decimal("0.9"), Decimal("1e-7")))
+    acct.ledger.close()
+    _set_cap(db, "1")
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        acct.verify()
+    priv, _, _ = signing.generate_keypair(tmp_path / "k")
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        verification.sign_head(acct, priv)
+    with pytest.raises(InvalidInput, match="cannot check"):
+        acct.ledger.sign_head(priv)
+    acct.close()

@@ -318,29 +318,36 @@ def check_caps(ledger: Any) -> None:
     and signed (red team 23, ledger F7). Pure-ε and ρ-zCDP caps are checked by the storage's
     verification, run first, in the same words (:mod:`privcal.storage.verify_caps`, so
     ``Ledger.verify`` and ``Ledger.sign_head`` too: red team 24, ledger F2); an (ε, δ) cap
-    is accountant mathematics, checked only here. An (ε, δ) dataset made before its Rényi
-    grid existed (``renyi_orders`` NULL) may have been charged past its cap under the
-    pre-0004 rule: it states no guarantee
-    (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`), and is not a failure
-    here."""
+    is accountant mathematics, :func:`check_cap`, which :func:`verify` passes to
+    ``Ledger.verify`` (red team 25, ledger F3/F7: there it also knows whether a dataset made
+    before its Rényi grid existed was charged since). Here, outside a verification, such a
+    dataset (``renyi_orders`` NULL) is not checked: it may have been charged past its cap
+    under the pre-0004 rule, and then states no guarantee
+    (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`)."""
     with ledger.read() as s:
         for ds in ledger.all_datasets(s):
-            check_cap(ds)
+            check_cap(ds, ds.renyi_orders is not None)
 
 
-def check_cap(ds: Any) -> None:
+def check_cap(ds: Any, under_grid: bool = True) -> None:
     """:func:`check_caps` of one dataset row; the ``cap_check`` :func:`verify` gives
     :meth:`privcal.storage.Ledger.verify`, which calls it on each dataset in the snapshot it
     verifies — the rows whose head is reported, and signed (red team 25, ledger F3: checked
-    in a later read, a cap raised between the two reads let an overspent head be signed)."""
+    in a later read, a cap raised between the two reads let an overspent head be signed).
+    ``under_grid``: the totals were last charged under the cap's filter — False only for a
+    dataset made before migration 0004 not charged since the 0005 ``migration`` entry, which
+    may be past the filter under the pre-0004 rule (it then states no guarantee); one charged
+    since was charged under the filter on the frozen grid, and is checked on it (red team
+    25, ledger F7: :func:`privcal.storage.verify_caps.grid_check`)."""
     if ds.notion != "approx":
         return  # pure-ε and ρ-zCDP caps: checked by the storage's verification
-    if ds.renyi_orders is None:
-        return  # charged before migration 0004: no guarantee is stated
+    if not under_grid:
+        return  # charged before migration 0004 and not since: no guarantee is stated
     # policy_of / spent_of of privcal.accountant.policy, which this module cannot
     # import (policy → results → saved_release → verification: a cycle)
-    pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,
-                     tuple(Decimal(a) for a in ds.renyi_orders))
+    orders = (acc.MIGRATED_RENYI_ORDERS if ds.renyi_orders is None
+              else tuple(Decimal(a) for a in ds.renyi_orders))
+    pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta, orders)
     spent = acc.Spent(ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
                       ds.spent_approx_eps, ds.spent_approx_delta)
     if acc.within_cap(pol, spent):

@@ -43,7 +43,7 @@ from privcal.storage.models import (
 )
 from privcal.storage.records import VerifyReport
 from privcal.storage.unreadable import first_unreadable, unreadable
-from privcal.storage.verify_caps import check_central_cap
+from privcal.storage.verify_caps import check_central_cap, grid_check
 from privcal.storage.verify_releases import check_release_charges
 from privcal.storage.verify_subjects import check_subject_spends, stored_units
 
@@ -195,7 +195,7 @@ class LedgerVerifier:
     def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
                progress: Progress | None = None,
-               cap_check: Callable[[Dataset], None] | None = None) -> VerifyReport:
+               cap_check: Callable[[Dataset, bool], None] | None = None) -> VerifyReport:
         """Recompute the whole chain and cross-check every row against its entry.
 
         Raises AuditFailed naming the first entry (or row) that does not verify:
@@ -226,8 +226,7 @@ class LedgerVerifier:
 
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
-        ``cap_check(dataset)``: raises AuditFailed for a cap the storage cannot check ((ε, δ):
-        the accountant's), on each verified dataset row of this snapshot (red team 25, F3).
+        ``cap_check(dataset, under_grid)``: the (ε, δ) caps' check, here (verify_caps.grid_check).
         """
         heads = several(expect_head)
         signed_docs = several(signed_head)
@@ -350,7 +349,8 @@ class LedgerVerifier:
                                   tally.logged["charge"],
                                   {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
-            self._check_totals(s, datasets, charges, cap_check)
+            self._check_totals(s, datasets, charges, cap_check and grid_check(
+                cap_check, charges, tally.logged["charge"], tally.migration))
             check_subject_spends(s, datasets, charges, tally.logged["charge"],
                                  tally.migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),

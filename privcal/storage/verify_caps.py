@@ -16,15 +16,16 @@ log with such a cap (:func:`refuse_unchecked_cap`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
+from typing import Any
 
 from privcal.costs import fixed_context
 from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.audit import dec
 from privcal.storage.models import Dataset
 
-__all__ = ["check_central_cap", "refuse_unchecked_cap"]
+__all__ = ["check_central_cap", "grid_check", "refuse_unchecked_cap"]
 
 _ZERO = Decimal(0)
 #: exact for any two totals the ledger stores (NUMERIC(48, 30)), whatever the caller's context
@@ -59,13 +60,36 @@ def check_central_cap(ds: Dataset,
         "a charge, or a charge accepted past its budget")
 
 
-def refuse_unchecked_cap(ds: Dataset) -> None:
+def grid_check(cap_check: Callable[[Dataset, bool], None], charges: Mapping[int, Any],
+               logged: Mapping[int, int], migration: tuple[int, Any] | None
+               ) -> Callable[[Dataset], None]:
+    """``cap_check(ds, under_grid)`` as :func:`check_central_cap` calls it: ``under_grid`` is
+    whether the dataset's totals were last charged under its cap's filter — always, unless
+    the row has no Rényi grid (an (ε, δ) dataset made before migration 0004) and its last
+    central charge was logged before the 0005 ``migration`` entry (charged under the
+    pre-0004 rule, it may be past the filter; a charge logged after it was accepted by the
+    filter on the frozen grid, which the totals through it — the current ones, it being the
+    last — must then satisfy: red team 25, ledger F7, a cap edited around charges made after
+    the upgrade verified ok). ``logged``: charge id → its entry's seq; ``migration``: the
+    ``migration`` entry (seq, data), if any."""
+    since = migration[0] if migration is not None else 0
+    last: dict[int, int] = {}
+    for cid, c in charges.items():
+        if c.notion in ("pure", "zcdp", "approx"):  # central (a local-DP one has no filter)
+            last[c.dataset_id] = max(last.get(c.dataset_id, 0), logged.get(cid, 0))
+
+    def check(ds: Dataset) -> None:
+        cap_check(ds, ds.renyi_orders is not None or last.get(ds.id, 0) > since)
+    return check
+
+
+def refuse_unchecked_cap(ds: Dataset, under_grid: bool = True) -> None:
     """The ``cap_check`` of :meth:`privcal.storage.Ledger.sign_head` when its caller gives
     none: InvalidInput, nothing signed, for a dataset whose (ε, δ) cap has a Rényi grid —
     a cap the storage cannot check, so a signature would vouch for a log overspent past it
-    (red team 25, ledger F3). One made before the grid existed states no guarantee and is
-    not checked by the accountant either (:func:`privcal.accountant.verification.check_cap`)."""
-    if ds.notion == "approx" and ds.renyi_orders is not None:
+    (red team 25, ledger F3) — also one made before the grid existed if charged under the
+    filter since (``under_grid``: :func:`grid_check`)."""
+    if ds.notion == "approx" and under_grid:
         raise InvalidInput(
             f"dataset {ds.id} ({ds.name!r}) has an (ε, δ) cap, whose Rényi filter the storage "
             "cannot check: sign with privcal.accountant.verification.sign_head (`privcal audit "
