@@ -253,3 +253,14 @@ def test_a_pre_grid_dataset_charged_past_its_cap_since_is_an_audit_failure(
     with pytest.raises(InvalidInput, match="cannot check"):
         acct.ledger.sign_head(priv)
     acct.close()
+
+
+# ------------------------------------------------------------------ F8
+@pytest.mark.parametrize("args", ["nolock=1", "nolock=true", "vfs=unix-none"])
+def test_a_sqlite_uri_without_file_locking_is_refused(tmp_path: Path, args: str) -> None:
+    """``nolock=1``: six processes were told 61 charges of ε 0.1 were recorded on a cap of 5;
+    the file held 25 of them."""
+    with pytest.raises(LedgerError, match="turns SQLite's file locking off"):
+        Ledger(f"sqlite:///file:{tmp_path / 'l.sqlite'}?{args}&uri=true")
+    with Ledger(f"sqlite:///file:{tmp_path / 'l.sqlite'}?nolock=0&uri=true") as ok:
+        assert ok.head().seq == 0

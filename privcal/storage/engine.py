@@ -157,13 +157,15 @@ def parse_url(url: str) -> URL:
 
 def _refuse_sqlite_uri(u: URL) -> None:
     """LedgerError for a SQLite URI (``file:…``, ``uri=true``) whose database privcal cannot
-    keep a budget in (red team 25, ledger F4/F5):
+    keep a budget in (red team 25, ledger F4/F5/F8):
 
     - in memory (``mode=memory``, ``file::memory:``, the ``memdb`` VFS) or a temporary file
       (``file:`` with no path): privcal knows only ``sqlite://`` as in memory — refused in a
       forked child (a copy of the parent's budget) and after ``close()`` — so a forked child
       spent the parent's budget again on its copy (ρ = 1.8 on a cap of 1, each copy verifying),
       and a closed one came back empty;
+    - no file locking (``nolock=1``, ``vfs=unix-none``): ``BEGIN IMMEDIATE`` excluded no other
+      process — 61 charges of ε 0.1 accepted on a cap of 5, 36 of them lost (F8);
     - shared cache (``cache=shared``): table locks instead of SQLite's file locks, on which
       ``BEGIN IMMEDIATE`` and the busy timeout do not wait — concurrent writes failed with
       "database table is locked" tracebacks."""
@@ -181,6 +183,11 @@ def _refuse_sqlite_uri(u: URL) -> None:
                           "temporary one: privcal keeps an in-memory ledger only as sqlite:// "
                           "(one per process, refused in a forked child, whose copy would spend "
                           "the budget again); use sqlite:// or a file")
+    unlocked = args.get("nolock") not in (None, "0", "false", "no", "off")
+    if unlocked or args.get("vfs") == "unix-none":
+        raise LedgerError(f"the ledger URL {shown!r} turns SQLite's file locking off (nolock, "
+                          "the unix-none VFS): BEGIN IMMEDIATE would exclude no other writer and "
+                          "budgets would be overspent; remove it")
     if args.get("cache") == "shared":
         raise LedgerError(f"the ledger URL {shown!r} opens SQLite in shared-cache mode, whose "
                           "table locks privcal's write transactions (BEGIN IMMEDIATE with a "
