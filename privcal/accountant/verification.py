@@ -318,30 +318,45 @@ def check_caps(ledger: Any) -> None:
     and signed (red team 23, ledger F7). Pure-ε and ρ-zCDP caps are checked by the storage's
     verification, run first, in the same words (:mod:`privcal.storage.verify_caps`, so
     ``Ledger.verify`` and ``Ledger.sign_head`` too: red team 24, ledger F2); an (ε, δ) cap
-    is accountant mathematics, checked only here. An (ε, δ) dataset made before its Rényi
-    grid existed (``renyi_orders`` NULL) may have been charged past its cap under the
-    pre-0004 rule: it states no guarantee
-    (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`), and is not a failure
-    here."""
+    is accountant mathematics, :func:`check_cap`, which :func:`verify` passes to
+    ``Ledger.verify`` (red team 25, ledger F3/F7: there it also knows whether a dataset made
+    before its Rényi grid existed was charged since). Here, outside a verification, such a
+    dataset (``renyi_orders`` NULL) is not checked: it may have been charged past its cap
+    under the pre-0004 rule, and then states no guarantee
+    (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`)."""
     with ledger.read() as s:
         for ds in ledger.all_datasets(s):
-            if ds.notion != "approx":
-                continue  # pure-ε and ρ-zCDP caps: checked by the storage's verification
-            if ds.renyi_orders is None:
-                continue  # charged before migration 0004: no guarantee is stated
-            # policy_of / spent_of of privcal.accountant.policy, which this module cannot
-            # import (policy → results → saved_release → verification: a cycle)
-            pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta,
-                             tuple(Decimal(a) for a in ds.renyi_orders))
-            spent = acc.Spent(ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
-                              ds.spent_approx_eps, ds.spent_approx_delta)
-            if acc.within_cap(pol, spent):
-                continue
-            u = ", ".join(f"{k}={acc.dstr(v)}" for k, v in acc.used(pol, spent).items())
-            raise AuditFailed(
-                f"dataset {ds.id} ({ds.name!r}): its logged charges spend {u} of its cap "
-                f"{pol.describe()}, more than the cap's filter allows: a cap or running "
-                "totals edited around a charge, or a charge accepted past its budget")
+            check_cap(ds, ds.renyi_orders is not None)
+
+
+def check_cap(ds: Any, under_grid: bool = True) -> None:
+    """:func:`check_caps` of one dataset row; the ``cap_check`` :func:`verify` gives
+    :meth:`privcal.storage.Ledger.verify`, which calls it on each dataset in the snapshot it
+    verifies — the rows whose head is reported, and signed (red team 25, ledger F3: checked
+    in a later read, a cap raised between the two reads let an overspent head be signed).
+    ``under_grid``: the totals were last charged under the cap's filter — False only for a
+    dataset made before migration 0004 not charged since the 0005 ``migration`` entry, which
+    may be past the filter under the pre-0004 rule (it then states no guarantee); one charged
+    since was charged under the filter on the frozen grid, and is checked on it (red team
+    25, ledger F7: :func:`privcal.storage.verify_caps.grid_check`)."""
+    if ds.notion != "approx":
+        return  # pure-ε and ρ-zCDP caps: checked by the storage's verification
+    if not under_grid:
+        return  # charged before migration 0004 and not since: no guarantee is stated
+    # policy_of / spent_of of privcal.accountant.policy, which this module cannot
+    # import (policy → results → saved_release → verification: a cycle)
+    orders = (acc.MIGRATED_RENYI_ORDERS if ds.renyi_orders is None
+              else tuple(Decimal(a) for a in ds.renyi_orders))
+    pol = acc.Policy(ds.notion, ds.cap_epsilon, ds.cap_rho, ds.cap_delta, orders)
+    spent = acc.Spent(ds.spent_pure_eps, ds.spent_pure_rho, ds.spent_zcdp_rho,
+                      ds.spent_approx_eps, ds.spent_approx_delta)
+    if acc.within_cap(pol, spent):
+        return
+    u = ", ".join(f"{k}={acc.dstr(v)}" for k, v in acc.used(pol, spent).items())
+    raise AuditFailed(
+        f"dataset {ds.id} ({ds.name!r}): its logged charges spend {u} of its cap "
+        f"{pol.describe()}, more than the cap's filter allows: a cap or running "
+        "totals edited around a charge, or a charge accepted past its budget")
 
 
 def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditReport:
@@ -350,9 +365,8 @@ def verify(accountant: Any, expect_head: Any = None, **signed: Any) -> AuditRepo
     value privcal cannot read (:func:`~privcal.storage.unreadable.unreadable`). ``signed``:
     ``signed_head``, ``trusted_key``, ``allow_unsigned_tail`` and ``progress`` of
     :meth:`privcal.storage.Ledger.verify`."""
-    rep = accountant.ledger.verify(expect_head=expect_head, **signed)
-    with unreadable("the datasets", accountant.ledger.first_unreadable):
-        check_caps(accountant.ledger)
+    # the (ε, δ) caps checked on the rows of the snapshot verified (red team 25, ledger F3)
+    rep = accountant.ledger.verify(expect_head=expect_head, cap_check=check_cap, **signed)
     with unreadable("the releases", accountant.ledger.first_unreadable):
         rels = accountant.ledger.releases()
         charges = accountant.ledger.release_charges([i for r in rels for i in r.charge_ids])

@@ -349,5 +349,11 @@ class AuditSequencer:
                     time.sleep(0 if dead else delay * (1 + random.random()))
                     delay = min(delay * 2, 1.0)
                     continue
+                if state in ("55P03", "57014"):  # red team 25, ledger F2: a traceback before
+                    raise LedgerError(
+                        "the audit log's sequencer lock stayed held past the ledger's "
+                        "lock_timeout or statement_timeout (a long write or another reader "
+                        "chaining the log); nothing was written: retry",
+                        public="the ledger is busy; retry later") from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover

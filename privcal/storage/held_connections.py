@@ -16,7 +16,12 @@ write and takes it back afterwards, under these rules:
   server with many threads never holds more than that out of the pool.
 - **Liveness as the pool's.** One idle for longer than the engine's idle-ping time
   (:data:`privcal.storage.engine.IDLE_PING_S`) is closed and replaced by a pool checkout,
-  which pings or recycles it as it would any pooled connection.
+  which pings or recycles it as it would any pooled connection; one the server spoke on
+  while it was kept (:func:`privcal.storage.engine.spoke_while_idle`: the goodbye of a
+  backend ended by ``idle_session_timeout``, a restart, an administrator) is discarded
+  before use, as the pool's checkout discards it — else the optimistic charge was sent on
+  the dead socket and, its outcome unknown, an unkeyed charge failed with "may or may not
+  have been recorded" (red team 25, ledger F1).
 - **Per process.** The free list belongs to the process that made it: a forked child
   starts with an empty one, and never touches (not even to close or garbage-collect) the
   parent's connections, which stay referenced in :data:`_INHERITED`.
@@ -90,6 +95,9 @@ class HeldConnections:
                 return self._checkout(), held  # type: ignore[attr-defined]
             if time.monotonic() - since > engine_mod.IDLE_PING_S or c.invalidated:
                 c.close()  # back to the pool, which pings or recycles it on checkout
+            elif _spoke(c):  # the server ended it while it was kept (red team 25, ledger F1)
+                c.invalidate()
+                c.close()
             else:
                 return c, held
 
@@ -116,6 +124,13 @@ class HeldConnections:
         held, self._held = self._held, []
         for c, _ in held:
             c.close()
+
+
+def _spoke(conn: Connection) -> bool:
+    """Whether the server sent something on the kept PostgreSQL connection ``conn`` (a
+    terminated backend's goodbye): one ``poll``, no round trip; never for SQLite."""
+    drv = conn.connection.driver_connection
+    return type(drv) is not sqlite3.Connection and engine_mod.spoke_while_idle(drv)
 
 
 def _clean(conn: Connection) -> bool:

@@ -158,6 +158,11 @@ class KeyLocks:
                     conn.execute(select(func.pg_advisory_lock(lock_id)))
                     conn.commit()
                 except DBAPIError as exc:
+                    if getattr(exc.orig, "sqlstate", None) in ("55P03", "57014"):
+                        raise LedgerError(  # red team 25, ledger F2: a traceback before
+                            "another run with the same idempotency key held its lock past the "
+                            f"ledger's lock_timeout or statement_timeout ({self.url}); nothing "  # type: ignore[attr-defined]
+                            "was charged: retry with the same key", public=BUSY) from exc
                     if not _dropped(exc):
                         raise
                     if attempt == 1:

@@ -41,6 +41,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -280,7 +281,8 @@ class Ledger(
                 return AuditHeadInfo(seq=0, entry_hash=audit.GENESIS)
             return AuditHeadInfo(seq=last.seq, entry_hash=last.entry_hash)
 
-    def sign_head(self, private_key: Any, *, previous: Any = None) -> Any:
+    def sign_head(self, private_key: Any, *, previous: Any = None,
+                  cap_check: Any = None) -> Any:
         """The head of a log that verifies, signed with an Ed25519 key (a key or its PEM
         file): a :class:`~privcal.storage.signing.SignedHead`; see
         :mod:`privcal.storage.signing`.
@@ -291,12 +293,17 @@ class Ledger(
         ``previous``: the last head signed with this key (file, document or SignedHead):
         the log must contain it — a log rewritten or rolled back since is refused.
         The verification checks pure-ε and ρ-zCDP caps against the logged charges (red team
-        24, ledger F2); :func:`privcal.accountant.verification.sign_head` also checks (ε, δ)
-        caps' Rényi filters and recomputes every release's guarantees first (``privcal audit
-        head --sign``)."""
+        24, ledger F2), and every dataset with ``cap_check`` (:meth:`verify`); without one, a
+        log with an (ε, δ) cap — whose Rényi filter the storage cannot check — is refused
+        (InvalidInput, nothing signed: red team 25, ledger F3).
+        :func:`privcal.accountant.verification.sign_head` passes the (ε, δ) check and
+        recomputes every release's guarantees first (``privcal audit head --sign``)."""
         from privcal.storage import signing
+        from privcal.storage.verify_caps import refuse_unchecked_cap
 
-        return signing.sign_verified(self.verify, private_key, previous)
+        check = cap_check if cap_check is not None else refuse_unchecked_cap
+        return signing.sign_verified(partial(self.verify, cap_check=check), private_key,
+                                     previous)
 
 
 def _after_fork_in_child() -> None:

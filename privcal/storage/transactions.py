@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from sqlalchemy import text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
@@ -292,8 +293,10 @@ class LedgerTransactions:
             self._hot_give(conn, held, ok)
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        """A read-only session on one consistent snapshot.
+    def read(self, *, long: bool = False) -> Iterator[Session]:
+        """A read-only session on one consistent snapshot (``long``: one that computes between
+        its statements — ``audit verify`` hashes the whole log — exempt from the server's
+        ``idle_in_transaction_session_timeout``, which ended it every time: red team 25, F6).
 
         A read is not retried (its caller's body cannot be run again from here), but a
         connection the server dropped while it sat idle in the pool is replaced before the
@@ -314,6 +317,9 @@ class LedgerTransactions:
                 try:
                     with Session(bind=conn, expire_on_commit=False) as session:
                         with session.begin():
+                            if long and self.backend == "postgresql":
+                                session.execute(text("SET LOCAL "
+                                                     "idle_in_transaction_session_timeout = 0"))
                             yield session
                 except conn.dialect.loaded_dbapi.Error as raw:  # r12rev: a statement_timeout
                     raise self._driver_error(conn, raw) from raw  # there was a 500

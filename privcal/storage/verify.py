@@ -43,7 +43,7 @@ from privcal.storage.models import (
 )
 from privcal.storage.records import VerifyReport
 from privcal.storage.unreadable import first_unreadable, unreadable
-from privcal.storage.verify_caps import check_central_cap
+from privcal.storage.verify_caps import check_central_cap, grid_check
 from privcal.storage.verify_releases import check_release_charges
 from privcal.storage.verify_subjects import check_subject_spends, stored_units
 
@@ -194,7 +194,8 @@ class LedgerVerifier:
 
     def verify(self, expect_head: str | Sequence[str] | None = None, *, signed_head: Any = None,
                trusted_key: Any = None, allow_unsigned_tail: bool = False,
-               progress: Progress | None = None) -> VerifyReport:
+               progress: Progress | None = None,
+               cap_check: Callable[[Dataset, bool], None] | None = None) -> VerifyReport:
         """Recompute the whole chain and cross-check every row against its entry.
 
         Raises AuditFailed naming the first entry (or row) that does not verify:
@@ -225,6 +226,7 @@ class LedgerVerifier:
 
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
+        ``cap_check(dataset, under_grid)``: the (ε, δ) caps' check, here (verify_caps.grid_check).
         """
         heads = several(expect_head)
         signed_docs = several(signed_head)
@@ -257,7 +259,7 @@ class LedgerVerifier:
             what = "signed head" if len(signed_all) == 1 else f"signed head of {one.time}"
             wants.append((one.seq, one.hash.lower(), what))
         # the rows are read from here on: a value of the wrong form is an edit (unreadable)
-        with unreadable("the log or its rows", self.first_unreadable), self.read() as s:
+        with unreadable("the log or its rows", self.first_unreadable), self.read(long=True) as s:
             datasets = {d.id: d for d in s.scalars(select(Dataset))}
             charges = {c.id: c for c in s.scalars(select(Charge))}
             releases = {r.id: r for r in s.scalars(select(ReleaseRow))}
@@ -347,7 +349,8 @@ class LedgerVerifier:
                                   tally.logged["charge"],
                                   {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
-            self._check_totals(s, datasets, charges)
+            self._check_totals(s, datasets, charges, cap_check and grid_check(
+                cap_check, charges, tally.logged["charge"], tally.migration))
             check_subject_spends(s, datasets, charges, tally.logged["charge"],
                                  tally.migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
@@ -363,7 +366,8 @@ class LedgerVerifier:
                                                 if want is not None else 0))
 
     @staticmethod
-    def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge]) -> None:
+    def _check_totals(s: Session, datasets: dict[int, Dataset], charges: dict[int, Charge],
+                      cap_check: Callable[[Dataset], None] | None = None) -> None:
         zero = Decimal(0)
         with localcontext() as ctx:
             ctx.prec = 80
@@ -390,7 +394,7 @@ class LedgerVerifier:
                 if got != sums[ds.id] or ds.charge_count != counts[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): spent totals do not equal "
                                       "the sum of its logged charges (row edited)")
-                check_central_cap(ds)  # within its logged cap (red team 24, ledger F2)
+                check_central_cap(ds, cap_check)  # within its logged cap (red team 24, 25)
                 if Decimal(units.get(ds.id, 0)) != local_units[ds.id]:
                     raise AuditFailed(f"dataset {ds.id} ({ds.name!r}): per-subject spends do not "
                                       "add up to its logged local-DP charges (rows edited)")

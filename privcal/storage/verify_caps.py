@@ -8,31 +8,39 @@ and restored) leaves every row equal to its entry and the budget overspent (red 
 ledger F7). The accountant's verification checked it, but ``Ledger.verify`` — and so
 ``Ledger.sign_head`` — did not: a signature vouched for an overspent log (red team 24,
 ledger F2). An (ε, δ) cap's filter (a Rényi conversion over its grid of orders) is the
-accountant's mathematics: :func:`privcal.accountant.verification.check_caps` checks it, with
-the same sentence.
+accountant's mathematics: :func:`privcal.accountant.verification.check_cap` checks it, with
+the same sentence, passed in as ``Ledger.verify``'s ``cap_check`` so that it runs on the rows
+of the snapshot verified (red team 25, ledger F3); ``Ledger.sign_head`` without it refuses a
+log with such a cap (:func:`refuse_unchecked_cap`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from decimal import Decimal
+from typing import Any
 
 from privcal.costs import fixed_context
-from privcal.errors import AuditFailed
+from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.audit import dec
 from privcal.storage.models import Dataset
 
-__all__ = ["check_central_cap"]
+__all__ = ["check_central_cap", "grid_check", "refuse_unchecked_cap"]
 
 _ZERO = Decimal(0)
 #: exact for any two totals the ledger stores (NUMERIC(48, 30)), whatever the caller's context
 _EXACT = fixed_context(100)
 
 
-def check_central_cap(ds: Dataset) -> None:
+def check_central_cap(ds: Dataset,
+                      cap_check: Callable[[Dataset], None] | None = None) -> None:
     """AuditFailed naming the dataset if its stored totals (just found equal to its logged
     charges) spend more than its pure-ε or ρ-zCDP cap allows — the rule of
     :func:`privcal.accountant.privacy.filters.within_cap` — or charge a kind the cap refuses;
-    an (ε, δ) cap is left to the accountant (module docstring)."""
+    an (ε, δ) cap is left to the accountant (module docstring), whose check is
+    ``cap_check`` (called here, in the verification's own snapshot: red team 25, ledger F3)."""
+    if cap_check is not None:
+        cap_check(ds)
     if ds.notion == "pure":
         cap, used, unit = ds.cap_epsilon or _ZERO, ds.spent_pure_eps, "epsilon"
         others = (ds.spent_zcdp_rho, ds.spent_approx_eps, ds.spent_approx_delta)
@@ -50,3 +58,39 @@ def check_central_cap(ds: Dataset) -> None:
         f"dataset {ds.id} ({ds.name!r}): its logged charges spend {unit}={dec(used)} of its "
         f"cap {what}, more than the cap's filter allows: a cap or running totals edited around "
         "a charge, or a charge accepted past its budget")
+
+
+def grid_check(cap_check: Callable[[Dataset, bool], None], charges: Mapping[int, Any],
+               logged: Mapping[int, int], migration: tuple[int, Any] | None
+               ) -> Callable[[Dataset], None]:
+    """``cap_check(ds, under_grid)`` as :func:`check_central_cap` calls it: ``under_grid`` is
+    whether the dataset's totals were last charged under its cap's filter — always, unless
+    the row has no Rényi grid (an (ε, δ) dataset made before migration 0004) and its last
+    central charge was logged before the 0005 ``migration`` entry (charged under the
+    pre-0004 rule, it may be past the filter; a charge logged after it was accepted by the
+    filter on the frozen grid, which the totals through it — the current ones, it being the
+    last — must then satisfy: red team 25, ledger F7, a cap edited around charges made after
+    the upgrade verified ok). ``logged``: charge id → its entry's seq; ``migration``: the
+    ``migration`` entry (seq, data), if any."""
+    since = migration[0] if migration is not None else 0
+    last: dict[int, int] = {}
+    for cid, c in charges.items():
+        if c.notion in ("pure", "zcdp", "approx"):  # central (a local-DP one has no filter)
+            last[c.dataset_id] = max(last.get(c.dataset_id, 0), logged.get(cid, 0))
+
+    def check(ds: Dataset) -> None:
+        cap_check(ds, ds.renyi_orders is not None or last.get(ds.id, 0) > since)
+    return check
+
+
+def refuse_unchecked_cap(ds: Dataset, under_grid: bool = True) -> None:
+    """The ``cap_check`` of :meth:`privcal.storage.Ledger.sign_head` when its caller gives
+    none: InvalidInput, nothing signed, for a dataset whose (ε, δ) cap has a Rényi grid —
+    a cap the storage cannot check, so a signature would vouch for a log overspent past it
+    (red team 25, ledger F3) — also one made before the grid existed if charged under the
+    filter since (``under_grid``: :func:`grid_check`)."""
+    if ds.notion == "approx" and under_grid:
+        raise InvalidInput(
+            f"dataset {ds.id} ({ds.name!r}) has an (ε, δ) cap, whose Rényi filter the storage "
+            "cannot check: sign with privcal.accountant.verification.sign_head (`privcal audit "
+            "head --sign`), which checks it, or pass its check as cap_check; nothing signed")
