@@ -30,6 +30,7 @@ from typing import Any
 
 from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import (
+    PART_KEY_SUFFIX,
     CentralCost,
     bound_digest,
     cost_json,
@@ -47,12 +48,13 @@ from privcal.accountant.policy import (
 )
 from privcal.accountant.results import ChargeReceipt, construct_trusted
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP
-from privcal.errors import InvalidInput, LedgerError, PrivcalError
+from privcal.errors import BudgetRefused, InvalidInput, LedgerError, PrivcalError
 from privcal.storage import Ledger
 from privcal.storage.audit import charge_doc, now
 from privcal.storage.optimistic import LOST, UNKNOWN
 
-__all__ = ["charge", "charge_central", "charge_in_session", "check_replay"]
+__all__ = ["charge", "charge_central", "charge_in_session", "charge_parts", "check_parts",
+           "check_replay"]
 
 #: the central costs' classes (a tuple: ``PureDP | ZCDP | ApproxDP`` builds a union per call)
 _CENTRAL = (PureDP, ZCDP, ApproxDP)
@@ -251,3 +253,77 @@ def charge_in_session(ledger: Ledger, s: Any, ds: Any, cost: CentralCost,
     }, spent_columns(after))
     ledger.append_audit(s, "charge", charge_doc(c, ds.name))
     return c
+
+
+def check_parts(pol: acc.Policy, spent: acc.Spent, parts: list[CentralCost], *,
+                scope: str) -> acc.Spent:
+    """The totals after ``parts`` (normalized costs), each charged as its own event
+    (:mod:`privcal.calibrators.cost_parts`), or one BudgetRefused naming all of them and
+    what was left before the first (a part's own refusal would name one part)."""
+    if len(parts) == 1:
+        return acc.check_charge(pol, spent, parts[0], scope=scope)
+    after = spent
+    try:
+        for part in parts:
+            after = acc.check_charge(pol, after, part, scope=scope)
+    except BudgetRefused:
+        left = ", ".join(f"{k}={acc.dstr(v)}" for k, v in acc.remaining(pol, spent).items())
+        asked = f"{len(parts)} runs composed: " + " + ".join(p.describe() for p in parts)
+        err = BudgetRefused(f"budget refused on {scope}: asked {asked}, it would exceed the "
+                            f"cap; remaining {left}", scope=scope, asked=asked, remaining=left)
+        err.details = {"cost": [cost_json(p) for p in parts],  # type: ignore[attr-defined]
+                       "remaining_before": exact(acc.remaining(pol, spent))}
+        raise err from None
+    return after
+
+
+def charge_parts(ledger: Ledger, dataset: str, cost: CentralCost,
+                 parts: list[CentralCost] | None, *, purpose: str | None = None,
+                 requester: str | None = None, idempotency_key: str | None = None,
+                 request: dict[str, Any] | None = None) -> list[ChargeReceipt]:
+    """A run's ``cost`` charged as :func:`charge` does, or — given its ``parts``
+    (:func:`privcal.calibrators.cost_parts.cost_parts`) — each part as its own event, all in
+    one write transaction or none (BudgetRefused writes nothing). The first part carries the
+    run's idempotency key, part j ≥ 2 the key + ``#part<j>`` (reserved), each the request's
+    digest, computed as :func:`charge`'s from the whole ``cost``: a retry finds them all, and
+    a retry of a run charged whole before parts existed replays that one charge."""
+    if not parts:
+        return [charge(ledger, dataset, cost, purpose=purpose, requester=requester,
+                       idempotency_key=idempotency_key, request=request)]
+    whole = normalize_cost(cost)
+    parts = [normalize_cost(c) for c in parts]  # type: ignore[misc]
+    purpose = optional_text(purpose, "purpose", 10_000)
+    requester = optional_text(requester, "requester")
+    key = idempotency_key_text(idempotency_key)
+    digest = earlier = None
+    if key is not None:
+        req = request if request is not None else {"kind": "charge", "purpose": purpose}
+        digest, earlier = bound_digest({**req, "dataset": dataset, "cost": cost_json(whole)},
+                                      requester)
+    keys = [key] + [f"{key}{PART_KEY_SUFFIX}{j}" if key is not None else None
+                    for j in range(2, len(parts) + 1)]
+
+    def tx(s: Any) -> list[ChargeReceipt]:
+        ds = ledger.lock_dataset(s, dataset)
+        conn = s.connection()
+        if key is not None:
+            old = ledger.charge_by_key(conn, ds.id, key)
+            if old is not None:
+                check_replay(old, key, digest, scope="dataset", same_cost=cost_json(
+                    charge_cost(old)) in (cost_json(whole), cost_json(parts[0])),
+                    legacy=earlier, requester=requester)
+                rows = [old] + [r for k in keys[1:]
+                                if (r := ledger.charge_by_key(conn, ds.id, k)) is not None
+                                and r.request_digest == old.request_digest]
+                return [receipt_of(r, ds, replayed=True) for r in rows]
+            for k in keys[1:]:  # a caller's key from before the suffix was reserved
+                taken = ledger.charge_by_key(conn, ds.id, k)  # type: ignore[arg-type]
+                if taken is not None:
+                    raise InvalidInput(f"idempotency key {k!r}, this run's part's, is already "
+                                       f"charge {taken.id}'s: use another key")
+        check_parts(policy_of(ds), spent_of(ds), parts, scope=f"dataset {ds.name!r}")
+        rows = [charge_in_session(ledger, s, ds, part, purpose, requester, k, digest)
+                for part, k in zip(parts, keys, strict=True)]
+        return [receipt_of(r, ds, replayed=False) for r in rows]
+
+    return ledger.write(tx)

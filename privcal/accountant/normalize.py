@@ -24,6 +24,7 @@ __all__ = [
     "AMOUNT_PLACES",
     "CENTRAL_KEY_SUFFIX",
     "DEFAULT_REPORTING_DELTA",
+    "PART_KEY_SUFFIX",
     "AnyCost",
     "CentralCost",
     "cost_json",
@@ -221,6 +222,12 @@ def optional_text(value: str | None, what: str, limit: int = 200) -> str | None:
 CENTRAL_KEY_SUFFIX = "#central"
 
 
+#: the suffix (then the part's number, 2 …) of the keys of a run's further parts, charged with
+#: its first under the run's key (:func:`privcal.accountant.charges.charge_parts`): reserved
+PART_KEY_SUFFIX = "#part"
+PART_KEY = re.compile(re.escape(PART_KEY_SUFFIX) + r"[0-9]+\Z")
+
+
 #: what begins the keys the HTTP service derives for its callers (:class:`ServiceKey`)
 SERVICE_KEY_PREFIX = "http:"
 
@@ -252,6 +259,9 @@ def idempotency_key(value: str | None) -> str | None:
     if key is not None and key.endswith(CENTRAL_KEY_SUFFIX):
         raise InvalidInput(f"idempotency keys ending in {CENTRAL_KEY_SUFFIX!r} are reserved "
                            "for privcal's own central charges: choose another key")
+    if key is not None and PART_KEY.search(key):
+        raise InvalidInput(f"idempotency keys ending in {PART_KEY_SUFFIX!r} and a number are "
+                           "reserved for the parts of privcal's own charges: choose another key")
     if key is not None and key.startswith(SERVICE_KEY_PREFIX) \
             and not isinstance(value, ServiceKey):
         raise InvalidInput(f"idempotency keys beginning with {SERVICE_KEY_PREFIX!r} are "

@@ -9,7 +9,10 @@ k·ρ for ρ-zCDP (Bun & Steinke 2016, "Concentrated Differential Privacy", Lemm
 Gaussian-noise counts of P-COQS the zCDP sum is exact (Rényi divergences of independent
 Gaussians add), so no joint mechanism can be charged less under zCDP accounting; no
 tighter joint mechanism is claimed here. The cost is ``sum`` of the per-level costs
-(:mod:`privcal.costs` adds exactly in decimals) and is what the accountant charges.
+(:mod:`privcal.costs` adds exactly in decimals) and is what the release records. Pure ε-DP
+levels are charged one pure event each (:mod:`privcal.calibrators.cost_parts`): each is
+ε²/2-zCDP (Bun & Steinke 2016, Prop. 1.4), so a zCDP cap counts kε²/2 — charged as one
+event of ε = kε it counted (kε)²/2, k times too much (red team 25, privacy2 F1).
 
 **Nested sets.** Noise can order two levels' thresholds the wrong way (t(0.05) < t(0.1)).
 Each level's released threshold is the largest raw threshold among its level and every

@@ -270,18 +270,20 @@ class Mondrian(WordedWrapper):
             raise InvalidInput(f"group sizes add up to {sum(sizes)}, not n = {shape.n}")
         return sizes
 
+    def charged_sizes(self, params: MondrianParams, shape: DataShape) -> list[int]:
+        """The n of every group the method runs on (each costs), or the whole n if none."""
+        p = params.inner_params()
+        return [n for n in self._sizes(params, shape)
+                if self._group_guarantee(p, n, shape.k) is not None] or [shape.n]
+
     # ---------------------------------------------------------------- the protocol
     def cost(self, params: MondrianParams, shape: DataShape) -> Any:
         """The largest per-group cost (parallel composition; module docstring). Groups the
         method cannot run on cost nothing; if none can run, the method's cost at the whole
         n is charged anyway (over-charging is safe, and keeps a release a charged one)."""
         p = params.inner_params()
-        costs = []
-        for n in self._sizes(params, shape):
-            if self._group_guarantee(p, n, shape.k) is not None:
-                costs.append(self.inner.cost(p, DataShape(n=n, k=shape.k)))
-        if not costs:
-            costs = [self.inner.cost(p, DataShape(n=shape.n, k=shape.k))]
+        costs = [self.inner.cost(p, DataShape(n=n, k=shape.k))
+                 for n in self.charged_sizes(params, shape)]
         if all(c is None for c in costs):
             return None
         if any(c is None for c in costs):
