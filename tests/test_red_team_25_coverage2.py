@@ -1,5 +1,6 @@
 """Red team 25 (second wave), coverage2 findings: half-precision scores privcal did not
-compute, calibrated without naming the score and named only at predict (F1)."""
+compute, calibrated without naming the score and named only at predict: float16 (F1)
+and bfloat16 (F2)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import numpy as np
 N, M, T = 2000, 20_000, 12
 
 
-def _model(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A discrete two-class model (P(y=1) = 0.8 or 0.99, weights 0.7 / 0.3; red team 24's)
-    with float64 probabilities, and labels drawn from them."""
+def _model(seed: int, n: int, first: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
+    """A discrete two-class model (P(y=1) = ``first`` or 0.99, weights 0.7 / 0.3; red team
+    24's) with float64 probabilities, and labels drawn from them."""
     g = np.random.default_rng(seed)
-    p1 = np.where(g.random(n) < 0.7, 0.8, 0.99)
+    p1 = np.where(g.random(n) < 0.7, first, 0.99)
     y = (g.random(n) < p1).astype(np.int64)
     return np.stack([1 - p1, p1], axis=1), y
 
@@ -50,18 +51,57 @@ def test_f1_half_precision_scores_calibrated_unnamed_then_named_at_predict_cover
     assert float(np.mean(covs)) >= lower - _tolerance(0.1)
 
 
-def test_f1_the_half_precision_slack_never_reaches_the_next_float16_value() -> None:
-    """F1's slack from a float16 threshold t stays below the next float16 value above t (so a
-    short dyadic grid k/8, q/2⁸ keeps its sets exactly), and is at least half the spacing."""
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest (ties to even) to bfloat16, through float32's bits, then widen."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_f2_bfloat16_scores_calibrated_unnamed_then_named_at_predict_cover(
+        accountant: Any) -> None:
+    """F2: the same for bfloat16 (8 significant bits: 0.65 rounds down to 0.6484375, 2⁻⁹
+    relative), P(y=1) = 0.65 or 0.99: 0.752 under a recorded ≥ 0.9 before."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    covs, lower = [], math.nan
+    for seed in range(T):
+        probs, y = _model(seed, N, 0.65)
+        s = _bf16(1 - probs[np.arange(N), y])
+        rel = accountant.calibrate("split", dataset="d", scores=s, alpha=0.1)
+        pt, yt = _model(10_000 + seed, M, 0.65)
+        sets = rel.predict_set(pt, score_name="lac")
+        assert sets[_bf16(1 - pt) <= rel.threshold].all()
+        covs.append(float(sets[np.arange(M), yt].mean()))
+        lower = rel.coverage.lower
+    assert lower == 0.9
+    assert float(np.mean(covs)) >= lower - _tolerance(0.1)
+
+
+def _next_up(t: float, brain: bool) -> float:
+    """The next value above t in float16 (``brain`` False) or bfloat16 (inf past the last)."""
+    if not brain:
+        return float(np.nextafter(np.float16(t), np.float16(np.inf)))
+    bits = int(np.float32(t).view(np.uint32)) + (-0x10000 if t < 0 else 0x10000)
+    return float(np.uint32(bits & 0xFFFFFFFF).view(np.float32))
+
+
+def test_f1_the_half_precision_slack_never_reaches_the_next_half_value() -> None:
+    """F1/F2's slack from a threshold t that is a half-precision value is at least half the
+    spacing above t and stays below the next value above t in the coarsest format t is a value
+    of, so a short dyadic grid (k/8 and q/2⁸ in [0, 1)) keeps its sets exactly."""
     from privcal.calibrators.prediction_sets import outside_threshold
 
-    halves = np.arange(0, 0x7C00, 7, dtype=np.uint16).view(np.float16)  # finite, ≥ 0
-    for h in np.concatenate([halves, -halves[1:]]):
-        t = float(h)
-        up = float(np.nextafter(h, np.float16(np.inf)))
+    halves = np.arange(0, 0x7C00, 7, dtype=np.uint16).view(np.float16).astype(np.float64)
+    for t in np.concatenate([halves, -halves[1:]]).tolist():
+        brain = _bf16(np.array([t]))[0] == t
+        up = max(_next_up(t, False), _next_up(t, True)) if brain else _next_up(t, False)
         got = outside_threshold(t)
-        assert got >= t + (up - t) / 2 if math.isfinite(up) else got >= t + 16
-        assert got < up or not math.isfinite(up)
-    for t in (0.375, 0.5, 0.75, 1.0 - 3 / 256):
-        grid = np.arange(257) / 256
-        assert (grid <= outside_threshold(t)).sum() == (grid <= t).sum()
+        if math.isfinite(up):
+            assert t + (up - t) / 2 <= got < up
+        else:
+            assert got >= t + 16
+    grid = np.arange(257) / 256
+    for t in np.arange(0, 256).tolist():
+        assert (grid <= outside_threshold(t / 256)).sum() == t + 1
+    for t in np.arange(0, 9).tolist():
+        assert (np.arange(9) / 8 <= outside_threshold(t / 8)).sum() == t + 1
