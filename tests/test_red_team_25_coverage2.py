@@ -105,3 +105,40 @@ def test_f1_the_half_precision_slack_never_reaches_the_next_half_value() -> None
         assert (grid <= outside_threshold(t / 256)).sum() == t + 1
     for t in np.arange(0, 9).tolist():
         assert (np.arange(9) / 8 <= outside_threshold(t / 8)).sum() == t + 1
+
+
+def _run(url: str, *args: str) -> str:
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+
+    res = CliRunner().invoke(main, ["--db-url", url, *args], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return " ".join(res.stdout.split())
+
+
+def test_f3_release_show_says_the_upper_bound_does_not_count_predicts_band(
+        tmp_path: Any) -> None:
+    """F3: for scores privcal did not compute, predict's sets are a superset of {S ≤ t}
+    (F1/F2 and wave 1's float32 slack), so the recorded "≤ 1−α+1/(n+1)" is not of them:
+    ``calibrate`` and ``release show`` say what it is of; a run on probabilities (whose sets
+    are exactly {S ≤ t}) says nothing of the kind."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    _run(url, "db", "upgrade")
+    _run(url, "dataset", "create", "d", "--epsilon", "5", "--allow-nonprivate")
+    g = np.random.default_rng(3)
+    np.save(tmp_path / "s.npy", g.random(200))
+    probs = g.dirichlet(np.ones(3), 200)
+    np.save(tmp_path / "p.npy", probs)
+    np.save(tmp_path / "y.npy", g.integers(0, 3, 200))
+    note = "is of {y : S ≤ t}; predict's sets also hold the labels whose score is within"
+    for args in (["--scores", str(tmp_path / "s.npy")],
+                 ["--scores", str(tmp_path / "s.npy"), "--score", "lac"]):
+        out = _run(url, "calibrate", "split", "--dataset", "d", "--alpha", "0.1", *args)
+        assert note in out
+    assert note in _run(url, "release", "show", "1")
+    assert note in _run(url, "release", "show", "2")
+    out = _run(url, "calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--probs",
+               str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"), "--score", "lac")
+    assert note not in out
+    assert note not in _run(url, "release", "show", "3")

@@ -32,6 +32,7 @@ __all__ = [
     "OUTSIDE_SLACK",
     "computed_outside",
     "lac_cut",
+    "outside_note",
     "outside_threshold",
     "prediction_sets",
     "regression_interval",
@@ -240,6 +241,28 @@ def _half_midpoint(t: np.ndarray) -> np.ndarray:
         up, down = near(1), near(-1)
         u = np.where(np.isinf(up), np.abs(t - down), np.abs(up - t))
         return np.maximum(mid, np.where(brain, t + u / 2, t))
+
+
+def outside_note(release: Any) -> str | None:
+    """What a release's recorded upper coverage bound is of, when predict raises its threshold
+    (:func:`outside_threshold`, its scores computed outside privcal): the bound is of the
+    sets {y : S ≤ t} the method's theorem is about, and predict's sets also hold the labels
+    whose score lies in the band above t, whose probability the bound does not count (red
+    team 25, coverage2 F3); None for a release without that raise or without an upper bound
+    below 1. The lower bound only gains from the band."""
+    coverage = getattr(release, "coverage", None)
+    upper = getattr(coverage, "upper", None)
+    if not isinstance(upper, int | float) or upper >= 1:
+        return None
+    score = (getattr(release, "diagnostics", None) or {}).get("score")
+    name = score.get("name") if isinstance(score, dict) else score
+    shape = release.shape if isinstance(getattr(release, "shape", None), dict) else {}
+    regression = isinstance(name, str) and name in SCORES and SCORES[name].kind == "regression"
+    if not computed_outside(score, 0 if regression else shape.get("k")):
+        return None
+    return (f"≤ {upper:.6g} is of {{y : S ≤ t}}; predict's sets also hold the labels whose score "
+            "is within the slack above t for scores computed outside privcal (|t|·2⁻²¹, or half "
+            "a float16/bfloat16 spacing when t is such a value), not counted in it")
 
 
 def release_score(score: dict[str, Any] | None,
