@@ -142,3 +142,31 @@ def test_f3_release_show_says_the_upper_bound_does_not_count_predicts_band(
                str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"), "--score", "lac")
     assert note not in out
     assert note not in _run(url, "release", "show", "3")
+
+
+def test_f4_aps_summed_in_float32_over_many_classes_keeps_its_label(accountant: Any) -> None:
+    """F4: a non-randomized aps score summed in float32 over 1000 classes (a cumulative sum
+    of the sorted probabilities, as torch computes it) falls up to 2⁻¹⁹ below the float64
+    score predict computes — four times wave 1's 2⁻²¹ slack —, so a label whose float32
+    score is the threshold fell out of its set. A named precomputed aps release (one float32
+    value among float64 ones: accepted) must keep it."""
+    from privcal.calibrators.scores import all_class_scores
+
+    g = np.random.default_rng(7)
+    k = 1000
+    p32 = g.dirichlet(np.full(k, 0.1)).astype(np.float32)
+    p = p32.astype(np.float64)[None, :]
+    order = np.argsort(-p32, kind="stable")
+    c32 = np.empty(k)
+    c32[order] = np.cumsum(p32[order], dtype=np.float32)  # inclusive: mass above + p_y
+    s64 = all_class_scores("aps", p, randomized=False)[0]
+    j = int(np.argmax((s64 - c32) / s64))
+    assert (s64[j] - c32[j]) / s64[j] > 2.0 ** -21  # the premise: beyond wave 1's slack
+    t = float(c32[j])
+    below, above = np.linspace(t / 4, t / 2, 9) + 1e-9 / 3, np.linspace(t + 0.01, t + 0.1, 9)
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    rel = accountant.calibrate("split", dataset="d", scores=np.concatenate([below, [t], above]),
+                               alpha=0.5, score="aps", score_options={"randomized": False})
+    assert rel.threshold == t
+    sets = rel.predict_set(p)
+    assert sets[0][c32 <= t].all()

@@ -40,6 +40,7 @@ __all__ = [
     "release_score",
     "set_labels",
     "sets_for",
+    "summed_terms",
 ]
 
 
@@ -181,7 +182,18 @@ def computed_outside(score: Any, k: Any = 0) -> bool:
     return recorded is None or k is None or given
 
 
-def outside_threshold(t: Any) -> Any:
+def summed_terms(score: Any, score_name: str | None, probs: Any) -> int:
+    """How many float32 terms a caller's score of one row may sum (:func:`outside_threshold`):
+    for ``aps``/``raps`` (the recorded score, else ``score_name``) the number of probability
+    columns, else 1 (never 0: predict reads it as "scores computed outside privcal")."""
+    recorded = score.get("name") if isinstance(score, dict) else score
+    if (recorded or score_name) not in ("aps", "raps"):
+        return 1
+    shape = np.shape(probs)
+    return max(1, int(shape[1])) if len(shape) == 2 else 1
+
+
+def outside_threshold(t: Any, terms: int = 1) -> Any:
     """The threshold predict compares its float64 scores with when the calibration scores
     were computed outside privcal (:func:`computed_outside`): t + |t|·2⁻²¹ + 2⁻¹⁴⁹ (±∞
     unchanged), so the set is a superset of {y : S(x, y) ≤ t}.
@@ -209,10 +221,19 @@ def outside_threshold(t: Any) -> Any:
     public t alone, never from the calibration data. The same for bfloat16 (F2: 0.752 under
     a recorded ≥ 0.9). Beyond a short grid (k/8 from 32 on, q/2⁸ from 1 on in bfloat16, 8 in
     float16; integers from 256 and 2048), the next grid value can be t + u/2 itself, which
-    rounds to t (ties to even) and is then in the sets: a half-precision caller's t covers it."""
+    rounds to t (ties to even) and is then in the sets: a half-precision caller's t covers it.
+
+    ``terms`` (:func:`summed_terms`: k for aps/raps over k classes) widens the relative slack
+    to (k + 4)·2⁻²³ (red team 25, coverage2 F4: a float32 cumulative sum over 1000 Dirichlet
+    probabilities fell up to 2⁻¹⁹ below the float64 score, 4× the 2⁻²¹): a sum of at most
+    k + 2 non-negative float32 terms (the more probable classes, u·p_y, raps' penalty with λ's
+    own rounding) is within γ_{k+2}·s ≈ (k + 2)·2⁻²⁴·s of s (Higham, *Accuracy and Stability
+    of Numerical Algorithms*, 2nd ed., eq. (4.4)), its text 2⁻²⁴·s more; twice that is below
+    (k + 4)·2⁻²³ for k < 2²⁰. For k up to 2¹⁵ the band stays below 2⁻⁸·t."""
+    rel = OUTSIDE_SLACK if terms <= 1 else max(OUTSIDE_SLACK, (terms + 4) * 2.0 ** -23)
     with np.errstate(over="ignore", invalid="ignore"):
         arr = _half_midpoint(np.asarray(t, dtype=np.float64))
-        out = np.where(np.isfinite(arr), arr + np.abs(arr) * OUTSIDE_SLACK + _FLOAT32_TINY, arr)
+        out = np.where(np.isfinite(arr), arr + np.abs(arr) * rel + _FLOAT32_TINY, arr)
     return float(out) if out.ndim == 0 else out
 
 
