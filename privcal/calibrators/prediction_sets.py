@@ -282,8 +282,9 @@ def outside_note(release: Any) -> str | None:
     if not computed_outside(score, 0 if regression else shape.get("k")):
         return None
     return (f"≤ {upper:.6g} is of {{y : S ≤ t}}; predict's sets also hold the labels whose score "
-            "is within the slack above t for scores computed outside privcal (|t|·2⁻²¹, or half "
-            "a float16/bfloat16 spacing when t is such a value), not counted in it")
+            "is within the slack above t for scores computed outside privcal (|t|·2⁻²¹; "
+            "(k + 4)·2⁻²³·|t| for aps/raps over k classes; half a float16/bfloat16 spacing "
+            "when t is such a value), not counted in it")
 
 
 def release_score(score: dict[str, Any] | None,
