@@ -311,7 +311,9 @@ class Release(ReleaseRecord):
         """Prediction sets (boolean n×k) of this release for new class probabilities.
 
         A release with several levels takes the level ``alpha``; one with Mondrian groups
-        from a column takes each row's group (``groups``); label groups need neither."""
+        from a column takes each row's group (``groups``); label groups need neither. For
+        scores privcal did not compute the sets are a superset of {y : S ≤ t}
+        (``outside_threshold``): ``coverage.upper`` bounds the latter only."""
         from privcal.accountant.calibration_request import check_rng
         from privcal.calibrators.group_sets import release_sets
 

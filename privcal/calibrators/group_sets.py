@@ -35,6 +35,7 @@ from privcal.calibrators.prediction_sets import (
     refuse_sets_of_regression,
     release_score,
     sets_for,
+    summed_terms,
 )
 from privcal.calibrators.scores import all_class_scores, score_options, score_spec
 from privcal.calibrators.validation import array_shape, check_probs, id_strings
@@ -350,8 +351,7 @@ def release_sets(
     A pandas DataFrame's named columns are matched to the release's class names
     (:func:`align_columns`); an array is taken by position.
     A release with several levels or Mondrian groups takes the level ``alpha`` and the
-    rows' ``groups`` (this module).
-    """
+    rows' ``groups`` (this module)."""
     refuse_sets_of_regression(release)
     probs = align_columns(release, probs)
     score = (release.diagnostics or {}).get("score")
@@ -360,13 +360,13 @@ def release_sets(
     if k is not None and len(got := array_shape(probs)) == 2 and got[1] != k:
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
-    outside = computed_outside(score, k)  # scores privcal did not compute: a slack
+    outside = computed_outside(score, k) and summed_terms(score, score_name, probs)  # 0: ours
     if is_wrapped(release.method):
         name, options = release_score(score, score_name)
         table = table_of(release.method, release.params, release.diagnostics or {},
                          _details(release))
         if outside:
-            table = replace(table, values=outside_threshold(table.values))
+            table = replace(table, values=outside_threshold(table.values, outside))
         return wrapped_sets(table, str(name), options, probs, alpha=alpha, groups=groups,
                             rng=rng)
     if groups is not None:
@@ -375,7 +375,7 @@ def release_sets(
     if alpha is not None and not (isinstance(own, int | float) and isinstance(alpha, int | float)
                                   and 0 < alpha < 1 and math.isclose(own, alpha, rel_tol=1e-12)):
         raise InvalidInput(f"release {release.id} is at the one level α = {own}, not {alpha}")
-    t = outside_threshold(release.threshold) if outside else release.threshold
+    t = outside_threshold(release.threshold, outside) if outside else release.threshold
     return sets_for(score, t, probs, rng=rng, score_name=score_name)
 
 

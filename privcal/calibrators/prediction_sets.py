@@ -32,6 +32,7 @@ __all__ = [
     "OUTSIDE_SLACK",
     "computed_outside",
     "lac_cut",
+    "outside_note",
     "outside_threshold",
     "prediction_sets",
     "regression_interval",
@@ -39,6 +40,7 @@ __all__ = [
     "release_score",
     "set_labels",
     "sets_for",
+    "summed_terms",
 ]
 
 
@@ -180,7 +182,18 @@ def computed_outside(score: Any, k: Any = 0) -> bool:
     return recorded is None or k is None or given
 
 
-def outside_threshold(t: Any) -> Any:
+def summed_terms(score: Any, score_name: str | None, probs: Any) -> int:
+    """How many float32 terms a caller's score of one row may sum (:func:`outside_threshold`):
+    for ``aps``/``raps`` (the recorded score, else ``score_name``) the number of probability
+    columns, else 1 (never 0: predict reads it as "scores computed outside privcal")."""
+    recorded = score.get("name") if isinstance(score, dict) else score
+    if (recorded or score_name) not in ("aps", "raps"):
+        return 1
+    shape = np.shape(probs)
+    return max(1, int(shape[1])) if len(shape) == 2 else 1
+
+
+def outside_threshold(t: Any, terms: int = 1) -> Any:
     """The threshold predict compares its float64 scores with when the calibration scores
     were computed outside privcal (:func:`computed_outside`): t + |t|·2⁻²¹ + 2⁻¹⁴⁹ (±∞
     unchanged), so the set is a superset of {y : S(x, y) ≤ t}.
@@ -197,11 +210,81 @@ def outside_threshold(t: Any) -> Any:
     2⁻⁵³|s| of s: the float64 score of a label whose narrow score is t is at most t(1 + 2⁻²²)
     (subnormals: + 2⁻¹⁴⁹); the slack, twice that, also covers aps/raps summed in float32 over
     a few classes. Not covered: half precision, float32 sums over many classes. A larger
-    threshold only adds labels: every coverage lower bound holds as recorded."""
+    threshold only adds labels: every coverage lower bound holds as recorded.
+
+    Half precision (red team 25, coverage2 F1: float16 lac scores calibrated unnamed, then
+    named at predict, covered 0.857 under a recorded ≥ 0.9): when t is itself a float16 value
+    the calibration scores may have been, and a label's score rounds to t in float16 when it
+    is at most t + u/2, u the float16 spacing above t (:func:`_half_midpoint`); the slack
+    above is then taken from that midpoint. It stays below the next float16 value t + u, so
+    scores on a short dyadic grid (k/8, q/2⁸) get exactly the sets they had. Read from the
+    public t alone, never from the calibration data. The same for bfloat16 (F2: 0.752 under
+    a recorded ≥ 0.9). Beyond a short grid (k/8 from 32 on, q/2⁸ from 1 on in bfloat16, 8 in
+    float16; integers from 256 and 2048), the next grid value can be t + u/2 itself, which
+    rounds to t (ties to even) and is then in the sets: a half-precision caller's t covers it.
+
+    ``terms`` (:func:`summed_terms`: k for aps/raps over k classes) widens the relative slack
+    to (k + 4)·2⁻²³ (red team 25, coverage2 F4: a float32 cumulative sum over 1000 Dirichlet
+    probabilities fell up to 2⁻¹⁹ below the float64 score, 4× the 2⁻²¹): a sum of at most
+    k + 2 non-negative float32 terms (the more probable classes, u·p_y, raps' penalty with λ's
+    own rounding) is within γ_{k+2}·s ≈ (k + 2)·2⁻²⁴·s of s (Higham, *Accuracy and Stability
+    of Numerical Algorithms*, 2nd ed., eq. (4.4)), its text 2⁻²⁴·s more; twice that is below
+    (k + 4)·2⁻²³ for k < 2²⁰. For k up to 2¹⁵ the band stays below 2⁻⁸·t."""
+    rel = OUTSIDE_SLACK if terms <= 1 else max(OUTSIDE_SLACK, (terms + 4) * 2.0 ** -23)
     with np.errstate(over="ignore", invalid="ignore"):
-        arr = np.asarray(t, dtype=np.float64)
-        out = np.where(np.isfinite(arr), arr + np.abs(arr) * OUTSIDE_SLACK + _FLOAT32_TINY, arr)
+        arr = _half_midpoint(np.asarray(t, dtype=np.float64))
+        out = np.where(np.isfinite(arr), arr + np.abs(arr) * rel + _FLOAT32_TINY, arr)
     return float(out) if out.ndim == 0 else out
+
+
+def _half_midpoint(t: np.ndarray) -> np.ndarray:
+    """The largest of t + u/2 over the half precisions t is a finite value of — float16 and
+    bfloat16 (a float32 whose low 16 bits are zero; red team 25, coverage2 F2) — u the spacing
+    above t in that format (at its largest value, which rounds up to +inf only from there plus
+    u/2, the spacing below); t where it is neither. Every real that rounds to nearest to t in
+    that format is at most t + u/2, and t + u/2 is exact in float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = t + 0.0  # −0.0 as +0.0
+        half = t.astype(np.float16)
+        exact = np.isfinite(t) & (half.astype(np.float64) == t)
+        up = np.nextafter(half, np.float16(np.inf)).astype(np.float64)
+        down = np.nextafter(half, np.float16(-np.inf)).astype(np.float64)
+        mid = np.where(exact, t + np.where(np.isinf(up), t - down, up - t) / 2, t)
+        single = t.astype(np.float32)
+        bits = single.view(np.uint32)
+        brain = np.isfinite(t) & (single.astype(np.float64) == t) & ((bits & 0xFFFF) == 0)
+        step = np.where(t < 0, -0x10000, 0x10000)  # the next bfloat16 up, by its bits
+
+        def near(sign: int) -> np.ndarray:
+            b = (bits.astype(np.int64) + sign * step) & 0xFFFFFFFF
+            return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+        up, down = near(1), near(-1)
+        u = np.where(np.isinf(up), np.abs(t - down), np.abs(up - t))
+        return np.maximum(mid, np.where(brain, t + u / 2, t))
+
+
+def outside_note(release: Any) -> str | None:
+    """What a release's recorded upper coverage bound is of, when predict raises its threshold
+    (:func:`outside_threshold`, its scores computed outside privcal): the bound is of the
+    sets {y : S ≤ t} the method's theorem is about, and predict's sets also hold the labels
+    whose score lies in the band above t, whose probability the bound does not count (red
+    team 25, coverage2 F3); None for a release without that raise or without an upper bound
+    below 1. The lower bound only gains from the band."""
+    coverage = getattr(release, "coverage", None)
+    upper = getattr(coverage, "upper", None)
+    if not isinstance(upper, int | float) or upper >= 1:
+        return None
+    score = (getattr(release, "diagnostics", None) or {}).get("score")
+    name = score.get("name") if isinstance(score, dict) else score
+    shape = release.shape if isinstance(getattr(release, "shape", None), dict) else {}
+    regression = isinstance(name, str) and name in SCORES and SCORES[name].kind == "regression"
+    if not computed_outside(score, 0 if regression else shape.get("k")):
+        return None
+    return (f"≤ {upper:.6g} is of {{y : S ≤ t}}; predict's sets also hold the labels whose score "
+            "is within the slack above t for scores computed outside privcal (|t|·2⁻²¹; "
+            "(k + 4)·2⁻²³·|t| for aps/raps over k classes; half a float16/bfloat16 spacing "
+            "when t is such a value), not counted in it")
 
 
 def release_score(score: dict[str, Any] | None,

@@ -296,6 +296,7 @@ def privacy_cell(privacy: dict[str, Any]) -> str:
 @pass_settings
 def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
     """Show release ID."""
+    from privcal.calibrators.prediction_sets import outside_note
     from privcal.cli.render import threshold_lines, ties_note
 
     r = settings.accountant(existing=True).release(release_id)
@@ -318,6 +319,7 @@ def release_show(settings: Settings, release_id: int, as_json: bool) -> None:
             {"": "coverage", "value": cov.statement},
             *([{"": "assuming", "value": a}] if (a := r.assumes) else []),
             *([{"": "ties", "value": ties}] if (ties := ties_note(r)) else []),
+            *([{"": "upper bound", "value": b}] if (b := outside_note(r)) else []),
             {"": "privacy", "value": str(r.privacy.get("statement") or privacy_cell(r.privacy))},
             {"": "privacy (ε, δ)", "value": privacy_cell(r.privacy)},
             {"": "requester", "value": cell(r.requester)},

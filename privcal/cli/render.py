@@ -102,6 +102,10 @@ def render_release(rel: Any, budget: Any | None = None) -> None:
         click.echo(f"  assuming            {assumes}")
     if (ties := ties_note(rel)) is not None:
         click.echo(f"  ties                {ties}")
+    from privcal.calibrators.prediction_sets import outside_note
+
+    if (band := outside_note(rel)) is not None:
+        click.echo(f"  upper bound         {band}")
     priv = rel.privacy or {}
     click.echo(f"  privacy             {priv.get('statement') or priv.get('summary') or priv}")
     render_thresholds(rel)
