@@ -164,3 +164,21 @@ def test_cli_token_create_beyond_m_is_one_line_and_writes_nothing(
     assert "Traceback" not in bad.output
     assert len(bad.output.strip().splitlines()) == 1, bad.output
     assert [t.agent for t in _agent_tokens(accountant, s.id)] == ["x0"]
+
+
+def test_a_batch_never_displaces_an_invited_agent(accountant: Any) -> None:
+    """m = 3 with two agents invited (agent tokens): a batch without tokens (an ingestor's, a
+    file's) bringing five other agents takes one — the slot no invited agent waits for —
+    and the invited two still answer; before, the batch filled the session and released it
+    with the invited agents turned away as late."""
+    from privcal.accountant.sessions.records import RESERVED
+
+    s = _fed_session(accountant, 3)
+    toks = {a: _mint(accountant, s.id, a).id for a in ("a0", "a1")}
+    res = submit_reports(accountant, s.id, [f"b{j}" for j in range(5)],
+                         [0.1 * (j + 1) for j in range(5)])
+    assert res.accepted == 1 and res.reasons == {RESERVED: 4}, res.reasons
+    assert submit_reports(accountant, s.id, ["a0"], [0.5], tokens=[toks["a0"]]).accepted == 1
+    res = submit_reports(accountant, s.id, ["b9", "a1"], [0.2, 0.6])  # a forwarder's batch
+    assert res.accepted == 1 and res.reasons == {RESERVED: 1}, res.reasons
+    assert session_status(accountant, s.id).status == "released"

@@ -28,9 +28,10 @@ UNSELECTED_SCORES = ("which users report, in which round, and which reports are 
 #: 1.6.0 on the recorded guarantee states it (a replan for the agents that answered states
 #: :data:`~privcal.calibrators.federated_agent.ANSWERED_AT_RANDOM` instead, which implies it).
 #: Enforced where privcal decides who may answer (red team 25, fedlocal2): a session's agent
-#: tokens are for at most its m agents (storage/agent_slots.py), and a batch with more new
-#: agents than free slots keeps a CSPRNG-random subset; still assumed for operators (ingestor,
-#: CLI, library) choosing which agents' messages to forward and when
+#: tokens are for at most its m agents (storage/agent_slots.py), a batch never takes a slot a
+#: token-holding agent waits for, and one with more new agents than free slots keeps a
+#: CSPRNG-random subset; still assumed for operators (ingestor, CLI, library) choosing which
+#: other agents' messages to forward and when
 UNSELECTED_AGENTS = ("which agents' messages are used not chosen by their data (a session "
                      "uses the first m agents to answer: an arrival order that tracks the "
                      "scores can lower the coverage)")

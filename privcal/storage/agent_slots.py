@@ -10,7 +10,9 @@ distinct agents. An agent counts from its first token for the session on — rev
 expired tokens included, since its message may already be in or a replacement chosen after
 a dropout would again select by arrival — together with the agents whose message a batch
 (ingestor, CLI, library) already stored; a second token for an agent already counted is
-free. Missing agents are the close's business (``allow_missing``: +∞ or a replan).
+free. Missing agents are the close's business (``allow_missing``: +∞ or a replan). A
+batch's agents without a token take only the slots no token holder still waits for
+(:func:`token_agents`, read by :mod:`privcal.accountant.sessions.ingest`).
 
 Race-safe: the count runs in the token's own write transaction after the session's row is
 locked ``FOR UPDATE`` on PostgreSQL (READ COMMITTED: the count after the lock sees every
@@ -35,7 +37,7 @@ from privcal.storage.sessions import (
     refuse_unless_open,
 )
 
-__all__ = ["check_agent_slot", "check_token_session"]
+__all__ = ["check_agent_slot", "check_token_session", "token_agents"]
 
 #: the columns of ``api_tokens`` the count reads (the model lives in :mod:`.tokens`, which
 #: imports this module)
@@ -88,3 +90,11 @@ def check_agent_slot(s: Session, session: int, agent: str) -> None:
             f"counts {counted} already (holding an agent token or having answered): a token "
             "for another agent would let the session choose its agents by arrival (a missing "
             "agent is handled when the session is closed: allow_missing)")
+
+
+def token_agents(conn: Any, session_id: int) -> list[str]:
+    """The distinct agent ids of session ``session_id``'s agent tokens (revoked and expired
+    included: the agents invited), read on ``conn`` — a Core connection or ORM session — in
+    a batch's write transaction after it locked the session row."""
+    return [str(a) for a in conn.execute(select(_TOKENS.c.agent).distinct().where(
+        _TOKENS.c.session_id == session_id, _TOKENS.c.role == "agent")).scalars()]
