@@ -26,7 +26,12 @@ UNSELECTED_SCORES = ("which users report, in which round, and which reports are 
 #: i.i.d. data for m = 5, arriving in the order of their messages, gave coverage 0.865 against
 #: a recorded 0.9 — random arrival 0.928, the plan's M). From FedCP-QQ 1.4.0 and FedCP²-QQ
 #: 1.6.0 on the recorded guarantee states it (a replan for the agents that answered states
-#: :data:`~privcal.calibrators.federated_agent.ANSWERED_AT_RANDOM` instead, which implies it)
+#: :data:`~privcal.calibrators.federated_agent.ANSWERED_AT_RANDOM` instead, which implies it).
+#: Enforced where privcal decides who may answer (red team 25, fedlocal2): a session's agent
+#: tokens are for at most its m agents (storage/agent_slots.py), a batch never takes a slot a
+#: token-holding agent waits for, and one with more new agents than free slots keeps a
+#: CSPRNG-random subset; still assumed for operators (ingestor, CLI, library) choosing which
+#: other agents' messages to forward and when
 UNSELECTED_AGENTS = ("which agents' messages are used not chosen by their data (a session "
                      "uses the first m agents to answer: an arrival order that tracks the "
                      "scores can lower the coverage)")

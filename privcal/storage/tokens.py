@@ -38,6 +38,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from privcal.errors import BIDI_CONTROLS, InvalidInput, NotFound, invisible_char, utf8_problem
 from privcal.errors import with_article as article
+from privcal.storage.agent_slots import check_token_session
 from privcal.storage.audit import now
 from privcal.storage.models import Base
 from privcal.storage.records import UTCDateTime
@@ -48,7 +49,7 @@ from privcal.storage.service_reads import (
     stored_report,
     stored_reports,
 )
-from privcal.storage.sessions import check_session_open, lock_for_revocation
+from privcal.storage.sessions import lock_for_revocation
 from privcal.storage.token_secrets import (
     DUMMY_HASH,
     MAX_LIFETIME,
@@ -202,8 +203,7 @@ def check_bindings(role: str, *, datasets: Sequence[str], session: int | None,
 def check_session_id(session: Any) -> int:
     """``session`` if it is an ``int`` in [1, :data:`SESSION_MAX`] (what a token's session
     column holds), else InvalidInput."""
-    if isinstance(session, bool) or not isinstance(session, int) \
-            or not 1 <= session <= SESSION_MAX:
+    if isinstance(session, bool) or not isinstance(session, int) or not 1 <= session <= SESSION_MAX:
         raise InvalidInput("session must be an integer in [1, 2³¹−1]")
     return session
 
@@ -214,8 +214,8 @@ def create_token(
     expires_in: timedelta | None = None, idempotency: tuple[str, str] | None = None,
 ) -> NewToken:
     """Create a token; the caller checks that the named datasets/session exist (a session's
-    being open is checked again in the token's transaction:
-    :func:`~privcal.storage.sessions.check_session_open`).
+    being open, and an agent's being one of its m, again in the token's transaction:
+    :func:`~privcal.storage.agent_slots.check_token_session`; red team 25, fedlocal2).
 
     ``idempotency``: the (principal, key) of a reservation of :func:`reserve_idempotent`,
     completed (201) in the token's own transaction with the token's id only — never its
@@ -232,7 +232,7 @@ def create_token(
 
     def tx(s: Session) -> TokenInfo:
         if session is not None:
-            check_session_open(s, session)
+            check_token_session(s, session, role, agent)
         row = ApiToken(
             id=tid, secret_sha256=digest, role=role,
             name=name or f"token-{tid}", datasets=sorted(set(datasets)), session_id=session,

@@ -31,7 +31,9 @@ full; write the release when it finishes. If no row is accepted nothing is writt
   an earlier round, ``round not open`` for a later one, ``malformed round`` for one that
   is no round of the session), subject already reported in
   this session, duplicate within the batch (the first valid occurrence is kept),
-  subject budget exhausted, then ``round full`` (when a batch has more usable rows than
+  subject budget exhausted, then (federated) an agent without an agent token for a slot
+  a token-holding agent still waits for (red team 25, fedlocal2), then ``round full`` /
+  extra agent (when a batch has more usable rows than
   the round needs, the rows kept are a uniformly random subset, drawn from the operating
   system's CSPRNG — never the first ones: a batch's order may depend on its values, a
   shuffler that outputs the sorted multiset or an export ``ORDER BY`` bit, and the

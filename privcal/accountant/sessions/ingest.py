@@ -39,6 +39,7 @@ from privcal.accountant.sessions.status import session_status
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
 from privcal.calibrators.validation import id_strings, unmasked
 from privcal.errors import InvalidInput
+from privcal.storage.agent_slots import token_agents
 from privcal.storage.audit import canonical, charge_doc, now
 from privcal.storage.models import Dataset, cap_units, spend_units
 from privcal.storage.pseudonyms import (
@@ -159,6 +160,30 @@ def _sampler() -> np.random.Generator:
     """A generator seeded from the operating system's CSPRNG (which surplus rows of a batch
     are kept must not be predictable by whoever orders the batch)."""
     return np.random.default_rng(secrets.randbits(128))
+
+
+def _invited_first(ledger: Ledger, conn: Connection, session_id: int, skey: bytes,
+                   raw: np.ndarray, need: int) -> np.ndarray:
+    """FedCP: which of a batch's candidate agents (pseudonyms ``raw``) may take one of the
+    ``need`` free slots. The agents holding an agent token for the session — at most m
+    (:mod:`privcal.storage.agent_slots`), invited before any data — keep a slot each until
+    they answer; an agent without one (an ingestor's, a file's) takes only a slot no invited
+    agent waits for, a uniformly random subset if fewer are left: a batch never displaces an
+    invited agent, so it cannot choose the m agents used by arrival among more (red team 25,
+    fedlocal2)."""
+    keep = np.ones(raw.shape[0], dtype=bool)
+    held = token_agents(conn, session_id)
+    if not held:
+        return keep
+    invited = np.unique(pseudonyms_raw(skey, held))
+    answered, _, _ = ledger.probe_batch(conn, session_id, invited)
+    waiting = np.setdiff1d(invited, answered)
+    others = np.flatnonzero(~np.isin(raw, waiting))
+    room = max(0, need - int(waiting.shape[0]))
+    if others.size > room:
+        keep[others] = False
+        keep[others[_sampler().choice(others.size, size=room, replace=False)]] = True
+    return keep
 
 
 def _advance_round(st: dict[str, Any], proto: LdpScoreProtocol, ones: int,
@@ -286,6 +311,10 @@ def submit_reports(
             is_over = units > cap_u - e_units
             why[R.OVER_CAP] += int(is_over.sum())
             cand, has = cand[~is_over], has[~is_over]
+        if fed:
+            keep = _invited_first(ledger, conn, row.id, skey, praw[cand], need)
+            why[R.RESERVED] += int(cand.size - keep.sum())
+            cand, has = cand[keep], has[keep]
         if cand.size > need:
             # a uniformly random subset, never the first rows: a batch's order may depend on
             # its values (a shuffler that outputs the sorted multiset, an export ORDER BY bit),

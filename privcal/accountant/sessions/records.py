@@ -36,6 +36,7 @@ DUPLICATE = "duplicate subject in batch"
 OVER_CAP = "subject budget exhausted"
 ROUND_FULL = "round full"
 EXTRA_AGENT = "all agents have answered (extra agent beyond m)"
+RESERVED = "the free slots are kept for the agents holding agent tokens (agent beyond m)"
 LATE = "late: session is {status}"
 
 
