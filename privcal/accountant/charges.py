@@ -81,6 +81,23 @@ def check_replay(old: Any, key: str, digest: str | None, *, scope: str,
             "parameter, the cost and the data's public shape: use a new key")
 
 
+
+def _request_of(dataset: str, cost: CentralCost, purpose: str | None, requester: str | None,
+                idempotency_key: str | None, request: dict[str, Any] | None
+                ) -> tuple[str | None, str | None, str | None, Any, Any]:
+    """A charge's texts checked (purpose, requester, key) and, under a key, the digest of its
+    request (``request``, else a plain charge's) with the (normalized) ``cost``: what
+    :func:`charge` and :func:`charge_parts` store and compare a retry with."""
+    purpose = optional_text(purpose, "purpose", 10_000)
+    requester = optional_text(requester, "requester")
+    key = idempotency_key_text(idempotency_key)
+    digest = earlier = None
+    if key is not None:
+        req = request if request is not None else {"kind": "charge", "purpose": purpose}
+        digest, earlier = bound_digest({**req, "dataset": dataset, "cost": cost_json(cost)},
+                                      requester)
+    return purpose, requester, key, digest, earlier
+
 def charge(
     ledger: Ledger,
     dataset: str,
@@ -97,14 +114,8 @@ def charge(
     if not isinstance(cost, _CENTRAL):
         raise InvalidInput(f"not a privacy cost: {cost!r}")
     cost = normalize_cost(cost)  # type: ignore[assignment]
-    purpose = optional_text(purpose, "purpose", 10_000)
-    requester = optional_text(requester, "requester")
-    key = idempotency_key_text(idempotency_key)
-    digest = earlier = None
-    if key is not None:
-        req = request if request is not None else {"kind": "charge", "purpose": purpose}
-        digest, earlier = bound_digest({**req, "dataset": dataset, "cost": cost_json(cost)},
-                                      requester)
+    purpose, requester, key, digest, earlier = _request_of(
+        dataset, cost, purpose, requester, idempotency_key, request)
 
     expect = None
     snap = ledger.charge_snapshot(dataset)
@@ -292,14 +303,8 @@ def charge_parts(ledger: Ledger, dataset: str, cost: CentralCost,
                        idempotency_key=idempotency_key, request=request)]
     whole = normalize_cost(cost)
     parts = [normalize_cost(c) for c in parts]  # type: ignore[misc]
-    purpose = optional_text(purpose, "purpose", 10_000)
-    requester = optional_text(requester, "requester")
-    key = idempotency_key_text(idempotency_key)
-    digest = earlier = None
-    if key is not None:
-        req = request if request is not None else {"kind": "charge", "purpose": purpose}
-        digest, earlier = bound_digest({**req, "dataset": dataset, "cost": cost_json(whole)},
-                                      requester)
+    purpose, requester, key, digest, earlier = _request_of(
+        dataset, whole, purpose, requester, idempotency_key, request)
     keys = [key] + [f"{key}{PART_KEY_SUFFIX}{j}" if key is not None else None
                     for j in range(2, len(parts) + 1)]
 
