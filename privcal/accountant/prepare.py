@@ -24,6 +24,7 @@ from privcal.accountant.calibration_request import (
     method_score_options,
     precomputed_score,
 )
+from privcal.accountant.regression_request import is_regression, regression_request_scores
 from privcal.calibrators import registry
 from privcal.calibrators.base import (
     CalibrationInput,
@@ -39,7 +40,7 @@ from privcal.calibrators.class_labels import (
 )
 from privcal.calibrators.group_sets import frame_names
 from privcal.calibrators.score_range import range_record, resolve_score_range
-from privcal.calibrators.scores import SCORES, label_scores, regression_scores
+from privcal.calibrators.scores import SCORES, label_scores
 from privcal.calibrators.validation import (
     array_shape,
     check_labels,
@@ -183,17 +184,9 @@ def prepare(
             raise _no_classes(cal.name)
         labels, names = encode_labels(labels, classes, int(pshape[1]))
 
-    regression = any(a is not None for a in (req.preds, req.lower_preds, req.upper_preds,
-                                             req.targets))
+    regression = is_regression(req)
     if regression:
-        if "probs" in needs:
-            raise InvalidInput(f"{cal.name} calibrates classifiers (probabilities and labels); "
-                               "it does not take regression predictions")
-        if scores is not None or probs is not None or labels is not None:
-            raise InvalidInput("give regression predictions with --targets, or --probs with "
-                               "--labels, or --scores; not several")
-        scores = _regression_scores(score, req.score_options, req.targets, req.preds,
-                                    req.lower_preds, req.upper_preds)
+        scores = regression_request_scores(cal, req, scores=scores, probs=probs, labels=labels)
         score_record = {"name": score, "options": {}}
     if "probs" in needs:
         if probs is None or labels is None:
@@ -281,8 +274,11 @@ def prepare(
 def check_score_request(cal: Calibrator, req: CalibrationRequest, k: int | None) -> None:
     """What the run checks of a label score before any label is read (for a dry run): the
     score and its options, when the request computes scores from ``probs`` and ``labels``."""
-    regression = any(getattr(req, a) is not None
-                     for a in ("preds", "lower_preds", "upper_preds", "targets"))
+    regression = is_regression(req)
+    if regression:  # the run's checks on zeros of the inputs' shapes (red team 25, service F3)
+        regression_request_scores(cal, req, scores=req.scores, probs=req.probs,
+                                  labels=req.labels, blank=True)
+        return
     if req.scores is not None and "probs" not in cal.inputs and not regression:
         precomputed_score(req.score, req.score_options, req.scores)  # as the run checks
         return
@@ -316,26 +312,6 @@ def _no_classes(method: str) -> InvalidInput:
         f"{method} is private: its class names are never read from the labels; give them in "
         "probability-column order (classes=[...] in Python and the API, --classes a,b,c or a "
         "--probs table whose header names the columns on the CLI)")
-
-
-def _regression_scores(score: str | None, score_options: dict[str, Any] | None, targets: Any,
-                       preds: Any, lower_preds: Any, upper_preds: Any) -> np.ndarray:
-    """The calibration scores of a regression request (``--preds``/``--targets``)."""
-    if score is None:
-        raise InvalidInput("with regression predictions and --targets, name the score: "
-                           "--score absolute (with --preds) or --score cqr (with "
-                           "--lower-preds/--upper-preds)")
-    if score not in SCORES:
-        raise InvalidInput(f"unknown score {score!r} (known: {', '.join(SCORES)})")
-    if SCORES[score].kind != "regression":
-        raise InvalidInput(f"score {score!r} is a classification score; regression "
-                           "predictions take --score absolute or --score cqr")
-    if score_options:
-        raise InvalidInput(f"score {score!r} takes no options")
-    if targets is None:
-        raise InvalidInput("regression calibration needs the true targets (--targets)")
-    return check_scores(regression_scores(score, targets, preds=preds, lower_preds=lower_preds,
-                                          upper_preds=upper_preds))
 
 
 def _no_subjects(method: str) -> InvalidInput:
