@@ -47,3 +47,26 @@ def test_a_dry_run_refuses_cqr_with_one_dimensional_predictions(accountant: Any)
     assert dry_run(accountant, "pcoqs", base, dataset="p", lower_preds=y - 1,
                    upper_preds=y + 1, targets=y, score="cqr", **ranged).allowed
     assert accountant.budget("p").charges == 0
+
+
+@pytest.mark.parametrize("cap", [{"epsilon": 1}, {"rho": 1}])
+def test_an_epsilon_zero_delta_cost_is_refused_for_a_true_reason(accountant: Any,
+                                                                  cap: dict[str, Any]) -> None:
+    """Newcomer F6: ``ApproxDP(ε, 0)`` on a pure-ε cap was refused because "(ε, δ) do not imply
+    pure ε-DP" (on a ρ-zCDP cap: "has no zCDP equivalent") — untrue at δ = 0, where it *is*
+    pure ε-DP. Still refused (a cost is charged as its kind; an (ε, δ) charge on such a
+    dataset is no kind its totals hold), now with a true reason and what to do; δ > 0 keeps
+    its reason; nothing charged."""
+    from privcal.costs import ApproxDP, PureDP
+    from privcal.errors import BudgetRefused
+
+    accountant.create_dataset("d", **cap)
+    with pytest.raises(BudgetRefused, match=r"asked .*, an \(ε, δ\) cost is charged only to an "
+                       r"\(ε, δ\) budget, even at δ = 0: charge it as pure ε; remaining"):
+        accountant.charge("d", ApproxDP(0.1, 0))
+    with pytest.raises(BudgetRefused) as pos:
+        accountant.charge("d", ApproxDP(0.1, "1e-9"))
+    assert "even at δ = 0" not in str(pos.value)
+    assert "do not imply" in str(pos.value) or "no zCDP equivalent" in str(pos.value)
+    assert accountant.budget("d").charges == 0
+    assert accountant.charge("d", PureDP(0.1)).charge_id == 1  # what the message says to do

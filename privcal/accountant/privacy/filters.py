@@ -187,6 +187,9 @@ def renyi_filter_term(rho: float, delta_each: float, orders: tuple[Decimal, ...]
 #: allowance (relative, and absolute in ε) for the float error of :func:`renyi_filter_term`,
 #: whose few operations err by a few ulps (~1e−15 relative); generous on purpose
 _FLOAT_SLACK = 1e-12
+#: refusals of an (ε, 0) cost (pure-ε or ρ-zCDP cap), of others (pure-ε cap): red team 25 F6
+_DELTA_0 = "an (ε, δ) cost is charged only to an (ε, δ) budget, even at δ = 0: charge it as pure ε"
+_NOT_PURE = "a pure-ε budget accepts only pure ε-DP costs (zCDP and (ε, δ) do not imply pure ε-DP)"
 
 
 def renyi_filter_epsilon(rho: Decimal, cap_delta: Decimal, orders: tuple[Decimal, ...]) -> Decimal:
@@ -376,16 +379,15 @@ def _check_charge(
     after = spent.add(cost)
     if policy.notion == "pure":
         if not isinstance(cost, PureDP):
-            raise refuse("a pure-ε budget accepts only pure ε-DP costs "
-                         "(zCDP and (ε, δ) do not imply pure ε-DP)")
+            raise refuse(_DELTA_0 if isinstance(cost, ApproxDP) and not cost.delta else _NOT_PURE)
         assert policy.epsilon is not None
         if after.pure_eps > policy.epsilon:
             raise refuse("it would exceed the cap")
         return after
     if policy.notion == "zcdp":
         if isinstance(cost, ApproxDP):
-            raise refuse("an (ε, δ) cost has no zCDP equivalent and cannot be charged "
-                         "to a ρ-zCDP budget")
+            raise refuse(_DELTA_0 if not cost.delta else "an (ε, δ) cost has no zCDP "
+                         "equivalent and cannot be charged to a ρ-zCDP budget")
         assert policy.rho is not None
         with localcontext(_EXACT):
             if after.pure_rho + after.zcdp_rho > policy.rho:
