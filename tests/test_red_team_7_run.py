@@ -202,7 +202,10 @@ def test_malformed_input_through_run_is_refused_before_anything_is_charged(
     rel = acct.run(cal, params, CalibrationInput(**good), dataset="d", rng=Seeded(0))
     assert [r.id for r in acct.releases("d")] == [rel.id]
     nonprivate = method == "fedcp-qq" or method.split(":")[-1] == "split"
-    assert acct.budget("d").charges == (0 if nonprivate else 1)
+    # two pure ε-DP levels are two charges, in one transaction (red team 25, privacy2 F1)
+    charges = 2 if method == "levels:exponq" else 1
+    assert acct.budget("d").charges == (0 if nonprivate else charges)
+    assert len(rel.charge_ids) == (0 if nonprivate else charges)
 
 
 @pytest.mark.parametrize("method", ["ldp-label", "ldp-score", "fedcp2-qq"])
