@@ -360,7 +360,7 @@ def release_sets(
     if k is not None and len(got := array_shape(probs)) == 2 and got[1] != k:
         raise InvalidInput(f"release {release.id} was calibrated on {k} classes; these "
                            f"probabilities have {got[1]} columns")
-    outside = computed_outside(score, k) and summed_terms(score, score_name, probs)  # 0: ours
+    outside = computed_outside(release) and summed_terms(score, score_name, probs)  # 0: ours
     if is_wrapped(release.method):
         name, options = release_score(score, score_name)
         table = table_of(release.method, release.params, release.diagnostics or {},

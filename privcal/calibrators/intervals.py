@@ -21,7 +21,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from privcal.calibrators.evaluation import GroupCoverage
-from privcal.calibrators.prediction_sets import computed_outside, outside_threshold
+from privcal.calibrators.prediction_sets import (
+    computed_outside,
+    outside_threshold,
+    recorded_score,
+    score_name_of,
+)
 from privcal.calibrators.scores import SCORES, regression_bounds, score_interval
 from privcal.calibrators.validation import check_lengths, check_targets
 from privcal.errors import InvalidInput
@@ -44,8 +49,7 @@ def release_score_name(release: Any, score_name: str | None = None) -> str:
     they were. Naming another score than the recorded one is refused (the threshold is a
     quantile of *that* score).
     """
-    recorded = ((getattr(release, "diagnostics", None) or {}).get("score") or {})
-    name = recorded.get("name") if isinstance(recorded, dict) else recorded
+    name = score_name_of(recorded_score(release))
     if name is not None and score_name is not None and score_name != name:
         raise InvalidInput(f"release {release.id} was calibrated on score {name!r}, "
                            f"not {score_name!r}")
@@ -126,7 +130,7 @@ def release_intervals(
                       "prediction above the upper one: are the lower and upper predictions "
                       "swapped? (a few crossed quantiles are normal)", UserWarning, stacklevel=3)
     t = release_thresholds(release, int(lo.shape[0]), alpha=alpha, groups=groups)
-    if computed_outside((getattr(release, "diagnostics", None) or {}).get("score")):
+    if computed_outside(release):
         t = outside_threshold(t)  # the score named only now (red team 25, coverage F4)
     if np.isnan(t).any():
         raise InvalidInput(f"release {release.id} records a NaN threshold")

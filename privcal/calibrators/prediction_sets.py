@@ -31,13 +31,16 @@ from privcal.errors import InvalidInput
 __all__ = [
     "OUTSIDE_SLACK",
     "computed_outside",
+    "is_regression_score",
     "lac_cut",
     "outside_note",
     "outside_threshold",
     "prediction_sets",
+    "recorded_score",
     "regression_interval",
     "release_classes",
     "release_score",
+    "score_name_of",
     "set_labels",
     "sets_for",
     "summed_terms",
@@ -168,26 +171,45 @@ OUTSIDE_SLACK = 2.0 ** -21
 _FLOAT32_TINY = 2.0 ** -149
 
 
-def computed_outside(score: Any, k: Any = 0) -> bool:
+def recorded_score(release: Any) -> Any:
+    """The score record of a release (``diagnostics["score"]``: ``{"name", "options", …}``),
+    or None."""
+    return (getattr(release, "diagnostics", None) or {}).get("score")
+
+
+def score_name_of(score: Any) -> str | None:
+    """The name in a score record (a bare name is its own), or None."""
+    return score.get("name") if isinstance(score, dict) else score
+
+
+def is_regression_score(name: Any) -> bool:
+    """Whether ``name`` names a known regression score (``absolute``, ``cqr``)."""
+    return isinstance(name, str) and name in SCORES and SCORES[name].kind == "regression"
+
+
+def computed_outside(release: Any) -> bool:
     """Whether the calibration scores of a release were computed outside privcal, in a
-    precision it never saw, so that :func:`outside_threshold` applies: its recorded ``score``
-    (``diagnostics["score"]``) is none — precomputed scores, or a session's devices' or
+    precision it never saw, so that :func:`outside_threshold` applies: its recorded score
+    (:func:`recorded_score`) is none — precomputed scores, or a session's devices' or
     agents', the score named only at predict (``--score``, ``score_name=``) — or, for a
     classification release, its recorded number of classes ``k`` is None: a run on
     probabilities records k, one on precomputed scores (or a session's) does not — or its
     score record says the scores were given (``"given": "scores"``: a regression score, whose
-    run on predictions and targets records no k either; red team 25, coverage F5)."""
-    recorded = score.get("name") if isinstance(score, dict) else score
-    given = score.get("given") == "scores" if isinstance(score, dict) else False
-    return recorded is None or k is None or given
+    run on predictions and targets records no k either; red team 25, coverage F5). One rule
+    for predict's sets and intervals and for ``release show``'s note (:func:`outside_note`)."""
+    score = recorded_score(release)
+    name = score_name_of(score)
+    if name is None or (isinstance(score, dict) and score.get("given") == "scores"):
+        return True
+    shape = release.shape if isinstance(getattr(release, "shape", None), dict) else {}
+    return not is_regression_score(name) and shape.get("k") is None
 
 
 def summed_terms(score: Any, score_name: str | None, probs: Any) -> int:
     """How many float32 terms a caller's score of one row may sum (:func:`outside_threshold`):
     for ``aps``/``raps`` (the recorded score, else ``score_name``) the number of probability
     columns, else 1 (never 0: predict reads it as "scores computed outside privcal")."""
-    recorded = score.get("name") if isinstance(score, dict) else score
-    if (recorded or score_name) not in ("aps", "raps"):
+    if (score_name_of(score) or score_name) not in ("aps", "raps"):
         return 1
     shape = np.shape(probs)
     return max(1, int(shape[1])) if len(shape) == 2 else 1
@@ -275,11 +297,7 @@ def outside_note(release: Any) -> str | None:
     upper = getattr(coverage, "upper", None)
     if not isinstance(upper, int | float) or upper >= 1:
         return None
-    score = (getattr(release, "diagnostics", None) or {}).get("score")
-    name = score.get("name") if isinstance(score, dict) else score
-    shape = release.shape if isinstance(getattr(release, "shape", None), dict) else {}
-    regression = isinstance(name, str) and name in SCORES and SCORES[name].kind == "regression"
-    if not computed_outside(score, 0 if regression else shape.get("k")):
+    if not computed_outside(release):
         return None
     return (f"≤ {upper:.6g} is of {{y : S ≤ t}}; predict's sets also hold the labels whose score "
             "is within the slack above t for scores computed outside privcal (|t|·2⁻²¹; "
@@ -332,9 +350,7 @@ def refuse_sets_of_regression(release: Any) -> None:
     """Refuse prediction sets from a release recorded on a regression score (it gives
     intervals), in the words the opposite mistake gets (red team 25, newcomer F2: it said
     only that the score "has no per-class scores")."""
-    recorded = ((getattr(release, "diagnostics", None) or {}).get("score") or {})
-    name = recorded.get("name") if isinstance(recorded, dict) else recorded
-    if isinstance(name, str) and name in SCORES and SCORES[name].kind == "regression":
+    if is_regression_score(name := score_name_of(recorded_score(release))):
         raise InvalidInput(f"release {release.id} was calibrated on the regression score "
                            f"{name!r}: it gives intervals (--preds, or --lower-preds and "
                            "--upper-preds), not prediction sets (--probs)")
