@@ -87,7 +87,7 @@ def refuse_narrow_scores(scores: Any, score: str) -> Any:
                 return arr
             name = ("float32 values written as text (a float32 column as pandas or polars "
                     "write it: 1 − 0.7f = 0.3000000119… as 0.3)")
-        elif np.any(np.modf(np.frexp(arr)[0] * 65536.0)[0]):
+        elif np.any(_past_16_bits(arr)):
             name = "float32 values (widened to float64)"
         elif _half_rounded(arr):
             name = ("values of a format narrower than float32, widened to float64 (every one "
@@ -103,6 +103,13 @@ def refuse_narrow_scores(scores: Any, score: str) -> Any:
         "from float64 inputs")
 
 
+def _past_16_bits(arr: Any) -> Any:
+    """Which values of ``arr`` (float64, each a float32) have more than 16 significant bits."""
+    import numpy as np
+
+    return np.modf(np.frexp(arr)[0] * 65536.0)[0] != 0
+
+
 def _half_among(arr: Any) -> bool:
     """Whether the short values of ``arr`` (float64, not every value a float32) — those of at
     most 16 significant bits — look rounded to half precision (:func:`_half_rounded`) and one of
@@ -116,7 +123,7 @@ def _half_among(arr: Any) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
         short = np.isfinite(arr) & (arr != 0) & (arr.astype(np.float32) == arr)
     sub = arr[short]
-    sub = sub[np.modf(np.frexp(sub)[0] * 65536.0)[0] == 0]  # at most 16 significant bits
+    sub = sub[~_past_16_bits(sub)]
     if sub.size < 2 or np.unique(sub).size == sub.size:
         return False
     return bool(_half_rounded(sub))
