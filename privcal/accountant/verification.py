@@ -309,36 +309,24 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
                         statements_not_compared=skipped)  # fmt: skip
 
 
-def check_caps(ledger: Any) -> None:
-    """Every (ε, δ) dataset's spend (its totals, which the storage's verification has just
-    found equal to the sum of its logged charges) within its logged cap's Rényi filter
+def check_cap(ds: Any, under_grid: bool = True) -> None:
+    """An (ε, δ) dataset's spend (its totals, which the storage's verification has just found
+    equal to the sum of its logged charges) within its logged cap's Rényi filter
     (:func:`~privcal.accountant.privacy.filters.within_cap`): each charge privcal accepts
     keeps it so, but a cap raised around a charge and put back, or totals lowered around one
     and restored, left every row equal to its entry and the budget overspent — verified ok,
-    and signed (red team 23, ledger F7). Pure-ε and ρ-zCDP caps are checked by the storage's
-    verification, run first, in the same words (:mod:`privcal.storage.verify_caps`, so
-    ``Ledger.verify`` and ``Ledger.sign_head`` too: red team 24, ledger F2); an (ε, δ) cap
-    is accountant mathematics, :func:`check_cap`, which :func:`verify` passes to
-    ``Ledger.verify`` (red team 25, ledger F3/F7: there it also knows whether a dataset made
-    before its Rényi grid existed was charged since). Here, outside a verification, such a
-    dataset (``renyi_orders`` NULL) is not checked: it may have been charged past its cap
-    under the pre-0004 rule, and then states no guarantee
-    (:func:`~privcal.accountant.privacy.guarantees.filter_guarantee`)."""
-    with ledger.read() as s:
-        for ds in ledger.all_datasets(s):
-            check_cap(ds, ds.renyi_orders is not None)
-
-
-def check_cap(ds: Any, under_grid: bool = True) -> None:
-    """:func:`check_caps` of one dataset row; the ``cap_check`` :func:`verify` gives
-    :meth:`privcal.storage.Ledger.verify`, which calls it on each dataset in the snapshot it
-    verifies — the rows whose head is reported, and signed (red team 25, ledger F3: checked
-    in a later read, a cap raised between the two reads let an overspent head be signed).
-    ``under_grid``: the totals were last charged under the cap's filter — False only for a
-    dataset made before migration 0004 not charged since the 0005 ``migration`` entry, which
-    may be past the filter under the pre-0004 rule (it then states no guarantee); one charged
-    since was charged under the filter on the frozen grid, and is checked on it (red team
-    25, ledger F7: :func:`privcal.storage.verify_caps.grid_check`)."""
+    and signed (red team 23, ledger F7). Pure-ε and ρ-zCDP caps are the storage's own check,
+    in the same words (:mod:`privcal.storage.verify_caps`: red team 24, ledger F2); an
+    (ε, δ) cap's filter is accountant mathematics, so this is the ``cap_check`` :func:`verify`
+    gives :meth:`privcal.storage.Ledger.verify`, which calls it on each dataset row of the
+    snapshot it verifies — the rows whose head is reported, and signed (red team 25, ledger
+    F3: checked in a later read, a cap raised between the two reads let an overspent head be
+    signed). ``under_grid``: the totals were last charged under the cap's filter — False only
+    for a dataset made before migration 0004 not charged since the 0005 ``migration`` entry,
+    which may be past the filter under the pre-0004 rule (it then states no guarantee:
+    :func:`~privcal.accountant.privacy.guarantees.filter_guarantee`); one charged since was
+    charged under the filter on the frozen grid, and is checked on it (red team 25, ledger
+    F7: :func:`privcal.storage.verify_caps.grid_check`)."""
     if ds.notion != "approx":
         return  # pure-ε and ρ-zCDP caps: checked by the storage's verification
     if not under_grid:
