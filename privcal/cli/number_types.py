@@ -94,7 +94,6 @@ class IntList(click.ParamType):
         return value
 
 
-
 class NumberTexts(click.ParamType):
     """Comma-separated plain numbers, kept as the text for the library to read and range-check
     (``--score-range LO,HI``: exactly ``count`` of them; ``--renyi-orders``: any number, blanks
@@ -112,7 +111,9 @@ class NumberTexts(click.ParamType):
         if not isinstance(value, str):
             return value
         parts = value.split(",")
-        for part in parts if self.count in (None, len(parts)) else [""]:
+        if self.count is not None and len(parts) != self.count:
+            self.fail(self.bad.format(value=value, part=""), param, ctx)
+        for part in parts:
             if self.count is None and not part.strip():
                 continue
             try:
