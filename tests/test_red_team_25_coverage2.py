@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-N, M, T = 2000, 20_000, 12
+from tests.test_red_team_25_coverage import M, N, T, _tolerance  # same trials, same bound
 
 
 def _model(seed: int, n: int, first: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
@@ -19,13 +19,6 @@ def _model(seed: int, n: int, first: float = 0.8) -> tuple[np.ndarray, np.ndarra
     p1 = np.where(g.random(n) < 0.7, first, 0.99)
     y = (g.random(n) < p1).astype(np.int64)
     return np.stack([1 - p1, p1], axis=1), y
-
-
-def _tolerance(alpha: float) -> float:
-    """Three sds of the mean of T release coverages: each is Beta-distributed around 1 − α
-    given its calibration (split conformal: variance ≤ α(1−α)/(n+2)), measured on M points
-    (binomial variance ≤ 1/(4M))."""
-    return 3 * math.sqrt((alpha * (1 - alpha) / (N + 2) + 0.25 / M) / T)
 
 
 def test_f1_half_precision_scores_calibrated_unnamed_then_named_at_predict_cover(
