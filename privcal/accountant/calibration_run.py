@@ -284,6 +284,7 @@ def _run(
         distribution=registered.distribution,
         distribution_version=registered.distribution_version,
         requester=requester, charge_ids=charge_ids, _as_computed=True, _key=release_key,
+        _calibrator=calibrator,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from privcal.accountant.normalize import json_safe
 
-__all__ = ["REL_TOL", "coverage_as_recorded", "plain", "same"]
+__all__ = ["REL_TOL", "coverage_as_recorded", "plain", "same", "zcdp_parts"]
 
 #: recorded floats went through JSON; anything beyond this is a real difference
 REL_TOL = 1e-9
@@ -45,14 +45,45 @@ def coverage_as_recorded(cal: Any, rel: Any) -> tuple[Any, Any, Any]:
     it for the recorded parameters and shape, by the formula (and, where it has one,
     ``guarantee_as``, the wording) of the calibrator version that made it: an older version
     is recomputed with its ``legacy_params``. Raises what parameter validation raises."""
-    from privcal.accountant.prepare import validate_params
-    from privcal.calibrators.base import DataShape
-
-    legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
-    params = validate_params(cal, {**(legacy or {}), **rel.params})
-    shape = DataShape.model_validate(rel.shape)
+    params, shape = _inputs(cal, rel)
     as_version = getattr(cal, "guarantee_as", None)
     coverage = (as_version(rel.calibrator_version, params, shape)
                 if as_version is not None and rel.calibrator_version != cal.version
                 else cal.guarantee(params, shape))
     return params, shape, coverage
+
+
+def _inputs(cal: Any, rel: Any) -> tuple[Any, Any]:
+    """(params, shape) of release ``rel`` as calibrator ``cal`` validates them (an older
+    version's with its ``legacy_params``)."""
+    from privcal.accountant.prepare import validate_params
+    from privcal.calibrators.base import DataShape
+
+    legacy = getattr(cal, "legacy_params", {}).get(rel.calibrator_version)
+    params = validate_params(cal, {**(legacy or {}), **rel.params})
+    return params, DataShape.model_validate(rel.shape)
+
+
+def zcdp_parts(cal: Any, rel: Any, privacy: Any, notion: str) -> list[Any] | None:
+    """The ε of the pure ε-DP mechanisms whose composition is the pure cost of ``privacy``
+    (release ``rel``'s privacy record, recorded or recomputed) when its dataset's cap is
+    ρ-zCDP (``notion``): a wrapper's separately charged runs
+    (:func:`~privcal.calibrators.cost_parts.cost_parts`), else the cost itself; None for
+    any other cap or cost. What :func:`~privcal.storage.verify_releases.shortfall` checks
+    the pure charges' Σε²/2 against (red team 26, privacy F1)."""
+    from privcal.calibrators.cost_parts import cost_parts
+    from privcal.calibrators.wrapped import WrappedCalibrator
+    from privcal.costs import PureDP, parse_cost
+
+    doc = privacy.get("cost") if isinstance(privacy, dict) else None
+    if notion != "zcdp" or not isinstance(doc, dict) or doc.get("kind") != "pure":
+        return None
+    try:
+        cost = parse_cost(doc)
+    except ValueError:  # shortfall says the cost cannot be read
+        return None
+    assert isinstance(cost, PureDP)
+    if not isinstance(cal, WrappedCalibrator):  # not a wrapper of separate runs: one
+        return [cost.eps]
+    params, shape = _inputs(cal, rel)
+    return [p.eps for p in cost_parts(cal, params, shape, cost) or [cost]]

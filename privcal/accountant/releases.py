@@ -24,11 +24,12 @@ from typing import Any
 from privcal.accountant.amplification import check_shuffled_dataset
 from privcal.accountant.normalize import json_safe, optional_text
 from privcal.accountant.policy import dataset_info
+from privcal.accountant.record_compare import zcdp_parts
 from privcal.accountant.results import Release
 from privcal.accountant.verification import sentence_problems
 from privcal.calibrators import registry
 from privcal.calibrators.base import CoverageGuarantee
-from privcal.errors import BudgetRefused, InvalidInput, check_row_id, first_error
+from privcal.errors import BudgetRefused, InvalidInput, PrivcalError, check_row_id, first_error
 from privcal.storage import Ledger
 from privcal.storage.audit import release_doc, threshold_str
 from privcal.storage.verify_releases import is_nonprivate, reports_used, shortfall
@@ -112,6 +113,7 @@ def record_release(
     charge_ids: Sequence[int] = (),
     _as_computed: bool = False,
     _key: tuple[str, str] | None = None,
+    _calibrator: Any = None,
 ) -> Release:
     """:meth:`privcal.accountant.Accountant.record_release` (see the module docstring).
 
@@ -120,7 +122,9 @@ def record_release(
     also use it to write an older version's release as it was written then. ``_key`` (not
     public): (idempotency key, request digest) of a non-private run, bound to the release in
     its transaction (:func:`nonprivate_replay`); a release already bound to the key for the
-    same request (a concurrent retry) is returned instead of a second."""
+    same request (a concurrent retry) is returned instead of a second. ``_calibrator`` (not
+    public): the calibrator that computed it (``_as_computed``), which may not be registered
+    — whose parts the run charged (:func:`~privcal.accountant.record_compare.zcdp_parts`)."""
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         raise InvalidInput(f"threshold must be a number, got {threshold!r}")
     thr = threshold_str(float(threshold)) if not math.isnan(threshold) else None
@@ -157,6 +161,7 @@ def record_release(
             raise InvalidInput(f"the release does not state what the installed code "
                                f"states: {bad[0]}")
         cal = registry.get(rel.method).calibrator
+    made_by = cal if cal is not None else _calibrator
 
     def tx(s: Any) -> Release | int:
         ds = ledger.lock_dataset(s, dataset)
@@ -192,7 +197,8 @@ def record_release(
             check_shuffled_dataset(ds)
         why = shortfall(row_data["privacy"], [paid[cid] for cid in ids], reports_used(
             row_data["shape"], session_total=None,
-            federated=getattr(cal, "privacy_model", None) == "federated" if cal else None))
+            federated=getattr(cal, "privacy_model", None) == "federated" if cal else None),
+            zcdp_parts=_parts(made_by, rel, row_data["privacy"], ds.notion))
         if why is not None:
             raise InvalidInput(f"the release {why}: charge its cost first (Accountant.charge "
                                "or charge_subjects) and pass those charge_ids")
@@ -202,6 +208,19 @@ def record_release(
 
     done = ledger.write(tx)
     return get_release(ledger, done) if isinstance(done, int) else done
+
+
+def _parts(cal: Any, rel: Any, privacy: Any, notion: str) -> list[Any] | None:
+    """:func:`~privcal.accountant.record_compare.zcdp_parts` of the release, by ``cal`` (else
+    the registered calibrator of its method; an unknown one: its cost whole)."""
+    if notion != "zcdp":
+        return None
+    if cal is None:
+        try:
+            cal = registry.get(rel.method).calibrator
+        except PrivcalError:
+            cal = None  # no wrapper privcal knows: its pure cost is one mechanism's
+    return zcdp_parts(cal, rel, privacy, notion)
 
 
 #: the most rows (or subjects) a recorded shape may name: more than any calibration runs

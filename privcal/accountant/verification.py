@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from privcal.accountant import privacy as acc
 from privcal.accountant.normalize import cost_json, normalize_cost
-from privcal.accountant.record_compare import coverage_as_recorded, plain, same
+from privcal.accountant.record_compare import coverage_as_recorded, plain, same, zcdp_parts
 from privcal.accountant.release_privacy import is_legacy_local, privacy_record
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
@@ -279,7 +279,8 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
     try:
         from privcal.accountant.prepare import validate_params
 
-        cal, coverage, new_priv = recompute(rel, accountant.dataset(rel.dataset))
+        ds = accountant.dataset(rel.dataset)
+        cal, coverage, new_priv = recompute(rel, ds)
         recorded_cov = plain(
             rel.coverage if isinstance(rel.coverage, dict) else rel.coverage.model_dump(mode="json")
         )
@@ -299,7 +300,8 @@ def check_release(accountant: Any, rel: Any, charges: dict[int, PaidBy] | None =
         if sessions is None:
             sessions = accountant.ledger.session_reports(rel.id)
         unpaid = shortfall(new_priv, [charges[i] for i in rel.charge_ids if i in charges],
-                           reports_of(cal, rel, sessions.get(rel.id)))
+                           reports_of(cal, rel, sessions.get(rel.id)),
+                           zcdp_parts=zcdp_parts(cal, rel, new_priv, ds.notion))
         if unpaid is not None:
             problems.append(f"charges: the release {unpaid} (its recomputed cost)")
     except PrivcalError as exc:
