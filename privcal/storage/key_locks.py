@@ -27,7 +27,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import URL
@@ -36,6 +35,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from privcal.errors import LedgerError
 from privcal.storage.engine import make_engine
+from privcal.storage.sqlite_uri import sqlite_uri
 from privcal.storage.transactions import _dropped
 
 try:
@@ -55,14 +55,42 @@ BUSY = "the ledger is busy (all its connections stayed in use); retry later"
 #: in-process locks of idempotency keys (fcntl locks do not exclude threads of one process)
 _KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
+#: per ``.keylocks`` file, the one handle this process locks it through and how many key locks
+#: use it (guarded by ``_KEY_LOCKS_GUARD``): POSIX record locks belong to the process, and
+#: closing *any* descriptor of a file releases all of them — a handle per key lock, closed
+#: when its run ended, freed the locks other threads still held (red team 26, ledger F3)
+_LOCK_FILES: dict[str, list[Any]] = {}
 
 
 def after_fork_in_child() -> None:
     """A forked child's key locks are all free: a thread of the parent that held one (a keyed
-    run in progress) is not in the child, which would wait for it forever (red team 11)."""
+    run in progress) is not in the child, which would wait for it forever (red team 11). The
+    parent's lock file handles hold no lock of the child's: closed here."""
     global _KEY_LOCKS_GUARD
     _KEY_LOCKS.clear()
     _KEY_LOCKS_GUARD = threading.Lock()
+    for fh, _users in _LOCK_FILES.values():
+        fh.close()
+    _LOCK_FILES.clear()
+
+
+@contextmanager
+def _lock_file(path: str) -> Iterator[Any]:
+    """This process's one open handle of lock file ``path`` (:data:`_LOCK_FILES`), closed when
+    no key lock of the process uses it any more."""
+    with _KEY_LOCKS_GUARD:
+        entry = _LOCK_FILES.get(path)
+        if entry is None:
+            entry = _LOCK_FILES[path] = [open(path, "a+b"), 0]
+        entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        with _KEY_LOCKS_GUARD:
+            entry[1] -= 1
+            if entry[1] == 0 and _LOCK_FILES.get(path) is entry:
+                del _LOCK_FILES[path]
+                entry[0].close()
 
 
 def _lock_path(url: URL) -> str | None:
@@ -71,12 +99,11 @@ def _lock_path(url: URL) -> str | None:
     SQLite's URI (``file:/path?uri=true``) takes the same locks; None in memory, and for a
     read-only or immutable URI (every write is refused: no lock file is made)."""
     path = url.database
-    if path is not None and path.startswith("file:"):
-        query = {**url.query, **dict(p.split("=", 1) for p in (urlsplit(path).query or "")
-                                     .split("&") if "=" in p)}
-        if query.get("mode") in ("ro", "memory") or query.get("immutable") not in (None, "0"):
+    uri = sqlite_uri(url)  # its arguments as SQLite decodes them (red team 26, ledger F1)
+    if uri is not None:
+        if uri.read_only() or "memory" in uri.values("mode"):
             return None
-        path = unquote(urlsplit(path).path)
+        path = uri.path
     if path in (None, "", ":memory:"):
         return None
     return os.path.realpath(path)
@@ -110,7 +137,7 @@ class KeyLocks:
                 yield
                 return
             offset = lock_id & 0x7FFF_FFFF_FFFF
-            with open(f"{file}.keylocks", "a+b") as fh:
+            with _lock_file(f"{file}.keylocks") as fh:
                 fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
                 try:
                     yield
