@@ -141,3 +141,18 @@ def test_postgres_commits_are_durable_whatever_synchronous_commit_says(
     with Ledger(_with_options(ledger_url, f"synchronous_commit={setting}")) as led, \
             led.engine.connect() as conn:
         assert conn.execute(text("SHOW synchronous_commit")).scalar() == kept
+
+
+# ------------------------------------------------------------------ F4
+@PG_ONLY
+def test_db_upgrade_says_the_search_path_names_no_schema(ledger_url: str) -> None:
+    """Known leftover of red team 25: ``search_path`` empty, or naming no existing schema, and
+    ``db upgrade`` said "cannot reach the ledger" (the server had answered)."""
+    from test_red_team_25_ledger import _with_options
+
+    with Ledger(_with_options(ledger_url, "search_path=privcal_no_such_schema")) as led:
+        with pytest.raises(LedgerError, match="no schema to create its tables in") as err:
+            led.upgrade()
+        assert "cannot reach" not in str(err.value)
+    with Ledger(ledger_url) as led:  # the fixture's own schema: nothing was written in it
+        assert led.current() is None

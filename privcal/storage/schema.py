@@ -189,6 +189,12 @@ class LedgerSchema(SchemaRefusals):
                         conn.execute(select(func.pg_advisory_unlock(_UPGRADE_LOCK_KEY)))
                         conn.commit()
             except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) == "3F000":  # invalid_schema_name
+                    raise LedgerError(  # red team 26, ledger F4: "cannot reach the ledger"
+                        f"the ledger at {self.url} has no schema to create its tables in: the "
+                        "search_path of the URL, role or database (options=-csearch_path=…) "
+                        "names no schema that exists; create it (CREATE SCHEMA …) or name an "
+                        "existing one; nothing was written") from exc
                 raise self._unreachable(exc) from exc
         self._schema_ok = False
         cur = self.current()
