@@ -156,3 +156,25 @@ def test_db_upgrade_says_the_search_path_names_no_schema(ledger_url: str) -> Non
         assert "cannot reach" not in str(err.value)
     with Ledger(ledger_url) as led:  # the fixture's own schema: nothing was written in it
         assert led.current() is None
+
+
+# ------------------------------------------------------------------ F6
+@pytest.mark.parametrize("arg", ["immutable=on", "immutable=yes", "immutabl%2565=1"])
+def test_an_immutable_open_beside_a_wal_is_refused_however_spelt(tmp_path: Path,
+                                                                 arg: str) -> None:
+    """Red team 23 F5 refused ``immutable=1`` beside a ``-wal`` holding transactions (SQLite
+    then reads the main file only: older budgets and head); ``immutable=on`` (SQLite's boolean
+    spellings) or a percent-escaped key opened it and showed ε spent 0 of 2.5."""
+    import sqlite3
+
+    db = tmp_path / "l.sqlite"
+    writer = Accountant(f"sqlite:///{db}")
+    writer.create_dataset("d", epsilon=3)
+    with sqlite3.connect(db) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for _ in range(5):  # the writer stays open: its transactions stay in the -wal
+        writer.charge("d", PureDP("0.5"))
+    assert (tmp_path / "l.sqlite-wal").stat().st_size > 32
+    with pytest.raises(LedgerError, match="write-ahead log beside it"):
+        Accountant(f"sqlite:///file:{db}?{arg}&uri=true").budget("d")
+    writer.ledger.close()
