@@ -178,3 +178,29 @@ def test_an_immutable_open_beside_a_wal_is_refused_however_spelt(tmp_path: Path,
     with pytest.raises(LedgerError, match="write-ahead log beside it"):
         Accountant(f"sqlite:///file:{db}?{arg}&uri=true").budget("d")
     writer.ledger.close()
+
+
+# ------------------------------------------------------------------ F8
+def test_a_ledger_moved_or_linked_while_open_takes_no_more_writes(tmp_path: Path) -> None:
+    """``mv a.sqlite b.sqlite`` under running writers: they went on writing through
+    ``a.sqlite-wal`` while processes opening ``b.sqlite`` wrote ``b.sqlite-wal`` — 60 charges
+    of ε 0.1 acknowledged on a cap of 3, 30 kept, verified. A connection opened before the
+    move (or before another hard link was made) now refuses to begin a write."""
+    a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    acct = Accountant(f"sqlite:///{a}")
+    acct.create_dataset("d", epsilon=3)
+    acct.charge("d", PureDP("0.1"))  # the hot path's connection, kept
+    os.link(a, tmp_path / "c.sqlite")
+    with pytest.raises(LedgerError, match="has 2 hard links"):
+        acct.charge("d", PureDP("0.1"))
+    (tmp_path / "c.sqlite").unlink()
+    acct.charge("d", PureDP("0.1"))
+    os.rename(a, b)
+    with pytest.raises(LedgerError, match="moved, replaced or deleted") as err:
+        acct.charge("d", PureDP("0.1"))
+    assert "\n" not in str(err.value)
+    with pytest.raises(LedgerError, match="moved, replaced or deleted"):
+        acct.create_dataset("e", epsilon=1)  # the ORM write path too
+    assert acct.budget("d").charges == 2  # nothing written by the refused calls
+    assert [d.name for d in acct.datasets()] == ["d"]
+    acct.ledger.close()

@@ -44,7 +44,12 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, NoSuch
 from sqlalchemy.pool import StaticPool
 
 from privcal.errors import LedgerError
-from privcal.storage.sqlite_uri import PYSQLITE_ARGS, refuse_linked_file, sqlite_uri
+from privcal.storage.sqlite_uri import (
+    PYSQLITE_ARGS,
+    check_same_file,
+    refuse_linked_file,
+    sqlite_uri,
+)
 
 __all__ = ["BEGIN_WITH_NEXT", "BUSY_TIMEOUT_MS", "begin_pending", "connection_lost",
            "default_sqlite_path", "make_engine", "parse_url", "resolve_url", "sqlite_file_hint"]
@@ -228,11 +233,11 @@ def _sqlite_engine(u: URL) -> Engine:
     engine = create_engine(u, hide_parameters=True, **kwargs)
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
         # hand transaction control to the "begin" hook below
         dbapi_conn.isolation_level = None
         if not memory:  # before anything is written (red team 26, ledger F2)
-            refuse_linked_file(dbapi_conn)
+            refuse_linked_file(dbapi_conn, record.info)
         cur = dbapi_conn.cursor()
         if not memory:
             cur.execute("PRAGMA journal_mode=WAL")
@@ -251,7 +256,10 @@ def _sqlite_engine(u: URL) -> Engine:
         dbapi_conn = conn.connection.driver_connection
         if dbapi_conn.in_transaction:  # begun on the driver (Ledger.write_core): join it
             return
-        sql = "BEGIN IMMEDIATE" if conn.get_execution_options().get("privcal_write") else "BEGIN"
+        sql = "BEGIN"
+        if conn.get_execution_options().get("privcal_write"):
+            sql = "BEGIN IMMEDIATE"
+            check_same_file(conn.connection.info)  # not moved since (red team 26, ledger F8)
         try:  # on the driver: exec_driver_sql costs ~50 µs of every write (issue 11)
             dbapi_conn.execute(sql)
         except sqlite3.Error as exc:  # raised as SQLAlchemy would (a busy ledger is retried)

@@ -24,7 +24,8 @@ from sqlalchemy.engine import URL
 
 from privcal.errors import LedgerError
 
-__all__ = ["PYSQLITE_ARGS", "SqliteUri", "refuse_linked_file", "sqlite_uri"]
+__all__ = ["FILE_INFO", "PYSQLITE_ARGS", "SqliteUri", "check_same_file", "refuse_linked_file",
+           "sqlite_uri"]
 
 #: the query arguments SQLAlchemy's pysqlite driver takes itself (never passed to SQLite)
 PYSQLITE_ARGS = frozenset({"timeout", "isolation_level", "detect_types", "check_same_thread",
@@ -86,8 +87,22 @@ def sqlite_uri(u: URL) -> SqliteUri | None:
     return SqliteUri(unquote(path), dict(args))
 
 
-def refuse_linked_file(dbapi_conn: Any) -> None:
-    """LedgerError (the connection closed) if the file SQLite just opened has another hard link.
+#: ``info`` key of a SQLite connection's record: (path, device, inode) of the file it opened
+FILE_INFO = "privcal_sqlite_file"
+
+
+def _refuse_links(file: str, links: int) -> LedgerError:
+    return LedgerError(
+        f"the ledger file {file} has {links} hard links: SQLite keeps its write-ahead log and "
+        "write lock beside each name it is opened by, so processes using two names would "
+        "write at once and lose charges; remove the other links (find them with `find / "
+        f"-samefile {file}`) or copy the file; nothing was written")
+
+
+def refuse_linked_file(dbapi_conn: Any, info: dict[str, Any]) -> None:
+    """LedgerError (the connection closed) if the file SQLite just opened has another hard
+    link; else its (path, device, inode) kept in the connection record's ``info``
+    (:func:`check_same_file`).
 
     SQLite names a database's write-ahead log and its lock file (``-wal``, ``-shm``) after the
     name it was opened by, and in WAL mode the write lock is a byte of ``-shm``: two processes
@@ -100,14 +115,34 @@ def refuse_linked_file(dbapi_conn: Any) -> None:
         if name != "main" or not file:
             continue
         try:
-            links = os.stat(file).st_nlink
+            st = os.stat(file)
         except OSError:
             return  # the driver's own error, if any, says why
-        if links > 1:
+        if st.st_nlink > 1:
             dbapi_conn.close()
-            raise LedgerError(
-                f"the ledger file {file} has {links} hard links: SQLite keeps its write-ahead "
-                "log and write lock beside each name it is opened by, so processes using two "
-                "names would write at once and lose charges; remove the other links (find "
-                f"them with `find / -samefile {file}`) or copy the file; nothing was read or "
-                "written")
+            raise _refuse_links(file, st.st_nlink)
+        info[FILE_INFO] = (file, st.st_dev, st.st_ino)
+
+
+def check_same_file(info: dict[str, Any]) -> None:
+    """Before a write transaction on a SQLite connection: LedgerError, nothing written, unless
+    the name it opened still names the very file, with no other link. A ledger renamed
+    (``mv``) while a process had it open was written by that process through its old
+    ``-wal`` and by any process opening the new name through a new one — 60 charges of ε 0.1
+    acknowledged on a cap of 3, 30 kept, verified (red team 26, ledger F8). One ``stat``."""
+    known = info.get(FILE_INFO)
+    if known is None:
+        return
+    file, dev, ino = known
+    try:
+        st = os.stat(file)
+    except OSError:
+        st = None
+    if st is None or (st.st_dev, st.st_ino) != (dev, ino):
+        raise LedgerError(
+            f"the ledger file {file} was moved, replaced or deleted while this process had it "
+            "open: SQLite keeps the write-ahead log under the name it opened, and a process "
+            "opening the file's new name would write beside it; restart this process on the "
+            "ledger's current path; nothing was written")
+    if st.st_nlink > 1:
+        raise _refuse_links(file, st.st_nlink)
