@@ -204,3 +204,48 @@ def test_a_ledger_moved_or_linked_while_open_takes_no_more_writes(tmp_path: Path
     assert acct.budget("d").charges == 2  # nothing written by the refused calls
     assert [d.name for d in acct.datasets()] == ["d"]
     acct.ledger.close()
+
+
+# ------------------------------------------------------------------ F9
+def _hold_then_want(path: str, first: str, second: str, delay: float, q: Any) -> None:
+    led = Ledger(f"sqlite:///{path}")
+    out: list[str] = []
+
+    def hold() -> None:
+        with led.key_lock("d", first):
+            time.sleep(3)
+
+    def want() -> None:
+        time.sleep(delay)
+        try:
+            with led.key_lock("d", second):
+                out.append("ok")
+        except Exception as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=want)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    led.close()
+    q.put(out)
+
+
+def test_key_locks_wait_where_the_kernel_sees_a_deadlock_between_processes(
+        tmp_path: Path) -> None:
+    """Process A: one thread holds K1, another waits for K2; process B: one holds K2, another
+    then waits for K1. No thread waits for itself, but POSIX locks belong to processes: B's
+    wait was refused with a raw ``OSError: Resource deadlock avoided``."""
+    db = str(tmp_path / "l.sqlite")
+    Ledger(f"sqlite:///{db}").ensure_schema()
+    ctx = mp.get_context("spawn")
+    q: Any = ctx.Queue()
+    ps = [ctx.Process(target=_hold_then_want, args=(db, "K1", "K2", 0.5, q)),
+          ctx.Process(target=_hold_then_want, args=(db, "K2", "K1", 1.0, q))]
+    for p in ps:
+        p.start()
+    outs = [q.get(timeout=60) for _ in ps]
+    for p in ps:
+        p.join(30)
+    assert outs == [["ok"], ["ok"]]

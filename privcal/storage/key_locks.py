@@ -21,9 +21,11 @@ dies with its holder, so a crashed run's retry takes it and re-runs once.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -109,6 +111,26 @@ def _lock_path(url: URL) -> str | None:
     return os.path.realpath(path)
 
 
+def _lockf_waiting(fh: Any, offset: int) -> None:
+    """The byte ``offset`` of lock file ``fh`` locked, waiting as long as another holds it.
+
+    The kernel's deadlock detection sees processes, not threads: process A's thread holding
+    key K1 while another of its threads waits for K2, held by process B whose other thread
+    waits for K1, is a cycle to it — a raw ``OSError: [Errno 35] Resource deadlock avoided``
+    for a keyed run that only had to wait (red team 26, ledger F9). A thread holds one key's
+    lock at a time (one keyed run), so no real cycle exists: the wait is resumed, polled."""
+    pause = 0.001
+    while True:
+        try:
+            fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EDEADLK:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 class KeyLocks:
     """The idempotency-key locks of a :class:`~privcal.storage.ledger.Ledger`."""
 
@@ -138,7 +160,7 @@ class KeyLocks:
                 return
             offset = lock_id & 0x7FFF_FFFF_FFFF
             with _lock_file(f"{file}.keylocks") as fh:
-                fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+                _lockf_waiting(fh, offset)
                 try:
                     yield
                 finally:
