@@ -249,3 +249,23 @@ def test_key_locks_wait_where_the_kernel_sees_a_deadlock_between_processes(
     for p in ps:
         p.join(30)
     assert outs == [["ok"], ["ok"]]
+
+
+# ------------------------------------------------------------------ F11
+def test_a_new_ledger_named_by_a_percent_encoded_uri_is_private(tmp_path: Path) -> None:
+    """``file:/…/my%20dir/l.sqlite``: privcal made its 0600 file at the undecoded path
+    (``my%20dir``, no such directory) and SQLite created ``my dir/l.sqlite`` with the umask's
+    0644 — the ledger holding the pseudonyms' secret readable by every local user."""
+    folder = tmp_path / "my dir"
+    folder.mkdir()
+    old = os.umask(0o022)
+    try:
+        url = f"sqlite:///file:{tmp_path.as_posix().replace(' ', '%2520')}/my%2520dir/l.sqlite" \
+              "?uri=true"
+        acct = Accountant(url)
+        acct.create_dataset("d", epsilon=1)
+        acct.ledger.close()
+    finally:
+        os.umask(old)
+    assert (folder / "l.sqlite").stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "my%20dir").exists()

@@ -16,7 +16,8 @@ from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 
 from privcal.errors import LedgerError, SchemaOutOfDate
-from privcal.storage.schema_refusals import SchemaRefusals, uri_file
+from privcal.storage.schema_refusals import SchemaRefusals
+from privcal.storage.sqlite_uri import sqlite_uri
 
 __all__ = ["MIGRATIONS_DIR", "LedgerSchema"]
 
@@ -242,11 +243,11 @@ class LedgerSchema(SchemaRefusals):
         path = self._sqlite_file()
         if path is None:
             return
-        if self._sqlite_uri():  # its file, unless opened read-only (then none is made)
-            q = self._url.query
-            if str(q.get("mode", "")) == "ro" or str(q.get("immutable", "")) in ("1", "true"):
+        uri = sqlite_uri(self._url)  # its file, unless opened read-only (then none is made)
+        if uri is not None:
+            if uri.read_only():
                 return
-            path = uri_file(path)
+            path = Path(uri.path)  # decoded as SQLite decodes it (red team 26, ledger F11)
         try:
             target = path.resolve()
         except (OSError, RuntimeError):  # a symlink loop (3.11: RuntimeError): the driver's
@@ -274,8 +275,9 @@ class LedgerSchema(SchemaRefusals):
         path = self._sqlite_file()
         if path is None:
             return None
-        if self._sqlite_uri():
-            path = uri_file(path)
+        uri = sqlite_uri(self._url)
+        if uri is not None:
+            path = Path(uri.path)
         try:
             if not path.exists() or path.stat().st_size == 0:
                 return path

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from privcal.errors import LedgerError
 from privcal.storage.sqlite_uri import sqlite_uri
 
-__all__ = ["SchemaRefusals", "uri_file"]
+__all__ = ["SchemaRefusals"]
 
 
 class SchemaRefusals:
@@ -111,9 +111,3 @@ class SchemaRefusals:
                 "checkpoint a writable copy first (sqlite3 COPY 'PRAGMA "
                 "wal_checkpoint(TRUNCATE)')",
                 public="the ledger's write-ahead log is not read by an immutable open")
-
-
-def uri_file(database: Path) -> Path:
-    """The file a SQLite ``file:`` URI's path names (the path itself without ``file:``)."""
-    name = str(database)
-    return Path(name[len("file:"):] if name.startswith("file:") else name)
