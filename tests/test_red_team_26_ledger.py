@@ -269,3 +269,19 @@ def test_a_new_ledger_named_by_a_percent_encoded_uri_is_private(tmp_path: Path) 
         os.umask(old)
     assert (folder / "l.sqlite").stat().st_mode & 0o777 == 0o600
     assert not (tmp_path / "my%20dir").exists()
+
+
+# ------------------------------------------------------------------ F12
+def test_the_key_lock_file_is_private(tmp_path: Path) -> None:
+    """``<db>.keylocks`` was made with the umask's 0644: a local user able to open it could
+    hold a read lock that blocks every keyed run's exclusive lock."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    led.ensure_schema()
+    old = os.umask(0o022)
+    try:
+        with led.key_lock("d", "k"):
+            pass
+    finally:
+        os.umask(old)
+    led.close()
+    assert (tmp_path / "l.sqlite.keylocks").stat().st_mode & 0o777 == 0o600

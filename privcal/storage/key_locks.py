@@ -83,7 +83,10 @@ def _lock_file(path: str) -> Iterator[Any]:
     with _KEY_LOCKS_GUARD:
         entry = _LOCK_FILES.get(path)
         if entry is None:
-            entry = _LOCK_FILES[path] = [open(path, "a+b"), 0]
+            # 0600 whatever the umask: a user who can open it can hold a read lock that blocks
+            # every keyed run (red team 26, ledger F12), as the ledger itself is 0600
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            entry = _LOCK_FILES[path] = [os.fdopen(fd, "a+b"), 0]
         entry[1] += 1
     try:
         yield entry[0]
