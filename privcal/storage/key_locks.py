@@ -21,13 +21,14 @@ dies with its holder, so a crashed run's retry takes it and re-runs once.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import URL
@@ -36,6 +37,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from privcal.errors import LedgerError
 from privcal.storage.engine import make_engine
+from privcal.storage.sqlite_uri import sqlite_uri
 from privcal.storage.transactions import _dropped
 
 try:
@@ -55,14 +57,45 @@ BUSY = "the ledger is busy (all its connections stayed in use); retry later"
 #: in-process locks of idempotency keys (fcntl locks do not exclude threads of one process)
 _KEY_LOCKS: dict[tuple[str, int], threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
+#: per ``.keylocks`` file, the one handle this process locks it through and how many key locks
+#: use it (guarded by ``_KEY_LOCKS_GUARD``): POSIX record locks belong to the process, and
+#: closing *any* descriptor of a file releases all of them — a handle per key lock, closed
+#: when its run ended, freed the locks other threads still held (red team 26, ledger F3)
+_LOCK_FILES: dict[str, list[Any]] = {}
 
 
 def after_fork_in_child() -> None:
     """A forked child's key locks are all free: a thread of the parent that held one (a keyed
-    run in progress) is not in the child, which would wait for it forever (red team 11)."""
+    run in progress) is not in the child, which would wait for it forever (red team 11). The
+    parent's lock file handles hold no lock of the child's: closed here."""
     global _KEY_LOCKS_GUARD
     _KEY_LOCKS.clear()
     _KEY_LOCKS_GUARD = threading.Lock()
+    for fh, _users in _LOCK_FILES.values():
+        fh.close()
+    _LOCK_FILES.clear()
+
+
+@contextmanager
+def _lock_file(path: str) -> Iterator[Any]:
+    """This process's one open handle of lock file ``path`` (:data:`_LOCK_FILES`), closed when
+    no key lock of the process uses it any more."""
+    with _KEY_LOCKS_GUARD:
+        entry = _LOCK_FILES.get(path)
+        if entry is None:
+            # 0600 whatever the umask: a user who can open it can hold a read lock that blocks
+            # every keyed run (red team 26, ledger F12), as the ledger itself is 0600
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            entry = _LOCK_FILES[path] = [os.fdopen(fd, "a+b"), 0]
+        entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        with _KEY_LOCKS_GUARD:
+            entry[1] -= 1
+            if entry[1] == 0 and _LOCK_FILES.get(path) is entry:
+                del _LOCK_FILES[path]
+                entry[0].close()
 
 
 def _lock_path(url: URL) -> str | None:
@@ -71,15 +104,34 @@ def _lock_path(url: URL) -> str | None:
     SQLite's URI (``file:/path?uri=true``) takes the same locks; None in memory, and for a
     read-only or immutable URI (every write is refused: no lock file is made)."""
     path = url.database
-    if path is not None and path.startswith("file:"):
-        query = {**url.query, **dict(p.split("=", 1) for p in (urlsplit(path).query or "")
-                                     .split("&") if "=" in p)}
-        if query.get("mode") in ("ro", "memory") or query.get("immutable") not in (None, "0"):
+    uri = sqlite_uri(url)  # its arguments as SQLite decodes them (red team 26, ledger F1)
+    if uri is not None:
+        if uri.read_only() or "memory" in uri.values("mode"):
             return None
-        path = unquote(urlsplit(path).path)
+        path = uri.path
     if path in (None, "", ":memory:"):
         return None
     return os.path.realpath(path)
+
+
+def _lockf_waiting(fh: Any, offset: int) -> None:
+    """The byte ``offset`` of lock file ``fh`` locked, waiting as long as another holds it.
+
+    The kernel's deadlock detection sees processes, not threads: process A's thread holding
+    key K1 while another of its threads waits for K2, held by process B whose other thread
+    waits for K1, is a cycle to it — a raw ``OSError: [Errno 35] Resource deadlock avoided``
+    for a keyed run that only had to wait (red team 26, ledger F9). A thread holds one key's
+    lock at a time (one keyed run), so no real cycle exists: the wait is resumed, polled."""
+    pause = 0.001
+    while True:
+        try:
+            fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EDEADLK:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 class KeyLocks:
@@ -110,8 +162,8 @@ class KeyLocks:
                 yield
                 return
             offset = lock_id & 0x7FFF_FFFF_FFFF
-            with open(f"{file}.keylocks", "a+b") as fh:
-                fcntl.lockf(fh, fcntl.LOCK_EX, 1, offset)
+            with _lock_file(f"{file}.keylocks") as fh:
+                _lockf_waiting(fh, offset)
                 try:
                     yield
                 finally:

@@ -16,7 +16,8 @@ from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 
 from privcal.errors import LedgerError, SchemaOutOfDate
-from privcal.storage.schema_refusals import SchemaRefusals, uri_file
+from privcal.storage.schema_refusals import SchemaRefusals
+from privcal.storage.sqlite_uri import sqlite_uri
 
 __all__ = ["MIGRATIONS_DIR", "LedgerSchema"]
 
@@ -189,6 +190,12 @@ class LedgerSchema(SchemaRefusals):
                         conn.execute(select(func.pg_advisory_unlock(_UPGRADE_LOCK_KEY)))
                         conn.commit()
             except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) == "3F000":  # invalid_schema_name
+                    raise LedgerError(  # red team 26, ledger F4: "cannot reach the ledger"
+                        f"the ledger at {self.url} has no schema to create its tables in: the "
+                        "search_path of the URL, role or database (options=-csearch_path=…) "
+                        "names no schema that exists; create it (CREATE SCHEMA …) or name an "
+                        "existing one; nothing was written") from exc
                 raise self._unreachable(exc) from exc
         self._schema_ok = False
         cur = self.current()
@@ -236,11 +243,11 @@ class LedgerSchema(SchemaRefusals):
         path = self._sqlite_file()
         if path is None:
             return
-        if self._sqlite_uri():  # its file, unless opened read-only (then none is made)
-            q = self._url.query
-            if str(q.get("mode", "")) == "ro" or str(q.get("immutable", "")) in ("1", "true"):
+        uri = sqlite_uri(self._url)  # its file, unless opened read-only (then none is made)
+        if uri is not None:
+            if uri.read_only():
                 return
-            path = uri_file(path)
+            path = Path(uri.path)  # decoded as SQLite decodes it (red team 26, ledger F11)
         try:
             target = path.resolve()
         except (OSError, RuntimeError):  # a symlink loop (3.11: RuntimeError): the driver's
@@ -268,8 +275,9 @@ class LedgerSchema(SchemaRefusals):
         path = self._sqlite_file()
         if path is None:
             return None
-        if self._sqlite_uri():
-            path = uri_file(path)
+        uri = sqlite_uri(self._url)
+        if uri is not None:
+            path = Path(uri.path)
         try:
             if not path.exists() or path.stat().st_size == 0:
                 return path

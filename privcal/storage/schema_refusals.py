@@ -13,8 +13,9 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError
 
 from privcal.errors import LedgerError
+from privcal.storage.sqlite_uri import sqlite_uri
 
-__all__ = ["SchemaRefusals", "uri_file"]
+__all__ = ["SchemaRefusals"]
 
 
 class SchemaRefusals:
@@ -93,28 +94,20 @@ class SchemaRefusals:
         its 32-byte header): SQLite reads the main file only, so the transactions a running or
         killed writer committed since the last checkpoint — also in a copy or read-only mount
         taken with it — were not there: older budgets and head (red team 23, ledger F5)."""
-        q = self._url.query
-        if not self._sqlite_uri() or str(q.get("immutable", "")).lower() not in ("1", "true"):
+        uri = sqlite_uri(self._url)  # as SQLite reads it: immutable=on, immutabl%65=1 too
+        if uri is None or not uri.flag("immutable"):  # (red team 26, ledger F6)
             return
-        path = self._sqlite_file()
-        if path is None:
-            return
-        wal = Path(f"{uri_file(path)}-wal")
+        path = Path(uri.path)
+        wal = Path(f"{path}-wal")
         try:
             size = wal.stat().st_size
         except OSError:
             return
         if size > 32:
             raise LedgerError(
-                f"the ledger {uri_file(path)} has a write-ahead log beside it ({wal.name}, "
+                f"the ledger {path} has a write-ahead log beside it ({wal.name}, "
                 f"{size} bytes) whose transactions immutable=1 does not read (its budgets and "
                 "head would be older than the ledger's): open it with mode=ro instead, or "
                 "checkpoint a writable copy first (sqlite3 COPY 'PRAGMA "
                 "wal_checkpoint(TRUNCATE)')",
                 public="the ledger's write-ahead log is not read by an immutable open")
-
-
-def uri_file(database: Path) -> Path:
-    """The file a SQLite ``file:`` URI's path names (the path itself without ``file:``)."""
-    name = str(database)
-    return Path(name[len("file:"):] if name.startswith("file:") else name)

@@ -37,6 +37,7 @@ from privcal.storage.audit_queue import pg_append_with, pg_charge_entry
 from privcal.storage.engine import BEGIN_WITH_NEXT, begin_pending, connection_lost
 from privcal.storage.models import Charge, Dataset
 from privcal.storage.sessions import CollectionSession, SessionBatch
+from privcal.storage.sqlite_uri import check_same_file
 
 __all__ = ["HEAD_INFO", "SPENT_COLUMNS", "Codec", "HotSQL", "HotStatements"]
 
@@ -342,6 +343,7 @@ class HotStatements:
         pool.
         """
         if self.backend == "sqlite":  # type: ignore[attr-defined]
+            check_same_file(conn.connection.info)  # not moved since (red team 26, ledger F8)
             self._sql(conn, "BEGIN IMMEDIATE")
             return
         try:
