@@ -122,7 +122,13 @@ def normalize_cost(cost: AnyCost) -> AnyCost:
     """The cost with every amount rounded *up* to 12 decimal places (what is stored).
 
     A cost already in that form is returned as is (costs are frozen): no second validation
-    on the charge's hot path (issue 11)."""
+    on the charge's hot path (issue 11). Only the four cost classes themselves are costs: a
+    subclass could answer the filter's ``cost.rho`` with one amount while its record
+    (:func:`cost_json`, its fields) says another (red team 26, api F4: ρ = 0.9 recorded
+    twice against a cap of 1, 2e-12 spent)."""
+    if type(cost) not in (PureDP, ZCDP, ApproxDP, LocalDP):
+        raise InvalidInput(f"not a privacy cost: {_shown(cost)} (a cost is a PureDP, ZCDP, "
+                           "ApproxDP or LocalDP itself, not a subclass)")
     if isinstance(cost, PureDP):
         eps = _up(cost.eps, "ε")
         return cost if _same(eps, cost.eps) else PureDP(eps=eps)
