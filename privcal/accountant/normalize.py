@@ -273,4 +273,5 @@ def idempotency_key(value: str | None) -> str | None:
         raise InvalidInput(f"idempotency keys beginning with {SERVICE_KEY_PREFIX!r} are "
                            "reserved for the keys privcal's HTTP service derives: choose "
                            "another key")
-    return key
+    # the text checked (check_text's exact str), still the service's where it was
+    return ServiceKey(key) if key is not None and isinstance(value, ServiceKey) else key
