@@ -256,13 +256,13 @@ class PrivateConformalClassifier(_Base):
     def _devices(self, labels: np.ndarray, k: int) -> np.ndarray:
         """What the users' devices send for ``ldp-label``: each label through k-ary randomized
         response at the run's ε (the client randomizer, drawing from the estimator's rng)."""
-        from privcal.calibrators.base import default_rng, numpy_rng
+        from privcal.calibrators.base import numpy_rng, unpredictable
         from privcal.calibrators.mechanisms.randomized_response import krr_many
 
         eps = self.params.get("epsilon")
         if eps is None:
             raise InvalidInput("ldp-label needs epsilon= (the ε of the users' k-RR labels)")
-        gen = numpy_rng(self.rng if self.rng is not None else default_rng())
+        gen = numpy_rng(unpredictable(self.rng, "the simulated devices' k-RR"))
         return krr_many(labels, k, eps, gen)
 
     @classmethod

@@ -165,7 +165,7 @@ def _run(
         raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                            "run); a central method's cost is charged as declared")
     if cost is not None:  # a private run's noise no one can predict (red team 20, privacy F2)
-        unpredictable(rng, "a private run")
+        rng = unpredictable(rng, "a private run")
     ds = get_dataset(ledger, dataset)
     if shuffle is not None:
         from privcal.accountant.amplification import check_shuffled_dataset

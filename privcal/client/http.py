@@ -281,7 +281,7 @@ class Reporter(_Base):
             raise InvalidInput("report() takes a score (a real number, not NaN or a bool) or a "
                                f"function of the query returning true/false, got {value!r:.40}")
         from privcal.calibrators.base import unpredictable
-        unpredictable(rng, "what this device sends")
+        rng = unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
             return self._report(value, report_id, answer_again, rng)
 
@@ -354,7 +354,7 @@ class Agent(_Base):
         is FedCP-QQ, unrandomized, with ``max_epsilon``), or if the server's answer about
         the token changed; InvalidInput for scores not the session's score (float32, …)."""
         from privcal.calibrators.base import unpredictable
-        unpredictable(rng, "what this device sends")
+        rng = unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
             return self._send(scores, rng, answer_again)
 
