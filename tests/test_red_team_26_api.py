@@ -1,0 +1,201 @@
+"""Red team 26, api: what an embedding program can pass that the CLI cannot.
+
+F1: the run read the caller's containers again after the charge; F2: a predictable random
+source passed as the CSPRNG; F3: a ``str`` subclass passed the reserved-key checks; F4: a
+cost subclass was charged one amount and recorded another. Each test fails on the code
+before its fix (checked by reverting the fix)."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from privcal import ZCDP, Accountant, PureDP
+from privcal.accountant import calibration_run
+from privcal.calibrators import registry
+from privcal.calibrators.base import CalibrationInput
+from privcal.errors import InvalidInput
+
+N = 400
+
+
+def _acct(tmp_path: Path, **cap: Any) -> Accountant:
+    acct = Accountant(f"sqlite:///{tmp_path}/ledger.db")
+    acct.create_dataset("d", **cap)
+    return acct
+
+
+def _after_the_charge(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
+    """Run ``act`` right after the run's subject charge commits: what another thread of the
+    embedding program can do at that moment, made deterministic."""
+    charge = calibration_run.charge_subjects
+
+    def charged_then(*args: Any, **kwargs: Any) -> Any:
+        out = charge(*args, **kwargs)
+        act()
+        return out
+
+    monkeypatch.setattr(calibration_run, "charge_subjects", charged_then)
+
+
+def test_f1_rows_added_after_the_charge_are_not_calibrated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F1: ``Accountant.run`` with lists a producer thread extends after the charge. Before:
+    ldp-score calibrated 4 400 rows, 4 000 of them of subjects never charged, under a
+    release recorded for n = 400."""
+    acct = _acct(tmp_path, epsilon=10, subject_epsilon=1)
+    gen = np.random.default_rng(0)
+    scores = list(gen.uniform(size=N))
+    subjects = [f"u{i}" for i in range(N)]
+
+    def producer() -> None:
+        scores.extend(gen.uniform(size=10 * N))
+        subjects.extend(f"v{i}" for i in range(10 * N))
+
+    _after_the_charge(monkeypatch, producer)
+    cal = registry.get("ldp-score").calibrator
+    seen: list[int] = []
+    calibrate = type(cal).calibrate
+
+    def spy(self: Any, data: CalibrationInput, p: Any, rng: random.Random) -> Any:
+        seen.append(int(np.shape(data.scores)[0]))
+        return calibrate(self, data, p, rng)
+
+    monkeypatch.setattr(type(cal), "calibrate", spy)
+    rel = acct.run(cal, {"alpha": 0.1, "epsilon": 1.0},
+                   CalibrationInput(scores=scores, subjects=subjects), dataset="d")
+    assert seen == [N] and rel.shape["n"] == N
+    assert acct.subject_summary("d").subjects == N
+    assert acct.subject_spend("d", "v0") == 0
+
+
+def test_f1_a_value_written_after_the_checks_is_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F1: ``Accountant.calibrate`` kept the caller's float64 array itself; a NaN written
+    into it after the charge made ldp-score refuse then — 400 subjects charged ε0, no
+    release. The run reads its own copy: the release is recorded for the data checked."""
+    acct = _acct(tmp_path, epsilon=10, subject_epsilon=1)
+    s = np.random.default_rng(1).uniform(size=N)
+
+    def writer() -> None:
+        s[5] = np.nan
+
+    _after_the_charge(monkeypatch, writer)
+    rel = acct.calibrate("ldp-score", dataset="d", scores=s, alpha=0.1, epsilon=1.0,
+                         subjects=[f"u{i}" for i in range(N)])
+    assert rel.shape["n"] == N and len(acct.releases("d")) == 1
+    assert acct.subject_summary("d").subjects == N
+
+
+def test_f1_the_copy_keeps_what_the_checks_refuse(tmp_path: Path) -> None:
+    """The run's copy of the data keeps a masked array's mask (refused, red team 11) and a
+    ragged list is still one line; nothing charged."""
+    acct = _acct(tmp_path, rho=1)
+    cal = registry.get("pcoqs").calibrator
+    masked = np.ma.array(np.linspace(0, 1, N), mask=[i == 3 for i in range(N)])
+    for data, said in ((CalibrationInput(scores=masked), "masked"),
+                       (CalibrationInput(scores=[[0.1], [0.2, 0.3]]), "not an array")):
+        with pytest.raises(InvalidInput, match=said):
+            acct.run(cal, {"alpha": 0.1, "rho": 0.1}, data, dataset="d")
+    assert acct.budget("d").charges == 0
+
+
+class _Predictable(random.SystemRandom):
+    """A CSPRNG in type only: its draws are ``random.Random(42)``'s."""
+
+    def __init__(self) -> None:
+        self._stream = random.Random(42)
+        super().__init__()
+
+    def random(self) -> float:
+        return self._stream.random()
+
+    def getrandbits(self, k: int) -> int:
+        return self._stream.getrandbits(k)
+
+
+def test_f2_a_systemrandom_subclass_is_refused_for_private_noise(tmp_path: Path) -> None:
+    """F2: two P-COQS runs (ρ = 1) given a SystemRandom subclass drawing random.Random(42)'s
+    stream released the same threshold, each recorded as 1-zCDP. Refused, nothing charged,
+    for a run and for the estimator's simulated devices (ldp-label)."""
+    acct = _acct(tmp_path, rho=10, subject_epsilon=5)
+    s = np.random.default_rng(2).uniform(size=N)
+    with pytest.raises(InvalidInput, match="noise no one can predict"):
+        acct.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, rho=1.0,
+                       rng=_Predictable())
+    from privcal.estimators import PrivateConformalClassifier
+
+    class Model:
+        classes_ = np.array([0, 1, 2])
+
+        def predict_proba(self, X: Any) -> np.ndarray:
+            return np.full((len(X), 3), 1 / 3)
+
+    est = PrivateConformalClassifier(Model(), "ldp-label", 0.9, accountant=acct, dataset="d",
+                                     epsilon=2, rng=_Predictable())
+    with pytest.raises(InvalidInput, match="noise no one can predict"):
+        est.conformalize(np.zeros((N, 2)), np.arange(N) % 3,
+                         subjects=[f"u{i}" for i in range(N)])
+    assert acct.budget("d").charges == 0 and acct.releases("d") == []
+
+
+def test_f2_a_systemrandom_is_never_drawn_from_by_a_private_run(tmp_path: Path) -> None:
+    """F2: a ``random.SystemRandom()`` whose ``random``/``getrandbits`` were replaced by a
+    seeded generator's passed as the CSPRNG; a private run now draws from privcal's own
+    (the caller's replaced methods are never called)."""
+    acct = _acct(tmp_path, rho=10)
+    calls: list[str] = []
+    r = random.SystemRandom()
+    stream = random.Random(7)
+    r.random = lambda: calls.append("random") or stream.random()  # type: ignore[method-assign]
+    r.getrandbits = lambda k: calls.append("bits") or stream.getrandbits(k)  # type: ignore[method-assign]
+    s = np.random.default_rng(3).uniform(size=N)
+    acct.calibrate("pcoqs", dataset="d", scores=s, alpha=0.1, rho=1.0, rng=r)
+    assert calls == [] and len(acct.releases("d")) == 1
+
+
+class _Liar(str):
+    def endswith(self, *args: Any) -> bool:  # type: ignore[override]
+        return False
+
+    def startswith(self, *args: Any) -> bool:  # type: ignore[override]
+        return False
+
+    def strip(self, *args: Any) -> str:  # type: ignore[override]
+        return "x"
+
+
+@pytest.mark.parametrize(("key", "said"), [
+    ("job#central", "reserved for privcal's own central"),
+    ("   ", "idempotency key is empty"),
+    ("http:1:abc", "reserved for the keys privcal's HTTP service"),
+])
+def test_f3_a_str_subclass_passes_no_key_check(tmp_path: Path, key: str, said: str) -> None:
+    """F3: a str subclass answering ``endswith``/``startswith``/``strip`` falsely was stored
+    as a reserved (or blank) idempotency key; the checks read its characters."""
+    acct = _acct(tmp_path, epsilon=10)
+    with pytest.raises(InvalidInput, match=said):
+        acct.charge("d", PureDP(0.1), idempotency_key=_Liar(key))
+    assert acct.budget("d").charges == 0
+
+
+def test_f4_a_cost_subclass_is_not_charged(tmp_path: Path) -> None:
+    """F4: a ZCDP subclass answering ``rho`` = 1e-12 to the filter while its fields (the
+    record) said 0.9: two charges accepted against ρ ≤ 1, 2e-12 spent. Refused."""
+
+    class Cheap(ZCDP):
+        def __getattribute__(self, name: str) -> Any:
+            return Decimal("1e-12") if name == "rho" else super().__getattribute__(name)
+
+    acct = _acct(tmp_path, rho=1)
+    with pytest.raises(InvalidInput, match="not a subclass"):
+        acct.charge("d", Cheap(0.9))
+    assert acct.budget("d").charges == 0
+    acct.charge("d", ZCDP(0.9))
+    with pytest.raises(Exception, match="budget"):
+        acct.charge("d", ZCDP(0.9))
