@@ -33,14 +33,29 @@ def _acct(tmp_path: Path, **cap: Any) -> Accountant:
 def _after_the_charge(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
     """Run ``act`` right after the run's subject charge commits: what another thread of the
     embedding program can do at that moment, made deterministic."""
-    charge = calibration_run.charge_subjects
+    for name in ("charge_subjects", "charge_parts"):
+        charge = getattr(calibration_run, name)
 
-    def charged_then(*args: Any, **kwargs: Any) -> Any:
-        out = charge(*args, **kwargs)
-        act()
-        return out
+        def charged_then(*args: Any, charge: Any = charge, **kwargs: Any) -> Any:
+            out = charge(*args, **kwargs)
+            act()
+            return out
 
-    monkeypatch.setattr(calibration_run, "charge_subjects", charged_then)
+        monkeypatch.setattr(calibration_run, name, charged_then)
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[Any, list[int]]:
+    """The calibrator of ``method``, and the number of rows its ``calibrate`` is given."""
+    cal = registry.get(method).calibrator
+    seen: list[int] = []
+    calibrate = type(cal).calibrate
+
+    def spy(self: Any, data: CalibrationInput, p: Any, rng: random.Random) -> Any:
+        seen.append(int(np.shape(data.scores)[0]))
+        return calibrate(self, data, p, rng)
+
+    monkeypatch.setattr(type(cal), "calibrate", spy)
+    return cal, seen
 
 
 def test_f1_rows_added_after_the_charge_are_not_calibrated(
@@ -58,20 +73,57 @@ def test_f1_rows_added_after_the_charge_are_not_calibrated(
         subjects.extend(f"v{i}" for i in range(10 * N))
 
     _after_the_charge(monkeypatch, producer)
-    cal = registry.get("ldp-score").calibrator
-    seen: list[int] = []
-    calibrate = type(cal).calibrate
-
-    def spy(self: Any, data: CalibrationInput, p: Any, rng: random.Random) -> Any:
-        seen.append(int(np.shape(data.scores)[0]))
-        return calibrate(self, data, p, rng)
-
-    monkeypatch.setattr(type(cal), "calibrate", spy)
+    cal, seen = _spy(monkeypatch, "ldp-score")
     rel = acct.run(cal, {"alpha": 0.1, "epsilon": 1.0},
                    CalibrationInput(scores=scores, subjects=subjects), dataset="d")
     assert seen == [N] and rel.shape["n"] == N
     assert acct.subject_summary("d").subjects == N
     assert acct.subject_spend("d", "v0") == 0
+
+
+class _Shifty:
+    """An array-like whose ``__array__`` answers with more rows once ``grown`` is set."""
+
+    def __init__(self) -> None:
+        self.grown = False
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.linspace(0.0, 1.0, 10 * N if self.grown else N)
+
+
+class _SelfCopy(np.ndarray):
+    """An ndarray subclass whose ``copy`` is itself (a copy another thread still writes)."""
+
+    def copy(self, order: Any = "C") -> Any:
+        return self
+
+
+@pytest.mark.parametrize("kind", ["__array__", "ndarray subclass"])
+def test_f1_the_data_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  kind: str) -> None:
+    """F1: a P-COQS run reads its scores once — an ``__array__`` answering 10·n rows after
+    the charge, or an ndarray subclass (its ``copy`` itself) resized after it, is calibrated
+    on the n rows checked and recorded (before: 4 000 rows under a release for n = 400)."""
+    acct = _acct(tmp_path, rho=10)
+    if kind == "__array__":
+        scores: Any = _Shifty()
+
+        def change() -> None:
+            scores.grown = True
+    else:
+        scores = _SelfCopy((N,))  # owning its data, as resize needs
+        scores[:] = np.linspace(0.0, 1.0, N)
+
+        def change() -> None:
+            scores.flags.writeable = True
+            scores.resize((10 * N,), refcheck=False)
+            scores[N:] = 0.5
+
+    _after_the_charge(monkeypatch, change)
+    cal, seen = _spy(monkeypatch, "pcoqs")
+    rel = acct.run(cal, {"alpha": 0.1, "rho": 0.5}, CalibrationInput(scores=scores),
+                   dataset="d")
+    assert seen == [N] and rel.shape["n"] == N
 
 
 def test_f1_a_value_written_after_the_checks_is_not_read(

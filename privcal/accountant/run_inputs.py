@@ -30,24 +30,25 @@ def snapshot(data: CalibrationInput) -> CalibrationInput:
     thread extended after the charge was calibrated on — 4 400 rows, 4 000 of their subjects
     never charged — under a release recorded for n = 400; a NaN written into the caller's
     array after the checks made ``calibrate`` refuse after every subject was charged; an
-    ``__array__`` answered differently each time). A masked array stays masked (its mask is
-    refused by the checks); a Python sequence of ids is read item by item, as
+    ``__array__`` answered differently each time). Each copy is a plain ``ndarray`` (a
+    subclass's own ``copy`` or ``__getitem__`` is never asked); a masked array is refused
+    if any entry is masked (:func:`~privcal.calibrators.validation.unmasked`, red team 11),
+    else its data are copied; a Python sequence of ids is read item by item, as
     :func:`~privcal.calibrators.validation.id_strings` reads it; a sequence that is no
     array (ragged) is a one-line InvalidInput, as :func:`check_data` has it."""
-    from privcal.calibrators.validation import table_array
+    from privcal.calibrators.validation import table_array, unmasked
 
     fields: dict[str, Any] = {}
     for f in _ROWS:
         a = getattr(data, f)
         if a is None:
             continue
+        a = unmasked(a, f)
         try:
-            if isinstance(a, np.ndarray):
-                a = a.copy()  # (a MaskedArray's copy keeps its mask)
-            elif f in ("agents", "subjects"):
+            if f in ("agents", "subjects") and not isinstance(a, np.ndarray):
                 a = np.array(a, dtype=object)
             else:
-                a = np.array(table_array(a))
+                a = np.array(table_array(a), copy=True, subok=False)
         except (ValueError, TypeError) as exc:  # a ragged list
             raise InvalidInput(f"{f} is not an array: {str(exc).splitlines()[0]}") from None
         a.flags.writeable = False
