@@ -161,6 +161,8 @@ def json_safe(obj: Any) -> Any:
     string. An integer JSON cannot record exactly (past ±(2⁵³ − 1)) is a one-line
     InvalidInput (red team 20, service F1: a raps λ of 2**60 was charged, then failed to be
     recorded; the run checks its request with this before the charge)."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str | int | float):
+        obj = plain_values(obj)  # a subclass's value: its own methods serialize it otherwise
     if isinstance(obj, bool) or obj is None or isinstance(obj, str):
         return obj
     if isinstance(obj, int):
@@ -173,8 +175,10 @@ def json_safe(obj: Any) -> Any:
         return obj if math.isfinite(obj) else threshold_str(obj) if not math.isnan(obj) else "NaN"
     if isinstance(obj, Decimal):
         return acc.dstr(obj)
+    if isinstance(obj, dict | list | tuple):
+        obj = plain_values(obj)
     if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
+        return {k if isinstance(k, str) else str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [json_safe(v) for v in obj]
     if hasattr(obj, "model_dump"):
@@ -182,6 +186,30 @@ def json_safe(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return json_safe(obj.tolist())
     raise InvalidInput(f"cannot store a {type(obj).__name__} in a release")
+
+
+def plain_values(obj: Any) -> Any:
+    """``obj`` with every ``str``, ``int``, ``float``, ``dict``, ``list`` and ``tuple`` in it
+    — subclasses too (``np.float64``) — an exact builtin holding the same value; anything
+    else as it is. A subclass's own ``__float__``, ``__str__`` or ``items`` can answer each
+    reader differently: a raps λ whose ``__float__`` said 0 was computed with 0 and recorded
+    as 5, and the release row and its audit entry disagreed (red team 26, api F8). Read once
+    here, every later reader sees one value."""
+    if obj is None or isinstance(obj, bool):
+        return obj
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    if isinstance(obj, int):
+        return int.__int__(obj)
+    if isinstance(obj, float):
+        return float.__float__(obj)
+    if isinstance(obj, dict):
+        return {plain_values(k): plain_values(v) for k, v in dict.items(obj)}
+    if isinstance(obj, list | tuple):
+        items = [plain_values(v) for v in (list.__iter__ if isinstance(obj, list)
+                                           else tuple.__iter__)(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
 
 
 def request_digest(request: dict[str, Any]) -> str:
