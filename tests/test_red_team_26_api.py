@@ -251,3 +251,65 @@ def test_f4_a_cost_subclass_is_not_charged(tmp_path: Path) -> None:
     acct.charge("d", ZCDP(0.9))
     with pytest.raises(Exception, match="budget"):
         acct.charge("d", ZCDP(0.9))
+
+
+class _Says(float):
+    """A float whose ``__float__`` is not its value (``float(x)`` and pydantic disagree)."""
+
+    def __float__(self) -> float:
+        return 0.0 if self == 5.0 else 50.0
+
+
+def test_f7_the_devices_randomize_at_the_epsilon_recorded(tmp_path: Path) -> None:
+    """F7: the estimator's simulated devices ran k-RR at ``float(ε)`` (50: every label sent
+    as it was) and the release recorded ε's value (0.5-LDP, ε0 = 0.5 charged). ε is read
+    once: here 50, refused against the per-subject cap 5 — nothing charged."""
+    from privcal.errors import BudgetRefused
+    from privcal.estimators import PrivateConformalClassifier
+
+    class Model:
+        classes_ = np.array([0, 1, 2])
+
+        def predict_proba(self, X: Any) -> np.ndarray:
+            return np.full((len(X), 3), 1 / 3)
+
+    acct = _acct(tmp_path, epsilon=1, subject_epsilon=5)
+    est = PrivateConformalClassifier(Model(), "ldp-label", 0.9, accountant=acct, dataset="d",
+                                     epsilon=_Says(0.5))
+    with pytest.raises(BudgetRefused, match="ε0=50"):
+        est.conformalize(np.zeros((N, 2)), np.arange(N) % 3,
+                         subjects=[f"u{i}" for i in range(N)])
+    assert acct.releases("d") == []
+
+
+def _probs_labels(seed: int, n: int, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    gen = np.random.default_rng(seed)
+    return gen.dirichlet(np.ones(k), size=n), gen.integers(0, k, n)
+
+
+def test_f8_a_score_option_is_computed_with_the_value_recorded(tmp_path: Path) -> None:
+    """F8: raps λ = ``_Says(5.0)`` (``__float__`` 0): the scores were computed with λ = 0,
+    the release recorded λ = 5, and its row and audit entry disagreed (``release`` and
+    ``verify`` raised AuditFailed). Now the λ = 5 release exactly, which verifies."""
+    acct = _acct(tmp_path, rho=1, allow_nonprivate=True)
+    p, y = _probs_labels(0, N)
+    opts = {"k_reg": 1, "randomized": False}
+    odd = acct.calibrate("split", dataset="d", probs=p, labels=y, alpha=0.1, score="raps",
+                         score_options={**opts, "lam": _Says(5.0)})
+    plain = acct.calibrate("split", dataset="d", probs=p, labels=y, alpha=0.1, score="raps",
+                           score_options={**opts, "lam": 5.0})
+    assert odd.threshold == plain.threshold
+    assert acct.release(odd.id).diagnostics["score"] == plain.diagnostics["score"]
+    assert acct.verify().releases == 2
+
+
+def test_f8_an_odd_number_in_a_record_leaves_the_log_verifiable(tmp_path: Path) -> None:
+    """F8: ``json_safe`` stored a float subclass as it was: the release row and its audit
+    entry serialized it differently, and every later ``verify`` failed blaming an edit."""
+    acct = _acct(tmp_path, rho=1)
+    cal = registry.get("pcoqs").calibrator
+    rel = acct.run(cal, {"alpha": 0.1, "rho": 0.5},
+                   CalibrationInput(scores=np.linspace(0.0, 1.0, N)), dataset="d",
+                   extra_diagnostics={"note": _Says(5.0)})
+    assert acct.release(rel.id).diagnostics["note"] == 5.0
+    assert acct.verify().releases == 1
