@@ -161,7 +161,7 @@ def json_safe(obj: Any) -> Any:
     string. An integer JSON cannot record exactly (past ±(2⁵³ − 1)) is a one-line
     InvalidInput (red team 20, service F1: a raps λ of 2**60 was charged, then failed to be
     recorded; the run checks its request with this before the charge)."""
-    if isinstance(obj, bool) or obj is None or isinstance(obj, str | int | float):
+    if type(obj) not in (str, int, float) and isinstance(obj, str | int | float):
         obj = plain_values(obj)  # a subclass's value: its own methods serialize it otherwise
     if isinstance(obj, bool) or obj is None or isinstance(obj, str):
         return obj
@@ -175,12 +175,11 @@ def json_safe(obj: Any) -> Any:
         return obj if math.isfinite(obj) else threshold_str(obj) if not math.isnan(obj) else "NaN"
     if isinstance(obj, Decimal):
         return acc.dstr(obj)
-    if isinstance(obj, dict | list | tuple):
-        obj = plain_values(obj)
-    if isinstance(obj, dict):
-        return {k if isinstance(k, str) else str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, dict):  # (read by dict's own methods, not a subclass's)
+        return {str.__str__(k) if isinstance(k, str) else str(k): json_safe(v)
+                for k, v in dict.items(obj)}
     if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
+        return [json_safe(v) for v in (list if isinstance(obj, list) else tuple).__iter__(obj)]
     if hasattr(obj, "model_dump"):
         return json_safe(obj.model_dump(mode="python"))
     if hasattr(obj, "tolist"):
