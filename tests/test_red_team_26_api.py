@@ -313,3 +313,26 @@ def test_f8_an_odd_number_in_a_record_leaves_the_log_verifiable(tmp_path: Path) 
                    extra_diagnostics={"note": _Says(5.0)})
     assert acct.release(rel.id).diagnostics["note"] == 5.0
     assert acct.verify().releases == 1
+
+
+class _LoudDecimal(Decimal):
+    def __str__(self) -> str:
+        return "1000"
+
+
+class _LoudStr(str):
+    def __str__(self) -> str:
+        return "1000"
+
+
+@pytest.mark.parametrize("amount", [_LoudDecimal("1"), _LoudStr("1")])
+def test_f5_an_amount_is_its_value_not_its_str(tmp_path: Path, amount: Any) -> None:
+    """F5: a cap or a cost given as a Decimal or str subclass was read through its own
+    ``__str__`` ("1000": a dataset capped at ε ≤ 1000 for ε = 1). Its value is taken."""
+    acct = Accountant(f"sqlite:///{tmp_path}/ledger.db")
+    acct.create_dataset("d", epsilon=amount)
+    assert acct.budget("d").cap == {"epsilon": Decimal("1")}
+    cost = PureDP(amount)
+    assert type(cost.eps) is Decimal and cost.eps == 1
+    acct.charge("d", cost)
+    assert acct.budget("d").remaining == {"epsilon": Decimal("0")}

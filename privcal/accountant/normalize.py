@@ -63,7 +63,9 @@ def _shown(value: object, text: bool = False) -> str:
 def parse_amount(
     value: object, what: str, *, allow_zero: bool = False, below_one: bool = False
 ) -> Decimal:
-    """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
+    """Parse and validate a user-supplied amount (a float is the decimal a person typed; a
+    ``str``/``Decimal`` subclass its characters/value, not its ``__str__``: red team 26, api F5)."""
+    value = Decimal(value) if isinstance(value, Decimal) else plain_values(value)
     if isinstance(value, bool):
         raise InvalidInput(f"{what} must be a number, got {_shown(value)}")
     if isinstance(value, str) and not plain_number_text(value):
