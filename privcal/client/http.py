@@ -365,7 +365,7 @@ class Agent(_Base):
         from privcal.calibrators.validation import unmasked
         from privcal.client import fedcp2_qq_message, fedcp_qq_message
 
-        scores = unmasked(scores, "scores")  # masked = missing: refused before anything is asked
+        scores = np.array(unmasked(scores, "scores"))  # masked: refused; read once (rt 26 F6)
         who, bind, recs = self._begin()
         done = self._replay(bind, recs, answer_again)
         if done is not None:
