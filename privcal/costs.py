@@ -47,6 +47,8 @@ def _exact(value: object) -> Decimal:
     float32's str, ``0.1``, is less than the 0.10000000149… it holds: red team 7)."""
     if isinstance(value, float) or _np_float(value):
         value = repr(float(value))  # type: ignore[arg-type]
+    elif isinstance(value, str | Decimal):  # a subclass's characters or value, never its own
+        value = str.__str__(value) if isinstance(value, str) else Decimal(value)  # __str__
     if isinstance(value, bool) or (isinstance(value, str) and not plain_number_text(value)):
         # Decimal("1_0") is 10, Decimal("１") (a fullwidth digit) 1 and True is 1: none is an
         # amount anyone meant (red team 10: errors.check_number_text, one rule)

@@ -340,9 +340,11 @@ def utf8_problem(value: str) -> str | None:
 
 
 def check_text(value: Any, what: str, *, limit: int = 200, allow_empty: bool = False) -> str:
-    """``value`` if it is a ``str`` storable everywhere, at most ``limit`` characters long."""
+    """``value`` if it is a ``str`` storable everywhere, at most ``limit`` characters long, as
+    an exact ``str`` (a subclass's ``strip``/``endswith`` could lie: red team 26, api F3)."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be text, got {type(value).__name__}")
+    value = str.__str__(value)  # its characters, in a str of privcal's
     if not allow_empty and not value.strip():
         raise InvalidInput(f"{what} is empty")
     if len(value) > limit:

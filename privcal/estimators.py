@@ -255,15 +255,16 @@ class PrivateConformalClassifier(_Base):
 
     def _devices(self, labels: np.ndarray, k: int) -> np.ndarray:
         """What the users' devices send for ``ldp-label``: each label through k-ary randomized
-        response at the run's ε (the client randomizer, drawing from the estimator's rng)."""
-        from privcal.calibrators.base import default_rng, numpy_rng
+        response at the run's ε, read once, as a float the run takes too (red team 26, api F7:
+        a float subclass's ``__float__`` said 50 to the k-RR, its value 0.5 to the release)."""
+        from privcal.calibrators.base import numpy_rng, unpredictable
         from privcal.calibrators.mechanisms.randomized_response import krr_many
 
-        eps = self.params.get("epsilon")
-        if eps is None:
+        if (eps := self.params.get("epsilon")) is None:
             raise InvalidInput("ldp-label needs epsilon= (the ε of the users' k-RR labels)")
-        gen = numpy_rng(self.rng if self.rng is not None else default_rng())
-        return krr_many(labels, k, eps, gen)
+        if isinstance(eps, int | float | np.number) and not isinstance(eps, bool):
+            self.params = {**self.params, "epsilon": (eps := float(eps))}  # (a str: refused)
+        return krr_many(labels, k, eps, numpy_rng(unpredictable(self.rng, "devices' k-RR")))
 
     @classmethod
     def from_release(cls, estimator: Any, release: Any) -> PrivateConformalClassifier:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 
+from privcal.calibrators.base import TEST_DOUBLES
+
 
 class Seeded(random.SystemRandom):
     """``random.Random(seed)``'s stream, typed as the CSPRNG a private run requires."""
@@ -25,3 +27,6 @@ class Seeded(random.SystemRandom):
 
     def getrandbits(self, k: int) -> int:
         return self._stream.getrandbits(k)
+
+
+TEST_DOUBLES.add(Seeded)  # accepted by unpredictable(): a test's choice, never a caller's

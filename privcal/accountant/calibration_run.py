@@ -51,7 +51,7 @@ from privcal.accountant.policy import exact, policy_of, spent_of
 from privcal.accountant.release_privacy import privacy_record
 from privcal.accountant.releases import nonprivate_replay, record_release, release_for_charge
 from privcal.accountant.results import ChargeReceipt, DryRun, Release
-from privcal.accountant.run_inputs import check_data, params_of, rows_of, shape_of
+from privcal.accountant.run_inputs import check_data, params_of, rows_of, shape_of, snapshot
 from privcal.accountant.subject_charges import charge_subjects
 from privcal.calibrators import registry
 from privcal.calibrators.base import (
@@ -149,6 +149,7 @@ def _run(
         raise InvalidInput("data must be a CalibrationInput")
     registered = registry.provenance(calibrator, registered)  # a stand-in is refused here
     p = params_of(calibrator, params)
+    data = snapshot(data)  # read once: every step below reads this copy (red team 26, api F1)
     check_data(calibrator, data, p)  # what calibrate would refuse, refused before the charge
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
                                 or classes < 2):
@@ -164,7 +165,7 @@ def _run(
         raise InvalidInput("central_cost applies only to local-DP methods (e.g. a shuffled "
                            "run); a central method's cost is charged as declared")
     if cost is not None:  # a private run's noise no one can predict (red team 20, privacy F2)
-        unpredictable(rng, "a private run")
+        rng = unpredictable(rng, "a private run")
     ds = get_dataset(ledger, dataset)
     if shuffle is not None:
         from privcal.accountant.amplification import check_shuffled_dataset

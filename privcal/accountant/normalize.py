@@ -63,7 +63,9 @@ def _shown(value: object, text: bool = False) -> str:
 def parse_amount(
     value: object, what: str, *, allow_zero: bool = False, below_one: bool = False
 ) -> Decimal:
-    """Parse and validate a user-supplied amount (a float is the decimal a person typed)."""
+    """Parse and validate a user-supplied amount (a float is the decimal a person typed; a
+    ``str``/``Decimal`` subclass its characters/value, not its ``__str__``: red team 26, api F5)."""
+    value = Decimal(value) if isinstance(value, Decimal) else plain_values(value)
     if isinstance(value, bool):
         raise InvalidInput(f"{what} must be a number, got {_shown(value)}")
     if isinstance(value, str) and not plain_number_text(value):
@@ -122,7 +124,13 @@ def normalize_cost(cost: AnyCost) -> AnyCost:
     """The cost with every amount rounded *up* to 12 decimal places (what is stored).
 
     A cost already in that form is returned as is (costs are frozen): no second validation
-    on the charge's hot path (issue 11)."""
+    on the charge's hot path (issue 11). Only the four cost classes themselves are costs: a
+    subclass could answer the filter's ``cost.rho`` with one amount while its record
+    (:func:`cost_json`, its fields) says another (red team 26, api F4: ρ = 0.9 recorded
+    twice against a cap of 1, 2e-12 spent)."""
+    if type(cost) not in (PureDP, ZCDP, ApproxDP, LocalDP):
+        raise InvalidInput(f"not a privacy cost: {_shown(cost)} (a cost is a PureDP, ZCDP, "
+                           "ApproxDP or LocalDP itself, not a subclass)")
     if isinstance(cost, PureDP):
         eps = _up(cost.eps, "ε")
         return cost if _same(eps, cost.eps) else PureDP(eps=eps)
@@ -155,6 +163,8 @@ def json_safe(obj: Any) -> Any:
     string. An integer JSON cannot record exactly (past ±(2⁵³ − 1)) is a one-line
     InvalidInput (red team 20, service F1: a raps λ of 2**60 was charged, then failed to be
     recorded; the run checks its request with this before the charge)."""
+    if type(obj) not in (str, int, float) and isinstance(obj, str | int | float):
+        obj = plain_values(obj)  # a subclass's value: its own methods serialize it otherwise
     if isinstance(obj, bool) or obj is None or isinstance(obj, str):
         return obj
     if isinstance(obj, int):
@@ -167,15 +177,40 @@ def json_safe(obj: Any) -> Any:
         return obj if math.isfinite(obj) else threshold_str(obj) if not math.isnan(obj) else "NaN"
     if isinstance(obj, Decimal):
         return acc.dstr(obj)
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, dict):  # (read by dict's own methods, not a subclass's)
+        return {str.__str__(k) if isinstance(k, str) else str(k): json_safe(v)
+                for k, v in dict.items(obj)}
     if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
+        return [json_safe(v) for v in (list if isinstance(obj, list) else tuple).__iter__(obj)]
     if hasattr(obj, "model_dump"):
         return json_safe(obj.model_dump(mode="python"))
     if hasattr(obj, "tolist"):
         return json_safe(obj.tolist())
     raise InvalidInput(f"cannot store a {type(obj).__name__} in a release")
+
+
+def plain_values(obj: Any) -> Any:
+    """``obj`` with every ``str``, ``int``, ``float``, ``dict``, ``list`` and ``tuple`` in it
+    — subclasses too (``np.float64``) — an exact builtin holding the same value; anything
+    else as it is. A subclass's own ``__float__``, ``__str__`` or ``items`` can answer each
+    reader differently: a raps λ whose ``__float__`` said 0 was computed with 0 and recorded
+    as 5, and the release row and its audit entry disagreed (red team 26, api F8). Read once
+    here, every later reader sees one value."""
+    if obj is None or isinstance(obj, bool):
+        return obj
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    if isinstance(obj, int):
+        return int.__int__(obj)
+    if isinstance(obj, float):
+        return float.__float__(obj)
+    if isinstance(obj, dict):
+        return {plain_values(k): plain_values(v) for k, v in dict.items(obj)}
+    if isinstance(obj, list | tuple):
+        items = [plain_values(v) for v in (list.__iter__ if isinstance(obj, list)
+                                           else tuple.__iter__)(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
 
 
 def request_digest(request: dict[str, Any]) -> str:
@@ -267,4 +302,5 @@ def idempotency_key(value: str | None) -> str | None:
         raise InvalidInput(f"idempotency keys beginning with {SERVICE_KEY_PREFIX!r} are "
                            "reserved for the keys privcal's HTTP service derives: choose "
                            "another key")
-    return key
+    # the text checked (check_text's exact str), still the service's where it was
+    return ServiceKey(key) if key is not None and isinstance(value, ServiceKey) else key

@@ -17,7 +17,46 @@ from privcal.calibrators.base import CalibrationInput, Calibrator, DataShape, ch
 from privcal.calibrators.validation import group_sizes, id_strings
 from privcal.errors import InvalidInput, first_error
 
-__all__ = ["check_data", "params_of", "rows_of", "shape_of"]
+__all__ = ["check_data", "params_of", "rows_of", "shape_of", "snapshot"]
+
+#: the fields holding one value per row; ``agents`` and ``subjects`` are ids
+_ROWS = ("scores", "probs", "labels", "agents", "subjects", "groups")
+
+
+def snapshot(data: CalibrationInput) -> CalibrationInput:
+    """``data`` with every array replaced by a read-only copy of its own, taken once, before
+    the run's first check: the checks, the shape, the cost, the charge and ``calibrate`` all
+    read this copy, never the caller's objects again (red team 26, api F1: a list another
+    thread extended after the charge was calibrated on — 4 400 rows, 4 000 of their subjects
+    never charged — under a release recorded for n = 400; a NaN written into the caller's
+    array after the checks made ``calibrate`` refuse after every subject was charged; an
+    ``__array__`` answered differently each time). Each copy is a plain ``ndarray`` (a
+    subclass's own ``copy`` or ``__getitem__`` is never asked); a masked array is refused
+    if any entry is masked (:func:`~privcal.calibrators.validation.unmasked`, red team 11),
+    else its data are copied; a Python sequence of ids is read item by item, as
+    :func:`~privcal.calibrators.validation.id_strings` reads it; a sequence that is no
+    array (ragged) is a one-line InvalidInput, as :func:`check_data` has it."""
+    from privcal.calibrators.validation import table_array, unmasked
+
+    fields: dict[str, Any] = {}
+    for f in _ROWS:
+        a = getattr(data, f)
+        if a is None:
+            continue
+        a = unmasked(a, f)
+        try:
+            if f in ("agents", "subjects") and not isinstance(a, np.ndarray):
+                a = np.array(a, dtype=object)
+            else:
+                a = np.array(table_array(a), copy=True, subok=False)
+        except (ValueError, TypeError) as exc:  # a ragged list
+            raise InvalidInput(f"{f} is not an array: {str(exc).splitlines()[0]}") from None
+        a.flags.writeable = False
+        fields[f] = a
+    count = data.group_count
+    if isinstance(count, int | np.integer) and not isinstance(count, bool):
+        fields["group_count"] = int(count)
+    return dataclasses.replace(data, **fields)
 
 
 def rows_of(data: CalibrationInput, mask: np.ndarray) -> CalibrationInput:

@@ -267,20 +267,32 @@ def only_infinite(calibrator: Calibrator, params: Any, shape: DataShape,
     return bool(own(params, shape)) if callable(own) else guarantee.lower >= 1.0
 
 
-def unpredictable(rng: Any, what: str) -> None:
-    """InvalidInput unless ``rng`` is None (privcal's CSPRNG) or a
-    :class:`random.SystemRandom`, for a source of privacy noise (``what``): with a seeded
-    ``random.Random`` the output is a function of the data that anyone who knows the seed
-    computes — no privacy at all, beside a recorded guarantee (red team 20, privacy F2: a
-    P-COQS release; its review: two agents' identical messages). The randomizers
-    themselves (``krr``, ``binary_rr``, a calibrator's ``calibrate``) still take one, for
-    simulation and the calibrators' own tests."""
-    if rng is not None and not isinstance(rng, random.SystemRandom):
-        raise InvalidInput(
-            f"rng: {what} needs noise no one can predict, and a {type(rng).__name__} "
-            "(random.Random(seed)) is predictable by whoever knows its seed — the release "
-            "would state a privacy guarantee it does not have; omit rng (privcal's CSPRNG) "
-            "or pass secrets.SystemRandom()")
+#: CSPRNG stand-ins whose draws a test fixes (``tests/seeded.py``'s ``Seeded`` adds itself):
+#: test code only — a type here makes every private run given one a function of its seed
+TEST_DOUBLES: set[type] = set()
+
+
+def unpredictable(rng: Any, what: str) -> random.Random:
+    """The random source a source of privacy noise (``what``) draws from: privcal's CSPRNG
+    (:func:`default_rng`) when ``rng`` is None or a :class:`random.SystemRandom` itself;
+    InvalidInput for anything else. With a seeded ``random.Random`` the output is a function
+    of the data that anyone who knows the seed computes — no privacy at all, beside a
+    recorded guarantee (red team 20, privacy F2: a P-COQS release; its review: two agents'
+    identical messages). The caller's SystemRandom is not drawn from, only taken as "use the
+    CSPRNG": a subclass, or an instance whose ``random``/``getrandbits`` were replaced by a
+    seeded generator's, drew the same "noise" on every run under a recorded ρ-zCDP (red team
+    26, api F2) — refused, unless a test registered its type in :data:`TEST_DOUBLES`. The
+    randomizers themselves (``krr``, ``binary_rr``, a calibrator's ``calibrate``) still take
+    any generator, for simulation and the calibrators' own tests."""
+    if rng is None or type(rng) is random.SystemRandom:
+        return default_rng()
+    if type(rng) in TEST_DOUBLES:
+        return rng  # type: ignore[no-any-return]
+    raise InvalidInput(
+        f"rng: {what} needs noise no one can predict, and a {type(rng).__name__} "
+        "(random.Random(seed), or a SystemRandom subclass) may be predictable by whoever "
+        "knows its seed — the release would state a privacy guarantee it does not have; omit "
+        "rng (privcal's CSPRNG) or pass secrets.SystemRandom()")
 
 
 def default_rng() -> random.Random:

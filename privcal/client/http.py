@@ -281,7 +281,7 @@ class Reporter(_Base):
             raise InvalidInput("report() takes a score (a real number, not NaN or a bool) or a "
                                f"function of the query returning true/false, got {value!r:.40}")
         from privcal.calibrators.base import unpredictable
-        unpredictable(rng, "what this device sends")
+        rng = unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
             return self._report(value, report_id, answer_again, rng)
 
@@ -354,7 +354,7 @@ class Agent(_Base):
         is FedCP-QQ, unrandomized, with ``max_epsilon``), or if the server's answer about
         the token changed; InvalidInput for scores not the session's score (float32, …)."""
         from privcal.calibrators.base import unpredictable
-        unpredictable(rng, "what this device sends")
+        rng = unpredictable(rng, "what this device sends")
         with self._lock, self._memo.locked():
             return self._send(scores, rng, answer_again)
 
@@ -365,7 +365,7 @@ class Agent(_Base):
         from privcal.calibrators.validation import unmasked
         from privcal.client import fedcp2_qq_message, fedcp_qq_message
 
-        scores = unmasked(scores, "scores")  # masked = missing: refused before anything is asked
+        scores = np.array(unmasked(scores, "scores"))  # masked: refused; read once (rt 26 F6)
         who, bind, recs = self._begin()
         done = self._replay(bind, recs, answer_again)
         if done is not None:
