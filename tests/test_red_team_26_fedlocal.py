@@ -1,0 +1,63 @@
+"""Red team 26, fedlocal.
+
+F1: a FedCP-QQ session took +∞ as an agent's message from the CLI's file and from the
+library — ``1e400`` (a finite number past the float range, read as +∞) and ``inf`` — and
+stored it, where the HTTP routes refuse both (422; red team 25, fedlocal F3). A session's
+plan is an equal-size one, whose order ℓ ≤ n, so no agent following it sends +∞: the
+message is malformed, refused per row (a device's batch) or with the whole file (the CLI),
+nothing stored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from privcal.accountant.sessions import open_session, session_status, submit_reports
+from privcal.accountant.sessions.records import MALFORMED_VALUE
+
+
+def _fedcp(acct: Any) -> Any:
+    acct.create_dataset("h", epsilon=1, allow_nonprivate=True)
+    return open_session(acct, "fedcp-qq", dataset="h", alpha=0.2, agents=3, local_n=20)
+
+
+@pytest.mark.parametrize("value", [float("inf"), np.float32("inf"), "inf", "1e400", "Infinity"])
+def test_f1_a_fedcp_qq_session_refuses_an_infinite_message(accountant: Any, value: Any) -> None:
+    s = _fedcp(accountant)
+    res = submit_reports(accountant, s.id, ["a0", "a1"], np.array([value, "0.5"], dtype=object))
+    assert res.accepted == 1 and res.reasons == {MALFORMED_VALUE: 1}, res.reasons
+    assert session_status(accountant, s.id).total_reports == 1
+    # the same from a float32 array (the library's numeric path)
+    res = submit_reports(accountant, s.id, ["a2"], np.array([np.inf], dtype=np.float32))
+    assert res.accepted == 0 and res.reasons == {MALFORMED_VALUE: 1}, res.reasons
+    assert session_status(accountant, s.id).status == "open"
+
+
+def test_f1_a_large_finite_message_is_still_taken(accountant: Any) -> None:
+    s = _fedcp(accountant)
+    res = submit_reports(accountant, s.id, ["a0", "a1", "a2"], [1e300, "1.7e308", 0.5])
+    assert res.accepted == 3, res.reasons
+    info = session_status(accountant, s.id)
+    assert info.status == "released" and float(info.threshold) == 1e300  # k = 2 of 3
+
+
+@pytest.mark.parametrize("text", ["1e400", "inf", "-1e400"])
+def test_f1_the_cli_refuses_a_file_with_an_infinite_message(accountant: Any, ledger_url: str,
+                                                           tmp_path: Path, text: str) -> None:
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+
+    s = _fedcp(accountant)
+    f = tmp_path / "b.csv"
+    f.write_text(f"agent,value\na0,{text}\na1,0.5\n")
+    r = CliRunner().invoke(main, ["--db-url", ledger_url, "session", "submit", str(s.id),
+                                  "--reports", str(f)])
+    assert r.exit_code == 1, r.output
+    assert "report 1 of the batch (in file order) has a malformed value" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert session_status(accountant, s.id).total_reports == 0
