@@ -61,3 +61,26 @@ def test_f1_the_cli_refuses_a_file_with_an_infinite_message(accountant: Any, led
     assert "report 1 of the batch (in file order) has a malformed value" in r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert session_status(accountant, s.id).total_reports == 0
+
+
+@pytest.mark.parametrize(("alpha", "need"), [(1e-300, "1.00e+300"), (1e-310, "1.00e+310"),
+                                             (0.1, "9")])
+def test_f4_an_infeasible_plan_states_a_huge_count_in_a_few_digits(alpha: float,
+                                                                   need: str) -> None:
+    """F4: α = 1e-300 put a 301-digit "need m·n ≥" on the one error line, and α = 1e-310
+    overflowed a float while computing it (an OverflowError instead of the plan's refusal)."""
+    from privcal.calibrators.fedplan import plan_fedcp_qq
+    from privcal.errors import InfeasiblePlan
+
+    with pytest.raises(InfeasiblePlan) as err:
+        plan_fedcp_qq(3, 2, alpha)
+    assert str(err.value).endswith(f"need m·n ≥ {need}") and len(str(err.value)) < 200
+
+
+def test_f4_the_privacy_correction_is_stated_in_a_few_digits() -> None:
+    from privcal.calibrators.fedplan import plan_fedcp2_qq
+    from privcal.errors import InfeasiblePlan
+
+    with pytest.raises(InfeasiblePlan) as err:
+        plan_fedcp2_qq(2, 20, 0.2, 1e-300)
+    assert "ℓ_cor ≥ 1.37e+301" in str(err.value) and len(str(err.value)) < 300

@@ -82,8 +82,9 @@ def open_session(
     needs a per-subject ε cap ≥ ε. ``fedcp2-qq`` needs ``agents`` (m), ``local_n`` (n),
     ``epsilon`` (and ``bins``, ``lower``, ``upper``: the public grid); ``fedcp-qq`` needs m
     and n and a dataset that
-    allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
-    (ε, δ) and charges it to an (ε, δ) dataset now. An option the method does not use
+    allows non-private releases. ``shuffled`` (ldp-score only: a fedcp2-qq agent's message is
+    not an ε0-local randomizer of its whole input, issue 14.6) records the amplified (ε, δ)
+    and charges it to an (ε, δ) dataset now. An option the method does not use
     (``bins`` for ldp-score, ``lower`` for fedcp-qq, ...) is an InvalidInput, not ignored;
     the defaults of those it uses: ``lower`` 0, ``upper`` 1, ``bins`` 100, failure
     probability 0.001. Writes nothing on bad input.
