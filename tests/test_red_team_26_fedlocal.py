@@ -84,3 +84,30 @@ def test_f4_the_privacy_correction_is_stated_in_a_few_digits() -> None:
     with pytest.raises(InfeasiblePlan) as err:
         plan_fedcp2_qq(2, 20, 0.2, 1e-300)
     assert "ℓ_cor ≥ 1.37e+301" in str(err.value) and len(str(err.value)) < 300
+
+
+def test_l2_a_session_with_more_token_agents_than_m_uses_the_first_m_invited(
+        accountant: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """L2: a session whose agent tokens were minted before red team 25's cap may hold more
+    than m token agents; its m slots then went to whichever answered first — ten agents for
+    m = 5 arriving in the order of their messages is red team 25 F4's attack (coverage 0.865
+    against a recorded 0.9). Now the slots are the first m invited (mint order, fixed before
+    any data): the later-invited ones are turned away whenever they arrive."""
+    import privcal.storage.agent_slots as slots
+    from privcal.accountant.sessions.records import RESERVED
+    from privcal.service.bound_tokens import create_bound_token
+
+    s = _fedcp(accountant)  # m = 3
+    m = int(s.plan["m"])
+    with monkeypatch.context() as mp:  # minted as before the cap
+        mp.setattr(slots, "check_agent_slot", lambda *a: None)
+        toks = [create_bound_token(accountant, "agent", name=None, datasets=[], session=s.id,
+                                   subject=None, agent=f"a{j}", expires_in=None).id
+                for j in range(2 * m)]
+    for j in reversed(range(2 * m)):  # the last invited arrive first (smallest messages)
+        res = submit_reports(accountant, s.id, [f"a{j}"], [0.01 * (j + 1)], tokens=[toks[j]])
+        assert (res.accepted, res.reasons) == ((1, {}) if j < m else (0, {RESERVED: 1}))
+    info = session_status(accountant, s.id)
+    assert info.status == "released" and info.total_reports == m
+    rel = accountant.release(info.release_id)
+    assert float(rel.threshold) == 0.01 * 2  # the k = 2nd smallest of a0, a1, a2's messages
