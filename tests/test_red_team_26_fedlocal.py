@@ -111,3 +111,27 @@ def test_l2_a_session_with_more_token_agents_than_m_uses_the_first_m_invited(
     assert info.status == "released" and info.total_reports == m
     rel = accountant.release(info.release_id)
     assert float(rel.threshold) == 0.01 * 2  # the k = 2nd smallest of a0, a1, a2's messages
+
+
+def test_f6_a_huge_raps_k_reg_is_a_one_line_refusal(accountant: Any, ledger_url: str) -> None:
+    """F6: ``--score-option k_reg=1000…0`` (401 digits) on ``session open`` (and any run with
+    raps) raised an OverflowError while formatting its own refusal — a traceback, not the
+    one-line error; now InvalidInput naming the value, nothing opened."""
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("e", epsilon=5, subject_epsilon=5)
+    kw = {"alpha": 0.1, "epsilon": 1, "rounds": 2, "group_size": 1000, "score": "raps"}
+    with pytest.raises(InvalidInput, match=r"k_reg must be at most 2\*\*53 − 1, got 1.00e\+400"):
+        open_session(accountant, "ldp-score", dataset="e", score_options={"k_reg": 10**400},
+                     **kw)
+    r = CliRunner().invoke(main, ["--db-url", ledger_url, "session", "open", "ldp-score",
+                                  "--dataset", "e", "--alpha", "0.1", "--epsilon", "1",
+                                  "--rounds", "2", "--group-size", "1000", "--score", "raps",
+                                  "--score-option", "k_reg=1" + "0" * 400])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "got 1.00e+400" in r.output
+    with pytest.raises(Exception, match="unknown session"):
+        session_status(accountant, 1)

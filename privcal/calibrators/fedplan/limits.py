@@ -6,7 +6,6 @@ Checked before any plan is computed, and so before anything is charged.
 from __future__ import annotations
 
 import math
-from decimal import Decimal
 
 import numpy as np
 
@@ -40,9 +39,3 @@ def check_alpha(alpha: object) -> float:
         raise InvalidInput(f"α must be in (0, 1), got {alpha}")
     return a
 
-
-def count_text(v: int) -> str:
-    """A count as an error message states it: its digits up to 15 of them, else 3 significant
-    digits (``1.00e+300``): α = 1e-300 put a 301-digit "need m·n ≥" on the one error line
-    (red team 26, fedlocal F4). Decimal, not float: the count may be past the float range."""
-    return str(v) if abs(v) < 10**15 else format(Decimal(v), ".2e")

@@ -19,9 +19,9 @@ from privcal.calibrators.fedplan.limits import (
     MAX_LOCAL_N,
     check_alpha,
     check_int,
-    count_text,
 )
 from privcal.calibrators.fedplan.selection import select
+from privcal.calibrators.validation import count_text
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 

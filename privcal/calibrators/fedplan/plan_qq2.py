@@ -18,8 +18,8 @@ from privcal.calibrators.fedplan.limits import (
     MAX_LOCAL_N,
     check_alpha,
     check_int,
-    count_text,
 )
+from privcal.calibrators.validation import count_text
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 
