@@ -135,3 +135,26 @@ def test_f6_a_huge_raps_k_reg_is_a_one_line_refusal(accountant: Any, ledger_url:
     assert len(r.output.strip().splitlines()) == 1 and "got 1.00e+400" in r.output
     with pytest.raises(Exception, match="unknown session"):
         session_status(accountant, 1)
+
+
+def test_f7_a_whole_number_past_the_float_range_is_a_one_line_refusal(
+        accountant: Any, ledger_url: str, tmp_path: Path) -> None:
+    """F7: ``calibrate fedcp-qq --agent-order 1000…0`` (401 digits; any integer parameter
+    without an upper bound) raised an OverflowError in ``json_safe`` while formatting its
+    own refusal (``{obj:.6g}`` goes through a float): a traceback, not the one-line error.
+    Nothing was written then and nothing is now."""
+    from click.testing import CliRunner
+
+    from privcal.cli import main
+
+    accountant.create_dataset("h", epsilon=1, allow_nonprivate=True)
+    f = tmp_path / "s.csv"
+    g = np.random.default_rng(0)
+    f.write_text("score,agent\n" + "".join(f"{g.random()},{j // 20}\n" for j in range(60)))
+    r = CliRunner().invoke(main, ["--db-url", ledger_url, "calibrate", "fedcp-qq", "--dataset",
+                                  "h", "--alpha", "0.2", "--scores", f"{f}:score", "--agent-of",
+                                  f"{f}:agent", "--agent-order", "1" + "0" * 400])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert "the whole number 1.00e+400 is past ±(2**53 − 1)" in r.output
+    assert accountant.releases("h") == []
