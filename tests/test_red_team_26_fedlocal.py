@@ -158,3 +158,21 @@ def test_f7_a_whole_number_past_the_float_range_is_a_one_line_refusal(
     assert len(r.output.strip().splitlines()) == 1
     assert "the whole number 1.00e+400 is past ±(2**53 − 1)" in r.output
     assert accountant.releases("h") == []
+
+
+@pytest.mark.parametrize(("kw", "said"), [
+    ({"method": "fedcp-qq", "alpha": 0.2, "agents": 10**400, "local_n": 20},
+     "number of agents must be in [1, 10000], got 1.00e+400"),
+    ({"method": "ldp-score", "alpha": 0.1, "epsilon": 1, "rounds": 2, "group_size": 10**400},
+     "(rounds × group size), got 2 × 1.00e+400"),
+])
+def test_f4_a_session_open_states_a_huge_size_in_a_few_digits(accountant: Any, kw: Any,
+                                                              said: str) -> None:
+    """F4, the same on a session's sizes: 401 digits on the one error line."""
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("h", epsilon=1, subject_epsilon=1, allow_nonprivate=True)
+    method = kw.pop("method")
+    with pytest.raises(InvalidInput) as err:
+        open_session(accountant, method, dataset="h", **kw)
+    assert said in str(err.value) and len(str(err.value)) < 200

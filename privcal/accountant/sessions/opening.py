@@ -32,6 +32,7 @@ from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import bin_grid
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
+from privcal.calibrators.validation import count_text
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, LedgerError, NotFound
 from privcal.storage.audit import now
@@ -162,7 +163,7 @@ def open_session(
                                                                 integer=True)
         if t_ * g_ > MAX_SESSION_REPORTS:  # 2**62 reached the audit entry's JSON (red team 7)
             raise InvalidInput(f"an ldp-score session takes at most 10¹² reports (rounds × "
-                               f"group size), got {t_} × {g_}")
+                               f"group size), got {count_text(t_)} × {count_text(g_)}")
         proto = public(LdpScoreProtocol.open)(
             alpha=alpha, epsilon=number(epsilon, "ε"), rounds=t_, group_size=g_,
             lower=number(lower, "lower"), upper=number(upper, "upper"),
