@@ -33,6 +33,7 @@ from pydantic import (
 from privcal.accountant.normalize import MAX_JSON_INT, plain_values
 from privcal.accountant.score_values import impossible_scores, refuse_narrow_scores
 from privcal.calibrators.base import Calibrator
+from privcal.calibrators.validation import count_text
 from privcal.errors import InvalidInput, first_error, numeric_edge
 
 __all__ = ["ARRAYS", "INPUTS", "MAX_K_REG", "CalibrationRequest", "as_invalid_input",
@@ -191,8 +192,8 @@ def label_score_options(score: str | None, options: dict[str, Any] | None,
     full = numeric_edge(f"score {score!r}")(score_options)(SCORES[score], opts)
     k_reg, lam = full.get("k_reg"), full.get("lam")
     if k_reg is not None and k_reg > MAX_K_REG:
-        raise InvalidInput(f"raps k_reg must be at most 2**53 − 1, got {k_reg:.6g} (any k_reg ≥ "
-                           "the number of classes already adds no penalty)")
+        raise InvalidInput(f"raps k_reg must be at most 2**53 − 1, got {count_text(k_reg)} "
+                           "(any k_reg ≥ the number of classes already adds no penalty)")
     k = pshape[1] if len(pshape) == 2 else None
     if lam is not None and k_reg is not None and k is not None \
             and not math.isfinite(float(lam) * max(0, k - int(k_reg)) + 1.0):

@@ -16,6 +16,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from privcal.accountant import privacy as acc
+from privcal.calibrators.validation import count_text
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float, fixed_context
 from privcal.errors import InvalidInput, check_text, plain_number_text
 from privcal.storage.audit import MAX_SAFE_INT, canonical, threshold_str
@@ -170,9 +171,9 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, int):
         if -MAX_JSON_INT <= obj <= MAX_JSON_INT:
             return obj
-        raise InvalidInput(f"the whole number {obj:.6g} is past ±(2**53 − 1), the largest "
-                           "a JSON record holds exactly: give it as a float (e.g. 1e40) or a "
-                           "smaller number")
+        raise InvalidInput(f"the whole number {count_text(obj)} is past ±(2**53 − 1), the "
+                           "largest a JSON record holds exactly: give it as a float (e.g. 1e40) "
+                           "or a smaller number")
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else threshold_str(obj) if not math.isnan(obj) else "NaN"
     if isinstance(obj, Decimal):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import column, select, table
+from sqlalchemy import column, func, select, table
 from sqlalchemy.orm import Session
 
 from privcal.errors import InvalidInput, NotFound
@@ -41,7 +41,8 @@ __all__ = ["check_agent_slot", "check_token_session", "token_agents"]
 
 #: the columns of ``api_tokens`` the count reads (the model lives in :mod:`.tokens`, which
 #: imports this module)
-_TOKENS = table("api_tokens", column("session_id"), column("role"), column("agent"))
+_TOKENS = table("api_tokens", column("session_id"), column("role"), column("agent"),
+                column("created_at"))
 
 
 def check_token_session(s: Session, session: int, role: str, agent: str | None) -> None:
@@ -92,9 +93,22 @@ def check_agent_slot(s: Session, session: int, agent: str) -> None:
             "agent is handled when the session is closed: allow_missing)")
 
 
-def token_agents(conn: Any, session_id: int) -> list[str]:
+def token_agents(conn: Any, session_id: int, first: int | None = None) -> list[str]:
     """The distinct agent ids of session ``session_id``'s agent tokens (revoked and expired
     included: the agents invited), read on ``conn`` — a Core connection or ORM session — in
-    a batch's write transaction after it locked the session row."""
-    return [str(a) for a in conn.execute(select(_TOKENS.c.agent).distinct().where(
-        _TOKENS.c.session_id == session_id, _TOKENS.c.role == "agent")).scalars()]
+    a batch's write transaction after it locked the session row.
+
+    ``first``: only the ``first`` agents invited, in the order of their first token (then
+    id). A session holds at most m token agents since red team 25 (fedlocal2), but one whose
+    tokens were minted before may hold more, and its m slots then went to whichever invited
+    agents answered first — the selection by arrival the cap exists to prevent (red team 26,
+    fedlocal L2): with ``first`` = m the slots are the first m invited, an order fixed when
+    they were invited, whatever their data."""
+    if first is None:
+        return [str(a) for a in conn.execute(select(_TOKENS.c.agent).distinct().where(
+            _TOKENS.c.session_id == session_id, _TOKENS.c.role == "agent")).scalars()]
+    rows = conn.execute(select(_TOKENS.c.agent).where(
+        _TOKENS.c.session_id == session_id, _TOKENS.c.role == "agent")
+        .group_by(_TOKENS.c.agent)
+        .order_by(func.min(_TOKENS.c.created_at), _TOKENS.c.agent).limit(first)).scalars()
+    return [str(a) for a in rows]

@@ -163,16 +163,16 @@ def _sampler() -> np.random.Generator:
 
 
 def _invited_first(ledger: Ledger, conn: Connection, session_id: int, skey: bytes,
-                   raw: np.ndarray, need: int) -> np.ndarray:
+                   raw: np.ndarray, need: int, plan: Any) -> np.ndarray:
     """FedCP: which of a batch's candidate agents (pseudonyms ``raw``) may take one of the
     ``need`` free slots. The agents holding an agent token for the session — at most m
     (:mod:`privcal.storage.agent_slots`), invited before any data — keep a slot each until
     they answer; an agent without one (an ingestor's, a file's) takes only a slot no invited
     agent waits for, a uniformly random subset if fewer are left: a batch never displaces an
     invited agent, so it cannot choose the m agents used by arrival among more (red team 25,
-    fedlocal2)."""
+    fedlocal2); of more than m (minted before that cap) the first m invited (red team 26, L2)."""
     keep = np.ones(raw.shape[0], dtype=bool)
-    held = token_agents(conn, session_id)
+    held = token_agents(conn, session_id, first=plan.m)
     if not held:
         return keep
     invited = np.unique(pseudonyms_raw(skey, held))
@@ -312,7 +312,7 @@ def submit_reports(
             why[R.OVER_CAP] += int(is_over.sum())
             cand, has = cand[~is_over], has[~is_over]
         if fed:
-            keep = _invited_first(ledger, conn, row.id, skey, praw[cand], need)
+            keep = _invited_first(ledger, conn, row.id, skey, praw[cand], need, plan)
             why[R.RESERVED] += int(cand.size - keep.sum())
             cand, has = cand[keep], has[keep]
         if cand.size > need:

@@ -32,6 +32,7 @@ from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import bin_grid
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
+from privcal.calibrators.validation import count_text
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, LedgerError, NotFound
 from privcal.storage.audit import now
@@ -82,8 +83,9 @@ def open_session(
     needs a per-subject ε cap ≥ ε. ``fedcp2-qq`` needs ``agents`` (m), ``local_n`` (n),
     ``epsilon`` (and ``bins``, ``lower``, ``upper``: the public grid); ``fedcp-qq`` needs m
     and n and a dataset that
-    allows non-private releases. ``shuffled`` (ldp-score, fedcp2-qq) records the amplified
-    (ε, δ) and charges it to an (ε, δ) dataset now. An option the method does not use
+    allows non-private releases. ``shuffled`` (ldp-score only: a fedcp2-qq agent's message is
+    not an ε0-local randomizer of its whole input, issue 14.6) records the amplified (ε, δ)
+    and charges it to an (ε, δ) dataset now. An option the method does not use
     (``bins`` for ldp-score, ``lower`` for fedcp-qq, ...) is an InvalidInput, not ignored;
     the defaults of those it uses: ``lower`` 0, ``upper`` 1, ``bins`` 100, failure
     probability 0.001. Writes nothing on bad input.
@@ -161,7 +163,7 @@ def open_session(
                                                                 integer=True)
         if t_ * g_ > MAX_SESSION_REPORTS:  # 2**62 reached the audit entry's JSON (red team 7)
             raise InvalidInput(f"an ldp-score session takes at most 10¹² reports (rounds × "
-                               f"group size), got {t_} × {g_}")
+                               f"group size), got {count_text(t_)} × {count_text(g_)}")
         proto = public(LdpScoreProtocol.open)(
             alpha=alpha, epsilon=number(epsilon, "ε"), rounds=t_, group_size=g_,
             lower=number(lower, "lower"), upper=number(upper, "upper"),

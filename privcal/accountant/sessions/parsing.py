@@ -8,6 +8,7 @@ row, in Python. Tests check that both give the same answer on the same rows.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -57,7 +58,15 @@ def parse_bits(values: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def parse_messages(method: str, values: np.ndarray, plan: Any) -> tuple[np.ndarray, list[str]]:
-    """Federated messages (an object array): (ok mask, stored value strings, "" where not ok)."""
+    """Federated messages (an object array): (ok mask, stored value strings, "" where not ok).
+
+    A session's message is finite: +∞ (``inf``, or a number past the float range such as
+    ``1e400``, which reads as +∞) is malformed, as the HTTP routes have it (red team 25,
+    fedlocal F3). A session's FedCP-QQ plan is an equal-size one, whose order ℓ ≤ n, so
+    no agent following it sends +∞ (:func:`~privcal.calibrators.federated_agent.
+    check_message` takes +∞ for the library's unequal-size plans); the CLI's file and the
+    library stored it as the message +∞ (red team 26, fedlocal F1). FedCP²-QQ's +∞ is off
+    its grid anyway."""
     n = values.shape[0]
     ok = np.zeros(n, dtype=bool)
     out = [""] * n
@@ -65,6 +74,8 @@ def parse_messages(method: str, values: np.ndarray, plan: Any) -> tuple[np.ndarr
         try:
             x = check_message(v, plan)
         except (PlanRejected, InvalidInput):
+            continue
+        if not math.isfinite(x):
             continue
         ok[i], out[i] = True, threshold_str(x)
     return ok, out

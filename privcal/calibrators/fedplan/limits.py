@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from privcal.calibrators.validation import count_text
 from privcal.errors import InvalidInput
 
 #: Resource bounds (issue 16.2), checked before any plan is computed and so before anything
@@ -27,7 +28,7 @@ def check_int(name: str, v: object, lo: int, hi: int | None = None) -> int:
     v = int(v)
     if v < lo or (hi is not None and v > hi):
         rng = f"[{lo}, {hi}]" if hi is not None else f"≥ {lo}"
-        raise InvalidInput(f"{name} must be in {rng}, got {v}")
+        raise InvalidInput(f"{name} must be in {rng}, got {count_text(v)}")
     return v
 
 
@@ -38,3 +39,4 @@ def check_alpha(alpha: object) -> float:
     if not (math.isfinite(a) and 0 < a < 1):
         raise InvalidInput(f"α must be in (0, 1), got {alpha}")
     return a
+

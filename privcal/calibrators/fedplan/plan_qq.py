@@ -14,8 +14,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from privcal.calibrators.fedplan.coverage import FEAS_TOL, table
-from privcal.calibrators.fedplan.limits import MAX_AGENTS, MAX_LOCAL_N, check_alpha, check_int
+from privcal.calibrators.fedplan.limits import (
+    MAX_AGENTS,
+    MAX_LOCAL_N,
+    check_alpha,
+    check_int,
+)
 from privcal.calibrators.fedplan.selection import select
+from privcal.calibrators.validation import count_text
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 
@@ -52,11 +58,11 @@ def plan_fedcp_qq(m: int, n: int, alpha: float) -> FedPlan:
 def _plan_cached(m: int, n: int, alpha: float) -> FedPlan:
     sel = select(table(m, n), 1.0 - alpha)
     if sel is None:
-        need = math.ceil(float(Fraction(1) / Fraction(str(alpha)))) - 1
+        need = math.ceil(Fraction(1) / Fraction(str(alpha))) - 1  # exact: α may be 1e-310
         raise InfeasiblePlan(
             f"no FedCP-QQ plan reaches coverage {1 - alpha:g} with m={m} agents of n={n} scores: "
             f"even the maximum of all m·n = {m * n} scores only covers {m * n}/{m * n + 1}; "
-            f"need m·n ≥ {need}"
+            f"need m·n ≥ {count_text(need)}"
         )
     ell, k, M, _ = sel
     return FedPlan(l=ell, k=k, M=M, m=m, n=n, alpha=alpha)

@@ -19,6 +19,7 @@ from privcal.calibrators.fedplan.limits import (
     check_alpha,
     check_int,
 )
+from privcal.calibrators.validation import count_text
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 
@@ -135,7 +136,7 @@ def _plan2_cached(
 ) -> Fed2Plan:
     best, min_cor = gamma_search(m, n, alpha, eps, bins, n - 1)
     if best is None:
-        detail = f"the privacy correction alone is ℓ_cor ≥ {min_cor}" if min_cor else ""
+        detail = f"the privacy correction alone is ℓ_cor ≥ {count_text(min_cor)}" if min_cor else ""
         raise InfeasiblePlan(
             f"no FedCP²-QQ plan: ε={eps:g} is too small for n={n} scores per agent "
             f"(m={m}, α={alpha:g}, B={bins}): for every γ in 0.01..0.99, ℓ_γ + ℓ_cor ≥ n"
