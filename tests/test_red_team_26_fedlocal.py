@@ -172,6 +172,7 @@ def test_f4_a_session_open_states_a_huge_size_in_a_few_digits(accountant: Any, k
     from privcal.errors import InvalidInput
 
     accountant.create_dataset("h", epsilon=1, subject_epsilon=1, allow_nonprivate=True)
+    kw = dict(kw)  # the parameter is shared by the SQLite and PostgreSQL runs
     method = kw.pop("method")
     with pytest.raises(InvalidInput) as err:
         open_session(accountant, method, dataset="h", **kw)

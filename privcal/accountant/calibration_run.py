@@ -282,8 +282,7 @@ def _run(
             # rows left out of the calibration, by reason: counts only, never ids (14.4)
             **({"dropped_rows": dropped} if dropped is not None else {}),
         },
-        distribution=registered.distribution,
-        distribution_version=registered.distribution_version,
+        distribution=registered.distribution, distribution_version=registered.distribution_version,
         requester=requester, charge_ids=charge_ids, _as_computed=True, _key=release_key,
         _calibrator=calibrator,
     )
