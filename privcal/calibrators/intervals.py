@@ -27,6 +27,7 @@ from privcal.calibrators.prediction_sets import (
     recorded_score,
     score_name_of,
 )
+from privcal.calibrators.readings import reading_gap
 from privcal.calibrators.scores import SCORES, regression_bounds, score_interval
 from privcal.calibrators.validation import check_lengths, check_targets
 from privcal.errors import InvalidInput
@@ -135,7 +136,9 @@ def release_intervals(
     if np.isnan(t).any():
         raise InvalidInput(f"release {release.id} records a NaN threshold")
     infinite = t == math.inf
-    out = np.column_stack(score_interval(lo, hi, t))  # every y whose float score is ≤ t
+    gap = reading_gap(lo, hi, t)  # float32/float16 outputs read either way (red team 26, F3)
+    low, high = score_interval(lo, hi, t)  # every y whose float score is ≤ t
+    out = np.column_stack((low - gap, high + gap))
     out[infinite] = (-math.inf, math.inf)
     return out
 

@@ -19,11 +19,12 @@ import numpy as np
 
 from privcal.calibrators.scores import (
     SCORES,
-    all_class_scores,
+    classification_scores,
     regression_bounds,
     score_interval,
     score_options,
     score_spec,
+    score_uniforms,
 )
 from privcal.calibrators.validation import check_probs
 from privcal.errors import InvalidInput
@@ -44,6 +45,7 @@ __all__ = [
     "set_labels",
     "sets_for",
     "summed_terms",
+    "threshold_sets",
 ]
 
 
@@ -67,17 +69,35 @@ def prediction_sets(
     A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
     """
     t = _check_threshold(threshold)
+    return threshold_sets(name, opts, probs, t, None, rng)
+
+
+def threshold_sets(name: str, opts: dict[str, Any], probs: Any, t: Any,
+                   rows: np.ndarray | None, rng: random.Random | None) -> np.ndarray:
+    """Sets with one threshold ``t`` (a float), one per column (``t`` of shape (k,)), or one
+    per row's group (``t[rows[i]]`` for row i), each label also in when its score is ≤ its
+    threshold in another reading of the probabilities' float32/float16 values
+    (:func:`~privcal.calibrators.readings.sets_at`; red team 26, coverage F1/F2). ``lac``
+    compares the probabilities with the exact cut of each threshold (bit-identical to
+    ``1 − p ≤ t``); aps/raps draw one u per row from ``rng``, shared by its classes and
+    every reading."""
+    from privcal.calibrators.readings import sets_at
+
+    spec = score_spec(name)
+    if spec.kind != "classification":
+        raise InvalidInput(f"score {name!r} is a regression score; it has no per-class scores")
+    o = score_options(spec, opts)
+    p = check_probs(probs, min_rows=1)
+    u = score_uniforms(name, p.shape[0], o, rng)
+    tt = np.asarray(t, dtype=np.float64)
     if name == "lac":
-        score_options(score_spec(name), opts)
-        p = check_probs(probs, min_rows=1)
-        if t == math.inf:
-            return np.ones(p.shape, dtype=bool)
-        # 1.0 − p ≤ t without the n×k score matrix: p ≥ c for the exact cut c
-        return p >= lac_cut(t)
-    s = all_class_scores(name, probs, rng=rng, **opts)
-    if t == math.inf:
-        return np.ones(s.shape, dtype=bool)
-    return s <= t
+        cuts = np.array([-math.inf if x == math.inf else lac_cut(float(x))
+                         for x in tt.ravel()]).reshape(tt.shape)
+        base = p >= (cuts if rows is None else cuts[rows][:, None])
+    else:
+        base = classification_scores(name, p, o, u) <= (tt if rows is None
+                                                         else tt[rows][:, None])
+    return sets_at(name, o, p, tt, rows, u, base)
 
 
 def lac_cut(t: float) -> float:
