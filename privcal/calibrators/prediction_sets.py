@@ -81,7 +81,7 @@ def threshold_sets(name: str, opts: dict[str, Any], probs: Any, t: Any,
     compares the probabilities with the exact cut of each threshold (bit-identical to
     ``1 − p ≤ t``); aps/raps draw one u per row from ``rng``, shared by its classes and
     every reading."""
-    from privcal.calibrators.readings import sets_at
+    from privcal.calibrators.readings import near, sets_at
 
     spec = score_spec(name)
     if spec.kind != "classification":
@@ -90,14 +90,20 @@ def threshold_sets(name: str, opts: dict[str, Any], probs: Any, t: Any,
     p = check_probs(probs, min_rows=1)
     u = score_uniforms(name, p.shape[0], o, rng)
     tt = np.asarray(t, dtype=np.float64)
+    thr = tt if rows is None else tt[rows][:, None]
     if name == "lac":
-        cuts = np.array([-math.inf if x == math.inf else lac_cut(float(x))
-                         for x in tt.ravel()]).reshape(tt.shape)
-        base = p >= (cuts if rows is None else cuts[rows][:, None])
+        base, cand = p >= _cuts(thr), p >= _cuts(near(thr))
     else:
-        base = classification_scores(name, p, o, u) <= (tt if rows is None
-                                                         else tt[rows][:, None])
-    return sets_at(name, o, p, tt, rows, u, base)
+        s = classification_scores(name, p, o, u)
+        base, cand = s <= thr, s <= near(thr)
+    return sets_at(name, o, p, thr, u, base, cand & ~base)
+
+
+def _cuts(t: np.ndarray) -> np.ndarray:
+    """:func:`lac_cut` of every threshold (−inf for +inf), computed once per distinct one."""
+    values, index = np.unique(t, return_inverse=True)
+    cuts = np.array([-math.inf if x == math.inf else lac_cut(float(x)) for x in values])
+    return cuts[index].reshape(t.shape)
 
 
 def lac_cut(t: float) -> float:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["reading_gap", "readings", "sets_at"]
+__all__ = ["near", "reading_gap", "readings", "sets_at"]
 
 #: how far above t a score can move between readings of the same float32 values (2⁻²³·Σp
 #: with room for p's row-sum tolerance and float64 rounding)
@@ -73,31 +73,30 @@ def readings(p: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def sets_at(name: str, options: dict[str, Any], p: np.ndarray, t: Any,
-            rows: np.ndarray | None, u: np.ndarray | None, base: np.ndarray) -> np.ndarray:
+def near(t: Any) -> Any:
+    """The score under which a label can be in another reading's set at threshold ``t``
+    (``_BAND`` above t, more for raps' large sums: their float64 rounding)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isfinite(t), t + _BAND + np.abs(t) * 2.0**-40, t)
+
+
+def sets_at(name: str, options: dict[str, Any], p: np.ndarray, thr: np.ndarray,
+            u: np.ndarray | None, base: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """``base`` (the n×k sets {y : S(x_i, y) ≤ t} on ``p`` as given) with every label added
-    whose score in another reading of ``p`` (:func:`readings`) is ≤ its threshold: ``t`` a
-    scalar, one per column (k,), or one per group with ``rows`` (each row's group); ``u``
-    the uniforms of aps/raps (the same for every reading)."""
+    whose score in another reading of ``p`` (:func:`readings`) is ≤ its threshold ``thr`` (a
+    scalar, one per column (k,), or one per row (n, 1)); ``cand``: the labels out of ``base``
+    whose score is below :func:`near` of their threshold (no other can change); ``u`` the
+    uniforms of aps/raps (the same for every reading)."""
     from privcal.calibrators.scores import classification_scores
 
-    tt = np.asarray(t, dtype=np.float64)
-    thr = tt if rows is None else tt[rows][:, None]
-    with np.errstate(invalid="ignore", over="ignore"):
-        near = thr + _BAND + np.abs(thr) * 2.0**-40  # (raps' large sums: float64 rounding)
-        if name == "lac":
-            cand = ~base & (1.0 - p <= near)
-        else:
-            cand = ~base & (classification_scores(name, p, options, u) <= near)
     which = np.flatnonzero(cand.any(axis=1))
     if which.size == 0:
         return base
     out = base.copy()
-    sub_t = thr[which] if thr.ndim == 2 else thr
+    sub_t = thr[which] if np.ndim(thr) == 2 else thr
     sub_u = u[which] if u is not None else None
     for other in readings(p[which]):
-        s = 1.0 - other if name == "lac" else classification_scores(name, other, options,
-                                                                     sub_u)
+        s = classification_scores(name, other, options, sub_u)
         out[which] |= s <= sub_t
     return out
 
