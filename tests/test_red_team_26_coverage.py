@@ -176,3 +176,25 @@ def test_f1_cli_predict_on_a_pandas_csv_covers(ledger_url: str, tmp_path: Path,
     assert res.exit_code == 0, res.stderr
     sets = np.load(tmp_path / "s.npy")
     assert float(sets[np.arange(M), yt].mean()) >= rel.coverage.lower - 0.02
+
+
+def test_f1_label_groups_read_as_text_cover_each_class(accountant: Any) -> None:
+    """F1 through the per-class thresholds of ``mondrian="label"``: class 0's threshold is its
+    score 1 − 0.1f of the 0.9 leaf, which the text 0.1 exceeds — its coverage was 0.875 under
+    a recorded ≥ 0.9. Tolerance as in the module docstring with class 0's share (≈ 0.24) of
+    N and M."""
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    covs, lower = [], math.nan
+    for seed in range(T):
+        p, y = _model(seed, N, (0.7, 0.9))
+        rel = accountant.calibrate("split", dataset="d", probs=p.astype(np.float64), labels=y,
+                                   score="lac", alpha=0.1, mondrian="label",
+                                   public_groups=True)
+        pt, yt = _model(10_000 + seed, M, (0.7, 0.9))
+        sets = rel.predict_set(_text(pt))
+        covs.append(float(sets[yt == 0, 0].mean()))
+        lower = rel.coverage.details["group 0: lower"]
+    n0, m0 = 0.24 * N, 0.24 * M
+    tolerance = 3 * math.sqrt((0.09 / (n0 + 2) + 0.25 / m0) / T)
+    assert lower == 0.9
+    assert float(np.mean(covs)) >= lower - tolerance
