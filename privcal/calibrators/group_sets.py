@@ -14,7 +14,9 @@ into a :class:`ThresholdTable` (groups × levels). Sets:
 
 Randomized scores (aps/raps) draw one u per row, shared by every class of the row, as
 :func:`~privcal.calibrators.prediction_sets.prediction_sets` does; ``lac`` compares
-probabilities with the exact cut of each threshold (bit-identical to ``1 − p ≤ t``).
+probabilities with the exact cut of each threshold (bit-identical to ``1 − p ≤ t``); a label
+is also in when its score is ≤ t in the other reading of float32 probabilities
+(:mod:`~privcal.calibrators.readings`).
 """
 
 from __future__ import annotations

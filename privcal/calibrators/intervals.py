@@ -117,7 +117,9 @@ def release_intervals(
 
     ``absolute``: ``preds`` (n,); ``cqr``: ``lower_preds`` and ``upper_preds`` (or ``preds``
     of shape (n, 2)). Rows are (−inf, +inf) where the threshold is +inf. A release with
-    several levels takes ``alpha``, one with Mondrian groups each row's ``groups``.
+    several levels takes ``alpha``, one with Mondrian groups each row's ``groups``. Rows
+    whose predictions are float32 values or their decimals are two float32 spacings wider
+    (:func:`~privcal.calibrators.readings.reading_gap`: either reading at calibration).
     """
     name = release_score_name(release, score_name)
     if SCORES[name].kind != "regression":

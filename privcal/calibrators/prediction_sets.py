@@ -64,7 +64,9 @@ def prediction_sets(
     rng: random.Random | None = None,
     **opts: Any,
 ) -> np.ndarray:
-    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold.
+    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold
+    — in the probabilities as given, or in the other reading of their float32 values (the
+    widened value or its shortest decimal: :mod:`~privcal.calibrators.readings`).
 
     A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
     """
