@@ -198,3 +198,17 @@ def test_f1_label_groups_read_as_text_cover_each_class(accountant: Any) -> None:
     tolerance = 3 * math.sqrt((0.09 / (n0 + 2) + 0.25 / m0) / T)
     assert lower == 0.9
     assert float(np.mean(covs)) >= lower - tolerance
+
+
+def test_rounded_float64_scores_are_refused_for_what_they_may_be(accountant: Any) -> None:
+    """Named scores rounded to two decimals (float64 from the start) were refused as "float32
+    values written as text" only, which these are not; the refusal (right: predict's
+    unrounded scores exceed them) now names rounding too, and nothing is charged."""
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
+    s = np.round(np.random.default_rng(0).random(100), 2)
+    with pytest.raises(InvalidInput, match=r"^scores are float32 values written as text "
+                                           r".*or scores rounded to a few decimals"):
+        accountant.calibrate("split", dataset="d", scores=s, score="absolute", alpha=0.1)
+    assert accountant.releases() == []
