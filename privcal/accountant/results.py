@@ -313,7 +313,9 @@ class Release(ReleaseRecord):
         A release with several levels takes the level ``alpha``; one with Mondrian groups
         from a column takes each row's group (``groups``); label groups need neither. For
         scores privcal did not compute the sets are a superset of {y : S ≤ t}
-        (``outside_threshold``): ``coverage.upper`` bounds the latter only."""
+        (``outside_threshold``): ``coverage.upper`` bounds the latter only. A label is also
+        in when its score is ≤ t in the other reading of float32 probabilities (widened
+        array or its CSV decimals: :mod:`~privcal.calibrators.readings`)."""
         from privcal.accountant.calibration_request import check_rng
         from privcal.calibrators.group_sets import release_sets
 

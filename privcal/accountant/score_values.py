@@ -86,7 +86,8 @@ def refuse_narrow_scores(scores: Any, score: str) -> Any:
             if not _float32_text(arr):
                 return arr
             name = ("float32 values written as text (a float32 column as pandas or polars "
-                    "write it: 1 − 0.7f = 0.3000000119… as 0.3)")
+                    "write it: 1 − 0.7f = 0.3000000119… as 0.3), or scores rounded to a few "
+                    "decimals")
         elif np.any(_past_16_bits(arr)):
             name = "float32 values (widened to float64)"
         elif _half_rounded(arr):

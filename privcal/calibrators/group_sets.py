@@ -14,7 +14,9 @@ into a :class:`ThresholdTable` (groups × levels). Sets:
 
 Randomized scores (aps/raps) draw one u per row, shared by every class of the row, as
 :func:`~privcal.calibrators.prediction_sets.prediction_sets` does; ``lac`` compares
-probabilities with the exact cut of each threshold (bit-identical to ``1 − p ≤ t``).
+probabilities with the exact cut of each threshold (bit-identical to ``1 − p ≤ t``); a label
+is also in when its score is ≤ t in the other reading of float32 probabilities
+(:mod:`~privcal.calibrators.readings`).
 """
 
 from __future__ import annotations
@@ -29,16 +31,15 @@ import numpy as np
 from privcal.calibrators.class_labels import column_mismatch, names_are_numbers
 from privcal.calibrators.prediction_sets import (
     computed_outside,
-    lac_cut,
     outside_threshold,
     prediction_sets,
     refuse_sets_of_regression,
     release_score,
     sets_for,
     summed_terms,
+    threshold_sets,
 )
-from privcal.calibrators.scores import all_class_scores, score_options, score_spec
-from privcal.calibrators.validation import array_shape, check_probs, id_strings
+from privcal.calibrators.validation import array_shape, id_strings
 from privcal.errors import InvalidInput
 
 __all__ = ["ThresholdTable", "align_columns", "frame_names", "is_wrapped", "level_sets",
@@ -153,14 +154,9 @@ def table_of(method: str, params: dict[str, Any], diagnostics: dict[str, Any],
 def _sets(name: str, options: dict[str, Any], probs: Any, t: np.ndarray,
           rows: np.ndarray | None, rng: random.Random | None) -> np.ndarray:
     """Sets with a threshold per column (``rows`` None, t of shape (k,)) or per row
-    (threshold ``t[rows[i]]`` for row i)."""
-    if name == "lac":
-        score_options(score_spec(name), options)
-        p = check_probs(probs, min_rows=1)
-        cuts = np.array([-math.inf if x == math.inf else lac_cut(float(x)) for x in t])
-        return p >= (cuts if rows is None else cuts[rows][:, None])
-    s = all_class_scores(name, probs, rng=rng, **options)
-    return s <= (t if rows is None else t[rows][:, None])
+    (threshold ``t[rows[i]]`` for row i): :func:`~privcal.calibrators.prediction_sets.
+    threshold_sets`."""
+    return threshold_sets(name, options, probs, t, rows, rng)
 
 
 def wrapped_sets(table: ThresholdTable, name: str, options: dict[str, Any], probs: Any, *,

@@ -27,6 +27,7 @@ from privcal.calibrators.prediction_sets import (
     recorded_score,
     score_name_of,
 )
+from privcal.calibrators.readings import reading_gap
 from privcal.calibrators.scores import SCORES, regression_bounds, score_interval
 from privcal.calibrators.validation import check_lengths, check_targets
 from privcal.errors import InvalidInput
@@ -116,7 +117,9 @@ def release_intervals(
 
     ``absolute``: ``preds`` (n,); ``cqr``: ``lower_preds`` and ``upper_preds`` (or ``preds``
     of shape (n, 2)). Rows are (−inf, +inf) where the threshold is +inf. A release with
-    several levels takes ``alpha``, one with Mondrian groups each row's ``groups``.
+    several levels takes ``alpha``, one with Mondrian groups each row's ``groups``. Rows
+    whose predictions are float32 values or their decimals are two float32 spacings wider
+    (:func:`~privcal.calibrators.readings.reading_gap`: either reading at calibration).
     """
     name = release_score_name(release, score_name)
     if SCORES[name].kind != "regression":
@@ -135,7 +138,9 @@ def release_intervals(
     if np.isnan(t).any():
         raise InvalidInput(f"release {release.id} records a NaN threshold")
     infinite = t == math.inf
-    out = np.column_stack(score_interval(lo, hi, t))  # every y whose float score is ≤ t
+    gap = reading_gap(lo, hi, t)  # float32/float16 outputs read either way (red team 26, F3)
+    low, high = score_interval(lo, hi, t)  # every y whose float score is ≤ t
+    out = np.column_stack((low - gap, high + gap))
     out[infinite] = (-math.inf, math.inf)
     return out
 

@@ -19,11 +19,12 @@ import numpy as np
 
 from privcal.calibrators.scores import (
     SCORES,
-    all_class_scores,
+    classification_scores,
     regression_bounds,
     score_interval,
     score_options,
     score_spec,
+    score_uniforms,
 )
 from privcal.calibrators.validation import check_probs
 from privcal.errors import InvalidInput
@@ -44,6 +45,7 @@ __all__ = [
     "set_labels",
     "sets_for",
     "summed_terms",
+    "threshold_sets",
 ]
 
 
@@ -62,22 +64,48 @@ def prediction_sets(
     rng: random.Random | None = None,
     **opts: Any,
 ) -> np.ndarray:
-    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold.
+    """Boolean n×k membership matrix: class y is in the set of row i iff S(x_i, y) ≤ threshold
+    — in the probabilities as given, or in the other reading of their float32 values (the
+    widened value or its shortest decimal: :mod:`~privcal.calibrators.readings`).
 
     A threshold of +inf gives every class (the trivial set), −inf gives empty sets.
     """
     t = _check_threshold(threshold)
+    return threshold_sets(name, opts, probs, t, None, rng)
+
+
+def threshold_sets(name: str, opts: dict[str, Any], probs: Any, t: Any,
+                   rows: np.ndarray | None, rng: random.Random | None) -> np.ndarray:
+    """Sets with one threshold ``t`` (a float), one per column (``t`` of shape (k,)), or one
+    per row's group (``t[rows[i]]`` for row i), each label also in when its score is ≤ its
+    threshold in another reading of the probabilities' float32/float16 values
+    (:func:`~privcal.calibrators.readings.sets_at`; red team 26, coverage F1/F2). ``lac``
+    compares the probabilities with the exact cut of each threshold (bit-identical to
+    ``1 − p ≤ t``); aps/raps draw one u per row from ``rng``, shared by its classes and
+    every reading."""
+    from privcal.calibrators.readings import near, sets_at
+
+    spec = score_spec(name)
+    if spec.kind != "classification":
+        raise InvalidInput(f"score {name!r} is a regression score; it has no per-class scores")
+    o = score_options(spec, opts)
+    p = check_probs(probs, min_rows=1)
+    u = score_uniforms(name, p.shape[0], o, rng)
+    tt = np.asarray(t, dtype=np.float64)
+    thr = tt if rows is None else tt[rows][:, None]
     if name == "lac":
-        score_options(score_spec(name), opts)
-        p = check_probs(probs, min_rows=1)
-        if t == math.inf:
-            return np.ones(p.shape, dtype=bool)
-        # 1.0 − p ≤ t without the n×k score matrix: p ≥ c for the exact cut c
-        return p >= lac_cut(t)
-    s = all_class_scores(name, probs, rng=rng, **opts)
-    if t == math.inf:
-        return np.ones(s.shape, dtype=bool)
-    return s <= t
+        base, cand = p >= _cuts(thr), p >= _cuts(near(thr))
+    else:
+        s = classification_scores(name, p, o, u)
+        base, cand = s <= thr, s <= near(thr)
+    return sets_at(name, o, p, thr, u, base, cand & ~base)
+
+
+def _cuts(t: np.ndarray) -> np.ndarray:
+    """:func:`lac_cut` of every threshold (−inf for +inf), computed once per distinct one."""
+    values, index = np.unique(t, return_inverse=True)
+    cuts = np.array([-math.inf if x == math.inf else lac_cut(float(x)) for x in values])
+    return cuts[index].reshape(t.shape)
 
 
 def lac_cut(t: float) -> float:

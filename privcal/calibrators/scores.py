@@ -48,6 +48,7 @@ __all__ = [
     "SCORES",
     "ScoreSpec",
     "all_class_scores",
+    "classification_scores",
     "cqr_bounds",
     "label_scores",
     "regression_bounds",
@@ -55,6 +56,7 @@ __all__ = [
     "score_interval",
     "score_options",
     "score_spec",
+    "score_uniforms",
 ]
 
 Kind = Literal["classification", "regression"]
@@ -171,8 +173,26 @@ def _classification_all(
 ) -> np.ndarray:
     if name == "lac":
         return 1.0 - probs
+    return classification_scores(name, probs, opts,
+                                 _uniforms(probs.shape[0], opts["randomized"], rng))
+
+
+def score_uniforms(name: str, n: int, opts: dict[str, Any],
+                   rng: random.Random | None) -> np.ndarray | None:
+    """The uniforms u of ``n`` rows that :func:`all_class_scores` draws from ``rng`` (the
+    same draw), None for ``lac``; ``opts`` checked (:func:`score_options`)."""
+    return None if name == "lac" else _uniforms(n, opts["randomized"], rng)
+
+
+def classification_scores(name: str, probs: np.ndarray, opts: dict[str, Any],
+                          u: np.ndarray | None) -> np.ndarray:
+    """The n×k scores of checked float64 ``probs`` for the uniforms ``u`` (aps/raps; None
+    for ``lac``): :func:`all_class_scores` with its u given."""
+    if name == "lac":
+        return 1.0 - probs
+    if u is None:
+        raise InvalidInput(f"score {name!r} needs its uniforms u")
     mass, greater = _greater_mass_and_rank(probs)
-    u = _uniforms(probs.shape[0], opts["randomized"], rng)
     s = mass + u[:, None] * probs
     if name == "raps":
         # rank(y) = 1 + #{j : p_j > p_y}; penalty λ·(rank − k_reg)^+

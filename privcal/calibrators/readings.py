@@ -1,0 +1,124 @@
+"""Probabilities and predictions read in another representation than at calibration (red
+team 26, coverage F1–F3).
+
+A model that outputs float32 (XGBoost's and LightGBM's ``predict_proba``, a float32
+network) has two readings of each output: the value widened to float64 (a NumPy array) and
+its shortest decimal read back (a CSV or JSON that pandas or polars wrote: 0.7f =
+0.699999988… is written ``0.7``). They differ by less than half a float32 spacing. A
+release calibrated on one reading and used on the other compares scores that are not
+exchangeable with the calibration scores: at a tie with the threshold — a discrete model, a
+tree's leaves — every tied test point fell out, 0.761 coverage under a recorded ≥ 0.9 (F1:
+calibrated on the widened array, predicted from the CSV); 0.296 under ≥ 0.9 for float32
+scores computed outside privcal (F2: the slack ``|t|·2⁻²¹`` of
+:func:`~privcal.calibrators.prediction_sets.outside_threshold` is relative to t, the
+reading's difference absolute in p); 0.779 for regression intervals (F3).
+
+So a label is in its set when its score is ≤ t in the reading given *or in the other
+reading* of the same float32 values (:func:`sets_at`): the entries that are a float32 value
+or its shortest decimal are replaced by the value, and by the decimal, and the score is
+computed again with the same uniforms u. Whatever
+reading the calibration had, the test point's score in that reading is then compared with t:
+the lower bound holds as recorded. A reading can only add labels, and only those whose score
+in the other reading is ≤ t (entries of neither kind are unchanged, so float64 outputs get the
+sets they had). Only labels within ``_BAND`` of t can change (half a float32 spacing of
+p ≤ 1 is at most 2⁻²⁵; an aps/raps sum of probabilities changes by at most 2⁻²⁴·Σp), so only
+their rows are read again. Regression intervals (:func:`reading_gap`) are widened by two
+float32 spacings at max(|f|) + |t| on the rows whose predictions are such readings (and
+differ): the target of the calibration's reading is within t of its prediction, and both
+readings of each are within half a spacing.
+
+Not covered: float16 or bfloat16 outputs (float16 probabilities widened are refused by the
+row-sum check; their decimals, 0.3 for 0.30005, would make every short decimal a reading),
+and targets read another way at evaluation while the predictions are float64 or exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["near", "reading_gap", "readings", "sets_at"]
+
+#: how far above t a score can move between readings of the same float32 values (2⁻²³·Σp
+#: with room for p's row-sum tolerance and float64 rounding)
+_BAND = 2.0**-20
+#: the narrow format, with (a relative gap of two spacings, its subnormal floor)
+_FORMATS: tuple[tuple[Any, float, float], ...] = ((np.float32, 2.0**-22, 2.0**-148),)
+
+
+def _kinds(a: np.ndarray, fmt: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the value in ``fmt``, its shortest decimal read back, which entries of ``a`` are one
+    of the two), as float64 arrays of ``a``'s shape. An integer below 2¹¹ is its own decimal
+    (not converted: the decimal costs a conversion per value)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = a.astype(fmt)
+        wide = q.astype(np.float64)
+        text = wide.copy()
+        odd = ~((np.modf(wide)[0] == 0) & (np.abs(wide) < 2048.0))
+        text[odd] = q[odd].astype(str).astype(np.float64)  # shortest decimal of each value
+        hit = np.isfinite(wide) & ((wide == a) | (text == a))
+    return wide, text, hit
+
+
+def readings(p: np.ndarray) -> list[np.ndarray]:
+    """The other readings of ``p`` (float64): ``p`` with each entry that is a float32 value
+    or its shortest decimal replaced by the value, then by the decimal (module docstring);
+    none when no entry is either."""
+    out = []
+    for fmt, _, _ in _FORMATS:
+        wide, text, hit = _kinds(p, fmt)
+        if hit.any():
+            out += [np.where(hit, wide, p), np.where(hit, text, p)]
+    return out
+
+
+def near(t: Any) -> Any:
+    """The score under which a label can be in another reading's set at threshold ``t``
+    (``_BAND`` above t, more for raps' large sums: their float64 rounding)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isfinite(t), t + _BAND + np.abs(t) * 2.0**-40, t)
+
+
+def sets_at(name: str, options: dict[str, Any], p: np.ndarray, thr: np.ndarray,
+            u: np.ndarray | None, base: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """``base`` (the n×k sets {y : S(x_i, y) ≤ t} on ``p`` as given) with every label added
+    whose score in another reading of ``p`` (:func:`readings`) is ≤ its threshold ``thr`` (a
+    scalar, one per column (k,), or one per row (n, 1)); ``cand``: the labels out of ``base``
+    whose score is below :func:`near` of their threshold (no other can change); ``u`` the
+    uniforms of aps/raps (the same for every reading)."""
+    from privcal.calibrators.scores import classification_scores
+
+    which = np.flatnonzero(cand.any(axis=1))
+    if which.size == 0:
+        return base
+    out = base.copy()
+    sub_t = thr[which] if np.ndim(thr) == 2 else thr
+    sub_u = u[which] if u is not None else None
+    for other in readings(p[which]):
+        s = classification_scores(name, other, options, sub_u)
+        out[which] |= s <= sub_t
+    return out
+
+
+def reading_gap(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """How far each regression interval is widened on both sides: on rows whose predictions
+    are a float32 value or its decimal, the two differing, two float32 spacings at
+    max(|f_lo|, |f_hi|) + |t| (module docstring); 0 elsewhere. An array whose first
+    256 predictions are not all such readings is left as it is (the decimal costs a
+    conversion per value)."""
+    gap = np.zeros(lo.shape, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        size = np.maximum(np.abs(lo), np.abs(hi)) + np.where(np.isfinite(t), np.abs(t), 0.0)
+        done = np.zeros(lo.shape, dtype=bool)
+        for fmt, rel, floor in _FORMATS:
+            if not all(_kinds(a[:256], fmt)[2].all() for a in (lo, hi)):
+                continue
+            read, two = ~done, np.zeros(lo.shape, dtype=bool)
+            for a in (lo, hi) if hi is not lo else (lo,):
+                wide, text, hit = _kinds(a, fmt)
+                read &= hit
+                two |= wide != text
+            gap = np.where(read & two, size * rel + floor, gap)
+            done |= read
+    return gap
