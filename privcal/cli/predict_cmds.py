@@ -29,7 +29,7 @@ from privcal.cli.group_options import (
     load_groups,
     one_level,
 )
-from privcal.cli.inputs import load_labels
+from privcal.cli.inputs import labels_in_probs, load_labels
 from privcal.cli.number_types import Integer
 from privcal.cli.output import at_least
 from privcal.cli.render import guarantee_verdict
@@ -265,6 +265,7 @@ def evaluate(
     if targets is not None:
         raise InvalidInput("--targets are regression targets; with --probs give --labels")
     assert probs is not None
+    labels, label_column = labels_in_probs(labels, label_column, probs)
     if labels is None and label_column is None:
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
     rel = settings.accountant(existing=True).release(release_id)  # coverage typed (.lower)
