@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from privcal.calibrators.validation import id_strings
 from privcal.cli import main
 from privcal.data.files import load_array, load_reports
 from privcal.errors import InvalidInput
@@ -94,6 +95,10 @@ def test_f2_an_id_written_as_a_missing_value_is_refused(tmp_path: Path, missing:
     with pytest.raises(InvalidInput, match=r"row 1 is .* a missing value"):
         load_reports(str(tmp_path / "r.csv"), "subject", "bit")
     assert load_array(str(f), "groups", ids=True)[7] == missing
+    # and wherever ids come from: str() of a missing id (None, NaN) in the Python API
+    for gone in (None, float("nan")):
+        with pytest.raises(InvalidInput, match=f"row 1 is '{gone}', a missing value"):
+            id_strings(np.array(["p0", str(gone), "p2"]), "subjects", people=True)
 
 
 # ------------------------------------------------------------------ F3

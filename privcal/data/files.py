@@ -24,7 +24,7 @@ data, and is refused: name the columns, or remove that row. Any other header of 
 (a column named ``1``, quantile levels ``0.05,0.95``) cannot be told from data: it is read
 as a row — give files with named columns. Blank or whitespace-only lines before the
 first row are skipped; a first row spanning lines (a quoted line break), or one field holding
-``;`` or a tab (:mod:`privcal.data.csv_cells`: also ids spelled as missing), is refused.
+``;`` or a tab (:mod:`privcal.data.csv_cells`: another separator), is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from privcal.calibrators.validation import id_strings
-from privcal.data.csv_cells import check_delimiter, check_missing_ids
+from privcal.data.csv_cells import check_delimiter
 from privcal.errors import InvalidInput
 
 SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
@@ -343,8 +343,7 @@ def load_array(
         return tab[name]
     _check_parquet_ids(path, name, what)
     # a group's label is no person: "5.0" stays a group (red team 14)
-    ids = id_strings(tab[name], f"{path}: {what}", people=what in _PEOPLE)
-    return check_missing_ids(ids, path, what) if what in _PEOPLE else ids
+    return id_strings(tab[name], f"{path}: {what}", people=what in _PEOPLE)
 
 
 def prob_column_names(spec: str, columns: str | None, exclude: tuple[str, ...]) -> list[str] | None:
@@ -395,6 +394,5 @@ def load_reports(
             f"(has: {cols})"
         )
     _check_parquet_ids(path, id_column, "id")
-    ids = check_missing_ids(id_strings(tab[id_column], f"{path}: {id_column}", people=True),
-                            path, id_column)
+    ids = id_strings(tab[id_column], f"{path}: {id_column}", people=True)
     return ids, tab[value_column], tab.get("round")
