@@ -147,3 +147,35 @@ def test_f4_a_malformed_score_option_is_a_usage_error(tmp_path: Path, item: str)
                "--score-option", item)
     assert res.exit_code == 2, res.output
     assert _charges(url, "d") == 0
+
+
+# ------------------------------------------------------------------ F7
+def test_f7_label_column_of_a_probs_table_given_with_its_column_range(tmp_path: Path) -> None:
+    """``--probs calib.csv:p0:p9 --label-column label`` (the README's FILE:FIRST:LAST with the
+    help's "the labels' column … of the --probs table") was refused: "give the label column
+    once". It is now the run ``--probs calib.csv --columns p0:p9 --label-column label``
+    makes (a deterministic split threshold, compared exactly)."""
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    assert _run(url, "dataset", "create", "d", "--rho", "5",
+                "--allow-nonprivate").exit_code == 0
+    rng = np.random.default_rng(4)
+    p = rng.dirichlet(np.ones(10), size=500)
+    df = pd.DataFrame(p, columns=[f"p{i}" for i in range(10)])
+    df["label"] = [rng.choice(10, p=r) for r in p]
+    df["site"] = "north"
+    t = tmp_path / "calib.csv"
+    df.to_csv(t)
+    base = ("calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--score", "lac", "--json")
+    a = _run(url, *base, "--probs", f"{t}:p0:p9", "--label-column", "label")
+    assert a.exit_code == 0, a.output
+    b = _run(url, *base, "--probs", str(t), "--columns", "p0:p9", "--label-column", "label")
+    ra, rb = json.loads(a.stdout)["release"], json.loads(b.stdout)["release"]
+    assert ra["threshold"] == rb["threshold"] and ra["shape"] == rb["shape"]
+    ev = _run(url, "evaluate", "--release", str(ra["id"]), "--probs", f"{t}:p0:p9",
+              "--label-column", "label", "--json")
+    assert ev.exit_code == 0, ev.output
+    assert json.loads(ev.stdout)["n"] == 500
+    # a label column given twice is still refused
+    res = _run(url, *base, "--probs", f"{t}:p0:p9", "--labels", f"{t}:label",
+               "--label-column", "label")
+    assert res.exit_code == 1 and "give the label column once" in res.stderr

@@ -47,12 +47,17 @@ def load_labels(spec: str | None, label_column: str | None, probs: str | None,
     if columns is None:
         columns = _columns_option()
     if label_column is not None:
-        source = spec or probs
-        if source is None:
+        if spec is None and probs:
+            # the --probs table itself, whichever columns FILE:FIRST:LAST takes as
+            # probabilities (refused as "give the label column once": red team 26, F7)
+            from privcal.data.files import _split_key
+
+            spec = str(_split_key(probs)[0])
+        if spec is None:
             raise InvalidInput("--label-column names a column of --labels or of --probs")
-        if ".csv:" in source or ".parquet:" in source or ".npz:" in source:
-            raise InvalidInput(f"give the label column once: {source} or --label-column")
-        spec = f"{source}:{label_column}"
+        if ".csv:" in spec or ".parquet:" in spec or ".npz:" in spec:
+            raise InvalidInput(f"give the label column once: {spec} or --label-column")
+        spec = f"{spec}:{label_column}"
     if not spec:
         return None
     names = header_names(probs, columns, label_column)
