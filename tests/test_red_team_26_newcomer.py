@@ -179,3 +179,35 @@ def test_f7_label_column_of_a_probs_table_given_with_its_column_range(tmp_path: 
     res = _run(url, *base, "--probs", f"{t}:p0:p9", "--labels", f"{t}:label",
                "--label-column", "label")
     assert res.exit_code == 1 and "give the label column once" in res.stderr
+
+
+# ------------------------------------------------------------------ F5
+def test_f5_a_class_name_a_spreadsheet_runs_as_a_formula_is_not_written_to_csv(
+        tmp_path: Path) -> None:
+    """``predict --out sets.csv`` wrote the release's class names as the CSV header: a class
+    ``=HYPERLINK(…)`` recorded by another analyst ran as a formula in the spreadsheet of
+    whoever opened the sets. Now refused for .csv (nothing written); .parquet still works,
+    and numbers such as ``-1`` stay plain names."""
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    assert _run(url, "dataset", "create", "d", "--rho", "5",
+                "--allow-nonprivate").exit_code == 0
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "p.npy", rng.dirichlet(np.ones(2), size=300))
+    np.save(tmp_path / "y.npy", rng.integers(0, 2, 300))
+    for classes, ok in (("=HYPERLINK(\"http://x\"),b", False), ("@SUM(A1),b", False),
+                        ("-1,+1", True)):
+        res = _run(url, "calibrate", "split", "--dataset", "d", "--alpha", "0.1", "--score",
+                   "lac", "--probs", str(tmp_path / "p.npy"), "--labels",
+                   str(tmp_path / "y.npy"), "--classes", classes, "--json")
+        assert res.exit_code == 0, res.output
+        rid = str(json.loads(res.stdout)["release"]["id"])
+        out = tmp_path / f"sets{rid}.csv"
+        res = _run(url, "predict", "--release", rid, "--probs", str(tmp_path / "p.npy"),
+                   "--out", str(out))
+        if ok:
+            assert res.exit_code == 0 and out.read_text().startswith('"-1","+1","size"')
+            continue
+        assert res.exit_code == 1 and "would run its header as a formula" in res.stderr
+        assert not out.exists()
+        assert _run(url, "predict", "--release", rid, "--probs", str(tmp_path / "p.npy"),
+                    "--out", str(tmp_path / f"sets{rid}.parquet")).exit_code == 0
