@@ -307,12 +307,23 @@ def id_strings(values: object, what: str = "ids", *, people: bool = False) -> np
             if problem is not None:
                 raise InvalidInput(f"{what}: row {i} {problem}")
     _check_spelling(items, what)
+    if people and not MISSING_SPELLINGS.isdisjoint(items):
+        i = next(i for i, v in enumerate(items) if v in MISSING_SPELLINGS)
+        raise InvalidInput(f"{what}: row {i} is {items[i]!r}, a missing value as R, Excel or "
+                           "pandas write one; every row needs its subject's id")
     # every float spelling has a point or a signed exponent: most batches have neither
     if people and ("." in joined or "e+" in joined or "e-" in joined or "E+" in joined
                    or "E-" in joined):
         check_not_float_spelled(items, what)
     return out
 
+
+#: a missing id as R (``NA``), Excel (``#N/A``), SQL exports (``NULL``), pyarrow's null
+#: spellings and pandas' ``astype(str)`` (``nan``, ``None``, ``<NA>``) write it: one subject
+#: for every row without an id, charged in no person's name (red team 26, newcomer F2)
+MISSING_SPELLINGS = frozenset({
+    "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+    "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null", "None", "<NA>"})
 
 #: an id that is a number as programs write floats: integer-valued with a fraction of zeros
 #: ("7.0", "7.") or in exponent notation with a fraction ("1.2345678901234568e+18", Excel's

@@ -29,8 +29,9 @@ from privcal.cli.app import (
     table,
 )
 from privcal.cli.group_options import group_args, group_options
-from privcal.cli.inputs import check_id_count, class_names, load_labels
+from privcal.cli.inputs import check_id_count, class_names, labels_in_probs, load_labels
 from privcal.cli.method_options import (
+    SCORE_OPTION,
     apply_deprecated,
     deprecated_aliases,
     param_options,
@@ -91,7 +92,8 @@ def _make_calibrate_command(name: str) -> click.Command:
             return load_array(spec, what, matrix=matrix, shape_only=shape_only, ids=ids,
                               **extra)
 
-        label_column = kw.get("label_column")
+        kw["labels"], label_column = labels_in_probs(kw.get("labels"), kw.get("label_column"),
+                                                     kw.get("probs"))
         columns = kw.get("columns")
         if columns is not None and not kw.get("probs"):
             raise InvalidInput("--columns selects the probability columns of --probs")
@@ -194,7 +196,8 @@ def _make_calibrate_command(name: str) -> click.Command:
 
             opts += regression_options(has_range(model))
         opts.append(
-            click.Option(["--score-option"], multiple=True, help="Score option KEY=VALUE (repeat).")
+            click.Option(["--score-option"], multiple=True, type=SCORE_OPTION,
+                         help="Score option KEY=VALUE (repeat).")
         )
     if needs & {"scores"}:
         opts += group_options(cal)

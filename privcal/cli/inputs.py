@@ -19,6 +19,24 @@ def _columns_option() -> str | None:
     return value if isinstance(value, str) else None
 
 
+def labels_in_probs(labels: str | None, label_column: str | None,
+                    probs: str | None) -> tuple[str | None, str | None]:
+    """``(--labels, --label-column)``, with ``--labels T:COL`` naming a column of the
+    ``--probs`` table ``T`` itself read as ``--label-column COL``: else the label column was
+    read as one more probability column ("row 0 sums to 6 … for 11 classes"; red team 26,
+    newcomer F3)."""
+    from privcal.data.files import _split_key
+
+    if labels is None or label_column is not None or not probs:
+        return labels, label_column
+    (lpath, key), (ppath, pkey) = _split_key(labels), _split_key(probs)
+    if key is None or pkey is not None or lpath.suffix.lower() not in (".csv", ".parquet"):
+        return labels, label_column
+    if lpath.resolve() != ppath.resolve():
+        return labels, label_column
+    return None, key
+
+
 def load_labels(spec: str | None, label_column: str | None, probs: str | None,
                 shape_only: bool, columns: str | None = None) -> Any:
     """The labels: ``--labels FILE[:COLUMN]``, ``--labels TABLE --label-column C``, or the
@@ -29,12 +47,17 @@ def load_labels(spec: str | None, label_column: str | None, probs: str | None,
     if columns is None:
         columns = _columns_option()
     if label_column is not None:
-        source = spec or probs
-        if source is None:
+        if spec is None and probs:
+            # the --probs table itself, whichever columns FILE:FIRST:LAST takes as
+            # probabilities (refused as "give the label column once": red team 26, F7)
+            from privcal.data.files import _split_key
+
+            spec = str(_split_key(probs)[0])
+        if spec is None:
             raise InvalidInput("--label-column names a column of --labels or of --probs")
-        if ".csv:" in source or ".parquet:" in source or ".npz:" in source:
-            raise InvalidInput(f"give the label column once: {source} or --label-column")
-        spec = f"{source}:{label_column}"
+        if ".csv:" in spec or ".parquet:" in spec or ".npz:" in spec:
+            raise InvalidInput(f"give the label column once: {spec} or --label-column")
+        spec = f"{spec}:{label_column}"
     if not spec:
         return None
     names = header_names(probs, columns, label_column)

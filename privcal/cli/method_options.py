@@ -20,6 +20,7 @@ from privcal.errors import InvalidInput, plain_number_text
 
 __all__ = [
     "COMMON",
+    "SCORE_OPTION",
     "Integer",
     "Levels",
     "Number",
@@ -149,6 +150,24 @@ def param_options(params_model: type) -> list[click.Option]:
         opts.append(click.Option([flag, name], type=kind, required=required, help=help_text,
                                  **given))
     return opts
+
+
+class ScoreOptionText(click.ParamType):
+    """``--score-option KEY=VALUE``: a malformed item (no ``=``, no key) is a usage error,
+    exit 2, as a malformed number is (red team 26, newcomer F4); the key and value are
+    checked by the score itself (exit 1)."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        text = str(value)
+        if "=" not in text or not text.split("=", 1)[0].strip():
+            self.fail(f"takes KEY=VALUE, got {text!r}", param, ctx)
+        return text
+
+
+SCORE_OPTION = ScoreOptionText()
 
 
 def parse_score_options(items: tuple[str, ...]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from privcal.cli.group_options import (
     load_groups,
     one_level,
 )
-from privcal.cli.inputs import load_labels
+from privcal.cli.inputs import labels_in_probs, load_labels
 from privcal.cli.number_types import Integer
 from privcal.cli.output import at_least
 from privcal.cli.render import guarantee_verdict
@@ -113,6 +113,18 @@ def _write_sets(sets: np.ndarray, out: str | None, as_json: bool,
         info(f"wrote {sets.shape[0]} prediction sets to {path}")
 
 
+def _formula(name: str) -> bool:
+    """Whether a spreadsheet reads CSV cell ``name`` as a formula (OWASP's CSV injection:
+    a leading ``=``, ``+``, ``-``, ``@``, tab or CR), a number such as ``-1`` excepted."""
+    if name[:1] not in ("=", "+", "-", "@", "\t", "\r"):
+        return False
+    try:
+        float(name)
+    except ValueError:
+        return True
+    return False
+
+
 def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
                    classes: list[str] | None) -> None:
     from privcal.calibrators.prediction_sets import set_labels
@@ -132,6 +144,10 @@ def _write_sets_to(sets: np.ndarray, path: Path, suffix: str,
         if "size" in names:
             raise InvalidInput("a class is named 'size', the column of set sizes; "
                                "write --out .json or .npy")
+        if suffix == ".csv" and (bad := next((c for c in names if _formula(c)), None)):
+            raise InvalidInput(f"the class name {bad!r:.40} begins with {bad[0]!r}: a spreadsheet "
+                               "opening the CSV would run its header as a formula (red team 26, "
+                               "F5); write --out .parquet, .json or .npy")
         cols = {names[j]: pa.array(sets[:, j].astype(np.int8)) for j in range(sets.shape[1])}
         cols["size"] = pa.array(sets.sum(axis=1).astype(np.int64))
         tab = pa.table(cols)
@@ -265,6 +281,7 @@ def evaluate(
     if targets is not None:
         raise InvalidInput("--targets are regression targets; with --probs give --labels")
     assert probs is not None
+    labels, label_column = labels_in_probs(labels, label_column, probs)
     if labels is None and label_column is None:
         raise click.UsageError("give the true labels: --labels FILE or --label-column COLUMN")
     rel = settings.accountant(existing=True).release(release_id)  # coverage typed (.lower)

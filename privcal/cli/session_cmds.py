@@ -27,7 +27,7 @@ from privcal.cli.app import (
     pass_settings,
     table,
 )
-from privcal.cli.method_options import parse_score_options
+from privcal.cli.method_options import SCORE_OPTION, parse_score_options
 from privcal.cli.number_types import Integer, Number
 from privcal.data.files import load_reports
 from privcal.errors import InvalidInput, NothingAccepted
@@ -122,7 +122,7 @@ def _score_text(score: dict[str, Any] | None) -> str:
 @click.option("--score", default=None,
               help="The score the devices/agents compute (lac, aps, raps, absolute, cqr): "
                    "recorded, and what predict/evaluate use on the release.")
-@click.option("--score-option", "score_option", multiple=True,
+@click.option("--score-option", "score_option", multiple=True, type=SCORE_OPTION,
               help="Option KEY=VALUE of --score (repeat), e.g. randomized=false.")
 @click.option("--requester", default=None, help="Who opened the session (recorded).")
 @click.option("--idempotency-key", default=None,

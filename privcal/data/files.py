@@ -23,8 +23,8 @@ columns are named ``c0``, ``c1``, …. A first row that spells column numbers �
 data, and is refused: name the columns, or remove that row. Any other header of numbers
 (a column named ``1``, quantile levels ``0.05,0.95``) cannot be told from data: it is read
 as a row — give files with named columns. Blank or whitespace-only lines before the
-first row are skipped; a first row that spans several lines (a quoted line break) is
-refused.
+first row are skipped; a first row spanning lines (a quoted line break), or one field holding
+``;`` or a tab (:mod:`privcal.data.csv_cells`: another separator), is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from privcal.calibrators.validation import id_strings
+from privcal.data.csv_cells import check_delimiter
 from privcal.errors import InvalidInput
 
 SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
@@ -102,6 +103,7 @@ def _first_row_at(path: Path) -> tuple[list[str], int, int] | None:
                     raise InvalidInput(
                         f"{path}: its first row spans lines {before + 1}-{reader.line_num} "
                         "(a quoted line break): put the header or first row on one line")
+                check_delimiter(path, row)
                 if _index_spelling(row):
                     shown = ",".join(row) if len(row) <= 4 else f"{row[0]},{row[1]},…,{row[-1]}"
                     raise InvalidInput(
