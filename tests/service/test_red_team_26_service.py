@@ -1,0 +1,76 @@
+"""Red team 26, service: findings of the HTTP service (REPORT: /tmp/r26/service/REPORT.md).
+
+F2 — ``GET /v1/releases`` and ``GET /v1/audit/entries`` pages were bounded by a count of
+items only: a Mondrian release of 10 000 named groups is a 22.5 MB record, so the default
+page (100) of such releases was 2.25 GB of JSON built in the server's memory. A page now
+stops before :data:`~privcal.service.routes_audit.PAGE_BYTES` of JSON (one item at least),
+and an empty page is the end. The tests lower the byte limit to a few releases' worth (the
+rule is the same at any size) and check that every page is within it, that paging from the
+last id returns every item exactly once, and that one item larger than the limit is still
+served, alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import Live
+
+
+def _release(lv: Live, i: int) -> int:
+    with lv.client("analyst") as c:
+        r = c.post("/v1/datasets/d/calibrations", headers={"Idempotency-Key": f"r{i}"},
+                   json={"method": "split", "params": {"alpha": 0.5},
+                         "scores": [0.1 * (j % 9) for j in range(20 + i)]})
+        assert r.status_code == 201, r.text
+        return int(r.json()["id"])
+
+
+def _pages(lv: Live, role: str, path: str, key: str, limit: int) -> list[tuple[int, list[Any]]]:
+    """Every page of ``path`` from the start, each as (its byte size, its items)."""
+    pages, after = [], 0
+    with lv.client(role) as c:
+        while True:
+            r = c.get(path, params={"after": after, "limit": limit})
+            assert r.status_code == 200, r.text
+            items = r.json()
+            pages.append((len(r.content), items))
+            if not items:
+                return pages
+            after = items[-1][key]
+
+
+@pytest.mark.parametrize(("path", "key", "role"), [("/v1/releases", "id", "analyst"),
+                                                   ("/v1/audit/entries", "seq", "auditor")])
+def test_pages_are_bounded_by_bytes(live: Live, monkeypatch: pytest.MonkeyPatch, path: str,
+                                    key: str, role: str) -> None:
+    from privcal.service import routes_audit
+
+    ids = [_release(live, i) for i in range(6)]
+    with live.client(role) as c:
+        whole = c.get(path, params={"limit": 1000})
+    assert whole.status_code == 200
+    everything = whole.json()
+    sizes = [len(json.dumps(x, ensure_ascii=False, separators=(",", ":")).encode())
+             for x in everything]
+    # room for about two items of the larger half: a count-only page (all of them) exceeds it
+    limit = 2 * sorted(sizes)[len(sizes) // 2] + 3
+    assert len(whole.content) > limit
+    monkeypatch.setattr(routes_audit, "PAGE_BYTES", limit)
+    pages = _pages(live, role, path, key, 1000)
+    assert pages[-1][1] == []
+    for size, items in pages[:-1]:
+        assert items and (size <= limit or len(items) == 1), (size, limit, len(items))
+    got = [x for _, items in pages for x in items]
+    assert got == everything  # every item once, in order, the same document
+    if key == "id":
+        assert [x["id"] for x in got] == ids
+    assert len(pages) > 2
+
+    # an item larger than the limit is served alone, not refused or skipped
+    monkeypatch.setattr(routes_audit, "PAGE_BYTES", 10)
+    alone = _pages(live, role, path, key, 1000)
+    assert [len(items) for _, items in alone] == [1] * len(everything) + [0]
