@@ -74,3 +74,61 @@ def test_pages_are_bounded_by_bytes(live: Live, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(routes_audit, "PAGE_BYTES", 10)
     alone = _pages(live, role, path, key, 1000)
     assert [len(items) for _, items in alone] == [1] * len(everything) + [0]
+
+
+def test_batch_fingerprint_is_made_in_pieces(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F1: the idempotency fingerprint of an ingestor batch was one ``model_dump`` and one
+    ``json.dumps`` over every row, each one C call holding the GIL — so the event loop — for
+    the whole batch (330 000 rows: up to 1.7 s alone, scratch t17). Now no call takes more
+    than :data:`~privcal.service.common.CANONICAL_PIECE` rows, and the fingerprint is the
+    same as before (a retry that spans the upgrade replays; another body is 409)."""
+    import hashlib
+    import json as std_json
+    from types import SimpleNamespace
+
+    import privcal.service.common as common
+    from privcal.service.batch_body import BatchBody
+    from privcal.storage.request_fingerprints import keyed_fingerprint
+    from tests.service.conftest import open_ldp
+
+    rows = [{"subject": f"s{i}\u00e9", "value": i % 2, "round": 0} for i in range(9000)]
+    seen: list[int] = []
+
+    def dumps(obj: Any, **kw: Any) -> str:
+        seen.append(len(obj) if isinstance(obj, list) else 0)
+        return std_json.dumps(obj, **kw)
+
+    def whole_dump(self: Any, *a: Any, **kw: Any) -> Any:
+        raise AssertionError("the whole batch dumped in one call")
+
+    sid = open_ldp(live, group_size=50, rounds=1)
+    ing = live.token("ingestor", session=sid)
+    monkeypatch.setattr(common, "json", SimpleNamespace(dumps=dumps, loads=std_json.loads))
+    monkeypatch.setattr(BatchBody, "model_dump", whole_dump)
+    with live.client(token=ing) as c:
+        r = c.post(f"/v1/sessions/{sid}/batches", headers={"Idempotency-Key": "b1"},
+                   json={"reports": rows})
+        assert r.status_code == 200, r.text
+        assert seen and max(seen) <= common.CANONICAL_PIECE, max(seen)
+        again = c.post(f"/v1/sessions/{sid}/batches", headers={"Idempotency-Key": "b1"},
+                       json={"reports": rows})
+        assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+        other = c.post(f"/v1/sessions/{sid}/batches", headers={"Idempotency-Key": "b1"},
+                       json={"reports": [*rows[:-1], {**rows[-1], "value": 0}]})
+        assert other.status_code == 409 and other.json()["type"].endswith("key-reused")
+    # the stored fingerprint is the pre-F1 one: keyed SHA-256 of json.dumps(sort_keys=True)
+    led = live.accountant.ledger
+    want = keyed_fingerprint(led.subject_key(), hashlib.sha256(std_json.dumps(
+        {"reports": rows}, sort_keys=True).encode()).hexdigest())
+    assert common.request_fingerprint(led.subject_key(), {"reports": rows}) == want
+    monkeypatch.undo()
+    from privcal.storage.tokens import IdempotencyRecord
+
+    before = BatchBody.model_validate({"reports": rows}).model_dump()  # as the route did
+    with led.read() as s:
+        stored = s.get(IdempotencyRecord, (ing.split("_")[1], "b1")).fingerprint
+    assert stored == keyed_fingerprint(led.subject_key(), hashlib.sha256(std_json.dumps(
+        common.doc(before), sort_keys=True).encode()).hexdigest())
+    for obj in ([], {}, list(range(8193)), {"b": [[i, {"y": 1.5, "x": None}]
+                                               for i in range(5000)], "a": "\u2028"}):
+        assert common.canonical_json(obj) == std_json.dumps(obj, sort_keys=True)
