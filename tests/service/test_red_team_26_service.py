@@ -132,3 +132,34 @@ def test_batch_fingerprint_is_made_in_pieces(live: Live, monkeypatch: pytest.Mon
     for obj in ([], {}, list(range(8193)), {"b": [[i, {"y": 1.5, "x": None}]
                                                for i in range(5000)], "a": "\u2028"}):
         assert common.canonical_json(obj) == std_json.dumps(obj, sort_keys=True)
+
+
+def test_ui_tries_every_credential_cookie(live: Live) -> None:
+    """F4: the web view checked only the first well-formed ``privcal_ui`` cookie, so one set
+    for ``Path=/ui/`` by a page on another port or a sibling host (sent first: the longer
+    path) — a forged one, or the credential of a revoked token — sent a logged-in auditor
+    back to the login page at every request. Every well-formed one is tried; a cookie of
+    this server's own, for a token in force, opens the view, and forged ones alone do not."""
+    from privcal.storage.tokens import revoke_token
+
+    def login(token: str) -> str:
+        with live.client() as c:
+            r = c.post("/ui/login", data={"token": token}, headers={"Sec-Fetch-Site": "none"})
+            assert r.status_code == 303, r.text
+            return str(r.headers["set-cookie"].split(";")[0].split("=", 1)[1])
+
+    good = login(live.tokens["auditor"])
+    gone_token = live.token("auditor", name="gone")
+    gone = login(gone_token)
+    revoke_token(live.accountant.ledger, gone_token.split("_")[1])
+    tid, at, _ = good.split(".")
+    forged = f"{tid}.{at}.{'A' * 43}"
+    with live.client() as c:
+        for cookies, status in ((f"privcal_ui={forged}; privcal_ui={good}", 200),
+                                (f"privcal_ui={gone}; privcal_ui={good}", 200),
+                                (f"privcal_ui={forged}; privcal_ui={gone}", 303),
+                                (f"privcal_ui={good}", 200)):
+            r = c.get("/ui/", headers={"Cookie": cookies})
+            assert r.status_code == status, (cookies, r.status_code)
+            if status == 303:
+                assert r.headers["location"] == "/ui/login"
