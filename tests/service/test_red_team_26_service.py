@@ -205,3 +205,23 @@ def test_calibration_json_is_validated_off_the_loop_in_pieces(
     # the split-conformal threshold of these very scores: the ⌈(n+1)(1−α)⌉-th smallest
     k = -(-(n + 1) * 9 // 10)
     assert r.json()["threshold"] == sorted(scores)[k - 1]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-16-be"])
+def test_json_bodies_are_utf8(live: Live, encoding: str) -> None:
+    """F5: ``json.loads`` of bytes reads UTF-16 and UTF-32 too, so a charge sent in UTF-16
+    was charged (201) while the calibration route refused the same encoding; RFC 8259 §8.1:
+    UTF-8. Now 422 "not UTF-8", nothing charged; UTF-8 (with or without a BOM) as before."""
+    from tests.service.conftest import ledger_snapshot
+
+    text = '{"cost": {"rho": "0.1"}, "purpose": "é"}'
+    before = ledger_snapshot(live)
+    with live.client("analyst") as c:
+        r = c.post("/v1/datasets/d/charges", content=text.encode(encoding),
+                   headers={"Content-Type": "application/json", "Idempotency-Key": "u"})
+        assert r.status_code == 422, r.text
+        assert ledger_snapshot(live) == before
+        for i, raw in enumerate((text.encode(), text.encode("utf-8-sig"))):
+            ok = c.post("/v1/datasets/d/charges", content=raw,
+                        headers={"Content-Type": "application/json", "Idempotency-Key": f"v{i}"})
+            assert ok.status_code == 201 and ok.json()["purpose"] == "é", ok.text
