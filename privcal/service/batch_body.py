@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from privcal.errors import InvalidInput
 
-__all__ = ["MAX_BATCH_ROWS", "BatchBody", "BatchRow", "batch_body", "openapi_schema",
+__all__ = ["MAX_BATCH_ROWS", "BatchBody", "BatchRow", "batch_body", "dumped", "openapi_schema",
            "raw_json"]
 
 #: the most rows of one batch
@@ -102,6 +102,14 @@ def batch_body(raw: bytes = Depends(raw_json)) -> BatchBody:
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in exc.errors(include_input=False)]) from None
+
+
+def dumped(body: BatchBody) -> dict[str, Any]:
+    """``body.model_dump()``, the rows a few thousand at a time (one pydantic call holds the
+    GIL for all of them: red team 26, service F1) — the batch's idempotency fingerprint."""
+    rows = body.reports
+    return {"reports": [d for i in range(0, len(rows), _PIECE)
+                        for d in _ROWS.dump_python(rows[i:i + _PIECE])]}
 
 
 #: the rows of a batch, validated a piece at a time (:func:`batch_body`)

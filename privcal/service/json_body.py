@@ -70,7 +70,12 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads_strict(raw: str | bytes) -> Any:
     """``json.loads`` that refuses a key given twice in one object (:class:`DuplicateKey`), and
-    an object of more than :data:`MAX_OBJECT_KEYS` keys."""
+    an object of more than :data:`MAX_OBJECT_KEYS` keys. Bytes must be UTF-8 (a leading BOM
+    aside; else UnicodeDecodeError): ``json.loads`` of bytes also reads UTF-16 and UTF-32,
+    which RFC 8259 §8.1 excludes and the calibration route's parser refuses — a UTF-16 charge
+    was charged (red team 26, service F5)."""
+    if isinstance(raw, bytes | bytearray):
+        raw = bytes(raw).decode("utf-8-sig")
     try:
         return json.loads(raw, object_pairs_hook=_pairs)
     except _Dup as exc:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import JSONResponse
 
 from privcal.service.auth import Principal, allow, principal
-from privcal.service.batch_body import BatchBody, batch_body, openapi_schema
+from privcal.service.batch_body import BatchBody, batch_body, dumped, openapi_schema
 from privcal.service.common import IDEMPOTENCY_HEADER, bound_in_library, doc, idempotent
 from privcal.service.fed_limits import check_fed_work
 from privcal.service.json_body import JsonRoute
@@ -286,7 +286,7 @@ def batch_post(request: Request, sid: int = SessionId,
         d["session"] = {k: d["session"].get(k) for k in PUBLIC_FIELDS}
         return 200, d
 
-    return idempotent(request, idempotency_key, body.model_dump(), run)
+    return idempotent(request, idempotency_key, dumped(body), run)  # (F1: in pieces)
 
 
 @router.post("/sessions/{sid}/close", **allow("analyst"))

@@ -106,19 +106,30 @@ def credential_token_id(key: bytes, value: str, now: float | None = None) -> str
 
 def cookie_credential(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The first well-formed UI credential among the request's ``privcal_ui`` cookies, or
-    None. Linear in the header: split on ``;`` and ``=``, no unquoting (a credential never
-    needs quoting; see the module docstring); Cookie headers longer than
-    :data:`COOKIE_HEADER_MAX` bytes in all count as absent."""
+    None (:func:`cookie_credentials`)."""
+    found = cookie_credentials(headers)
+    return found[0] if found else None
+
+
+def cookie_credentials(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
+    """The well-formed UI credentials among the request's ``privcal_ui`` cookies, in order.
+    Linear in the header: split on ``;`` and ``=``, no unquoting (a credential never needs
+    quoting; see the module docstring); Cookie headers longer than
+    :data:`COOKIE_HEADER_MAX` bytes in all count as absent. Each is tried in turn
+    (:func:`ui_principal`): a ``privcal_ui`` cookie set for ``Path=/ui/`` by a page on another
+    port or a sibling host — sent before the login's own, the longer path first — made the
+    web view ask an auditor to log in again and again (red team 26, service F4)."""
     raw = [v for k, v in headers if k == b"cookie"]
     if not raw or sum(len(v) for v in raw) > COOKIE_HEADER_MAX:
-        return None
+        return []
     want = COOKIE.encode()
+    out = []
     for header in raw:
         for part in header.split(b";"):
             name, eq, value = part.partition(b"=")
             if eq and name.strip() == want and _CREDENTIAL.fullmatch(value.strip()):
-                return value.strip().decode("ascii")
-    return None
+                out.append(value.strip().decode("ascii"))
+    return out
 
 
 def _key(app: Any) -> bytes:
@@ -128,11 +139,17 @@ def _key(app: Any) -> bytes:
     return bytes(key)
 
 
-def _session_token(app: Any, value: str) -> TokenInfo | None:
+def _session_token(app: Any, values: list[str]) -> TokenInfo | None:
+    """The token of the first of ``values`` that this server issued (its MAC) for a token
+    still in force; None if none is."""
     from privcal.storage.token_checks import active_token
 
-    tid = credential_token_id(_key(app), value)
-    return None if tid is None else active_token(app.state.accountant.ledger, tid)
+    for value in values:
+        tid = credential_token_id(_key(app), value)
+        tok = None if tid is None else active_token(app.state.accountant.ledger, tid)
+        if tok is not None:
+            return tok
+    return None
 
 
 async def ui_principal(scope: Scope) -> TokenInfo | None:
@@ -140,11 +157,11 @@ async def ui_principal(scope: Scope) -> TokenInfo | None:
     to log in; a ledger that cannot be read too: the page itself answers its state)."""
     import anyio
 
-    value = cookie_credential(scope["headers"])
-    if value is None:
+    values = cookie_credentials(scope["headers"])
+    if not values:
         return None
     try:
-        return await anyio.to_thread.run_sync(_session_token, scope["app"], value)
+        return await anyio.to_thread.run_sync(_session_token, scope["app"], values)
     except PrivcalError:
         return None
 

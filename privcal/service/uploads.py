@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ConfigDict, Field, ValidationError
@@ -48,6 +47,7 @@ from privcal.accountant.calibration_request import (
     as_invalid_input,
 )
 from privcal.errors import InvalidInput
+from privcal.service.calibration_json import as_array
 from privcal.service.json_body import check_unique_keys, is_json_type
 from privcal.service.problems import unsupported_media_type
 
@@ -168,11 +168,15 @@ async def calibration_input(request: Request) -> CalibrationInput:
         raise InvalidInput("the request body was cut off: the client disconnected") from None
     if raw and not is_json_type(ctype):  # as every JSON route: 415 (no type: 415 too)
         raise unsupported_media_type("application/json or multipart/form-data")
-    check_unique_keys(raw)
-    try:
-        return CalibrationInput(CalibrationBody.model_validate_json(raw or b"null"), {})
-    except ValidationError as exc:
-        raise _invalid(exc, "body") from None
+    import anyio
+
+    from privcal.service.calibration_json import validate_calibration_json
+
+    def parse() -> CalibrationBody:  # in a worker thread, long arrays in pieces (red team 26, F3)
+        check_unique_keys(raw)
+        return validate_calibration_json(CalibrationBody, raw, _invalid)  # type: ignore[no-any-return]
+
+    return CalibrationInput(await anyio.to_thread.run_sync(parse), {})
 
 
 async def _from_form(request: Request) -> CalibrationInput:
@@ -220,7 +224,7 @@ def load_arrays(inp: CalibrationInput, *, shape_only: bool) -> dict[str, Any]:
     body = inp.body
 
     def arr(v: Any, dtype: Any = None) -> Any:
-        return None if v is None else np.asarray(v, dtype=dtype)
+        return None if v is None else as_array(v, dtype)  # in pieces (red team 26, F3)
 
     if body.probs is not None and len({len(r) for r in body.probs}) > 1:  # before asarray
         raise InvalidInput("probs must be a matrix: every row the same length")
