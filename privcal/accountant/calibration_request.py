@@ -33,7 +33,7 @@ from pydantic import (
 from privcal.accountant.normalize import MAX_JSON_INT, plain_values
 from privcal.accountant.score_values import impossible_scores, refuse_narrow_scores
 from privcal.calibrators.base import Calibrator
-from privcal.calibrators.validation import count_text
+from privcal.calibrators.bound_floats import count_text
 from privcal.errors import InvalidInput, first_error, numeric_edge
 
 __all__ = ["ARRAYS", "INPUTS", "MAX_K_REG", "CalibrationRequest", "as_invalid_input",

@@ -16,7 +16,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from privcal.accountant import privacy as acc
-from privcal.calibrators.validation import count_text
+from privcal.calibrators.bound_floats import count_text
 from privcal.costs import ZCDP, ApproxDP, LocalDP, PureDP, _np_float, fixed_context
 from privcal.errors import InvalidInput, check_text, plain_number_text
 from privcal.storage.audit import MAX_SAFE_INT, canonical, threshold_str

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,6 @@ __all__ = [
     "check_probs",
     "check_scores",
     "check_targets",
-    "count_text",
     "id_strings",
     "number_text",
     "prob_sum_tolerance",
@@ -395,10 +393,3 @@ def group_sizes(agents: object) -> tuple[int, ...]:
     distinct, inverse = agent_index(agents)
     return tuple(int(c) for c in np.bincount(inverse, minlength=distinct.size))
 
-
-def count_text(v: int) -> str:
-    """A count as an error message states it: its digits up to 15 of them, else 3 significant
-    digits (``1.00e+300``): α = 1e-300 put a 301-digit "need m·n ≥" on the one error line
-    (red team 26, fedlocal F4; raps k_reg = 10⁴⁰⁰ raised an OverflowError
-    formatting itself: F6). Decimal, not float: the count may be past the float range."""
-    return str(v) if abs(v) < 10**15 else format(Decimal(v), ".2e")

@@ -29,10 +29,10 @@ from privcal.accountant.sessions.score import SCORE_KEY, session_score
 from privcal.accountant.sessions.state import dump_protocol, info_of, number
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
+from privcal.calibrators.bound_floats import count_text
 from privcal.calibrators.federated_agent import bin_grid
 from privcal.calibrators.fedplan import Fed2Plan, FedPlan, plan_fedcp2_qq, plan_fedcp_qq
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
-from privcal.calibrators.validation import count_text
 from privcal.costs import ApproxDP, LocalDP
 from privcal.errors import BudgetRefused, InfeasiblePlan, InvalidInput, LedgerError, NotFound
 from privcal.storage.audit import now

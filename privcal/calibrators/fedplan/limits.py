@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from privcal.calibrators.validation import count_text
+from privcal.calibrators.bound_floats import count_text
 from privcal.errors import InvalidInput
 
 #: Resource bounds (issue 16.2), checked before any plan is computed and so before anything

@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from privcal.calibrators.bound_floats import count_text
 from privcal.calibrators.fedplan.coverage import FEAS_TOL, table
 from privcal.calibrators.fedplan.limits import (
     MAX_AGENTS,
@@ -21,7 +22,6 @@ from privcal.calibrators.fedplan.limits import (
     check_int,
 )
 from privcal.calibrators.fedplan.selection import select
-from privcal.calibrators.validation import count_text
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from privcal.calibrators.bound_floats import count_text
 from privcal.calibrators.fedplan.gamma_search import gamma_search
 from privcal.calibrators.fedplan.limits import (
     MAX_AGENTS,
@@ -19,7 +20,6 @@ from privcal.calibrators.fedplan.limits import (
     check_alpha,
     check_int,
 )
-from privcal.calibrators.validation import count_text
 from privcal.errors import InfeasiblePlan, InvalidInput
 
 
