@@ -211,7 +211,8 @@ def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
     """Refuse (:class:`PlanRejected`, nothing written) a batch or a release of a shuffled
     session whose amplified claim — recorded in its state (``privacy_extra``, and
     ``central_cost`` as charged) when it opened — is not what the installed privcal computes
-    for its published plan at the dataset's reporting δ (red team 26, shuffle F1).
+    for its published plan at the dataset's reporting δ (red team 26, shuffle F1). The
+    claim is its numbers (:func:`_claim`), not its wording.
 
     The claim is computed once, at the open, and a session may outlive the privcal that
     opened it: a shuffled fedcp2-qq session opened before issue 14.6 finished after an
@@ -234,8 +235,9 @@ def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
                 calibrator_params(row.params))
             shape = DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m)
         cost, extra = shuffled_guarantee(row.method, p, shape, ds.reporting_delta)
-        same = (json_safe(extra) == st.get("privacy_extra") and st.get("central_cost") == (
-            None if cost is None else cost_json(normalize_cost(cost))))
+        same = (_claim(json_safe(extra)) == _claim(st.get("privacy_extra"))
+                and st.get("central_cost") == (
+                    None if cost is None else cost_json(normalize_cost(cost))))
         why = "" if same else "the installed privcal computes another amplified (ε, δ)"
     except PrivcalError as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -244,3 +246,12 @@ def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
             f"session {row.id} was opened with a shuffled (amplified) privacy claim that the "
             f"installed privcal does not make ({why}): nothing accepted or released; close it "
             "with --abandon (its charges are kept)")
+
+
+def _claim(extra: Any) -> tuple[Any, ...]:
+    """What a shuffled record claims: whether and how many reports are shuffled, with which
+    randomizer, and the amplified (ε, δ) with its bound."""
+    extra = extra if isinstance(extra, dict) else {}
+    amp = extra.get("amplification") if isinstance(extra.get("amplification"), dict) else {}
+    return (extra.get("shuffled"), extra.get("n_shuffled"), extra.get("randomizer"),
+            extra.get("scope"), *(amp.get(k) for k in ("amplified", "eps", "delta", "bound")))
