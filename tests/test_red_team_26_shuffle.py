@@ -101,3 +101,4 @@ def test_f1_stale_ldp_score_amplification_is_refused_and_a_current_one_released(
     rel = acct.release(r.session.release_id)
     want = amplify(2.0, 3000, 1e-6, "binary-rr")
     assert rel.privacy["extra"]["amplification"]["eps"] == want.eps < 2.0
+    assert rel.privacy["extra"]["amplification"]["heuristic_label"] == want.heuristic_label

@@ -62,7 +62,9 @@ def release_in_tx(
     carry neither key; nothing checks their absence.) ``close_entry``: more keys of that
     entry (a keyed close's idempotency key and request digest).
     """
-    check_shuffle_record(row, ds)  # never a claim the installed code does not make (rt 26)
+    current = check_shuffle_record(row, ds)  # never a claim the installed code does not make
+    if current is not None and privacy_extra == (row.state or {}).get("privacy_extra"):
+        privacy_extra = current  # the open's claim, in the installed code's words (red team 26)
     reg = registry.get(row.method)
     cal = reg.calibrator
     p = cal.Params.model_validate(params)
@@ -207,7 +209,7 @@ def subset_extra(row: CollectionSession, m2: int, n: int, ds: Dataset,
     return json_safe(shuffled_guarantee(row.method, p, shape, ds.reporting_delta)[1])
 
 
-def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
+def check_shuffle_record(row: CollectionSession, ds: Any) -> dict[str, Any] | None:
     """Refuse (:class:`PlanRejected`, nothing written) a batch or a release of a shuffled
     session whose amplified claim — recorded in its state (``privacy_extra``, and
     ``central_cost`` as charged) when it opened — is not what the installed privcal computes
@@ -218,10 +220,11 @@ def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
     opened it: a shuffled fedcp2-qq session opened before issue 14.6 finished after an
     upgrade and its release said "(0.0530054, 1e-06)-DP over the 10000 agents", a bound
     that does not hold for that method. Such a session can only be abandoned (its charges
-    are kept, as always)."""
+    are kept, as always). Returns the record in the installed code's words (None when the
+    session records no shuffled claim)."""
     st = row.state or {}
     if not row.shuffled or (st.get("privacy_extra") is None and st.get("central_cost") is None):
-        return
+        return None
     from privcal.accountant.amplification import shuffled_guarantee
 
     try:
@@ -235,7 +238,8 @@ def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
                 calibrator_params(row.params))
             shape = DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m)
         cost, extra = shuffled_guarantee(row.method, p, shape, ds.reporting_delta)
-        same = (_claim(json_safe(extra)) == _claim(st.get("privacy_extra"))
+        extra = json_safe(extra)
+        same = (_claim(extra) == _claim(st.get("privacy_extra"))
                 and st.get("central_cost") == (
                     None if cost is None else cost_json(normalize_cost(cost))))
         why = "" if same else "the installed privcal computes another amplified (ε, δ)"
@@ -246,6 +250,7 @@ def check_shuffle_record(row: CollectionSession, ds: Any) -> None:
             f"session {row.id} was opened with a shuffled (amplified) privacy claim that the "
             f"installed privcal does not make ({why}): nothing accepted or released; close it "
             "with --abandon (its charges are kept)")
+    return extra  # type: ignore[no-any-return]
 
 
 def _claim(extra: Any) -> tuple[Any, ...]:
