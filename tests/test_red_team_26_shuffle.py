@@ -102,3 +102,16 @@ def test_f1_stale_ldp_score_amplification_is_refused_and_a_current_one_released(
     want = amplify(2.0, 3000, 1e-6, "binary-rr")
     assert rel.privacy["extra"]["amplification"]["eps"] == want.eps < 2.0
     assert rel.privacy["extra"]["amplification"]["heuristic_label"] == want.heuristic_label
+
+
+def test_f2_more_than_1e9_reports_get_the_bound_at_1e9() -> None:
+    """A shuffled view of n + 1 reports is a post-processing of the view of n, so the bound
+    at 10⁹ holds for more. ``amplify`` refused n > 10⁹ ("n must be between 1 and 1e+09", also
+    what ``session open --group-size 2000000000 --shuffled`` said); now it answers the bound
+    at 10⁹, says so on every row, and reports the n it was asked about."""
+    at = amplify(8.0, 10**9, 1e-3, "generic")
+    big = amplify(8.0, 10**12, 1e-3, "generic")
+    assert at.amplified and big.eps == at.eps and big.bound == at.bound
+    assert big.n == 10**12 and big.heuristic_eps0_over_sqrt_n == 8.0 / 10**6
+    assert all("evaluated at n = 1e+09" in (row.reason or "") for row in big.bounds)
+    assert all("evaluated at" not in (row.reason or "") for row in at.bounds)
