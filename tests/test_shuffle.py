@@ -254,7 +254,7 @@ def test_amplified_cost_is_the_certified_bound_as_exact_decimals() -> None:
     ((1.0, 0, 1e-6, "generic", None), "n"),
     ((1.0, 10.5, 1e-6, "generic", None), "n"),
     ((1.0, True, 1e-6, "generic", None), "n"),
-    ((1.0, 10**10, 1e-6, "generic", None), "n"),
+    ((1.0, 10**19, 1e-6, "generic", None), "n"),
     (("1", 100, 1e-6, "generic", None), "ε0"),
     ((1.0, 100, 0.0, "generic", None), "δ"),
     ((1.0, 100, 1.0, "generic", None), "δ"),

@@ -28,7 +28,8 @@ MAX_N = 10**12
 #: the most shuffled reports ``POST /v1/amplify`` computes a bound for: the largest group of
 #: a shuffled session (``group_size``), ≤ 2.2 s of CPU on a loaded 2-core machine over the
 #: randomizers, ε0 and δ (red team 23, service F1: n = 10⁹, the library's bound, took 12–15 s
-#: alone, 40 s three at once); ``privcal amplify`` and the library take up to 10⁹
+#: alone, 40 s three at once); ``privcal amplify`` and the library evaluate up to 10⁹ (a
+#: larger n gets the bound at 10⁹, which holds for it)
 AMPLIFY_MAX_N = 10**8
 
 

@@ -59,7 +59,13 @@ REFERENCES = {
 # Above this ε0 the clones are so rare (p_c ≤ e^-50) that no bound can amplify
 # for any n we accept, and e^ε0 would overflow long before ε0 = 710.
 MAX_EPS0 = 50.0
+# The bounds are evaluated for at most MAX_N reports. More reports are accepted (up to
+# MAX_REPORTS) and given the bound at MAX_N, which holds for them: the shuffled view of
+# n + 1 reports is a post-processing of the view of n (add the one more report, drawn
+# independently of the victim's), so δ(ε) does not increase with n (red team 26, shuffle F2:
+# a shuffled session with n' > 10⁹ was refused with "n must be between 1 and 1e+09").
 MAX_N = 10**9
+MAX_REPORTS = 10**18
 # Significant digits of a reported ε (rounded up).
 DIGITS = 6
 
@@ -121,8 +127,8 @@ def _validate(eps0: object, n: object, delta: object, randomizer: object,
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise InvalidInput(f"n must be an integer, got {n!r}")
     n = int(n)
-    if not 1 <= n <= MAX_N:
-        raise InvalidInput(f"n must be between 1 and {MAX_N:.0e}, got {n}")
+    if not 1 <= n <= MAX_REPORTS:
+        raise InvalidInput(f"n must be between 1 and {MAX_REPORTS:.0e}, got {n}")
     d = real(delta, "δ")
     if not 0 < d < 1:
         raise InvalidInput(f"δ must be in (0, 1), got {delta}")
@@ -204,7 +210,15 @@ def amplify(eps0: float, n: int, delta: float, randomizer: Randomizer = "generic
     eps0, n, delta, randomizer, k = _validate(eps0, n, delta, randomizer, k)
     # Audits and repeated releases ask the same questions; the cached value is
     # copied so that a caller mutating its result cannot alter the cache.
-    return _amplify(eps0, n, delta, randomizer, k).model_copy(deep=True)
+    result = _amplify(eps0, min(n, MAX_N), delta, randomizer, k).model_copy(deep=True)
+    if n <= MAX_N:
+        return result
+    note = (f"evaluated at n = {MAX_N:.0e}, which bounds any larger n (one more report, "
+            "independent of the others, is post-processing)")
+    rows = [row.model_copy(update={"reason": note if row.reason is None
+                                   else f"{row.reason}; {note}"}) for row in result.bounds]
+    return result.model_copy(update={"n": n, "bounds": rows,
+                                     "heuristic_eps0_over_sqrt_n": eps0 / math.sqrt(n)})
 
 
 @functools.lru_cache(maxsize=256)

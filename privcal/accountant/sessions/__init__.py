@@ -49,7 +49,9 @@ full; write the release when it finishes. If no row is accepted nothing is writt
   would take answers to an earlier query for answers to the current one.
 - ``--shuffled`` computes the amplified central (ε, δ) at open time (it depends only
   on the public plan) and, on an (ε, δ) dataset, charges it then: the published
-  queries are already outputs, so the central charge precedes any data.
+  queries are already outputs, so the central charge precedes any data. Every batch and
+  the release recompute that claim and refuse (nothing written) one the installed privcal
+  does not make, e.g. a session opened by an older privcal (red team 26, shuffle F1).
 - Closing an unfinished session without a release (``abandon``) keeps every charge:
   privacy spent on accepted reports is never refunded.
 - ``--allow-missing`` (federated) releases for the agents that answered under the

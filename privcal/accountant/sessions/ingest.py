@@ -27,6 +27,7 @@ from privcal.accountant.normalize import json_safe, request_digest
 from privcal.accountant.sessions import parsing as P
 from privcal.accountant.sessions import records as R
 from privcal.accountant.sessions.records import SubmitResult, TokensNotInForce
+from privcal.accountant.sessions.release import check_shuffle_record as _check_shuffle
 from privcal.accountant.sessions.release import fed_release_args, ldp_release_args, release_in_tx
 from privcal.accountant.sessions.state import (
     dump_protocol,
@@ -74,8 +75,7 @@ class _NothingAccepted(Exception):  # control flow only: never escapes this modu
 
 
 class _Spent:
-    """The spend rows a batch's probe found: ``raw`` pseudonyms (``S32``, sorted) and their
-    ``units``."""
+    """The spend rows a batch's probe found: raw pseudonyms (``S32``, sorted), their units."""
 
     def __init__(self, raw: np.ndarray, units: np.ndarray) -> None:
         self.raw, self.units = raw, units
@@ -91,17 +91,16 @@ class _Spent:
 
 def _refuse_malformed(values: np.ndarray, value_reason: str, rounds: np.ndarray,
                       current: tuple[int, int]) -> None:
-    """InvalidInput naming the first malformed row of a strict batch (:func:`submit_reports`)
-    — ``values`` and ``rounds`` mask the rows whose value or round is malformed — if any:
-    the batch is refused whole, nothing written. A malformed round's message names the
-    session's rounds (``current``: the open round, the number of rounds)."""
+    """InvalidInput naming the first malformed row of a strict batch (:func:`submit_reports`) —
+    ``values`` and ``rounds`` mask the rows whose value or round is malformed — if any: the
+    batch is refused whole, nothing written. A malformed round's message names the session's
+    rounds (``current``: the open round, the number of rounds)."""
     either = values | rounds
     if either.any():
         first = int(np.flatnonzero(either)[0])
-        open_round, n_rounds = current
         reason = value_reason if values[first] else (
-            f"{R.MALFORMED_ROUND} (the session's rounds are 0 to {n_rounds - 1}; "
-            f"round {open_round} is open)")
+            f"{R.MALFORMED_ROUND} (the session's rounds are 0 to {current[1] - 1}; "
+            f"round {current[0]} is open)")
         count = int(either.sum())
         raise InvalidInput(
             f"report {first + 1} of the batch (in file order) has a {reason}"
@@ -289,6 +288,7 @@ def submit_reports(
         why: Counter[str] = Counter()
         if row.status != "open":
             raise _NothingAccepted({R.LATE.format(status=row.status): n})
+        _check_shuffle(row, ds)  # a claim the installed code makes, else nothing (red team 26)
         fed = row.method != "ldp-score"
         proto = None if fed else protocol_of(row)
         plan = fed_plan_of(row) if fed else None

@@ -9,11 +9,11 @@ import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from privcal.accountant.accountant import Accountant
-from privcal.accountant.normalize import json_safe
+from privcal.accountant.normalize import cost_json, json_safe, normalize_cost
 from privcal.accountant.policy import dataset_info
 from privcal.accountant.release_privacy import privacy_record
 from privcal.accountant.sessions.score import calibrator_params, score_of
-from privcal.accountant.sessions.state import charge_ids
+from privcal.accountant.sessions.state import charge_ids, fed_plan_of, protocol_of
 from privcal.calibrators import registry
 from privcal.calibrators.base import DataShape
 from privcal.calibrators.federated_agent import aggregate
@@ -24,7 +24,7 @@ from privcal.calibrators.fedplan import (
     replan_fedcp_qq_subset,
 )
 from privcal.calibrators.ldp_score_protocol import LdpScoreProtocol
-from privcal.errors import InfeasiblePlan, InvalidInput, PlanRejected
+from privcal.errors import InfeasiblePlan, InvalidInput, PlanRejected, PrivcalError
 from privcal.storage.audit import release_doc, threshold_str
 from privcal.storage.pseudonyms import keyed_state_digest
 
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from privcal.storage.models import Dataset, ReleaseRow
     from privcal.storage.sessions import CollectionSession
 
-__all__ = ["MISSING", "Missing", "fed_release_args", "ldp_release_args", "release_in_tx",
-           "subset_extra", "subset_plan"]
+__all__ = ["MISSING", "Missing", "check_shuffle_record", "fed_release_args", "ldp_release_args",
+           "release_in_tx", "subset_extra", "subset_plan"]
 
 #: how a federated session closed with agents missing releases (:func:`subset_plan`)
 Missing = Literal["infinite", "replan"]
@@ -62,6 +62,9 @@ def release_in_tx(
     carry neither key; nothing checks their absence.) ``close_entry``: more keys of that
     entry (a keyed close's idempotency key and request digest).
     """
+    current = check_shuffle_record(row, ds)  # never a claim the installed code does not make
+    if current is not None and privacy_extra == (row.state or {}).get("privacy_extra"):
+        privacy_extra = current  # the open's claim, in the installed code's words (red team 26)
     reg = registry.get(row.method)
     cal = reg.calibrator
     p = cal.Params.model_validate(params)
@@ -204,3 +207,56 @@ def subset_extra(row: CollectionSession, m2: int, n: int, ds: Dataset,
     p = cal.Params.model_validate(params)
     shape = DataShape(n=m2 * n, group_sizes=(n,) * m2)
     return json_safe(shuffled_guarantee(row.method, p, shape, ds.reporting_delta)[1])
+
+
+def check_shuffle_record(row: CollectionSession, ds: Any) -> dict[str, Any] | None:
+    """Refuse (:class:`PlanRejected`, nothing written) a batch or a release of a shuffled
+    session whose amplified claim — recorded in its state (``privacy_extra``, and
+    ``central_cost`` as charged) when it opened — is not what the installed privcal computes
+    for its published plan at the dataset's reporting δ (red team 26, shuffle F1). The
+    claim is its numbers (:func:`_claim`), not its wording.
+
+    The claim is computed once, at the open, and a session may outlive the privcal that
+    opened it: a shuffled fedcp2-qq session opened before issue 14.6 finished after an
+    upgrade and its release said "(0.0530054, 1e-06)-DP over the 10000 agents", a bound
+    that does not hold for that method. Such a session can only be abandoned (its charges
+    are kept, as always). Returns the record in the installed code's words (None when the
+    session records no shuffled claim)."""
+    st = row.state or {}
+    if not row.shuffled or (st.get("privacy_extra") is None and st.get("central_cost") is None):
+        return None
+    from privcal.accountant.amplification import shuffled_guarantee
+
+    try:
+        if row.method == "ldp-score":
+            proto = protocol_of(row)
+            p: Any = proto.to_params()
+            shape = DataShape(n=proto.rounds * proto.group_size)
+        else:
+            plan = fed_plan_of(row)
+            p = registry.get(row.method).calibrator.Params.model_validate(
+                calibrator_params(row.params))
+            shape = DataShape(n=plan.m * plan.n, group_sizes=(plan.n,) * plan.m)
+        cost, extra = shuffled_guarantee(row.method, p, shape, ds.reporting_delta)
+        extra = json_safe(extra)
+        same = (_claim(extra) == _claim(st.get("privacy_extra"))
+                and st.get("central_cost") == (
+                    None if cost is None else cost_json(normalize_cost(cost))))
+        why = "" if same else "the installed privcal computes another amplified (ε, δ)"
+    except PrivcalError as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if why:
+        raise PlanRejected(
+            f"session {row.id} was opened with a shuffled (amplified) privacy claim that the "
+            f"installed privcal does not make ({why}): nothing accepted or released; close it "
+            "with --abandon (its charges are kept)")
+    return extra  # type: ignore[no-any-return]
+
+
+def _claim(extra: Any) -> tuple[Any, ...]:
+    """What a shuffled record claims: whether and how many reports are shuffled, with which
+    randomizer, and the amplified (ε, δ) with its bound."""
+    extra = extra if isinstance(extra, dict) else {}
+    amp = extra.get("amplification") if isinstance(extra.get("amplification"), dict) else {}
+    return (extra.get("shuffled"), extra.get("n_shuffled"), extra.get("randomizer"),
+            extra.get("scope"), *(amp.get(k) for k in ("amplified", "eps", "delta", "bound")))
