@@ -190,8 +190,8 @@ def _run(
                 scope=f"dataset {dataset!r}", asked="non-private", remaining="",
             )
         if idempotency_key is not None:  # no charge carries the key: release_keys does
-            digest = bound_digest({**request, "dataset": dataset, "cost": None}, requester)[0]
-            done = nonprivate_replay(ledger, dataset, idempotency_key, digest)
+            digest, was = bound_digest({**request, "dataset": dataset, "cost": None}, requester)
+            done = nonprivate_replay(ledger, dataset, idempotency_key, digest, was, requester)
             if done is not None:
                 return done
             release_key = (idempotency_key, digest)

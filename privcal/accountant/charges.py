@@ -61,15 +61,15 @@ _CENTRAL = (PureDP, ZCDP, ApproxDP)
 
 
 def check_replay(old: Any, key: str, digest: str | None, *, scope: str,
-                 same_cost: bool, legacy: str | None = None,
+                 same_cost: bool, legacy: tuple[str, ...] = (),
                  requester: str | None = None) -> None:
     """InvalidInput naming ``key`` unless ``old`` (a charge row) was charged for this very
     request (its ``request_digest``; before migration 0005, its scope and cost; recorded
-    before the requester was bound, ``legacy`` for the same ``requester``:
+    by an older privcal, one of ``legacy`` for the same ``requester``:
     :func:`~privcal.accountant.normalize.bound_digest`)."""
     if old.request_digest is not None:
         same = old.request_digest == digest or (
-            legacy is not None and old.request_digest == legacy and old.requester == requester)
+            old.request_digest in legacy and old.requester == requester)
     else:  # a charge from before migration 0005: only its scope and cost are known
         same = old.scope == scope and same_cost
     if not same:
@@ -91,7 +91,7 @@ def _request_of(dataset: str, cost: CentralCost, purpose: str | None, requester:
     purpose = optional_text(purpose, "purpose", 10_000)
     requester = optional_text(requester, "requester")
     key = idempotency_key_text(idempotency_key)
-    digest = earlier = None
+    digest, earlier = None, ()
     if key is not None:
         req = request if request is not None else {"kind": "charge", "purpose": purpose}
         digest, earlier = bound_digest({**req, "dataset": dataset, "cost": cost_json(cost)},

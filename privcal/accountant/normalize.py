@@ -219,16 +219,33 @@ def request_digest(request: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(json_safe(request)).encode("utf-8")).hexdigest()
 
 
-def bound_digest(request: dict[str, Any], requester: str | None) -> tuple[str, str | None]:
-    """(the digest of an idempotent ``request`` with its requester bound, the digest the
-    same request had before the requester was bound — None for an anonymous request, whose
-    digest is unchanged). Another requester's key is never its replay (red team 20, service
-    F3: bob's charge under alice's key was answered with alice's receipt and not recorded);
-    the earlier digest lets a retry of a request recorded before the upgrade, by the same
-    requester, still replay (:func:`~privcal.accountant.charges.check_replay`)."""
+#: calibrator parameters added after idempotency keys existed, each with the value that does
+#: what a request without it did: a request digested before the parameter existed is the same
+#: request (FedCP-QQ 1.3.0 / FedCP²-QQ 1.4.0 added ``agents_planned``; red team 26, upgrade F1)
+LATE_PARAMS: dict[str, Any] = {"agents_planned": None}
+
+
+def bound_digest(request: dict[str, Any],
+                 requester: str | None) -> tuple[str, tuple[str, ...]]:
+    """(the digest of an idempotent ``request`` with its requester bound, the digests older
+    privcal recorded for the same request: before the requester was bound, and before a
+    :data:`LATE_PARAMS` parameter at its default existed). Another requester's key is never
+    its replay (red team 20, service F3: bob's charge under alice's key was answered with
+    alice's receipt and not recorded); an earlier digest lets a retry of a request recorded
+    before an upgrade, by the same requester, still replay
+    (:func:`~privcal.accountant.charges.check_replay`) — refused, its error said to use a new
+    key, which ran and charged it again (red team 26, upgrade F1)."""
+    params = request.get("params")
+    late = {k for k, v in LATE_PARAMS.items()
+            if isinstance(params, dict) and k in params and params[k] == v}
+    forms = [request] if requester is not None else []
+    if late:
+        assert isinstance(params, dict)
+        forms.append({**request, "params": {k: v for k, v in params.items() if k not in late}})
+    earlier = tuple(request_digest(f) for f in forms)
     if requester is None:
-        return request_digest(request), None
-    return request_digest({**request, "requester": requester}), request_digest(request)
+        return request_digest(request), earlier
+    return request_digest({**request, "requester": requester}), earlier
 
 
 #: characters that act on the terminal that prints them rather than print: C0 and C1 controls

@@ -61,21 +61,30 @@ def release_for_charge(ledger: Ledger, charge_id: int) -> Release | None:
     return get_release(ledger, rid) if rid is not None else None
 
 
-def nonprivate_replay(ledger: Ledger, dataset: str, key: str, digest: str) -> Release | None:
+def nonprivate_replay(ledger: Ledger, dataset: str, key: str, digest: str,
+                      earlier: tuple[str, ...] = (),
+                      requester: str | None = None) -> Release | None:
     """The release a non-private calibration of ``dataset`` made under idempotency ``key``
-    for the request whose digest is ``digest`` (a retry: the same release); None if the key
-    is unused there; InvalidInput if it was used for another request — another non-private
-    calibration, or a charge of the dataset (charged requests bind their key in their
-    charge). Migration 0010: before it, such a key bound nothing."""
+    for the request whose digest is ``digest`` (a retry: the same release) — or, by the same
+    ``requester``, one of ``earlier``, the digests an older privcal gave the same request
+    (:func:`~privcal.accountant.normalize.bound_digest`); None if the key is unused there;
+    InvalidInput if it was used for another request — another non-private calibration, or a
+    charge of the dataset (charged requests bind their key in their charge). Migration 0010:
+    before it, such a key bound nothing."""
     with ledger.read() as s:
         ds = ledger.get_dataset(s, dataset)
-        rid = _bound_release(ledger, s, ds.id, key, digest)
-        old = ledger.charge_by_key(s.connection(), ds.id, key) if rid is None else None
+        had = ledger.release_by_key(s, ds.id, key)
+        old = ledger.charge_by_key(s.connection(), ds.id, key) if had is None else None
     if old is not None:
         from privcal.accountant.charges import check_replay
 
         check_replay(old, key, digest, scope="dataset", same_cost=False)
-    return get_release(ledger, rid) if rid is not None else None
+    if had is None:
+        return None
+    rel = get_release(ledger, had[1])
+    if had[0] != digest and not (had[0] in earlier and rel.requester == requester):
+        raise _reused(key, had[1])
+    return rel
 
 
 def _bound_release(ledger: Ledger, s: Any, dataset_id: int, key: str,
@@ -87,12 +96,16 @@ def _bound_release(ledger: Ledger, s: Any, dataset_id: int, key: str,
     if had is None:
         return None
     if had[0] != digest:
-        raise InvalidInput(
-            f"idempotency key {key!r} was already used for a different request (release "
-            f"{had[1]}, a non-private calibration); a key binds the whole request — kind, "
-            "dataset, method, every parameter, the cost and the data's public shape: use a "
-            "new key")
+        raise _reused(key, had[1])
     return had[1]
+
+
+def _reused(key: str, release_id: int) -> InvalidInput:
+    """The error of a key bound to non-private release ``release_id`` for another request."""
+    return InvalidInput(
+        f"idempotency key {key!r} was already used for a different request (release "
+        f"{release_id}, a non-private calibration); a key binds the whole request — kind, "
+        "dataset, method, every parameter, the cost and the data's public shape: use a new key")
 
 
 def record_release(

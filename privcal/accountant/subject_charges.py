@@ -146,7 +146,7 @@ def charge_subjects(
     by_key = np.argsort(raw)
     raw_sorted = raw[by_key]
     pseud, pseud_sorted = hex_of(raw), hex_of(raw_sorted)
-    digest = earlier = None
+    digest, earlier = None, ()
     if key is not None:
         req = request if request is not None else {
             "kind": "subjects", "purpose": purpose,

@@ -231,7 +231,7 @@ def open_session(
                 raise InfeasiblePlan(_NEVER_PASSES.format(g=proto.group_size))
     params = json_safe({**p.model_dump(mode="python"),
                         **({SCORE_KEY: scored} if scored is not None else {})})
-    digest = earlier = None
+    digest, earlier = None, ()
     if key is not None:  # the open request, as a charge's (16.1); a central cost only shuffled
         digest, earlier = bound_digest({
             "kind": "session_open", "method": method, "params": params,
@@ -251,7 +251,8 @@ def open_session(
                 return _opened_by(accountant, s, old, ds)
             opened = accountant.ledger.session_by_open_key(s, ds.id, key)
             if opened is not None:
-                if (opened.state or {}).get("open_request_digest") != digest:
+                done = (opened.state or {}).get("open_request_digest")
+                if done != digest and not (done in earlier and opened.requester == requester):
                     raise InvalidInput(f"idempotency key {key!r} was already used to open "
                                        f"session {opened.id} with another request: use a new "
                                        "key")
