@@ -236,11 +236,10 @@ def bound_digest(request: dict[str, Any],
     (:func:`~privcal.accountant.charges.check_replay`) — refused, its error said to use a new
     key, which ran and charged it again (red team 26, upgrade F1)."""
     params = request.get("params")
-    late = {k for k, v in LATE_PARAMS.items()
-            if isinstance(params, dict) and k in params and params[k] == v}
+    params = params if isinstance(params, dict) else {}
+    late = {k for k, v in LATE_PARAMS.items() if k in params and params[k] == v}
     forms = [request] if requester is not None else []
     if late:
-        assert isinstance(params, dict)
         forms.append({**request, "params": {k: v for k, v in params.items() if k not in late}})
     earlier = tuple(request_digest(f) for f in forms)
     if requester is None:
