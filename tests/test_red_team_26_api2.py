@@ -1,0 +1,146 @@
+"""Red team 26, api2: inputs read once (a batch of reports: api F6), pandas inputs paired by
+their index (api F9), and ``Ledger.verify`` saying which caps it did not check (ledger F10)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from privcal.accountant import Accountant
+from privcal.accountant import sessions as S
+from privcal.storage.sessions import SessionReport
+
+
+def _stored_bits(acct: Accountant, sid: int) -> list[bytes]:
+    with acct.ledger.read() as s:
+        return sorted(bytes(v) if not isinstance(v, str) else v.encode()
+                      for v in s.scalars(select(SessionReport.value)
+                                         .where(SessionReport.session_id == sid)))
+
+
+def _mutate_in_tx(acct: Accountant, monkeypatch: Any, change: Any) -> None:
+    """Another thread changing the caller's batch once its transaction has begun."""
+    real = acct.ledger.lock_batch_session
+
+    def lock(*a: Any, **k: Any) -> Any:
+        change()
+        return real(*a, **k)
+    monkeypatch.setattr(acct.ledger, "lock_batch_session", lock)
+
+
+@pytest.mark.parametrize("kind", ["numeric", "object"])
+def test_f6_a_batch_changed_after_the_call_is_not_what_is_stored(
+        accountant: Accountant, monkeypatch: Any, kind: str) -> None:
+    """submit_reports reads its values and rounds once, at its top: a caller's array changed
+    by another thread while the batch is written (here: after the idempotency digest, before
+    the parse) must not be stored under the digest of what was given — it was: the reports
+    stored were the changed ones, bound to a key whose digest is another batch's."""
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=5)
+    info = S.open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=1.5,
+                          rounds=3, group_size=4)
+    values = np.ones(4, dtype=np.int64) if kind == "numeric" else np.array([1] * 4, dtype=object)
+    rounds = np.zeros(4, dtype=np.int64)
+
+    def change() -> None:
+        values[:] = 0
+        rounds[:] = 7  # no round of the session: every row malformed if re-read
+    _mutate_in_tx(accountant, monkeypatch, change)
+    res = S.submit_reports(accountant, info.id, ["a", "b", "c", "d"], values, rounds,
+                           idempotency_key="k1")
+    monkeypatch.undo()
+    assert res.accepted == 4
+    assert _stored_bits(accountant, info.id) == [b"1"] * 4
+    # the key binds what was stored: the same batch as given replays it
+    again = S.submit_reports(accountant, info.id, ["a", "b", "c", "d"], [1, 1, 1, 1],
+                             [0, 0, 0, 0], idempotency_key="k1")
+    assert again.replayed
+    accountant.verify()
+
+
+# ------------------------------------------------------------------ F9: pandas indexes
+def _charges(acct: Accountant) -> tuple[Any, ...]:
+    from sqlalchemy import func
+
+    from privcal.storage.models import Charge, ReleaseRow
+
+    with acct.ledger.read() as s:
+        return (acct.ledger.head(), s.scalar(select(func.count()).select_from(Charge)),
+                s.scalar(select(func.count()).select_from(ReleaseRow)))
+
+
+def _classification(n: int = 400, k: int = 3) -> tuple[Any, Any]:
+    pd = pytest.importorskip("pandas")
+    g = np.random.default_rng(0)
+    y = g.integers(0, k, n)
+    p = np.full((n, k), 0.1)
+    p[np.arange(n), y] = 0.8
+    probs = pd.DataFrame(p, index=np.arange(n))
+    labels = pd.Series(y, index=np.arange(n)).sample(frac=1, random_state=1)  # other order
+    return probs, labels
+
+
+def test_f9_pandas_inputs_indexed_differently_are_refused_before_any_charge(
+        accountant: Accountant) -> None:
+    """A probs DataFrame and a labels Series holding the same (row, label) pairs by index but
+    in another order were paired by position, silently: each label with another row's
+    probabilities (threshold 0.9 instead of 0.2). Refused now, one line, nothing charged."""
+    from privcal.errors import InvalidInput
+
+    accountant.create_dataset("d", rho=10, allow_nonprivate=True)
+    probs, labels = _classification()
+    before = _charges(accountant)
+    with pytest.raises(InvalidInput, match="different indexes") as e:
+        accountant.calibrate("split", dataset="d", probs=probs, labels=labels, alpha=0.1,
+                             score="lac")
+    assert "\n" not in str(e.value)
+    assert _charges(accountant) == before
+    # aligned (same index, same order) is fine, and equals the plain arrays' release
+    a = accountant.calibrate("split", dataset="d", probs=probs, labels=labels.loc[probs.index],
+                             alpha=0.1, score="lac")
+    b = accountant.calibrate("split", dataset="d", probs=probs.to_numpy(),
+                             labels=labels.loc[probs.index].to_numpy(), alpha=0.1, score="lac")
+    assert a.threshold == b.threshold
+
+
+def test_f9_run_and_estimator_and_batch_refuse_misaligned_pandas(accountant: Accountant) -> None:
+    """The same rule at Accountant.run (a CalibrationInput), the estimator's conformalize
+    (X_conf DataFrame, y_conf Series) and a session batch (subject ids and values)."""
+    from privcal.calibrators import registry
+    from privcal.calibrators.base import CalibrationInput
+    from privcal.errors import InvalidInput
+    from privcal.estimators import PrivateConformalRegressor
+
+    pd = pytest.importorskip("pandas")
+    accountant.create_dataset("d", rho=10, allow_nonprivate=True, subject_epsilon=5)
+    g = np.random.default_rng(1)
+    scores = pd.Series(g.uniform(0, 1, 50), index=np.arange(50))
+    subjects = pd.Series([f"s{i}" for i in range(50)], index=np.arange(50)[::-1])
+    before = _charges(accountant)
+    with pytest.raises(InvalidInput, match="different indexes"):
+        accountant.run(registry.get("split").calibrator, {"alpha": 0.1},
+                       CalibrationInput(scores=scores, subjects=subjects), dataset="d")
+
+    class Model:
+        def predict(self, X: Any) -> Any:
+            return np.asarray(X)[:, 0]
+    X = pd.DataFrame({"x": g.uniform(0, 1, 50)}, index=np.arange(50))
+    y = pd.Series(g.uniform(0, 1, 50), index=np.arange(50)[::-1])
+    reg = PrivateConformalRegressor(Model(), "split", 0.9, accountant=accountant, dataset="d",
+                                    score="absolute")
+    with pytest.raises(InvalidInput, match="X_conf and y_conf are pandas objects"):
+        reg.conformalize(X, y)
+    assert _charges(accountant) == before
+    reg.conformalize(X, y.loc[X.index])  # aligned: calibrated
+    info = S.open_session(accountant, "ldp-score", dataset="d", alpha=0.1, epsilon=1.5,
+                          rounds=3, group_size=4)
+    ids = pd.Series(["a", "b", "c", "d"], index=[0, 1, 2, 3])
+    with pytest.raises(InvalidInput, match="subject ids and values"):
+        S.submit_reports(accountant, info.id, ids, pd.Series([1, 0, 1, 1], index=[3, 2, 1, 0]),
+                         [0, 0, 0, 0])
+    assert _stored_bits(accountant, info.id) == []
+    res = S.submit_reports(accountant, info.id, ids, pd.Series([1, 0, 1, 1], index=[0, 1, 2, 3]),
+                           [0, 0, 0, 0])
+    assert res.accepted == 4
