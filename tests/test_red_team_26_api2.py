@@ -144,3 +144,41 @@ def test_f9_run_and_estimator_and_batch_refuse_misaligned_pandas(accountant: Acc
     res = S.submit_reports(accountant, info.id, ids, pd.Series([1, 0, 1, 1], index=[0, 1, 2, 3]),
                            [0, 0, 0, 0])
     assert res.accepted == 4
+
+
+# ------------------------------------------------------------------ ledger F10
+def test_f10_ledger_verify_says_which_approx_caps_it_did_not_check(tmp_path: Any) -> None:
+    """``Ledger.verify()`` without ``cap_check`` cannot check an (ε, δ) cap's Rényi filter:
+    a ledger overspent past one (a cap raised around a charge and put back: 1.8 of ε ≤ 1
+    spent) verified, and its report did not say its caps were not checked. The report now
+    counts them (``caps_unchecked``); with the accountant's check (Accountant.verify, the
+    CLI, the service) nothing is left unchecked, and the overspend is an AuditFailed."""
+    import sqlite3
+    from decimal import Decimal
+
+    from privcal.accountant import verification
+    from privcal.costs import ApproxDP
+    from privcal.errors import AuditFailed
+
+    db = tmp_path / "l.sqlite"
+    acct = Accountant(f"sqlite:///{db}")
+    acct.create_dataset("ad", approx_epsilon=1, approx_delta=Decimal("1e-6"))
+    acct.create_dataset("pure", epsilon=1)
+
+    def set_cap(cap: str) -> None:
+        acct.ledger.close()
+        with sqlite3.connect(db) as c:
+            c.execute("UPDATE datasets SET cap_epsilon = ? WHERE name = 'ad'", (cap,))
+    assert acct.ledger.verify().caps_unchecked == 1  # the pure-ε cap is the storage's own
+    assert acct.ledger.verify(cap_check=verification.check_cap).caps_unchecked == 0
+    acct.charge("ad", ApproxDP(Decimal("0.9"), Decimal("1e-7")))
+    set_cap("5")
+    acct.charge("ad", ApproxDP(Decimal("0.9"), Decimal("1e-7")))  # under the raised cap
+    set_cap("1")
+    rep = acct.ledger.verify()
+    assert rep.caps_unchecked == 1
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        acct.ledger.verify(cap_check=verification.check_cap)
+    with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
+        acct.verify()
+    acct.close()
