@@ -182,3 +182,30 @@ def test_f10_ledger_verify_says_which_approx_caps_it_did_not_check(tmp_path: Any
     with pytest.raises(AuditFailed, match="more than the cap's filter allows"):
         acct.verify()
     acct.close()
+
+
+# ------------------------------------------------------------------ F4: ids read once
+def test_f4_subject_ids_checked_are_the_ids_charged(accountant: Accountant,
+                                                      monkeypatch: Any) -> None:
+    """``id_strings`` checked a NumPy array of strings and returned the caller's array itself:
+    charge_subjects (and every caller) then read it again — an id changed by another thread
+    after the checks (here to ``"NaN"``, a missing value that is refused as an id) was
+    charged as a subject. The ids are copied before the first check now."""
+    from decimal import Decimal
+
+    from privcal.calibrators import validation
+
+    accountant.create_dataset("d", epsilon=1, subject_epsilon=5)
+    ids = np.array(["alice", "bob"])
+    real = validation._check_spelling
+
+    def check(items: Any, what: str) -> None:
+        real(items, what)
+        ids[0] = "NaN"  # another thread, once the ids are checked
+    monkeypatch.setattr(validation, "_check_spelling", check)
+    accountant.charge_subjects("d", "0.5", ids)
+    monkeypatch.undo()
+    assert accountant.subject_spend("d", "alice") == Decimal("0.5")
+    assert accountant.subject_spend("d", "bob") == Decimal("0.5")
+    out = validation.id_strings(ids, "ids")
+    assert not np.shares_memory(out, ids)
