@@ -209,3 +209,21 @@ def test_f4_subject_ids_checked_are_the_ids_charged(accountant: Accountant,
     assert accountant.subject_spend("d", "bob") == Decimal("0.5")
     out = validation.id_strings(ids, "ids")
     assert not np.shares_memory(out, ids)
+
+
+# ------------------------------------------------------------------ F5: a device's score
+def test_f5_a_reporter_reads_a_float_subclass_score_once() -> None:
+    """``Reporter.report`` checked a score with ``value != value`` (NaN) and then compared it
+    with ``value <= q``: a float subclass whose ``!=`` said "not NaN" passed a NaN on to be
+    randomized and sent (as "score above q"). The score is read once as a plain number now:
+    the NaN is refused before anything is asked of the server (no server here: before the fix
+    the call went on to the network)."""
+    from privcal.client import Reporter
+    from privcal.errors import InvalidInput
+
+    class F(float):
+        def __ne__(self, other: object) -> bool:
+            return False
+
+    with pytest.raises(InvalidInput, match="not NaN"):
+        Reporter("http://127.0.0.1:9", "pcd_unused").report(F("nan"))
