@@ -227,3 +227,25 @@ def test_f5_a_reporter_reads_a_float_subclass_score_once() -> None:
 
     with pytest.raises(InvalidInput, match="not NaN"):
         Reporter("http://127.0.0.1:9", "pcd_unused").report(F("nan"))
+
+
+# ------------------------------------------------------------------ F7: a recorded threshold
+def test_f7_record_release_reads_a_float_subclass_threshold_once(accountant: Accountant) -> None:
+    """``record_release`` checked a threshold for NaN by its float value (``math.isnan``) and
+    recorded ``float(threshold)`` — a subclass's ``__float__``: NaN there was a ValueError
+    traceback from the storage (and any other value recorded in place of the value checked).
+    The threshold is read once as a plain float: the value given (0.5) is recorded."""
+    accountant.create_dataset("d", rho=10, allow_nonprivate=True)
+    r = accountant.calibrate("split", dataset="d", alpha=0.1,
+                             scores=np.random.default_rng(0).random(100))
+
+    class F(float):
+        def __float__(self) -> float:
+            return float("nan")
+
+    shape = r.shape if isinstance(r.shape, dict) else r.shape.model_dump(mode="json")
+    rel = accountant.record_release(
+        "d", threshold=F(0.5), method=r.method, calibrator_version=r.calibrator_version,
+        params=r.params, shape=shape, coverage=r.coverage, privacy=r.privacy)
+    assert rel.threshold == 0.5
+    accountant.verify()
