@@ -76,9 +76,9 @@ def _complement(c: float) -> float:
 def _check_rng(rng: Any) -> None:
     """``rng``: None (privcal's CSPRNG) or a :class:`random.Random` — ``random.Random(seed)``
     for a reproducible non-private method, only a :class:`random.SystemRandom` for a private
-    one (:func:`~privcal.calibrators.base.unpredictable`, at ``fit``); a
-    bare seed (``rng=42``) or a NumPy Generator is refused in one line, before anything is
-    charged (:func:`~privcal.accountant.calibration_request.check_rng`)."""
+    one (:func:`~privcal.calibrators.base.unpredictable`, at ``fit``); a bare seed (``rng=42``)
+    or a NumPy Generator is refused in one line, before anything is charged
+    (:func:`~privcal.accountant.calibration_request.check_rng`)."""
     from privcal.accountant.calibration_request import check_rng
 
     check_rng(rng)
@@ -132,18 +132,15 @@ class _Base:
         for key in params:
             if key in _WRAPPER_SETS:
                 raise InvalidInput(f"{key}: not a parameter of the wrapper ({_WRAPPER_SETS[key]})")
-        self.estimator = estimator
-        self.method = method
-        self.confidence_level = confidence_level
-        self.accountant = accountant
-        self.dataset = dataset
-        self.score = score
-        self.requester = requester
-        self.rng = rng
-        self.params = params
+        self.estimator, self.method, self.confidence_level = estimator, method, confidence_level
+        self.accountant, self.dataset, self.score = accountant, dataset, score
+        self.requester, self.rng, self.params = requester, rng, params
         self.release_: Any = None
 
-    def _calibrate(self, subjects: Any = None, **data: Any) -> None:
+    def _calibrate(self, subjects: Any, rows: tuple[Any, Any], **data: Any) -> None:
+        from privcal.accountant.row_inputs import same_index
+
+        same_index({"X_conf": rows[0], "y_conf": rows[1], "subjects": subjects})  # api F9
         if subjects is not None:  # each row's subject (local-DP methods need them)
             data["subjects"] = subjects
         if self.accountant is None or self.dataset is None:
@@ -248,8 +245,8 @@ class PrivateConformalClassifier(_Base):
             labels = self._devices(labels, probs.shape[1])
         # as names, so that the release reads the model's own labels as names at evaluate
         # (red team 23, coverage F2: label 2 of classes_ [0, 2, 5] was read as column 2)
-        self._calibrate(subjects, probs=probs, labels=np.array(names, dtype=object)[labels],
-                        classes=names)
+        self._calibrate(subjects, (X_conf, y_conf), probs=probs, classes=names,
+                        labels=np.array(names, dtype=object)[labels])
         self.classes_ = classes
         return self
 
@@ -363,7 +360,8 @@ class PrivateConformalRegressor(_Base):
                      subjects: Any = None) -> PrivateConformalRegressor:
         """Calibrate on held-out data (charged to ``dataset``); returns self. ``subjects``:
         the subject id of every row, which a local-DP method (``ldp-score``) needs."""
-        self._calibrate(subjects, targets=np.asarray(y_conf), **self._band(X_conf))
+        self._calibrate(subjects, (X_conf, y_conf), targets=np.asarray(y_conf),
+                        **self._band(X_conf))
         return self
 
     @classmethod

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from privcal.accountant.normalize import MAX_JSON_INT, plain_values
+from privcal.accountant.row_inputs import same_index
 from privcal.accountant.score_values import impossible_scores, refuse_narrow_scores
 from privcal.calibrators.base import Calibrator
 from privcal.calibrators.bound_floats import count_text
@@ -141,7 +142,9 @@ class CalibrationRequest(BaseModel):
     def checked(cls, values: dict[str, Any]) -> CalibrationRequest:
         """``model_validate(values)`` with the first problem as a one-line InvalidInput; every
         value but the data arrays read once into plain Python values (:func:`~privcal.
-        accountant.normalize.plain_values`, red team 26, api F8)."""
+        accountant.normalize.plain_values`, red team 26, api F8); two pandas arrays indexed
+        differently refused (:func:`~privcal.accountant.row_inputs.same_index`)."""
+        same_index({k: values.get(k) for k in ARRAYS})  # by position (red team 26, api F9)
         values = {k: v if k in ARRAYS else plain_values(v) for k, v in values.items()}
         try:
             return cls.model_validate(values)

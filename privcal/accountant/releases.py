@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from privcal.accountant.amplification import check_shuffled_dataset
-from privcal.accountant.normalize import json_safe, optional_text
+from privcal.accountant.normalize import json_safe, optional_text, plain_values
 from privcal.accountant.policy import dataset_info
 from privcal.accountant.record_compare import zcdp_parts
 from privcal.accountant.results import Release
@@ -138,6 +138,7 @@ def record_release(
     same request (a concurrent retry) is returned instead of a second. ``_calibrator`` (not
     public): the calibrator that computed it (``_as_computed``), which may not be registered
     — whose parts the run charged (:func:`~privcal.accountant.record_compare.zcdp_parts`)."""
+    threshold = plain_values(threshold)  # one value: a subclass's own __float__ never asked
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         raise InvalidInput(f"threshold must be a number, got {threshold!r}")
     thr = threshold_str(float(threshold)) if not math.isnan(threshold) else None

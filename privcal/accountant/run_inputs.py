@@ -35,9 +35,12 @@ def snapshot(data: CalibrationInput) -> CalibrationInput:
     if any entry is masked (:func:`~privcal.calibrators.validation.unmasked`, red team 11),
     else its data are copied; a Python sequence of ids is read item by item, as
     :func:`~privcal.calibrators.validation.id_strings` reads it; a sequence that is no
-    array (ragged) is a one-line InvalidInput, as :func:`check_data` has it."""
+    array (ragged) is a one-line InvalidInput, as :func:`check_data` has it. Two pandas inputs
+    indexed differently are refused (:func:`~privcal.accountant.row_inputs.same_index`)."""
+    from privcal.accountant.row_inputs import same_index
     from privcal.calibrators.validation import table_array, unmasked
 
+    same_index({f: getattr(data, f) for f in _ROWS})  # by position (red team 26, api F9)
     fields: dict[str, Any] = {}
     for f in _ROWS:
         a = getattr(data, f)

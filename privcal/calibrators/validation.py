@@ -265,8 +265,8 @@ def id_strings(values: object, what: str = "ids", *, people: bool = False) -> np
     kind = arr.dtype.kind
     if kind in "iu":  # the common bulk case, vectorised
         return arr.astype(str)
-    if kind == "U":
-        out = arr
+    if kind == "U":  # a copy, checked and returned: never the caller's array (red team 26)
+        out = np.array(arr, copy=True, subok=False)
     elif kind == "O":
         items = arr.tolist()
         for i, v in enumerate(items):

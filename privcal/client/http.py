@@ -152,8 +152,7 @@ class _Base:
         """The session this token is bound to."""
         if self._session is None:
             self._whoami()
-        assert self._session is not None
-        return self._session
+        return self._session  # type: ignore[return-value]  # set by _whoami
 
     def state(self) -> dict[str, Any]:
         """The session's public state (round, query, grid, plan, parameters)."""
@@ -179,9 +178,8 @@ class _Base:
         """Send a recorded answer and record its outcome: ``accepted``/``duplicate``, or
         ``refused`` (409, with its reason). Another error leaves it ``pending`` (its outcome
         unknown: the next call resends it) and is raised."""
-        body: dict[str, Any] = {"value": rec["value"]}
-        if self._role == "device":
-            body = {"round": rec["round"], "value": rec["value"]}
+        body: dict[str, Any] = ({"round": rec["round"], "value": rec["value"]}
+                                if self._role == "device" else {"value": rec["value"]})
         try:
             r = self._request("PUT", self._path.format(sid=self._session, rid=rid), json=body)
         except ServiceError as exc:
@@ -276,6 +274,8 @@ class Reporter(_Base):
         ``duplicate``), round, randomized bit and report id. Raises :class:`PlanRejected`
         if the server refused it or already holds this subject's report, if the session's
         ε is over ``max_epsilon``, or if the server's answer about the token changed."""
+        if isinstance(value, float | int) and not isinstance(value, bool):  # one reading (rt 26)
+            value = float.__float__(value) if isinstance(value, float) else int.__int__(value)
         if not callable(value) and (isinstance(value, bool) or not isinstance(
                 value, numbers.Real) or value != value):  # before anything is asked or drawn
             raise InvalidInput("report() takes a score (a real number, not NaN or a bool) or a "

@@ -95,3 +95,8 @@ class VerifyReport(BaseModel):
     #: queued), which it does not cover
     expected_through: int | None = None
     after_expected: int = 0
+    #: datasets whose (ε, δ) cap was not checked against its Rényi filter (the storage's
+    #: ``Ledger.verify`` without ``cap_check``: accountant mathematics); 0 when every cap was
+    #: checked — always so for :meth:`privcal.accountant.Accountant.verify`, the CLI and the
+    #: service (red team 26, ledger F10: an overspent (ε, δ) ledger verified, silently)
+    caps_unchecked: int = 0

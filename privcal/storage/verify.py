@@ -227,6 +227,7 @@ class LedgerVerifier:
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         ``cap_check(dataset, under_grid)``: the (ε, δ) caps' check, here (verify_caps.grid_check).
+        Without it (ε, δ) caps are not checked: counted in the report's ``caps_unchecked``.
         """
         heads = several(expect_head)
         signed_docs = several(signed_head)
@@ -267,9 +268,7 @@ class LedgerVerifier:
                 rows={"dataset": datasets, "charge": charges, "release": releases},
                 names={i: d.name for i, d in datasets.items()},
                 coll={c.id: c for c in s.scalars(select(_sessions.CollectionSession))})
-            prev = audit.GENESIS
-            expected = 1
-            count = 0
+            prev, expected, count = audit.GENESIS, 1, 0
             head_row = s.get(AuditHead, 1)
             check = partial(_check_entry, tally)
 
@@ -284,8 +283,7 @@ class LedgerVerifier:
                 if e.seq != expected:
                     raise AuditFailed(
                         f"audit entry {expected} is missing (the log jumps from {expected - 1} "
-                        f"to {e.seq}): a row was deleted"
-                    )
+                        f"to {e.seq}): a row was deleted")
                 if e.prev_hash != prev:
                     raise AuditFailed(
                         f"audit entry {e.seq}: prev_hash does not link to entry {e.seq - 1}")
@@ -349,8 +347,9 @@ class LedgerVerifier:
                                   tally.logged["charge"],
                                   {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
-            self._check_totals(s, datasets, charges, cap_check and grid_check(
-                cap_check, charges, tally.logged["charge"], tally.migration))
+            unchecked: list[int] = []  # (ε, δ) caps left unchecked, without cap_check
+            self._check_totals(s, datasets, charges, grid_check(
+                cap_check, charges, tally.logged["charge"], tally.migration, unchecked))
             check_subject_spends(s, datasets, charges, tally.logged["charge"],
                                  tally.migration)
             return VerifyReport(entries=count, head=f"{last}:{prev}", datasets=len(datasets),
@@ -358,7 +357,7 @@ class LedgerVerifier:
                                 signed_through=signed.seq if signed is not None else None,
                                 signed_at=signed.time if signed is not None else None,
                                 heads_checked=len(wants),
-                                queued=len(queued),
+                                queued=len(queued), caps_unchecked=len(unchecked),
                                 queued_since=queued[0].created_at if queued else None,
                                 unsigned_entries=unsigned,
                                 expected_through=want[0] if want is not None else None,

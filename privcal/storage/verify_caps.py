@@ -25,7 +25,7 @@ from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.audit import dec
 from privcal.storage.models import Dataset
 
-__all__ = ["check_central_cap", "grid_check", "refuse_unchecked_cap"]
+__all__ = ["check_central_cap", "grid_check", "refuse_unchecked_cap", "unchecked_caps"]
 
 _ZERO = Decimal(0)
 #: exact for any two totals the ledger stores (NUMERIC(48, 30)), whatever the caller's context
@@ -60,9 +60,9 @@ def check_central_cap(ds: Dataset,
         "a charge, or a charge accepted past its budget")
 
 
-def grid_check(cap_check: Callable[[Dataset, bool], None], charges: Mapping[int, Any],
-               logged: Mapping[int, int], migration: tuple[int, Any] | None
-               ) -> Callable[[Dataset], None]:
+def grid_check(cap_check: Callable[[Dataset, bool], None] | None, charges: Mapping[int, Any],
+               logged: Mapping[int, int], migration: tuple[int, Any] | None,
+               unchecked: list[int] | None = None) -> Callable[[Dataset], None]:
     """``cap_check(ds, under_grid)`` as :func:`check_central_cap` calls it: ``under_grid`` is
     whether the dataset's totals were last charged under its cap's filter — always, unless
     the row has no Rényi grid (an (ε, δ) dataset made before migration 0004) and its last
@@ -71,7 +71,10 @@ def grid_check(cap_check: Callable[[Dataset, bool], None], charges: Mapping[int,
     filter on the frozen grid, which the totals through it — the current ones, it being the
     last — must then satisfy: red team 25, ledger F7, a cap edited around charges made after
     the upgrade verified ok). ``logged``: charge id → its entry's seq; ``migration``: the
-    ``migration`` entry (seq, data), if any."""
+    ``migration`` entry (seq, data), if any. Without ``cap_check``: :func:`unchecked_caps`
+    (``unchecked``, the ids of the (ε, δ) datasets left unchecked)."""
+    if cap_check is None:
+        cap_check = unchecked_caps([] if unchecked is None else unchecked)
     since = migration[0] if migration is not None else 0
     last: dict[int, int] = {}
     for cid, c in charges.items():
@@ -94,3 +97,15 @@ def refuse_unchecked_cap(ds: Dataset, under_grid: bool = True) -> None:
             f"dataset {ds.id} ({ds.name!r}) has an (ε, δ) cap, whose Rényi filter the storage "
             "cannot check: sign with privcal.accountant.verification.sign_head (`privcal audit "
             "head --sign`), which checks it, or pass its check as cap_check; nothing signed")
+
+
+def unchecked_caps(found: list[int]) -> Callable[[Dataset, bool], None]:
+    """The ``cap_check`` of :meth:`privcal.storage.Ledger.verify` when its caller gives none:
+    it checks nothing, and appends to ``found`` the id of each dataset whose (ε, δ) cap it
+    leaves unchecked — one :func:`refuse_unchecked_cap` refuses to sign — so that the report
+    says so (``VerifyReport.caps_unchecked``): a log overspent past such a cap verified with
+    a report that did not say its caps were not checked (red team 26, ledger F10)."""
+    def count(ds: Dataset, under_grid: bool = True) -> None:
+        if ds.notion == "approx" and under_grid:
+            found.append(ds.id)
+    return count

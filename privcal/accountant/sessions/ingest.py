@@ -248,13 +248,9 @@ def submit_reports(
     or not bound to this session by then (why that misses no revocation:
     :func:`~privcal.storage.token_checks.tokens_not_in_force`).
     """
+    subjects, vals, rounds = P.batch_inputs(subjects, values, rounds)  # read once (api F6)
     # one normalisation of ids for the CLI, the API and sessions (issue 14.4)
     sids = id_strings(subjects, "subject ids", people=True)
-    numeric = isinstance(values, np.ndarray) and values.dtype.kind in "biuf"
-    try:  # a NumPy array of numbers stays one (parsed by array operations)
-        vals = values.ravel() if numeric else np.asarray(values, dtype=object).ravel()
-    except Exception as exc:  # ragged nested sequences
-        raise InvalidInput(f"values are not a 1-D sequence: {exc}") from exc
     if sids.size == 0:
         raise InvalidInput("a batch needs a non-empty 1-D list of subject ids")
     if vals.shape[0] != sids.shape[0]:

@@ -14,13 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from privcal.accountant.row_inputs import own_copy, same_index
 from privcal.accountant.sessions import records as R
 from privcal.calibrators.federated_agent import check_message
 from privcal.calibrators.validation import number_text, unmasked
 from privcal.errors import InvalidInput, PlanRejected
 from privcal.storage.audit import threshold_str
 
-__all__ = ["ROUND_OK", "ROUND_REASONS", "parse_bits", "parse_messages", "round_codes"]
+__all__ = ["ROUND_OK", "ROUND_REASONS", "batch_inputs", "parse_bits", "parse_messages",
+           "round_codes"]
 
 #: kinds of NumPy arrays whose entries are checked by array operations
 _NUMERIC = "biuf"
@@ -28,6 +30,20 @@ _NUMERIC = "biuf"
 #: :func:`round_codes`: 0 = the current round; else the index of the reason in ROUND_REASONS
 ROUND_OK = 0
 ROUND_REASONS = (None, R.MALFORMED_ROUND, R.CLOSED_ROUND, R.FUTURE_ROUND)
+
+
+def batch_inputs(subjects: Any, values: Any, rounds: Any) -> tuple[Any, np.ndarray, Any]:
+    """A batch's subject ids, values (1-D: a NumPy array of numbers stays one, parsed by
+    array operations; anything else an object array) and rounds (or None), each read once
+    into a copy of privcal's own before any check or digest — the idempotency key's digest,
+    the parse and the stored rows all read the copies, however often the transaction is
+    tried (red team 26, api2: api F6) — refused if two are pandas objects indexed
+    differently (api F9): :mod:`privcal.accountant.row_inputs`."""
+    same_index({"subject ids": subjects, "values": values, "rounds": rounds})
+    ids = own_copy(subjects, "subject ids")
+    vals = own_copy(values, "values")
+    vals = (vals if vals.dtype.kind in _NUMERIC else vals.astype(object)).ravel()
+    return ids, vals, None if rounds is None else own_copy(rounds, "rounds")
 
 
 def _bit(v: Any) -> int:
