@@ -102,17 +102,24 @@ def test_f2_an_id_written_as_a_missing_value_is_refused(tmp_path: Path, missing:
 
 
 # ------------------------------------------------------------------ F3
+def _ledger_and_table(tmp_path: Path, seed: int) -> tuple[str, pd.DataFrame]:
+    """A ledger with dataset ``d`` (non-private runs allowed) and a model's table: ten
+    probability columns p0..p9 and a ``label`` column drawn from them, 500 rows."""
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    assert _run(url, "dataset", "create", "d", "--rho", "5",
+                "--allow-nonprivate").exit_code == 0
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(10), size=500)
+    df = pd.DataFrame(p, columns=[f"p{i}" for i in range(10)])
+    df["label"] = [rng.choice(10, p=r) for r in p]
+    return url, df
+
+
 def test_f3_labels_given_as_a_column_of_the_probs_table(tmp_path: Path) -> None:
     """``--labels calib.csv:label`` with ``--probs calib.csv`` read the label column as an
     11th probability column: "row 0 sums to 6 … for 11 classes". It is now the same run as
     ``--label-column label`` (a deterministic split threshold, compared exactly)."""
-    url = f"sqlite:///{tmp_path}/l.sqlite"
-    assert _run(url, "dataset", "create", "d", "--rho", "5",
-                "--allow-nonprivate").exit_code == 0
-    rng = np.random.default_rng(2)
-    p = rng.dirichlet(np.ones(10), size=500)
-    df = pd.DataFrame(p, columns=[f"p{i}" for i in range(10)])
-    df["label"] = [rng.choice(10, p=r) for r in p]
+    url, df = _ledger_and_table(tmp_path, 2)
     for suffix in (".csv", ".parquet"):
         t = tmp_path / f"calib{suffix}"
         df.to_csv(t) if suffix == ".csv" else df.to_parquet(t)
@@ -155,13 +162,7 @@ def test_f7_label_column_of_a_probs_table_given_with_its_column_range(tmp_path: 
     help's "the labels' column … of the --probs table") was refused: "give the label column
     once". It is now the run ``--probs calib.csv --columns p0:p9 --label-column label``
     makes (a deterministic split threshold, compared exactly)."""
-    url = f"sqlite:///{tmp_path}/l.sqlite"
-    assert _run(url, "dataset", "create", "d", "--rho", "5",
-                "--allow-nonprivate").exit_code == 0
-    rng = np.random.default_rng(4)
-    p = rng.dirichlet(np.ones(10), size=500)
-    df = pd.DataFrame(p, columns=[f"p{i}" for i in range(10)])
-    df["label"] = [rng.choice(10, p=r) for r in p]
+    url, df = _ledger_and_table(tmp_path, 4)
     df["site"] = "north"
     t = tmp_path / "calib.csv"
     df.to_csv(t)
