@@ -295,15 +295,16 @@ class Ledger(
         The verification checks pure-ε and ρ-zCDP caps against the logged charges (red team
         24, ledger F2), and every dataset with ``cap_check`` (:meth:`verify`); without one, a
         log with an (ε, δ) cap — whose Rényi filter the storage cannot check — is refused
-        (InvalidInput, nothing signed: red team 25, ledger F3).
+        (InvalidInput, nothing signed: red team 25, ledger F3); with or without one, so is a
+        log whose ``releases_unchecked`` is not 0 (red team 26, payrule F1).
         :func:`privcal.accountant.verification.sign_head` passes the (ε, δ) check and
         recomputes every release's guarantees first (``privcal audit head --sign``)."""
         from privcal.storage import signing
-        from privcal.storage.verify_caps import refuse_unchecked_cap
+        from privcal.storage.verify_caps import refuse_unchecked_cap, refuse_unchecked_releases
 
         check = cap_check if cap_check is not None else refuse_unchecked_cap
-        return signing.sign_verified(partial(self.verify, cap_check=check), private_key,
-                                     previous)
+        return signing.sign_verified(refuse_unchecked_releases(partial(
+            self.verify, cap_check=check)), private_key, previous)
 
 
 def _after_fork_in_child() -> None:

@@ -100,3 +100,9 @@ class VerifyReport(BaseModel):
     #: checked — always so for :meth:`privcal.accountant.Accountant.verify`, the CLI and the
     #: service (red team 26, ledger F10: an overspent (ε, δ) ledger verified, silently)
     caps_unchecked: int = 0
+    #: pure-cost releases on a ρ-zCDP cap whose pure charges count less than the release's
+    #: whole ε²/2: paid for only if the release composes separately charged runs, which the
+    #: calibrators say, not the storage — 0 for :meth:`privcal.accountant.Accountant.verify`,
+    #: which recomputes them; ``Ledger.sign_head`` refuses a log with any (red team 26,
+    #: payrule F1: a 3-DP release paid by three PureDP(1) charges was signed)
+    releases_unchecked: int = 0

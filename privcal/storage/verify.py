@@ -227,8 +227,8 @@ class LedgerVerifier:
         ``progress(entries, description, total)``, if given, wraps the iteration over the
         log's entries to report it (the CLI's bar: :func:`privcal.cli.progress.iterate`).
         ``cap_check(dataset, under_grid)``: the (ε, δ) caps' check, here (verify_caps.grid_check).
-        Without it (ε, δ) caps are not checked: counted in the report's ``caps_unchecked``.
-        """
+        Without it (ε, δ) caps are not checked: counted in the report's ``caps_unchecked``;
+        pure releases on ρ-zCDP caps the storage cannot decide: ``releases_unchecked``."""
         heads = several(expect_head)
         signed_docs = several(signed_head)
         signed_all: list[Any] = []
@@ -342,10 +342,10 @@ class LedgerVerifier:
                 if missing:
                     raise AuditFailed(f"{kind} {missing[0]} has no audit entry (row inserted "
                                       "outside privcal, or its entry deleted)")
-            check_release_charges(releases, charges, tally.logged["release"],
-                                  self.release_charge_links(s), tally.coll,  # type: ignore[attr-defined]
-                                  tally.logged["charge"],
-                                  {i: bool(d.allow_nonprivate) for i, d in datasets.items()})
+            undecided = check_release_charges(  # pure releases on ρ-zCDP caps: payrule F1
+                releases, charges, tally.logged["release"], self.release_charge_links(s),  # type: ignore[attr-defined]
+                tally.coll, tally.logged["charge"],
+                {i: bool(d.allow_nonprivate) for i, d in datasets.items()}, datasets)
             _sessions.check_sessions(s, tally.coll, tally.sessions, releases)
             unchecked: list[int] = []  # (ε, δ) caps left unchecked, without cap_check
             self._check_totals(s, datasets, charges, grid_check(
@@ -358,6 +358,7 @@ class LedgerVerifier:
                                 signed_at=signed.time if signed is not None else None,
                                 heads_checked=len(wants),
                                 queued=len(queued), caps_unchecked=len(unchecked),
+                                releases_unchecked=len(undecided),
                                 queued_since=queued[0].created_at if queued else None,
                                 unsigned_entries=unsigned,
                                 expected_through=want[0] if want is not None else None,

@@ -25,7 +25,8 @@ from privcal.errors import AuditFailed, InvalidInput
 from privcal.storage.audit import dec
 from privcal.storage.models import Dataset
 
-__all__ = ["check_central_cap", "grid_check", "refuse_unchecked_cap", "unchecked_caps"]
+__all__ = ["check_central_cap", "grid_check", "refuse_unchecked_cap", "refuse_unchecked_releases",
+           "unchecked_caps"]
 
 _ZERO = Decimal(0)
 #: exact for any two totals the ledger stores (NUMERIC(48, 30)), whatever the caller's context
@@ -109,3 +110,23 @@ def unchecked_caps(found: list[int]) -> Callable[[Dataset, bool], None]:
         if ds.notion == "approx" and under_grid:
             found.append(ds.id)
     return count
+
+
+def refuse_unchecked_releases(verify: Callable[..., Any]) -> Callable[..., Any]:
+    """``verify`` (the storage's), whose report must leave no release unchecked: the verify
+    :meth:`privcal.storage.Ledger.sign_head` signs after. A pure-cost release on a ρ-zCDP
+    cap whose pure charges count less than its whole ε²/2 is paid for only if it composes
+    separately charged runs — the calibrators' to say, not the storage's
+    (:func:`~privcal.storage.verify_releases.check_release_charges`): InvalidInput, nothing
+    signed (red team 26, payrule F1: a 3-DP release paid by three PureDP(1) charges, its cap
+    fed ρ = 1.5 for 4.5, was signed)."""
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        rep = verify(*args, **kwargs)
+        if rep.releases_unchecked:
+            raise InvalidInput(
+                f"{rep.releases_unchecked} pure-cost release(s) on a ρ-zCDP cap are paid by "
+                "pure charges counting less than their whole ε²/2, which the storage cannot "
+                "tell are paid for: sign with privcal.accountant.verification.sign_head "
+                "(`privcal audit head --sign`), which checks them; nothing signed")
+        return rep
+    return checked

@@ -201,7 +201,8 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
                           seqs: Mapping[int, int], links: Mapping[int, int] | None = None,
                           sessions: Mapping[int, Any] | None = None,
                           charge_seqs: Mapping[int, int] | None = None,
-                          nonprivate_ok: Mapping[int, bool] | None = None) -> None:
+                          nonprivate_ok: Mapping[int, bool] | None = None,
+                          datasets: Mapping[int, Any] | None = None) -> list[int]:
     """Every release row paid for by charges of its own dataset that pay for no other
     release, costing at least its recorded privacy cost (:func:`shortfall`; a local release
     by as many subjects as it used reports: ``sessions``, the collection session rows, give a
@@ -213,10 +214,18 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
     F9); and (``nonprivate_ok``: dataset id → its ``allow_nonprivate``) a non-private
     release only on a dataset that allows them — its cap's stated guarantee leaves them out
     only there (red team 23, ledger F8). AuditFailed naming the release's audit entry
-    (``seqs``: release id → seq) otherwise."""
+    (``seqs``: release id → seq) otherwise.
+
+    Returns the releases the storage cannot decide (``datasets``: dataset id → its row, whose
+    ``notion`` is its cap's): pure-cost releases on a ρ-zCDP cap whose pure charges'
+    Σεᵢ²/2 is less than the whole cost's ε²/2 — paid for only if the release composes
+    separately charged runs (:func:`shortfall`'s ``zcdp_parts``, the calibrators' to tell);
+    the accountant's verification recomputes them, ``Ledger.sign_head`` refuses them (red
+    team 26, payrule F1)."""
     totals = {c.release_id: int((c.state or {}).get("total", 0))
               for c in (sessions or {}).values() if c.release_id is not None}
     owner: dict[int, int] = {}
+    undecided: list[int] = []
     for rid, r in sorted(releases.items()):
         where = f"audit entry {seqs.get(rid, 0)}: release {rid}"
         ids = r.charge_ids
@@ -249,8 +258,13 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
                         reports_used(r.shape, session_total=totals.get(rid)))
         if why is not None:
             raise AuditFailed(f"{where} {why} (not paid for)")
+        ds = (datasets or {}).get(r.dataset_id)
+        whole = _pure_eps(r.privacy) if getattr(ds, "notion", None) == "zcdp" else None
+        if whole is not None and shortfall(r.privacy, [charges[i] for i in ids],
+                                           zcdp_parts=[whole]) is not None:
+            undecided.append(rid)
     if links is None:
-        return
+        return undecided
     for cid in sorted(set(owner) | set(links)):
         if cid not in links:  # say which edit it was (red team 23, ledger F4)
             raise AuditFailed(f"release_charges: charge {cid} pays for release {owner[cid]} "
@@ -265,3 +279,14 @@ def check_release_charges(releases: Mapping[int, Any], charges: Mapping[int, Any
                 f"release_charges: charge {cid} is recorded as paying for release "
                 f"{links.get(cid)}, but the releases' charge_ids say "
                 f"{owner.get(cid)} (row altered, deleted or inserted outside privcal)")
+    return undecided
+
+
+def _pure_eps(privacy: Any) -> Decimal | None:
+    """The ε of a privacy record's pure cost; None for any other (or an unreadable) one."""
+    doc = privacy.get("cost") if isinstance(privacy, Mapping) else None
+    try:
+        cost = parse_cost(doc) if isinstance(doc, Mapping) else None  # type: ignore[arg-type]
+    except (PrivcalError, ValueError, TypeError):
+        return None
+    return cost.eps if isinstance(cost, PureDP) else None
