@@ -9,8 +9,11 @@ and others failed with "database disk image is malformed"; ``vfs=unix-none%2500`
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +47,38 @@ def test_a_nul_escape_cuts_the_path_and_read_only_as_sqlite_reads_them(tmp_path:
     assert _lock_path(parse_url(f"sqlite:///file:{db}%2500junk?uri=true")) \
         == os.path.realpath(db)
     assert _lock_path(parse_url(f"sqlite:///file:{db}?mode=ro%2500x&uri=true")) is None
+
+
+def _hold_key(db_url: str, cwd: str, q: Any) -> None:
+    os.chdir(cwd)
+    ledger = Ledger(db_url)
+    with ledger.key_lock("d", "k"):
+        q.put("held")
+        time.sleep(3)
+
+
+def test_a_key_lock_stays_on_the_ledger_s_file_after_a_chdir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F3: ``sqlite:///rel.sqlite`` made in ``one/``, then ``chdir(two/)``: SQLite still writes
+    ``one/rel.sqlite``, but the key lock was taken in ``two/rel.sqlite.keylocks``, so a keyed run
+    of another process in ``one/`` holding the same key did not make this one wait."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    monkeypatch.chdir(one)
+    ledger = Ledger("sqlite:///rel.sqlite")
+    monkeypatch.chdir(two)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_hold_key, args=("sqlite:///rel.sqlite", str(one), q))
+    p.start()
+    try:
+        assert q.get(timeout=60) == "held"
+        t0 = time.monotonic()
+        with ledger.key_lock("d", "k"):
+            waited = time.monotonic() - t0
+        assert waited > 1.0  # the other process held it ~3 s
+        assert not (two / "rel.sqlite.keylocks").exists()
+    finally:
+        p.join(30)
+        ledger.engine.dispose()
