@@ -114,6 +114,16 @@ def _lock_path(url: URL) -> str | None:
     return os.path.realpath(path)
 
 
+def key_lock_file(url: URL, backend: str) -> str | None:
+    """The ``.keylocks`` file of ledger ``url`` (:func:`_lock_path`), resolved once, when the
+    Ledger is made: a relative path resolved at each keyed run followed the process's
+    ``os.chdir`` while SQLite kept the file it opened, so a keyed run of the process and one of
+    another process with the same key locked two files and both ran (red team 26, sqlitefile
+    F3). None: no lock file (PostgreSQL, in memory, read-only)."""
+    file = _lock_path(url) if backend != "postgresql" else None
+    return None if file is None else f"{file}.keylocks"
+
+
 def _lockf_waiting(fh: Any, offset: int) -> None:
     """The byte ``offset`` of lock file ``fh`` locked, waiting as long as another holds it.
 
@@ -137,9 +147,10 @@ def _lockf_waiting(fh: Any, offset: int) -> None:
 class KeyLocks:
     """The idempotency-key locks of a :class:`~privcal.storage.ledger.Ledger`."""
 
-    # set by Ledger.__init__ / the Ledger's: ``_url``, ``url``, ``backend``, ``_lock``,
-    # ``_unreachable``
+    # set by Ledger.__init__ / the Ledger's: ``_url``, ``_key_lock_file``, ``url``, ``backend``,
+    # ``_lock``, ``_unreachable``
     _url: URL
+    _key_lock_file: str | None
     _lock: threading.Lock
     _lock_engine: Engine | None = None
 
@@ -149,8 +160,7 @@ class KeyLocks:
         digest = hashlib.sha256(f"privcal key\x00{dataset}\x00{key}".encode(
             "utf-8", "surrogatepass")).digest()
         lock_id = int.from_bytes(digest[:8], "big", signed=True)
-        file = (_lock_path(self._url) if self.backend != "postgresql"  # type: ignore[attr-defined]
-                else None)
+        file = self._key_lock_file
         with _KEY_LOCKS_GUARD:
             local = _KEY_LOCKS.setdefault((file or self.url, lock_id), threading.Lock())  # type: ignore[attr-defined]
         with local:
@@ -162,7 +172,7 @@ class KeyLocks:
                 yield
                 return
             offset = lock_id & 0x7FFF_FFFF_FFFF
-            with _lock_file(f"{file}.keylocks") as fh:
+            with _lock_file(file) as fh:
                 _lockf_waiting(fh, offset)
                 try:
                     yield

@@ -59,7 +59,7 @@ from privcal.storage.charges import ChargeStore
 from privcal.storage.datasets import DatasetStore
 from privcal.storage.engine import make_engine, parse_url, resolve_url, sqlite_file_hint
 from privcal.storage.held_connections import HeldConnections
-from privcal.storage.key_locks import BUSY, KeyLocks
+from privcal.storage.key_locks import BUSY, KeyLocks, key_lock_file
 from privcal.storage.models import AuditEntry, LedgerSecret, read_ledger_secret
 from privcal.storage.optimistic import OptimisticCharges
 from privcal.storage.records import AuditHeadInfo
@@ -99,6 +99,7 @@ class Ledger(
         self._url = parse_url(raw)
         #: ``sqlite`` or ``postgresql`` (read a dozen times a charge: computed once)
         self._backend: str = self._url.get_backend_name()
+        self._key_lock_file = key_lock_file(self._url, self._backend)  # before any chdir
         if self.is_default:
             path = Path(self._url.database or "")
             try:  # 0700: the ledger holds the pseudonyms' secret and every subject's spend

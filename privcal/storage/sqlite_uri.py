@@ -4,7 +4,8 @@ SQLAlchemy's pysqlite dialect hands SQLite the URL's database followed by every 
 that is not the driver's own (``file:/p?mode=ro`` + ``&`` …), and SQLite, reading a name that
 begins with ``file:`` as a URI (``uri=true``), splits its query on ``&`` and ``=`` and then
 percent-decodes each key and value, and the path (SQLite, "URI Filenames", §3.3 "Query
-String": "%HH escapes are decoded"; ``sqlite3ParseUri``). privcal's checks of a URL —
+String": "%HH escapes are decoded"; ``sqlite3ParseUri``, which also drops the rest of a path,
+key or value after a ``%00``: :func:`_decoded`). privcal's checks of a URL —
 refusing an in-memory or unlocked database (:func:`privcal.storage.engine.parse_url`), the
 file whose ``.keylocks`` a keyed run locks (:mod:`privcal.storage.key_locks`) — read the
 arguments here, decoded the same way, so a spelling such as ``n%256flock=1`` (SQLite reads
@@ -18,7 +19,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
 from sqlalchemy.engine import URL
 
@@ -62,6 +63,15 @@ class SqliteUri:
             bool(imm) and all(v.lower() in _TRUE or (v.isdigit() and int(v) != 0) for v in imm))
 
 
+def _decoded(part: str) -> str:
+    """A path, key or value of a URI as ``sqlite3ParseUri`` decodes it: ``%HH`` to the byte
+    (read as the file system's names are: ``os.fsdecode``), and nothing after a ``%00`` — SQLite
+    skips the rest of that path, key or value, so ``nolock%00x=1`` is ``nolock=1`` to it, and
+    was a key privcal did not know (red team 26, sqlitefile F1: 38 charges of ε 0.1
+    acknowledged on a cap of 3, 24 kept, "database disk image is malformed")."""
+    return os.fsdecode(unquote_to_bytes(part)).split("\x00", 1)[0]
+
+
 def sqlite_uri(u: URL) -> SqliteUri | None:
     """The ``file:`` URI SQLite opens for SQLite URL ``u`` (:mod:`module docstring
     <privcal.storage.sqlite_uri>`), or None if SQLite reads its name as a plain path."""
@@ -83,8 +93,8 @@ def sqlite_uri(u: URL) -> SqliteUri | None:
         if not part:
             continue
         key, _, value = part.partition("=")
-        args[unquote(key).lower()].append(unquote(value))
-    return SqliteUri(unquote(path), dict(args))
+        args[_decoded(key).lower()].append(_decoded(value))
+    return SqliteUri(_decoded(path), dict(args))
 
 
 #: ``info`` key of a SQLite connection's record: (path, device, inode) of the file it opened
