@@ -20,7 +20,8 @@ computed again with the same uniforms u. Whatever
 reading the calibration had, the test point's score in that reading is then compared with t:
 the lower bound holds as recorded. A reading can only add labels, and only those whose score
 in the other reading is ≤ t (entries of neither kind are unchanged, so float64 outputs get the
-sets they had). Only labels within ``_BAND`` of t can change (half a float32 spacing of
+sets they had — unless a value is itself a float32's shortest decimal, 0.1: readings F5).
+Only labels within ``_BAND`` of t can change (half a float32 spacing of
 p ≤ 1 is at most 2⁻²⁵; an aps/raps sum of probabilities changes by at most 2⁻²⁴·Σp while the
 row's order holds), so only their rows are read again — and every label of a row whose order
 another reading can change (:func:`close_rows`: an entry of neither kind between the two
