@@ -83,7 +83,7 @@ def threshold_sets(name: str, opts: dict[str, Any], probs: Any, t: Any,
     compares the probabilities with the exact cut of each threshold (bit-identical to
     ``1 − p ≤ t``); aps/raps draw one u per row from ``rng``, shared by its classes and
     every reading."""
-    from privcal.calibrators.readings import near, sets_at
+    from privcal.calibrators.readings import close_rows, near, sets_at
 
     spec = score_spec(name)
     if spec.kind != "classification":
@@ -97,7 +97,8 @@ def threshold_sets(name: str, opts: dict[str, Any], probs: Any, t: Any,
         base, cand = p >= _cuts(thr), p >= _cuts(near(thr))
     else:
         s = classification_scores(name, p, o, u)
-        base, cand = s <= thr, s <= near(thr)
+        # a row whose order another reading can change: all its labels (readings F1)
+        base, cand = s <= thr, (s <= near(thr)) | close_rows(p)[:, None]
     return sets_at(name, o, p, thr, u, base, cand & ~base)
 
 

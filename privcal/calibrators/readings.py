@@ -20,11 +20,15 @@ computed again with the same uniforms u. Whatever
 reading the calibration had, the test point's score in that reading is then compared with t:
 the lower bound holds as recorded. A reading can only add labels, and only those whose score
 in the other reading is ≤ t (entries of neither kind are unchanged, so float64 outputs get the
-sets they had). Only labels within ``_BAND`` of t can change (half a float32 spacing of
-p ≤ 1 is at most 2⁻²⁵; an aps/raps sum of probabilities changes by at most 2⁻²⁴·Σp), so only
-their rows are read again. Regression intervals (:func:`reading_gap`) are widened by two
-float32 spacings at max(|f|) + |t| on the rows whose predictions are such readings (and
-differ): the target of the calibration's reading is within t of its prediction, and both
+sets they had — unless a value is itself a float32's shortest decimal, 0.1: readings F5).
+Only labels within ``_BAND`` of t can change (half a float32 spacing of
+p ≤ 1 is at most 2⁻²⁵; an aps/raps sum of probabilities changes by at most 2⁻²⁴·Σp while the
+row's order holds), so only their rows are read again — and every label of a row whose order
+another reading can change (:func:`close_rows`: an entry of neither kind between the two
+readings of another moved an aps score by a whole probability, 0.545 under ≥ 0.9, red team 26
+readings F1). Regression intervals (:func:`reading_gap`) are widened by two
+float32 spacings at max(|f|) + |t| on the rows where a prediction is such a reading (and
+they differ): the target of the calibration's reading is within t of its prediction, and both
 readings of each are within half a spacing.
 
 Not covered: float16 or bfloat16 outputs (float16 probabilities widened are refused by the
@@ -38,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["near", "reading_gap", "readings", "sets_at"]
+__all__ = ["close_rows", "near", "reading_gap", "readings", "sets_at"]
 
 #: how far above t a score can move between readings of the same float32 values (2⁻²³·Σp
 #: with room for p's row-sum tolerance and float64 rounding)
@@ -49,16 +53,43 @@ _FORMATS: tuple[tuple[Any, float, float], ...] = ((np.float32, 2.0**-22, 2.0**-1
 
 def _kinds(a: np.ndarray, fmt: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the value in ``fmt``, its shortest decimal read back, which entries of ``a`` are one
-    of the two), as float64 arrays of ``a``'s shape. An integer below 2¹¹ is its own decimal
-    (not converted: the decimal costs a conversion per value)."""
+    of the two), as float64 arrays of ``a``'s shape. The decimal costs a string conversion,
+    so it is made once per distinct value (red team 26, readings F4), and only for the
+    values that can be a decimal (:func:`_short`) and the ``fmt`` values; an integer below
+    2¹¹ is its own decimal."""
     with np.errstate(over="ignore", invalid="ignore"):
         q = a.astype(fmt)
         wide = q.astype(np.float64)
         text = wide.copy()
         odd = ~((np.modf(wide)[0] == 0) & (np.abs(wide) < 2048.0))
-        text[odd] = q[odd].astype(str).astype(np.float64)  # shortest decimal of each value
+        need = odd & np.isfinite(wide) & ((wide == a) | _short(a))
+        if need.any():
+            vals, inv = np.unique(q[need], return_inverse=True)
+            text[need] = vals.astype(str).astype(np.float64)[inv]  # shortest decimals
         hit = np.isfinite(wide) & ((wide == a) | (text == a))
     return wide, text, hit
+
+
+def _short(a: np.ndarray) -> np.ndarray:
+    """False where ``a`` is surely not the double nearest a decimal of at most 9
+    significant digits (a float32's shortest decimal has at most 9): a·10^(9 − ⌊log₁₀|a|⌋)
+    is then not within 10⁻³ of an integer. For such a decimal M·10^j (M < 10⁹) that product
+    is M·10, M·100 or M (⌊log₁₀⌋ exact or off by one) < 10¹¹, computed to a relative
+    2⁻⁵⁰, so within 10⁻⁴ of its integer: no decimal is missed."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        m = np.abs(a) * 10.0 ** (9.0 - np.floor(np.log10(np.abs(a))))
+        return np.abs(m - np.rint(m)) <= 1e-3
+
+
+def close_rows(p: np.ndarray) -> np.ndarray:
+    """Rows with two different entries so close (within 2⁻²²·the larger + 2⁻¹⁴⁸) that
+    another reading can change their order or tie them (red team 26, readings F1): an entry
+    moves by at most half a float32 spacing, ≤ 2⁻²⁴·|p| (2⁻¹⁴⁹ below the normal range), and
+    an entry of neither kind not at all. Their aps/raps mass and rank can then move by a
+    whole probability, so every label of such a row is a candidate of :func:`sets_at`."""
+    d = np.sort(p, axis=1)
+    gap = d[:, 1:] - d[:, :-1]
+    return ((gap > 0) & (gap <= d[:, 1:] * 2.0**-22 + 2.0**-148)).any(axis=1)
 
 
 def readings(p: np.ndarray) -> list[np.ndarray]:
@@ -102,23 +133,18 @@ def sets_at(name: str, options: dict[str, Any], p: np.ndarray, thr: np.ndarray,
 
 
 def reading_gap(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """How far each regression interval is widened on both sides: on rows whose predictions
-    are a float32 value or its decimal, the two differing, two float32 spacings at
-    max(|f_lo|, |f_hi|) + |t| (module docstring); 0 elsewhere. An array whose first
-    256 predictions are not all such readings is left as it is (the decimal costs a
-    conversion per value)."""
+    """How far each regression interval is widened on both sides: on rows where a
+    prediction (lower or upper) is a float32 value or its decimal, the two differing, two
+    float32 spacings at max(|f_lo|, |f_hi|) + |t| (module docstring); 0 elsewhere. Every
+    row is read, whatever the others (red team 26, readings F2/F3: one band of float64
+    values, or a float64 row among the first 256, turned it off)."""
     gap = np.zeros(lo.shape, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         size = np.maximum(np.abs(lo), np.abs(hi)) + np.where(np.isfinite(t), np.abs(t), 0.0)
-        done = np.zeros(lo.shape, dtype=bool)
         for fmt, rel, floor in _FORMATS:
-            if not all(_kinds(a[:256], fmt)[2].all() for a in (lo, hi)):
-                continue
-            read, two = ~done, np.zeros(lo.shape, dtype=bool)
+            move = np.zeros(lo.shape, dtype=bool)
             for a in (lo, hi) if hi is not lo else (lo,):
                 wide, text, hit = _kinds(a, fmt)
-                read &= hit
-                two |= wide != text
-            gap = np.where(read & two, size * rel + floor, gap)
-            done |= read
+                move |= hit & (wide != text)
+            gap = np.where(move, np.maximum(gap, size * rel + floor), gap)
     return gap
