@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 
 N, M, T = 2000, 20_000, 12
 
@@ -151,3 +152,17 @@ def test_f4_short_decimal_filter_misses_no_float32_decimal() -> None:
     text = bits.view(np.float32).astype(str).astype(np.float64)
     assert _short(text).all()
     assert _kinds(np.concatenate([text, -text]), np.float32)[2].all()
+
+
+@pytest.mark.parametrize("density", [0.0, 1e-4, 0.01, 0.5, 1.0])
+def test_candidate_rows_are_the_rows_with_a_candidate(density: float) -> None:
+    """The lead's review: ``sets_at`` reads the rows of a few candidates off their flat
+    indices (``cand.any(axis=1)`` cost as much as a whole lac prediction); any density, any
+    shape, it must name exactly the rows ``any(axis=1)`` names, in order."""
+    from privcal.calibrators.readings import _candidate_rows
+
+    rng = np.random.default_rng(7)
+    for n, k in [(1, 1), (1, 5), (9, 1), (1000, 10), (4000, 3)]:
+        cand = rng.random((n, k)) < density
+        got = _candidate_rows(cand)
+        assert got.tolist() == np.flatnonzero(cand.any(axis=1)).tolist(), (n, k, density)
