@@ -4,26 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from privcal import PureDP
 from privcal.errors import AuditFailed, InvalidInput
-from tests.seeded import Seeded
-
-
-def _exponq(accountant: Any, dataset: str, eps: float, **kw: Any) -> Any:
-    rng = np.random.default_rng(1)
-    probs, y = rng.dirichlet(np.ones(3), 1500), rng.integers(0, 3, 1500)
-    return accountant.calibrate("exponq", dataset=dataset, probs=probs, labels=y, score="lac",
-                                epsilon=eps, rng=Seeded(1), **kw)
-
-
-def _record(accountant: Any, dataset: str, rel: Any, ids: list[int]) -> Any:
-    return accountant.record_release(
-        dataset, method=rel.method, calibrator_version=rel.calibrator_version,
-        threshold=rel.threshold, params=rel.params, shape=rel.shape, coverage=rel.coverage,
-        privacy=rel.privacy, charge_ids=ids)
+from tests.test_red_team_26_privacy import _exponq, _record
 
 
 def test_storage_sign_head_refuses_a_pure_release_underpaid_on_a_zcdp_cap(
