@@ -8,7 +8,7 @@ import pytest
 
 from privcal import PureDP
 from privcal.errors import AuditFailed, InvalidInput
-from tests.test_red_team_26_privacy import _exponq, _record
+from tests.test_red_team_26_privacy import _exponq, _record, _underpaid_as_before
 
 
 def test_storage_sign_head_refuses_a_pure_release_underpaid_on_a_zcdp_cap(
@@ -22,9 +22,8 @@ def test_storage_sign_head_refuses_a_pure_release_underpaid_on_a_zcdp_cap(
     separately charged runs, so it now counts such a release in ``releases_unchecked`` and
     ``Ledger.sign_head`` refuses, nothing signed; a release paid by one PureDP(3) is decided
     (0) and signed."""
-    from privcal.accountant import releases, verification
+    from privcal.accountant import verification
     from privcal.storage import signing
-    from privcal.storage.verify_releases import shortfall
 
     accountant.create_dataset("src", epsilon="10")
     rel = _exponq(accountant, "src", 3.0, alpha=0.1)
@@ -33,10 +32,7 @@ def test_storage_sign_head_refuses_a_pure_release_underpaid_on_a_zcdp_cap(
     priv, _pub, _ = signing.generate_keypair(tmp_path / "k")
     assert accountant.ledger.verify().releases_unchecked == 0
     accountant.ledger.sign_head(priv)  # decided by the storage: signed
-    monkeypatch.setattr(releases, "shortfall", lambda *a, **k: shortfall(*a))  # the old rule
-    ids = [accountant.charge("z", PureDP(1)).charge_id for _ in range(3)]
-    bad = _record(accountant, "z", rel, ids)
-    monkeypatch.undo()
+    bad = _underpaid_as_before(accountant, monkeypatch, rel)
     with pytest.raises(AuditFailed, match=rf"release {bad.id} .*count ρ = 1\.5"):
         accountant.verify()
     assert accountant.ledger.verify().releases_unchecked == 1

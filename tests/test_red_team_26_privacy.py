@@ -26,6 +26,19 @@ def _record(accountant: Any, dataset: str, rel: Any, ids: list[int]) -> Any:
         privacy=rel.privacy, charge_ids=ids)
 
 
+def _underpaid_as_before(accountant: Any, monkeypatch: pytest.MonkeyPatch, rel: Any) -> Any:
+    """``rel`` (a 3-DP release) recorded on dataset ``z`` (a ρ-zCDP cap) paid by three
+    PureDP(1) charges, as the rule before F1 accepted it (Σε only): a ledger written then."""
+    from privcal.accountant import releases
+    from privcal.storage.verify_releases import shortfall
+
+    monkeypatch.setattr(releases, "shortfall", lambda *a, **k: shortfall(*a))  # the old rule
+    ids = [accountant.charge("z", PureDP(1)).charge_id for _ in range(3)]
+    bad = _record(accountant, "z", rel, ids)
+    monkeypatch.undo()
+    return bad
+
+
 def test_one_pure_release_is_not_paid_by_smaller_pure_charges_on_a_zcdp_cap(
         accountant: Any) -> None:
     """F1: one 3-DP ExponQ release (a single mechanism) recorded on a ρ-zCDP cap with three
@@ -56,18 +69,12 @@ def test_verify_fails_a_pure_release_paid_by_smaller_pure_charges_on_a_zcdp_cap(
     ``audit verify`` said ok; it now fails naming the release, and still passes a
     ``levels:exponq`` release on a ρ-zCDP cap paid by its parts (3 levels at ε = 1:
     charged 3 · ½ = 1.5, its three runs are 1.5-zCDP)."""
-    from privcal.accountant import releases
-    from privcal.storage.verify_releases import shortfall
-
     accountant.create_dataset("src", epsilon="10")
     rel = _exponq(accountant, "src", 3.0, alpha=0.1)
     accountant.create_dataset("z", rho="10")
     lv = _exponq(accountant, "z", 1.0, alpha=[0.05, 0.1, 0.2])
     assert lv.method == "levels:exponq" and len(lv.charge_ids) == 3
     assert accountant.verify().guarantees_recomputed == 2
-    monkeypatch.setattr(releases, "shortfall", lambda *a, **k: shortfall(*a))  # the old rule
-    ids = [accountant.charge("z", PureDP(1)).charge_id for _ in range(3)]
-    bad = _record(accountant, "z", rel, ids)
-    monkeypatch.undo()
+    bad = _underpaid_as_before(accountant, monkeypatch, rel)
     with pytest.raises(AuditFailed, match=rf"release {bad.id} .*count ρ = 1\.5"):
         accountant.verify()

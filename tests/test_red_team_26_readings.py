@@ -22,17 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-N, M, T = 2000, 20_000, 12
-
-
-def _tolerance(alpha: float) -> float:
-    """Three standard deviations of the mean of T release coverages (module docstring)."""
-    return 3 * math.sqrt((alpha * (1 - alpha) / (N + 2) + 0.25 / M) / T)
-
-
-def _text(a: np.ndarray) -> np.ndarray:
-    """Narrow floats as pandas writes them (each value's shortest decimal), read back."""
-    return np.array([float(str(v)) for v in np.ravel(a)]).reshape(np.shape(a))
+from tests.test_red_team_26_coverage import (
+    M,
+    N,
+    T,
+    _check_interval_coverage,
+    _text,
+    _tolerance,
+)
 
 
 def _interval_coverage(rel: Any, preds: np.ndarray, truth: np.ndarray) -> float:
@@ -91,33 +88,16 @@ def test_f2_cqr_with_only_the_lower_predictions_in_float32_covers(accountant: An
     assert float(np.mean(covs)) >= lower - _tolerance(0.1)
 
 
-def _regression(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """float32 predictions 0.1f·{1, 2, 3} and targets f + {0.7, 0.9, 1.3} in float32 (as
-    tests/test_red_team_26_coverage.py)."""
-    g = np.random.default_rng(seed)
-    f = np.float32(0.1) * g.integers(1, 4, n).astype(np.float32)
-    y = (f + g.choice(np.array([0.7, 0.9, 1.3], dtype=np.float32), size=n)).astype(np.float32)
-    return f, y
-
-
 def test_f3_one_float64_prediction_first_keeps_the_widening(accountant: Any) -> None:
     """F3: absolute score calibrated on widened float32 predictions; at predict one float64
     prediction (1.0 + π·10⁻⁹) comes first, then the float32 predictions as text: their
     coverage was 0.779 under ≥ 0.9 before."""
-    accountant.create_dataset("d", rho=1, allow_nonprivate=True)
-    covs, lower = [], math.nan
-    for seed in range(T):
-        f, y = _regression(seed, N)
-        rel = accountant.calibrate("split", dataset="d", preds=f.astype(np.float64),
-                                   targets=y.astype(np.float64), score="absolute", alpha=0.1)
-        ft, yt = _regression(1000 + seed, M)
+
+    def read(rel: Any, ft: np.ndarray) -> np.ndarray:
         preds = np.concatenate([[1.0 + 1e-9 * np.pi], _text(ft)])
-        iv = rel.predict_interval(preds)[1:]
-        truth = _text(yt)
-        covs.append(float(((iv[:, 0] <= truth) & (truth <= iv[:, 1])).mean()))
-        lower = rel.coverage.lower
-    assert lower == 0.9
-    assert float(np.mean(covs)) >= lower - _tolerance(0.1)
+        return rel.predict_interval(preds)[1:]
+
+    _check_interval_coverage(accountant, read)
 
 
 def test_float64_inputs_keep_their_sets_and_intervals(accountant: Any) -> None:
